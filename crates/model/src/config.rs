@@ -1,0 +1,343 @@
+//! The model's configuration: the `model:` section of a run's YAML, field for field.
+
+use serde::{Deserialize, Serialize};
+
+/// Which shape of transformer to build.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Arch {
+    /// Decoder-only language model (causal self-attention).
+    Lm,
+    /// Encoder–decoder translation model (bidirectional encoder, causal decoder with cross-attention).
+    Seq2seq,
+}
+
+/// The feed-forward block inside every layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MlpKind {
+    /// `down(silu(gate(x)) * up(x))`, as in LLaMA, Qwen and OLMo.
+    Swiglu,
+    /// `down(gelu(up(x)))` with the exact (erf) GELU, as in the original GPT/BERT blocks.
+    Gelu,
+}
+
+/// The residual-stream normalisation (pre-norm) and, for `qk_norm`, the per-head normalisation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NormKind {
+    /// `x / rms(x) * gain`.
+    Rmsnorm,
+    /// `(x - mean) / std * gain + bias`.
+    Layernorm,
+}
+
+/// How queries and keys are normalised per head before their dot product.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QkNorm {
+    /// Plain scaled dot-product attention: `softmax(q·kᵀ / √d)`.
+    None,
+    /// LayerNorm over head_dim with a gain and bias shared across heads (ViT-22B; Wortsman et al. 2023).
+    Layernorm,
+    /// RMSNorm over head_dim with a gain shared across heads (Qwen3, Gemma 3, OLMo 2).
+    Rmsnorm,
+    /// Unit-normalise q and k and replace 1/√d by a learnable scalar g (Henry et al. 2020, "QKNorm").
+    L2,
+}
+
+/// Every knob of the architecture. One struct for both architectures; fields that only one of
+/// them reads say so.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    pub arch: Arch,
+    /// Size of the (joint) vocabulary. Leave it out to take it from the tokenizer: the trainer
+    /// fills it in before the model is built, and saves the resolved value with the run.
+    #[serde(default)]
+    pub vocab_size: Option<usize>,
+    pub d_model: usize,
+    /// Layers of the LM, and the default for both stacks of a seq2seq model.
+    #[serde(default)]
+    pub n_layers: Option<usize>,
+    /// seq2seq only: encoder layers (defaults to `n_layers`).
+    #[serde(default)]
+    pub n_encoder_layers: Option<usize>,
+    /// seq2seq only: decoder layers (defaults to `n_layers`).
+    #[serde(default)]
+    pub n_decoder_layers: Option<usize>,
+    pub n_heads: usize,
+    /// Key/value heads for grouped-query attention; defaults to `n_heads` (plain multi-head).
+    #[serde(default)]
+    pub n_kv_heads: Option<usize>,
+    pub d_ff: usize,
+    #[serde(default = "default_mlp")]
+    pub mlp: MlpKind,
+    #[serde(default = "default_norm")]
+    pub norm: NormKind,
+    #[serde(default = "default_norm_eps")]
+    pub norm_eps: f64,
+    #[serde(default = "default_rope_theta")]
+    pub rope_theta: f64,
+    /// Longest sequence (source or target) the rotary tables cover.
+    #[serde(default = "default_max_seq_len")]
+    pub max_seq_len: usize,
+    #[serde(default = "default_qk_norm")]
+    pub qk_norm: QkNorm,
+    /// `l2` only: the initial value g₀ of the learnable logit scale. Leave it out for Henry et
+    /// al.'s rule g₀ = log2(L² − L), with L = `qk_norm_length` (or `max_seq_len`).
+    #[serde(default)]
+    pub qk_norm_init_scale: Option<f64>,
+    /// `l2` only: the length L in g₀ = log2(L² − L); Henry et al. use the 97.5th percentile of
+    /// training sequence lengths, which the trainer measures and fills in when left out.
+    #[serde(default)]
+    pub qk_norm_length: Option<usize>,
+    /// Dropout on embeddings and on each residual branch's output.
+    #[serde(default)]
+    pub dropout: f64,
+    /// Dropout on attention probabilities.
+    #[serde(default)]
+    pub attn_dropout: f64,
+    /// Use the token embedding as the output projection. In seq2seq the encoder and decoder
+    /// always share one embedding (the vocabulary is joint).
+    #[serde(default = "default_true")]
+    pub tie_embeddings: bool,
+    /// Standard deviation of the normal initialisation of embeddings and projections.
+    #[serde(default = "default_init_std")]
+    pub init_std: f64,
+}
+
+fn default_mlp() -> MlpKind {
+    MlpKind::Swiglu
+}
+fn default_norm() -> NormKind {
+    NormKind::Rmsnorm
+}
+fn default_norm_eps() -> f64 {
+    1e-5
+}
+fn default_rope_theta() -> f64 {
+    10_000.0
+}
+fn default_max_seq_len() -> usize {
+    512
+}
+fn default_qk_norm() -> QkNorm {
+    QkNorm::None
+}
+fn default_true() -> bool {
+    true
+}
+fn default_init_std() -> f64 {
+    0.02
+}
+
+/// A configuration value that cannot build a model. `key` is the YAML path of the offending field.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{key}: {message}")]
+pub struct ConfigError {
+    pub key: String,
+    pub message: String,
+}
+
+fn bad(key: &str, message: impl Into<String>) -> ConfigError {
+    ConfigError {
+        key: format!("model.{key}"),
+        message: message.into(),
+    }
+}
+
+impl ModelConfig {
+    /// A small valid configuration to start from in code and tests.
+    pub fn tiny(arch: Arch) -> Self {
+        Self {
+            arch,
+            vocab_size: Some(32),
+            d_model: 16,
+            n_layers: Some(2),
+            n_encoder_layers: None,
+            n_decoder_layers: None,
+            n_heads: 4,
+            n_kv_heads: None,
+            d_ff: 32,
+            mlp: default_mlp(),
+            norm: default_norm(),
+            norm_eps: default_norm_eps(),
+            rope_theta: default_rope_theta(),
+            max_seq_len: 64,
+            qk_norm: default_qk_norm(),
+            qk_norm_init_scale: None,
+            qk_norm_length: None,
+            dropout: 0.0,
+            attn_dropout: 0.0,
+            tie_embeddings: true,
+            init_std: default_init_std(),
+        }
+    }
+
+    /// Checks everything the constructors rely on, so that building a model never panics.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let positive = |key: &str, v: usize| {
+            if v == 0 {
+                Err(bad(key, "must be greater than 0"))
+            } else {
+                Ok(())
+            }
+        };
+        match self.vocab_size {
+            None => return Err(bad(
+                "vocab_size",
+                "is not set (the trainer takes it from the tokenizer; set it when building a model directly)",
+            )),
+            Some(v) if v < 2 => return Err(bad("vocab_size", format!("must be at least 2, got {v}"))),
+            _ => {}
+        }
+        positive("d_model", self.d_model)?;
+        positive("n_heads", self.n_heads)?;
+        positive("d_ff", self.d_ff)?;
+        positive("max_seq_len", self.max_seq_len)?;
+        match self.arch {
+            Arch::Lm => {
+                if self.n_layers.is_none() {
+                    return Err(bad("n_layers", "is required for arch: lm"));
+                }
+                if self.n_encoder_layers.is_some() || self.n_decoder_layers.is_some() {
+                    return Err(bad(
+                        "n_encoder_layers",
+                        "n_encoder_layers/n_decoder_layers apply to arch: seq2seq only; use n_layers",
+                    ));
+                }
+            }
+            Arch::Seq2seq => {
+                if self.n_encoder_layers.or(self.n_layers).is_none() {
+                    return Err(bad(
+                        "n_encoder_layers",
+                        "is required (or set n_layers for both stacks)",
+                    ));
+                }
+                if self.n_decoder_layers.or(self.n_layers).is_none() {
+                    return Err(bad(
+                        "n_decoder_layers",
+                        "is required (or set n_layers for both stacks)",
+                    ));
+                }
+            }
+        }
+        if let Some(n) = self.n_layers {
+            positive("n_layers", n)?;
+        }
+        if let Some(n) = self.n_encoder_layers {
+            positive("n_encoder_layers", n)?;
+        }
+        if let Some(n) = self.n_decoder_layers {
+            positive("n_decoder_layers", n)?;
+        }
+        if self.d_model % self.n_heads != 0 {
+            return Err(bad(
+                "d_model",
+                format!(
+                    "d_model ({}) must be divisible by n_heads ({})",
+                    self.d_model, self.n_heads
+                ),
+            ));
+        }
+        if self.head_dim() % 2 != 0 {
+            return Err(bad(
+                "n_heads",
+                format!(
+                    "head_dim = d_model / n_heads = {} must be even for rotary embeddings",
+                    self.head_dim()
+                ),
+            ));
+        }
+        let kv = self.kv_heads();
+        if kv == 0 {
+            return Err(bad("n_kv_heads", "must be greater than 0"));
+        }
+        if self.n_heads % kv != 0 {
+            return Err(bad(
+                "n_kv_heads",
+                format!(
+                    "n_heads ({}) must be divisible by n_kv_heads ({kv})",
+                    self.n_heads
+                ),
+            ));
+        }
+        if !(self.norm_eps > 0.0 && self.norm_eps.is_finite()) {
+            return Err(bad(
+                "norm_eps",
+                format!("must be a positive number, got {}", self.norm_eps),
+            ));
+        }
+        if !(self.rope_theta > 1.0 && self.rope_theta.is_finite()) {
+            return Err(bad(
+                "rope_theta",
+                format!("must be a number above 1, got {}", self.rope_theta),
+            ));
+        }
+        for (key, p) in [("dropout", self.dropout), ("attn_dropout", self.attn_dropout)] {
+            if !(0.0..1.0).contains(&p) {
+                return Err(bad(key, format!("must be in [0, 1), got {p}")));
+            }
+        }
+        if !(self.init_std > 0.0 && self.init_std.is_finite()) {
+            return Err(bad(
+                "init_std",
+                format!("must be a positive number, got {}", self.init_std),
+            ));
+        }
+        if let Some(g) = self.qk_norm_init_scale {
+            if !(g > 0.0 && g.is_finite()) {
+                return Err(bad(
+                    "qk_norm_init_scale",
+                    format!("must be a positive number, got {g}"),
+                ));
+            }
+        }
+        if let Some(l) = self.qk_norm_length {
+            if l < 2 {
+                return Err(bad("qk_norm_length", format!("must be at least 2, got {l}")));
+            }
+        }
+        if self.qk_norm != QkNorm::L2 && (self.qk_norm_init_scale.is_some() || self.qk_norm_length.is_some())
+        {
+            return Err(bad(
+                "qk_norm_init_scale",
+                "qk_norm_init_scale and qk_norm_length apply to qk_norm: l2 only",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Vocabulary size; call after [`validate`](Self::validate).
+    pub fn vocab(&self) -> usize {
+        self.vocab_size.unwrap_or(0)
+    }
+    pub fn head_dim(&self) -> usize {
+        self.d_model / self.n_heads.max(1)
+    }
+    pub fn kv_heads(&self) -> usize {
+        self.n_kv_heads.unwrap_or(self.n_heads)
+    }
+    /// Layers in the encoder (0 for a language model).
+    pub fn encoder_layers(&self) -> usize {
+        match self.arch {
+            Arch::Lm => 0,
+            Arch::Seq2seq => self.n_encoder_layers.or(self.n_layers).unwrap_or(0),
+        }
+    }
+    /// Layers in the decoder (the whole stack of a language model).
+    pub fn decoder_layers(&self) -> usize {
+        match self.arch {
+            Arch::Lm => self.n_layers.unwrap_or(0),
+            Arch::Seq2seq => self.n_decoder_layers.or(self.n_layers).unwrap_or(0),
+        }
+    }
+    /// Initial value of the `l2` logit scale g: explicit, or log2(L² − L) (Henry et al. 2020).
+    pub fn l2_init_scale(&self) -> f64 {
+        self.qk_norm_init_scale.unwrap_or_else(|| {
+            let l = self.qk_norm_length.unwrap_or(self.max_seq_len).max(2) as f64;
+            (l * l - l).log2()
+        })
+    }
+}

@@ -1,0 +1,297 @@
+//! The building blocks: linear maps, embeddings, norms, feed-forward blocks, dropout, and the
+//! per-pass context that carries dropout randomness and telemetry.
+//!
+//! Every op here has a backward pass in candle 0.11. candle's fused `ops::rms_norm`,
+//! `ops::layer_norm`, `ops::softmax_last_dim` and `RmsNorm`/`LayerNorm::forward` silently drop
+//! gradients, so the forms below are written out of differentiable primitives.
+
+use std::sync::Mutex;
+
+use candle_core::{DType, Result, Tensor, D};
+use candle_nn::{Init, VarBuilder};
+
+use crate::config::{MlpKind, NormKind};
+use crate::rng::SplitMix64;
+
+/// What one forward pass needs besides its inputs.
+#[derive(Clone, Copy, Default)]
+pub struct ForwardCtx<'a> {
+    /// Present in training: dropout is active and draws its masks from here.
+    pub dropout: Option<&'a DropoutRng>,
+    /// Present when the caller wants per-layer attention statistics.
+    pub telemetry: Option<&'a Telemetry>,
+}
+
+impl<'a> ForwardCtx<'a> {
+    /// Inference: no dropout, no telemetry.
+    pub fn eval() -> Self {
+        Self::default()
+    }
+    pub fn train(dropout: &'a DropoutRng) -> Self {
+        Self {
+            dropout: Some(dropout),
+            telemetry: None,
+        }
+    }
+    pub fn with_telemetry(mut self, telemetry: &'a Telemetry) -> Self {
+        self.telemetry = Some(telemetry);
+        self
+    }
+}
+
+/// The random stream dropout masks are drawn from. Seed it per step (e.g. from the run seed
+/// and step number) and resumed runs draw exactly the masks an uninterrupted run would.
+pub struct DropoutRng(Mutex<SplitMix64>);
+
+impl DropoutRng {
+    pub fn new(seed: u64) -> Self {
+        Self(Mutex::new(SplitMix64::new(seed)))
+    }
+
+    /// Inverted dropout: zero each element with probability `p`, scale survivors by 1/(1−p).
+    pub fn apply(&self, x: &Tensor, p: f64) -> Result<Tensor> {
+        if p <= 0.0 {
+            return Ok(x.clone());
+        }
+        let keep = 1.0 / (1.0 - p);
+        let mask: Vec<f32> = {
+            let mut rng = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            (0..x.elem_count())
+                .map(|_| if rng.uniform() < p { 0.0 } else { keep as f32 })
+                .collect()
+        };
+        let mask = Tensor::from_vec(mask, x.shape(), x.device())?.to_dtype(x.dtype())?;
+        x.mul(&mask)
+    }
+}
+
+/// Dropout with probability `p` in training passes; the identity otherwise.
+pub(crate) fn dropout(x: &Tensor, p: f64, ctx: ForwardCtx) -> Result<Tensor> {
+    match ctx.dropout {
+        Some(rng) if p > 0.0 => rng.apply(x, p),
+        _ => Ok(x.clone()),
+    }
+}
+
+/// Attention statistics of one attention module in one forward pass.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct AttentionStats {
+    /// Parameter prefix of the module, e.g. `decoder.layers.0.self_attn`.
+    pub module: String,
+    /// Largest |pre-softmax logit| over unmasked query–key pairs. Unbounded logit growth is the
+    /// instability QK-norm is meant to prevent (Dehghani et al. 2023; Wortsman et al. 2023).
+    pub max_logit: f32,
+    /// Mean entropy (nats) of the attention distributions; collapse towards 0 is the other symptom.
+    pub entropy: f32,
+}
+
+/// Collects [`AttentionStats`] from every attention module during a forward pass.
+#[derive(Default)]
+pub struct Telemetry(Mutex<Vec<AttentionStats>>);
+
+impl Telemetry {
+    pub fn new() -> Self {
+        Self::default()
+    }
+    pub fn record(&self, stats: AttentionStats) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(stats);
+    }
+    /// The statistics recorded so far, in forward order; clears the collector.
+    pub fn take(&self) -> Vec<AttentionStats> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+/// `y = x Wᵀ`, no bias (as in most modern LMs).
+#[derive(Clone)]
+pub struct Linear {
+    weight: Tensor,
+}
+
+impl Linear {
+    /// A weight of shape (out, in) drawn from normal(0, std).
+    pub fn new(vb: VarBuilder, in_dim: usize, out_dim: usize, std: f64) -> Result<Self> {
+        let weight = vb.get_with_hints(
+            (out_dim, in_dim),
+            "weight",
+            Init::Randn {
+                mean: 0.0,
+                stdev: std,
+            },
+        )?;
+        Ok(Self { weight })
+    }
+
+    /// A linear map that shares an existing weight (tied embeddings).
+    pub fn from_weight(weight: Tensor) -> Self {
+        Self { weight }
+    }
+
+    pub fn weight(&self) -> &Tensor {
+        &self.weight
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        // Fold all leading dims into one so the product is a single large GEMM: candle's
+        // broadcast matmul would instead loop over the batch with many small ones.
+        let (out_dim, in_dim) = self.weight.dims2()?;
+        let mut dims = x.dims().to_vec();
+        let rows = x.elem_count() / in_dim;
+        let y = x.reshape((rows, in_dim))?.matmul(&self.weight.t()?)?;
+        if let Some(last) = dims.last_mut() {
+            *last = out_dim;
+        }
+        y.reshape(dims)
+    }
+}
+
+/// Token embedding table.
+#[derive(Clone)]
+pub struct Embedding {
+    weight: Tensor,
+    dim: usize,
+}
+
+impl Embedding {
+    pub fn new(vb: VarBuilder, vocab: usize, dim: usize, std: f64) -> Result<Self> {
+        let weight = vb.get_with_hints(
+            (vocab, dim),
+            "weight",
+            Init::Randn {
+                mean: 0.0,
+                stdev: std,
+            },
+        )?;
+        Ok(Self { weight, dim })
+    }
+    pub fn weight(&self) -> &Tensor {
+        &self.weight
+    }
+    /// (B, T) token ids → (B, T, dim).
+    pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        let mut dims = ids.dims().to_vec();
+        let flat = ids.flatten_all()?;
+        let out = self.weight.index_select(&flat, 0)?;
+        dims.push(self.dim);
+        out.reshape(dims)
+    }
+}
+
+/// RMSNorm or LayerNorm over the last dimension, written from differentiable primitives.
+#[derive(Clone)]
+pub struct Norm {
+    weight: Tensor,
+    bias: Option<Tensor>,
+    kind: NormKind,
+    eps: f64,
+}
+
+impl Norm {
+    /// A norm over vectors of size `dim`: gain initialised to 1 and, for LayerNorm, a bias
+    /// initialised to 0 unless `with_bias` is false.
+    pub fn new(vb: VarBuilder, kind: NormKind, dim: usize, eps: f64, with_bias: bool) -> Result<Self> {
+        let weight = vb.get_with_hints(dim, "weight", Init::Const(1.0))?;
+        let bias = match kind {
+            NormKind::Layernorm if with_bias => Some(vb.get_with_hints(dim, "bias", Init::Const(0.0))?),
+            _ => None,
+        };
+        Ok(Self {
+            weight,
+            bias,
+            kind,
+            eps,
+        })
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let normed = match self.kind {
+            NormKind::Rmsnorm => {
+                let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
+                x.broadcast_mul(&(ms + self.eps)?.sqrt()?.recip()?)?
+            }
+            NormKind::Layernorm => {
+                let centred = x.broadcast_sub(&x.mean_keepdim(D::Minus1)?)?;
+                let var = centred.sqr()?.mean_keepdim(D::Minus1)?;
+                centred.broadcast_mul(&(var + self.eps)?.sqrt()?.recip()?)?
+            }
+        };
+        let scaled = normed.broadcast_mul(&self.weight)?;
+        match &self.bias {
+            Some(b) => scaled.broadcast_add(b),
+            None => Ok(scaled),
+        }
+    }
+}
+
+/// Softmax over the last dimension from differentiable primitives. The max is detached: softmax
+/// is shift-invariant, so its gradient through the max is exactly zero anyway.
+pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
+    let max = x.max_keepdim(D::Minus1)?.detach();
+    let e = x.broadcast_sub(&max)?.exp()?;
+    e.broadcast_div(&e.sum_keepdim(D::Minus1)?)
+}
+
+/// Divides each vector along the last dimension by its L2 norm.
+pub fn l2_normalize(x: &Tensor, eps: f64) -> Result<Tensor> {
+    let norm = (x.sqr()?.sum_keepdim(D::Minus1)? + eps)?.sqrt()?;
+    x.broadcast_div(&norm)
+}
+
+/// The feed-forward block.
+#[derive(Clone)]
+pub struct Mlp {
+    gate: Option<Linear>,
+    up: Linear,
+    down: Linear,
+    dropout: f64,
+}
+
+impl Mlp {
+    /// `down_std` is the (smaller) init std of the projection back into the residual stream.
+    pub fn new(
+        vb: VarBuilder,
+        kind: MlpKind,
+        d_model: usize,
+        d_ff: usize,
+        std: f64,
+        down_std: f64,
+        dropout: f64,
+    ) -> Result<Self> {
+        let gate = match kind {
+            MlpKind::Swiglu => Some(Linear::new(vb.pp("gate_proj"), d_model, d_ff, std)?),
+            MlpKind::Gelu => None,
+        };
+        Ok(Self {
+            gate,
+            up: Linear::new(vb.pp("up_proj"), d_model, d_ff, std)?,
+            down: Linear::new(vb.pp("down_proj"), d_ff, d_model, down_std)?,
+            dropout,
+        })
+    }
+
+    pub fn forward(&self, x: &Tensor, ctx: ForwardCtx) -> Result<Tensor> {
+        let hidden = match &self.gate {
+            Some(gate) => gate.forward(x)?.silu()?.mul(&self.up.forward(x)?)?,
+            None => self.up.forward(x)?.gelu_erf()?,
+        };
+        dropout(&self.down.forward(&hidden)?, self.dropout, ctx)
+    }
+}
+
+/// Converts a 0/1 key mask (B, S) (1 = real token) into an additive mask (B, 1, 1, S) that
+/// broadcasts over heads and queries. Masked logits get −1e9 rather than −∞: the probabilities
+/// are still exactly 0 after `exp`, but a fully masked row (an empty source) stays finite.
+pub fn padding_mask(key_mask: &Tensor, dtype: DType) -> Result<Tensor> {
+    let (b, s) = key_mask.dims2()?;
+    let keep = key_mask.to_dtype(dtype)?;
+    ((keep - 1.0)? * 1e9)?.reshape((b, 1, 1, s))
+}
+
+/// Additive causal mask (1, 1, T, offset + T) for T new queries after `offset` cached positions.
+pub fn causal_mask(t: usize, offset: usize, dtype: DType, device: &candle_core::Device) -> Result<Tensor> {
+    let s = offset + t;
+    let values: Vec<f32> = (0..t)
+        .flat_map(|i| (0..s).map(move |j| if j <= offset + i { 0.0 } else { -1e9 }))
+        .collect();
+    Tensor::from_vec(values, (1, 1, t, s), device)?.to_dtype(dtype)
+}

@@ -1,0 +1,31 @@
+//! Ember's transformer: pre-norm blocks with RMSNorm or LayerNorm, rotary positions,
+//! grouped-query attention, and switchable QK-norm (none, LayerNorm, RMSNorm, L2 with a learnable
+//! scale), as a decoder-only language model or an encoder–decoder translation model.
+//!
+//! Everything on the training path has a backward pass; the tests in `tests/` check every
+//! parameter's gradient for every architecture variant, and check gradients against finite
+//! differences.
+//!
+//! ```no_run
+//! use ember_model::{init_model, Arch, ForwardCtx, ModelConfig};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let cfg = ModelConfig::tiny(Arch::Lm);
+//! let (model, params) = init_model(&cfg, 0, candle_core::DType::F32, &candle_core::Device::Cpu)?;
+//! let tokens = candle_core::Tensor::new(&[[1u32, 2, 3]], params.device())?;
+//! let logits = model.as_lm().unwrap().forward(&tokens, ForwardCtx::eval())?;
+//! # Ok(()) }
+//! ```
+
+pub mod attention;
+pub mod config;
+pub mod layers;
+pub mod params;
+pub mod rng;
+pub mod rope;
+pub mod transformer;
+
+pub use attention::{CrossKv, KvCache};
+pub use config::{Arch, ConfigError, MlpKind, ModelConfig, NormKind, QkNorm};
+pub use layers::{AttentionStats, DropoutRng, ForwardCtx, Telemetry};
+pub use params::ParamStore;
+pub use transformer::{init_model, DecoderCache, LanguageModel, Memory, Model, ModelError, Seq2Seq};

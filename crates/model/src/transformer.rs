@@ -1,0 +1,478 @@
+//! Pre-norm transformer stacks and the two models built from them.
+//!
+//! Every block is `x + branch(norm(x))`, and each stack ends in a final norm. Parameter names
+//! (as saved in `model.safetensors`):
+//!
+//! ```text
+//! embed.weight                                  token embedding (shared by encoder and decoder)
+//! lm_head.weight                                output projection, only when tie_embeddings: false
+//! encoder.layers.{i}.attn_norm.{weight,bias}    bias only for norm: layernorm
+//! encoder.layers.{i}.self_attn.{q,k,v,o}_proj.weight
+//! encoder.layers.{i}.self_attn.{q,k}_norm.{weight,bias}   qk_norm: rmsnorm | layernorm
+//! encoder.layers.{i}.self_attn.qk_scale         qk_norm: l2 (the learnable g)
+//! encoder.layers.{i}.mlp_norm.*, encoder.layers.{i}.mlp.{gate,up,down}_proj.weight
+//! encoder.norm.*
+//! decoder.layers.{i}.{attn_norm,self_attn,cross_attn_norm,cross_attn,mlp_norm,mlp}.*
+//! decoder.norm.*
+//! ```
+//! A language model has the `decoder.*` stack only, without cross-attention.
+//!
+//! Initialisation: embeddings and projections are normal(0, init_std); the projections that
+//! write into the residual stream (attention `o_proj`, MLP `down_proj`) use init_std/√R, with R
+//! the number of residual branches in their stack (2 per encoder or LM layer, 3 per seq2seq
+//! decoder layer), so the stream's variance at init does not grow with depth (GPT-2's rule).
+//! Norm gains start at 1, biases at 0, and the `l2` scale g at g₀.
+
+use candle_core::{DType, Result, Tensor};
+use candle_nn::VarBuilder;
+
+use crate::attention::{Attention, CrossKv, KvCache};
+use crate::config::{Arch, ConfigError, ModelConfig};
+use crate::layers::{causal_mask, dropout, padding_mask, Embedding, ForwardCtx, Linear, Mlp, Norm};
+use crate::params::ParamStore;
+use crate::rope::Rotary;
+
+/// An error building a model: a bad configuration or a parameter problem (e.g. a checkpoint
+/// of another shape).
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("invalid model configuration: {0}")]
+    Config(#[from] ConfigError),
+    #[error("{0}")]
+    Candle(#[from] candle_core::Error),
+}
+
+/// An encoded source: the encoder's output and the mask of its real positions.
+#[derive(Clone)]
+pub struct Memory {
+    /// (B, S, D).
+    pub hidden: Tensor,
+    /// Additive key mask (B, 1, 1, S), or `None` when the batch has no padding.
+    pub mask: Option<Tensor>,
+}
+
+impl Memory {
+    /// Keeps batch rows `rows` (beam search expanding or pruning hypotheses).
+    pub fn select(&self, rows: &Tensor) -> Result<Self> {
+        Ok(Self {
+            hidden: self.hidden.index_select(rows, 0)?,
+            mask: self.mask.as_ref().map(|m| m.index_select(rows, 0)).transpose()?,
+        })
+    }
+}
+
+/// Incremental-decoding state of a decoder: per layer, the growing self-attention cache and
+/// the cross-attention keys/values of the source (computed on the first step).
+#[derive(Clone, Default)]
+pub struct DecoderCache {
+    layers: Vec<LayerCache>,
+}
+
+#[derive(Clone, Default)]
+struct LayerCache {
+    self_kv: KvCache,
+    cross_kv: Option<CrossKv>,
+}
+
+impl DecoderCache {
+    /// Positions decoded so far.
+    pub fn len(&self) -> usize {
+        self.layers.first().map_or(0, |l| l.self_kv.len())
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Keeps batch rows `rows` in every layer's caches.
+    pub fn select(&mut self, rows: &Tensor) -> Result<()> {
+        for layer in &mut self.layers {
+            layer.self_kv.select(rows)?;
+            if let Some(kv) = &mut layer.cross_kv {
+                kv.select(rows)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Number of residual branches per layer → init std of the residual output projections.
+fn residual_std(cfg: &ModelConfig, layers: usize, branches_per_layer: usize) -> f64 {
+    cfg.init_std / ((layers * branches_per_layer) as f64).sqrt()
+}
+
+/// Bidirectional self-attention + MLP.
+struct EncoderLayer {
+    attn_norm: Norm,
+    self_attn: Attention,
+    mlp_norm: Norm,
+    mlp: Mlp,
+}
+
+impl EncoderLayer {
+    fn new(vb: VarBuilder, cfg: &ModelConfig, rotary: &Rotary, out_std: f64) -> Result<Self> {
+        Ok(Self {
+            attn_norm: Norm::new(vb.pp("attn_norm"), cfg.norm, cfg.d_model, cfg.norm_eps, true)?,
+            self_attn: Attention::new(vb.pp("self_attn"), cfg, Some(rotary.clone()), out_std)?,
+            mlp_norm: Norm::new(vb.pp("mlp_norm"), cfg.norm, cfg.d_model, cfg.norm_eps, true)?,
+            mlp: Mlp::new(
+                vb.pp("mlp"),
+                cfg.mlp,
+                cfg.d_model,
+                cfg.d_ff,
+                cfg.init_std,
+                out_std,
+                cfg.dropout,
+            )?,
+        })
+    }
+
+    fn forward(&self, x: &Tensor, mask: Option<&Tensor>, ctx: ForwardCtx) -> Result<Tensor> {
+        let x = (x + self
+            .self_attn
+            .forward_self(&self.attn_norm.forward(x)?, mask, None, ctx)?)?;
+        &x + self.mlp.forward(&self.mlp_norm.forward(&x)?, ctx)?
+    }
+}
+
+/// Causal self-attention, optional cross-attention, MLP.
+struct DecoderLayer {
+    attn_norm: Norm,
+    self_attn: Attention,
+    cross: Option<(Norm, Attention)>,
+    mlp_norm: Norm,
+    mlp: Mlp,
+}
+
+impl DecoderLayer {
+    fn new(vb: VarBuilder, cfg: &ModelConfig, rotary: &Rotary, out_std: f64, cross: bool) -> Result<Self> {
+        let cross = if cross {
+            Some((
+                Norm::new(
+                    vb.pp("cross_attn_norm"),
+                    cfg.norm,
+                    cfg.d_model,
+                    cfg.norm_eps,
+                    true,
+                )?,
+                Attention::new(vb.pp("cross_attn"), cfg, None, out_std)?,
+            ))
+        } else {
+            None
+        };
+        Ok(Self {
+            attn_norm: Norm::new(vb.pp("attn_norm"), cfg.norm, cfg.d_model, cfg.norm_eps, true)?,
+            self_attn: Attention::new(vb.pp("self_attn"), cfg, Some(rotary.clone()), out_std)?,
+            cross,
+            mlp_norm: Norm::new(vb.pp("mlp_norm"), cfg.norm, cfg.d_model, cfg.norm_eps, true)?,
+            mlp: Mlp::new(
+                vb.pp("mlp"),
+                cfg.mlp,
+                cfg.d_model,
+                cfg.d_ff,
+                cfg.init_std,
+                out_std,
+                cfg.dropout,
+            )?,
+        })
+    }
+
+    fn forward(
+        &self,
+        x: &Tensor,
+        self_mask: Option<&Tensor>,
+        memory: Option<&Memory>,
+        cache: Option<&mut LayerCache>,
+        ctx: ForwardCtx,
+    ) -> Result<Tensor> {
+        let (self_kv, cross_kv) = match cache {
+            Some(c) => (Some(&mut c.self_kv), Some(&mut c.cross_kv)),
+            None => (None, None),
+        };
+        let x = (x + self
+            .self_attn
+            .forward_self(&self.attn_norm.forward(x)?, self_mask, self_kv, ctx)?)?;
+        let x = match (&self.cross, memory) {
+            (Some((norm, attn)), Some(memory)) => {
+                let h = norm.forward(&x)?;
+                let out = match cross_kv {
+                    Some(slot) => {
+                        if slot.is_none() {
+                            *slot = Some(attn.cross_kv(&memory.hidden)?);
+                        }
+                        let kv = slot.as_ref().expect("filled above");
+                        attn.forward_cross(&h, kv, memory.mask.as_ref(), ctx)?
+                    }
+                    None => {
+                        attn.forward_cross(&h, &attn.cross_kv(&memory.hidden)?, memory.mask.as_ref(), ctx)?
+                    }
+                };
+                (x + out)?
+            }
+            (Some(_), None) => candle_core::bail!("a seq2seq decoder needs the encoder output"),
+            (None, _) => x,
+        };
+        &x + self.mlp.forward(&self.mlp_norm.forward(&x)?, ctx)?
+    }
+}
+
+/// The encoder stack of a seq2seq model.
+struct Encoder {
+    layers: Vec<EncoderLayer>,
+    norm: Norm,
+}
+
+impl Encoder {
+    fn new(vb: VarBuilder, cfg: &ModelConfig, rotary: &Rotary) -> Result<Self> {
+        let n = cfg.encoder_layers();
+        let out_std = residual_std(cfg, n, 2);
+        let layers = (0..n)
+            .map(|i| EncoderLayer::new(vb.pp(format!("layers.{i}")), cfg, rotary, out_std))
+            .collect::<Result<_>>()?;
+        Ok(Self {
+            layers,
+            norm: Norm::new(vb.pp("norm"), cfg.norm, cfg.d_model, cfg.norm_eps, true)?,
+        })
+    }
+
+    fn forward(&self, x: &Tensor, mask: Option<&Tensor>, ctx: ForwardCtx) -> Result<Tensor> {
+        let mut x = x.clone();
+        for layer in &self.layers {
+            x = layer.forward(&x, mask, ctx)?;
+        }
+        self.norm.forward(&x)
+    }
+}
+
+/// The decoder stack: the whole of a language model, the target side of a seq2seq model.
+struct Decoder {
+    layers: Vec<DecoderLayer>,
+    norm: Norm,
+}
+
+impl Decoder {
+    fn new(vb: VarBuilder, cfg: &ModelConfig, rotary: &Rotary, cross: bool) -> Result<Self> {
+        let n = cfg.decoder_layers();
+        let out_std = residual_std(cfg, n, if cross { 3 } else { 2 });
+        let layers = (0..n)
+            .map(|i| DecoderLayer::new(vb.pp(format!("layers.{i}")), cfg, rotary, out_std, cross))
+            .collect::<Result<_>>()?;
+        Ok(Self {
+            layers,
+            norm: Norm::new(vb.pp("norm"), cfg.norm, cfg.d_model, cfg.norm_eps, true)?,
+        })
+    }
+
+    /// Runs the stack over embedded targets `x` (B, T, D). With a cache, `x` holds the positions
+    /// after the cached ones.
+    fn forward(
+        &self,
+        x: &Tensor,
+        memory: Option<&Memory>,
+        cache: Option<&mut DecoderCache>,
+        ctx: ForwardCtx,
+    ) -> Result<Tensor> {
+        let t = x.dim(1)?;
+        let offset = cache.as_ref().map_or(0, |c| c.len());
+        // A single new position may attend to everything cached: no mask needed.
+        let mask = if t > 1 {
+            Some(causal_mask(t, offset, x.dtype(), x.device())?)
+        } else {
+            None
+        };
+        let mut x = x.clone();
+        match cache {
+            Some(cache) => {
+                cache.layers.resize_with(self.layers.len(), LayerCache::default);
+                for (layer, lc) in self.layers.iter().zip(cache.layers.iter_mut()) {
+                    x = layer.forward(&x, mask.as_ref(), memory, Some(lc), ctx)?;
+                }
+            }
+            None => {
+                for layer in &self.layers {
+                    x = layer.forward(&x, mask.as_ref(), memory, None, ctx)?;
+                }
+            }
+        }
+        self.norm.forward(&x)
+    }
+}
+
+/// Embedding in, logits out: shared by both models.
+struct TokenIo {
+    embed: Embedding,
+    lm_head: Linear,
+    dropout: f64,
+}
+
+impl TokenIo {
+    fn new(vb: &VarBuilder, cfg: &ModelConfig) -> Result<Self> {
+        let embed = Embedding::new(vb.pp("embed"), cfg.vocab(), cfg.d_model, cfg.init_std)?;
+        let lm_head = if cfg.tie_embeddings {
+            Linear::from_weight(embed.weight().clone())
+        } else {
+            Linear::new(vb.pp("lm_head"), cfg.d_model, cfg.vocab(), cfg.init_std)?
+        };
+        Ok(Self {
+            embed,
+            lm_head,
+            dropout: cfg.dropout,
+        })
+    }
+    fn embed(&self, ids: &Tensor, ctx: ForwardCtx) -> Result<Tensor> {
+        dropout(&self.embed.forward(ids)?, self.dropout, ctx)
+    }
+}
+
+/// A decoder-only language model.
+pub struct LanguageModel {
+    io: TokenIo,
+    decoder: Decoder,
+}
+
+impl LanguageModel {
+    fn new(vb: VarBuilder, cfg: &ModelConfig, rotary: &Rotary) -> Result<Self> {
+        Ok(Self {
+            io: TokenIo::new(&vb, cfg)?,
+            decoder: Decoder::new(vb.pp("decoder"), cfg, rotary, false)?,
+        })
+    }
+
+    /// Final hidden states (B, T, D) for token ids (B, T).
+    pub fn hidden(&self, tokens: &Tensor, ctx: ForwardCtx) -> Result<Tensor> {
+        self.decoder
+            .forward(&self.io.embed(tokens, ctx)?, None, None, ctx)
+    }
+
+    /// Next-token logits (B, T, V) for token ids (B, T).
+    pub fn forward(&self, tokens: &Tensor, ctx: ForwardCtx) -> Result<Tensor> {
+        self.io.lm_head.forward(&self.hidden(tokens, ctx)?)
+    }
+
+    /// Logits for `tokens` (B, t) that follow the positions already in `cache`; extends the cache.
+    pub fn forward_step(&self, tokens: &Tensor, cache: &mut DecoderCache, ctx: ForwardCtx) -> Result<Tensor> {
+        let h = self
+            .decoder
+            .forward(&self.io.embed(tokens, ctx)?, None, Some(cache), ctx)?;
+        self.io.lm_head.forward(&h)
+    }
+}
+
+/// An encoder–decoder translation model.
+pub struct Seq2Seq {
+    io: TokenIo,
+    encoder: Encoder,
+    decoder: Decoder,
+}
+
+impl Seq2Seq {
+    fn new(vb: VarBuilder, cfg: &ModelConfig, rotary: &Rotary) -> Result<Self> {
+        Ok(Self {
+            io: TokenIo::new(&vb, cfg)?,
+            encoder: Encoder::new(vb.pp("encoder"), cfg, rotary)?,
+            decoder: Decoder::new(vb.pp("decoder"), cfg, rotary, true)?,
+        })
+    }
+
+    /// Encodes source ids (B, S); `src_mask` (B, S) is 1 at real tokens, 0 at padding.
+    pub fn encode(&self, src: &Tensor, src_mask: Option<&Tensor>, ctx: ForwardCtx) -> Result<Memory> {
+        let x = self.io.embed(src, ctx)?;
+        let mask = src_mask.map(|m| padding_mask(m, x.dtype())).transpose()?;
+        let hidden = self.encoder.forward(&x, mask.as_ref(), ctx)?;
+        Ok(Memory { hidden, mask })
+    }
+
+    /// Final decoder hidden states (B, T, D) for teacher-forced target inputs (B, T).
+    pub fn decode_hidden(&self, tgt_in: &Tensor, memory: &Memory, ctx: ForwardCtx) -> Result<Tensor> {
+        self.decoder
+            .forward(&self.io.embed(tgt_in, ctx)?, Some(memory), None, ctx)
+    }
+
+    /// Logits (B, T, V) for teacher-forced target inputs (B, T).
+    pub fn decode(&self, tgt_in: &Tensor, memory: &Memory, ctx: ForwardCtx) -> Result<Tensor> {
+        self.io.lm_head.forward(&self.decode_hidden(tgt_in, memory, ctx)?)
+    }
+
+    /// Encode then decode: logits (B, T, V).
+    pub fn forward(
+        &self,
+        src: &Tensor,
+        src_mask: Option<&Tensor>,
+        tgt_in: &Tensor,
+        ctx: ForwardCtx,
+    ) -> Result<Tensor> {
+        let memory = self.encode(src, src_mask, ctx)?;
+        self.decode(tgt_in, &memory, ctx)
+    }
+
+    /// Logits for target tokens (B, t) following the positions in `cache`; extends the cache.
+    pub fn decode_step(
+        &self,
+        tokens: &Tensor,
+        memory: &Memory,
+        cache: &mut DecoderCache,
+        ctx: ForwardCtx,
+    ) -> Result<Tensor> {
+        let h = self
+            .decoder
+            .forward(&self.io.embed(tokens, ctx)?, Some(memory), Some(cache), ctx)?;
+        self.io.lm_head.forward(&h)
+    }
+}
+
+/// Either architecture, as the configuration says.
+pub enum Model {
+    Lm(LanguageModel),
+    Seq2seq(Seq2Seq),
+}
+
+impl Model {
+    /// Validates `cfg` and builds the model, creating (or, from a loaded store, looking up)
+    /// its parameters in `params`.
+    pub fn new(cfg: &ModelConfig, params: &ParamStore) -> std::result::Result<Self, ModelError> {
+        cfg.validate()?;
+        let vb = params.var_builder();
+        let rotary = Rotary::new(
+            cfg.head_dim(),
+            cfg.max_seq_len,
+            cfg.rope_theta,
+            params.dtype(),
+            params.device(),
+        )?;
+        Ok(match cfg.arch {
+            Arch::Lm => Model::Lm(LanguageModel::new(vb, cfg, &rotary)?),
+            Arch::Seq2seq => Model::Seq2seq(Seq2Seq::new(vb, cfg, &rotary)?),
+        })
+    }
+
+    pub fn as_lm(&self) -> Option<&LanguageModel> {
+        match self {
+            Model::Lm(m) => Some(m),
+            Model::Seq2seq(_) => None,
+        }
+    }
+    pub fn as_seq2seq(&self) -> Option<&Seq2Seq> {
+        match self {
+            Model::Seq2seq(m) => Some(m),
+            Model::Lm(_) => None,
+        }
+    }
+
+    /// The output projection (V, D), for losses that fuse the last matmul.
+    pub fn lm_head(&self) -> &Linear {
+        match self {
+            Model::Lm(m) => &m.io.lm_head,
+            Model::Seq2seq(m) => &m.io.lm_head,
+        }
+    }
+}
+
+/// Builds a model with freshly initialised parameters: the usual start of a training run.
+pub fn init_model(
+    cfg: &ModelConfig,
+    seed: u64,
+    dtype: DType,
+    device: &candle_core::Device,
+) -> std::result::Result<(Model, ParamStore), ModelError> {
+    let params = ParamStore::new(seed, dtype, device);
+    let model = Model::new(cfg, &params)?;
+    Ok((model, params))
+}

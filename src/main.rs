@@ -1,0 +1,225 @@
+//! `ember`: the command-line front end. Each subcommand parses its arguments and hands over to
+//! the trainer crate; no training logic lives here.
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use ember_trainer::sacrebleu::{corpus_bleu, corpus_chrf, BleuConfig, ChrfConfig, Tokenize};
+
+#[derive(Parser)]
+#[command(
+    name = "ember",
+    version,
+    about = "Train small transformers on candle, and measure QK-norm."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Train a model from a YAML config into a run directory.
+    Train(TrainArgs),
+    /// Compute loss/perplexity (and BLEU/chrF for translation) of a run on a data split.
+    Eval(EvalArgs),
+    /// Translate source lines from stdin to stdout with a trained seq2seq run.
+    Translate(TranslateArgs),
+    /// Sample text from a trained language-model run.
+    Generate(GenerateArgs),
+    /// Score a hypothesis file against references exactly as sacreBLEU 2.x does.
+    Bleu(BleuArgs),
+    /// Run the QK-norm ablation grid (variants × seeds × learning rates) of a config.
+    Ablate(AblateArgs),
+    /// Measure training throughput of a config.
+    Bench(BenchArgs),
+}
+
+#[derive(Args)]
+struct TrainArgs {
+    /// The YAML config.
+    config: PathBuf,
+    /// Override a config key, e.g. `--set train.lr=3e-3` (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
+    /// Where to write checkpoints and metrics (default: runs/<config name>).
+    #[arg(long)]
+    run_dir: Option<PathBuf>,
+    /// Continue from the latest complete checkpoint in the run directory.
+    #[arg(long)]
+    resume: bool,
+    /// Print only errors and the final summary.
+    #[arg(long)]
+    quiet: bool,
+    /// Print the final summary as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct EvalArgs {
+    /// A run directory (or a checkpoint directory inside it).
+    run: PathBuf,
+    /// Which split to evaluate.
+    #[arg(long, default_value = "valid")]
+    split: String,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct TranslateArgs {
+    run: PathBuf,
+    /// Beam size (1 = greedy).
+    #[arg(long, default_value_t = 5)]
+    beam: usize,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct GenerateArgs {
+    run: PathBuf,
+    #[arg(long, default_value = "")]
+    prompt: String,
+    #[arg(long, default_value_t = 200)]
+    max_tokens: usize,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct BleuArgs {
+    /// Reference file(s), one segment per line (repeat for multiple references).
+    #[arg(short = 'r', long = "reference", required = true)]
+    references: Vec<PathBuf>,
+    /// Hypothesis file (default: standard input).
+    #[arg(short = 'i', long = "input")]
+    input: Option<PathBuf>,
+    /// Metrics to compute: bleu, chrf, or both separated by commas.
+    #[arg(short = 'm', long, default_value = "bleu", value_delimiter = ',')]
+    metrics: Vec<String>,
+    /// Tokenisation for BLEU: none, 13a or intl.
+    #[arg(long, default_value = "13a")]
+    tokenize: String,
+    /// Case-insensitive scoring.
+    #[arg(long)]
+    lowercase: bool,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct AblateArgs {
+    config: PathBuf,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    config: PathBuf,
+    #[arg(long, default_value_t = 50)]
+    steps: usize,
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Bleu(args) => bleu(args),
+        Command::Train(_) | Command::Eval(_) | Command::Translate(_) | Command::Generate(_) => {
+            not_yet("training and evaluation (issue #4: trainer)")
+        }
+        Command::Ablate(_) => not_yet("the QK-norm ablation runner (issue #6)"),
+        Command::Bench(_) => not_yet("the benchmark (issue #7)"),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn not_yet(what: &str) -> Result<()> {
+    bail!("not yet implemented: {what}. This build can run `ember bleu`; see README.md for status.")
+}
+
+fn read_lines(path: &PathBuf) -> Result<Vec<String>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    Ok(split_lines(&text))
+}
+
+/// Lines as sacreBLEU reads them: split on '\n', a trailing newline does not make an empty segment.
+fn split_lines(text: &str) -> Vec<String> {
+    let text = text.strip_suffix('\n').unwrap_or(text);
+    if text.is_empty() {
+        return vec![];
+    }
+    text.split('\n')
+        .map(|l| l.strip_suffix('\r').unwrap_or(l).to_string())
+        .collect()
+}
+
+fn bleu(args: BleuArgs) -> Result<()> {
+    let hyps = match &args.input {
+        Some(path) => read_lines(path)?,
+        None => {
+            let mut text = String::new();
+            std::io::stdin()
+                .read_to_string(&mut text)
+                .context("reading the hypothesis from stdin")?;
+            split_lines(&text)
+        }
+    };
+    let refs = args
+        .references
+        .iter()
+        .map(read_lines)
+        .collect::<Result<Vec<_>>>()?;
+    let tokenize: Tokenize = args
+        .tokenize
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--tokenize: {e}"))?;
+    let mut json = serde_json::Map::new();
+    for metric in &args.metrics {
+        match metric.as_str() {
+            "bleu" => {
+                let cfg = BleuConfig {
+                    tokenize,
+                    lowercase: args.lowercase,
+                    ..BleuConfig::default()
+                };
+                let score = corpus_bleu(&hyps, &refs, &cfg)?;
+                if args.json {
+                    json.insert("bleu".into(), serde_json::to_value(&score)?);
+                } else {
+                    println!("{}", score.format());
+                }
+            }
+            "chrf" => {
+                let cfg = ChrfConfig {
+                    lowercase: args.lowercase,
+                    ..ChrfConfig::default()
+                };
+                let score = corpus_chrf(&hyps, &refs, &cfg)?;
+                if args.json {
+                    json.insert("chrf".into(), serde_json::to_value(&score)?);
+                } else {
+                    println!("{}", score.format());
+                }
+            }
+            other => bail!("--metrics: unknown metric {other:?}; use bleu, chrf or bleu,chrf"),
+        }
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&json)?);
+    }
+    Ok(())
+}
