@@ -7,7 +7,10 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
+use ember_trainer::metrics::Verbosity;
 use ember_trainer::sacrebleu::{corpus_bleu, corpus_chrf, BleuConfig, ChrfConfig, Tokenize};
+use ember_trainer::train::{evaluate, open_run, Split};
+use ember_trainer::{RunConfig, TrainOptions};
 
 #[derive(Parser)]
 #[command(
@@ -54,6 +57,9 @@ struct TrainArgs {
     /// Print only errors and the final summary.
     #[arg(long)]
     quiet: bool,
+    /// With --resume: if the newest checkpoint is corrupt, continue from the newest intact one.
+    #[arg(long, requires = "resume")]
+    fallback: bool,
     /// Print the final summary as JSON.
     #[arg(long)]
     json: bool,
@@ -132,9 +138,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Bleu(args) => bleu(args),
-        Command::Train(_) | Command::Eval(_) | Command::Translate(_) | Command::Generate(_) => {
-            not_yet("training and evaluation (issue #4: trainer)")
-        }
+        Command::Train(args) => train(args),
+        Command::Eval(args) => eval(args),
+        Command::Translate(_) | Command::Generate(_) => not_yet("decoding (issue #5: evaluation)"),
         Command::Ablate(_) => not_yet("the QK-norm ablation runner (issue #6)"),
         Command::Bench(_) => not_yet("the benchmark (issue #7)"),
     };
@@ -145,6 +151,74 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn train(args: TrainArgs) -> Result<()> {
+    let cfg = RunConfig::load(&args.config, &args.set)?;
+    let run_dir = args.run_dir.unwrap_or_else(|| {
+        let stem = args
+            .config
+            .file_stem()
+            .map_or("run".into(), |s| s.to_string_lossy().to_string());
+        PathBuf::from("runs").join(stem)
+    });
+    let opts = TrainOptions {
+        run_dir,
+        resume: args.resume,
+        fallback: args.fallback,
+        verbosity: if args.quiet || args.json {
+            Verbosity::Quiet
+        } else {
+            Verbosity::Normal
+        },
+        stop_after: None,
+    };
+    let summary = ember_trainer::train(cfg, &opts)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&summary)?);
+    } else {
+        println!(
+            "done: {} steps in {:.1}s | final train loss {} | val loss {} | val ppl {} | {:.0} tok/s | {}",
+            summary.steps,
+            summary.wall_secs,
+            fmt_opt(summary.final_train_loss),
+            fmt_opt(summary.val_loss),
+            fmt_opt(summary.val_ppl),
+            summary.tokens_per_sec,
+            summary.run_dir.display()
+        );
+    }
+    Ok(())
+}
+
+fn fmt_opt(x: Option<f64>) -> String {
+    x.map_or("-".into(), |v| format!("{v:.4}"))
+}
+
+fn eval(args: EvalArgs) -> Result<()> {
+    let split: Split = args.split.parse()?;
+    let run = open_run(&args.run)?;
+    let r = evaluate(&run.model, &run.data, &run.cfg, split, &run.device)?;
+    if args.json {
+        let out = serde_json::json!({
+            "checkpoint": run.checkpoint,
+            "split": args.split,
+            "loss": r.loss,
+            "ppl": r.ppl,
+            "tokens": r.tokens,
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        println!(
+            "{} | {} | loss {:.4} | ppl {:.3} | {} tokens",
+            run.checkpoint.display(),
+            args.split,
+            r.loss,
+            r.ppl,
+            r.tokens
+        );
+    }
+    Ok(())
 }
 
 fn not_yet(what: &str) -> Result<()> {

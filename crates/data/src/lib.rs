@@ -1,1 +1,68 @@
-pub fn _placeholder() {}
+//! Ember's data pipeline: text in, plain `u32` id batches out.
+//!
+//! The crate deliberately knows nothing about tensors: batches are row-major `Vec<u32>` plus
+//! shapes and masks, and the trainer turns them into candle tensors. That keeps data loading,
+//! batching and resumption testable without a model and lets the data flow one way
+//! (config → data → model → trainer).
+//!
+//! Typical use by a trainer:
+//!
+//! ```no_run
+//! use ember_data::{Dataset, DataConfig, Splits, TokenBudgetBatcher, Batcher};
+//! # fn main() -> ember_data::Result<()> {
+//! let cfg = DataConfig::default(); // the embedded English→German task
+//! let data = Dataset::prepare(&cfg, Some(std::path::Path::new("runs/demo")))?;
+//! let Splits::Translation(splits) = &data.splits else { unreachable!() };
+//! let mut batcher = TokenBudgetBatcher::new(
+//!     splits.train.examples.clone(), 4096, data.tokenizer.specials(), 42)?;
+//! let batch = batcher.next_seq2seq();
+//! let resume_point = batcher.cursor(); // store in the checkpoint; `restore` it later
+//! # let _ = (batch, resume_point); Ok(()) }
+//! ```
+//!
+//! Modules: [`config`] (the YAML `data:` section), [`tokenizer`] (HF `tokenizers` BPE / char),
+//! [`corpus`] (reading, tokenising, statistics, the token cache), [`batch`] (token-budget and
+//! window batchers with a resumable [`Cursor`]), [`embedded`] (the built-in translation task).
+
+pub mod batch;
+pub mod cache;
+pub mod config;
+pub mod corpus;
+pub mod embedded;
+pub mod error;
+pub mod io;
+pub mod rng;
+pub mod tokenizer;
+
+pub use batch::{
+    Batch, Batcher, Cursor, EvalBatches, LmBatch, LmEvalBatches, LmWindowBatcher, Seq2SeqBatch,
+    TokenBudgetBatcher, WindowMode,
+};
+pub use config::{
+    CorpusConfig, DataConfig, EmbeddedConfig, PairPaths, ParallelConfig, TextConfig, TokenizerConfig,
+    TokenizerKind,
+};
+pub use corpus::{
+    CacheStatus, Dataset, Example, LoadReport, PairSplit, RawCorpus, RawPairs, RawText, SplitStats, Splits,
+    TextSplits, TextStats, TokenizerOrigin, TranslationSplits,
+};
+pub use error::{DataError, Result};
+pub use tokenizer::{SpecialIds, Tokenizer, BOS_ID, EOS_ID, PAD_ID, TOKENIZER_FILE, UNK_ID};
+
+/// Locates the data folder for data-dependent tests and examples: `$EMBER_SHARED_DATA` when set
+/// (authoritative: pointing it at an empty place makes those tests skip), else
+/// `<workspace>/../shared/data`, else `<workspace>/data` (filled by `scripts/get-data.sh`).
+/// `None` when no candidate holds `multi30k/` or `tinyshakespeare/`; callers then skip.
+pub fn find_shared_data() -> Option<std::path::PathBuf> {
+    let has_data = |p: &std::path::Path| p.join("multi30k").is_dir() || p.join("tinyshakespeare").is_dir();
+    if let Some(p) = std::env::var_os("EMBER_SHARED_DATA") {
+        let p = std::path::PathBuf::from(p);
+        return has_data(&p).then_some(p);
+    }
+    // crates/data → workspace root.
+    let workspace = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    [workspace.join("../shared/data"), workspace.join("data")]
+        .into_iter()
+        .find(|p| has_data(p))
+        .map(|p| p.canonicalize().unwrap_or(p))
+}

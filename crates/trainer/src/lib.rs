@@ -1,4 +1,13 @@
 //! Ember's trainer: configuration, the training loop, optimizer, checkpoints, metrics,
 //! evaluation and ablation reports.
 
+pub mod checkpoint;
+pub mod config;
+pub mod loss;
+pub mod metrics;
+pub mod optim;
 pub mod sacrebleu;
+pub mod train;
+
+pub use config::RunConfig;
+pub use train::{train, Summary, TrainOptions};

@@ -1,0 +1,343 @@
+//! The `data:` section of a run config, one struct per YAML mapping.
+//!
+//! ```yaml
+//! data:
+//!   corpus:
+//!     kind: embedded          # embedded | parallel | text
+//!     seed: 1234
+//!     train_size: 20000
+//!     val_size: 500
+//!     test_size: 500
+//!   tokenizer: { kind: bpe, vocab_size: 1000, lowercase: false }
+//!   max_source_len: 256
+//!   max_target_len: 256
+//! ```
+//!
+//! Unknown keys are rejected everywhere (a typo must not silently fall back to a default), and
+//! [`DataConfig::validate`] checks ranges, naming the offending key path in its error. Relative
+//! corpus paths are resolved against the process's working directory, like any CLI path.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{DataError, Result};
+
+/// Default upper bound on BPE vocabulary size. The trained vocabulary can be smaller when the
+/// corpus runs out of pairs to merge; the model must take its size from the tokenizer.
+pub const DEFAULT_BPE_VOCAB_SIZE: usize = 8000;
+/// Number of reserved ids (`<pad>`, `<s>`, `</s>`, `<unk>`) at the start of every vocabulary.
+pub const NUM_SPECIAL_TOKENS: usize = 4;
+
+/// `data:` — what to read, how to tokenize it, and which training pairs to drop.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DataConfig {
+    /// Where the text comes from.
+    #[serde(default)]
+    pub corpus: CorpusConfig,
+    /// How text becomes ids.
+    #[serde(default)]
+    pub tokenizer: TokenizerConfig,
+    /// Training pairs whose source has more tokens than this (bos/eos not counted) are dropped
+    /// and counted. Validation and test pairs are never dropped: evaluation must see every line.
+    /// Ignored by `kind: text`.
+    #[serde(default = "default_max_len")]
+    pub max_source_len: usize,
+    /// As `max_source_len`, for the target side.
+    #[serde(default = "default_max_len")]
+    pub max_target_len: usize,
+}
+
+fn default_max_len() -> usize {
+    256
+}
+
+impl Default for DataConfig {
+    fn default() -> Self {
+        Self {
+            corpus: CorpusConfig::default(),
+            tokenizer: TokenizerConfig::default(),
+            max_source_len: default_max_len(),
+            max_target_len: default_max_len(),
+        }
+    }
+}
+
+/// `data.corpus:` — exactly one kind of corpus, chosen by `kind:`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum CorpusConfig {
+    /// The procedurally generated English→German number task (no files needed).
+    Embedded(EmbeddedConfig),
+    /// Line-aligned source/target files (plain or gzip), e.g. Multi30k.
+    Parallel(ParallelConfig),
+    /// Monolingual text for language modelling, e.g. Tiny Shakespeare.
+    Text(TextConfig),
+}
+
+impl Default for CorpusConfig {
+    fn default() -> Self {
+        CorpusConfig::Embedded(EmbeddedConfig::default())
+    }
+}
+
+impl CorpusConfig {
+    /// True for corpora that yield (source, target) pairs rather than one token stream.
+    pub fn is_translation(&self) -> bool {
+        !matches!(self, CorpusConfig::Text(_))
+    }
+}
+
+/// `data.corpus` with `kind: embedded`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct EmbeddedConfig {
+    /// Generation seed; the same seed gives byte-identical splits on every machine.
+    #[serde(default = "default_embedded_seed")]
+    pub seed: u64,
+    #[serde(default = "default_embedded_train")]
+    pub train_size: usize,
+    #[serde(default = "default_embedded_eval")]
+    pub val_size: usize,
+    #[serde(default = "default_embedded_eval")]
+    pub test_size: usize,
+}
+
+fn default_embedded_seed() -> u64 {
+    1234
+}
+fn default_embedded_train() -> usize {
+    20_000
+}
+fn default_embedded_eval() -> usize {
+    500
+}
+
+impl Default for EmbeddedConfig {
+    fn default() -> Self {
+        Self {
+            seed: default_embedded_seed(),
+            train_size: default_embedded_train(),
+            val_size: default_embedded_eval(),
+            test_size: default_embedded_eval(),
+        }
+    }
+}
+
+/// `data.corpus` with `kind: parallel`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ParallelConfig {
+    pub train: PairPaths,
+    pub valid: PairPaths,
+    /// Optional held-out test set (BLEU is reported on it when present).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub test: Option<PairPaths>,
+}
+
+/// A source file and its line-aligned target file.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PairPaths {
+    pub source: PathBuf,
+    pub target: PathBuf,
+}
+
+/// `data.corpus` with `kind: text`: either one `path` split by `val_fraction`, or explicit
+/// `train_files` and `val_files`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TextConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathBuf>,
+    /// Fraction of `path` (its tail, cut at a line boundary) held out for validation; default 0.1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub val_fraction: Option<f64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub train_files: Vec<PathBuf>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub val_files: Vec<PathBuf>,
+}
+
+/// Validation fraction used when `val_fraction` is not given.
+pub const DEFAULT_VAL_FRACTION: f64 = 0.1;
+
+/// `data.tokenizer:`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TokenizerConfig {
+    #[serde(default)]
+    pub kind: TokenizerKind,
+    /// Upper bound on the BPE vocabulary, specials included (default 8000). Not allowed for
+    /// `kind: char`, whose vocabulary is the set of characters in the training text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vocab_size: Option<usize>,
+    /// Lowercase all text before tokenizing (decoded output is then lowercase too).
+    #[serde(default)]
+    pub lowercase: bool,
+}
+
+impl Default for TokenizerConfig {
+    fn default() -> Self {
+        Self {
+            kind: TokenizerKind::Bpe,
+            vocab_size: None,
+            lowercase: false,
+        }
+    }
+}
+
+impl TokenizerConfig {
+    /// The BPE vocabulary bound in effect (`vocab_size` or the default).
+    pub fn bpe_vocab_size(&self) -> usize {
+        self.vocab_size.unwrap_or(DEFAULT_BPE_VOCAB_SIZE)
+    }
+}
+
+/// Which tokenizer to train when the run directory has none.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum TokenizerKind {
+    /// Byte-pair encoding over SentencePiece-style `▁`-marked words (joint vocabulary for translation).
+    #[default]
+    Bpe,
+    /// One token per character (exact round trip of any text whose characters were seen in training).
+    Char,
+}
+
+impl DataConfig {
+    /// Checks every range and cross-field rule; errors name the key path (`data.…`).
+    pub fn validate(&self) -> Result<()> {
+        match &self.corpus {
+            CorpusConfig::Embedded(e) => {
+                if e.train_size == 0 {
+                    return Err(DataError::config("data.corpus.train_size", "must be > 0"));
+                }
+                if e.val_size == 0 {
+                    return Err(DataError::config("data.corpus.val_size", "must be > 0"));
+                }
+                let total = e.train_size as u128 + e.val_size as u128 + e.test_size as u128;
+                if total > crate::embedded::MAX_TOTAL_SIZE as u128 {
+                    return Err(DataError::config(
+                        "data.corpus.train_size",
+                        format!(
+                            "train_size + val_size + test_size = {total} exceeds {} distinct \
+                             sentences the embedded task can generate quickly; use smaller sizes",
+                            crate::embedded::MAX_TOTAL_SIZE
+                        ),
+                    ));
+                }
+            }
+            CorpusConfig::Parallel(p) => {
+                for (name, pair) in [
+                    ("train", Some(&p.train)),
+                    ("valid", Some(&p.valid)),
+                    ("test", p.test.as_ref()),
+                ] {
+                    let Some(pair) = pair else { continue };
+                    for (side, path) in [("source", &pair.source), ("target", &pair.target)] {
+                        if path.as_os_str().is_empty() {
+                            return Err(DataError::config(
+                                format!("data.corpus.{name}.{side}"),
+                                "must be a file path, got an empty string",
+                            ));
+                        }
+                    }
+                }
+            }
+            CorpusConfig::Text(t) => validate_text(t)?,
+        }
+        match self.tokenizer.kind {
+            TokenizerKind::Bpe => {
+                let v = self.tokenizer.bpe_vocab_size();
+                if v <= NUM_SPECIAL_TOKENS {
+                    return Err(DataError::config(
+                        "data.tokenizer.vocab_size",
+                        format!("must be > {NUM_SPECIAL_TOKENS} (the special tokens alone take {NUM_SPECIAL_TOKENS}), got {v}"),
+                    ));
+                }
+                if v > u32::MAX as usize / 2 {
+                    return Err(DataError::config(
+                        "data.tokenizer.vocab_size",
+                        format!("{v} is unreasonably large; use at most a few hundred thousand"),
+                    ));
+                }
+            }
+            TokenizerKind::Char => {
+                if self.tokenizer.vocab_size.is_some() {
+                    return Err(DataError::config(
+                        "data.tokenizer.vocab_size",
+                        "is not used by kind: char (the vocabulary is every character of the \
+                         training text); remove the key",
+                    ));
+                }
+            }
+        }
+        if self.max_source_len == 0 {
+            return Err(DataError::config("data.max_source_len", "must be > 0"));
+        }
+        if self.max_target_len == 0 {
+            return Err(DataError::config("data.max_target_len", "must be > 0"));
+        }
+        Ok(())
+    }
+}
+
+fn validate_text(t: &TextConfig) -> Result<()> {
+    match (&t.path, t.train_files.is_empty()) {
+        (Some(_), false) => Err(DataError::config(
+            "data.corpus.path",
+            "give either path (with val_fraction) or train_files + val_files, not both",
+        )),
+        (None, true) => Err(DataError::config(
+            "data.corpus.path",
+            "missing: give path (split by val_fraction) or train_files + val_files",
+        )),
+        (Some(path), true) => {
+            if path.as_os_str().is_empty() {
+                return Err(DataError::config(
+                    "data.corpus.path",
+                    "must be a file path, got an empty string",
+                ));
+            }
+            if !t.val_files.is_empty() {
+                return Err(DataError::config(
+                    "data.corpus.val_files",
+                    "only allowed together with train_files; with path, use val_fraction",
+                ));
+            }
+            let f = t.val_fraction.unwrap_or(DEFAULT_VAL_FRACTION);
+            if !(f > 0.0 && f < 1.0) {
+                return Err(DataError::config(
+                    "data.corpus.val_fraction",
+                    format!("must be strictly between 0 and 1, got {f}"),
+                ));
+            }
+            Ok(())
+        }
+        (None, false) => {
+            if t.val_files.is_empty() {
+                return Err(DataError::config(
+                    "data.corpus.val_files",
+                    "missing: train_files needs at least one validation file",
+                ));
+            }
+            if t.val_fraction.is_some() {
+                return Err(DataError::config(
+                    "data.corpus.val_fraction",
+                    "only allowed with path; train_files/val_files already fix the split",
+                ));
+            }
+            for (key, files) in [("train_files", &t.train_files), ("val_files", &t.val_files)] {
+                if let Some(i) = files.iter().position(|p| p.as_os_str().is_empty()) {
+                    return Err(DataError::config(
+                        format!("data.corpus.{key}[{i}]"),
+                        "must be a file path, got an empty string",
+                    ));
+                }
+            }
+            Ok(())
+        }
+    }
+}

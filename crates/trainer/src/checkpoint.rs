@@ -1,0 +1,243 @@
+//! Checkpoints: everything needed to continue a run exactly where it stopped.
+//!
+//! A checkpoint is a directory `checkpoints/step-NNNNNNNN/` holding
+//! - `model.safetensors` — the parameters, named as in `ember_model::transformer`'s docs;
+//! - `optimizer.safetensors` — AdamW moments `m.NAME` and `v.NAME`;
+//! - `config.yaml` — the resolved run config;
+//! - `state.json` — step, data cursor, optimizer step, best metric, counters, the seed from
+//!   which every random stream (dropout) is derived per step, a hash of the model config, and
+//!   SHA-256 checksums of the files above.
+//!
+//! It is written into a temporary directory and renamed into place, and `state.json` is
+//! written last, so a crash never leaves a directory that looks complete but is not; the
+//! checksums catch files damaged afterwards.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use candle_core::{Device, Tensor};
+use ember_data::Cursor;
+use ember_model::{ModelConfig, ParamStore};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+pub const CHECKPOINTS: &str = "checkpoints";
+const STATE: &str = "state.json";
+const MODEL: &str = "model.safetensors";
+const OPTIMIZER: &str = "optimizer.safetensors";
+const CONFIG: &str = "config.yaml";
+
+/// The best validation result so far.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Best {
+    pub step: u64,
+    pub val_loss: f64,
+}
+
+/// `state.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointState {
+    pub format: u32,
+    /// Optimizer updates completed (the next step to run is `step + 1`).
+    pub step: u64,
+    /// The data position of the next batch.
+    pub cursor: Cursor,
+    /// AdamW's own update count (differs from `step` when non-finite steps were skipped).
+    pub optimizer_step: u64,
+    /// The run seed; dropout masks for step s, micro-batch i come from a stream derived from
+    /// (seed, s, i), so no generator state needs saving.
+    pub seed: u64,
+    pub best: Option<Best>,
+    pub skipped_steps: u64,
+    pub tokens_seen: u64,
+    pub elapsed_secs: f64,
+    pub model_config_hash: String,
+    pub model_config: ModelConfig,
+    /// SHA-256 of each file in the directory (except this one).
+    pub files: BTreeMap<String, String>,
+}
+
+/// A checkpoint read back and verified.
+pub struct Loaded {
+    pub dir: PathBuf,
+    pub state: CheckpointState,
+    pub params: ParamStore,
+    pub optimizer: HashMap<String, Tensor>,
+}
+
+/// SHA-256 of the model config's canonical JSON: checkpoints of another architecture are refused.
+pub fn model_config_hash(cfg: &ModelConfig) -> String {
+    let json = serde_json::to_string(cfg).unwrap_or_default();
+    hex(&Sha256::digest(json.as_bytes()))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn file_hash(path: &Path) -> Result<String> {
+    let bytes = fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    Ok(hex(&Sha256::digest(&bytes)))
+}
+
+fn step_dir_name(step: u64) -> String {
+    format!("step-{step:08}")
+}
+
+/// Completed checkpoints of a run, oldest first (a directory without `state.json` is not one).
+pub fn list(run_dir: &Path) -> Vec<(u64, PathBuf)> {
+    let mut out: Vec<(u64, PathBuf)> = fs::read_dir(run_dir.join(CHECKPOINTS))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().to_string();
+            let step = name.strip_prefix("step-")?.parse().ok()?;
+            e.path().join(STATE).is_file().then(|| (step, e.path()))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+fn fsync_dir(dir: &Path) {
+    // Directory fsync makes the rename durable on Linux; other platforms may refuse, harmlessly.
+    if let Ok(f) = fs::File::open(dir) {
+        let _ = f.sync_all();
+    }
+}
+
+/// Writes a checkpoint atomically and returns its directory.
+pub fn save(
+    run_dir: &Path,
+    mut state: CheckpointState,
+    params: &ParamStore,
+    optimizer: &HashMap<String, Tensor>,
+    config_yaml: &str,
+) -> Result<PathBuf> {
+    let root = run_dir.join(CHECKPOINTS);
+    fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
+    let tmp = root.join(format!(
+        ".tmp-{}-{}",
+        step_dir_name(state.step),
+        std::process::id()
+    ));
+    if tmp.exists() {
+        fs::remove_dir_all(&tmp)?;
+    }
+    fs::create_dir_all(&tmp)?;
+    params
+        .save(&tmp.join(MODEL))
+        .context("writing model.safetensors")?;
+    candle_core::safetensors::save(optimizer, tmp.join(OPTIMIZER))
+        .context("writing optimizer.safetensors")?;
+    fs::write(tmp.join(CONFIG), config_yaml)?;
+    state.files.clear();
+    for name in [MODEL, OPTIMIZER, CONFIG] {
+        let path = tmp.join(name);
+        fs::File::open(&path)?.sync_all()?;
+        state.files.insert(name.to_string(), file_hash(&path)?);
+    }
+    let mut f = fs::File::create(tmp.join(STATE))?;
+    f.write_all(serde_json::to_string_pretty(&state)?.as_bytes())?;
+    f.sync_all()?;
+    fsync_dir(&tmp);
+    let dest = root.join(step_dir_name(state.step));
+    if dest.exists() {
+        // Re-saving a step (e.g. final save right after a periodic one): replace it.
+        let old = root.join(format!(
+            ".old-{}-{}",
+            step_dir_name(state.step),
+            std::process::id()
+        ));
+        fs::rename(&dest, &old)?;
+        fs::rename(&tmp, &dest)?;
+        fs::remove_dir_all(&old)?;
+    } else {
+        fs::rename(&tmp, &dest)?;
+    }
+    fsync_dir(&root);
+    Ok(dest)
+}
+
+/// Reads and verifies one checkpoint directory.
+pub fn load(dir: &Path, device: &Device) -> Result<Loaded> {
+    let state_path = dir.join(STATE);
+    let text = fs::read_to_string(&state_path).with_context(|| {
+        format!(
+            "{} is missing: the checkpoint is incomplete",
+            state_path.display()
+        )
+    })?;
+    let state: CheckpointState = serde_json::from_str(&text)
+        .with_context(|| format!("{} is corrupt (not valid checkpoint JSON)", state_path.display()))?;
+    for name in [MODEL, OPTIMIZER, CONFIG] {
+        let expected = state
+            .files
+            .get(name)
+            .with_context(|| format!("{} lists no checksum for {name}", state_path.display()))?;
+        let path = dir.join(name);
+        let actual = file_hash(&path).with_context(|| format!("{} is missing", path.display()))?;
+        if &actual != expected {
+            bail!(
+                "{} is corrupt: its SHA-256 does not match the one recorded when it was saved \
+                 (the file was truncated or modified)",
+                path.display()
+            );
+        }
+    }
+    let params = ParamStore::load(&dir.join(MODEL), candle_core::DType::F32, device)
+        .with_context(|| format!("loading {}", dir.join(MODEL).display()))?;
+    let optimizer = candle_core::safetensors::load(dir.join(OPTIMIZER), device)
+        .with_context(|| format!("loading {}", dir.join(OPTIMIZER).display()))?;
+    Ok(Loaded {
+        dir: dir.to_path_buf(),
+        state,
+        params,
+        optimizer,
+    })
+}
+
+/// Deletes all but the newest `keep_last` checkpoints, sparing the best one.
+pub fn prune(run_dir: &Path, keep_last: usize, best_step: Option<u64>) -> Result<()> {
+    let all = list(run_dir);
+    let cutoff = all.len().saturating_sub(keep_last);
+    for (step, dir) in &all[..cutoff] {
+        if Some(*step) != best_step {
+            fs::remove_dir_all(dir).with_context(|| format!("removing old checkpoint {}", dir.display()))?;
+        }
+    }
+    // Temporary directories of crashed saves by this or earlier processes.
+    for entry in fs::read_dir(run_dir.join(CHECKPOINTS))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let name = entry.file_name().to_string_lossy().to_string();
+        if name.starts_with(".tmp-") && !name.ends_with(&format!("-{}", std::process::id())) {
+            let _ = fs::remove_dir_all(entry.path());
+        }
+    }
+    Ok(())
+}
+
+/// Names the model-config fields that differ, for the refusal message.
+pub fn config_differences(saved: &ModelConfig, current: &ModelConfig) -> Vec<String> {
+    let a = serde_json::to_value(saved).unwrap_or_default();
+    let b = serde_json::to_value(current).unwrap_or_default();
+    let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else {
+        return vec![];
+    };
+    a.iter()
+        .filter(|(k, v)| b.get(*k) != Some(v))
+        .map(|(k, v)| {
+            format!(
+                "model.{k}: checkpoint {v}, config {}",
+                b.get(k).cloned().unwrap_or_default()
+            )
+        })
+        .collect()
+}

@@ -1,0 +1,538 @@
+//! The run configuration: one YAML file with the sections `model`, `data`, `train`, `eval`,
+//! `checkpoint` and `device`, each a struct field for field.
+//!
+//! Loading goes YAML text → generic tree → `--set` overrides → typed config → range checks, and
+//! every failure names the file, the key path, and (where the key came from the file) its line.
+
+use std::path::{Path, PathBuf};
+
+use ember_data::{DataConfig, WindowMode};
+use ember_model::ModelConfig;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// A whole run, as written in its YAML file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunConfig {
+    pub model: ModelConfig,
+    #[serde(default)]
+    pub data: DataConfig,
+    pub train: TrainConfig,
+    #[serde(default)]
+    pub eval: EvalConfig,
+    #[serde(default)]
+    pub checkpoint: CheckpointConfig,
+    /// `cpu` or `cuda:N` (the latter needs the `cuda` cargo feature).
+    #[serde(default = "default_device")]
+    pub device: String,
+}
+
+fn default_device() -> String {
+    "cpu".into()
+}
+
+/// The learning-rate schedule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Schedule {
+    /// Linear warmup, then constant.
+    Constant,
+    /// Linear warmup, then cosine decay to `min_lr` at the last step.
+    Cosine,
+    /// Linear warmup, then lr·√(warmup/step) (Vaswani et al. 2017; fairseq's inverse_sqrt).
+    InverseSqrt,
+}
+
+/// What to do when the loss or a gradient is NaN or infinite.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NonFinitePolicy {
+    /// Do not apply the update; count it and continue.
+    Skip,
+    /// Do not apply the update; stop with an error naming the step and the tensor.
+    Stop,
+}
+
+/// `train:` — the optimisation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainConfig {
+    /// Optimizer updates to run. Exactly one of `steps` and `epochs` is required.
+    #[serde(default)]
+    pub steps: Option<u64>,
+    /// Passes over the training data (converted to steps from the batches per epoch).
+    #[serde(default)]
+    pub epochs: Option<f64>,
+    #[serde(default)]
+    pub seed: u64,
+    /// Peak learning rate.
+    pub lr: f64,
+    #[serde(default = "default_schedule")]
+    pub schedule: Schedule,
+    #[serde(default)]
+    pub warmup_steps: u64,
+    /// The floor of the cosine schedule.
+    #[serde(default)]
+    pub min_lr: f64,
+    /// Translation: padded tokens per micro-batch (fairseq's `--max-tokens`).
+    #[serde(default)]
+    pub max_tokens: Option<usize>,
+    /// Language modelling: windows per micro-batch.
+    #[serde(default)]
+    pub batch_size: Option<usize>,
+    /// Language modelling: tokens per window.
+    #[serde(default)]
+    pub block_size: Option<usize>,
+    /// Language modelling: `sampled` random windows (nanoGPT) or a `sweep` over the stream.
+    #[serde(default)]
+    pub windows: WindowMode,
+    /// Micro-batches per optimizer update; the loss is normalised by all their target tokens.
+    #[serde(default = "default_one")]
+    pub accumulation: usize,
+    /// Global gradient-norm clip; null disables clipping.
+    #[serde(default = "default_clip")]
+    pub clip_grad_norm: Option<f64>,
+    #[serde(default)]
+    pub label_smoothing: f64,
+    /// Coefficient of the z-loss log²Z (Wortsman et al. 2023 use 1e-4).
+    #[serde(default)]
+    pub z_loss: f64,
+    #[serde(default = "default_wd")]
+    pub weight_decay: f64,
+    /// Also decay embedding matrices (norm gains, biases and scales are never decayed).
+    #[serde(default)]
+    pub decay_embeddings: bool,
+    #[serde(default = "default_beta1")]
+    pub beta1: f64,
+    #[serde(default = "default_beta2")]
+    pub beta2: f64,
+    #[serde(default = "default_adam_eps")]
+    pub adam_eps: f64,
+    #[serde(default = "default_nonfinite")]
+    pub on_nonfinite: NonFinitePolicy,
+    /// Log training metrics every this many steps.
+    #[serde(default = "default_log_every")]
+    pub log_every: u64,
+    /// CPU threads for this run (default: all cores).
+    #[serde(default)]
+    pub threads: Option<usize>,
+}
+
+fn default_schedule() -> Schedule {
+    Schedule::Cosine
+}
+fn default_one() -> usize {
+    1
+}
+fn default_clip() -> Option<f64> {
+    Some(1.0)
+}
+fn default_wd() -> f64 {
+    0.01
+}
+fn default_beta1() -> f64 {
+    0.9
+}
+fn default_beta2() -> f64 {
+    0.98
+}
+fn default_adam_eps() -> f64 {
+    1e-8
+}
+fn default_nonfinite() -> NonFinitePolicy {
+    NonFinitePolicy::Stop
+}
+fn default_log_every() -> u64 {
+    10
+}
+
+/// `eval:` — validation during and after training.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvalConfig {
+    /// Validate every this many steps (and always at the end); 0 = only at the end.
+    #[serde(default = "default_eval_every")]
+    pub every: u64,
+    /// Translation: padded tokens per evaluation batch.
+    #[serde(default = "default_eval_tokens")]
+    pub max_tokens: usize,
+    /// Language modelling: evaluate at most this many windows-batches (null = the whole split).
+    #[serde(default)]
+    pub max_batches: Option<usize>,
+}
+
+fn default_eval_every() -> u64 {
+    500
+}
+fn default_eval_tokens() -> usize {
+    8192
+}
+
+impl Default for EvalConfig {
+    fn default() -> Self {
+        Self {
+            every: default_eval_every(),
+            max_tokens: default_eval_tokens(),
+            max_batches: None,
+        }
+    }
+}
+
+/// Which validation metric picks the "best" checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeepBestBy {
+    Loss,
+}
+
+/// `checkpoint:` — when to save and what to keep.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointConfig {
+    /// Save every this many steps (and always at the end); 0 = only at the end.
+    #[serde(default = "default_ckpt_every")]
+    pub every: u64,
+    /// Keep the newest this many checkpoints (plus the best).
+    #[serde(default = "default_keep_last")]
+    pub keep_last: usize,
+    #[serde(default = "default_keep_best_by")]
+    pub keep_best_by: KeepBestBy,
+}
+
+fn default_ckpt_every() -> u64 {
+    1000
+}
+fn default_keep_last() -> usize {
+    2
+}
+fn default_keep_best_by() -> KeepBestBy {
+    KeepBestBy::Loss
+}
+
+impl Default for CheckpointConfig {
+    fn default() -> Self {
+        Self {
+            every: default_ckpt_every(),
+            keep_last: default_keep_last(),
+            keep_best_by: default_keep_best_by(),
+        }
+    }
+}
+
+/// A configuration that cannot be used, with everything needed to fix it.
+#[derive(Debug, thiserror::Error)]
+#[error("{}{}: {message}{}", file.display(), line.map(|l| format!(":{l}")).unwrap_or_default(), key.as_ref().map(|k| format!(" (key `{k}`)")).unwrap_or_default())]
+pub struct ConfigFileError {
+    pub file: PathBuf,
+    pub line: Option<usize>,
+    pub key: Option<String>,
+    pub message: String,
+}
+
+impl RunConfig {
+    /// Reads `path`, applies `--set KEY=VALUE` overrides, and validates.
+    pub fn load(path: &Path, overrides: &[String]) -> Result<Self, ConfigFileError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigFileError {
+            file: path.to_path_buf(),
+            line: None,
+            key: None,
+            message: format!("cannot read the config: {e}"),
+        })?;
+        Self::from_yaml(&text, path, overrides)
+    }
+
+    /// As [`load`](Self::load), from YAML text; `path` only labels errors.
+    pub fn from_yaml(text: &str, path: &Path, overrides: &[String]) -> Result<Self, ConfigFileError> {
+        let err = |line, key: Option<String>, message: String| ConfigFileError {
+            file: path.to_path_buf(),
+            line,
+            key,
+            message,
+        };
+        let mut tree: Value = serde_saphyr::from_str(text).map_err(|e| {
+            err(
+                None,
+                None,
+                format!("not valid YAML: {}", first_line(&e.to_string())),
+            )
+        })?;
+        if tree.is_null() {
+            return Err(err(
+                None,
+                None,
+                "the file is empty; see configs/quickstart.yaml for a complete example".into(),
+            ));
+        }
+        let mut overridden = vec![];
+        for o in overrides {
+            let (key, value) = o.split_once('=').ok_or_else(|| {
+                err(
+                    None,
+                    None,
+                    format!("--set {o:?}: expected KEY=VALUE, e.g. --set train.lr=3e-3"),
+                )
+            })?;
+            let value: Value = serde_saphyr::from_str(value).map_err(|e| {
+                err(
+                    None,
+                    Some(key.into()),
+                    format!("--set: cannot parse {value:?}: {e}"),
+                )
+            })?;
+            set_path(&mut tree, key, value)
+                .map_err(|m| err(None, Some(key.into()), format!("--set: {m}")))?;
+            overridden.push(key.to_string());
+        }
+        let cfg: RunConfig = serde_path_to_error::deserialize(&tree).map_err(|e| {
+            let key = e.path().to_string();
+            let from_set = overridden
+                .iter()
+                .any(|k| key.starts_with(k.as_str()) || k.starts_with(&key));
+            let message = e.into_inner().to_string();
+            let key = (key != ".").then_some(key);
+            let line = if from_set {
+                None
+            } else {
+                key.as_deref().and_then(|k| locate(text, k))
+            };
+            err(line, key, message)
+        })?;
+        cfg.validate()
+            .map_err(|(key, message)| err(locate(text, &key), Some(key), message))?;
+        Ok(cfg)
+    }
+
+    /// Range and consistency checks that serde cannot express. Returns (key path, message).
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        let t = &self.train;
+        let bad = |k: &str, m: String| Err((k.to_string(), m));
+        match (t.steps, t.epochs) {
+            (None, None) => return bad("train.steps", "set train.steps or train.epochs".into()),
+            (Some(_), Some(_)) => {
+                return bad(
+                    "train.epochs",
+                    "set only one of train.steps and train.epochs".into(),
+                )
+            }
+            (Some(0), _) => return bad("train.steps", "must be at least 1".into()),
+            (_, Some(e)) if !(e > 0.0 && e.is_finite()) => {
+                return bad("train.epochs", format!("must be a positive number, got {e}"))
+            }
+            _ => {}
+        }
+        if !(t.lr > 0.0 && t.lr.is_finite()) {
+            return bad("train.lr", format!("must be a positive number, got {}", t.lr));
+        }
+        if !(t.min_lr >= 0.0 && t.min_lr <= t.lr) {
+            return bad(
+                "train.min_lr",
+                format!("must be in [0, train.lr = {}], got {}", t.lr, t.min_lr),
+            );
+        }
+        if t.accumulation == 0 {
+            return bad("train.accumulation", "must be at least 1".into());
+        }
+        if let Some(c) = t.clip_grad_norm {
+            if !(c > 0.0 && c.is_finite()) {
+                return bad(
+                    "train.clip_grad_norm",
+                    format!("must be positive (or null to disable), got {c}"),
+                );
+            }
+        }
+        if !(0.0..1.0).contains(&t.label_smoothing) {
+            return bad(
+                "train.label_smoothing",
+                format!("must be in [0, 1), got {}", t.label_smoothing),
+            );
+        }
+        if !(t.z_loss >= 0.0 && t.z_loss.is_finite()) {
+            return bad("train.z_loss", format!("must be ≥ 0, got {}", t.z_loss));
+        }
+        if !(t.weight_decay >= 0.0 && t.weight_decay.is_finite()) {
+            return bad(
+                "train.weight_decay",
+                format!("must be ≥ 0, got {}", t.weight_decay),
+            );
+        }
+        for (k, b) in [("train.beta1", t.beta1), ("train.beta2", t.beta2)] {
+            if !(0.0..1.0).contains(&b) {
+                return bad(k, format!("must be in [0, 1), got {b}"));
+            }
+        }
+        if !(t.adam_eps > 0.0) {
+            return bad("train.adam_eps", format!("must be positive, got {}", t.adam_eps));
+        }
+        if t.log_every == 0 {
+            return bad("train.log_every", "must be at least 1".into());
+        }
+        if t.threads == Some(0) {
+            return bad(
+                "train.threads",
+                "must be at least 1 (or left out for all cores)".into(),
+            );
+        }
+        if self.data.corpus.is_translation() {
+            if self.model.arch != ember_model::Arch::Seq2seq {
+                return bad(
+                    "model.arch",
+                    "a translation corpus (data.corpus.kind: embedded | parallel) needs model.arch: seq2seq"
+                        .into(),
+                );
+            }
+            match t.max_tokens {
+                None | Some(0) => {
+                    return bad(
+                        "train.max_tokens",
+                        "translation needs train.max_tokens (e.g. 4096)".into(),
+                    )
+                }
+                _ => {}
+            }
+            if t.batch_size.is_some() || t.block_size.is_some() {
+                return bad(
+                    "train.batch_size",
+                    "batch_size/block_size are for language models; use train.max_tokens".into(),
+                );
+            }
+        } else {
+            if self.model.arch != ember_model::Arch::Lm {
+                return bad(
+                    "model.arch",
+                    "a text corpus (data.corpus.kind: text) needs model.arch: lm".into(),
+                );
+            }
+            match (t.batch_size, t.block_size) {
+                (Some(b), Some(s)) if b > 0 && s > 0 => {
+                    if s > self.model.max_seq_len {
+                        return bad(
+                            "train.block_size",
+                            format!("{s} exceeds model.max_seq_len = {}", self.model.max_seq_len),
+                        );
+                    }
+                }
+                _ => {
+                    return bad(
+                        "train.batch_size",
+                        "language models need train.batch_size and train.block_size (both ≥ 1)".into(),
+                    )
+                }
+            }
+            if t.max_tokens.is_some() {
+                return bad(
+                    "train.max_tokens",
+                    "max_tokens is for translation; use batch_size and block_size".into(),
+                );
+            }
+        }
+        if self.eval.max_tokens == 0 {
+            return bad("eval.max_tokens", "must be at least 1".into());
+        }
+        if self.checkpoint.keep_last == 0 {
+            return bad(
+                "checkpoint.keep_last",
+                "must be at least 1 (resuming needs a checkpoint)".into(),
+            );
+        }
+        if !(self.device == "cpu"
+            || self
+                .device
+                .strip_prefix("cuda:")
+                .is_some_and(|n| n.parse::<usize>().is_ok()))
+        {
+            return bad(
+                "device",
+                format!("must be `cpu` or `cuda:N`, got {:?}", self.device),
+            );
+        }
+        self.data
+            .validate()
+            .map_err(|e| ("data".to_string(), e.to_string()))?;
+        let mut model = self.model.clone();
+        // The vocabulary comes from the tokenizer when left out; everything else must hold now.
+        model.vocab_size.get_or_insert(2);
+        model.validate().map_err(|e| (e.key.clone(), e.message.clone()))?;
+        Ok(())
+    }
+
+    /// The resolved configuration as YAML, as saved in run directories.
+    pub fn to_yaml(&self) -> String {
+        serde_saphyr::to_string(self).unwrap_or_else(|e| format!("# could not serialise the config: {e}\n"))
+    }
+}
+
+fn first_line(s: &str) -> &str {
+    s.lines().next().unwrap_or(s)
+}
+
+/// Sets `a.b.c` in a YAML tree, creating mappings on the way; refuses to descend into scalars.
+fn set_path(tree: &mut Value, key: &str, value: Value) -> Result<(), String> {
+    let mut node = tree;
+    let parts: Vec<&str> = key.split('.').collect();
+    if parts.iter().any(|p| p.is_empty()) {
+        return Err(format!("malformed key {key:?}; use dotted keys like train.lr"));
+    }
+    for (i, part) in parts.iter().enumerate() {
+        if node.is_null() {
+            *node = Value::Object(Default::default());
+        }
+        let map = node.as_object_mut().ok_or_else(|| {
+            format!(
+                "{} is not a mapping, so it has no key {part:?}",
+                parts[..i].join(".")
+            )
+        })?;
+        if i + 1 == parts.len() {
+            map.insert(part.to_string(), value);
+            return Ok(());
+        }
+        node = map.entry(part.to_string()).or_insert(Value::Null);
+    }
+    Ok(())
+}
+
+/// Finds the 1-based line of a dotted key path in block-style YAML: each component must appear
+/// as `name:` indented deeper than its parent, after the parent's line.
+pub fn locate(text: &str, key: &str) -> Option<usize> {
+    let mut start = 0;
+    let mut parent_indent: isize = -1;
+    let lines: Vec<&str> = text.lines().collect();
+    for part in key.split('.') {
+        let mut found = None;
+        for (i, line) in lines.iter().enumerate().skip(start) {
+            let trimmed = line.trim_start();
+            if trimmed.is_empty() || trimmed.starts_with('#') {
+                continue;
+            }
+            let indent = (line.len() - trimmed.len()) as isize;
+            if indent <= parent_indent && i > start {
+                break; // left the parent's block
+            }
+            let name = trimmed.trim_start_matches("- ");
+            if indent > parent_indent
+                && (name.starts_with(&format!("{part}:")) || name.starts_with(&format!("{part} :")))
+            {
+                found = Some((i, indent));
+                break;
+            }
+        }
+        let (i, indent) = found?;
+        start = i + 1;
+        parent_indent = indent;
+    }
+    Some(start)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locate_finds_nested_keys() {
+        let y = "model:\n  d_model: 1\ntrain:\n  lr: 2\n  steps: 3\n";
+        assert_eq!(locate(y, "train.lr"), Some(4));
+        assert_eq!(locate(y, "model.d_model"), Some(2));
+        assert_eq!(locate(y, "train.nope"), None);
+    }
+}

@@ -1,0 +1,208 @@
+//! `metrics.jsonl` (one JSON object per logged step or evaluation), its CSV export, and what
+//! the user sees while a run trains: a progress bar on a terminal, plain lines otherwise.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{BufRead, BufReader, IsTerminal, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::{Deserialize, Serialize};
+
+pub const METRICS: &str = "metrics.jsonl";
+pub const METRICS_CSV: &str = "metrics.csv";
+
+/// One line of `metrics.jsonl`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Record {
+    Train(TrainRecord),
+    Eval(EvalRecord),
+}
+
+impl Record {
+    pub fn step(&self) -> u64 {
+        match self {
+            Record::Train(r) => r.step,
+            Record::Eval(r) => r.step,
+        }
+    }
+}
+
+/// Training metrics, averaged over the steps since the previous record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainRecord {
+    pub step: u64,
+    pub epoch: u64,
+    /// Training objective per target token (label smoothing and z-loss included).
+    pub loss: f64,
+    /// Unsmoothed negative log-likelihood per target token.
+    pub nll: f64,
+    pub lr: f64,
+    /// Global gradient norm before clipping.
+    pub grad_norm: f64,
+    pub tokens_per_sec: f64,
+    pub elapsed_secs: f64,
+    /// Steps skipped so far because of a non-finite loss or gradient.
+    pub skipped_steps: u64,
+    /// Per attention module (forward order), max |pre-softmax logit| on this step's first micro-batch.
+    pub attn_max_logit: Vec<f32>,
+    /// Per attention module, mean attention entropy (nats).
+    pub attn_entropy: Vec<f32>,
+}
+
+/// A validation result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EvalRecord {
+    pub step: u64,
+    pub split: String,
+    pub loss: f64,
+    pub ppl: f64,
+    pub tokens: u64,
+    pub elapsed_secs: f64,
+}
+
+/// Appends records to `metrics.jsonl`, one flushed line each, so a killed run keeps its history.
+pub struct MetricsLog {
+    path: PathBuf,
+    file: File,
+}
+
+impl MetricsLog {
+    /// Opens the log of `run_dir`, dropping records after `keep_through_step` (a resumed run
+    /// re-logs the steps after its checkpoint; without this they would appear twice).
+    pub fn open(run_dir: &Path, keep_through_step: Option<u64>) -> Result<Self> {
+        let path = run_dir.join(METRICS);
+        if let Some(last) = keep_through_step {
+            let kept: Vec<Record> = read(&path)?.into_iter().filter(|r| r.step() <= last).collect();
+            let mut text = String::new();
+            for r in kept {
+                text.push_str(&serde_json::to_string(&r)?);
+                text.push('\n');
+            }
+            fs::write(&path, text).with_context(|| format!("rewriting {}", path.display()))?;
+        }
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        Ok(Self { path, file })
+    }
+
+    pub fn write(&mut self, record: &Record) -> Result<()> {
+        let mut line = serde_json::to_string(record)?;
+        line.push('\n');
+        self.file
+            .write_all(line.as_bytes())
+            .with_context(|| format!("writing {}", self.path.display()))
+    }
+}
+
+/// Reads `metrics.jsonl`; a torn last line (the process was killed mid-write) is ignored.
+pub fn read(path: &Path) -> Result<Vec<Record>> {
+    let Ok(file) = File::open(path) else {
+        return Ok(vec![]);
+    };
+    let mut out = vec![];
+    for line in BufReader::new(file).lines() {
+        let line = line?;
+        if let Ok(r) = serde_json::from_str(&line) {
+            out.push(r);
+        }
+    }
+    Ok(out)
+}
+
+/// Writes `metrics.csv`: one row per record, train and eval columns side by side.
+pub fn export_csv(run_dir: &Path) -> Result<()> {
+    let records = read(&run_dir.join(METRICS))?;
+    let mut out = String::from("kind,step,epoch,loss,nll,lr,grad_norm,tokens_per_sec,elapsed_secs,max_attn_logit,split,val_loss,val_ppl\n");
+    for r in records {
+        match r {
+            Record::Train(t) => {
+                let max_logit = t.attn_max_logit.iter().cloned().fold(f32::NAN, f32::max);
+                out.push_str(&format!(
+                    "train,{},{},{},{},{},{},{},{},{},,,\n",
+                    t.step,
+                    t.epoch,
+                    t.loss,
+                    t.nll,
+                    t.lr,
+                    t.grad_norm,
+                    t.tokens_per_sec,
+                    t.elapsed_secs,
+                    max_logit
+                ));
+            }
+            Record::Eval(e) => out.push_str(&format!(
+                "eval,{},,,,,,,{},,{},{},{}\n",
+                e.step, e.elapsed_secs, e.split, e.loss, e.ppl
+            )),
+        }
+    }
+    fs::write(run_dir.join(METRICS_CSV), out).context("writing metrics.csv")
+}
+
+/// How much the run prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verbosity {
+    Quiet,
+    Normal,
+}
+
+/// Progress display: an indicatif bar with loss, tokens/s and ETA on a terminal; plain log
+/// lines otherwise (CI logs, pipes); nothing with `--quiet`.
+pub struct Progress {
+    bar: Option<ProgressBar>,
+    verbosity: Verbosity,
+}
+
+impl Progress {
+    pub fn new(total_steps: u64, start_step: u64, verbosity: Verbosity) -> Self {
+        let bar = (verbosity == Verbosity::Normal && std::io::stdout().is_terminal()).then(|| {
+            let bar = ProgressBar::new(total_steps);
+            bar.set_style(
+                ProgressStyle::with_template(
+                    "{bar:30} {pos}/{len} steps {msg} [{elapsed_precise} < {eta_precise}]",
+                )
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            );
+            bar.set_position(start_step);
+            bar
+        });
+        Self { bar, verbosity }
+    }
+
+    pub fn train(&self, r: &TrainRecord, total: u64) {
+        let max_logit = r.attn_max_logit.iter().cloned().fold(0f32, f32::max);
+        match &self.bar {
+            Some(bar) => {
+                bar.set_position(r.step);
+                bar.set_message(format!(
+                    "loss {:.4} | {:.0} tok/s | lr {:.2e} | max logit {:.1}",
+                    r.loss, r.tokens_per_sec, r.lr, max_logit
+                ));
+            }
+            None if self.verbosity == Verbosity::Normal => println!(
+                "step {:>6}/{total} | loss {:.4} | nll {:.4} | lr {:.3e} | grad {:.3} | {:.0} tok/s | max logit {:.2} | {:.1}s",
+                r.step, r.loss, r.nll, r.lr, r.grad_norm, r.tokens_per_sec, max_logit, r.elapsed_secs
+            ),
+            None => {}
+        }
+    }
+
+    pub fn line(&self, text: &str) {
+        match &self.bar {
+            Some(bar) => bar.println(text),
+            None if self.verbosity == Verbosity::Normal => println!("{text}"),
+            None => {}
+        }
+    }
+
+    pub fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}

@@ -1,0 +1,719 @@
+//! The training loop — one for both architectures — and validation.
+//!
+//! A step draws `train.accumulation` micro-batches, runs forward and backward on each with the
+//! loss divided by the target tokens of all of them (so the summed gradient equals that of one
+//! big batch), checks and clips the global gradient norm, and applies AdamW. Everything random
+//! derives from the run seed, the step and the micro-batch index, so the same config gives
+//! bit-identical losses, and a resumed run continues exactly as if never stopped.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, Device, Tensor};
+use ember_data::{
+    Batch, Batcher, Dataset, EvalBatches, LmEvalBatches, LmWindowBatcher, Splits, TokenBudgetBatcher,
+};
+use ember_model::rng::SplitMix64;
+use ember_model::{init_model, AttentionStats, DropoutRng, ForwardCtx, Model, QkNorm, Telemetry};
+use serde::Serialize;
+
+use crate::checkpoint::{self, Best, CheckpointState};
+use crate::config::{NonFinitePolicy, RunConfig, TrainConfig};
+use crate::loss::cross_entropy;
+use crate::metrics::{self, EvalRecord, MetricsLog, Progress, Record, TrainRecord, Verbosity};
+use crate::optim::{clip_grad_norm, AdamW, LrSchedule, Param};
+
+pub const RUN_CONFIG: &str = "config.yaml";
+pub const SUMMARY: &str = "summary.json";
+
+/// How `train` is invoked (everything that is not part of the config).
+#[derive(Debug, Clone)]
+pub struct TrainOptions {
+    pub run_dir: PathBuf,
+    /// Continue from the newest complete checkpoint in `run_dir`.
+    pub resume: bool,
+    /// With `resume`: if the newest checkpoint is corrupt, use the newest good one instead of stopping.
+    pub fallback: bool,
+    pub verbosity: Verbosity,
+    /// Stop (with a checkpoint) after this many steps of this invocation, as an interruption would.
+    pub stop_after: Option<u64>,
+}
+
+/// What a run reports when it ends; also written to `summary.json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    pub run_dir: PathBuf,
+    pub steps: u64,
+    pub total_steps: u64,
+    /// Whether the run reached `total_steps` (false after `stop_after`).
+    pub finished: bool,
+    pub params: usize,
+    /// Training objective per token over the last logging window.
+    pub final_train_loss: Option<f64>,
+    pub val_loss: Option<f64>,
+    pub val_ppl: Option<f64>,
+    pub best: Option<Best>,
+    pub skipped_steps: u64,
+    /// Median over logged windows of target tokens per second.
+    pub tokens_per_sec: f64,
+    /// Wall time of this invocation.
+    pub wall_secs: f64,
+    /// Training time over all invocations of the run.
+    pub train_secs: f64,
+    pub resumed_from_step: Option<u64>,
+}
+
+/// Validation loss of a split.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct EvalResult {
+    /// Mean negative log-likelihood per target token (nats).
+    pub loss: f64,
+    pub ppl: f64,
+    pub tokens: u64,
+}
+
+/// Which held-out split to evaluate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Split {
+    Valid,
+    Test,
+}
+
+impl std::str::FromStr for Split {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "valid" | "val" | "validation" => Ok(Split::Valid),
+            "test" => Ok(Split::Test),
+            other => bail!("unknown split {other:?}; use valid or test"),
+        }
+    }
+}
+
+/// `cpu` or `cuda:N`.
+pub fn device(spec: &str) -> Result<Device> {
+    if spec == "cpu" {
+        return Ok(Device::Cpu);
+    }
+    let Some(n) = spec.strip_prefix("cuda:").and_then(|n| n.parse::<usize>().ok()) else {
+        bail!("device: expected `cpu` or `cuda:N`, got {spec:?}");
+    };
+    if !cfg!(feature = "cuda") {
+        bail!("device: {spec} needs CUDA, but this build has none; rebuild with `cargo build --release --features cuda`");
+    }
+    Device::new_cuda(n).with_context(|| format!("device: cannot open {spec}"))
+}
+
+/// A batch as tensors, with targets flattened to one row per token.
+pub struct BatchTensors {
+    inputs: Inputs,
+    /// (N) target ids.
+    targets: Tensor,
+    /// (N) 1 at real targets, 0 at padding.
+    mask: Tensor,
+    /// Real target tokens: the loss normaliser.
+    pub tokens: usize,
+}
+
+enum Inputs {
+    Seq2seq {
+        src: Tensor,
+        src_mask: Tensor,
+        tgt_in: Tensor,
+    },
+    Lm {
+        input: Tensor,
+    },
+}
+
+impl BatchTensors {
+    pub fn new(batch: &Batch, device: &Device) -> Result<Self> {
+        Ok(match batch {
+            Batch::Seq2Seq(b) => {
+                let mask: Vec<f32> = b.tgt_mask.iter().map(|&m| m as f32).collect();
+                let src_mask: Vec<u32> = b.src_mask.iter().map(|&m| m as u32).collect();
+                Self {
+                    inputs: Inputs::Seq2seq {
+                        src: Tensor::from_slice(&b.src, (b.batch_size, b.src_len), device)?,
+                        src_mask: Tensor::from_vec(src_mask, (b.batch_size, b.src_len), device)?,
+                        tgt_in: Tensor::from_slice(&b.tgt_in, (b.batch_size, b.tgt_len), device)?,
+                    },
+                    targets: Tensor::from_slice(&b.tgt_out, b.tgt_out.len(), device)?,
+                    mask: Tensor::from_vec(mask, b.tgt_out.len(), device)?,
+                    tokens: b.n_tgt_tokens,
+                }
+            }
+            Batch::Lm(b) => Self {
+                inputs: Inputs::Lm {
+                    input: Tensor::from_slice(&b.input, (b.batch_size, b.block_size), device)?,
+                },
+                targets: Tensor::from_slice(&b.target, b.target.len(), device)?,
+                mask: Tensor::ones(b.target.len(), DType::F32, device)?,
+                tokens: b.target.len(),
+            },
+        })
+    }
+
+    /// Logits (N, V), one row per target position.
+    pub fn logits(&self, model: &Model, ctx: ForwardCtx) -> Result<Tensor> {
+        let logits = match (&self.inputs, model) {
+            (
+                Inputs::Seq2seq {
+                    src,
+                    src_mask,
+                    tgt_in,
+                },
+                Model::Seq2seq(m),
+            ) => m.forward(src, Some(src_mask), tgt_in, ctx)?,
+            (Inputs::Lm { input }, Model::Lm(m)) => m.forward(input, ctx)?,
+            _ => bail!("the batch does not fit the model architecture"),
+        };
+        let v = logits.dim(2)?;
+        Ok(logits.reshape(((), v))?)
+    }
+}
+
+/// Gradients of one optimizer step, in the order of the optimizer's parameters.
+pub struct StepOutput {
+    pub grads: Vec<Option<Tensor>>,
+    /// Training objective per target token.
+    pub loss: f64,
+    /// Negative log-likelihood per target token.
+    pub nll: f64,
+    pub tokens: usize,
+    pub attention: Vec<AttentionStats>,
+}
+
+/// Forward and backward over the micro-batches of one step, summing the gradients. Dropout for
+/// micro-batch i draws from a stream derived from (seed, step, i).
+pub fn forward_backward(
+    model: &Model,
+    params: &[Param],
+    batches: &[Batch],
+    cfg: &TrainConfig,
+    device: &Device,
+    step: u64,
+    telemetry: bool,
+) -> Result<StepOutput> {
+    let tensors = batches
+        .iter()
+        .map(|b| BatchTensors::new(b, device))
+        .collect::<Result<Vec<_>>>()?;
+    let total_tokens: usize = tensors.iter().map(|t| t.tokens).sum();
+    let mut grads: Vec<Option<Tensor>> = vec![None; params.len()];
+    let (mut objective, mut nll) = (0f64, 0f64);
+    let collector = Telemetry::new();
+    for (i, bt) in tensors.iter().enumerate() {
+        let seed = SplitMix64::for_stream(cfg.seed, &format!("dropout/{step}/{i}")).next_u64();
+        let rng = DropoutRng::new(seed);
+        let mut ctx = ForwardCtx::train(&rng);
+        if telemetry && i == 0 {
+            ctx = ctx.with_telemetry(&collector);
+        }
+        let logits = bt.logits(model, ctx)?;
+        let loss = cross_entropy(&logits, &bt.targets, &bt.mask, cfg.label_smoothing, cfg.z_loss)?;
+        objective += loss.objective.to_scalar::<f32>()? as f64;
+        nll += loss.nll.to_scalar::<f32>()? as f64;
+        let store = (loss.objective / total_tokens.max(1) as f64)?.backward()?;
+        for (slot, p) in grads.iter_mut().zip(params) {
+            if let Some(g) = store.get(p.var.as_tensor()) {
+                *slot = Some(match slot.take() {
+                    Some(acc) => (acc + g)?,
+                    None => g.clone(),
+                });
+            }
+        }
+    }
+    let n = total_tokens.max(1) as f64;
+    Ok(StepOutput {
+        grads,
+        loss: objective / n,
+        nll: nll / n,
+        tokens: total_tokens,
+        attention: collector.take(),
+    })
+}
+
+/// Mean NLL per target token over a held-out split, without dropout.
+pub fn evaluate(
+    model: &Model,
+    data: &Dataset,
+    cfg: &RunConfig,
+    split: Split,
+    device: &Device,
+) -> Result<EvalResult> {
+    let mut nll = 0f64;
+    let mut tokens = 0u64;
+    let mut run = |batch: Batch| -> Result<()> {
+        let bt = BatchTensors::new(&batch, device)?;
+        let logits = bt.logits(model, ForwardCtx::eval())?;
+        nll += cross_entropy(&logits, &bt.targets, &bt.mask, 0.0, 0.0)?
+            .nll
+            .to_scalar::<f32>()? as f64;
+        tokens += bt.tokens as u64;
+        Ok(())
+    };
+    match &data.splits {
+        Splits::Translation(s) => {
+            let split = match split {
+                Split::Valid => &s.valid,
+                Split::Test => s
+                    .test
+                    .as_ref()
+                    .context("this corpus has no test split (data.corpus.test)")?,
+            };
+            for b in EvalBatches::new(&split.examples, cfg.eval.max_tokens, data.tokenizer.specials())? {
+                run(Batch::Seq2Seq(b))?;
+            }
+        }
+        Splits::Text(s) => {
+            if split == Split::Test {
+                bail!("text corpora have train and valid splits only");
+            }
+            let (b, t) = (
+                cfg.train.batch_size.unwrap_or(1),
+                cfg.train.block_size.unwrap_or(1),
+            );
+            for batch in LmEvalBatches::new(&s.valid, b, t, cfg.eval.max_batches)? {
+                run(Batch::Lm(batch))?;
+            }
+        }
+    }
+    let loss = nll / tokens.max(1) as f64;
+    Ok(EvalResult {
+        loss,
+        ppl: loss.exp(),
+        tokens,
+    })
+}
+
+/// Fills in what the config leaves to the data: the vocabulary size and, for `qk_norm: l2`,
+/// the length L of g₀ = log2(L² − L) (the 97.5th-percentile training length, as Henry et al.).
+pub fn resolve_model_config(cfg: &mut RunConfig, data: &Dataset) -> Result<()> {
+    let vocab = data.tokenizer.vocab_size();
+    match cfg.model.vocab_size {
+        None => cfg.model.vocab_size = Some(vocab),
+        Some(v) if v != vocab => bail!(
+            "model.vocab_size is {v} but the tokenizer has {vocab} tokens; remove model.vocab_size \
+             to take it from the tokenizer"
+        ),
+        Some(_) => {}
+    }
+    let m = &mut cfg.model;
+    if m.qk_norm == QkNorm::L2 && m.qk_norm_init_scale.is_none() && m.qk_norm_length.is_none() {
+        let length = match &data.splits {
+            // +1: the decoder sees bos + target, the loss target + eos.
+            Splits::Translation(s) => s
+                .train
+                .stats
+                .p975_source_len
+                .max(s.train.stats.p975_target_len + 1),
+            Splits::Text(_) => cfg.train.block_size.unwrap_or(m.max_seq_len),
+        };
+        m.qk_norm_length = Some(length.max(2));
+    }
+    m.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(())
+}
+
+/// The training batcher the config asks for.
+pub fn make_batcher(cfg: &RunConfig, data: &Dataset) -> Result<Box<dyn Batcher>> {
+    let t = &cfg.train;
+    Ok(match &data.splits {
+        Splits::Translation(s) => Box::new(TokenBudgetBatcher::new(
+            s.train.examples.clone(),
+            t.max_tokens.unwrap_or(4096),
+            data.tokenizer.specials(),
+            t.seed,
+        )?),
+        Splits::Text(s) => Box::new(LmWindowBatcher::new(
+            s.train.clone(),
+            t.batch_size.unwrap_or(1),
+            t.block_size.unwrap_or(1),
+            t.seed,
+            t.windows,
+        )?),
+    })
+}
+
+/// Newest complete, verified checkpoint; with `fallback`, skips corrupt ones (saying so).
+pub fn load_latest(run_dir: &Path, device: &Device, fallback: bool) -> Result<checkpoint::Loaded> {
+    let all = checkpoint::list(run_dir);
+    if all.is_empty() {
+        bail!(
+            "{} has no complete checkpoint to resume from; run without --resume to start training",
+            run_dir.display()
+        );
+    }
+    let mut problems = vec![];
+    for (_, dir) in all.iter().rev() {
+        match checkpoint::load(dir, device) {
+            Ok(l) => {
+                for p in &problems {
+                    eprintln!("warning: skipped corrupt checkpoint: {p}");
+                }
+                return Ok(l);
+            }
+            Err(e) if fallback => problems.push(format!("{e:#}")),
+            Err(e) => {
+                return Err(e.context(
+                    "the newest checkpoint cannot be used; pass --fallback to resume from the newest \
+                     intact one instead (the corrupt one is left in place for inspection)",
+                ))
+            }
+        }
+    }
+    bail!(
+        "every checkpoint in {} is corrupt:\n  {}",
+        run_dir.display(),
+        problems.join("\n  ")
+    )
+}
+
+/// Running sums between two log records.
+#[derive(Default)]
+struct Window {
+    loss: f64,
+    nll: f64,
+    tokens: usize,
+    grad_norm: f64,
+    steps: u64,
+    secs: f64,
+}
+
+/// Trains `cfg` into `opts.run_dir`: fresh, or resumed from its newest checkpoint.
+pub fn train(mut cfg: RunConfig, opts: &TrainOptions) -> Result<Summary> {
+    let started = Instant::now();
+    if let Some(n) = cfg.train.threads {
+        // candle reads this for every matmul; set before any tensor work.
+        std::env::set_var("RAYON_NUM_THREADS", n.to_string());
+    }
+    let device = device(&cfg.device)?;
+    let run_dir = opts.run_dir.as_path();
+    let existing = checkpoint::list(run_dir);
+    if !opts.resume && !existing.is_empty() {
+        bail!(
+            "{} already holds checkpoints (newest: step {}); pass --resume to continue that run, \
+             or choose another --run-dir. Nothing was changed.",
+            run_dir.display(),
+            existing.last().map_or(0, |(s, _)| *s)
+        );
+    }
+    fs::create_dir_all(run_dir)
+        .with_context(|| format!("creating the run directory {}", run_dir.display()))?;
+    let progress_quiet = opts.verbosity == Verbosity::Quiet;
+
+    let data = Dataset::prepare(&cfg.data, Some(run_dir)).context("preparing the data")?;
+    resolve_model_config(&mut cfg, &data)?;
+
+    let loaded = if opts.resume {
+        Some(load_latest(run_dir, &device, opts.fallback)?)
+    } else {
+        None
+    };
+    let (model, params) = match &loaded {
+        Some(l) => {
+            let hash = checkpoint::model_config_hash(&cfg.model);
+            if hash != l.state.model_config_hash {
+                bail!(
+                    "cannot resume: {} was trained with a different model config:\n  {}\nResume with the \
+                     config the run was started with ({}), or start a new run directory.",
+                    l.dir.display(),
+                    checkpoint::config_differences(&l.state.model_config, &cfg.model).join("\n  "),
+                    run_dir.join(RUN_CONFIG).display()
+                );
+            }
+            let model = Model::new(&cfg.model, &l.params)
+                .with_context(|| format!("rebuilding the model from {}", l.dir.display()))?;
+            (model, l.params.clone())
+        }
+        None => init_model(&cfg.model, cfg.train.seed, DType::F32, &device)?,
+    };
+    let config_yaml = cfg.to_yaml();
+    fs::write(run_dir.join(RUN_CONFIG), &config_yaml).context("writing config.yaml")?;
+
+    let mut batcher = make_batcher(&cfg, &data)?;
+    let t = &cfg.train;
+    let total_steps = match (t.steps, t.epochs) {
+        (Some(s), _) => s,
+        (None, Some(e)) => ((e * batcher.batches_per_epoch() as f64) / t.accumulation as f64)
+            .ceil()
+            .max(1.0) as u64,
+        (None, None) => bail!("set train.steps or train.epochs"),
+    };
+    let mut opt = AdamW::new(params.vars(), t)?;
+    let schedule = LrSchedule::new(t, total_steps);
+
+    let mut step = 0u64;
+    let mut best: Option<Best> = None;
+    let mut skipped = 0u64;
+    let mut tokens_seen = 0u64;
+    let mut train_secs = 0f64;
+    let resumed_from_step = loaded.as_ref().map(|l| l.state.step);
+    if let Some(l) = loaded {
+        opt.load_state(l.optimizer, l.state.optimizer_step)
+            .with_context(|| format!("restoring the optimizer from {}", l.dir.display()))?;
+        batcher.restore(l.state.cursor)?;
+        step = l.state.step;
+        best = l.state.best;
+        skipped = l.state.skipped_steps;
+        tokens_seen = l.state.tokens_seen;
+        train_secs = l.state.elapsed_secs;
+    }
+    let mut log = MetricsLog::open(run_dir, resumed_from_step)?;
+    let progress = Progress::new(total_steps, step, opts.verbosity);
+    if !progress_quiet {
+        progress.line(&format!(
+            "{} model, {} parameters, {} steps, data: {}; run directory {}",
+            format!("{:?}", cfg.model.arch).to_lowercase(),
+            params.num_params(),
+            total_steps,
+            describe_data(&data),
+            run_dir.display()
+        ));
+        if let Some(s) = resumed_from_step {
+            progress.line(&format!("resuming after step {s}"));
+        }
+    }
+
+    let save = |step: u64, opt: &AdamW, cursor, best, skipped, tokens_seen, secs| -> Result<PathBuf> {
+        let state = CheckpointState {
+            format: 1,
+            step,
+            cursor,
+            optimizer_step: opt.step,
+            seed: cfg.train.seed,
+            best,
+            skipped_steps: skipped,
+            tokens_seen,
+            elapsed_secs: secs,
+            model_config_hash: checkpoint::model_config_hash(&cfg.model),
+            model_config: cfg.model.clone(),
+            files: Default::default(),
+        };
+        let dir = checkpoint::save(run_dir, state, &params, &opt.state_tensors(), &config_yaml)?;
+        checkpoint::prune(run_dir, cfg.checkpoint.keep_last, best.map(|b: Best| b.step))?;
+        metrics::export_csv(run_dir)?;
+        Ok(dir)
+    };
+
+    let start_step = step;
+    let mut window = Window::default();
+    let mut last_train_loss = None;
+    let mut rates = vec![];
+    let mut last_eval: Option<EvalResult> = None;
+    let mut stopped_early = false;
+    while step < total_steps {
+        if opts.stop_after.is_some_and(|n| step - start_step >= n) {
+            stopped_early = true;
+            break;
+        }
+        let next = step + 1;
+        let epoch = batcher.cursor().epoch;
+        let batches: Vec<Batch> = (0..cfg.train.accumulation)
+            .map(|_| batcher.next_batch())
+            .collect();
+        let log_now = next % cfg.train.log_every == 0 || next == total_steps;
+        let t0 = Instant::now();
+        let mut out = forward_backward(&model, opt.params(), &batches, &cfg.train, &device, next, log_now)?;
+        let check = clip_grad_norm(opt.params(), &mut out.grads, cfg.train.clip_grad_norm)?;
+        let problem = if !out.loss.is_finite() {
+            Some(format!("the loss is {}", out.loss))
+        } else {
+            check
+                .non_finite
+                .as_ref()
+                .map(|name| format!("the gradient of {name} is not finite"))
+        };
+        let lr = schedule.at(next);
+        match problem {
+            Some(what) => match cfg.train.on_nonfinite {
+                NonFinitePolicy::Stop => bail!(
+                    "step {next}: {what}; the update was not applied and nothing was saved for this step. \
+                     The newest checkpoint ({}) is intact. Lower train.lr, keep train.clip_grad_norm, \
+                     or set train.on_nonfinite: skip to skip such steps.",
+                    checkpoint::list(run_dir)
+                        .last()
+                        .map_or("none yet".into(), |(_, d)| d.display().to_string())
+                ),
+                NonFinitePolicy::Skip => {
+                    skipped += 1;
+                    progress.line(&format!("step {next}: {what}; update skipped ({skipped} so far)"));
+                }
+            },
+            None => opt.step(&out.grads, lr)?,
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        step = next;
+        train_secs += secs;
+        tokens_seen += out.tokens as u64;
+        if out.loss.is_finite() {
+            window.loss += out.loss * out.tokens as f64;
+            window.nll += out.nll * out.tokens as f64;
+            window.tokens += out.tokens;
+        }
+        window.grad_norm += if check.norm.is_finite() { check.norm } else { 0.0 };
+        window.steps += 1;
+        window.secs += secs;
+
+        if log_now {
+            let n = window.tokens.max(1) as f64;
+            let rate = window.tokens as f64 / window.secs.max(1e-9);
+            rates.push(rate);
+            let record = TrainRecord {
+                step,
+                epoch,
+                loss: window.loss / n,
+                nll: window.nll / n,
+                lr,
+                grad_norm: window.grad_norm / window.steps.max(1) as f64,
+                tokens_per_sec: rate,
+                elapsed_secs: train_secs,
+                skipped_steps: skipped,
+                attn_max_logit: out.attention.iter().map(|a| a.max_logit).collect(),
+                attn_entropy: out.attention.iter().map(|a| a.entropy).collect(),
+            };
+            last_train_loss = Some(record.loss);
+            progress.train(&record, total_steps);
+            log.write(&Record::Train(record))?;
+            window = Window::default();
+        }
+
+        let is_last = step == total_steps;
+        let mut saved = false;
+        if is_last || (cfg.eval.every > 0 && step % cfg.eval.every == 0) {
+            let t0 = Instant::now();
+            let r = evaluate(&model, &data, &cfg, Split::Valid, &device)?;
+            progress.line(&format!(
+                "step {step}: val loss {:.4} | ppl {:.2} ({:.1}s)",
+                r.loss,
+                r.ppl,
+                t0.elapsed().as_secs_f64()
+            ));
+            log.write(&Record::Eval(EvalRecord {
+                step,
+                split: "valid".into(),
+                loss: r.loss,
+                ppl: r.ppl,
+                tokens: r.tokens,
+                elapsed_secs: train_secs,
+            }))?;
+            if r.loss.is_finite() && best.is_none_or(|b| r.loss < b.val_loss) {
+                best = Some(Best {
+                    step,
+                    val_loss: r.loss,
+                });
+                save(
+                    step,
+                    &opt,
+                    batcher.cursor(),
+                    best,
+                    skipped,
+                    tokens_seen,
+                    train_secs,
+                )?;
+                saved = true;
+            }
+            last_eval = Some(r);
+        }
+        if !saved && (is_last || (cfg.checkpoint.every > 0 && step % cfg.checkpoint.every == 0)) {
+            save(
+                step,
+                &opt,
+                batcher.cursor(),
+                best,
+                skipped,
+                tokens_seen,
+                train_secs,
+            )?;
+        }
+    }
+    if stopped_early && checkpoint::list(run_dir).last().map(|(s, _)| *s) != Some(step) {
+        save(
+            step,
+            &opt,
+            batcher.cursor(),
+            best,
+            skipped,
+            tokens_seen,
+            train_secs,
+        )?;
+    }
+    progress.finish();
+    metrics::export_csv(run_dir)?;
+    rates.sort_by(|a, b| a.total_cmp(b));
+    let summary = Summary {
+        run_dir: run_dir.to_path_buf(),
+        steps: step,
+        total_steps,
+        finished: step == total_steps,
+        params: params.num_params(),
+        final_train_loss: last_train_loss,
+        val_loss: last_eval.map(|e| e.loss),
+        val_ppl: last_eval.map(|e| e.ppl),
+        best,
+        skipped_steps: skipped,
+        tokens_per_sec: rates.get(rates.len() / 2).copied().unwrap_or(0.0),
+        wall_secs: started.elapsed().as_secs_f64(),
+        train_secs,
+        resumed_from_step,
+    };
+    fs::write(run_dir.join(SUMMARY), serde_json::to_string_pretty(&summary)?)?;
+    Ok(summary)
+}
+
+fn describe_data(data: &Dataset) -> String {
+    match &data.splits {
+        Splits::Translation(s) => format!(
+            "{} train / {} valid pairs, vocab {}",
+            s.train.examples.len(),
+            s.valid.examples.len(),
+            data.tokenizer.vocab_size()
+        ),
+        Splits::Text(s) => format!(
+            "{} train / {} valid tokens, vocab {}",
+            s.train.len(),
+            s.valid.len(),
+            data.tokenizer.vocab_size()
+        ),
+    }
+}
+
+/// A trained run opened for evaluation or decoding: its config, data and newest (or best) weights.
+pub struct OpenRun {
+    pub cfg: RunConfig,
+    pub data: Dataset,
+    pub model: Model,
+    pub device: Device,
+    pub checkpoint: PathBuf,
+}
+
+/// Opens `run` (a run directory or one of its checkpoint directories).
+pub fn open_run(run: &Path) -> Result<OpenRun> {
+    let (run_dir, ckpt_dir) = if run.join("state.json").is_file() {
+        let run_dir = run
+            .parent()
+            .and_then(|p| p.parent())
+            .context("a checkpoint directory must sit in <run>/checkpoints/")?;
+        (run_dir.to_path_buf(), run.to_path_buf())
+    } else {
+        let newest = checkpoint::list(run)
+            .pop()
+            .with_context(|| format!("{} has no checkpoint (is it a run directory?)", run.display()))?;
+        (run.to_path_buf(), newest.1)
+    };
+    let cfg = RunConfig::load(&run_dir.join(RUN_CONFIG), &[])?;
+    let device = device(&cfg.device)?;
+    let data = Dataset::prepare(&cfg.data, Some(&run_dir)).context("preparing the data")?;
+    let loaded = checkpoint::load(&ckpt_dir, &device)?;
+    let model = Model::new(&cfg.model, &loaded.params)?;
+    Ok(OpenRun {
+        cfg,
+        data,
+        model,
+        device,
+        checkpoint: ckpt_dir,
+    })
+}
