@@ -39,6 +39,16 @@ enum Command {
     Ablate(AblateArgs),
     /// Measure training throughput of a config.
     Bench(BenchArgs),
+    /// Average the weights of a run's newest checkpoints into a new checkpoint.
+    Average(AverageArgs),
+}
+
+#[derive(Args)]
+struct AverageArgs {
+    run: PathBuf,
+    /// How many of the newest checkpoints to average.
+    #[arg(long, default_value_t = 5)]
+    last: usize,
 }
 
 #[derive(Args)]
@@ -128,8 +138,15 @@ struct AblateArgs {
 #[derive(Args)]
 struct BenchArgs {
     config: PathBuf,
-    #[arg(long, default_value_t = 50)]
+    /// Override a config key, e.g. `--set train.threads=1` (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
+    /// Timed steps (after the warm-up).
+    #[arg(long, default_value_t = 30)]
     steps: usize,
+    /// Untimed warm-up steps.
+    #[arg(long, default_value_t = 3)]
+    warmup: usize,
     #[arg(long)]
     json: bool,
 }
@@ -142,7 +159,14 @@ fn main() -> ExitCode {
         Command::Eval(args) => eval(args),
         Command::Translate(_) | Command::Generate(_) => not_yet("decoding (issue #5: evaluation)"),
         Command::Ablate(_) => not_yet("the QK-norm ablation runner (issue #6)"),
-        Command::Bench(_) => not_yet("the benchmark (issue #7)"),
+        Command::Bench(args) => bench(args),
+        Command::Average(args) => ember_trainer::checkpoint::average(&args.run, args.last).map(|dir| {
+            println!(
+                "averaged the newest {} checkpoints into {}",
+                args.last,
+                dir.display()
+            );
+        }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -174,6 +198,12 @@ fn train(args: TrainArgs) -> Result<()> {
         stop_after: None,
     };
     let summary = ember_trainer::train(cfg, &opts)?;
+    if let Some(reason) = &summary.diverged {
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&summary)?);
+        }
+        bail!("training diverged ({reason}); the run directory holds its checkpoints and summary.json");
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&summary)?);
     } else {
@@ -216,6 +246,40 @@ fn eval(args: EvalArgs) -> Result<()> {
             r.loss,
             r.ppl,
             r.tokens
+        );
+    }
+    Ok(())
+}
+
+fn bench(args: BenchArgs) -> Result<()> {
+    if args.steps == 0 {
+        bail!("--steps must be at least 1");
+    }
+    let cfg = RunConfig::load(&args.config, &args.set)?;
+    let r = ember_trainer::bench::bench(cfg, args.steps, args.warmup)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        println!(
+            "{}: {} params, {} threads, {:.0} tokens/step\n\
+             step {:.1} ms median (p10 {:.1}, p90 {:.1}) = forward {:.1} + backward {:.1} + optimizer {:.1}\n\
+             {:.0} tokens/s | peak RSS {:.0} MiB | {:.0} FLOPs/token → {:.1} GFLOP/s of a {:.1} GFLOP/s matmul peak ({:.0}%)",
+            args.config.display(),
+            r.params,
+            r.threads,
+            r.tokens_per_step,
+            r.ms_per_step_median,
+            r.ms_per_step_p10,
+            r.ms_per_step_p90,
+            r.forward_ms,
+            r.backward_ms,
+            r.optimizer_ms,
+            r.tokens_per_sec,
+            r.peak_rss_mib,
+            r.flops_per_token,
+            r.achieved_gflops,
+            r.matmul_peak_gflops,
+            100.0 * r.utilisation
         );
     }
     Ok(())

@@ -51,6 +51,12 @@ pub struct CheckpointState {
     /// (seed, s, i), so no generator state needs saving.
     pub seed: u64,
     pub best: Option<Best>,
+    /// Validation loss at initialisation (recorded when divergence detection is on).
+    #[serde(default)]
+    pub initial_val_loss: Option<f64>,
+    /// Consecutive evaluations so far with validation loss above `initial_val_loss`.
+    #[serde(default)]
+    pub evals_above_initial: u32,
     pub skipped_steps: u64,
     pub tokens_seen: u64,
     pub elapsed_secs: f64,
@@ -240,4 +246,74 @@ pub fn config_differences(saved: &ModelConfig, current: &ModelConfig) -> Vec<Str
             )
         })
         .collect()
+}
+
+/// Averages the weights of the newest `last` checkpoints into `checkpoints/average-last-N/`
+/// (Vaswani et al. 2017; fairseq's `average_checkpoints.py`). The result is a checkpoint for
+/// evaluation and decoding; it carries the newest checkpoint's state, and `--resume` ignores it.
+pub fn average(run_dir: &Path, last: usize) -> Result<PathBuf> {
+    if last == 0 {
+        bail!("--last must be at least 1");
+    }
+    let all = list(run_dir);
+    if all.len() < last {
+        bail!(
+            "{} has {} checkpoint(s), fewer than --last {last}; lower --last or raise checkpoint.keep_last",
+            run_dir.display(),
+            all.len()
+        );
+    }
+    let chosen = &all[all.len() - last..];
+    let device = Device::Cpu;
+    let mut sum: Option<HashMap<String, Tensor>> = None;
+    let mut newest = None;
+    for (_, dir) in chosen {
+        let loaded = load(dir, &device)?;
+        let tensors: HashMap<String, Tensor> = loaded
+            .params
+            .vars()
+            .into_iter()
+            .map(|(k, v)| (k, v.as_tensor().clone()))
+            .collect();
+        sum = Some(match sum {
+            None => tensors,
+            Some(mut acc) => {
+                for (name, t) in tensors {
+                    let a = acc.get(&name).with_context(|| {
+                        format!(
+                            "{} has parameter {name} that older checkpoints lack",
+                            dir.display()
+                        )
+                    })?;
+                    let s = (a + t)?;
+                    acc.insert(name, s);
+                }
+                acc
+            }
+        });
+        newest = Some(loaded);
+    }
+    let (sum, newest) = (sum.expect("last ≥ 1"), newest.expect("last ≥ 1"));
+    let averaged = sum
+        .into_iter()
+        .map(|(k, t)| Ok((k, (t / last as f64)?)))
+        .collect::<Result<Vec<_>>>()?;
+    let params = ParamStore::from_tensors(averaged, candle_core::DType::F32, &device)?;
+    let config = fs::read_to_string(newest.dir.join(CONFIG))?;
+    let tmp_root = run_dir.join(format!(".average-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&tmp_root);
+    let written = save(
+        &tmp_root,
+        newest.state.clone(),
+        &params,
+        &newest.optimizer,
+        &config,
+    )?;
+    let dest = run_dir.join(CHECKPOINTS).join(format!("average-last-{last}"));
+    if dest.exists() {
+        fs::remove_dir_all(&dest)?;
+    }
+    fs::rename(&written, &dest)?;
+    fs::remove_dir_all(&tmp_root)?;
+    Ok(dest)
 }

@@ -114,6 +114,10 @@ pub struct TrainConfig {
     /// Log training metrics every this many steps.
     #[serde(default = "default_log_every")]
     pub log_every: u64,
+    /// Stop the run as diverged once the validation loss has been above its value at
+    /// initialisation for this many evaluations in a row (null: never).
+    #[serde(default)]
+    pub divergence_evals: Option<u32>,
     /// CPU threads for this run (default: all cores).
     #[serde(default)]
     pub threads: Option<usize>,
@@ -298,8 +302,14 @@ impl RunConfig {
             };
             err(line, key, message)
         })?;
-        cfg.validate()
-            .map_err(|(key, message)| err(locate(text, &key), Some(key), message))?;
+        cfg.validate().map_err(|(key, message)| {
+            let message = if overrides.is_empty() {
+                message
+            } else {
+                format!("{message} (with --set {})", overrides.join(" --set "))
+            };
+            err(locate(text, &key), Some(key), message)
+        })?;
         Ok(cfg)
     }
 
@@ -363,6 +373,12 @@ impl RunConfig {
         }
         if !(t.adam_eps > 0.0) {
             return bad("train.adam_eps", format!("must be positive, got {}", t.adam_eps));
+        }
+        if t.divergence_evals == Some(0) {
+            return bad(
+                "train.divergence_evals",
+                "must be at least 1 (or null to disable)".into(),
+            );
         }
         if t.log_every == 0 {
             return bad("train.log_every", "must be at least 1".into());

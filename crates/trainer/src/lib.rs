@@ -1,6 +1,7 @@
 //! Ember's trainer: configuration, the training loop, optimizer, checkpoints, metrics,
 //! evaluation and ablation reports.
 
+pub mod bench;
 pub mod checkpoint;
 pub mod config;
 pub mod loss;

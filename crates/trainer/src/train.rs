@@ -63,6 +63,9 @@ pub struct Summary {
     /// Training time over all invocations of the run.
     pub train_secs: f64,
     pub resumed_from_step: Option<u64>,
+    /// Why the run stopped early as diverged (non-finite values, or validation loss stuck above
+    /// its initial value); `None` for a healthy run.
+    pub diverged: Option<String>,
 }
 
 /// Validation loss of a split.
@@ -154,6 +157,13 @@ impl BatchTensors {
                 tokens: b.target.len(),
             },
         })
+    }
+
+    pub fn targets(&self) -> &Tensor {
+        &self.targets
+    }
+    pub fn mask(&self) -> &Tensor {
+        &self.mask
     }
 
     /// Logits (N, V), one row per target position.
@@ -446,24 +456,17 @@ pub fn train(mut cfg: RunConfig, opts: &TrainOptions) -> Result<Summary> {
     let mut opt = AdamW::new(params.vars(), t)?;
     let schedule = LrSchedule::new(t, total_steps);
 
-    let mut step = 0u64;
-    let mut best: Option<Best> = None;
-    let mut skipped = 0u64;
-    let mut tokens_seen = 0u64;
-    let mut train_secs = 0f64;
+    // Everything besides weights, moments and the data cursor that a checkpoint must carry.
+    let mut run = Counters::default();
     let resumed_from_step = loaded.as_ref().map(|l| l.state.step);
     if let Some(l) = loaded {
         opt.load_state(l.optimizer, l.state.optimizer_step)
             .with_context(|| format!("restoring the optimizer from {}", l.dir.display()))?;
         batcher.restore(l.state.cursor)?;
-        step = l.state.step;
-        best = l.state.best;
-        skipped = l.state.skipped_steps;
-        tokens_seen = l.state.tokens_seen;
-        train_secs = l.state.elapsed_secs;
+        run = Counters::from_state(&l.state);
     }
     let mut log = MetricsLog::open(run_dir, resumed_from_step)?;
-    let progress = Progress::new(total_steps, step, opts.verbosity);
+    let progress = Progress::new(total_steps, run.step, opts.verbosity);
     if !progress_quiet {
         progress.line(&format!(
             "{} model, {} parameters, {} steps, data: {}; run directory {}",
@@ -477,40 +480,69 @@ pub fn train(mut cfg: RunConfig, opts: &TrainOptions) -> Result<Summary> {
             progress.line(&format!("resuming after step {s}"));
         }
     }
+    if cfg.train.divergence_evals.is_some() && run.initial_val_loss.is_none() {
+        run.initial_val_loss = Some(evaluate(&model, &data, &cfg, Split::Valid, &device)?.loss);
+    }
 
-    let save = |step: u64, opt: &AdamW, cursor, best, skipped, tokens_seen, secs| -> Result<PathBuf> {
+    let save = |run: &Counters, opt: &AdamW, cursor| -> Result<PathBuf> {
         let state = CheckpointState {
             format: 1,
-            step,
+            step: run.step,
             cursor,
             optimizer_step: opt.step,
             seed: cfg.train.seed,
-            best,
-            skipped_steps: skipped,
-            tokens_seen,
-            elapsed_secs: secs,
+            best: run.best,
+            initial_val_loss: run.initial_val_loss,
+            evals_above_initial: run.evals_above_initial,
+            skipped_steps: run.skipped,
+            tokens_seen: run.tokens_seen,
+            elapsed_secs: run.train_secs,
             model_config_hash: checkpoint::model_config_hash(&cfg.model),
             model_config: cfg.model.clone(),
             files: Default::default(),
         };
         let dir = checkpoint::save(run_dir, state, &params, &opt.state_tensors(), &config_yaml)?;
-        checkpoint::prune(run_dir, cfg.checkpoint.keep_last, best.map(|b: Best| b.step))?;
+        checkpoint::prune(run_dir, cfg.checkpoint.keep_last, run.best.map(|b| b.step))?;
         metrics::export_csv(run_dir)?;
         Ok(dir)
     };
+    let write_summary = |run: &Counters, diverged: Option<String>, stats: &RunStats| -> Result<Summary> {
+        let mut rates = stats.rates.clone();
+        rates.sort_by(|a, b| a.total_cmp(b));
+        let summary = Summary {
+            run_dir: run_dir.to_path_buf(),
+            steps: run.step,
+            total_steps,
+            finished: run.step == total_steps && diverged.is_none(),
+            params: params.num_params(),
+            final_train_loss: stats.last_train_loss,
+            val_loss: stats.last_eval.map(|e| e.loss),
+            val_ppl: stats.last_eval.map(|e| e.ppl),
+            best: run.best,
+            skipped_steps: run.skipped,
+            tokens_per_sec: rates.get(rates.len() / 2).copied().unwrap_or(0.0),
+            wall_secs: started.elapsed().as_secs_f64(),
+            train_secs: run.train_secs,
+            resumed_from_step,
+            diverged,
+        };
+        metrics::export_csv(run_dir)?;
+        fs::write(run_dir.join(SUMMARY), serde_json::to_string_pretty(&summary)?)?;
+        Ok(summary)
+    };
 
-    let start_step = step;
+    let start_step = run.step;
     let mut window = Window::default();
-    let mut last_train_loss = None;
-    let mut rates = vec![];
-    let mut last_eval: Option<EvalResult> = None;
-    let mut stopped_early = false;
-    while step < total_steps {
-        if opts.stop_after.is_some_and(|n| step - start_step >= n) {
-            stopped_early = true;
+    let mut stats = RunStats::default();
+    let mut diverged = None;
+    while run.step < total_steps {
+        if opts.stop_after.is_some_and(|n| run.step - start_step >= n) {
+            if checkpoint::list(run_dir).last().map(|(s, _)| *s) != Some(run.step) {
+                save(&run, &opt, batcher.cursor())?;
+            }
             break;
         }
-        let next = step + 1;
+        let next = run.step + 1;
         let epoch = batcher.cursor().epoch;
         let batches: Vec<Batch> = (0..cfg.train.accumulation)
             .map(|_| batcher.next_batch())
@@ -530,25 +562,33 @@ pub fn train(mut cfg: RunConfig, opts: &TrainOptions) -> Result<Summary> {
         let lr = schedule.at(next);
         match problem {
             Some(what) => match cfg.train.on_nonfinite {
-                NonFinitePolicy::Stop => bail!(
-                    "step {next}: {what}; the update was not applied and nothing was saved for this step. \
-                     The newest checkpoint ({}) is intact. Lower train.lr, keep train.clip_grad_norm, \
-                     or set train.on_nonfinite: skip to skip such steps.",
-                    checkpoint::list(run_dir)
-                        .last()
-                        .map_or("none yet".into(), |(_, d)| d.display().to_string())
-                ),
+                NonFinitePolicy::Stop => {
+                    progress.finish();
+                    let reason = format!("step {next}: {what}");
+                    write_summary(&run, Some(reason.clone()), &stats)?;
+                    bail!(
+                        "{reason}; the update was not applied and nothing was saved for this step. \
+                         The newest checkpoint ({}) is intact. Lower train.lr, keep train.clip_grad_norm, \
+                         or set train.on_nonfinite: skip to skip such steps.",
+                        checkpoint::list(run_dir)
+                            .last()
+                            .map_or("none yet".into(), |(_, d)| d.display().to_string())
+                    )
+                }
                 NonFinitePolicy::Skip => {
-                    skipped += 1;
-                    progress.line(&format!("step {next}: {what}; update skipped ({skipped} so far)"));
+                    run.skipped += 1;
+                    progress.line(&format!(
+                        "step {next}: {what}; update skipped ({} so far)",
+                        run.skipped
+                    ));
                 }
             },
             None => opt.step(&out.grads, lr)?,
         }
         let secs = t0.elapsed().as_secs_f64();
-        step = next;
-        train_secs += secs;
-        tokens_seen += out.tokens as u64;
+        run.step = next;
+        run.train_secs += secs;
+        run.tokens_seen += out.tokens as u64;
         if out.loss.is_finite() {
             window.loss += out.loss * out.tokens as f64;
             window.nll += out.nll * out.tokens as f64;
@@ -561,107 +601,116 @@ pub fn train(mut cfg: RunConfig, opts: &TrainOptions) -> Result<Summary> {
         if log_now {
             let n = window.tokens.max(1) as f64;
             let rate = window.tokens as f64 / window.secs.max(1e-9);
-            rates.push(rate);
+            stats.rates.push(rate);
             let record = TrainRecord {
-                step,
+                step: run.step,
                 epoch,
                 loss: window.loss / n,
                 nll: window.nll / n,
                 lr,
                 grad_norm: window.grad_norm / window.steps.max(1) as f64,
                 tokens_per_sec: rate,
-                elapsed_secs: train_secs,
-                skipped_steps: skipped,
+                elapsed_secs: run.train_secs,
+                skipped_steps: run.skipped,
                 attn_max_logit: out.attention.iter().map(|a| a.max_logit).collect(),
                 attn_entropy: out.attention.iter().map(|a| a.entropy).collect(),
             };
-            last_train_loss = Some(record.loss);
+            stats.last_train_loss = Some(record.loss);
             progress.train(&record, total_steps);
             log.write(&Record::Train(record))?;
             window = Window::default();
         }
 
-        let is_last = step == total_steps;
+        let is_last = run.step == total_steps;
         let mut saved = false;
-        if is_last || (cfg.eval.every > 0 && step % cfg.eval.every == 0) {
+        if is_last || (cfg.eval.every > 0 && run.step % cfg.eval.every == 0) {
             let t0 = Instant::now();
             let r = evaluate(&model, &data, &cfg, Split::Valid, &device)?;
             progress.line(&format!(
-                "step {step}: val loss {:.4} | ppl {:.2} ({:.1}s)",
+                "step {}: val loss {:.4} | ppl {:.2} ({:.1}s)",
+                run.step,
                 r.loss,
                 r.ppl,
                 t0.elapsed().as_secs_f64()
             ));
             log.write(&Record::Eval(EvalRecord {
-                step,
+                step: run.step,
                 split: "valid".into(),
                 loss: r.loss,
                 ppl: r.ppl,
                 tokens: r.tokens,
-                elapsed_secs: train_secs,
+                elapsed_secs: run.train_secs,
             }))?;
-            if r.loss.is_finite() && best.is_none_or(|b| r.loss < b.val_loss) {
-                best = Some(Best {
-                    step,
+            stats.last_eval = Some(r);
+            if let (Some(limit), Some(initial)) = (cfg.train.divergence_evals, run.initial_val_loss) {
+                // NaN compares false, so a NaN validation loss also counts as "above".
+                let healthy = r.loss <= initial;
+                run.evals_above_initial = if healthy { 0 } else { run.evals_above_initial + 1 };
+                if run.evals_above_initial >= limit {
+                    diverged = Some(format!(
+                        "step {}: validation loss {:.4} has been above its initial value {initial:.4} \
+                         for {limit} evaluation(s)",
+                        run.step, r.loss
+                    ));
+                }
+            }
+            if r.loss.is_finite() && run.best.is_none_or(|b| r.loss < b.val_loss) {
+                run.best = Some(Best {
+                    step: run.step,
                     val_loss: r.loss,
                 });
-                save(
-                    step,
-                    &opt,
-                    batcher.cursor(),
-                    best,
-                    skipped,
-                    tokens_seen,
-                    train_secs,
-                )?;
+                save(&run, &opt, batcher.cursor())?;
                 saved = true;
             }
-            last_eval = Some(r);
         }
-        if !saved && (is_last || (cfg.checkpoint.every > 0 && step % cfg.checkpoint.every == 0)) {
-            save(
-                step,
-                &opt,
-                batcher.cursor(),
-                best,
-                skipped,
-                tokens_seen,
-                train_secs,
-            )?;
+        if !saved
+            && (is_last
+                || diverged.is_some()
+                || (cfg.checkpoint.every > 0 && run.step % cfg.checkpoint.every == 0))
+        {
+            save(&run, &opt, batcher.cursor())?;
         }
-    }
-    if stopped_early && checkpoint::list(run_dir).last().map(|(s, _)| *s) != Some(step) {
-        save(
-            step,
-            &opt,
-            batcher.cursor(),
-            best,
-            skipped,
-            tokens_seen,
-            train_secs,
-        )?;
+        if let Some(reason) = &diverged {
+            progress.line(&format!("stopping: diverged at {reason}"));
+            break;
+        }
     }
     progress.finish();
-    metrics::export_csv(run_dir)?;
-    rates.sort_by(|a, b| a.total_cmp(b));
-    let summary = Summary {
-        run_dir: run_dir.to_path_buf(),
-        steps: step,
-        total_steps,
-        finished: step == total_steps,
-        params: params.num_params(),
-        final_train_loss: last_train_loss,
-        val_loss: last_eval.map(|e| e.loss),
-        val_ppl: last_eval.map(|e| e.ppl),
-        best,
-        skipped_steps: skipped,
-        tokens_per_sec: rates.get(rates.len() / 2).copied().unwrap_or(0.0),
-        wall_secs: started.elapsed().as_secs_f64(),
-        train_secs,
-        resumed_from_step,
-    };
-    fs::write(run_dir.join(SUMMARY), serde_json::to_string_pretty(&summary)?)?;
-    Ok(summary)
+    write_summary(&run, diverged, &stats)
+}
+
+/// Counters that a checkpoint carries besides weights, moments and the data cursor.
+#[derive(Debug, Clone, Default)]
+struct Counters {
+    step: u64,
+    best: Option<Best>,
+    skipped: u64,
+    tokens_seen: u64,
+    train_secs: f64,
+    initial_val_loss: Option<f64>,
+    evals_above_initial: u32,
+}
+
+impl Counters {
+    fn from_state(s: &CheckpointState) -> Self {
+        Self {
+            step: s.step,
+            best: s.best,
+            skipped: s.skipped_steps,
+            tokens_seen: s.tokens_seen,
+            train_secs: s.elapsed_secs,
+            initial_val_loss: s.initial_val_loss,
+            evals_above_initial: s.evals_above_initial,
+        }
+    }
+}
+
+/// What this invocation observed, for the summary.
+#[derive(Default)]
+struct RunStats {
+    rates: Vec<f64>,
+    last_train_loss: Option<f64>,
+    last_eval: Option<EvalResult>,
 }
 
 fn describe_data(data: &Dataset) -> String {

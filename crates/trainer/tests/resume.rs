@@ -200,3 +200,50 @@ fn checkpoints_keep_the_last_k_plus_the_best() {
     assert!(steps.contains(&best), "best step {best} kept: {steps:?}");
     assert!(steps.len() <= 3, "{steps:?}");
 }
+
+#[test]
+fn a_run_whose_validation_loss_stays_above_its_initial_value_stops_as_diverged() {
+    let tmp = tempdir();
+    // A learning rate this high wrecks the model without producing NaNs (clipping keeps the
+    // gradients finite): the loss climbs above its value at initialisation and stays there.
+    let s = train(
+        config(
+            &seq2seq_yaml(),
+            &[
+                "train.lr=5.0",
+                "train.warmup_steps=0",
+                "train.steps=40",
+                "eval.every=2",
+                "train.divergence_evals=2",
+            ],
+        ),
+        &opts(tmp.path()),
+    )
+    .unwrap();
+    let reason = s.diverged.clone().expect("diverged");
+    assert!(reason.contains("above its initial value"), "{reason}");
+    assert!(!s.finished && s.steps < 40, "{s:?}");
+    let summary = std::fs::read_to_string(tmp.path().join("summary.json")).unwrap();
+    assert!(summary.contains("\"diverged\""), "{summary}");
+}
+
+#[test]
+fn a_non_finite_stop_leaves_a_summary_saying_so() {
+    let tmp = tempdir();
+    let cfg = config(
+        &seq2seq_yaml(),
+        &[
+            "train.lr=1e30",
+            "train.clip_grad_norm=null",
+            "train.warmup_steps=0",
+        ],
+    );
+    assert!(train(cfg, &opts(tmp.path())).is_err());
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(tmp.path().join("summary.json")).unwrap()).unwrap();
+    assert!(
+        summary["diverged"].as_str().unwrap().contains("step "),
+        "{summary}"
+    );
+    assert_eq!(summary["finished"], false);
+}
