@@ -26,6 +26,41 @@ pub struct RunConfig {
     /// `cpu` or `cuda:N` (the latter needs the `cuda` cargo feature).
     #[serde(default = "default_device")]
     pub device: String,
+    /// Defaults for `ember ablate` (command-line flags override them). Ignored by `ember train`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ablation: Option<AblationConfig>,
+}
+
+/// `ablation:` — the grid `ember ablate` runs: every variant × seed × learning rate.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AblationConfig {
+    /// QK-norm variants to compare; `none` is the baseline the others are paired against.
+    #[serde(default = "default_variants")]
+    pub variants: Vec<ember_model::QkNorm>,
+    /// Seeds per cell (seeds 1..=n); a seed fixes initial values and data order for every variant.
+    #[serde(default = "default_seeds")]
+    pub seeds: usize,
+    /// Peak learning rates to sweep; empty means just `train.lr`.
+    #[serde(default)]
+    pub lrs: Vec<f64>,
+    /// Runs at a time (each gets `threads` CPU threads).
+    #[serde(default = "default_one")]
+    pub jobs: usize,
+    /// Threads per run (default: cores / jobs, at least 1).
+    #[serde(default)]
+    pub threads: Option<usize>,
+    /// Output directory (default `runs/<config name>-ablation`).
+    #[serde(default)]
+    pub out: Option<PathBuf>,
+}
+
+fn default_variants() -> Vec<ember_model::QkNorm> {
+    use ember_model::QkNorm;
+    vec![QkNorm::None, QkNorm::Rmsnorm, QkNorm::Layernorm, QkNorm::L2]
+}
+fn default_seeds() -> usize {
+    3
 }
 
 fn default_device() -> String {
@@ -440,6 +475,20 @@ impl RunConfig {
                     "train.max_tokens",
                     "max_tokens is for translation; use batch_size and block_size".into(),
                 );
+            }
+        }
+        if let Some(a) = &self.ablation {
+            if a.variants.is_empty() {
+                return bad("ablation.variants", "list at least one of none, layernorm, rmsnorm, l2".into());
+            }
+            if a.seeds == 0 {
+                return bad("ablation.seeds", "must be at least 1".into());
+            }
+            if let Some(lr) = a.lrs.iter().find(|lr| !(**lr > 0.0 && lr.is_finite())) {
+                return bad("ablation.lrs", format!("learning rates must be positive numbers, got {lr}"));
+            }
+            if a.jobs == 0 || a.threads == Some(0) {
+                return bad("ablation.jobs", "jobs and threads must be at least 1".into());
             }
         }
         if self.eval.max_tokens == 0 {

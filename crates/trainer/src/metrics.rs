@@ -60,6 +60,9 @@ pub struct EvalRecord {
     pub ppl: f64,
     pub tokens: u64,
     pub elapsed_secs: f64,
+    /// Corpus BLEU (sacreBLEU default) of the decoded split, for translation runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bleu: Option<f64>,
 }
 
 /// Appends records to `metrics.jsonl`, one flushed line each, so a killed run keeps its history.

@@ -640,6 +640,7 @@ pub fn train(mut cfg: RunConfig, opts: &TrainOptions) -> Result<Summary> {
                 ppl: r.ppl,
                 tokens: r.tokens,
                 elapsed_secs: run.train_secs,
+                bleu: None,
             }))?;
             stats.last_eval = Some(r);
             if let (Some(limit), Some(initial)) = (cfg.train.divergence_evals, run.initial_val_loss) {
