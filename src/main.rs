@@ -1,7 +1,7 @@
 //! `ember`: the command-line front end. Each subcommand parses its arguments and hands over to
 //! the trainer crate; no training logic lives here.
 
-use std::io::Read;
+use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -9,7 +9,9 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use ember_trainer::metrics::Verbosity;
 use ember_trainer::sacrebleu::{corpus_bleu, corpus_chrf, BleuConfig, ChrfConfig, Tokenize};
-use ember_trainer::train::{evaluate, open_run, Split};
+use ember_model::{sample, Model, SampleConfig};
+use ember_trainer::train::{eval_beam, evaluate, open_run, Split};
+use ember_trainer::translate::{score_split, translate_lines};
 use ember_trainer::{RunConfig, TrainOptions};
 
 #[derive(Parser)]
@@ -77,32 +79,60 @@ struct TrainArgs {
 
 #[derive(Args)]
 struct EvalArgs {
-    /// A run directory (or a checkpoint directory inside it).
+    /// A run directory (its newest checkpoint) or a checkpoint directory inside it.
     run: PathBuf,
-    /// Which split to evaluate.
+    /// Which split to evaluate: valid or test.
     #[arg(long, default_value = "valid")]
     split: String,
+    /// Translation: beam size for BLEU/chrF (1 = greedy).
+    #[arg(long, default_value_t = 5)]
+    beam: usize,
+    /// Translation: GNMT length penalty α.
+    #[arg(long, default_value_t = 0.6)]
+    length_penalty: f64,
+    /// Translation: skip decoding (loss and perplexity only).
+    #[arg(long)]
+    no_bleu: bool,
+    /// Translation: write the detokenised hypotheses to this file.
+    #[arg(long)]
+    output: Option<PathBuf>,
     #[arg(long)]
     json: bool,
 }
 
 #[derive(Args)]
 struct TranslateArgs {
+    /// A run directory (its newest checkpoint) or a checkpoint directory inside it.
     run: PathBuf,
     /// Beam size (1 = greedy).
     #[arg(long, default_value_t = 5)]
     beam: usize,
+    /// GNMT length penalty α.
+    #[arg(long, default_value_t = 0.6)]
+    length_penalty: f64,
+    /// One JSON object per line (text, score, tokens) instead of plain text.
     #[arg(long)]
     json: bool,
 }
 
 #[derive(Args)]
 struct GenerateArgs {
+    /// A language-model run directory or one of its checkpoint directories.
     run: PathBuf,
-    #[arg(long, default_value = "")]
+    /// Text to continue (default: a newline, as nanoGPT's sampler starts).
+    #[arg(long, default_value = "\n")]
     prompt: String,
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, default_value_t = 500)]
     max_tokens: usize,
+    /// 0 = always the most probable token.
+    #[arg(long, default_value_t = 0.8)]
+    temperature: f64,
+    #[arg(long)]
+    top_k: Option<usize>,
+    #[arg(long)]
+    top_p: Option<f64>,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
     #[arg(long)]
     json: bool,
 }
@@ -157,7 +187,8 @@ fn main() -> ExitCode {
         Command::Bleu(args) => bleu(args),
         Command::Train(args) => train(args),
         Command::Eval(args) => eval(args),
-        Command::Translate(_) | Command::Generate(_) => not_yet("decoding (issue #5: evaluation)"),
+        Command::Translate(args) => translate(args),
+        Command::Generate(args) => generate(args),
         Command::Ablate(_) => not_yet("the QK-norm ablation runner (issue #6)"),
         Command::Bench(args) => bench(args),
         Command::Average(args) => ember_trainer::checkpoint::average(&args.run, args.last).map(|dir| {
@@ -229,24 +260,103 @@ fn eval(args: EvalArgs) -> Result<()> {
     let split: Split = args.split.parse()?;
     let run = open_run(&args.run)?;
     let r = evaluate(&run.model, &run.data, &run.cfg, split, &run.device)?;
+    let mut out = serde_json::json!({
+        "checkpoint": run.checkpoint,
+        "split": args.split,
+        "loss": r.loss,
+        "ppl": r.ppl,
+        "tokens": r.tokens,
+    });
+    let mut lines = vec![format!(
+        "{} | {} | loss {:.4} | ppl {:.3} | {} tokens",
+        run.checkpoint.display(),
+        args.split,
+        r.loss,
+        r.ppl,
+        r.tokens
+    )];
+    if let (Model::Seq2seq(m), Some(splits), false) = (&run.model, run.data.splits.translation(), args.no_bleu) {
+        let pairs = match split {
+            Split::Valid => &splits.valid,
+            Split::Test => splits.test.as_ref().context("this run's corpus has no test split")?,
+        };
+        let mut beam = eval_beam(&run.cfg, args.beam);
+        beam.length_penalty = args.length_penalty;
+        let scores = score_split(m, &run.data.tokenizer, pairs, &beam, None, &run.device)?;
+        if let Some(path) = &args.output {
+            std::fs::write(path, scores.hypotheses.join("\n") + "\n")
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
+        lines.push(scores.bleu.format());
+        lines.push(scores.chrf.format());
+        lines.push(format!(
+            "decoded {} sentences with beam {} in {:.1}s ({:.1} sentences/s)",
+            scores.sentences,
+            args.beam,
+            scores.secs,
+            scores.sentences as f64 / scores.secs.max(1e-9)
+        ));
+        out["bleu"] = serde_json::to_value(&scores.bleu)?;
+        out["chrf"] = serde_json::to_value(&scores.chrf)?;
+        out["beam"] = args.beam.into();
+        out["sentences_per_sec"] = (scores.sentences as f64 / scores.secs.max(1e-9)).into();
+    }
     if args.json {
-        let out = serde_json::json!({
-            "checkpoint": run.checkpoint,
-            "split": args.split,
-            "loss": r.loss,
-            "ppl": r.ppl,
-            "tokens": r.tokens,
-        });
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
-        println!(
-            "{} | {} | loss {:.4} | ppl {:.3} | {} tokens",
-            run.checkpoint.display(),
-            args.split,
-            r.loss,
-            r.ppl,
-            r.tokens
-        );
+        println!("{}", lines.join("\n"));
+    }
+    Ok(())
+}
+
+fn translate(args: TranslateArgs) -> Result<()> {
+    let run = open_run(&args.run)?;
+    let Model::Seq2seq(m) = &run.model else {
+        bail!("{} is a language model; use `ember generate`", args.run.display());
+    };
+    let mut text = String::new();
+    std::io::stdin().read_to_string(&mut text).context("reading source lines from stdin")?;
+    let lines = split_lines(&text);
+    let mut beam = eval_beam(&run.cfg, args.beam);
+    beam.length_penalty = args.length_penalty;
+    let out = translate_lines(m, &run.data.tokenizer, &lines, &beam, &run.device)?;
+    let mut stdout = std::io::stdout().lock();
+    for t in out {
+        if args.json {
+            writeln!(stdout, "{}", serde_json::to_string(&t)?)?;
+        } else {
+            writeln!(stdout, "{}", t.text)?;
+        }
+    }
+    Ok(())
+}
+
+fn generate(args: GenerateArgs) -> Result<()> {
+    let run = open_run(&args.run)?;
+    let Model::Lm(m) = &run.model else {
+        bail!("{} is a translation model; use `ember translate`", args.run.display());
+    };
+    let tok = &run.data.tokenizer;
+    let prompt = tok.encode(&args.prompt)?;
+    if prompt.is_empty() {
+        bail!("--prompt encodes to no tokens; give at least one character the tokenizer knows");
+    }
+    let cfg = SampleConfig {
+        max_new_tokens: args.max_tokens,
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        seed: args.seed,
+        stop_token: Some(tok.eos_id()),
+        max_seq_len: Some(run.cfg.model.max_seq_len),
+    };
+    let tokens = sample(m, &prompt, &run.device, &cfg)?;
+    let text = tok.decode(&tokens)?;
+    if args.json {
+        let out = serde_json::json!({"prompt": args.prompt, "text": text, "tokens": tokens.len(), "seed": args.seed});
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        println!("{}{}", args.prompt, text);
     }
     Ok(())
 }

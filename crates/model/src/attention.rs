@@ -31,15 +31,17 @@ impl KvCache {
             (Some(pk), Some(pv)) => (Tensor::cat(&[pk, &k], 2)?, Tensor::cat(&[pv, &v], 2)?),
             _ => (k, v),
         };
-        self.k = Some(k.clone());
-        self.v = Some(v.clone());
+        // The cache is inference state: kept on the autograd graph, each step's cached keys
+        // would hold the previous step's (and all their inputs) alive — quadratic memory.
+        self.k = Some(k.detach());
+        self.v = Some(v.detach());
         Ok((k, v))
     }
 
     /// Keeps batch rows `rows` (in that order), e.g. the surviving hypotheses of a beam search.
     pub fn select(&mut self, rows: &Tensor) -> Result<()> {
         for t in [&mut self.k, &mut self.v].into_iter().flatten() {
-            *t = t.index_select(rows, 0)?;
+            *t = t.index_select(rows, 0)?.detach();
         }
         Ok(())
     }
@@ -55,8 +57,8 @@ pub struct CrossKv {
 
 impl CrossKv {
     pub fn select(&mut self, rows: &Tensor) -> Result<()> {
-        self.k = self.k.index_select(rows, 0)?;
-        self.v = self.v.index_select(rows, 0)?;
+        self.k = self.k.index_select(rows, 0)?.detach();
+        self.v = self.v.index_select(rows, 0)?.detach();
         Ok(())
     }
 }

@@ -18,6 +18,7 @@
 
 pub mod attention;
 pub mod config;
+pub mod decoding;
 pub mod layers;
 pub mod params;
 pub mod rng;
@@ -26,6 +27,7 @@ pub mod transformer;
 
 pub use attention::{CrossKv, KvCache};
 pub use config::{Arch, ConfigError, MlpKind, ModelConfig, NormKind, QkNorm};
+pub use decoding::{beam_search, greedy, sample, BeamConfig, Hypothesis, SampleConfig};
 pub use layers::{AttentionStats, DropoutRng, ForwardCtx, Telemetry};
 pub use params::ParamStore;
 pub use transformer::{init_model, DecoderCache, LanguageModel, Memory, Model, ModelError, Seq2Seq};

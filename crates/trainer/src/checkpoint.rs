@@ -35,6 +35,8 @@ const CONFIG: &str = "config.yaml";
 pub struct Best {
     pub step: u64,
     pub val_loss: f64,
+    #[serde(default)]
+    pub bleu: Option<f64>,
 }
 
 /// `state.json`.

@@ -199,6 +199,19 @@ pub struct EvalConfig {
     /// Language modelling: evaluate at most this many windows-batches (null = the whole split).
     #[serde(default)]
     pub max_batches: Option<usize>,
+    /// Translation: also decode the validation set and report BLEU at every evaluation.
+    #[serde(default = "default_true")]
+    pub bleu: bool,
+    /// Beam size for that decoding (1 = greedy, the default: fast and close to beam's ranking).
+    #[serde(default = "default_one")]
+    pub beam: usize,
+    /// Decode only the first this many validation sentences (null = all).
+    #[serde(default)]
+    pub bleu_sentences: Option<usize>,
+}
+
+fn default_true() -> bool {
+    true
 }
 
 fn default_eval_every() -> u64 {
@@ -214,6 +227,9 @@ impl Default for EvalConfig {
             every: default_eval_every(),
             max_tokens: default_eval_tokens(),
             max_batches: None,
+            bleu: true,
+            beam: 1,
+            bleu_sentences: None,
         }
     }
 }
@@ -222,7 +238,10 @@ impl Default for EvalConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum KeepBestBy {
+    /// Lowest validation loss.
     Loss,
+    /// Highest validation BLEU (translation with `eval.bleu: true`).
+    Bleu,
 }
 
 /// `checkpoint:` — when to save and what to keep.
@@ -490,6 +509,15 @@ impl RunConfig {
             if a.jobs == 0 || a.threads == Some(0) {
                 return bad("ablation.jobs", "jobs and threads must be at least 1".into());
             }
+        }
+        if self.eval.beam == 0 {
+            return bad("eval.beam", "must be at least 1 (1 = greedy)".into());
+        }
+        if self.checkpoint.keep_best_by == KeepBestBy::Bleu && !(self.data.corpus.is_translation() && self.eval.bleu) {
+            return bad(
+                "checkpoint.keep_best_by",
+                "bleu needs a translation corpus with eval.bleu: true; use loss".into(),
+            );
         }
         if self.eval.max_tokens == 0 {
             return bad("eval.max_tokens", "must be at least 1".into());

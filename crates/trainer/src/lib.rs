@@ -9,6 +9,7 @@ pub mod metrics;
 pub mod optim;
 pub mod sacrebleu;
 pub mod train;
+pub mod translate;
 
 pub use config::RunConfig;
 pub use train::{train, Summary, TrainOptions};

@@ -16,14 +16,15 @@ use ember_data::{
     Batch, Batcher, Dataset, EvalBatches, LmEvalBatches, LmWindowBatcher, Splits, TokenBudgetBatcher,
 };
 use ember_model::rng::SplitMix64;
-use ember_model::{init_model, AttentionStats, DropoutRng, ForwardCtx, Model, QkNorm, Telemetry};
+use ember_model::{init_model, AttentionStats, BeamConfig, DropoutRng, ForwardCtx, Model, QkNorm, Telemetry};
 use serde::Serialize;
 
 use crate::checkpoint::{self, Best, CheckpointState};
-use crate::config::{NonFinitePolicy, RunConfig, TrainConfig};
+use crate::config::{KeepBestBy, NonFinitePolicy, RunConfig, TrainConfig};
 use crate::loss::cross_entropy;
 use crate::metrics::{self, EvalRecord, MetricsLog, Progress, Record, TrainRecord, Verbosity};
 use crate::optim::{clip_grad_norm, AdamW, LrSchedule, Param};
+use crate::translate::score_split;
 
 pub const RUN_CONFIG: &str = "config.yaml";
 pub const SUMMARY: &str = "summary.json";
@@ -297,6 +298,29 @@ pub fn evaluate(
         ppl: loss.exp(),
         tokens,
     })
+}
+
+/// The decoder settings for evaluation: `eval.beam`, capped by the model's positions.
+pub fn eval_beam(cfg: &RunConfig, beam_size: usize) -> BeamConfig {
+    BeamConfig {
+        beam_size,
+        n_best: 1,
+        max_seq_len: Some(cfg.model.max_seq_len),
+        ..BeamConfig::default()
+    }
+}
+
+/// Validation BLEU for translation runs with `eval.bleu` (None otherwise).
+fn validation_bleu(model: &Model, data: &Dataset, cfg: &RunConfig, device: &Device) -> Result<Option<f64>> {
+    let (Model::Seq2seq(m), Splits::Translation(s)) = (model, &data.splits) else {
+        return Ok(None);
+    };
+    if !cfg.eval.bleu {
+        return Ok(None);
+    }
+    let beam = eval_beam(cfg, cfg.eval.beam);
+    let scores = score_split(m, &data.tokenizer, &s.valid, &beam, cfg.eval.bleu_sentences, device)?;
+    Ok(Some(scores.bleu.score))
 }
 
 /// Fills in what the config leaves to the data: the vocabulary size and, for `qk_norm: l2`,
@@ -626,11 +650,13 @@ pub fn train(mut cfg: RunConfig, opts: &TrainOptions) -> Result<Summary> {
         if is_last || (cfg.eval.every > 0 && run.step % cfg.eval.every == 0) {
             let t0 = Instant::now();
             let r = evaluate(&model, &data, &cfg, Split::Valid, &device)?;
+            let bleu = validation_bleu(&model, &data, &cfg, &device)?;
             progress.line(&format!(
-                "step {}: val loss {:.4} | ppl {:.2} ({:.1}s)",
+                "step {}: val loss {:.4} | ppl {:.2}{} ({:.1}s)",
                 run.step,
                 r.loss,
                 r.ppl,
+                bleu.map_or(String::new(), |b| format!(" | BLEU {b:.2}")),
                 t0.elapsed().as_secs_f64()
             ));
             log.write(&Record::Eval(EvalRecord {
@@ -640,7 +666,7 @@ pub fn train(mut cfg: RunConfig, opts: &TrainOptions) -> Result<Summary> {
                 ppl: r.ppl,
                 tokens: r.tokens,
                 elapsed_secs: run.train_secs,
-                bleu: None,
+                bleu,
             }))?;
             stats.last_eval = Some(r);
             if let (Some(limit), Some(initial)) = (cfg.train.divergence_evals, run.initial_val_loss) {
@@ -655,10 +681,16 @@ pub fn train(mut cfg: RunConfig, opts: &TrainOptions) -> Result<Summary> {
                     ));
                 }
             }
-            if r.loss.is_finite() && run.best.is_none_or(|b| r.loss < b.val_loss) {
+            let better = match (cfg.checkpoint.keep_best_by, run.best) {
+                (_, None) => r.loss.is_finite(),
+                (KeepBestBy::Loss, Some(b)) => r.loss < b.val_loss,
+                (KeepBestBy::Bleu, Some(b)) => bleu > b.bleu,
+            };
+            if better {
                 run.best = Some(Best {
                     step: run.step,
                     val_loss: r.loss,
+                    bleu,
                 });
                 save(&run, &opt, batcher.cursor())?;
                 saved = true;
