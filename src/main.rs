@@ -7,9 +7,9 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
+use ember_model::{sample, Model, SampleConfig};
 use ember_trainer::metrics::Verbosity;
 use ember_trainer::sacrebleu::{corpus_bleu, corpus_chrf, BleuConfig, ChrfConfig, Tokenize};
-use ember_model::{sample, Model, SampleConfig};
 use ember_trainer::train::{eval_beam, evaluate, open_run, Split};
 use ember_trainer::translate::{score_split, translate_lines};
 use ember_trainer::{RunConfig, TrainOptions};
@@ -275,10 +275,15 @@ fn eval(args: EvalArgs) -> Result<()> {
         r.ppl,
         r.tokens
     )];
-    if let (Model::Seq2seq(m), Some(splits), false) = (&run.model, run.data.splits.translation(), args.no_bleu) {
+    if let (Model::Seq2seq(m), Some(splits), false) =
+        (&run.model, run.data.splits.translation(), args.no_bleu)
+    {
         let pairs = match split {
             Split::Valid => &splits.valid,
-            Split::Test => splits.test.as_ref().context("this run's corpus has no test split")?,
+            Split::Test => splits
+                .test
+                .as_ref()
+                .context("this run's corpus has no test split")?,
         };
         let mut beam = eval_beam(&run.cfg, args.beam);
         beam.length_penalty = args.length_penalty;
@@ -315,7 +320,9 @@ fn translate(args: TranslateArgs) -> Result<()> {
         bail!("{} is a language model; use `ember generate`", args.run.display());
     };
     let mut text = String::new();
-    std::io::stdin().read_to_string(&mut text).context("reading source lines from stdin")?;
+    std::io::stdin()
+        .read_to_string(&mut text)
+        .context("reading source lines from stdin")?;
     let lines = split_lines(&text);
     let mut beam = eval_beam(&run.cfg, args.beam);
     beam.length_penalty = args.length_penalty;
@@ -334,7 +341,10 @@ fn translate(args: TranslateArgs) -> Result<()> {
 fn generate(args: GenerateArgs) -> Result<()> {
     let run = open_run(&args.run)?;
     let Model::Lm(m) = &run.model else {
-        bail!("{} is a translation model; use `ember translate`", args.run.display());
+        bail!(
+            "{} is a translation model; use `ember translate`",
+            args.run.display()
+        );
     };
     let tok = &run.data.tokenizer;
     let prompt = tok.encode(&args.prompt)?;
@@ -349,6 +359,7 @@ fn generate(args: GenerateArgs) -> Result<()> {
         seed: args.seed,
         stop_token: Some(tok.eos_id()),
         max_seq_len: Some(run.cfg.model.max_seq_len),
+        sliding_window: true,
     };
     let tokens = sample(m, &prompt, &run.device, &cfg)?;
     let text = tok.decode(&tokens)?;

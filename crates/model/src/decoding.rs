@@ -520,6 +520,10 @@ pub struct SampleConfig {
     /// reach it, so the output always fits the model's context. `None`: no cap, and running
     /// past the model's rotary table fails with the model's error.
     pub max_seq_len: Option<usize>,
+    /// With `max_seq_len`: instead of stopping when the context is full, keep generating
+    /// conditioned on the last `max_seq_len` tokens (nanoGPT's cropping), re-encoding that
+    /// window at every step from then on.
+    pub sliding_window: bool,
 }
 
 impl Default for SampleConfig {
@@ -533,6 +537,7 @@ impl Default for SampleConfig {
             seed: 0,
             stop_token: None,
             max_seq_len: None,
+            sliding_window: false,
         }
     }
 }
@@ -570,13 +575,14 @@ pub fn sample(
     if prompt.is_empty() {
         bail!("the prompt is empty; start it with BOS to generate from nothing");
     }
-    let budget = match cfg.max_seq_len {
-        Some(max) if prompt.len() > max => bail!(
+    let window = cfg.max_seq_len.filter(|_| cfg.sliding_window);
+    let budget = match (cfg.max_seq_len, window) {
+        (Some(max), None) if prompt.len() > max => bail!(
             "the prompt has {} tokens, more than max_seq_len = {max}",
             prompt.len()
         ),
-        Some(max) => cfg.max_new_tokens.min(max - prompt.len()),
-        None => cfg.max_new_tokens,
+        (Some(max), None) => cfg.max_new_tokens.min(max - prompt.len()),
+        _ => cfg.max_new_tokens,
     };
     let mut out = Vec::with_capacity(budget);
     if budget == 0 {
@@ -584,8 +590,21 @@ pub fn sample(
     }
     let mut rng = SplitMix64::for_stream(cfg.seed, "sample");
     let mut cache = DecoderCache::default();
-    let mut input = Tensor::new(prompt, device)?.unsqueeze(0)?;
+    // Every token so far; with a sliding window only its last `max_seq_len` are ever encoded.
+    let mut context = prompt.to_vec();
+    let first = match window {
+        Some(max) => &prompt[prompt.len().saturating_sub(max)..],
+        None => prompt,
+    };
+    let mut input = Tensor::new(first, device)?.unsqueeze(0)?;
     for i in 0..budget {
+        if let Some(max) = window {
+            if cache.len() + input.dim(1)? > max {
+                // The context is full: positions restart at 0 over the newest `max` tokens.
+                cache = DecoderCache::default();
+                input = Tensor::new(&context[context.len() - max..], device)?.unsqueeze(0)?;
+            }
+        }
         let logits = model.forward_step(&input, &mut cache, ForwardCtx::eval())?;
         let t = logits.dim(1)?;
         let logits = logits
@@ -598,6 +617,7 @@ pub fn sample(
             break;
         }
         out.push(token);
+        context.push(token);
         if i + 1 < budget {
             input = Tensor::new(&[[token]], device)?;
         }

@@ -850,3 +850,29 @@ fn invalid_sampling_settings_are_errors_not_panics() {
         assert!(sample(m, &p, &Device::Cpu, &cfg).is_err(), "{cfg:?}");
     }
 }
+
+#[test]
+fn a_sliding_window_keeps_generating_past_max_seq_len_conditioned_on_the_newest_tokens() {
+    let (model, c) = language_model();
+    let m = model.as_lm().unwrap();
+    let window = 8;
+    let p = prompt(&c, 3);
+    let cfg = SampleConfig {
+        max_new_tokens: 20,
+        temperature: 0.0,
+        max_seq_len: Some(window),
+        sliding_window: true,
+        ..SampleConfig::default()
+    };
+    let got = sampled(m, &p, &cfg);
+    assert_eq!(got.len(), 20, "generation goes past the window");
+    // Reference: nanoGPT's loop — a full forward pass over the last `window` tokens per step.
+    let mut ids = p.clone();
+    for _ in 0..20 {
+        let ctx = &ids[ids.len().saturating_sub(window)..];
+        ids.push(greedy_continuation(m, ctx, 1)[0]);
+    }
+    assert_eq!(got, ids[p.len()..].to_vec());
+    let capped = sampled(m, &p, &SampleConfig { sliding_window: false, ..cfg });
+    assert_eq!(capped, got[..window - p.len()].to_vec(), "without the window it stops when full");
+}
