@@ -39,6 +39,8 @@ enum Command {
     Bleu(BleuArgs),
     /// Run the QK-norm ablation grid (variants × seeds × learning rates) of a config.
     Ablate(AblateArgs),
+    /// Regenerate an ablation's report.md, report.json and plots from its run directories.
+    Report(ReportArgs),
     /// Measure training throughput of a config.
     Bench(BenchArgs),
     /// Average the weights of a run's newest checkpoints into a new checkpoint.
@@ -160,7 +162,42 @@ struct BleuArgs {
 
 #[derive(Args)]
 struct AblateArgs {
+    /// The base YAML config (its `ablation:` section gives defaults for the flags below).
     config: PathBuf,
+    /// Override a config key for every run, e.g. `--set train.steps=2000` (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
+    /// QK-norm variants, comma-separated: none,layernorm,rmsnorm,l2 (default: all four).
+    #[arg(long, value_delimiter = ',')]
+    variants: Option<Vec<String>>,
+    /// Seeds per cell: seeds 1..=N (default 3).
+    #[arg(long)]
+    seeds: Option<usize>,
+    /// Peak learning rates, comma-separated, e.g. 1e-3,3e-3,1e-2 (default: train.lr).
+    #[arg(long, value_delimiter = ',')]
+    lrs: Option<Vec<f64>>,
+    /// Runs at a time, each a separate `ember train` process (default 1).
+    #[arg(long)]
+    jobs: Option<usize>,
+    /// CPU threads per run (default: cores / jobs).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Output directory (default: runs/<config name>-ablation).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Print only errors.
+    #[arg(long)]
+    quiet: bool,
+    /// Print the outcome (every run and the report) as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct ReportArgs {
+    /// An `ember ablate` output directory.
+    dir: PathBuf,
+    /// Print the report as JSON.
     #[arg(long)]
     json: bool,
 }
@@ -189,7 +226,8 @@ fn main() -> ExitCode {
         Command::Eval(args) => eval(args),
         Command::Translate(args) => translate(args),
         Command::Generate(args) => generate(args),
-        Command::Ablate(_) => not_yet("the QK-norm ablation runner (issue #6)"),
+        Command::Ablate(args) => ablate(args),
+        Command::Report(args) => report(args),
         Command::Bench(args) => bench(args),
         Command::Average(args) => ember_trainer::checkpoint::average(&args.run, args.last).map(|dir| {
             println!(
@@ -406,8 +444,66 @@ fn bench(args: BenchArgs) -> Result<()> {
     Ok(())
 }
 
-fn not_yet(what: &str) -> Result<()> {
-    bail!("not yet implemented: {what}. This build can run `ember bleu`; see README.md for status.")
+fn ablate(args: AblateArgs) -> Result<()> {
+    use ember_trainer::ablate::{parse_variant, AblateOptions, Runner};
+    let variants = args
+        .variants
+        .map(|v| v.iter().map(|s| parse_variant(s)).collect::<Result<Vec<_>>>())
+        .transpose()
+        .context("--variants")?;
+    let opts = AblateOptions {
+        config: args.config,
+        overrides: args.set,
+        variants,
+        seeds: args.seeds,
+        lrs: args.lrs,
+        jobs: args.jobs,
+        threads: args.threads,
+        out: args.out,
+        runner: Runner::Process {
+            exe: std::env::current_exe().context("locating the ember executable")?,
+        },
+        quiet: args.quiet || args.json,
+    };
+    let outcome = ember_trainer::ablate::ablate(&opts)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&outcome)?);
+    }
+    let failed = outcome.failed();
+    if !failed.is_empty() {
+        bail!(
+            "{} of {} runs failed ({}); their errors are in {} and each run directory's ablate-stderr.log. \
+             Re-running the same command retries them and skips the finished runs.",
+            failed.len(),
+            outcome.runs.len(),
+            failed
+                .iter()
+                .map(|r| r.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            outcome.plan.out.join(ember_trainer::report::REPORT_MD).display()
+        );
+    }
+    Ok(())
+}
+
+fn report(args: ReportArgs) -> Result<()> {
+    let r = ember_trainer::report::report(&args.dir)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        println!(
+            "{} runs ({} finished, {} diverged, {} failed): wrote {}, {} and {} plots",
+            r.counts.runs,
+            r.counts.ok,
+            r.counts.diverged,
+            r.counts.failed,
+            args.dir.join(ember_trainer::report::REPORT_MD).display(),
+            args.dir.join(ember_trainer::report::REPORT_JSON).display(),
+            r.plots.len() / 2
+        );
+    }
+    Ok(())
 }
 
 fn read_lines(path: &PathBuf) -> Result<Vec<String>> {

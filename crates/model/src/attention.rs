@@ -5,6 +5,7 @@ use candle_core::{DType, Result, Tensor, D};
 use candle_nn::{Init, VarBuilder};
 
 use crate::config::{ModelConfig, NormKind, QkNorm};
+use crate::kernels;
 use crate::layers::{dropout, l2_normalize, softmax_last_dim, AttentionStats, ForwardCtx, Linear, Norm};
 use crate::rope::Rotary;
 
@@ -172,13 +173,13 @@ impl Attention {
         let q = self.normalize(&q, Side::Query)?;
         // QK-norm comes before the rotation (Qwen3, OLMo 2): rotating first would let the
         // norm's gains act on position-mixed coordinates.
-        let q = match &self.rotary {
-            Some(rotary) => rotary.apply(&q, offset)?,
-            None => q,
-        };
-        match &self.qk_norm {
-            QkNormLayer::L2 { g, .. } => q.broadcast_mul(g),
-            _ => q.affine(1.0 / (self.head_dim as f64).sqrt(), 0.0),
+        let scale = 1.0 / (self.head_dim as f64).sqrt();
+        match (&self.qk_norm, &self.rotary) {
+            (QkNormLayer::L2 { g, .. }, Some(rotary)) => rotary.apply(&q, offset)?.broadcast_mul(g),
+            (QkNormLayer::L2 { g, .. }, None) => q.broadcast_mul(g),
+            // Rotation and logit scale in one pass.
+            (_, Some(rotary)) => rotary.apply_scaled(&q, offset, scale),
+            (_, None) => q.affine(scale, 0.0),
         }
     }
 
@@ -241,6 +242,14 @@ impl Attention {
         ctx: ForwardCtx,
     ) -> Result<Tensor> {
         let (b, h, t, d) = q.dims4()?;
+        let training_dropout = ctx.dropout.is_some() && self.attn_dropout > 0.0;
+        if ctx.telemetry.is_none() && !training_dropout {
+            // The fused kernel (CPU f32; the same composition as below elsewhere).
+            let out = kernels::attention(q, k, v, mask)?
+                .transpose(1, 2)?
+                .reshape((b, t, h * d))?;
+            return dropout(&self.o_proj.forward(&out)?, self.dropout, ctx);
+        }
         let s = k.dim(2)?;
         let group = h / self.n_kv_heads;
         // Grouped-query attention without copying K/V per query head: the `group` query heads

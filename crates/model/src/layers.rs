@@ -204,31 +204,18 @@ impl Norm {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let normed = match self.kind {
-            NormKind::Rmsnorm => {
-                let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
-                x.broadcast_mul(&(ms + self.eps)?.sqrt()?.recip()?)?
-            }
-            NormKind::Layernorm => {
-                let centred = x.broadcast_sub(&x.mean_keepdim(D::Minus1)?)?;
-                let var = centred.sqr()?.mean_keepdim(D::Minus1)?;
-                centred.broadcast_mul(&(var + self.eps)?.sqrt()?.recip()?)?
-            }
-        };
-        let scaled = normed.broadcast_mul(&self.weight)?;
-        match &self.bias {
-            Some(b) => scaled.broadcast_add(b),
-            None => Ok(scaled),
+        // Fused on CPU f32 (one pass, hand-written backward); the unfused composition elsewhere.
+        match self.kind {
+            NormKind::Rmsnorm => crate::kernels::rms_norm(x, &self.weight, self.eps),
+            NormKind::Layernorm => crate::kernels::layer_norm(x, &self.weight, self.bias.as_ref(), self.eps),
         }
     }
 }
 
-/// Softmax over the last dimension from differentiable primitives. The max is detached: softmax
-/// is shift-invariant, so its gradient through the max is exactly zero anyway.
+/// Softmax over the last dimension: fused on CPU f32 (with a backward pass), from differentiable
+/// primitives elsewhere.
 pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
-    let max = x.max_keepdim(D::Minus1)?.detach();
-    let e = x.broadcast_sub(&max)?.exp()?;
-    e.broadcast_div(&e.sum_keepdim(D::Minus1)?)
+    crate::kernels::softmax_last_dim(x)
 }
 
 /// Divides each vector along the last dimension by its L2 norm.
@@ -271,8 +258,8 @@ impl Mlp {
 
     pub fn forward(&self, x: &Tensor, ctx: ForwardCtx) -> Result<Tensor> {
         let hidden = match &self.gate {
-            Some(gate) => gate.forward(x)?.silu()?.mul(&self.up.forward(x)?)?,
-            None => self.up.forward(x)?.gelu_erf()?,
+            Some(gate) => crate::kernels::swiglu(&gate.forward(x)?, &self.up.forward(x)?)?,
+            None => crate::kernels::gelu_erf(&self.up.forward(x)?)?,
         };
         dropout(&self.down.forward(&hidden)?, self.dropout, ctx)
     }

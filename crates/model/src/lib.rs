@@ -19,6 +19,7 @@
 pub mod attention;
 pub mod config;
 pub mod decoding;
+pub mod kernels;
 pub mod layers;
 pub mod params;
 pub mod rng;

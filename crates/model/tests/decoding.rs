@@ -873,6 +873,17 @@ fn a_sliding_window_keeps_generating_past_max_seq_len_conditioned_on_the_newest_
         ids.push(greedy_continuation(m, ctx, 1)[0]);
     }
     assert_eq!(got, ids[p.len()..].to_vec());
-    let capped = sampled(m, &p, &SampleConfig { sliding_window: false, ..cfg });
-    assert_eq!(capped, got[..window - p.len()].to_vec(), "without the window it stops when full");
+    let capped = sampled(
+        m,
+        &p,
+        &SampleConfig {
+            sliding_window: false,
+            ..cfg
+        },
+    );
+    assert_eq!(
+        capped,
+        got[..window - p.len()].to_vec(),
+        "without the window it stops when full"
+    );
 }

@@ -39,6 +39,17 @@ pub struct Best {
     pub bleu: Option<f64>,
 }
 
+/// Running sums between two `metrics.jsonl` training records.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LogWindow {
+    pub loss: f64,
+    pub nll: f64,
+    pub tokens: usize,
+    pub grad_norm: f64,
+    pub steps: u64,
+    pub secs: f64,
+}
+
 /// `state.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CheckpointState {
@@ -59,6 +70,10 @@ pub struct CheckpointState {
     /// Consecutive evaluations so far with validation loss above `initial_val_loss`.
     #[serde(default)]
     pub evals_above_initial: u32,
+    /// Sums of the training-metrics window open at this step, so a resumed run logs exactly
+    /// the records an uninterrupted one would.
+    #[serde(default)]
+    pub log_window: LogWindow,
     pub skipped_steps: u64,
     pub tokens_seen: u64,
     pub elapsed_secs: f64,

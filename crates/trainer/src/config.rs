@@ -309,10 +309,11 @@ impl RunConfig {
             message,
         };
         let mut tree: Value = serde_saphyr::from_str(text).map_err(|e| {
+            let message = first_line(&e.to_string()).to_string();
             err(
+                yaml_error_line(&message),
                 None,
-                None,
-                format!("not valid YAML: {}", first_line(&e.to_string())),
+                format!("not valid YAML: {message}"),
             )
         })?;
         if tree.is_null() {
@@ -343,11 +344,19 @@ impl RunConfig {
             overridden.push(key.to_string());
         }
         let cfg: RunConfig = serde_path_to_error::deserialize(&tree).map_err(|e| {
-            let key = e.path().to_string();
+            let mut key = e.path().to_string();
+            let mut message = e.into_inner().to_string();
+            if key == "data.corpus" {
+                // The corpus is an internally tagged enum, where serde loses the field's path;
+                // deserialising the chosen variant on its own recovers it.
+                if let Some((field, m)) = corpus_error(&tree["data"]["corpus"]) {
+                    key = format!("data.corpus.{field}");
+                    message = m;
+                }
+            }
             let from_set = overridden
                 .iter()
                 .any(|k| key.starts_with(k.as_str()) || k.starts_with(&key));
-            let message = e.into_inner().to_string();
             let key = (key != ".").then_some(key);
             let line = if from_set {
                 None
@@ -498,13 +507,19 @@ impl RunConfig {
         }
         if let Some(a) = &self.ablation {
             if a.variants.is_empty() {
-                return bad("ablation.variants", "list at least one of none, layernorm, rmsnorm, l2".into());
+                return bad(
+                    "ablation.variants",
+                    "list at least one of none, layernorm, rmsnorm, l2".into(),
+                );
             }
             if a.seeds == 0 {
                 return bad("ablation.seeds", "must be at least 1".into());
             }
             if let Some(lr) = a.lrs.iter().find(|lr| !(**lr > 0.0 && lr.is_finite())) {
-                return bad("ablation.lrs", format!("learning rates must be positive numbers, got {lr}"));
+                return bad(
+                    "ablation.lrs",
+                    format!("learning rates must be positive numbers, got {lr}"),
+                );
             }
             if a.jobs == 0 || a.threads == Some(0) {
                 return bad("ablation.jobs", "jobs and threads must be at least 1".into());
@@ -513,7 +528,9 @@ impl RunConfig {
         if self.eval.beam == 0 {
             return bad("eval.beam", "must be at least 1 (1 = greedy)".into());
         }
-        if self.checkpoint.keep_best_by == KeepBestBy::Bleu && !(self.data.corpus.is_translation() && self.eval.bleu) {
+        if self.checkpoint.keep_best_by == KeepBestBy::Bleu
+            && !(self.data.corpus.is_translation() && self.eval.bleu)
+        {
             return bad(
                 "checkpoint.keep_best_by",
                 "bleu needs a translation corpus with eval.bleu: true; use loss".into(),
@@ -539,9 +556,10 @@ impl RunConfig {
                 format!("must be `cpu` or `cuda:N`, got {:?}", self.device),
             );
         }
-        self.data
-            .validate()
-            .map_err(|e| ("data".to_string(), e.to_string()))?;
+        self.data.validate().map_err(|e| match e {
+            ember_data::DataError::Config { key, message } => (key, message),
+            other => ("data".to_string(), other.to_string()),
+        })?;
         let mut model = self.model.clone();
         // The vocabulary comes from the tokenizer when left out; everything else must hold now.
         model.vocab_size.get_or_insert(2);
@@ -553,6 +571,39 @@ impl RunConfig {
     pub fn to_yaml(&self) -> String {
         serde_saphyr::to_string(self).unwrap_or_else(|e| format!("# could not serialise the config: {e}\n"))
     }
+}
+
+/// The line number in a serde-saphyr message ("... line 3 column 7: ...").
+fn yaml_error_line(message: &str) -> Option<usize> {
+    let rest = &message[message.find("line ")? + 5..];
+    rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+}
+
+/// For a `data.corpus` mapping that fails to deserialise: the offending field and message,
+/// found by deserialising the variant named by `kind` on its own.
+fn corpus_error(corpus: &Value) -> Option<(String, String)> {
+    use ember_data::{EmbeddedConfig, ParallelConfig, TextConfig};
+    fn check<T: serde::de::DeserializeOwned>(v: &Value) -> Option<(String, String)> {
+        serde_path_to_error::deserialize::<_, T>(v)
+            .err()
+            .map(|e| (e.path().to_string(), e.into_inner().to_string()))
+    }
+    let mut fields = corpus.as_object()?.clone();
+    let kind = fields.remove("kind")?;
+    let rest = Value::Object(fields);
+    let (field, message) = match kind.as_str()? {
+        "embedded" => check::<EmbeddedConfig>(&rest),
+        "parallel" => check::<ParallelConfig>(&rest),
+        "text" => check::<TextConfig>(&rest),
+        _ => None,
+    }?;
+    // An unknown field's path is its parent; name the field itself from serde's message.
+    let field = if field == "." {
+        message.split('`').nth(1).unwrap_or("kind").to_string()
+    } else {
+        field
+    };
+    Some((field, message))
 }
 
 fn first_line(s: &str) -> &str {
@@ -599,7 +650,7 @@ pub fn locate(text: &str, key: &str) -> Option<usize> {
                 continue;
             }
             let indent = (line.len() - trimmed.len()) as isize;
-            if indent <= parent_indent && i > start {
+            if indent <= parent_indent {
                 break; // left the parent's block
             }
             let name = trimmed.trim_start_matches("- ");

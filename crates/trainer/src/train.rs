@@ -19,7 +19,7 @@ use ember_model::rng::SplitMix64;
 use ember_model::{init_model, AttentionStats, BeamConfig, DropoutRng, ForwardCtx, Model, QkNorm, Telemetry};
 use serde::Serialize;
 
-use crate::checkpoint::{self, Best, CheckpointState};
+use crate::checkpoint::{self, Best, CheckpointState, LogWindow};
 use crate::config::{KeepBestBy, NonFinitePolicy, RunConfig, TrainConfig};
 use crate::loss::cross_entropy;
 use crate::metrics::{self, EvalRecord, MetricsLog, Progress, Record, TrainRecord, Verbosity};
@@ -319,7 +319,14 @@ fn validation_bleu(model: &Model, data: &Dataset, cfg: &RunConfig, device: &Devi
         return Ok(None);
     }
     let beam = eval_beam(cfg, cfg.eval.beam);
-    let scores = score_split(m, &data.tokenizer, &s.valid, &beam, cfg.eval.bleu_sentences, device)?;
+    let scores = score_split(
+        m,
+        &data.tokenizer,
+        &s.valid,
+        &beam,
+        cfg.eval.bleu_sentences,
+        device,
+    )?;
     Ok(Some(scores.bleu.score))
 }
 
@@ -406,17 +413,6 @@ pub fn load_latest(run_dir: &Path, device: &Device, fallback: bool) -> Result<ch
     )
 }
 
-/// Running sums between two log records.
-#[derive(Default)]
-struct Window {
-    loss: f64,
-    nll: f64,
-    tokens: usize,
-    grad_norm: f64,
-    steps: u64,
-    secs: f64,
-}
-
 /// Trains `cfg` into `opts.run_dir`: fresh, or resumed from its newest checkpoint.
 pub fn train(mut cfg: RunConfig, opts: &TrainOptions) -> Result<Summary> {
     let started = Instant::now();
@@ -482,14 +478,17 @@ pub fn train(mut cfg: RunConfig, opts: &TrainOptions) -> Result<Summary> {
 
     // Everything besides weights, moments and the data cursor that a checkpoint must carry.
     let mut run = Counters::default();
+    let mut restored_window = LogWindow::default();
     let resumed_from_step = loaded.as_ref().map(|l| l.state.step);
     if let Some(l) = loaded {
+        restored_window = l.state.log_window.clone();
         opt.load_state(l.optimizer, l.state.optimizer_step)
             .with_context(|| format!("restoring the optimizer from {}", l.dir.display()))?;
         batcher.restore(l.state.cursor)?;
         run = Counters::from_state(&l.state);
     }
-    let mut log = MetricsLog::open(run_dir, resumed_from_step)?;
+    // A fresh run starts a fresh log (a run killed before its first checkpoint may have left one).
+    let mut log = MetricsLog::open(run_dir, Some(resumed_from_step.unwrap_or(0)))?;
     let progress = Progress::new(total_steps, run.step, opts.verbosity);
     if !progress_quiet {
         progress.line(&format!(
@@ -508,7 +507,7 @@ pub fn train(mut cfg: RunConfig, opts: &TrainOptions) -> Result<Summary> {
         run.initial_val_loss = Some(evaluate(&model, &data, &cfg, Split::Valid, &device)?.loss);
     }
 
-    let save = |run: &Counters, opt: &AdamW, cursor| -> Result<PathBuf> {
+    let save = |run: &Counters, window: &LogWindow, opt: &AdamW, cursor| -> Result<PathBuf> {
         let state = CheckpointState {
             format: 1,
             step: run.step,
@@ -518,6 +517,7 @@ pub fn train(mut cfg: RunConfig, opts: &TrainOptions) -> Result<Summary> {
             best: run.best,
             initial_val_loss: run.initial_val_loss,
             evals_above_initial: run.evals_above_initial,
+            log_window: window.clone(),
             skipped_steps: run.skipped,
             tokens_seen: run.tokens_seen,
             elapsed_secs: run.train_secs,
@@ -556,13 +556,13 @@ pub fn train(mut cfg: RunConfig, opts: &TrainOptions) -> Result<Summary> {
     };
 
     let start_step = run.step;
-    let mut window = Window::default();
+    let mut window = restored_window;
     let mut stats = RunStats::default();
     let mut diverged = None;
     while run.step < total_steps {
         if opts.stop_after.is_some_and(|n| run.step - start_step >= n) {
             if checkpoint::list(run_dir).last().map(|(s, _)| *s) != Some(run.step) {
-                save(&run, &opt, batcher.cursor())?;
+                save(&run, &window, &opt, batcher.cursor())?;
             }
             break;
         }
@@ -642,7 +642,7 @@ pub fn train(mut cfg: RunConfig, opts: &TrainOptions) -> Result<Summary> {
             stats.last_train_loss = Some(record.loss);
             progress.train(&record, total_steps);
             log.write(&Record::Train(record))?;
-            window = Window::default();
+            window = LogWindow::default();
         }
 
         let is_last = run.step == total_steps;
@@ -692,7 +692,7 @@ pub fn train(mut cfg: RunConfig, opts: &TrainOptions) -> Result<Summary> {
                     val_loss: r.loss,
                     bleu,
                 });
-                save(&run, &opt, batcher.cursor())?;
+                save(&run, &window, &opt, batcher.cursor())?;
                 saved = true;
             }
         }
@@ -701,7 +701,7 @@ pub fn train(mut cfg: RunConfig, opts: &TrainOptions) -> Result<Summary> {
                 || diverged.is_some()
                 || (cfg.checkpoint.every > 0 && run.step % cfg.checkpoint.every == 0))
         {
-            save(&run, &opt, batcher.cursor())?;
+            save(&run, &window, &opt, batcher.cursor())?;
         }
         if let Some(reason) = &diverged {
             progress.line(&format!("stopping: diverged at {reason}"));

@@ -60,7 +60,11 @@ pub fn translate_ids(
                 .collect()
         };
         if best.len() != batch.len() {
-            bail!("decoding returned {} hypotheses for {} sentences", best.len(), batch.len());
+            bail!(
+                "decoding returned {} hypotheses for {} sentences",
+                best.len(),
+                batch.len()
+            );
         }
         for (&i, hyp) in batch.iter().zip(best) {
             out[i] = Some(Translation {

@@ -1,0 +1,1108 @@
+//! Fused CPU kernels with backward passes, for the hot spots of training on CPU.
+//!
+//! Each public function here computes exactly what the unfused composition of candle primitives
+//! next to it computes (up to float rounding), in one pass over memory instead of five to ten,
+//! with a hand-written backward pass. Every kernel is single-threaded and sums in a fixed order,
+//! so the same inputs always give the same bits. When a tensor is not an f32 tensor on the CPU
+//! (CUDA, f64 finite-difference tests) the public function falls back to the unfused
+//! composition, which is kept here as the reference (`*_unfused`) the tests compare against.
+
+use std::sync::Arc;
+
+use candle_core::{
+    bail, CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Device, Layout, Result, Shape, Storage, Tensor,
+    D,
+};
+
+/// Whether `t` can take the fused CPU path.
+fn fast(t: &Tensor) -> bool {
+    t.device().is_cpu() && t.dtype() == DType::F32
+}
+
+/// The f32 elements of a contiguous CPU tensor's storage.
+fn cpu_slice<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [f32]> {
+    let v = match s {
+        CpuStorage::F32(v) => v,
+        _ => bail!("ember kernels: expected f32 storage"),
+    };
+    match l.contiguous_offsets() {
+        Some((a, b)) => Ok(&v[a..b]),
+        None => bail!("ember kernels: expected a contiguous tensor"),
+    }
+}
+
+fn storage_slice<'a>(s: &'a Storage, l: &Layout) -> Result<&'a [f32]> {
+    match s {
+        Storage::Cpu(c) => cpu_slice(c, l),
+        _ => bail!("ember kernels: expected a CPU tensor"),
+    }
+}
+
+/// Runs `f` on the f32 data of `t` (made contiguous first).
+fn with_data<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> Result<R>) -> Result<R> {
+    let t = t.contiguous()?;
+    let (s, l) = t.storage_and_layout();
+    f(storage_slice(&s, l)?)
+}
+
+fn cpu_tensor(v: Vec<f32>, shape: &Shape) -> Result<Tensor> {
+    Tensor::from_vec(v, shape, &Device::Cpu)
+}
+
+/// Dot product with eight independent accumulators (vectorises; fixed summation order).
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut acc = [0f32; 8];
+    let ca = a.chunks_exact(8);
+    let cb = b.chunks_exact(8);
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    let mut tail = 0f32;
+    for (x, y) in ra.iter().zip(rb) {
+        tail += x * y;
+    }
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+}
+
+/// Sum with eight independent accumulators.
+#[inline(always)]
+fn sum(a: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let c = a.chunks_exact(8);
+    let r = c.remainder();
+    for x in c {
+        for i in 0..8 {
+            acc[i] += x[i];
+        }
+    }
+    let tail: f32 = r.iter().sum();
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+}
+
+/// `y += a·x`.
+#[inline(always)]
+fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+    for (y, x) in y.iter_mut().zip(x) {
+        *y += a * x;
+    }
+}
+
+/// Defines `$name(args) -> ret` that runs the `#[inline(always)]` function `$generic` compiled
+/// for AVX2 when the CPU has it (the crate is built for baseline x86-64, which only has SSE2).
+/// The arithmetic is the same either way: every reduction above sums in a fixed lane order.
+macro_rules! simd_dispatch {
+    ($name:ident => $generic:ident ($($arg:ident : $ty:ty),* $(,)?) -> $ret:ty) => {
+        fn $name($($arg: $ty),*) -> $ret {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn avx2($($arg: $ty),*) -> $ret {
+                    $generic($($arg),*)
+                }
+                if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                    // SAFETY: the CPU supports the enabled features (checked just above).
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            $generic($($arg),*)
+        }
+    };
+}
+
+type MaskView<'a> = Option<(&'a [f32], [usize; 4], usize)>;
+
+// ---------------------------------------------------------------------------------------------
+// RMSNorm / LayerNorm over the last dimension.
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum NormType {
+    Rms,
+    Layer,
+}
+
+/// `x / sqrt(mean(x²) + eps) · w`, from differentiable primitives.
+pub fn rms_norm_unfused(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
+    let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
+    x.broadcast_mul(&(ms + eps)?.sqrt()?.recip()?)?.broadcast_mul(w)
+}
+
+/// `(x − mean) / sqrt(var + eps) · w (+ b)`, from differentiable primitives.
+pub fn layer_norm_unfused(x: &Tensor, w: &Tensor, b: Option<&Tensor>, eps: f64) -> Result<Tensor> {
+    let centred = x.broadcast_sub(&x.mean_keepdim(D::Minus1)?)?;
+    let var = centred.sqr()?.mean_keepdim(D::Minus1)?;
+    let scaled = centred
+        .broadcast_mul(&(var + eps)?.sqrt()?.recip()?)?
+        .broadcast_mul(w)?;
+    match b {
+        Some(b) => scaled.broadcast_add(b),
+        None => Ok(scaled),
+    }
+}
+
+/// RMSNorm over the last dimension with gain `w`; fused on CPU f32.
+pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
+    if !(fast(x) && fast(w)) {
+        return rms_norm_unfused(x, w, eps);
+    }
+    x.contiguous()?.apply_op2(
+        &w.contiguous()?,
+        NormOp {
+            kind: NormType::Rms,
+            eps,
+        },
+    )
+}
+
+/// LayerNorm over the last dimension with gain `w` and optional bias `b`; fused on CPU f32.
+pub fn layer_norm(x: &Tensor, w: &Tensor, b: Option<&Tensor>, eps: f64) -> Result<Tensor> {
+    if !(fast(x) && fast(w) && b.is_none_or(fast)) {
+        return layer_norm_unfused(x, w, b, eps);
+    }
+    let op = NormOp {
+        kind: NormType::Layer,
+        eps,
+    };
+    match b {
+        Some(b) => x.contiguous()?.apply_op3(&w.contiguous()?, &b.contiguous()?, op),
+        None => x.contiguous()?.apply_op2(&w.contiguous()?, op),
+    }
+}
+
+#[derive(Clone, Copy)]
+struct NormOp {
+    kind: NormType,
+    eps: f64,
+}
+
+impl NormOp {
+    /// Per-row (shift, 1/σ): mean (LayerNorm) or 0 (RMSNorm), and the reciprocal scale.
+    #[inline(always)]
+    fn stats(&self, row: &[f32]) -> (f32, f32) {
+        let d = row.len() as f32;
+        let mean = match self.kind {
+            NormType::Rms => 0.0,
+            NormType::Layer => sum(row) / d,
+        };
+        let mut acc = [0f32; 8];
+        let c = row.chunks_exact(8);
+        let rem = c.remainder();
+        for x in c {
+            for i in 0..8 {
+                let v = x[i] - mean;
+                acc[i] += v * v;
+            }
+        }
+        let mut tail = 0f32;
+        for x in rem {
+            tail += (x - mean) * (x - mean);
+        }
+        let ss = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail;
+        let var = ss / d;
+        (mean, 1.0 / (var + self.eps as f32).sqrt())
+    }
+
+    #[inline(always)]
+    fn forward(&self, x: &[f32], w: &[f32], b: Option<&[f32]>) -> Result<Vec<f32>> {
+        let d = w.len();
+        if x.len().checked_rem(d) != Some(0) || d == 0 {
+            bail!(
+                "norm: input size {} is not a multiple of the gain size {d}",
+                x.len()
+            );
+        }
+        let mut y = vec![0f32; x.len()];
+        for (xr, yr) in x.chunks_exact(d).zip(y.chunks_exact_mut(d)) {
+            let (mean, r) = self.stats(xr);
+            match b {
+                Some(b) => {
+                    for i in 0..d {
+                        yr[i] = (xr[i] - mean) * r * w[i] + b[i];
+                    }
+                }
+                None => {
+                    for i in 0..d {
+                        yr[i] = (xr[i] - mean) * r * w[i];
+                    }
+                }
+            }
+        }
+        Ok(y)
+    }
+
+    /// (dx, dw, db) from x, w and the output gradient g.
+    #[inline(always)]
+    fn backward(&self, x: &[f32], w: &[f32], g: &[f32]) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+        let d = w.len();
+        let mut dx = vec![0f32; x.len()];
+        let mut dw = vec![0f32; d];
+        let mut db = vec![0f32; d];
+        let mut xhat = vec![0f32; d];
+        let mut gx = vec![0f32; d];
+        let inv_d = 1.0 / d as f32;
+        for ((xr, gr), dxr) in x
+            .chunks_exact(d)
+            .zip(g.chunks_exact(d))
+            .zip(dx.chunks_exact_mut(d))
+        {
+            let (mean, r) = self.stats(xr);
+            for i in 0..d {
+                xhat[i] = (xr[i] - mean) * r;
+                gx[i] = gr[i] * w[i];
+                dw[i] += gr[i] * xhat[i];
+                db[i] += gr[i];
+            }
+            let m_gx_xhat = dot(&gx, &xhat) * inv_d;
+            let m_gx = match self.kind {
+                NormType::Rms => 0.0,
+                NormType::Layer => sum(&gx) * inv_d,
+            };
+            for i in 0..d {
+                dxr[i] = r * (gx[i] - m_gx - xhat[i] * m_gx_xhat);
+            }
+        }
+        (dx, dw, db)
+    }
+}
+
+#[inline(always)]
+fn norm_forward_generic(op: NormOp, x: &[f32], w: &[f32], b: Option<&[f32]>) -> Result<Vec<f32>> {
+    op.forward(x, w, b)
+}
+simd_dispatch!(norm_forward => norm_forward_generic(
+    op: NormOp, x: &[f32], w: &[f32], b: Option<&[f32]>) -> Result<Vec<f32>>);
+
+#[inline(always)]
+fn norm_backward_generic(op: NormOp, x: &[f32], w: &[f32], g: &[f32]) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    op.backward(x, w, g)
+}
+simd_dispatch!(norm_backward => norm_backward_generic(
+    op: NormOp, x: &[f32], w: &[f32], g: &[f32]) -> (Vec<f32>, Vec<f32>, Vec<f32>));
+
+impl CustomOp2 for NormOp {
+    fn name(&self) -> &'static str {
+        "ember-norm"
+    }
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let y = norm_forward(*self, cpu_slice(s1, l1)?, cpu_slice(s2, l2)?, None)?;
+        Ok((CpuStorage::F32(y), l1.shape().clone()))
+    }
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _res: &Tensor,
+        g: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let (dx, dw, _) = with_data(x, |x| {
+            with_data(w, |w| with_data(g, |g| Ok(norm_backward(*self, x, w, g))))
+        })?;
+        Ok((Some(cpu_tensor(dx, x.shape())?), Some(cpu_tensor(dw, w.shape())?)))
+    }
+}
+
+impl CustomOp3 for NormOp {
+    fn name(&self) -> &'static str {
+        "ember-norm-bias"
+    }
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let y = norm_forward(
+            *self,
+            cpu_slice(s1, l1)?,
+            cpu_slice(s2, l2)?,
+            Some(cpu_slice(s3, l3)?),
+        )?;
+        Ok((CpuStorage::F32(y), l1.shape().clone()))
+    }
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        b: &Tensor,
+        _res: &Tensor,
+        g: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let (dx, dw, db) = with_data(x, |x| {
+            with_data(w, |w| with_data(g, |g| Ok(norm_backward(*self, x, w, g))))
+        })?;
+        Ok((
+            Some(cpu_tensor(dx, x.shape())?),
+            Some(cpu_tensor(dw, w.shape())?),
+            Some(cpu_tensor(db, b.shape())?),
+        ))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rotary embeddings, rotate-half layout, with an optional output scale.
+// ---------------------------------------------------------------------------------------------
+
+/// cos/sin tables of (max_len, head_dim / 2) angles, shared by every rotation op.
+#[derive(Clone)]
+pub struct RopeTables {
+    cos: Arc<Vec<f32>>,
+    sin: Arc<Vec<f32>>,
+    half: usize,
+    max_len: usize,
+}
+
+impl RopeTables {
+    /// Tables for `max_len` positions of vectors of size 2·`half` from f64 angles (rounded to f32
+    /// exactly as the f32 tables of [`crate::rope::Rotary`] are).
+    pub fn new(cos: &[f64], sin: &[f64], half: usize, max_len: usize) -> Self {
+        Self {
+            cos: Arc::new(cos.iter().map(|&c| c as f32).collect()),
+            sin: Arc::new(sin.iter().map(|&s| s as f32).collect()),
+            half,
+            max_len,
+        }
+    }
+}
+
+/// `scale · rope(x)` for x (B, H, T, 2·half) whose first position is `offset`: pairs (i, i + half)
+/// rotated by the tabled angle. Fused on CPU f32; `None` when the caller must use the unfused form.
+pub fn rope_scaled(x: &Tensor, tables: &RopeTables, offset: usize, scale: f32) -> Result<Option<Tensor>> {
+    if !fast(x) {
+        return Ok(None);
+    }
+    let (_, _, t, d) = x.dims4()?;
+    if d != 2 * tables.half || offset + t > tables.max_len {
+        return Ok(None);
+    }
+    let op = RopeOp {
+        tables: tables.clone(),
+        offset,
+        t,
+        scale,
+        inverse: false,
+    };
+    Ok(Some(x.contiguous()?.apply_op1(op)?))
+}
+
+#[derive(Clone)]
+struct RopeOp {
+    tables: RopeTables,
+    offset: usize,
+    t: usize,
+    scale: f32,
+    /// Rotate by the negative angles (the transpose: the backward pass).
+    inverse: bool,
+}
+
+impl RopeOp {
+    fn run(&self, x: &[f32]) -> Vec<f32> {
+        let half = self.tables.half;
+        let d = 2 * half;
+        let mut y = vec![0f32; x.len()];
+        for (row, (xr, yr)) in x.chunks_exact(d).zip(y.chunks_exact_mut(d)).enumerate() {
+            let pos = self.offset + row % self.t;
+            let cos = &self.tables.cos[pos * half..(pos + 1) * half];
+            let sin = &self.tables.sin[pos * half..(pos + 1) * half];
+            let (x1, x2) = xr.split_at(half);
+            let (y1, y2) = yr.split_at_mut(half);
+            if self.inverse {
+                for i in 0..half {
+                    y1[i] = (x1[i] * cos[i] + x2[i] * sin[i]) * self.scale;
+                    y2[i] = (x2[i] * cos[i] - x1[i] * sin[i]) * self.scale;
+                }
+            } else {
+                for i in 0..half {
+                    y1[i] = (x1[i] * cos[i] - x2[i] * sin[i]) * self.scale;
+                    y2[i] = (x2[i] * cos[i] + x1[i] * sin[i]) * self.scale;
+                }
+            }
+        }
+        y
+    }
+}
+
+impl CustomOp1 for RopeOp {
+    fn name(&self) -> &'static str {
+        "ember-rope"
+    }
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        Ok((CpuStorage::F32(self.run(cpu_slice(s, l)?)), l.shape().clone()))
+    }
+    fn bwd(&self, _x: &Tensor, _res: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
+        let op = RopeOp {
+            inverse: !self.inverse,
+            ..self.clone()
+        };
+        Ok(Some(g.contiguous()?.apply_op1(op)?))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Softmax over the last dimension.
+// ---------------------------------------------------------------------------------------------
+
+/// Softmax over the last dimension from differentiable primitives (the max is detached: softmax
+/// is shift-invariant, so its gradient through the max is exactly zero).
+pub fn softmax_last_dim_unfused(x: &Tensor) -> Result<Tensor> {
+    let max = x.max_keepdim(D::Minus1)?.detach();
+    let e = x.broadcast_sub(&max)?.exp()?;
+    e.broadcast_div(&e.sum_keepdim(D::Minus1)?)
+}
+
+/// Softmax over the last dimension; fused on CPU f32.
+pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
+    if !fast(x) {
+        return softmax_last_dim_unfused(x);
+    }
+    x.contiguous()?.apply_op1(SoftmaxOp)
+}
+
+/// Softmax of one row into `out` (same f32 operations as the unfused form).
+#[inline(always)]
+fn softmax_row(x: &[f32], out: &mut [f32]) {
+    let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = (v - max).exp();
+    }
+    let s = sum(out);
+    for o in out.iter_mut() {
+        *o /= s;
+    }
+}
+
+struct SoftmaxOp;
+
+impl CustomOp1 for SoftmaxOp {
+    fn name(&self) -> &'static str {
+        "ember-softmax"
+    }
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let x = cpu_slice(s, l)?;
+        let n = l.dims().last().copied().unwrap_or(1).max(1);
+        let mut y = vec![0f32; x.len()];
+        for (xr, yr) in x.chunks_exact(n).zip(y.chunks_exact_mut(n)) {
+            softmax_row(xr, yr);
+        }
+        Ok((CpuStorage::F32(y), l.shape().clone()))
+    }
+    fn bwd(&self, x: &Tensor, res: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
+        let n = x.dims().last().copied().unwrap_or(1).max(1);
+        let dx = with_data(res, |p| {
+            with_data(g, |g| {
+                let mut dx = vec![0f32; p.len()];
+                for ((pr, gr), dr) in p
+                    .chunks_exact(n)
+                    .zip(g.chunks_exact(n))
+                    .zip(dx.chunks_exact_mut(n))
+                {
+                    let s = dot(pr, gr);
+                    for i in 0..n {
+                        dr[i] = pr[i] * (gr[i] - s);
+                    }
+                }
+                Ok(dx)
+            })
+        })?;
+        Ok(Some(cpu_tensor(dx, x.shape())?))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Activations: GELU (erf form) and SwiGLU.
+// ---------------------------------------------------------------------------------------------
+
+/// GELU, erf form; fused backward on CPU f32 (candle's backward is eleven elementwise passes).
+/// Forward and gradient use candle's own formulas, so they agree with `Tensor::gelu_erf`.
+pub fn gelu_erf(x: &Tensor) -> Result<Tensor> {
+    if !fast(x) {
+        return x.gelu_erf();
+    }
+    x.contiguous()?.apply_op1(GeluOp)
+}
+
+struct GeluOp;
+
+#[inline(always)]
+fn gelu_fwd_generic(x: &[f32]) -> Vec<f32> {
+    x.iter()
+        .map(|&v| (candle_core::cpu::erf::erf_f32(v * std::f32::consts::FRAC_1_SQRT_2) + 1.) * 0.5 * v)
+        .collect()
+}
+simd_dispatch!(gelu_fwd => gelu_fwd_generic(x: &[f32]) -> Vec<f32>);
+
+#[inline(always)]
+fn gelu_bwd_generic(x: &[f32], g: &[f32]) -> Vec<f32> {
+    // d/dx gelu_erf(x) = 0.5 + 0.398942·x·e^(−x²/2) + 0.5·erf(x/√2), as candle writes it.
+    x.iter()
+        .zip(g)
+        .map(|(&v, &g)| {
+            let e = (-(v * v) / 2.0).exp();
+            let erf = candle_core::cpu::erf::erf_f32(v / std::f32::consts::SQRT_2);
+            g * (0.5 + 0.398942 * e * v + 0.5 * erf)
+        })
+        .collect()
+}
+simd_dispatch!(gelu_bwd => gelu_bwd_generic(x: &[f32], g: &[f32]) -> Vec<f32>);
+
+impl CustomOp1 for GeluOp {
+    fn name(&self) -> &'static str {
+        "ember-gelu-erf"
+    }
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        Ok((CpuStorage::F32(gelu_fwd(cpu_slice(s, l)?)), l.shape().clone()))
+    }
+    fn bwd(&self, x: &Tensor, _res: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
+        let dx = with_data(x, |x| with_data(g, |g| Ok(gelu_bwd(x, g))))?;
+        Ok(Some(cpu_tensor(dx, x.shape())?))
+    }
+}
+
+/// `silu(gate) · up` from candle primitives.
+pub fn swiglu_unfused(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    gate.silu()?.mul(up)
+}
+
+/// `silu(gate) · up` in one pass with a fused backward on CPU f32.
+pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    if !(fast(gate) && fast(up)) || gate.shape() != up.shape() {
+        return swiglu_unfused(gate, up);
+    }
+    gate.contiguous()?.apply_op2(&up.contiguous()?, SwigluOp)
+}
+
+struct SwigluOp;
+
+#[inline(always)]
+fn swiglu_fwd_generic(a: &[f32], u: &[f32]) -> Vec<f32> {
+    a.iter()
+        .zip(u)
+        .map(|(&a, &u)| (a / (1.0 + (-a).exp())) * u)
+        .collect()
+}
+simd_dispatch!(swiglu_fwd => swiglu_fwd_generic(a: &[f32], u: &[f32]) -> Vec<f32>);
+
+#[inline(always)]
+fn swiglu_bwd_generic(a: &[f32], u: &[f32], g: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let mut da = vec![0f32; a.len()];
+    let mut du = vec![0f32; a.len()];
+    for i in 0..a.len() {
+        let sig = 1.0 / (1.0 + (-a[i]).exp());
+        let silu = a[i] * sig;
+        du[i] = g[i] * silu;
+        // d/da silu = σ(a)·(1 − silu(a)) + silu(a)
+        da[i] = g[i] * u[i] * (sig * (1.0 - silu) + silu);
+    }
+    (da, du)
+}
+simd_dispatch!(swiglu_bwd => swiglu_bwd_generic(a: &[f32], u: &[f32], g: &[f32]) -> (Vec<f32>, Vec<f32>));
+
+impl CustomOp2 for SwigluOp {
+    fn name(&self) -> &'static str {
+        "ember-swiglu"
+    }
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        Ok((
+            CpuStorage::F32(swiglu_fwd(cpu_slice(s1, l1)?, cpu_slice(s2, l2)?)),
+            l1.shape().clone(),
+        ))
+    }
+    fn bwd(
+        &self,
+        a: &Tensor,
+        u: &Tensor,
+        _res: &Tensor,
+        g: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let (da, du) = with_data(a, |a| with_data(u, |u| with_data(g, |g| Ok(swiglu_bwd(a, u, g)))))?;
+        Ok((Some(cpu_tensor(da, a.shape())?), Some(cpu_tensor(du, u.shape())?)))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attention core: softmax(q·kᵀ + mask)·v with grouped-query heads.
+// ---------------------------------------------------------------------------------------------
+
+/// softmax(q·kᵀ + mask)·v from candle primitives: q (B, H, T, d) (already scaled), k and v
+/// (B, H_kv, S, d) with H a multiple of H_kv (query head h uses KV head h / (H / H_kv)), and an
+/// additive mask broadcastable to (B, H, T, S). Returns (B, H, T, d).
+pub fn attention_unfused(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
+    let (b, h, t, d) = q.dims4()?;
+    let (_, hkv, s, _) = k.dims4()?;
+    let group = h / hkv;
+    let logits = q
+        .reshape((b, hkv, group * t, d))?
+        .matmul(&k.t()?)?
+        .reshape((b, h, t, s))?;
+    let masked = match mask {
+        Some(m) => logits.broadcast_add(m)?,
+        None => logits,
+    };
+    let probs = softmax_last_dim_unfused(&masked)?;
+    probs
+        .reshape((b, hkv, group * t, s))?
+        .matmul(v)?
+        .reshape((b, h, t, d))
+}
+
+/// Fused [`attention_unfused`] on CPU f32 (the mask is treated as a constant: it gets no
+/// gradient). Falls back to the unfused form elsewhere.
+pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
+    let (b, h, t, d) = q.dims4()?;
+    let (bk, hkv, s, dk) = k.dims4()?;
+    if !(fast(q) && fast(k) && fast(v) && mask.is_none_or(fast)) {
+        return attention_unfused(q, k, v, mask);
+    }
+    if bk != b || dk != d || hkv == 0 || h % hkv != 0 || v.dims4()? != (b, hkv, s, d) {
+        bail!(
+            "attention: q {:?}, k {:?}, v {:?} do not fit together",
+            q.shape(),
+            k.shape(),
+            v.shape()
+        );
+    }
+    let mask = match mask {
+        Some(m) => Some(m.detach().broadcast_as((b, h, t, s))?),
+        None => None,
+    };
+    let op = AttnOp { mask };
+    q.contiguous()?.apply_op3(&k.contiguous()?, &v.contiguous()?, op)
+}
+
+struct AttnOp {
+    /// The additive mask broadcast (by strides) to (B, H, T, S).
+    mask: Option<Tensor>,
+}
+
+/// Shapes of one attention call.
+#[derive(Clone, Copy)]
+struct AttnDims {
+    b: usize,
+    h: usize,
+    hkv: usize,
+    t: usize,
+    s: usize,
+    d: usize,
+}
+
+/// Masked entries whose logits are provably far below the row maximum have probability exactly
+/// 0 (exp underflows below −104): skip their dot products when the mask gap exceeds this and
+/// |q·k| is bounded (Cauchy–Schwarz) well below it.
+const MASK_GAP: f32 = 1e6;
+const LOGIT_BOUND: f32 = 1e4;
+
+impl AttnOp {
+    /// Runs `f(mask_data, strides)`; strides are (b, h, t, s) element strides, offset included.
+    fn with_mask<R>(&self, f: impl FnOnce(MaskView<'_>) -> Result<R>) -> Result<R> {
+        match &self.mask {
+            None => f(None),
+            Some(m) => {
+                let (st, l) = m.storage_and_layout();
+                let data = match &*st {
+                    Storage::Cpu(CpuStorage::F32(v)) => v.as_slice(),
+                    _ => bail!("attention: the mask must be an f32 CPU tensor"),
+                };
+                let s = l.stride();
+                f(Some((data, [s[0], s[1], s[2], s[3]], l.start_offset())))
+            }
+        }
+    }
+
+    /// Probabilities of row `ti` of head (bi, hi) into `p` (length S); returns nothing when
+    /// the row needed all S logits. `knorm` is the largest key norm of the KV head.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn probs_row(
+        dims: AttnDims,
+        qr: &[f32],
+        kb: &[f32],
+        knorm: f32,
+        mask: MaskView<'_>,
+        bi: usize,
+        hi: usize,
+        ti: usize,
+        p: &mut [f32],
+        live: &mut [bool],
+    ) {
+        let (s, d) = (dims.s, dims.d);
+        match mask {
+            None => {
+                for si in 0..s {
+                    p[si] = dot(qr, &kb[si * d..(si + 1) * d]);
+                    live[si] = true;
+                }
+            }
+            Some((m, st, off)) => {
+                let base = off + bi * st[0] + hi * st[1] + ti * st[2];
+                let mrow = |si: usize| m[base + si * st[3]];
+                let mmax = (0..s).fold(f32::NEG_INFINITY, |a, si| a.max(mrow(si)));
+                let bounded = dot(qr, qr).sqrt() * knorm < LOGIT_BOUND;
+                for si in 0..s {
+                    let mv = mrow(si);
+                    if bounded && mv < mmax - MASK_GAP {
+                        p[si] = f32::NEG_INFINITY;
+                        live[si] = false;
+                    } else {
+                        p[si] = dot(qr, &kb[si * d..(si + 1) * d]) + mv;
+                        live[si] = true;
+                    }
+                }
+            }
+        }
+        let max = p.iter().fold(f32::NEG_INFINITY, |a, &v| a.max(v));
+        for si in 0..s {
+            p[si] = if live[si] { (p[si] - max).exp() } else { 0.0 };
+        }
+        let total = sum(p);
+        for x in p.iter_mut() {
+            *x /= total;
+        }
+    }
+
+    #[inline(always)]
+    fn key_norms(dims: AttnDims, k: &[f32]) -> Vec<f32> {
+        let (s, d) = (dims.s, dims.d);
+        k.chunks_exact(s * d)
+            .map(|kb| kb.chunks_exact(d).map(|r| dot(r, r)).fold(0f32, f32::max).sqrt())
+            .collect()
+    }
+
+    fn forward(&self, dims: AttnDims, q: &[f32], k: &[f32], v: &[f32]) -> Result<Vec<f32>> {
+        self.with_mask(|mask| Ok(attn_forward(dims, q, k, v, mask)))
+    }
+
+    /// (dq, dk, dv), recomputing the probabilities; `o` is the forward output, `go` its gradient.
+    #[allow(clippy::type_complexity)]
+    fn backward(
+        &self,
+        dims: AttnDims,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        o: &[f32],
+        go: &[f32],
+    ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
+        self.with_mask(|mask| Ok(attn_backward(dims, q, k, v, o, go, mask)))
+    }
+}
+
+simd_dispatch!(attn_forward => attn_forward_generic(
+    dims: AttnDims, q: &[f32], k: &[f32], v: &[f32], mask: MaskView<'_>) -> Vec<f32>);
+
+#[inline(always)]
+fn attn_forward_generic(dims: AttnDims, q: &[f32], k: &[f32], v: &[f32], mask: MaskView<'_>) -> Vec<f32> {
+    let AttnDims { b, h, hkv, t, s, d } = dims;
+    let group = h / hkv;
+    let knorms = AttnOp::key_norms(dims, k);
+    let mut out = vec![0f32; b * h * t * d];
+    let mut p = vec![0f32; s];
+    let mut live = vec![false; s];
+    for bi in 0..b {
+        for hi in 0..h {
+            let kv = bi * hkv + hi / group;
+            let kb = &k[kv * s * d..(kv + 1) * s * d];
+            let vb = &v[kv * s * d..(kv + 1) * s * d];
+            for ti in 0..t {
+                let row = (bi * h + hi) * t + ti;
+                let qr = &q[row * d..(row + 1) * d];
+                AttnOp::probs_row(dims, qr, kb, knorms[kv], mask, bi, hi, ti, &mut p, &mut live);
+                let orow = &mut out[row * d..(row + 1) * d];
+                for si in 0..s {
+                    if p[si] != 0.0 {
+                        axpy(p[si], &vb[si * d..(si + 1) * d], orow);
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+simd_dispatch!(attn_backward => attn_backward_generic(
+    dims: AttnDims, q: &[f32], k: &[f32], v: &[f32], o: &[f32], go: &[f32], mask: MaskView<'_>)
+    -> (Vec<f32>, Vec<f32>, Vec<f32>));
+
+#[inline(always)]
+fn attn_backward_generic(
+    dims: AttnDims,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    o: &[f32],
+    go: &[f32],
+    mask: MaskView<'_>,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let AttnDims { b, h, hkv, t, s, d } = dims;
+    let group = h / hkv;
+    let knorms = AttnOp::key_norms(dims, k);
+    let mut dq = vec![0f32; q.len()];
+    let mut dk = vec![0f32; k.len()];
+    let mut dv = vec![0f32; v.len()];
+    let mut p = vec![0f32; s];
+    let mut live = vec![false; s];
+    for bi in 0..b {
+        // Query heads of one KV head in order: dk and dv sum over them in a fixed order.
+        for hi in 0..h {
+            let kv = bi * hkv + hi / group;
+            let kvr = kv * s * d..(kv + 1) * s * d;
+            let kb = &k[kvr.clone()];
+            let vb = &v[kvr.clone()];
+            for ti in 0..t {
+                let row = (bi * h + hi) * t + ti;
+                let rr = row * d..(row + 1) * d;
+                let qr = &q[rr.clone()];
+                let gr = &go[rr.clone()];
+                AttnOp::probs_row(dims, qr, kb, knorms[kv], mask, bi, hi, ti, &mut p, &mut live);
+                let delta = dot(gr, &o[rr.clone()]);
+                let dqr = &mut dq[rr];
+                for (si, &ps) in p.iter().enumerate() {
+                    if ps == 0.0 {
+                        continue;
+                    }
+                    let kr = si * d..(si + 1) * d;
+                    let dp = dot(gr, &vb[kr.clone()]);
+                    let ds = ps * (dp - delta);
+                    axpy(ds, &kb[kr.clone()], dqr);
+                    let off = kvr.start + si * d;
+                    axpy(ds, qr, &mut dk[off..off + d]);
+                    axpy(ps, gr, &mut dv[off..off + d]);
+                }
+            }
+        }
+    }
+    (dq, dk, dv)
+}
+
+fn attn_dims(lq: &Layout, lk: &Layout) -> Result<AttnDims> {
+    let (qd, kd) = (lq.dims(), lk.dims());
+    if qd.len() != 4 || kd.len() != 4 {
+        bail!("attention: expected rank-4 q and k");
+    }
+    Ok(AttnDims {
+        b: qd[0],
+        h: qd[1],
+        t: qd[2],
+        d: qd[3],
+        hkv: kd[1],
+        s: kd[2],
+    })
+}
+
+impl CustomOp3 for AttnOp {
+    fn name(&self) -> &'static str {
+        "ember-attention"
+    }
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let dims = attn_dims(l1, l2)?;
+        let out = self.forward(dims, cpu_slice(s1, l1)?, cpu_slice(s2, l2)?, cpu_slice(s3, l3)?)?;
+        Ok((CpuStorage::F32(out), l1.shape().clone()))
+    }
+    fn bwd(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        res: &Tensor,
+        g: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let dims = attn_dims(q.layout(), k.layout())?;
+        let (dq, dk, dv) = with_data(q, |qd| {
+            with_data(k, |kd| {
+                with_data(v, |vd| {
+                    with_data(res, |od| {
+                        with_data(g, |gd| self.backward(dims, qd, kd, vd, od, gd))
+                    })
+                })
+            })
+        })?;
+        Ok((
+            Some(cpu_tensor(dq, q.shape())?),
+            Some(cpu_tensor(dk, k.shape())?),
+            Some(cpu_tensor(dv, v.shape())?),
+        ))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Log-softmax + label-smoothed cross-entropy + z-loss.
+// ---------------------------------------------------------------------------------------------
+
+/// Per-token losses of logits (N, V) as a (2, N) tensor: row 0 is the training objective
+/// mask·[(1−ε)·nll + ε·mean_v(−log p) + z·(log Z)²], row 1 is mask·nll. The smoothing and z
+/// terms are left out when ε or z is 0, as in the unfused form.
+pub fn cross_entropy_unfused(
+    logits: &Tensor,
+    targets: &Tensor,
+    mask: &Tensor,
+    label_smoothing: f64,
+    z_loss: f64,
+) -> Result<Tensor> {
+    let max = logits.max_keepdim(D::Minus1)?.detach();
+    let shifted = logits.broadcast_sub(&max)?;
+    let lse = shifted.exp()?.sum_keepdim(D::Minus1)?.log()?;
+    let log_probs = shifted.broadcast_sub(&lse)?;
+    let nll = log_probs.gather(&targets.unsqueeze(1)?, 1)?.squeeze(1)?.neg()?;
+    let mut per_token = if label_smoothing > 0.0 {
+        let uniform = log_probs.mean(D::Minus1)?.neg()?;
+        ((&nll * (1.0 - label_smoothing))? + (uniform * label_smoothing)?)?
+    } else {
+        nll.clone()
+    };
+    if z_loss > 0.0 {
+        let log_z = (lse + &max)?.squeeze(1)?;
+        per_token = (per_token + (log_z.sqr()? * z_loss)?)?;
+    }
+    Tensor::stack(&[(per_token * mask)?, (nll * mask)?], 0)
+}
+
+/// Fused [`cross_entropy_unfused`] for f32 CPU logits; `targets` (N) integer ids and `mask` (N)
+/// are constants (no gradient).
+pub fn cross_entropy(
+    logits: &Tensor,
+    targets: &Tensor,
+    mask: &Tensor,
+    label_smoothing: f64,
+    z_loss: f64,
+) -> Result<Tensor> {
+    if !fast(logits) {
+        return cross_entropy_unfused(logits, targets, mask, label_smoothing, z_loss);
+    }
+    let (n, vocab) = logits.dims2()?;
+    let targets: Vec<u32> = targets.to_dtype(DType::U32)?.to_vec1()?;
+    let mask: Vec<f32> = mask.to_dtype(DType::F32)?.to_vec1()?;
+    if targets.len() != n || mask.len() != n {
+        bail!(
+            "cross_entropy: {n} rows but {} targets and {} mask entries",
+            targets.len(),
+            mask.len()
+        );
+    }
+    if let Some(&bad) = targets.iter().find(|&&t| t as usize >= vocab) {
+        bail!("cross_entropy: target {bad} is outside the vocabulary of {vocab}");
+    }
+    let op = CrossEntropyOp {
+        targets: Arc::new(targets),
+        mask: Arc::new(mask),
+        smoothing: label_smoothing as f32,
+        z: z_loss as f32,
+    };
+    logits.contiguous()?.apply_op1(op)
+}
+
+struct CrossEntropyOp {
+    targets: Arc<Vec<u32>>,
+    mask: Arc<Vec<f32>>,
+    smoothing: f32,
+    z: f32,
+}
+
+impl CrossEntropyOp {
+    /// (max, lse of shifted logits) of one row.
+    #[inline(always)]
+    fn row_stats(row: &[f32]) -> (f32, f32) {
+        let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+        let mut acc = [0f32; 8];
+        let c = row.chunks_exact(8);
+        let rem = c.remainder();
+        for x in c {
+            for i in 0..8 {
+                acc[i] += (x[i] - max).exp();
+            }
+        }
+        let tail: f32 = rem.iter().map(|&x| (x - max).exp()).sum();
+        let s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail;
+        (max, s.ln())
+    }
+}
+
+impl CustomOp1 for CrossEntropyOp {
+    fn name(&self) -> &'static str {
+        "ember-cross-entropy"
+    }
+    fn cpu_fwd(&self, st: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let x = cpu_slice(st, l)?;
+        let (n, v) = l.shape().dims2()?;
+        let mut out = vec![0f32; 2 * n];
+        for (i, row) in x.chunks_exact(v).enumerate() {
+            let (max, lse) = Self::row_stats(row);
+            let nll = -((row[self.targets[i] as usize] - max) - lse);
+            let mut obj = nll;
+            if self.smoothing > 0.0 {
+                // mean_v(−log p) = lse − mean_v(shifted)
+                let mean_lp = (sum(row) / v as f32 - max) - lse;
+                obj = nll * (1.0 - self.smoothing) + (-mean_lp) * self.smoothing;
+            }
+            if self.z > 0.0 {
+                let log_z = lse + max;
+                obj += log_z * log_z * self.z;
+            }
+            out[i] = obj * self.mask[i];
+            out[n + i] = nll * self.mask[i];
+        }
+        Ok((CpuStorage::F32(out), Shape::from((2, n))))
+    }
+    fn bwd(&self, x: &Tensor, _res: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
+        let (n, v) = x.dims2()?;
+        let dx = with_data(x, |x| {
+            with_data(g, |g| {
+                let mut dx = vec![0f32; x.len()];
+                let uniform = 1.0 / v as f32;
+                for (i, (row, drow)) in x.chunks_exact(v).zip(dx.chunks_exact_mut(v)).enumerate() {
+                    let (g_obj, g_nll) = (g[i] * self.mask[i], g[n + i] * self.mask[i]);
+                    if g_obj == 0.0 && g_nll == 0.0 {
+                        continue;
+                    }
+                    let (max, lse) = Self::row_stats(row);
+                    // d/dl of each term: nll → p − onehot; mean(−log p) → p − 1/V; log²Z → 2·logZ·p.
+                    let w_nll = g_obj * (1.0 - self.smoothing.max(0.0)) + g_nll;
+                    let w_unif = if self.smoothing > 0.0 {
+                        g_obj * self.smoothing
+                    } else {
+                        0.0
+                    };
+                    let w_z = if self.z > 0.0 {
+                        g_obj * 2.0 * self.z * (lse + max)
+                    } else {
+                        0.0
+                    };
+                    let w_p = w_nll + w_unif + w_z;
+                    let shift = max + lse;
+                    for j in 0..v {
+                        drow[j] = (row[j] - shift).exp() * w_p - w_unif * uniform;
+                    }
+                    drow[self.targets[i] as usize] -= w_nll;
+                }
+                Ok(dx)
+            })
+        })?;
+        Ok(Some(cpu_tensor(dx, x.shape())?))
+    }
+}

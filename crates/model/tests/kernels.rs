@@ -1,0 +1,305 @@
+//! Specification: every fused kernel computes what its unfused composition computes — forward
+//! values and the gradients with respect to every differentiable input — to float rounding, on
+//! contiguous and non-contiguous inputs of several shapes, and gives the same bits every time.
+
+use candle_core::{DType, Device, Tensor, Var, D};
+use ember_model::kernels;
+use ember_model::rope::Rotary;
+
+const TOL: f32 = 2e-5;
+
+fn randn(seed: u64, shape: &[usize]) -> Tensor {
+    // A small deterministic generator keeps the tests independent of candle's global RNG.
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let n: usize = shape.iter().product();
+    let v: Vec<f32> = (0..n)
+        .map(|_| {
+            let mut s = 0f32;
+            for _ in 0..4 {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                s += (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+            }
+            s * 1.7
+        })
+        .collect();
+    Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+}
+
+fn max_rel_diff(a: &Tensor, b: &Tensor) -> f32 {
+    assert_eq!(a.shape(), b.shape());
+    let a: Vec<f32> = a.flatten_all().unwrap().to_vec1().unwrap();
+    let b: Vec<f32> = b.flatten_all().unwrap().to_vec1().unwrap();
+    let scale = b.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-6);
+    a.iter()
+        .zip(&b)
+        .map(|(x, y)| {
+            assert!(x.is_finite() == y.is_finite(), "{x} vs {y}");
+            (x - y).abs() / (scale * 0.1 + y.abs())
+        })
+        .fold(0f32, f32::max)
+}
+
+fn assert_close(what: &str, a: &Tensor, b: &Tensor) {
+    let d = max_rel_diff(a, b);
+    assert!(d < TOL, "{what}: max relative difference {d}");
+}
+
+/// A non-contiguous view with the same values as `x`: stored transposed, viewed back.
+fn strided(x: &Tensor) -> Tensor {
+    let r = x.rank();
+    let t = x.transpose(0, r - 1).unwrap().contiguous().unwrap();
+    let y = t.transpose(0, r - 1).unwrap();
+    assert!(!y.is_contiguous() || x.dims()[0] == 1 || x.dims()[r - 1] == 1);
+    y
+}
+
+/// Runs `f` on fresh variables made from `inputs` and returns the output and the gradient of
+/// Σ output·probe with respect to each input.
+fn run(inputs: &[Tensor], probe: &Tensor, f: &dyn Fn(&[Tensor]) -> Tensor) -> (Tensor, Vec<Tensor>) {
+    let vars: Vec<Var> = inputs.iter().map(|t| Var::from_tensor(t).unwrap()).collect();
+    let ts: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
+    let out = f(&ts);
+    let loss = (&out * probe).unwrap().sum_all().unwrap();
+    let grads = loss.backward().unwrap();
+    let gs = ts
+        .iter()
+        .map(|t| grads.get(t).expect("an input has no gradient").clone())
+        .collect();
+    (out, gs)
+}
+
+/// Fused vs unfused: forward and every gradient, plus bit-for-bit repeatability of the fused one.
+fn compare(
+    what: &str,
+    inputs: &[Tensor],
+    fused: &dyn Fn(&[Tensor]) -> Tensor,
+    unfused: &dyn Fn(&[Tensor]) -> Tensor,
+) {
+    let probe = randn(99, fused(inputs).dims());
+    let (yf, gf) = run(inputs, &probe, fused);
+    let (yu, gu) = run(inputs, &probe, unfused);
+    assert_close(&format!("{what} forward"), &yf, &yu);
+    for (i, (a, b)) in gf.iter().zip(&gu).enumerate() {
+        assert_close(&format!("{what} gradient {i}"), a, b);
+    }
+    let (yf2, gf2) = run(inputs, &probe, fused);
+    assert_eq!(
+        max_rel_diff(&yf, &yf2),
+        0.0,
+        "{what}: forward is not deterministic"
+    );
+    for (a, b) in gf.iter().zip(&gf2) {
+        assert_eq!(max_rel_diff(a, b), 0.0, "{what}: backward is not deterministic");
+    }
+}
+
+#[test]
+fn norms_match_the_unfused_composition() {
+    for (i, shape) in [vec![3, 5, 128], vec![7, 33], vec![2, 3, 4, 32], vec![1, 1, 9]]
+        .into_iter()
+        .enumerate()
+    {
+        let d = *shape.last().unwrap();
+        let x = (randn(i as u64, &shape) * 3.0).unwrap().affine(1.0, 0.7).unwrap();
+        let w = randn(10 + i as u64, &[d]).affine(0.3, 1.0).unwrap();
+        let b = randn(20 + i as u64, &[d]);
+        for (label, x) in [("contiguous", x.clone()), ("strided", strided(&x))] {
+            compare(
+                &format!("rms {shape:?} {label}"),
+                &[x.clone(), w.clone()],
+                &|t| kernels::rms_norm(&t[0], &t[1], 1e-5).unwrap(),
+                &|t| kernels::rms_norm_unfused(&t[0], &t[1], 1e-5).unwrap(),
+            );
+            compare(
+                &format!("layernorm {shape:?} {label}"),
+                &[x.clone(), w.clone(), b.clone()],
+                &|t| kernels::layer_norm(&t[0], &t[1], Some(&t[2]), 1e-5).unwrap(),
+                &|t| kernels::layer_norm_unfused(&t[0], &t[1], Some(&t[2]), 1e-5).unwrap(),
+            );
+            compare(
+                &format!("layernorm no bias {shape:?} {label}"),
+                &[x.clone(), w.clone()],
+                &|t| kernels::layer_norm(&t[0], &t[1], None, 1e-6).unwrap(),
+                &|t| kernels::layer_norm_unfused(&t[0], &t[1], None, 1e-6).unwrap(),
+            );
+        }
+    }
+}
+
+#[test]
+fn f64_falls_back_to_the_unfused_composition() {
+    let x = randn(1, &[4, 16]).to_dtype(DType::F64).unwrap();
+    let w = randn(2, &[16]).to_dtype(DType::F64).unwrap();
+    let a = kernels::rms_norm(&x, &w, 1e-5).unwrap();
+    let b = kernels::rms_norm_unfused(&x, &w, 1e-5).unwrap();
+    assert_eq!(a.to_vec2::<f64>().unwrap(), b.to_vec2::<f64>().unwrap());
+}
+
+#[test]
+fn rope_matches_the_unfused_rotation() {
+    for (i, (b, h, t, d, offset)) in [(2, 3, 7, 32, 0), (1, 2, 5, 8, 3), (3, 1, 1, 6, 9)]
+        .into_iter()
+        .enumerate()
+    {
+        let rotary = Rotary::new(d, 16, 10_000.0, DType::F32, &Device::Cpu).unwrap();
+        let x = randn(30 + i as u64, &[b, h, t, d]);
+        for (label, x) in [("contiguous", x.clone()), ("strided", strided(&x))] {
+            for scale in [1.0, 0.125] {
+                compare(
+                    &format!("rope {:?} {label} scale {scale}", (b, h, t, d, offset)),
+                    std::slice::from_ref(&x),
+                    &|v| rotary.apply_scaled(&v[0], offset, scale).unwrap(),
+                    &|v| {
+                        rotary
+                            .apply_unfused(&v[0], offset)
+                            .unwrap()
+                            .affine(scale, 0.0)
+                            .unwrap()
+                    },
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn softmax_matches_the_unfused_composition() {
+    for (i, shape) in [vec![4, 9], vec![2, 3, 64], vec![5, 1]].into_iter().enumerate() {
+        let x = (randn(40 + i as u64, &shape) * 4.0).unwrap();
+        for (label, x) in [("contiguous", x.clone()), ("strided", strided(&x))] {
+            compare(
+                &format!("softmax {shape:?} {label}"),
+                std::slice::from_ref(&x),
+                &|v| kernels::softmax_last_dim(&v[0]).unwrap(),
+                &|v| kernels::softmax_last_dim_unfused(&v[0]).unwrap(),
+            );
+        }
+    }
+}
+
+/// Causal (1, 1, T, S) and padding (B, 1, 1, S) masks as the model builds them, the padding one
+/// with one batch row fully masked.
+fn masks(b: usize, t: usize, s: usize) -> Vec<(&'static str, Option<Tensor>)> {
+    let causal = ember_model::layers::causal_mask(t, s - t, DType::F32, &Device::Cpu).unwrap();
+    let keep: Vec<f32> = (0..b * s)
+        .map(|i| {
+            let (row, col) = (i / s, i % s);
+            // Row 1 is an empty source (every key masked); other rows lose their last `row` keys.
+            if row == 1 || col + row >= s {
+                0.0
+            } else {
+                1.0
+            }
+        })
+        .collect();
+    let keep = Tensor::from_vec(keep, (b, s), &Device::Cpu).unwrap();
+    let padding = ember_model::layers::padding_mask(&keep, DType::F32).unwrap();
+    let both = causal.broadcast_add(&padding).unwrap();
+    vec![
+        ("none", None),
+        ("causal", Some(causal)),
+        ("padding", Some(padding)),
+        ("causal+padding", Some(both)),
+    ]
+}
+
+#[test]
+fn attention_matches_the_unfused_composition() {
+    // (B, H, H_kv, T, S, d): plain, GQA groups of 2 and 3, odd sizes, one query (decoding).
+    for (i, (b, h, hkv, t, s, d)) in [
+        (2, 4, 4, 8, 8, 32),
+        (3, 4, 2, 5, 7, 16),
+        (2, 6, 2, 9, 9, 7),
+        (2, 3, 1, 1, 6, 8),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let q = (randn(50 + i as u64, &[b, h, t, d]) * 0.5).unwrap();
+        let k = randn(60 + i as u64, &[b, hkv, s, d]);
+        let v = randn(70 + i as u64, &[b, hkv, s, d]);
+        for (mask_name, mask) in masks(b, t, s) {
+            for (label, q) in [("contiguous", q.clone()), ("strided", strided(&q))] {
+                let name = format!("attention {:?} mask {mask_name} {label}", (b, h, hkv, t, s, d));
+                compare(
+                    &name,
+                    &[q.clone(), k.clone(), strided(&v)],
+                    &|x| kernels::attention(&x[0], &x[1], &x[2], mask.as_ref()).unwrap(),
+                    &|x| kernels::attention_unfused(&x[0], &x[1], &x[2], mask.as_ref()).unwrap(),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn attention_with_huge_logits_does_not_skip_keys_it_needs() {
+    // |q·k| far beyond the skip bound: the kernel must compute every masked logit, as unfused.
+    let (b, h, t, d) = (1, 2, 4, 8);
+    let q = (randn(80, &[b, h, t, d]) * 1e4).unwrap();
+    let k = (randn(81, &[b, h, t, d]) * 1e3).unwrap();
+    let v = randn(82, &[b, h, t, d]);
+    let mask = ember_model::layers::causal_mask(t, 0, DType::F32, &Device::Cpu).unwrap();
+    let a = kernels::attention(&q, &k, &v, Some(&mask)).unwrap();
+    let u = kernels::attention_unfused(&q, &k, &v, Some(&mask)).unwrap();
+    assert_close("huge logits", &a, &u);
+}
+
+#[test]
+fn cross_entropy_matches_the_unfused_composition() {
+    for (i, (n, vocab)) in [(6, 11), (17, 69), (3, 1000)].into_iter().enumerate() {
+        let logits = (randn(90 + i as u64, &[n, vocab]) * 3.0).unwrap();
+        let targets: Vec<u32> = (0..n).map(|j| ((j * 7 + i) % vocab) as u32).collect();
+        let targets = Tensor::new(targets.as_slice(), &Device::Cpu).unwrap();
+        let mask: Vec<f32> = (0..n).map(|j| if j % 3 == 2 { 0.0 } else { 1.0 }).collect();
+        let mask = Tensor::new(mask.as_slice(), &Device::Cpu).unwrap();
+        for (eps, z) in [(0.0, 0.0), (0.1, 0.0), (0.0, 1e-3), (0.2, 1e-2)] {
+            for (label, x) in [("contiguous", logits.clone()), ("strided", strided(&logits))] {
+                compare(
+                    &format!("cross-entropy {:?} eps {eps} z {z} {label}", (n, vocab)),
+                    std::slice::from_ref(&x),
+                    &|l| kernels::cross_entropy(&l[0], &targets, &mask, eps, z).unwrap(),
+                    &|l| kernels::cross_entropy_unfused(&l[0], &targets, &mask, eps, z).unwrap(),
+                );
+            }
+        }
+        // Padding rows get exactly zero gradient.
+        let var = Var::from_tensor(&logits).unwrap();
+        let out = kernels::cross_entropy(var.as_tensor(), &targets, &mask, 0.1, 1e-3).unwrap();
+        let g = out.sum_all().unwrap().backward().unwrap();
+        let g = g.get(var.as_tensor()).unwrap().get(2).unwrap();
+        assert_eq!(
+            g.abs()
+                .unwrap()
+                .max(D::Minus1)
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap(),
+            0.0
+        );
+    }
+}
+
+#[test]
+fn activations_match_the_unfused_composition() {
+    for (i, shape) in [vec![3, 5, 64], vec![7, 9], vec![1, 13]].into_iter().enumerate() {
+        let a = (randn(100 + i as u64, &shape) * 3.0).unwrap();
+        let u = randn(110 + i as u64, &shape);
+        for (label, a) in [("contiguous", a.clone()), ("strided", strided(&a))] {
+            compare(
+                &format!("gelu {shape:?} {label}"),
+                std::slice::from_ref(&a),
+                &|x| kernels::gelu_erf(&x[0]).unwrap(),
+                &|x| x[0].gelu_erf().unwrap(),
+            );
+            compare(
+                &format!("swiglu {shape:?} {label}"),
+                &[a.clone(), strided(&u)],
+                &|x| kernels::swiglu(&x[0], &x[1]).unwrap(),
+                &|x| kernels::swiglu_unfused(&x[0], &x[1]).unwrap(),
+            );
+        }
+    }
+}

@@ -1,0 +1,1008 @@
+//! `ember ablate`: the QK-norm ablation grid — every variant × seed × peak learning rate of one
+//! base config — as ordinary run directories under `OUT/runs/<variant>-lr<lr>-seed<s>/`.
+//!
+//! - **Paired.** Seeds are 1..=n (`train.seed = s`). Ember derives every parameter's initial
+//!   values from (train.seed, parameter name) and the data order from train.seed, so for a given
+//!   seed all variants start from the same values of every parameter they share and see the same
+//!   batches; the report compares variants seed by seed.
+//! - **Resumable.** A run whose `summary.json` says finished (or diverged) is skipped; one with
+//!   checkpoints but no finished summary is resumed (`--resume`); anything else starts afresh.
+//!   A run directory that holds a run of a different config is refused, not overwritten.
+//! - **Parallel.** With [`Runner::Process`], `jobs` runs go at once, each an `ember train`
+//!   process told its share of the cores with `--set train.threads=T`.
+//! - **Robust.** A diverged run (summary.json `diverged`) is recorded as such; a crash is
+//!   recorded as failed with its stderr tail; the sweep goes on either way. The caller decides
+//!   the exit status from [`AblateOutcome::any_failed`].
+//!
+//! Besides the run directories, `OUT/grid.json` holds the plan (every run, its overrides and its
+//! exact command) and `OUT/status.json` each run's last outcome and every invocation's wall
+//! time. The report ([`crate::report`]) is written at the end and can be regenerated alone.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fs;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use ember_model::QkNorm;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::checkpoint;
+use crate::config::{AblationConfig, RunConfig};
+use crate::metrics::Verbosity;
+use crate::report::{self, Hardware, Report};
+use crate::train::{self, TrainOptions, RUN_CONFIG, SUMMARY};
+
+/// The plan of the sweep, in the output directory.
+pub const GRID: &str = "grid.json";
+/// Each run's last outcome and each invocation's wall time, in the output directory.
+pub const STATUS: &str = "status.json";
+/// The folder of run directories inside the output directory.
+pub const RUNS: &str = "runs";
+/// A subprocess's stdout and stderr, in its run directory.
+pub const STDOUT_LOG: &str = "ablate-stdout.log";
+pub const STDERR_LOG: &str = "ablate-stderr.log";
+/// Lines of stderr kept in a failed run's record.
+const TAIL_LINES: usize = 20;
+
+/// How each run of the grid is trained.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Runner {
+    /// `EXE train CONFIG --set ... --run-dir DIR --quiet --json [--resume]`, `jobs` at a time.
+    /// The CLI passes `std::env::current_exe()`.
+    Process { exe: PathBuf },
+    /// [`crate::train::train`] in this process, one run after the other (`jobs` is ignored and
+    /// `train.threads` is left as the config says). For tests and embedding.
+    InProcess,
+}
+
+/// Everything `ember ablate` is told. `None` fields fall back to the config's `ablation:`
+/// section, then to its defaults (all four variants, 3 seeds, `train.lr` only, 1 job,
+/// cores / jobs threads, `runs/<config name>-ablation`).
+#[derive(Debug, Clone)]
+pub struct AblateOptions {
+    pub config: PathBuf,
+    /// `--set KEY=VALUE` for every run (the grid's own keys win over these).
+    pub overrides: Vec<String>,
+    pub variants: Option<Vec<QkNorm>>,
+    /// Seeds 1..=n.
+    pub seeds: Option<usize>,
+    pub lrs: Option<Vec<f64>>,
+    pub jobs: Option<usize>,
+    /// Threads per run.
+    pub threads: Option<usize>,
+    pub out: Option<PathBuf>,
+    pub runner: Runner,
+    /// Print nothing (the outcome is returned either way).
+    pub quiet: bool,
+}
+
+impl AblateOptions {
+    /// Options with every grid setting left to the config.
+    pub fn new(config: impl Into<PathBuf>, runner: Runner) -> Self {
+        Self {
+            config: config.into(),
+            overrides: vec![],
+            variants: None,
+            seeds: None,
+            lrs: None,
+            jobs: None,
+            threads: None,
+            out: None,
+            runner,
+            quiet: false,
+        }
+    }
+}
+
+/// The resolved grid, as written to `grid.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    pub config: PathBuf,
+    /// The user's `--set` overrides, applied to every run before the grid's own.
+    pub overrides: Vec<String>,
+    pub variants: Vec<QkNorm>,
+    pub seeds: Vec<u64>,
+    pub lrs: Vec<f64>,
+    /// Runs at a time (1 in-process).
+    pub jobs: usize,
+    /// `train.threads` given to each run (`None` in-process: the config's own).
+    pub threads: Option<usize>,
+    pub out: PathBuf,
+    /// The command every run extends: `ember train CONFIG [--set USER]... --quiet --json`.
+    pub base_command: Vec<String>,
+    /// How the grid's keys are set, in words (min_lr scaling, l2-only keys).
+    pub notes: Vec<String>,
+    pub hardware: Hardware,
+    /// In the order they are run: seed, then learning rate, then variant.
+    pub runs: Vec<PlannedRun>,
+}
+
+/// One cell of the grid.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlannedRun {
+    /// `<variant>-lr<lr>-seed<s>`, also the directory name.
+    pub name: String,
+    pub variant: QkNorm,
+    pub seed: u64,
+    pub lr: f64,
+    pub dir: PathBuf,
+    /// Every `--set` of this run: the user's, then the grid's.
+    pub overrides: Vec<String>,
+    /// The exact command (without `--resume`, which is added when resuming).
+    pub command: Vec<String>,
+}
+
+/// What the sweep did with a run in this invocation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunAction {
+    /// Started from scratch.
+    Started,
+    /// Continued from the newest checkpoint (the step it had reached).
+    Resumed { from_step: u64 },
+    /// Already finished (or diverged) in an earlier invocation: nothing was run.
+    Skipped,
+    /// Not run: the directory holds something else (see the status).
+    Refused,
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum RunStatus {
+    /// Reached its last step.
+    Ok,
+    /// Stopped as diverged (non-finite loss, or validation loss stuck above its initial value).
+    Diverged { reason: String },
+    /// Crashed, or could not be run; `stderr_tail` holds the end of its error output.
+    Failed { error: String, stderr_tail: String },
+}
+
+impl RunStatus {
+    pub fn label(&self) -> &'static str {
+        match self {
+            RunStatus::Ok => "ok",
+            RunStatus::Diverged { .. } => "diverged",
+            RunStatus::Failed { .. } => "failed",
+        }
+    }
+}
+
+/// One run's outcome in this invocation.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunOutcome {
+    pub name: String,
+    pub variant: QkNorm,
+    pub seed: u64,
+    pub lr: f64,
+    pub run_dir: PathBuf,
+    pub action: RunAction,
+    #[serde(flatten)]
+    pub status: RunStatus,
+    /// Seconds this invocation spent on the run (0 when skipped).
+    pub wall_secs: f64,
+    /// Steps reached / planned, from summary.json.
+    pub steps: Option<u64>,
+    pub total_steps: Option<u64>,
+    pub val_loss: Option<f64>,
+}
+
+/// What [`ablate`] returns.
+#[derive(Debug, Clone, Serialize)]
+pub struct AblateOutcome {
+    pub plan: Plan,
+    pub runs: Vec<RunOutcome>,
+    pub report: Report,
+    pub wall_secs: f64,
+}
+
+impl AblateOutcome {
+    /// Runs that crashed or could not be run (diverged runs are results, not failures).
+    pub fn failed(&self) -> Vec<&RunOutcome> {
+        self.runs
+            .iter()
+            .filter(|r| matches!(r.status, RunStatus::Failed { .. }))
+            .collect()
+    }
+
+    /// Whether the command should exit non-zero.
+    pub fn any_failed(&self) -> bool {
+        !self.failed().is_empty()
+    }
+}
+
+/// `status.json`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SweepStatus {
+    pub invocations: Vec<Invocation>,
+    /// The latest record of each run, by name.
+    pub runs: BTreeMap<String, RunRecord>,
+}
+
+/// One invocation of `ember ablate`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Invocation {
+    /// UTC, ISO 8601.
+    pub started: String,
+    /// Updated after every run, so an interrupted invocation still counts what it spent.
+    pub wall_secs: f64,
+    pub jobs: usize,
+    pub threads: Option<usize>,
+    pub hardware: Hardware,
+    /// Runs executed (started or resumed) / skipped.
+    pub executed: usize,
+    pub skipped: usize,
+}
+
+/// The latest outcome of one run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunRecord {
+    /// `running`, `ok`, `diverged` or `failed`.
+    pub status: String,
+    pub action: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stderr_tail: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wall_secs: Option<f64>,
+    /// UTC, ISO 8601.
+    pub updated: String,
+}
+
+/// A QK-norm variant from its config name (`none`, `layernorm`, `rmsnorm`, `l2`).
+pub fn parse_variant(s: &str) -> Result<QkNorm> {
+    serde_json::from_value(Value::String(s.trim().to_string())).map_err(|_| {
+        anyhow::anyhow!("unknown QK-norm variant {s:?}; expected one of none, layernorm, rmsnorm, l2")
+    })
+}
+
+/// `none,rmsnorm` → variants.
+pub fn parse_variants(s: &str) -> Result<Vec<QkNorm>> {
+    s.split(',')
+        .filter(|p| !p.trim().is_empty())
+        .map(parse_variant)
+        .collect()
+}
+
+/// `1e-3,3e-3` → learning rates (positive, finite).
+pub fn parse_lrs(s: &str) -> Result<Vec<f64>> {
+    s.split(',')
+        .filter(|p| !p.trim().is_empty())
+        .map(|p| {
+            let lr: f64 = p
+                .trim()
+                .parse()
+                .with_context(|| format!("learning rate {p:?} is not a number"))?;
+            if !(lr > 0.0 && lr.is_finite()) {
+                bail!("learning rates must be positive numbers, got {p}");
+            }
+            Ok(lr)
+        })
+        .collect()
+}
+
+/// The config name of a variant (`none`, `layernorm`, `rmsnorm`, `l2`).
+pub fn variant_name(v: QkNorm) -> String {
+    match serde_json::to_value(v) {
+        Ok(Value::String(s)) => s,
+        _ => format!("{v:?}").to_lowercase(),
+    }
+}
+
+/// `3e-3`, `1.5e-2`: the learning rate as it appears in run names.
+pub fn lr_label(lr: f64) -> String {
+    format!("{:e}", round_sig(lr))
+}
+
+/// A YAML float that every YAML reader takes as a float (`3.0e-3`).
+fn yaml_float(x: f64) -> String {
+    let s = format!("{:e}", round_sig(x));
+    match s.split_once('e') {
+        Some((m, e)) if !m.contains('.') => format!("{m}.0e{e}"),
+        _ => s,
+    }
+}
+
+/// Rounds to 12 significant digits, so 3e-4·1e-2/3e-3 prints as 1e-3.
+fn round_sig(x: f64) -> f64 {
+    format!("{x:.11e}").parse().unwrap_or(x)
+}
+
+/// The run name of a grid cell.
+pub fn run_name(variant: QkNorm, lr: f64, seed: u64) -> String {
+    format!("{}-lr{}-seed{seed}", variant_name(variant), lr_label(lr))
+}
+
+/// Resolves the grid: flags over the config's `ablation:` section over the defaults.
+pub fn plan(opts: &AblateOptions) -> Result<Plan> {
+    let cfg = RunConfig::load(&opts.config, &opts.overrides)?;
+    let section: AblationConfig = match &cfg.ablation {
+        Some(a) => a.clone(),
+        // The config's own defaults for an empty `ablation:` section.
+        None => serde_json::from_value(Value::Object(Default::default()))
+            .context("the ablation section's defaults")?,
+    };
+    let mut variants: Vec<QkNorm> = vec![];
+    for v in opts.variants.clone().unwrap_or(section.variants) {
+        if !variants.contains(&v) {
+            variants.push(v);
+        }
+    }
+    if variants.is_empty() {
+        bail!("--variants: list at least one of none, layernorm, rmsnorm, l2");
+    }
+    let n_seeds = opts.seeds.unwrap_or(section.seeds);
+    if n_seeds == 0 {
+        bail!("--seeds must be at least 1");
+    }
+    let mut lrs: Vec<f64> = vec![];
+    let given = match &opts.lrs {
+        Some(l) => l.clone(),
+        None if !section.lrs.is_empty() => section.lrs.clone(),
+        None => vec![cfg.train.lr],
+    };
+    for lr in given {
+        if !(lr > 0.0 && lr.is_finite()) {
+            bail!("--lrs: learning rates must be positive numbers, got {lr}");
+        }
+        if !lrs.iter().any(|l| lr_label(*l) == lr_label(lr)) {
+            lrs.push(lr);
+        }
+    }
+    if lrs.is_empty() {
+        bail!("--lrs: give at least one learning rate");
+    }
+    let in_process = opts.runner == Runner::InProcess;
+    let jobs = if in_process {
+        1
+    } else {
+        opts.jobs.unwrap_or(section.jobs)
+    };
+    if jobs == 0 {
+        bail!("--jobs must be at least 1");
+    }
+    let threads = if in_process {
+        None
+    } else {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let t = opts.threads.or(section.threads).unwrap_or((cores / jobs).max(1));
+        if t == 0 {
+            bail!("--threads must be at least 1");
+        }
+        Some(t)
+    };
+    let out = opts.out.clone().or(section.out).unwrap_or_else(|| {
+        let stem = opts
+            .config
+            .file_stem()
+            .map_or("run".into(), |s| s.to_string_lossy().to_string());
+        PathBuf::from("runs").join(format!("{stem}-ablation"))
+    });
+
+    let mut notes = vec![];
+    let scale_min_lr = cfg.train.min_lr > 0.0 && lrs.iter().any(|&lr| lr != cfg.train.lr);
+    if scale_min_lr {
+        notes.push(format!(
+            "train.min_lr is scaled with the learning rate (min_lr = {} × lr / {}), keeping the schedule's shape",
+            cfg.train.min_lr, cfg.train.lr
+        ));
+    }
+    let l2_keys = cfg.model.qk_norm_init_scale.is_some() || cfg.model.qk_norm_length.is_some();
+    if l2_keys && variants.iter().any(|v| *v != QkNorm::L2) {
+        notes.push(
+            "model.qk_norm_init_scale/qk_norm_length apply to l2 only and are cleared for the other variants"
+                .into(),
+        );
+    }
+    let exe = match &opts.runner {
+        Runner::Process { exe } => exe.display().to_string(),
+        Runner::InProcess => "ember".into(),
+    };
+    let mut base_command = vec![exe, "train".into(), opts.config.display().to_string()];
+    for o in &opts.overrides {
+        base_command.extend(["--set".to_string(), o.clone()]);
+    }
+    base_command.extend(["--quiet".to_string(), "--json".to_string()]);
+
+    let mut runs = vec![];
+    for seed in 1..=n_seeds as u64 {
+        for &lr in &lrs {
+            for &variant in &variants {
+                let name = run_name(variant, lr, seed);
+                let dir = out.join(RUNS).join(&name);
+                let mut overrides = opts.overrides.clone();
+                overrides.push(format!("model.qk_norm={}", variant_name(variant)));
+                if l2_keys && variant != QkNorm::L2 {
+                    overrides.push("model.qk_norm_init_scale=null".into());
+                    overrides.push("model.qk_norm_length=null".into());
+                }
+                overrides.push(format!("train.seed={seed}"));
+                overrides.push(format!("train.lr={}", yaml_float(lr)));
+                if scale_min_lr {
+                    overrides.push(format!(
+                        "train.min_lr={}",
+                        yaml_float(cfg.train.min_lr * lr / cfg.train.lr)
+                    ));
+                }
+                if let Some(t) = threads {
+                    overrides.push(format!("train.threads={t}"));
+                }
+                let mut command = base_command[..3].to_vec();
+                for o in &overrides {
+                    command.extend(["--set".to_string(), o.clone()]);
+                }
+                command.extend([
+                    "--run-dir".to_string(),
+                    dir.display().to_string(),
+                    "--quiet".to_string(),
+                    "--json".to_string(),
+                ]);
+                runs.push(PlannedRun {
+                    name,
+                    variant,
+                    seed,
+                    lr,
+                    dir,
+                    overrides,
+                    command,
+                });
+            }
+        }
+    }
+    Ok(Plan {
+        config: opts.config.clone(),
+        overrides: opts.overrides.clone(),
+        variants,
+        seeds: (1..=n_seeds as u64).collect(),
+        lrs,
+        jobs,
+        threads,
+        out,
+        base_command,
+        notes,
+        hardware: report::hardware(),
+        runs,
+    })
+}
+
+/// The config a planned run trains (before the data fills in the vocabulary size).
+pub fn run_config(plan: &Plan, run: &PlannedRun) -> Result<RunConfig> {
+    Ok(RunConfig::load(&plan.config, &run.overrides)?)
+}
+
+/// What a run directory holds, judged from its files.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DiskState {
+    /// summary.json says finished.
+    Finished,
+    /// summary.json says diverged, with the reason.
+    Diverged(String),
+    /// Checkpoints but no finished summary: resume from this step.
+    Interrupted { step: u64 },
+    /// Nothing to continue from.
+    Empty,
+}
+
+/// Reads a run directory's state.
+pub fn disk_state(dir: &Path) -> DiskState {
+    if let Some(s) = read_summary(dir) {
+        if s.get("finished").and_then(Value::as_bool) == Some(true) {
+            return DiskState::Finished;
+        }
+        if let Some(reason) = s.get("diverged").and_then(Value::as_str) {
+            return DiskState::Diverged(reason.to_string());
+        }
+    }
+    match checkpoint::list(dir).last() {
+        Some((step, _)) => DiskState::Interrupted { step: *step },
+        None => DiskState::Empty,
+    }
+}
+
+/// `summary.json` as JSON (read loosely, so older or partial summaries still count).
+pub fn read_summary(dir: &Path) -> Option<Value> {
+    let text = fs::read_to_string(dir.join(SUMMARY)).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+/// Runs (or resumes, or skips) every run of the grid, then writes the report.
+pub fn ablate(opts: &AblateOptions) -> Result<AblateOutcome> {
+    let started = Instant::now();
+    let plan = plan(opts)?;
+    fs::create_dir_all(plan.out.join(RUNS))
+        .with_context(|| format!("creating {}", plan.out.join(RUNS).display()))?;
+    write_json_atomic(&plan.out.join(GRID), &plan)?;
+
+    // Progress lines; a closed stdout (`| head`) must not stop the sweep.
+    let say = |line: String| {
+        if !opts.quiet {
+            use std::io::Write;
+            let _ = writeln!(std::io::stdout(), "{line}");
+        }
+    };
+    let total = plan.runs.len();
+    say(format!(
+        "ablation: {} runs ({} variants × {} seeds × {} learning rates) of {} into {}; {} at a time{}",
+        total,
+        plan.variants.len(),
+        plan.seeds.len(),
+        plan.lrs.len(),
+        plan.config.display(),
+        plan.out.display(),
+        plan.jobs,
+        plan.threads.map_or(String::new(), |t| format!(
+            ", {t} thread{} each",
+            if t == 1 { "" } else { "s" }
+        )),
+    ));
+
+    let status_path = plan.out.join(STATUS);
+    let mut status: SweepStatus = fs::read_to_string(&status_path)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or_default();
+    status.invocations.push(Invocation {
+        started: report::utc_now(),
+        wall_secs: 0.0,
+        jobs: plan.jobs,
+        threads: plan.threads,
+        hardware: plan.hardware.clone(),
+        executed: 0,
+        skipped: 0,
+    });
+    write_json_atomic(&status_path, &status)?;
+    let shared = Mutex::new((status, vec![None::<RunOutcome>; total]));
+
+    // Decide what to do with each run; skip and refuse right away, queue the rest.
+    let mut queue = VecDeque::new();
+    for (i, run) in plan.runs.iter().enumerate() {
+        let tag = format!("[{:>w$}/{total}]", i + 1, w = total.to_string().len());
+        let state = disk_state(&run.dir);
+        let mismatch = match &state {
+            DiskState::Empty => {
+                if config_mismatch(&plan, run).is_some() {
+                    // Nothing was saved there (no checkpoint): start clean, tokenizer included.
+                    let _ = fs::remove_dir_all(&run.dir);
+                }
+                None
+            }
+            _ => config_mismatch(&plan, run),
+        };
+        let immediate = if let Some(diff) = mismatch {
+            Some((
+                RunAction::Refused,
+                RunStatus::Failed {
+                    error: format!(
+                        "{} holds a run of a different config ({}); delete it or choose another --out",
+                        run.dir.display(),
+                        diff.join("; ")
+                    ),
+                    stderr_tail: String::new(),
+                },
+            ))
+        } else {
+            match &state {
+                DiskState::Finished => Some((RunAction::Skipped, RunStatus::Ok)),
+                DiskState::Diverged(reason) => Some((
+                    RunAction::Skipped,
+                    RunStatus::Diverged {
+                        reason: reason.clone(),
+                    },
+                )),
+                DiskState::Interrupted { step } => {
+                    queue.push_back((i, tag.clone(), Some(*step)));
+                    None
+                }
+                DiskState::Empty => {
+                    queue.push_back((i, tag.clone(), None));
+                    None
+                }
+            }
+        };
+        if let Some((action, st)) = immediate {
+            let outcome = outcome(run, action, st, 0.0);
+            say(format!("{tag} {}", describe(&outcome)));
+            let mut guard = shared.lock().unwrap_or_else(|e| e.into_inner());
+            record(&mut guard.0, &outcome, started);
+            guard.1[i] = Some(outcome);
+        }
+    }
+    {
+        let mut guard = shared.lock().unwrap_or_else(|e| e.into_inner());
+        let executed = queue.len();
+        let skipped = guard
+            .1
+            .iter()
+            .flatten()
+            .filter(|o| o.action == RunAction::Skipped)
+            .count();
+        if let Some(inv) = guard.0.invocations.last_mut() {
+            inv.executed = executed;
+            inv.skipped = skipped;
+        }
+        write_json_atomic(&status_path, &guard.0)?;
+    }
+
+    let queue = Mutex::new(queue);
+    let worker = || loop {
+        let Some((i, tag, resume_from)) = queue.lock().unwrap_or_else(|e| e.into_inner()).pop_front() else {
+            break;
+        };
+        let run = &plan.runs[i];
+        say(match resume_from {
+            Some(step) => format!("{tag} resume   {} (from step {step})", run.name),
+            None => format!("{tag} start    {}", run.name),
+        });
+        {
+            let mut guard = shared.lock().unwrap_or_else(|e| e.into_inner());
+            guard.0.runs.insert(
+                run.name.clone(),
+                RunRecord {
+                    status: "running".into(),
+                    action: if resume_from.is_some() {
+                        "resumed"
+                    } else {
+                        "started"
+                    }
+                    .into(),
+                    detail: None,
+                    stderr_tail: None,
+                    wall_secs: None,
+                    updated: report::utc_now(),
+                },
+            );
+            let _ = write_json_atomic(&status_path, &guard.0);
+        }
+        let t0 = Instant::now();
+        let st = execute(&plan, run, &opts.runner, resume_from.is_some());
+        let action = match resume_from {
+            Some(from_step) => RunAction::Resumed { from_step },
+            None => RunAction::Started,
+        };
+        let outcome = outcome(run, action, st, t0.elapsed().as_secs_f64());
+        say(format!("{tag} {}", describe(&outcome)));
+        let mut guard = shared.lock().unwrap_or_else(|e| e.into_inner());
+        record(&mut guard.0, &outcome, started);
+        let _ = write_json_atomic(&status_path, &guard.0);
+        guard.1[i] = Some(outcome);
+    };
+    std::thread::scope(|s| {
+        for _ in 0..plan.jobs.min(total.max(1)) {
+            s.spawn(worker);
+        }
+    });
+
+    let (status, outcomes) = shared.into_inner().unwrap_or_else(|e| e.into_inner());
+    let mut status = status;
+    if let Some(inv) = status.invocations.last_mut() {
+        inv.wall_secs = started.elapsed().as_secs_f64();
+    }
+    write_json_atomic(&status_path, &status)?;
+    let runs: Vec<RunOutcome> = outcomes.into_iter().flatten().collect();
+    say(summary_table(&runs, started.elapsed().as_secs_f64()));
+    let report = report::report(&plan.out)
+        .context("writing the report (the runs are saved; `ember report` retries)")?;
+    say(format!("report: {}", plan.out.join(report::REPORT_MD).display()));
+    Ok(AblateOutcome {
+        plan,
+        runs,
+        report,
+        wall_secs: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// Trains one run and judges the result from its summary.json.
+fn execute(plan: &Plan, run: &PlannedRun, runner: &Runner, resume: bool) -> RunStatus {
+    if let Err(e) = fs::create_dir_all(&run.dir) {
+        return RunStatus::Failed {
+            error: format!("cannot create {}: {e}", run.dir.display()),
+            stderr_tail: String::new(),
+        };
+    }
+    // A stale summary must not speak for this attempt; a fresh start must not append to the
+    // metrics of an attempt that never reached a checkpoint.
+    let _ = fs::remove_file(run.dir.join(SUMMARY));
+    if !resume {
+        for f in [crate::metrics::METRICS, crate::metrics::METRICS_CSV] {
+            let _ = fs::remove_file(run.dir.join(f));
+        }
+    }
+    let (error, stderr_tail) = match runner {
+        Runner::Process { exe } => {
+            let mut args: Vec<String> = run.command[1..].to_vec();
+            if resume {
+                args.push("--resume".into());
+            }
+            let files = fs::File::create(run.dir.join(STDOUT_LOG))
+                .and_then(|o| Ok((o, fs::File::create(run.dir.join(STDERR_LOG))?)));
+            let result = files.and_then(|(out, err)| {
+                Command::new(exe)
+                    .args(&args)
+                    .stdin(Stdio::null())
+                    .stdout(out)
+                    .stderr(err)
+                    .status()
+            });
+            let tail = tail_lines(&run.dir.join(STDERR_LOG), TAIL_LINES);
+            match result {
+                Ok(s) if s.success() => (
+                    "exited successfully without a finished summary.json".to_string(),
+                    tail,
+                ),
+                Ok(s) => (
+                    match s.code() {
+                        Some(c) => format!("exit status {c}"),
+                        None => format!("killed ({s})"),
+                    },
+                    tail,
+                ),
+                Err(e) => (format!("cannot run {}: {e}", exe.display()), tail),
+            }
+        }
+        Runner::InProcess => {
+            let result = run_config(plan, run).and_then(|cfg| {
+                let opts = TrainOptions {
+                    run_dir: run.dir.clone(),
+                    resume,
+                    fallback: false,
+                    verbosity: Verbosity::Quiet,
+                    stop_after: None,
+                };
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| train::train(cfg, &opts)))
+                    .unwrap_or_else(|p| {
+                        let msg = p
+                            .downcast_ref::<String>()
+                            .cloned()
+                            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                            .unwrap_or_else(|| "panic".into());
+                        Err(anyhow::anyhow!("panicked: {msg}"))
+                    })
+            });
+            match result {
+                Ok(_) => (
+                    "returned without a finished summary.json".to_string(),
+                    String::new(),
+                ),
+                Err(e) => ("error".to_string(), format!("error: {e:#}")),
+            }
+        }
+    };
+    match disk_state(&run.dir) {
+        DiskState::Finished => RunStatus::Ok,
+        DiskState::Diverged(reason) => RunStatus::Diverged { reason },
+        _ => RunStatus::Failed { error, stderr_tail },
+    }
+}
+
+/// Differences between the config a run directory was trained with and the planned one
+/// (`None` when they agree, or when there is nothing to compare).
+fn config_mismatch(plan: &Plan, run: &PlannedRun) -> Option<Vec<String>> {
+    let stored_path = run.dir.join(RUN_CONFIG);
+    if !stored_path.is_file() {
+        return None;
+    }
+    let mut planned = run_config(plan, run).ok()?;
+    let mut stored = match RunConfig::load(&stored_path, &[]) {
+        Ok(c) => c,
+        Err(e) => return Some(vec![format!("its config.yaml cannot be read: {e}")]),
+    };
+    // What the data fills in, and the thread count, are not part of the experiment.
+    if planned.model.vocab_size.is_none() {
+        planned.model.vocab_size = stored.model.vocab_size;
+    }
+    if planned.model.qk_norm == QkNorm::L2
+        && planned.model.qk_norm_length.is_none()
+        && planned.model.qk_norm_init_scale.is_none()
+    {
+        planned.model.qk_norm_length = stored.model.qk_norm_length;
+    }
+    planned.train.threads = None;
+    stored.train.threads = None;
+    planned.ablation = None;
+    stored.ablation = None;
+    let (a, b) = (
+        serde_json::to_value(&stored).ok()?,
+        serde_json::to_value(&planned).ok()?,
+    );
+    let mut diffs = vec![];
+    json_diff("", &a, &b, &mut diffs);
+    (!diffs.is_empty()).then_some(diffs)
+}
+
+fn json_diff(prefix: &str, a: &Value, b: &Value, out: &mut Vec<String>) {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            let keys: std::collections::BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+            for k in keys {
+                let key = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                json_diff(
+                    &key,
+                    x.get(k).unwrap_or(&Value::Null),
+                    y.get(k).unwrap_or(&Value::Null),
+                    out,
+                );
+            }
+        }
+        _ if a != b => out.push(format!("{prefix}: {a} there, {b} planned")),
+        _ => {}
+    }
+}
+
+fn outcome(run: &PlannedRun, action: RunAction, status: RunStatus, wall_secs: f64) -> RunOutcome {
+    let summary = read_summary(&run.dir);
+    let get = |k: &str| summary.as_ref().and_then(|s| s.get(k).cloned());
+    RunOutcome {
+        name: run.name.clone(),
+        variant: run.variant,
+        seed: run.seed,
+        lr: run.lr,
+        run_dir: run.dir.clone(),
+        action,
+        status,
+        wall_secs,
+        steps: get("steps").and_then(|v| v.as_u64()),
+        total_steps: get("total_steps").and_then(|v| v.as_u64()),
+        val_loss: get("val_loss").and_then(|v| v.as_f64()),
+    }
+}
+
+fn describe(o: &RunOutcome) -> String {
+    let skipped = o.action == RunAction::Skipped;
+    match &o.status {
+        RunStatus::Ok => format!(
+            "{:<8} {}: {}val loss {}{}",
+            if skipped { "skipped" } else { "ok" },
+            o.name,
+            if skipped { "finished earlier; " } else { "" },
+            o.val_loss.map_or("-".into(), |v| format!("{v:.4}")),
+            if skipped {
+                String::new()
+            } else {
+                format!(", {:.1} s", o.wall_secs)
+            }
+        ),
+        RunStatus::Diverged { reason } => format!(
+            "{:<8} {}: {}{reason}",
+            "diverged",
+            o.name,
+            if skipped { "(recorded earlier) " } else { "" }
+        ),
+        RunStatus::Failed { error, stderr_tail } => {
+            let last = stderr_tail
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("");
+            format!(
+                "{:<8} {}: {error}{}",
+                "FAILED",
+                o.name,
+                if last.is_empty() {
+                    String::new()
+                } else {
+                    format!(" — {last}")
+                }
+            )
+        }
+    }
+}
+
+fn record(status: &mut SweepStatus, o: &RunOutcome, started: Instant) {
+    let (detail, tail) = match &o.status {
+        RunStatus::Ok => (None, None),
+        RunStatus::Diverged { reason } => (Some(reason.clone()), None),
+        RunStatus::Failed { error, stderr_tail } => (
+            Some(error.clone()),
+            (!stderr_tail.is_empty()).then(|| stderr_tail.clone()),
+        ),
+    };
+    let action = match &o.action {
+        RunAction::Started => "started",
+        RunAction::Resumed { .. } => "resumed",
+        RunAction::Skipped => "skipped",
+        RunAction::Refused => "refused",
+    };
+    // A refused run's directory belongs to another config: its record stays as it was.
+    if o.action == RunAction::Refused {
+        return;
+    }
+    // A skipped run keeps the record of the invocation that ran it.
+    if o.action == RunAction::Skipped
+        && status
+            .runs
+            .get(&o.name)
+            .is_some_and(|r| r.status == o.status.label())
+    {
+        return;
+    }
+    status.runs.insert(
+        o.name.clone(),
+        RunRecord {
+            status: o.status.label().into(),
+            action: action.into(),
+            detail,
+            stderr_tail: tail,
+            wall_secs: (o.action != RunAction::Skipped).then_some(o.wall_secs),
+            updated: report::utc_now(),
+        },
+    );
+    if let Some(inv) = status.invocations.last_mut() {
+        inv.wall_secs = started.elapsed().as_secs_f64();
+    }
+}
+
+/// The table printed at the end of a sweep.
+pub fn summary_table(runs: &[RunOutcome], wall_secs: f64) -> String {
+    let w = runs.iter().map(|r| r.name.len()).max().unwrap_or(3).max(3);
+    let mut s = format!(
+        "\n{:<w$}  {:<9} {:>9}  {:>10}  {:>9}\n",
+        "run", "status", "steps", "val loss", "wall"
+    );
+    for r in runs {
+        let status = match (&r.status, &r.action) {
+            (RunStatus::Ok, RunAction::Skipped) => "ok (done)",
+            (RunStatus::Ok, RunAction::Resumed { .. }) => "ok (res.)",
+            (st, _) => st.label(),
+        };
+        let steps = match (r.steps, r.total_steps) {
+            (Some(a), Some(b)) => format!("{a}/{b}"),
+            _ => "-".into(),
+        };
+        s.push_str(&format!(
+            "{:<w$}  {:<9} {:>9}  {:>10}  {:>9}\n",
+            r.name,
+            status,
+            steps,
+            r.val_loss.map_or("-".into(), |v| format!("{v:.4}")),
+            if r.action == RunAction::Skipped {
+                "-".into()
+            } else {
+                format!("{:.1}s", r.wall_secs)
+            }
+        ));
+    }
+    let count = |f: &dyn Fn(&RunOutcome) -> bool| runs.iter().filter(|r| f(r)).count();
+    s.push_str(&format!(
+        "{} runs: {} ok ({} skipped as done, {} resumed), {} diverged, {} failed; {:.1}s",
+        runs.len(),
+        count(&|r| r.status == RunStatus::Ok),
+        count(&|r| r.status == RunStatus::Ok && r.action == RunAction::Skipped),
+        count(&|r| matches!(r.action, RunAction::Resumed { .. }) && r.status == RunStatus::Ok),
+        count(&|r| matches!(r.status, RunStatus::Diverged { .. })),
+        count(&|r| matches!(r.status, RunStatus::Failed { .. })),
+        wall_secs
+    ));
+    s
+}
+
+/// The last `n` lines of a text file (reads at most its last 64 KiB).
+fn tail_lines(path: &Path, n: usize) -> String {
+    let Ok(mut f) = fs::File::open(path) else {
+        return String::new();
+    };
+    let len = f.metadata().map_or(0, |m| m.len());
+    let _ = f.seek(SeekFrom::Start(len.saturating_sub(64 * 1024)));
+    let mut buf = vec![];
+    let _ = f.read_to_end(&mut buf);
+    let text = String::from_utf8_lossy(&buf);
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// Writes pretty JSON through a temporary file and a rename.
+pub(crate) fn write_json_atomic<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+    let tmp = path.with_extension("json.tmp");
+    fs::write(&tmp, serde_json::to_string_pretty(value)? + "\n")
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
+}

@@ -1,0 +1,657 @@
+//! End-to-end specification of the `ember` binary: what a user types and what they get back —
+//! exit codes, JSON output, the files of a run directory, error messages without panics, and a
+//! run killed with SIGKILL that resumes to the bit-identical result of one never interrupted.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// A seq2seq run on a small slice of the embedded task (as the trainer's tests use): a few
+/// milliseconds per step. One thread, so that concurrent tests do not oversubscribe the cores.
+fn seq2seq_yaml(steps: u64) -> String {
+    format!(
+        r#"
+model:
+  arch: seq2seq
+  d_model: 32
+  n_layers: 1
+  n_heads: 4
+  d_ff: 64
+  max_seq_len: 64
+  dropout: 0.1
+  attn_dropout: 0.1
+data:
+  corpus: {{ kind: embedded, seed: 7, train_size: 300, val_size: 40, test_size: 40 }}
+  tokenizer: {{ kind: bpe, vocab_size: 200 }}
+train:
+  steps: {steps}
+  seed: 3
+  lr: 3.0e-3
+  warmup_steps: 2
+  max_tokens: 300
+  label_smoothing: 0.1
+  z_loss: 1.0e-4
+  log_every: 1
+  threads: 1
+eval:
+  every: 4
+checkpoint:
+  every: 2
+  keep_last: 2
+"#
+    )
+}
+
+fn ember(dir: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_ember"));
+    // Relative default paths (runs/<name>) land in the test's temporary directory.
+    c.current_dir(dir);
+    c
+}
+
+fn run(dir: &Path, args: &[&str]) -> Output {
+    ember(dir)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run ember")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Runs `ember ARGS`, requires exit status 0, and returns stdout.
+fn ok(dir: &Path, args: &[&str]) -> String {
+    let out = run(dir, args);
+    assert!(
+        out.status.success(),
+        "ember {args:?} failed ({}):\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}
+
+/// Runs `ember ARGS`, requires failure without a panic, and returns stderr.
+fn fails(dir: &Path, args: &[&str]) -> String {
+    let out = run(dir, args);
+    let stderr = text(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "ember {args:?} should fail:\nstdout:\n{}\nstderr:\n{stderr}",
+        text(&out.stdout)
+    );
+    assert!(!stderr.contains("panicked"), "ember {args:?} panicked:\n{stderr}");
+    assert!(!stderr.trim().is_empty(), "ember {args:?} failed silently");
+    stderr
+}
+
+fn write_config(dir: &Path, name: &str, yaml: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, yaml).unwrap();
+    path
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn json(stdout: &str) -> Value {
+    serde_json::from_str(stdout).unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{stdout}"))
+}
+
+fn finite(v: &Value, what: &str) -> f64 {
+    let x = v
+        .as_f64()
+        .unwrap_or_else(|| panic!("{what} is not a number: {v}"));
+    assert!(x.is_finite(), "{what} = {x}");
+    x
+}
+
+/// Complete checkpoints (directories holding state.json), oldest first.
+fn checkpoints(run_dir: &Path) -> Vec<(u64, PathBuf)> {
+    let mut out: Vec<(u64, PathBuf)> = std::fs::read_dir(run_dir.join("checkpoints"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().to_string();
+            let step = name.strip_prefix("step-")?.parse().ok()?;
+            e.path().join("state.json").is_file().then(|| (step, e.path()))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+fn metrics(run_dir: &Path) -> Vec<Value> {
+    // A record torn by a kill is not valid JSON; skip it (the trainer does the same).
+    std::fs::read_to_string(run_dir.join("metrics.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// (step, loss) of every training record, as bit patterns so equality is exact.
+fn train_losses(run_dir: &Path) -> Vec<(u64, u64)> {
+    metrics(run_dir)
+        .iter()
+        .filter(|r| r["kind"] == "train")
+        .map(|r| (r["step"].as_u64().unwrap(), r["loss"].as_f64().unwrap().to_bits()))
+        .collect()
+}
+
+#[test]
+fn help_exits_zero_and_every_subcommand_documents_its_arguments() {
+    let tmp = tempfile::tempdir().unwrap();
+    let top = ok(tmp.path(), &["--help"]);
+    let expected: &[(&str, &[&str])] = &[
+        (
+            "train",
+            &[
+                "<CONFIG>",
+                "--set",
+                "--run-dir",
+                "--resume",
+                "--quiet",
+                "--fallback",
+                "--json",
+            ],
+        ),
+        ("eval", &["<RUN>", "--split", "--json"]),
+        ("translate", &["<RUN>", "--beam"]),
+        ("generate", &["<RUN>", "--prompt", "--max-tokens"]),
+        (
+            "bleu",
+            &[
+                "--reference",
+                "--input",
+                "--metrics",
+                "--tokenize",
+                "--lowercase",
+                "--json",
+            ],
+        ),
+        ("ablate", &["<CONFIG>"]),
+        ("bench", &["<CONFIG>", "--steps"]),
+    ];
+    for (sub, args) in expected {
+        assert!(top.contains(sub), "`ember --help` does not list {sub}:\n{top}");
+        let help = ok(tmp.path(), &[sub, "--help"]);
+        assert!(help.contains(&format!("ember {sub}")), "{sub} --help:\n{help}");
+        for a in *args {
+            assert!(
+                help.contains(a),
+                "`ember {sub} --help` does not mention {a}:\n{help}"
+            );
+        }
+    }
+    // Whatever subcommands exist beyond these also answer --help.
+    let listed: Vec<&str> = top
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert!(listed.len() >= expected.len(), "{top}");
+    for sub in listed {
+        if sub == "help" {
+            ok(tmp.path(), &["help", "train"]); // clap's own: `ember help SUBCOMMAND`
+        } else {
+            ok(tmp.path(), &[sub, "--help"]);
+        }
+    }
+    ok(tmp.path(), &["--version"]);
+}
+
+#[test]
+fn train_writes_a_complete_run_directory_and_a_json_summary() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write_config(tmp.path(), "tiny.yaml", &seq2seq_yaml(6));
+    let run_dir = tmp.path().join("run");
+    let out = ok(
+        tmp.path(),
+        &["train", s(&cfg), "--run-dir", s(&run_dir), "--quiet", "--json"],
+    );
+    let summary = json(&out);
+    assert_eq!(summary["steps"], 6, "{summary}");
+    assert_eq!(summary["total_steps"], 6, "{summary}");
+    assert_eq!(summary["finished"], true, "{summary}");
+    let val = finite(&summary["val_loss"], "val_loss");
+    assert!(val > 0.0);
+    finite(&summary["val_ppl"], "val_ppl");
+    finite(&summary["final_train_loss"], "final_train_loss");
+
+    for f in [
+        "config.yaml",
+        "tokenizer.json",
+        "metrics.jsonl",
+        "metrics.csv",
+        "summary.json",
+    ] {
+        assert!(run_dir.join(f).is_file(), "run directory lacks {f}");
+    }
+    let saved: Value = serde_json::from_str(&std::fs::read_to_string(run_dir.join("summary.json")).unwrap())
+        .expect("summary.json is JSON");
+    assert_eq!(saved["steps"], 6);
+    assert_eq!(saved["val_loss"], summary["val_loss"]);
+    let ckpts = checkpoints(&run_dir);
+    assert!(!ckpts.is_empty(), "no checkpoint");
+    assert_eq!(
+        ckpts.last().unwrap().0,
+        6,
+        "the final step is checkpointed: {ckpts:?}"
+    );
+    for (_, dir) in &ckpts {
+        for f in [
+            "model.safetensors",
+            "optimizer.safetensors",
+            "state.json",
+            "config.yaml",
+        ] {
+            assert!(dir.join(f).is_file(), "{} lacks {f}", dir.display());
+        }
+    }
+    let names: Vec<String> = std::fs::read_dir(run_dir.join("checkpoints"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .collect();
+    assert!(
+        names.iter().all(|n| n.starts_with("step-")),
+        "only step-* directories remain: {names:?}"
+    );
+    assert_eq!(
+        train_losses(&run_dir).len(),
+        6,
+        "log_every 1: one train record per step"
+    );
+    let csv = std::fs::read_to_string(run_dir.join("metrics.csv")).unwrap();
+    assert!(csv.starts_with("kind,step,"), "{csv}");
+    assert_eq!(
+        csv.lines().filter(|l| l.starts_with("train,")).count(),
+        6,
+        "{csv}"
+    );
+    // The saved config is the resolved one and loads as a config again.
+    let resolved = std::fs::read_to_string(run_dir.join("config.yaml")).unwrap();
+    assert!(resolved.contains("vocab_size"), "{resolved}");
+}
+
+#[test]
+fn set_overrides_the_config_and_the_default_run_dir_is_runs_slash_the_config_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write_config(tmp.path(), "tiny.yaml", &seq2seq_yaml(50));
+    let out = ok(
+        tmp.path(),
+        &[
+            "train",
+            s(&cfg),
+            "--set",
+            "train.steps=3",
+            "--set",
+            "eval.every=0",
+            "--json",
+        ],
+    );
+    let summary = json(&out);
+    assert_eq!(summary["steps"], 3, "{summary}");
+    let run_dir = tmp.path().join("runs/tiny");
+    assert!(
+        run_dir.join("summary.json").is_file(),
+        "default run dir runs/tiny"
+    );
+    let resolved = std::fs::read_to_string(run_dir.join("config.yaml")).unwrap();
+    assert!(
+        resolved.contains("steps: 3"),
+        "the override is saved with the run:\n{resolved}"
+    );
+    assert_eq!(train_losses(&run_dir).len(), 3);
+}
+
+#[test]
+fn a_bad_config_fails_with_file_line_and_key_on_stderr_and_no_panic() {
+    let tmp = tempfile::tempdir().unwrap();
+    let yaml = seq2seq_yaml(4).replace("lr: 3.0e-3", "lr: fast");
+    let line = yaml.lines().position(|l| l.contains("lr: fast")).unwrap() + 1;
+    let cfg = write_config(tmp.path(), "bad.yaml", &yaml);
+    let run_dir = tmp.path().join("run");
+    let err = fails(
+        tmp.path(),
+        &["train", s(&cfg), "--run-dir", s(&run_dir), "--quiet"],
+    );
+    assert!(err.contains(&format!("bad.yaml:{line}:")), "{err}");
+    assert!(err.contains("train.lr"), "{err}");
+    assert!(
+        !run_dir.exists(),
+        "nothing is created for a config that does not load"
+    );
+
+    // The same file, fixed from the command line.
+    ok(
+        tmp.path(),
+        &[
+            "train",
+            s(&cfg),
+            "--run-dir",
+            s(&run_dir),
+            "--quiet",
+            "--set",
+            "train.lr=1e-3",
+            "--set",
+            "train.steps=1",
+        ],
+    );
+
+    // --set mistakes, a missing file, and an out-of-range value.
+    let good = write_config(tmp.path(), "good.yaml", &seq2seq_yaml(2));
+    let err = fails(tmp.path(), &["train", s(&good), "--set", "train.lrr=1"]);
+    assert!(err.contains("good.yaml") && err.contains("lrr"), "{err}");
+    let err = fails(tmp.path(), &["train", s(&good), "--set", "train.lr"]);
+    assert!(err.contains("KEY=VALUE"), "{err}");
+    let err = fails(tmp.path(), &["train", s(&good), "--set", "train.lr=-1"]);
+    assert!(err.contains("train.lr") && err.contains("-1"), "{err}");
+    let err = fails(tmp.path(), &["train", s(&good), "--fallback"]);
+    assert!(err.contains("--resume"), "--fallback requires --resume: {err}");
+    let err = fails(tmp.path(), &["train", "missing.yaml"]);
+    assert!(err.contains("missing.yaml"), "{err}");
+    assert!(
+        !tmp.path().join("runs").exists(),
+        "failed runs create no run directory"
+    );
+}
+
+/// A run of `steps` steps that checkpoints every `ckpt_every` steps and evaluates only at the
+/// end, logging every `log_every` steps.
+fn kill_yaml(steps: u64, ckpt_every: u64, log_every: u64) -> String {
+    seq2seq_yaml(steps)
+        .replace("  every: 4\n", "  every: 0\n")
+        .replace("  every: 2\n", &format!("  every: {ckpt_every}\n"))
+        .replace("  log_every: 1\n", &format!("  log_every: {log_every}\n"))
+}
+
+/// Starts `ember train CFG --run-dir DIR --quiet`, polls until `ready(newest complete checkpoint,
+/// last logged train step)` holds, and kills it with SIGKILL. Returns the killed process's id.
+fn train_and_kill(
+    dir: &Path,
+    cfg: &Path,
+    run_dir: &Path,
+    ready: impl Fn(Option<u64>, Option<u64>) -> bool,
+) -> u32 {
+    let mut child = ember(dir)
+        .args(["train", s(cfg), "--run-dir", s(run_dir), "--quiet"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("the run ended ({status}) before the moment to kill it came; raise its steps");
+        }
+        let newest = checkpoints(run_dir).last().map(|c| c.0);
+        let logged = train_losses(run_dir).last().map(|l| l.0);
+        if ready(newest, logged) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the moment to kill did not come within 120 s"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    child.kill().unwrap(); // SIGKILL on Unix: no destructors, no final save
+    child.wait().unwrap();
+    child.id()
+}
+
+#[test]
+fn a_run_killed_with_sigkill_resumes_to_the_bit_identical_result_of_an_uninterrupted_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    const STEPS: u64 = 80;
+    // Frequent checkpoints (keep_last 2, so older ones are pruned) and no intermediate evaluation.
+    let cfg = write_config(tmp.path(), "kill.yaml", &kill_yaml(STEPS, 5, 1));
+    let (killed, straight) = (tmp.path().join("killed"), tmp.path().join("straight"));
+
+    // Kill mid-run: a few checkpoints are complete and training has gone past the newest.
+    let pid = train_and_kill(
+        tmp.path(),
+        &cfg,
+        &killed,
+        |c, l| matches!((c, l), (Some(c), Some(l)) if c >= 15 && l > c),
+    );
+    let at_kill = checkpoints(&killed).last().unwrap().0;
+    assert!(at_kill < STEPS, "killed at checkpoint {at_kill}, before the end");
+    assert!(
+        train_losses(&killed).last().unwrap().0 > at_kill,
+        "steps after the checkpoint were logged and must be re-run"
+    );
+    // What a kill in the middle of a save or of a metrics write leaves behind (if this kill
+    // happened not to): a temporary checkpoint directory and a torn last line.
+    let stale = killed.join(format!("checkpoints/.tmp-step-{:08}-{pid}", at_kill + 5));
+    std::fs::create_dir_all(&stale).unwrap();
+    std::fs::write(stale.join("model.safetensors"), b"partial").unwrap();
+    let mut metrics_file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(killed.join("metrics.jsonl"))
+        .unwrap();
+    use std::io::Write;
+    metrics_file.write_all(br#"{"kind":"train","step":"#).unwrap();
+    drop(metrics_file);
+
+    let out = ok(
+        tmp.path(),
+        &["train", s(&cfg), "--run-dir", s(&killed), "--resume", "--quiet"],
+    );
+    assert!(out.contains(&format!("{STEPS} steps")), "{out}");
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(killed.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["resumed_from_step"], at_kill, "{summary}");
+    assert_eq!(summary["steps"], STEPS, "{summary}");
+    assert_eq!(summary["finished"], true, "{summary}");
+
+    ok(
+        tmp.path(),
+        &["train", s(&cfg), "--run-dir", s(&straight), "--quiet"],
+    );
+
+    let (a, b) = (train_losses(&straight), train_losses(&killed));
+    let steps: Vec<u64> = b.iter().map(|r| r.0).collect();
+    assert_eq!(
+        steps,
+        (1..=STEPS).collect::<Vec<_>>(),
+        "every step logged exactly once, in order"
+    );
+    assert_eq!(a, b, "per-step training losses must be bit-identical");
+    let newest = |d: &Path| checkpoints(d).last().unwrap().clone();
+    let (na, nb) = (newest(&straight), newest(&killed));
+    assert_eq!((na.0, nb.0), (STEPS, STEPS));
+    let wa = std::fs::read(na.1.join("model.safetensors")).unwrap();
+    let wb = std::fs::read(nb.1.join("model.safetensors")).unwrap();
+    assert!(wa == wb, "final weights must be bit-identical");
+    let oa = std::fs::read(na.1.join("optimizer.safetensors")).unwrap();
+    let ob = std::fs::read(nb.1.join("optimizer.safetensors")).unwrap();
+    assert!(oa == ob, "final optimizer state must be bit-identical");
+    let eval = |d: &Path| -> Vec<Value> { metrics(d).into_iter().filter(|r| r["kind"] == "eval").collect() };
+    let (ea, eb) = (eval(&straight), eval(&killed));
+    assert_eq!(eb.len(), 1, "one evaluation, at the end: {eb:?}");
+    assert_eq!(ea[0]["loss"], eb[0]["loss"], "final validation loss");
+
+    let leftovers: Vec<String> = std::fs::read_dir(killed.join("checkpoints"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .filter(|n| !n.starts_with("step-"))
+        .collect();
+    assert!(
+        leftovers.is_empty(),
+        "temporary directories left behind: {leftovers:?}"
+    );
+    assert!(
+        checkpoints(&killed).len() <= 2 + 1,
+        "keep_last 2 (plus the best) still holds after resuming: {:?}",
+        checkpoints(&killed)
+    );
+}
+
+#[test]
+fn starting_over_after_a_kill_before_the_first_checkpoint_logs_each_step_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    const STEPS: u64 = 40;
+    // Only the final checkpoint: a kill mid-run leaves none, so starting over is allowed.
+    let cfg = write_config(tmp.path(), "early.yaml", &kill_yaml(STEPS, 0, 1));
+    let run_dir = tmp.path().join("run");
+    train_and_kill(tmp.path(), &cfg, &run_dir, |c, l| {
+        c.is_none() && l.is_some_and(|l| l >= 3)
+    });
+    assert!(checkpoints(&run_dir).is_empty());
+    let err = fails(
+        tmp.path(),
+        &["train", s(&cfg), "--run-dir", s(&run_dir), "--resume"],
+    );
+    assert!(err.contains("no complete checkpoint"), "{err}");
+
+    ok(
+        tmp.path(),
+        &["train", s(&cfg), "--run-dir", s(&run_dir), "--quiet"],
+    );
+    let steps: Vec<u64> = train_losses(&run_dir).iter().map(|r| r.0).collect();
+    assert_eq!(steps, (1..=STEPS).collect::<Vec<_>>(), "each step logged once");
+}
+
+#[test]
+fn a_resumed_run_logs_the_same_losses_when_log_every_does_not_divide_the_checkpoint_step() {
+    let tmp = tempfile::tempdir().unwrap();
+    const STEPS: u64 = 60;
+    let cfg = write_config(tmp.path(), "window.yaml", &kill_yaml(STEPS, 5, 7));
+    let (killed, straight) = (tmp.path().join("killed"), tmp.path().join("straight"));
+    train_and_kill(
+        tmp.path(),
+        &cfg,
+        &killed,
+        |c, l| matches!((c, l), (Some(c), Some(l)) if c % 7 != 0 && l > c),
+    );
+    let at_kill = checkpoints(&killed).last().unwrap().0;
+    ok(
+        tmp.path(),
+        &["train", s(&cfg), "--run-dir", s(&killed), "--resume", "--quiet"],
+    );
+    ok(
+        tmp.path(),
+        &["train", s(&cfg), "--run-dir", s(&straight), "--quiet"],
+    );
+    let (a, b) = (train_losses(&straight), train_losses(&killed));
+    assert_eq!(a.len(), b.len(), "{a:?} vs {b:?}");
+    assert_eq!(
+        a, b,
+        "resumed from step {at_kill}; logged losses (as bits) differ"
+    );
+}
+
+#[test]
+fn eval_reports_loss_and_perplexity_on_valid_and_test_splits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write_config(tmp.path(), "tiny.yaml", &seq2seq_yaml(4));
+    let run_dir = tmp.path().join("run");
+    let summary = json(&ok(
+        tmp.path(),
+        &["train", s(&cfg), "--run-dir", s(&run_dir), "--json"],
+    ));
+
+    let valid = json(&ok(tmp.path(), &["eval", s(&run_dir), "--json"]));
+    let loss = finite(&valid["loss"], "loss");
+    let ppl = finite(&valid["ppl"], "ppl");
+    assert!((ppl - loss.exp()).abs() <= 1e-9 * ppl, "ppl = exp(loss): {valid}");
+    assert_eq!(valid["split"], "valid");
+    assert!(valid["tokens"].as_u64().unwrap() > 0, "{valid}");
+    // The newest checkpoint is the final one, whose validation loss the summary reports.
+    let val = summary["val_loss"].as_f64().unwrap();
+    assert!(
+        (loss - val).abs() <= 1e-9 * val,
+        "eval {loss} vs training's final val loss {val}"
+    );
+
+    let test = ok(tmp.path(), &["eval", s(&run_dir), "--split", "test"]);
+    assert!(
+        test.contains("test") && test.contains("loss") && test.contains("ppl"),
+        "{test}"
+    );
+    let test_json = json(&ok(
+        tmp.path(),
+        &["eval", s(&run_dir), "--split", "test", "--json"],
+    ));
+    finite(&test_json["loss"], "test loss");
+    assert_eq!(test_json["split"], "test");
+
+    // A checkpoint directory inside the run works too.
+    let newest = checkpoints(&run_dir).last().unwrap().1.clone();
+    let at = json(&ok(tmp.path(), &["eval", s(&newest), "--json", "--no-bleu"]));
+    assert_eq!(at["loss"], valid["loss"], "{at}");
+    assert_eq!(at["checkpoint"].as_str().map(PathBuf::from), Some(newest));
+
+    let err = fails(tmp.path(), &["eval", s(&run_dir), "--split", "train"]);
+    assert!(err.contains("valid") && err.contains("test"), "{err}");
+    let err = fails(tmp.path(), &["eval", s(&tmp.path().join("nothing-here"))]);
+    assert!(err.contains("nothing-here"), "{err}");
+}
+
+#[test]
+fn bleu_prints_the_sacrebleu_line_or_json_and_refuses_mismatched_line_counts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let r = write_config(
+        tmp.path(),
+        "ref.txt",
+        "The cat sat on the mat.\nA quick brown fox jumps over the lazy dog.\nHello world!\n",
+    );
+    let h = write_config(
+        tmp.path(),
+        "hyp.txt",
+        "The cat sat on a mat.\nA fast brown fox jumps over the lazy dog.\nHello world!\n",
+    );
+    let out = ok(tmp.path(), &["bleu", "-r", s(&r), "-i", s(&h)]);
+    let line = out.lines().next().unwrap_or_default();
+    assert!(
+        line.starts_with("BLEU|nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:"),
+        "{out}"
+    );
+    assert!(line.contains(" = ") && line.contains("BP = "), "{line}");
+
+    let j = json(&ok(tmp.path(), &["bleu", "-r", s(&r), "-i", s(&h), "--json"]));
+    let score = finite(&j["bleu"]["score"], "bleu.score");
+    assert!(score > 0.0 && score < 100.0, "{j}");
+
+    // Identical text scores 100, read from standard input.
+    let mut child = ember(tmp.path())
+        .args(["bleu", "-r", s(&r)])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(&std::fs::read(&r).unwrap())
+        .unwrap();
+    let piped = child.wait_with_output().unwrap();
+    assert!(piped.status.success());
+    assert!(
+        text(&piped.stdout).contains(" = 100.00 "),
+        "{}",
+        text(&piped.stdout)
+    );
+
+    let short = write_config(tmp.path(), "short.txt", "The cat sat on a mat.\nHello world!\n");
+    let err = fails(tmp.path(), &["bleu", "-r", s(&r), "-i", s(&short)]);
+    assert!(
+        err.contains('2') && err.contains('3'),
+        "names both line counts: {err}"
+    );
+    assert!(err.contains("mismatch"), "{err}");
+}
