@@ -6,7 +6,7 @@ use candle_nn::{Init, VarBuilder};
 
 use crate::config::{ModelConfig, NormKind, QkNorm};
 use crate::kernels;
-use crate::layers::{dropout, l2_normalize, softmax_last_dim, AttentionStats, ForwardCtx, Linear, Norm};
+use crate::layers::{dropout, l2_normalize, softmax_rows, AttentionStats, ForwardCtx, Linear, Norm};
 use crate::rope::Rotary;
 
 /// Keys and values of the positions decoded so far, per layer; grows by the new positions at
@@ -262,7 +262,7 @@ impl Attention {
             Some(m) => logits.broadcast_add(m)?,
             None => logits.clone(),
         };
-        let probs = softmax_last_dim(&masked)?;
+        let probs = softmax_rows(&masked)?;
         if let Some(telemetry) = ctx.telemetry {
             telemetry.record(self.stats(&logits, mask, &probs)?);
         }

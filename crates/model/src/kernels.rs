@@ -458,16 +458,16 @@ impl CustomOp1 for RopeOp {
 
 /// Softmax over the last dimension from differentiable primitives (the max is detached: softmax
 /// is shift-invariant, so its gradient through the max is exactly zero).
-pub fn softmax_last_dim_unfused(x: &Tensor) -> Result<Tensor> {
+pub fn softmax_rows_unfused(x: &Tensor) -> Result<Tensor> {
     let max = x.max_keepdim(D::Minus1)?.detach();
     let e = x.broadcast_sub(&max)?.exp()?;
     e.broadcast_div(&e.sum_keepdim(D::Minus1)?)
 }
 
 /// Softmax over the last dimension; fused on CPU f32.
-pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
+pub fn softmax_rows(x: &Tensor) -> Result<Tensor> {
     if !fast(x) {
-        return softmax_last_dim_unfused(x);
+        return softmax_rows_unfused(x);
     }
     x.contiguous()?.apply_op1(SoftmaxOp)
 }
@@ -658,7 +658,7 @@ pub fn attention_unfused(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tenso
         Some(m) => logits.broadcast_add(m)?,
         None => logits,
     };
-    let probs = softmax_last_dim_unfused(&masked)?;
+    let probs = softmax_rows_unfused(&masked)?;
     probs
         .reshape((b, hkv, group * t, s))?
         .matmul(v)?

@@ -1,9 +1,9 @@
 //! The building blocks: linear maps, embeddings, norms, feed-forward blocks, dropout, and the
 //! per-pass context that carries dropout randomness and telemetry.
 //!
-//! Every op here has a backward pass in candle 0.11. candle's fused `ops::rms_norm`,
-//! `ops::layer_norm`, `ops::softmax_last_dim` and `RmsNorm`/`LayerNorm::forward` silently drop
-//! gradients, so the forms below are written out of differentiable primitives.
+//! Every op here has a backward pass in candle 0.11. candle's own fused norm and softmax ops
+//! (and `RmsNorm`/`LayerNorm::forward`) silently drop gradients, so the forms below are our
+//! kernels with hand-written backward passes (`kernels.rs`) or differentiable primitives.
 
 use std::sync::Mutex;
 
@@ -214,8 +214,8 @@ impl Norm {
 
 /// Softmax over the last dimension: fused on CPU f32 (with a backward pass), from differentiable
 /// primitives elsewhere.
-pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
-    crate::kernels::softmax_last_dim(x)
+pub fn softmax_rows(x: &Tensor) -> Result<Tensor> {
+    crate::kernels::softmax_rows(x)
 }
 
 /// Divides each vector along the last dimension by its L2 norm.

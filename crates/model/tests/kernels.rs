@@ -172,8 +172,8 @@ fn softmax_matches_the_unfused_composition() {
             compare(
                 &format!("softmax {shape:?} {label}"),
                 std::slice::from_ref(&x),
-                &|v| kernels::softmax_last_dim(&v[0]).unwrap(),
-                &|v| kernels::softmax_last_dim_unfused(&v[0]).unwrap(),
+                &|v| kernels::softmax_rows(&v[0]).unwrap(),
+                &|v| kernels::softmax_rows_unfused(&v[0]).unwrap(),
             );
         }
     }
