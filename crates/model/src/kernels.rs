@@ -379,7 +379,7 @@ impl RopeTables {
     }
 }
 
-/// `scale · rope(x)` for x (B, H, T, 2·half) whose first position is `offset`: pairs (i, i + half)
+/// `scale · rotated(x)` for x (B, H, T, 2·half) whose first position is `offset`: pairs (i, i + half)
 /// rotated by the tabled angle. Fused on CPU f32; `None` when the caller must use the unfused form.
 pub fn rope_scaled(x: &Tensor, tables: &RopeTables, offset: usize, scale: f32) -> Result<Option<Tensor>> {
     if !fast(x) {
