@@ -133,12 +133,7 @@ impl Tokenizer {
             .unk_token(UNK_TOKEN.to_string())
             .build()
             .map_err(tk_err)?;
-        let mut inner = tokenizers::Tokenizer::new(model);
-        if lowercase {
-            inner
-                .with_normalizer(Some(NormalizerWrapper::Lowercase(Lowercase)))
-                .map_err(tk_err)?;
-        }
+        let mut inner = new_inner(model, lowercase)?;
         let split = Split::new(
             SplitPattern::Regex(PUNCT_SPLIT.into()),
             SplitDelimiterBehavior::Isolated,
@@ -206,12 +201,7 @@ impl Tokenizer {
             .unk_token(UNK_TOKEN.to_string())
             .build()
             .map_err(tk_err)?;
-        let mut inner = tokenizers::Tokenizer::new(model);
-        if lowercase {
-            inner
-                .with_normalizer(Some(NormalizerWrapper::Lowercase(Lowercase)))
-                .map_err(tk_err)?;
-        }
+        let mut inner = new_inner(model, lowercase)?;
         inner.with_decoder(Some(DecoderWrapper::Fuse(Fuse::new())));
         inner.add_special_tokens(special_added_tokens()).map_err(tk_err)?;
         Self::finish(inner, TokenizerKind::Char, None)
@@ -382,4 +372,15 @@ impl Tokenizer {
     pub fn inner(&self) -> &tokenizers::Tokenizer {
         &self.inner
     }
+}
+
+/// A tokenizer around `model`, lowercasing its input when asked.
+fn new_inner(model: BPE, lowercase: bool) -> Result<tokenizers::Tokenizer> {
+    let mut inner = tokenizers::Tokenizer::new(model);
+    if lowercase {
+        inner
+            .with_normalizer(Some(NormalizerWrapper::Lowercase(Lowercase)))
+            .map_err(tk_err)?;
+    }
+    Ok(inner)
 }

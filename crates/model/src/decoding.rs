@@ -173,44 +173,16 @@ pub fn greedy(
         n_best: 1,
         ..cfg.clone()
     };
-    cfg.validate()?;
-    let Some((memory, src_lens)) = encode(model, src, src_mask)? else {
-        return Ok(Vec::new());
-    };
-    let max_lens: Vec<usize> = src_lens.iter().map(|&l| cfg.max_len(l)).collect();
-    let mut done: Vec<Option<Hypothesis>> = vec![None; src_lens.len()];
-    let mut rows: Vec<Row> = (0..src_lens.len()).map(Row::start).collect();
-    let mut stepper = Stepper::new(model, memory, cfg.use_cache);
-    let mut step = 0;
-    while !rows.is_empty() {
-        let (mut lp, vocab) = stepper.log_probs(bos, &rows)?;
-        check_ids(bos, eos, vocab)?;
-        constrain(&mut lp, vocab, &rows, step, eos, cfg.min_len, &max_lens);
-        let mut next = Vec::with_capacity(rows.len());
-        let mut parents = Vec::with_capacity(rows.len());
-        for (r, row) in rows.iter().enumerate() {
-            let Some(&(token, value)) = top_m(&lp[r * vocab..(r + 1) * vocab], 1).first() else {
-                bail!("decoding step {step}: no token is allowed");
-            };
-            let logprob = row.logprob + value as f64;
-            if token == eos {
-                done[row.sent] = Some(Hypothesis {
-                    score: cfg.score(logprob, row.tokens.len()),
-                    tokens: row.tokens.clone(),
-                    logprob,
-                });
-            } else {
-                next.push(row.extend(token, logprob));
-                parents.push(r as u32);
-            }
-        }
-        stepper.select(&parents)?;
-        rows = next;
-        step += 1;
-    }
-    // Every sentence ends by EOS at the latest at its maximum length, where EOS is forced.
-    done.into_iter()
-        .map(|h| h.ok_or_else(|| candle_core::Error::Msg("a sentence ended without EOS".into())))
+    // With a beam of one, beam search's stopping rule takes the most probable token at every
+    // step and stops at the first EOS: it is greedy search, so greedy search is that.
+    beam_search(model, src, src_mask, bos, eos, &cfg)?
+        .into_iter()
+        .map(|n_best| {
+            n_best
+                .into_iter()
+                .next()
+                .ok_or_else(|| candle_core::Error::Msg("a sentence ended without a hypothesis".into()))
+        })
         .collect()
 }
 

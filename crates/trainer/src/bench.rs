@@ -11,13 +11,12 @@ use std::time::Instant;
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
 use ember_data::{Batch, Dataset};
-use ember_model::{init_model, Arch, DropoutRng, ForwardCtx, ModelConfig};
+use ember_model::{init_model, Arch, ModelConfig};
 use serde::Serialize;
 
 use crate::config::RunConfig;
-use crate::loss::cross_entropy;
 use crate::optim::{clip_grad_norm, AdamW, LrSchedule};
-use crate::train::{device, make_batcher, resolve_model_config, BatchTensors};
+use crate::train::{device, forward_backward, make_batcher, resolve_model_config};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct BenchReport {
@@ -118,35 +117,11 @@ pub fn bench(mut cfg: RunConfig, steps: usize, warmup: usize) -> Result<BenchRep
     let (mut src_tokens, mut tgt_tokens, mut rows) = (0f64, 0f64, 0f64);
     for step in 0..steps + warmup {
         let batches: Vec<Batch> = (0..t.accumulation).map(|_| batcher.next_batch()).collect();
-        let tensors = batches
-            .iter()
-            .map(|b| BatchTensors::new(b, &device))
-            .collect::<Result<Vec<_>>>()?;
-        let n_tokens: usize = tensors.iter().map(|b| b.tokens).sum();
         let start = Instant::now();
-        let (mut f, mut b) = (0f64, 0f64);
-        let mut grads = vec![None; opt.params().len()];
-        for bt in &tensors {
-            let t0 = Instant::now();
-            let rng = DropoutRng::new(step as u64);
-            let logits = bt.logits(&model, ForwardCtx::train(&rng))?;
-            let loss = cross_entropy(&logits, bt.targets(), bt.mask(), t.label_smoothing, t.z_loss)?;
-            let scaled = (loss.objective / n_tokens as f64)?;
-            device.synchronize()?;
-            f += t0.elapsed().as_secs_f64();
-            let t1 = Instant::now();
-            let store = scaled.backward()?;
-            for (slot, p) in grads.iter_mut().zip(opt.params()) {
-                if let Some(g) = store.get(p.var.as_tensor()) {
-                    *slot = Some(match slot.take() {
-                        Some(acc) => (acc + g)?,
-                        None => g.clone(),
-                    });
-                }
-            }
-            device.synchronize()?;
-            b += t1.elapsed().as_secs_f64();
-        }
+        // The very step `ember train` runs (telemetry off, as on non-logging steps).
+        let mut out = forward_backward(&model, opt.params(), &batches, t, &device, step as u64 + 1, false)?;
+        let (n_tokens, f, b) = (out.tokens, out.forward_secs, out.backward_secs);
+        let mut grads = std::mem::take(&mut out.grads);
         let t2 = Instant::now();
         clip_grad_norm(opt.params(), &mut grads, t.clip_grad_norm)?;
         opt.step(&grads, schedule.at(step as u64 + 1))?;

@@ -160,13 +160,6 @@ impl BatchTensors {
         })
     }
 
-    pub fn targets(&self) -> &Tensor {
-        &self.targets
-    }
-    pub fn mask(&self) -> &Tensor {
-        &self.mask
-    }
-
     /// Logits (N, V), one row per target position.
     pub fn logits(&self, model: &Model, ctx: ForwardCtx) -> Result<Tensor> {
         let logits = match (&self.inputs, model) {
@@ -195,6 +188,9 @@ pub struct StepOutput {
     pub nll: f64,
     pub tokens: usize,
     pub attention: Vec<AttentionStats>,
+    /// Wall time of the forward passes (loss included) and of the backward passes.
+    pub forward_secs: f64,
+    pub backward_secs: f64,
 }
 
 /// Forward and backward over the micro-batches of one step, summing the gradients. Dropout for
@@ -216,7 +212,9 @@ pub fn forward_backward(
     let mut grads: Vec<Option<Tensor>> = vec![None; params.len()];
     let (mut objective, mut nll) = (0f64, 0f64);
     let collector = Telemetry::new();
+    let (mut forward_secs, mut backward_secs) = (0f64, 0f64);
     for (i, bt) in tensors.iter().enumerate() {
+        let t0 = std::time::Instant::now();
         let seed = SplitMix64::for_stream(cfg.seed, &format!("dropout/{step}/{i}")).next_u64();
         let rng = DropoutRng::new(seed);
         let mut ctx = ForwardCtx::train(&rng);
@@ -227,6 +225,8 @@ pub fn forward_backward(
         let loss = cross_entropy(&logits, &bt.targets, &bt.mask, cfg.label_smoothing, cfg.z_loss)?;
         objective += loss.objective.to_scalar::<f32>()? as f64;
         nll += loss.nll.to_scalar::<f32>()? as f64;
+        forward_secs += t0.elapsed().as_secs_f64();
+        let t1 = std::time::Instant::now();
         let store = (loss.objective / total_tokens.max(1) as f64)?.backward()?;
         for (slot, p) in grads.iter_mut().zip(params) {
             if let Some(g) = store.get(p.var.as_tensor()) {
@@ -236,6 +236,8 @@ pub fn forward_backward(
                 });
             }
         }
+        device.synchronize()?;
+        backward_secs += t1.elapsed().as_secs_f64();
     }
     let n = total_tokens.max(1) as f64;
     Ok(StepOutput {
@@ -244,6 +246,8 @@ pub fn forward_backward(
         nll: nll / n,
         tokens: total_tokens,
         attention: collector.take(),
+        forward_secs,
+        backward_secs,
     })
 }
 
