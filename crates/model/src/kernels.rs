@@ -85,12 +85,109 @@ fn sum(a: &[f32]) -> f32 {
     ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
 }
 
-/// `y += a·x`.
-#[inline(always)]
-fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
-    for (y, x) in y.iter_mut().zip(x) {
-        *y += a * x;
+/// A matrix operand of [`sgemm`]: its elements and the element strides of its rows and columns
+/// (a transposed view is the same data with the strides swapped).
+#[derive(Clone, Copy)]
+struct Mat<'a> {
+    data: &'a [f32],
+    row_stride: usize,
+    col_stride: usize,
+}
+
+impl<'a> Mat<'a> {
+    /// Row-major with `cols` columns.
+    fn rows(data: &'a [f32], cols: usize) -> Self {
+        Self {
+            data,
+            row_stride: cols,
+            col_stride: 1,
+        }
     }
+
+    /// The transpose of a row-major matrix with `cols` columns.
+    fn transposed(data: &'a [f32], cols: usize) -> Self {
+        Self {
+            data,
+            row_stride: 1,
+            col_stride: cols,
+        }
+    }
+
+    /// Whether every element of an `r`×`c` view lies inside `data`.
+    fn fits(&self, r: usize, c: usize) -> bool {
+        r == 0 || c == 0 || (r - 1) * self.row_stride + (c - 1) * self.col_stride < self.data.len()
+    }
+}
+
+/// `C = A·B + beta·C` for A (m×k), B (k×n) and a row-major C (m×n), single-threaded.
+///
+/// matrixmultiply's packed kernels (runtime AVX/FMA dispatch) run 1.6–1.8× faster than the gemm
+/// crate behind candle's matmul at our shapes (see docs/performance.md), and one thread with a
+/// fixed blocking gives the same bits on every run.
+fn sgemm(m: usize, k: usize, n: usize, a: Mat<'_>, b: Mat<'_>, beta: f32, c: &mut [f32]) {
+    assert!(
+        a.fits(m, k) && b.fits(k, n) && c.len() >= m * n,
+        "sgemm: operand out of bounds"
+    );
+    if m == 0 || n == 0 {
+        return;
+    }
+    // SAFETY: the assertion above keeps every element the kernel reads or writes in bounds, and
+    // `c` is exclusively borrowed, so it cannot alias `a` or `b`.
+    unsafe {
+        matrixmultiply::sgemm(
+            m,
+            k,
+            n,
+            1.0,
+            a.data.as_ptr(),
+            a.row_stride as isize,
+            a.col_stride as isize,
+            b.data.as_ptr(),
+            b.row_stride as isize,
+            b.col_stride as isize,
+            beta,
+            c.as_mut_ptr(),
+            n as isize,
+            1,
+        )
+    }
+}
+
+/// eˣ to about 2 ulp, branch-free so loops over it vectorise (libm's `expf` is a scalar call).
+/// Cody–Waite reduction x = n·ln2 + r, |r| ≤ ln2/2, then a degree-6 Taylor polynomial in r.
+/// Below −87.3 (where eˣ is subnormal) it returns exactly 0, which masked logits rely on.
+#[inline(always)]
+fn exp_fast(x: f32) -> f32 {
+    const LN2_HI: f32 = 0.693_145_75;
+    const LN2_LO: f32 = 1.428_606_8e-6;
+    let xc = x.clamp(-87.3, 88.0);
+    // Round to nearest by adding and removing 1.5·2²³ (plain SSE2; `round` would be a call).
+    const ROUND: f32 = 12_582_912.0;
+    let n = (xc * std::f32::consts::LOG2_E + ROUND) - ROUND;
+    let r = (xc - n * LN2_HI) - n * LN2_LO;
+    let p = 1.0
+        + r * (1.0 + r * (0.5 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
+    let scale = f32::from_bits(((n as i32 + 127) << 23) as u32);
+    if x < -87.3 {
+        0.0
+    } else {
+        p * scale
+    }
+}
+
+/// erf(x) and e^(−x²) (the latter is needed by the GELU gradient anyway), absolute error of
+/// erf below 1.5·10⁻⁷ (Abramowitz & Stegun 7.1.26), branch-free.
+#[inline(always)]
+fn erf_and_gauss(x: f32) -> (f32, f32) {
+    const P: f32 = 0.327_591_1;
+    const A: [f32; 5] = [0.254_829_6, -0.284_496_74, 1.421_413_7, -1.453_152, 1.061_405_4];
+    let ax = x.abs();
+    let t = 1.0 / (1.0 + P * ax);
+    let poly = t * (A[0] + t * (A[1] + t * (A[2] + t * (A[3] + t * A[4]))));
+    let gauss = exp_fast(-x * x);
+    let erf_abs = 1.0 - poly * gauss;
+    (erf_abs.copysign(x), gauss)
 }
 
 /// Defines `$name(args) -> ret` that runs the `#[inline(always)]` function `$generic` compiled
@@ -116,6 +213,95 @@ macro_rules! simd_dispatch {
 }
 
 type MaskView<'a> = Option<(&'a [f32], [usize; 4], usize)>;
+
+// ---------------------------------------------------------------------------------------------
+// Linear map x·Wᵀ.
+// ---------------------------------------------------------------------------------------------
+
+/// `x·Wᵀ` for x (N, in) and a weight (out, in), from candle's matmul.
+pub fn linear_unfused(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    x.matmul(&w.t()?)
+}
+
+/// `x·Wᵀ` for x (N, in) and a weight (out, in) through [`sgemm`] on CPU f32, forward and
+/// backward (dx = g·W, dW = gᵀ·x) without materialising a transpose. Falls back to
+/// [`linear_unfused`] elsewhere.
+pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    let (_, in_dim) = x.dims2()?;
+    let (_, w_in) = w.dims2()?;
+    if !(fast(x) && fast(w)) || in_dim != w_in {
+        return linear_unfused(x, w);
+    }
+    x.contiguous()?.apply_op2(&w.contiguous()?, LinearOp)
+}
+
+struct LinearOp;
+
+impl CustomOp2 for LinearOp {
+    fn name(&self) -> &'static str {
+        "ember-linear"
+    }
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (rows, in_dim) = l1.shape().dims2()?;
+        let (out_dim, _) = l2.shape().dims2()?;
+        let (x, w) = (cpu_slice(s1, l1)?, cpu_slice(s2, l2)?);
+        let mut y = vec![0f32; rows * out_dim];
+        sgemm(
+            rows,
+            in_dim,
+            out_dim,
+            Mat::rows(x, in_dim),
+            Mat::transposed(w, in_dim),
+            0.0,
+            &mut y,
+        );
+        Ok((CpuStorage::F32(y), Shape::from((rows, out_dim))))
+    }
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _res: &Tensor,
+        g: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let (rows, in_dim) = x.dims2()?;
+        let (out_dim, _) = w.dims2()?;
+        let (dx, dw) = with_data(x, |x| {
+            with_data(w, |w| {
+                with_data(g, |g| {
+                    let mut dx = vec![0f32; rows * in_dim];
+                    sgemm(
+                        rows,
+                        out_dim,
+                        in_dim,
+                        Mat::rows(g, out_dim),
+                        Mat::rows(w, in_dim),
+                        0.0,
+                        &mut dx,
+                    );
+                    let mut dw = vec![0f32; out_dim * in_dim];
+                    sgemm(
+                        out_dim,
+                        rows,
+                        in_dim,
+                        Mat::transposed(g, out_dim),
+                        Mat::rows(x, in_dim),
+                        0.0,
+                        &mut dw,
+                    );
+                    Ok((dx, dw))
+                })
+            })
+        })?;
+        Ok((Some(cpu_tensor(dx, x.shape())?), Some(cpu_tensor(dw, w.shape())?)))
+    }
+}
 
 // ---------------------------------------------------------------------------------------------
 // RMSNorm / LayerNorm over the last dimension.
@@ -472,12 +658,12 @@ pub fn softmax_rows(x: &Tensor) -> Result<Tensor> {
     x.contiguous()?.apply_op1(SoftmaxOp)
 }
 
-/// Softmax of one row into `out` (same f32 operations as the unfused form).
+/// Softmax of one row into `out`.
 #[inline(always)]
 fn softmax_row(x: &[f32], out: &mut [f32]) {
     let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
     for (o, &v) in out.iter_mut().zip(x) {
-        *o = (v - max).exp();
+        *o = exp_fast(v - max);
     }
     let s = sum(out);
     for o in out.iter_mut() {
@@ -527,7 +713,8 @@ impl CustomOp1 for SoftmaxOp {
 // ---------------------------------------------------------------------------------------------
 
 /// GELU, erf form; fused backward on CPU f32 (candle's backward is eleven elementwise passes).
-/// Forward and gradient use candle's own formulas, so they agree with `Tensor::gelu_erf`.
+/// Forward and gradient follow candle's formulas with a vectorisable erf (|error| < 1.5·10⁻⁷),
+/// so they agree with `Tensor::gelu_erf` to float rounding.
 pub fn gelu_erf(x: &Tensor) -> Result<Tensor> {
     if !fast(x) {
         return x.gelu_erf();
@@ -537,25 +724,28 @@ pub fn gelu_erf(x: &Tensor) -> Result<Tensor> {
 
 struct GeluOp;
 
+// The loops below index into a preallocated output instead of `map().collect()`: collect's
+// fold is not inlined into the AVX2 copy, which would leave the arithmetic unvectorised.
 #[inline(always)]
 fn gelu_fwd_generic(x: &[f32]) -> Vec<f32> {
-    x.iter()
-        .map(|&v| (candle_core::cpu::erf::erf_f32(v * std::f32::consts::FRAC_1_SQRT_2) + 1.) * 0.5 * v)
-        .collect()
+    let mut y = vec![0f32; x.len()];
+    for (y, &v) in y.iter_mut().zip(x) {
+        *y = (erf_and_gauss(v * std::f32::consts::FRAC_1_SQRT_2).0 + 1.) * 0.5 * v;
+    }
+    y
 }
 simd_dispatch!(gelu_fwd => gelu_fwd_generic(x: &[f32]) -> Vec<f32>);
 
 #[inline(always)]
 fn gelu_bwd_generic(x: &[f32], g: &[f32]) -> Vec<f32> {
-    // d/dx gelu_erf(x) = 0.5 + 0.398942·x·e^(−x²/2) + 0.5·erf(x/√2), as candle writes it.
-    x.iter()
-        .zip(g)
-        .map(|(&v, &g)| {
-            let e = (-(v * v) / 2.0).exp();
-            let erf = candle_core::cpu::erf::erf_f32(v / std::f32::consts::SQRT_2);
-            g * (0.5 + 0.398942 * e * v + 0.5 * erf)
-        })
-        .collect()
+    // d/dx gelu_erf(x) = 0.5 + 0.398942·x·e^(−x²/2) + 0.5·erf(x/√2), as candle writes it; the
+    // erf of x/√2 comes with e^(−x²/2) for free.
+    let mut dx = vec![0f32; x.len()];
+    for ((d, &v), &g) in dx.iter_mut().zip(x).zip(g) {
+        let (erf, e) = erf_and_gauss(v * std::f32::consts::FRAC_1_SQRT_2);
+        *d = g * (0.5 + 0.398942 * e * v + 0.5 * erf);
+    }
+    dx
 }
 simd_dispatch!(gelu_bwd => gelu_bwd_generic(x: &[f32], g: &[f32]) -> Vec<f32>);
 
@@ -589,10 +779,11 @@ struct SwigluOp;
 
 #[inline(always)]
 fn swiglu_fwd_generic(a: &[f32], u: &[f32]) -> Vec<f32> {
-    a.iter()
-        .zip(u)
-        .map(|(&a, &u)| (a / (1.0 + (-a).exp())) * u)
-        .collect()
+    let mut y = vec![0f32; a.len()];
+    for ((y, &a), &u) in y.iter_mut().zip(a).zip(u) {
+        *y = (a / (1.0 + exp_fast(-a))) * u;
+    }
+    y
 }
 simd_dispatch!(swiglu_fwd => swiglu_fwd_generic(a: &[f32], u: &[f32]) -> Vec<f32>);
 
@@ -601,7 +792,7 @@ fn swiglu_bwd_generic(a: &[f32], u: &[f32], g: &[f32]) -> (Vec<f32>, Vec<f32>) {
     let mut da = vec![0f32; a.len()];
     let mut du = vec![0f32; a.len()];
     for i in 0..a.len() {
-        let sig = 1.0 / (1.0 + (-a[i]).exp());
+        let sig = 1.0 / (1.0 + exp_fast(-a[i]));
         let silu = a[i] * sig;
         du[i] = g[i] * silu;
         // d/da silu = σ(a)·(1 − silu(a)) + silu(a)
@@ -705,12 +896,6 @@ struct AttnDims {
     d: usize,
 }
 
-/// Masked entries whose logits are provably far below the row maximum have probability exactly
-/// 0 (exp underflows below −104): skip their dot products when the mask gap exceeds this and
-/// |q·k| is bounded (Cauchy–Schwarz) well below it.
-const MASK_GAP: f32 = 1e6;
-const LOGIT_BOUND: f32 = 1e4;
-
 impl AttnOp {
     /// Runs `f(mask_data, strides)`; strides are (b, h, t, s) element strides, offset included.
     fn with_mask<R>(&self, f: impl FnOnce(MaskView<'_>) -> Result<R>) -> Result<R> {
@@ -726,65 +911,6 @@ impl AttnOp {
                 f(Some((data, [s[0], s[1], s[2], s[3]], l.start_offset())))
             }
         }
-    }
-
-    /// Probabilities of row `ti` of head (bi, hi) into `p` (length S); returns nothing when
-    /// the row needed all S logits. `knorm` is the largest key norm of the KV head.
-    #[allow(clippy::too_many_arguments)]
-    #[inline(always)]
-    fn probs_row(
-        dims: AttnDims,
-        qr: &[f32],
-        kb: &[f32],
-        knorm: f32,
-        mask: MaskView<'_>,
-        bi: usize,
-        hi: usize,
-        ti: usize,
-        p: &mut [f32],
-        live: &mut [bool],
-    ) {
-        let (s, d) = (dims.s, dims.d);
-        match mask {
-            None => {
-                for si in 0..s {
-                    p[si] = dot(qr, &kb[si * d..(si + 1) * d]);
-                    live[si] = true;
-                }
-            }
-            Some((m, st, off)) => {
-                let base = off + bi * st[0] + hi * st[1] + ti * st[2];
-                let mrow = |si: usize| m[base + si * st[3]];
-                let mmax = (0..s).fold(f32::NEG_INFINITY, |a, si| a.max(mrow(si)));
-                let bounded = dot(qr, qr).sqrt() * knorm < LOGIT_BOUND;
-                for si in 0..s {
-                    let mv = mrow(si);
-                    if bounded && mv < mmax - MASK_GAP {
-                        p[si] = f32::NEG_INFINITY;
-                        live[si] = false;
-                    } else {
-                        p[si] = dot(qr, &kb[si * d..(si + 1) * d]) + mv;
-                        live[si] = true;
-                    }
-                }
-            }
-        }
-        let max = p.iter().fold(f32::NEG_INFINITY, |a, &v| a.max(v));
-        for si in 0..s {
-            p[si] = if live[si] { (p[si] - max).exp() } else { 0.0 };
-        }
-        let total = sum(p);
-        for x in p.iter_mut() {
-            *x /= total;
-        }
-    }
-
-    #[inline(always)]
-    fn key_norms(dims: AttnDims, k: &[f32]) -> Vec<f32> {
-        let (s, d) = (dims.s, dims.d);
-        k.chunks_exact(s * d)
-            .map(|kb| kb.chunks_exact(d).map(|r| dot(r, r)).fold(0f32, f32::max).sqrt())
-            .collect()
     }
 
     fn forward(&self, dims: AttnDims, q: &[f32], k: &[f32], v: &[f32]) -> Result<Vec<f32>> {
@@ -806,33 +932,72 @@ impl AttnOp {
     }
 }
 
+/// The work is done per (batch, KV head): the query heads that share a KV head are adjacent in
+/// (B, H, T, d), so their rows form one (group·T)×d block and every product is one GEMM.
+impl AttnDims {
+    fn group(&self) -> usize {
+        self.h / self.hkv
+    }
+    /// Element range of the query (and output) block of KV head `kh` in batch `bi`.
+    fn q_block(&self, bi: usize, kh: usize) -> std::ops::Range<usize> {
+        let first = bi * self.h + kh * self.group();
+        first * self.t * self.d..(first + self.group()) * self.t * self.d
+    }
+    /// Element range of the key (and value) block of KV head `kh` in batch `bi`.
+    fn kv_block(&self, bi: usize, kh: usize) -> std::ops::Range<usize> {
+        let kv = bi * self.hkv + kh;
+        kv * self.s * self.d..(kv + 1) * self.s * self.d
+    }
+}
+
+/// Probabilities of one block: `p` holds q·kᵀ for the (group·T) query rows of KV head `kh`;
+/// adds the mask and takes the softmax of each row in place.
+#[inline(always)]
+fn softmax_block(dims: AttnDims, p: &mut [f32], mask: MaskView<'_>, bi: usize, kh: usize) {
+    let (t, s) = (dims.t, dims.s);
+    for (r, row) in p.chunks_exact_mut(s).enumerate() {
+        if let Some((m, st, off)) = mask {
+            let hi = kh * dims.group() + r / t;
+            let base = off + bi * st[0] + hi * st[1] + (r % t) * st[2];
+            for (si, x) in row.iter_mut().enumerate() {
+                *x += m[base + si * st[3]];
+            }
+        }
+        let max = row.iter().fold(f32::NEG_INFINITY, |a, &v| a.max(v));
+        for x in row.iter_mut() {
+            *x = exp_fast(*x - max);
+        }
+        let inv = 1.0 / sum(row);
+        for x in row.iter_mut() {
+            *x *= inv;
+        }
+    }
+}
+
 simd_dispatch!(attn_forward => attn_forward_generic(
     dims: AttnDims, q: &[f32], k: &[f32], v: &[f32], mask: MaskView<'_>) -> Vec<f32>);
 
 #[inline(always)]
 fn attn_forward_generic(dims: AttnDims, q: &[f32], k: &[f32], v: &[f32], mask: MaskView<'_>) -> Vec<f32> {
-    let AttnDims { b, h, hkv, t, s, d } = dims;
-    let group = h / hkv;
-    let knorms = AttnOp::key_norms(dims, k);
-    let mut out = vec![0f32; b * h * t * d];
-    let mut p = vec![0f32; s];
-    let mut live = vec![false; s];
+    let AttnDims { b, hkv, t, s, d, .. } = dims;
+    let rows = dims.group() * t;
+    let mut out = vec![0f32; q.len()];
+    let mut p = vec![0f32; rows * s];
     for bi in 0..b {
-        for hi in 0..h {
-            let kv = bi * hkv + hi / group;
-            let kb = &k[kv * s * d..(kv + 1) * s * d];
-            let vb = &v[kv * s * d..(kv + 1) * s * d];
-            for ti in 0..t {
-                let row = (bi * h + hi) * t + ti;
-                let qr = &q[row * d..(row + 1) * d];
-                AttnOp::probs_row(dims, qr, kb, knorms[kv], mask, bi, hi, ti, &mut p, &mut live);
-                let orow = &mut out[row * d..(row + 1) * d];
-                for si in 0..s {
-                    if p[si] != 0.0 {
-                        axpy(p[si], &vb[si * d..(si + 1) * d], orow);
-                    }
-                }
-            }
+        for kh in 0..hkv {
+            let (qr, kvr) = (dims.q_block(bi, kh), dims.kv_block(bi, kh));
+            let (kb, vb) = (&k[kvr.clone()], &v[kvr]);
+            sgemm(
+                rows,
+                d,
+                s,
+                Mat::rows(&q[qr.clone()], d),
+                Mat::transposed(kb, d),
+                0.0,
+                &mut p,
+            );
+            softmax_block(dims, &mut p, mask, bi, kh);
+            sgemm(rows, s, d, Mat::rows(&p, s), Mat::rows(vb, d), 0.0, &mut out[qr]);
         }
     }
     out
@@ -842,6 +1007,8 @@ simd_dispatch!(attn_backward => attn_backward_generic(
     dims: AttnDims, q: &[f32], k: &[f32], v: &[f32], o: &[f32], go: &[f32], mask: MaskView<'_>)
     -> (Vec<f32>, Vec<f32>, Vec<f32>));
 
+/// With P the probabilities and δ_r = ⟨go_r, o_r⟩: dS = P ⊙ (go·vᵀ − δ), dq = dS·k,
+/// dk = dSᵀ·q, dv = Pᵀ·go (the query heads of a group summed inside the GEMM, in a fixed order).
 #[inline(always)]
 fn attn_backward_generic(
     dims: AttnDims,
@@ -852,42 +1019,47 @@ fn attn_backward_generic(
     go: &[f32],
     mask: MaskView<'_>,
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-    let AttnDims { b, h, hkv, t, s, d } = dims;
-    let group = h / hkv;
-    let knorms = AttnOp::key_norms(dims, k);
+    let AttnDims { b, hkv, t, s, d, .. } = dims;
+    let rows = dims.group() * t;
     let mut dq = vec![0f32; q.len()];
     let mut dk = vec![0f32; k.len()];
     let mut dv = vec![0f32; v.len()];
-    let mut p = vec![0f32; s];
-    let mut live = vec![false; s];
+    let mut p = vec![0f32; rows * s];
+    let mut ds = vec![0f32; rows * s];
     for bi in 0..b {
-        // Query heads of one KV head in order: dk and dv sum over them in a fixed order.
-        for hi in 0..h {
-            let kv = bi * hkv + hi / group;
-            let kvr = kv * s * d..(kv + 1) * s * d;
-            let kb = &k[kvr.clone()];
-            let vb = &v[kvr.clone()];
-            for ti in 0..t {
-                let row = (bi * h + hi) * t + ti;
-                let rr = row * d..(row + 1) * d;
-                let qr = &q[rr.clone()];
-                let gr = &go[rr.clone()];
-                AttnOp::probs_row(dims, qr, kb, knorms[kv], mask, bi, hi, ti, &mut p, &mut live);
-                let delta = dot(gr, &o[rr.clone()]);
-                let dqr = &mut dq[rr];
-                for (si, &ps) in p.iter().enumerate() {
-                    if ps == 0.0 {
-                        continue;
-                    }
-                    let kr = si * d..(si + 1) * d;
-                    let dp = dot(gr, &vb[kr.clone()]);
-                    let ds = ps * (dp - delta);
-                    axpy(ds, &kb[kr.clone()], dqr);
-                    let off = kvr.start + si * d;
-                    axpy(ds, qr, &mut dk[off..off + d]);
-                    axpy(ps, gr, &mut dv[off..off + d]);
+        for kh in 0..hkv {
+            let (qr, kvr) = (dims.q_block(bi, kh), dims.kv_block(bi, kh));
+            let (qb, ob, gb) = (&q[qr.clone()], &o[qr.clone()], &go[qr.clone()]);
+            let (kb, vb) = (&k[kvr.clone()], &v[kvr.clone()]);
+            sgemm(rows, d, s, Mat::rows(qb, d), Mat::transposed(kb, d), 0.0, &mut p);
+            softmax_block(dims, &mut p, mask, bi, kh);
+            sgemm(rows, d, s, Mat::rows(gb, d), Mat::transposed(vb, d), 0.0, &mut ds);
+            for r in 0..rows {
+                let delta = dot(&gb[r * d..(r + 1) * d], &ob[r * d..(r + 1) * d]);
+                let (pr, dr) = (&p[r * s..(r + 1) * s], &mut ds[r * s..(r + 1) * s]);
+                for (x, &pv) in dr.iter_mut().zip(pr) {
+                    *x = pv * (*x - delta);
                 }
             }
+            sgemm(rows, s, d, Mat::rows(&ds, s), Mat::rows(kb, d), 0.0, &mut dq[qr]);
+            sgemm(
+                s,
+                rows,
+                d,
+                Mat::transposed(&ds, s),
+                Mat::rows(qb, d),
+                0.0,
+                &mut dk[kvr.clone()],
+            );
+            sgemm(
+                s,
+                rows,
+                d,
+                Mat::transposed(&p, s),
+                Mat::rows(gb, d),
+                0.0,
+                &mut dv[kvr],
+            );
         }
     }
     (dq, dk, dv)
@@ -1034,10 +1206,10 @@ impl CrossEntropyOp {
         let rem = c.remainder();
         for x in c {
             for i in 0..8 {
-                acc[i] += (x[i] - max).exp();
+                acc[i] += exp_fast(x[i] - max);
             }
         }
-        let tail: f32 = rem.iter().map(|&x| (x - max).exp()).sum();
+        let tail: f32 = rem.iter().map(|&x| exp_fast(x - max)).sum();
         let s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail;
         (max, s.ln())
     }
@@ -1096,7 +1268,7 @@ impl CustomOp1 for CrossEntropyOp {
                     let w_p = w_nll + w_unif + w_z;
                     let shift = max + lse;
                     for j in 0..v {
-                        drow[j] = (row[j] - shift).exp() * w_p - w_unif * uniform;
+                        drow[j] = exp_fast(row[j] - shift) * w_p - w_unif * uniform;
                     }
                     drow[self.targets[i] as usize] -= w_nll;
                 }

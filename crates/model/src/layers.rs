@@ -137,7 +137,7 @@ impl Linear {
         let (out_dim, in_dim) = self.weight.dims2()?;
         let mut dims = x.dims().to_vec();
         let rows = x.elem_count() / in_dim;
-        let y = x.reshape((rows, in_dim))?.matmul(&self.weight.t()?)?;
+        let y = crate::kernels::linear(&x.reshape((rows, in_dim))?, &self.weight)?;
         if let Some(last) = dims.last_mut() {
             *last = out_dim;
         }

@@ -303,3 +303,54 @@ fn activations_match_the_unfused_composition() {
         }
     }
 }
+
+#[test]
+fn linear_matches_matmul_by_the_transposed_weight() {
+    for (i, (rows, in_dim, out_dim)) in [(1, 1, 1), (7, 13, 5), (64, 128, 384), (3, 33, 65), (130, 8, 17)]
+        .into_iter()
+        .enumerate()
+    {
+        let x = randn(300 + i as u64, &[rows, in_dim]);
+        let w = randn(310 + i as u64, &[out_dim, in_dim]);
+        for (label, x, w) in [
+            ("contiguous", x.clone(), w.clone()),
+            ("strided", strided(&x), strided(&w)),
+        ] {
+            compare(
+                &format!("linear {:?} {label}", (rows, in_dim, out_dim)),
+                &[x, w],
+                &|t| kernels::linear(&t[0], &t[1]).unwrap(),
+                &|t| kernels::linear_unfused(&t[0], &t[1]).unwrap(),
+            );
+        }
+    }
+}
+
+#[test]
+fn activations_are_exact_at_extreme_inputs() {
+    // The vectorised exp/erf must saturate like the libm versions: no NaN, exact 0 and x.
+    let x = Tensor::new(
+        &[
+            -1e4f32, -100., -20., -9., -3., -1e-3, 0., 1e-3, 3., 9., 20., 100., 1e4,
+        ],
+        &Device::Cpu,
+    )
+    .unwrap();
+    let ours: Vec<f32> = kernels::gelu_erf(&x).unwrap().to_vec1().unwrap();
+    let theirs: Vec<f32> = x.gelu_erf().unwrap().to_vec1().unwrap();
+    for (a, b) in ours.iter().zip(&theirs) {
+        assert!((a - b).abs() <= 1e-6 * b.abs().max(1.0), "gelu {a} vs {b}");
+    }
+    let probs: Vec<f32> =
+        kernels::softmax_rows(&Tensor::new(&[[0f32, -1e9, -88., 88.]], &Device::Cpu).unwrap())
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+    assert_eq!(probs[1], 0.0);
+    assert!(
+        probs.iter().all(|p| p.is_finite()) && (probs[3] - 1.0).abs() < 1e-6,
+        "{probs:?}"
+    );
+}
