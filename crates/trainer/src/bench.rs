@@ -102,9 +102,7 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 pub fn bench(mut cfg: RunConfig, steps: usize, warmup: usize) -> Result<BenchReport> {
-    if let Some(n) = cfg.train.threads {
-        std::env::set_var("RAYON_NUM_THREADS", n.to_string());
-    }
+    crate::train::set_threads(&cfg);
     let device = device(&cfg.device)?;
     let data = Dataset::prepare(&cfg.data, None)?;
     resolve_model_config(&mut cfg, &data)?;

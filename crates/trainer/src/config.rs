@@ -153,7 +153,7 @@ pub struct TrainConfig {
     /// initialisation for this many evaluations in a row (null: never).
     #[serde(default)]
     pub divergence_evals: Option<u32>,
-    /// CPU threads for this run (default: all cores).
+    /// CPU threads for candle's elementwise pool in this run (default 1; see `train::set_threads`).
     #[serde(default)]
     pub threads: Option<usize>,
 }

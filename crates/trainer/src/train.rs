@@ -417,13 +417,19 @@ pub fn load_latest(run_dir: &Path, device: &Device, fallback: bool) -> Result<ch
     )
 }
 
+/// Sizes candle's CPU thread pools from `train.threads` (default 1); call before any tensor work.
+/// Ember's matmuls and fused kernels are single-threaded, so more threads only feed candle's
+/// spinning elementwise pool, which measured 3-4x slower than one thread on 2 cores: one thread
+/// per run, with runs side by side (`ember ablate --jobs`), is the faster way to use cores.
+pub fn set_threads(cfg: &RunConfig) {
+    let n = cfg.train.threads.unwrap_or(1);
+    std::env::set_var("RAYON_NUM_THREADS", n.to_string());
+}
+
 /// Trains `cfg` into `opts.run_dir`: fresh, or resumed from its newest checkpoint.
 pub fn train(mut cfg: RunConfig, opts: &TrainOptions) -> Result<Summary> {
     let started = Instant::now();
-    if let Some(n) = cfg.train.threads {
-        // candle reads this for every matmul; set before any tensor work.
-        std::env::set_var("RAYON_NUM_THREADS", n.to_string());
-    }
+    set_threads(&cfg);
     let device = device(&cfg.device)?;
     let run_dir = opts.run_dir.as_path();
     let existing = checkpoint::list(run_dir);
@@ -791,6 +797,7 @@ pub fn open_run(run: &Path) -> Result<OpenRun> {
         (run.to_path_buf(), newest.1)
     };
     let cfg = RunConfig::load(&run_dir.join(RUN_CONFIG), &[])?;
+    set_threads(&cfg);
     let device = device(&cfg.device)?;
     let data = Dataset::prepare(&cfg.data, Some(&run_dir)).context("preparing the data")?;
     let loaded = checkpoint::load(&ckpt_dir, &device)?;
