@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""Formats the results file of scripts/bench-vs-torch.sh (one JSON object per line).
+
+    bench_table.py header
+    bench_table.py row FILE PAIR      # the table row of one Ember/PyTorch pair
+    bench_table.py summary FILE       # medians over all pairs
+    bench_table.py compact            # stdin JSON (pretty or not) → one line on stdout
+
+Standard library only, so it runs under any python3.
+"""
+
+import json
+import statistics
+import sys
+
+COLUMNS = ("pair", "ember ms", "ember tok/s", "ember MiB", "torch ms", "torch tok/s", "torch MiB", "ratio")
+WIDTHS = (4, 10, 12, 10, 10, 12, 10, 7)
+
+
+def line(cells) -> str:
+    return "  ".join(str(c).rjust(w) for c, w in zip(cells, WIDTHS))
+
+
+def load(path: str) -> dict:
+    """{pair: {"ember": record, "torch": record}}"""
+    pairs = {}
+    with open(path) as f:
+        for text in f:
+            r = json.loads(text)
+            if r.get("kind") == "bench":
+                pairs.setdefault(r["pair"], {})[r["impl"]] = r
+    return pairs
+
+
+def row(p: int, e: dict, t: dict) -> str:
+    ratio = e["tokens_per_sec"] / t["tokens_per_sec"]
+    return line((p, f"{e['ms_per_step_median']:.1f}", f"{e['tokens_per_sec']:.0f}", f"{e['peak_rss_mib']:.0f}",
+                 f"{t['ms_per_step_median']:.1f}", f"{t['tokens_per_sec']:.0f}", f"{t['peak_rss_mib']:.0f}",
+                 f"{ratio:.3f}"))
+
+
+def main() -> None:
+    cmd = sys.argv[1] if len(sys.argv) > 1 else ""
+    if cmd == "header":
+        print(line(COLUMNS))
+    elif cmd == "row":
+        pair = int(sys.argv[3])
+        r = load(sys.argv[2])[pair]
+        print(row(pair, r["ember"], r["torch"]))
+    elif cmd == "summary":
+        pairs = [r for _, r in sorted(load(sys.argv[2]).items()) if "ember" in r and "torch" in r]
+        if not pairs:
+            sys.exit("no complete pair in the results file")
+        med = lambda k, impl: statistics.median(r[impl][k] for r in pairs)
+        ratios = [r["ember"]["tokens_per_sec"] / r["torch"]["tokens_per_sec"] for r in pairs]
+        print(line(("med", f"{med('ms_per_step_median', 'ember'):.1f}", f"{med('tokens_per_sec', 'ember'):.0f}",
+                    f"{med('peak_rss_mib', 'ember'):.0f}", f"{med('ms_per_step_median', 'torch'):.1f}",
+                    f"{med('tokens_per_sec', 'torch'):.0f}", f"{med('peak_rss_mib', 'torch'):.0f}",
+                    f"{statistics.median(ratios):.3f}")))
+        print(f"\nmedian ratio (Ember tokens/s ÷ PyTorch tokens/s) over {len(pairs)} pair(s): "
+              f"{statistics.median(ratios):.3f}  (min {min(ratios):.3f}, max {max(ratios):.3f})")
+    elif cmd == "compact":
+        print(json.dumps(json.load(sys.stdin)))
+    else:
+        sys.exit(__doc__)
+
+
+if __name__ == "__main__":
+    main()
