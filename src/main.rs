@@ -98,8 +98,15 @@ struct EvalArgs {
     /// Translation: write the detokenised hypotheses to this file.
     #[arg(long)]
     output: Option<PathBuf>,
+    /// Translation: decode without the KV cache (re-runs the decoder over the whole prefix at
+    /// every step; the same output, slower: for timing the cache).
+    #[arg(long)]
+    no_cache: bool,
     #[arg(long)]
     json: bool,
+    /// Run on this device instead of the run's own: `cpu` or `cuda:N`.
+    #[arg(long)]
+    device: Option<String>,
 }
 
 #[derive(Args)]
@@ -112,9 +119,15 @@ struct TranslateArgs {
     /// GNMT length penalty α.
     #[arg(long, default_value_t = 0.6)]
     length_penalty: f64,
+    /// Decode without the KV cache (same output, slower: for timing the cache).
+    #[arg(long)]
+    no_cache: bool,
     /// One JSON object per line (text, score, tokens) instead of plain text.
     #[arg(long)]
     json: bool,
+    /// Run on this device instead of the run's own: `cpu` or `cuda:N`.
+    #[arg(long)]
+    device: Option<String>,
 }
 
 #[derive(Args)]
@@ -137,6 +150,9 @@ struct GenerateArgs {
     seed: u64,
     #[arg(long)]
     json: bool,
+    /// Run on this device instead of the run's own: `cpu` or `cuda:N`.
+    #[arg(long)]
+    device: Option<String>,
 }
 
 #[derive(Args)]
@@ -314,7 +330,7 @@ fn fmt_opt(x: Option<f64>) -> String {
 
 fn eval(args: EvalArgs) -> Result<()> {
     let split: Split = args.split.parse()?;
-    let run = open_run(&args.run)?;
+    let run = open_run(&args.run, args.device.as_deref())?;
     let r = evaluate(&run.model, &run.data, &run.cfg, split, &run.device)?;
     let mut out = serde_json::json!({
         "checkpoint": run.checkpoint,
@@ -343,6 +359,7 @@ fn eval(args: EvalArgs) -> Result<()> {
         };
         let mut beam = eval_beam(&run.cfg, args.beam);
         beam.length_penalty = args.length_penalty;
+        beam.use_cache = !args.no_cache;
         let scores = score_split(m, &run.data.tokenizer, pairs, &beam, None, &run.device)?;
         if let Some(path) = &args.output {
             std::fs::write(path, scores.hypotheses.join("\n") + "\n")
@@ -351,15 +368,21 @@ fn eval(args: EvalArgs) -> Result<()> {
         lines.push(scores.bleu.format());
         lines.push(scores.chrf.format());
         lines.push(format!(
-            "decoded {} sentences with beam {} in {:.1}s ({:.1} sentences/s)",
+            "decoded {} sentences with beam {}{} in {:.1}s ({:.1} sentences/s)",
             scores.sentences,
             args.beam,
+            if args.no_cache {
+                ", without the KV cache,"
+            } else {
+                ""
+            },
             scores.secs,
             scores.sentences as f64 / scores.secs.max(1e-9)
         ));
         out["bleu"] = serde_json::to_value(&scores.bleu)?;
         out["chrf"] = serde_json::to_value(&scores.chrf)?;
         out["beam"] = args.beam.into();
+        out["kv_cache"] = (!args.no_cache).into();
         out["sentences_per_sec"] = (scores.sentences as f64 / scores.secs.max(1e-9)).into();
     }
     if args.json {
@@ -371,7 +394,7 @@ fn eval(args: EvalArgs) -> Result<()> {
 }
 
 fn translate(args: TranslateArgs) -> Result<()> {
-    let run = open_run(&args.run)?;
+    let run = open_run(&args.run, args.device.as_deref())?;
     let Model::Seq2seq(m) = &run.model else {
         bail!("{} is a language model; use `ember generate`", args.run.display());
     };
@@ -382,6 +405,7 @@ fn translate(args: TranslateArgs) -> Result<()> {
     let lines = split_lines(&text);
     let mut beam = eval_beam(&run.cfg, args.beam);
     beam.length_penalty = args.length_penalty;
+    beam.use_cache = !args.no_cache;
     let out = translate_lines(m, &run.data.tokenizer, &lines, &beam, &run.device)?;
     let mut stdout = std::io::stdout().lock();
     for t in out {
@@ -395,7 +419,7 @@ fn translate(args: TranslateArgs) -> Result<()> {
 }
 
 fn generate(args: GenerateArgs) -> Result<()> {
-    let run = open_run(&args.run)?;
+    let run = open_run(&args.run, args.device.as_deref())?;
     let Model::Lm(m) = &run.model else {
         bail!(
             "{} is a translation model; use `ember translate`",

@@ -321,13 +321,19 @@ pub fn run_name(variant: QkNorm, lr: f64, seed: u64) -> String {
 
 /// Resolves the grid: flags over the config's `ablation:` section over the defaults.
 pub fn plan(opts: &AblateOptions) -> Result<Plan> {
-    let cfg = RunConfig::load(&opts.config, &opts.overrides)?;
-    let section: AblationConfig = match &cfg.ablation {
-        Some(a) => a.clone(),
-        // The config's own defaults for an empty `ablation:` section.
-        None => serde_json::from_value(Value::Object(Default::default()))
-            .context("the ablation section's defaults")?,
+    let section = |cfg: &RunConfig| -> Result<AblationConfig> {
+        match &cfg.ablation {
+            Some(a) => Ok(a.clone()),
+            // The config's own defaults for an empty `ablation:` section.
+            None => serde_json::from_value(Value::Object(Default::default()))
+                .context("the ablation section's defaults"),
+        }
     };
+    // The section's own `set` comes first, so the command line's `--set` wins over it.
+    let first = section(&RunConfig::load(&opts.config, &opts.overrides)?)?;
+    let user_overrides: Vec<String> = first.set.iter().chain(&opts.overrides).cloned().collect();
+    let cfg = RunConfig::load(&opts.config, &user_overrides)?;
+    let section = section(&cfg)?;
     let mut variants: Vec<QkNorm> = vec![];
     for v in opts.variants.clone().unwrap_or(section.variants) {
         if !variants.contains(&v) {
@@ -405,7 +411,7 @@ pub fn plan(opts: &AblateOptions) -> Result<Plan> {
         Runner::InProcess => "ember".into(),
     };
     let mut base_command = vec![exe, "train".into(), opts.config.display().to_string()];
-    for o in &opts.overrides {
+    for o in &user_overrides {
         base_command.extend(["--set".to_string(), o.clone()]);
     }
     base_command.extend(["--quiet".to_string(), "--json".to_string()]);
@@ -416,7 +422,7 @@ pub fn plan(opts: &AblateOptions) -> Result<Plan> {
             for &variant in &variants {
                 let name = run_name(variant, lr, seed);
                 let dir = out.join(RUNS).join(&name);
-                let mut overrides = opts.overrides.clone();
+                let mut overrides = user_overrides.clone();
                 overrides.push(format!("model.qk_norm={}", variant_name(variant)));
                 if l2_keys && variant != QkNorm::L2 {
                     overrides.push("model.qk_norm_init_scale=null".into());
@@ -457,7 +463,7 @@ pub fn plan(opts: &AblateOptions) -> Result<Plan> {
     }
     Ok(Plan {
         config: opts.config.clone(),
-        overrides: opts.overrides.clone(),
+        overrides: user_overrides.clone(),
         variants,
         seeds: (1..=n_seeds as u64).collect(),
         lrs,

@@ -53,6 +53,10 @@ pub struct AblationConfig {
     /// Output directory (default `runs/<config name>-ablation`).
     #[serde(default)]
     pub out: Option<PathBuf>,
+    /// `KEY=VALUE` overrides for every run of the sweep, before the command line's `--set`
+    /// (e.g. `train.steps=300`: a shorter sweep than the config's own training run).
+    #[serde(default)]
+    pub set: Vec<String>,
 }
 
 fn default_variants() -> Vec<ember_model::QkNorm> {

@@ -783,7 +783,9 @@ pub struct OpenRun {
 }
 
 /// Opens `run` (a run directory or one of its checkpoint directories).
-pub fn open_run(run: &Path) -> Result<OpenRun> {
+/// Opens a run (its newest checkpoint) or one checkpoint for evaluation or decoding, on the
+/// run's own device or on `device` when given (a run trained on a GPU, evaluated on a CPU).
+pub fn open_run(run: &Path, device_override: Option<&str>) -> Result<OpenRun> {
     let (run_dir, ckpt_dir) = if run.join("state.json").is_file() {
         let run_dir = run
             .parent()
@@ -796,7 +798,10 @@ pub fn open_run(run: &Path) -> Result<OpenRun> {
             .with_context(|| format!("{} has no checkpoint (is it a run directory?)", run.display()))?;
         (run.to_path_buf(), newest.1)
     };
-    let cfg = RunConfig::load(&run_dir.join(RUN_CONFIG), &[])?;
+    let mut cfg = RunConfig::load(&run_dir.join(RUN_CONFIG), &[])?;
+    if let Some(d) = device_override {
+        cfg.device = d.to_string();
+    }
     set_threads(&cfg);
     let device = device(&cfg.device)?;
     let data = Dataset::prepare(&cfg.data, Some(&run_dir)).context("preparing the data")?;

@@ -524,6 +524,31 @@ fn flags_override_the_ablation_section_which_overrides_the_defaults() {
 }
 
 #[test]
+fn the_sections_set_list_applies_to_every_run_and_the_command_line_wins() {
+    let tmp = tempdir();
+    let path = tmp.path().join("cfg.yaml");
+    fs::write(
+        &path,
+        seq2seq_yaml() + "ablation:\n  seeds: 1\n  set: [train.steps=7, eval.every=7]\n",
+    )
+    .unwrap();
+    let mut o = AblateOptions::new(&path, Runner::InProcess);
+    o.overrides = vec!["eval.every=3".into()];
+    let plan = ablate::plan(&o).unwrap();
+    for run in &plan.runs {
+        let cfg = ablate::run_config(&plan, run).unwrap();
+        assert_eq!((cfg.train.steps, cfg.eval.every), (Some(7), 3), "{}", run.name);
+    }
+    // A bad key in the list is an error naming it, before anything is trained.
+    fs::write(&path, seq2seq_yaml() + "ablation:\n  set: [train.stepz=7]\n").unwrap();
+    let err = format!(
+        "{:#}",
+        ablate::plan(&AblateOptions::new(&path, Runner::InProcess)).unwrap_err()
+    );
+    assert!(err.contains("stepz"), "{err}");
+}
+
+#[test]
 fn t_quantiles_match_the_tables() {
     for (df, t) in [
         (1.0, 12.706),
