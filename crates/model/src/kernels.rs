@@ -160,24 +160,46 @@ fn sgemm(m: usize, k: usize, n: usize, a: Mat<'_>, b: Mat<'_>, beta: f32, c: &mu
     }
     // SAFETY: the assertion above keeps every element the kernel reads or writes in bounds, and
     // `c` is exclusively borrowed, so it cannot alias `a` or `b`.
-    unsafe {
-        matrixmultiply::sgemm(
-            m,
-            k,
-            n,
-            1.0,
-            a.data.as_ptr(),
-            a.row_stride as isize,
-            a.col_stride as isize,
-            b.data.as_ptr(),
-            b.row_stride as isize,
-            b.col_stride as isize,
-            beta,
-            c.as_mut_ptr(),
-            n as isize,
-            1,
-        )
+    unsafe { raw_sgemm(m, k, n, a, b, beta, c.as_mut_ptr()) }
+}
+
+/// matrixmultiply's SGEMM with C row-major (m×n) at `c`. Caller: operands in bounds, `c` valid
+/// for m·n writes (and reads, unless β = 0) and not aliasing A or B.
+unsafe fn raw_sgemm(m: usize, k: usize, n: usize, a: Mat<'_>, b: Mat<'_>, beta: f32, c: *mut f32) {
+    matrixmultiply::sgemm(
+        m,
+        k,
+        n,
+        1.0,
+        a.data.as_ptr(),
+        a.row_stride as isize,
+        a.col_stride as isize,
+        b.data.as_ptr(),
+        b.row_stride as isize,
+        b.col_stride as isize,
+        beta,
+        c,
+        n as isize,
+        1,
+    )
+}
+
+/// `A·B` for A (m×k) and B (k×n) into a new row-major (m×n) vector.
+fn product(m: usize, k: usize, n: usize, a: Mat<'_>, b: Mat<'_>) -> Vec<f32> {
+    assert!(a.fits(m, k) && b.fits(k, n), "sgemm: operand out of bounds");
+    if k == 0 || m == 0 || n == 0 {
+        return vec![0f32; m * n];
     }
+    let mut c = Vec::with_capacity(m * n);
+    // SAFETY: operands in bounds (asserted), `c` is fresh; with β = 0 matrixmultiply writes
+    // every element of C without reading it ("If β is zero, then C does not need to be
+    // initialized"), so all m·n elements are initialised before `set_len`. Skipping the
+    // zero-fill saves a memset per product.
+    unsafe {
+        raw_sgemm(m, k, n, a, b, 0.0, c.as_mut_ptr());
+        c.set_len(m * n);
+    }
+    c
 }
 
 /// eˣ to about 2 ulp, branch-free so loops over it vectorise (libm's `expf` is a scalar call).
@@ -277,15 +299,12 @@ impl CustomOp2 for LinearOp {
         let (rows, in_dim) = l1.shape().dims2()?;
         let (out_dim, _) = l2.shape().dims2()?;
         let (x, w) = (cpu_slice(s1, l1)?, cpu_slice(s2, l2)?);
-        let mut y = vec![0f32; rows * out_dim];
-        sgemm(
+        let y = product(
             rows,
             in_dim,
             out_dim,
             Mat::rows(x, in_dim),
             Mat::transposed(w, in_dim),
-            0.0,
-            &mut y,
         );
         Ok((CpuStorage::F32(y), Shape::from((rows, out_dim))))
     }
@@ -301,25 +320,13 @@ impl CustomOp2 for LinearOp {
         let (dx, dw) = with_data(x, |x| {
             with_data(w, |w| {
                 with_data(g, |g| {
-                    let mut dx = vec![0f32; rows * in_dim];
-                    sgemm(
-                        rows,
-                        out_dim,
-                        in_dim,
-                        Mat::rows(g, out_dim),
-                        Mat::rows(w, in_dim),
-                        0.0,
-                        &mut dx,
-                    );
-                    let mut dw = vec![0f32; out_dim * in_dim];
-                    sgemm(
+                    let dx = product(rows, out_dim, in_dim, Mat::rows(g, out_dim), Mat::rows(w, in_dim));
+                    let dw = product(
                         out_dim,
                         rows,
                         in_dim,
                         Mat::transposed(g, out_dim),
                         Mat::rows(x, in_dim),
-                        0.0,
-                        &mut dw,
                     );
                     Ok((dx, dw))
                 })
