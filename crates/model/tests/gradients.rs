@@ -37,6 +37,26 @@ fn every_parameter_receives_a_nonzero_gradient_in_every_variant() {
 }
 
 /// Central differences in f64 against autograd, on a few entries of every parameter.
+/// Every gradient comes back contiguous, also on the unfused path (f64 here, CUDA in practice)
+/// where a matmul's weight gradient is a transposed view: CUDA's `index_add` (the tied
+/// embedding's gradient) refuses views. Guards the vendored candle backward patch.
+#[test]
+fn gradients_are_contiguous_on_the_unfused_path() {
+    for arch in ALL_ARCHS {
+        let mut c = cfg(arch, ALL_QK[1], ALL_NORMS[0], ALL_MLPS[0]);
+        c.tie_embeddings = true;
+        let (model, params) = build(&c, DType::F64);
+        let grads = loss(&model, c.vocab()).unwrap().backward().unwrap();
+        for (name, var) in params.vars() {
+            let g = grads.get(var.as_tensor()).expect("a gradient");
+            assert!(
+                g.is_contiguous(),
+                "{arch:?}: the gradient of {name} is a strided view"
+            );
+        }
+    }
+}
+
 fn check_against_finite_differences(c: &ember_model::ModelConfig) {
     let (model, params) = build(c, DType::F64);
     perturb(&params, 0.1, 7);

@@ -722,7 +722,10 @@ impl GradStore {
                     // Keep upstream's behaviour (and its error) for mismatched gradients.
                     entry.insert(tensor.zeros_like()?.add(grad)?);
                 } else {
-                    entry.insert(grad.clone());
+                    // Stored contiguous, as upstream's fresh `zeros + grad` was: later
+                    // accumulations such as `index_add` need that on CUDA (a view, e.g. the
+                    // transposed weight gradient of a matmul, would be refused there).
+                    entry.insert(grad.contiguous()?);
                 }
             }
         }
