@@ -691,16 +691,16 @@ pub fn softmax_rows(x: &Tensor) -> Result<Tensor> {
     x.contiguous()?.apply_op1(SoftmaxOp)
 }
 
-/// Softmax of one row into `out`.
+/// Softmax of one row, in place (shared by [`SoftmaxOp`] and the attention kernel).
 #[inline(always)]
-fn softmax_row(x: &[f32], out: &mut [f32]) {
-    let max = max_of(x);
-    for (o, &v) in out.iter_mut().zip(x) {
-        *o = exp_fast(v - max);
+fn softmax_in_place(row: &mut [f32]) {
+    let max = max_of(row);
+    for x in row.iter_mut() {
+        *x = exp_fast(*x - max);
     }
-    let s = sum(out);
-    for o in out.iter_mut() {
-        *o /= s;
+    let inv = 1.0 / sum(row);
+    for x in row.iter_mut() {
+        *x *= inv;
     }
 }
 
@@ -713,9 +713,9 @@ impl CustomOp1 for SoftmaxOp {
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let x = cpu_slice(s, l)?;
         let n = l.dims().last().copied().unwrap_or(1).max(1);
-        let mut y = vec![0f32; x.len()];
-        for (xr, yr) in x.chunks_exact(n).zip(y.chunks_exact_mut(n)) {
-            softmax_row(xr, yr);
+        let mut y = x.to_vec();
+        for row in y.chunks_exact_mut(n) {
+            softmax_in_place(row);
         }
         Ok((CpuStorage::F32(y), l.shape().clone()))
     }
@@ -996,14 +996,7 @@ fn softmax_block(dims: AttnDims, p: &mut [f32], mask: MaskView<'_>, bi: usize, k
                 *x += m[base + si * st[3]];
             }
         }
-        let max = max_of(row);
-        for x in row.iter_mut() {
-            *x = exp_fast(*x - max);
-        }
-        let inv = 1.0 / sum(row);
-        for x in row.iter_mut() {
-            *x *= inv;
-        }
+        softmax_in_place(row);
     }
 }
 

@@ -782,7 +782,6 @@ pub struct OpenRun {
     pub checkpoint: PathBuf,
 }
 
-/// Opens `run` (a run directory or one of its checkpoint directories).
 /// Opens a run (its newest checkpoint) or one checkpoint for evaluation or decoding, on the
 /// run's own device or on `device` when given (a run trained on a GPU, evaluated on a CPU).
 pub fn open_run(run: &Path, device_override: Option<&str>) -> Result<OpenRun> {
