@@ -211,12 +211,17 @@ fn exp_fast(x: f32) -> f32 {
     const LN2_LO: f32 = 1.428_606_8e-6;
     let xc = x.clamp(-87.3, 88.0);
     // Round to nearest by adding and removing 1.5·2²³ (plain SSE2; `round` would be a call).
+    // The sum's low mantissa bits then hold n itself, so 2ⁿ comes from integer arithmetic on
+    // its bits: a float-to-int `as` cast saturates and maps NaN to 0, which compiles to a scalar
+    // convert, compare and cmov per lane and kept every loop calling this from vectorising.
     const ROUND: f32 = 12_582_912.0;
-    let n = (xc * std::f32::consts::LOG2_E + ROUND) - ROUND;
+    let shifted = xc * std::f32::consts::LOG2_E + ROUND;
+    let n = shifted - ROUND;
     let r = (xc - n * LN2_HI) - n * LN2_LO;
     let p = 1.0
         + r * (1.0 + r * (0.5 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
-    let scale = f32::from_bits(((n as i32 + 127) << 23) as u32);
+    let n_int = shifted.to_bits() as i32 - ROUND.to_bits() as i32;
+    let scale = f32::from_bits((n_int + 127).wrapping_shl(23) as u32);
     if x < -87.3 {
         0.0
     } else {
@@ -1333,5 +1338,33 @@ impl CustomOp1 for CrossEntropyOp {
             })
         })?;
         Ok(Some(cpu_tensor(dx, x.shape())?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::exp_fast;
+
+    #[test]
+    fn exp_fast_is_within_a_few_ulp_of_exp_over_the_whole_range() {
+        let mut worst = 0f64;
+        let mut x = -87.3f32;
+        while x < 88.0 {
+            let exact = (x as f64).exp();
+            let rel = ((exp_fast(x) as f64 - exact) / exact).abs();
+            worst = worst.max(rel);
+            x += 0.0137;
+        }
+        assert!(worst < 4.0 * f32::EPSILON as f64, "worst relative error {worst:e}");
+        assert_eq!(exp_fast(0.0), 1.0);
+    }
+
+    #[test]
+    fn exp_fast_saturates_and_propagates_nan() {
+        assert_eq!(exp_fast(-87.31), 0.0);
+        assert_eq!(exp_fast(-1e30), 0.0);
+        assert_eq!(exp_fast(f32::NEG_INFINITY), 0.0);
+        assert!(exp_fast(f32::INFINITY).is_finite() && exp_fast(f32::INFINITY) > 1e38);
+        assert!(exp_fast(f32::NAN).is_nan());
     }
 }
