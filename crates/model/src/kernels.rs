@@ -1355,7 +1355,10 @@ mod tests {
             worst = worst.max(rel);
             x += 0.0137;
         }
-        assert!(worst < 4.0 * f32::EPSILON as f64, "worst relative error {worst:e}");
+        assert!(
+            worst < 4.0 * f32::EPSILON as f64,
+            "worst relative error {worst:e}"
+        );
         assert_eq!(exp_fast(0.0), 1.0);
     }
 

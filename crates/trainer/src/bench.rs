@@ -120,10 +120,10 @@ pub fn bench(mut cfg: RunConfig, steps: usize, warmup: usize) -> Result<BenchRep
         // The very step `ember train` runs (telemetry off, as on non-logging steps).
         let mut out = forward_backward(&model, opt.params(), &batches, t, &device, step as u64 + 1, false)?;
         let (n_tokens, f, b) = (out.tokens, out.forward_secs, out.backward_secs);
-        let mut grads = std::mem::take(&mut out.grads);
+        let grads = std::mem::take(&mut out.grads);
         let t2 = Instant::now();
-        clip_grad_norm(opt.params(), &mut grads, t.clip_grad_norm)?;
-        opt.step(&grads, schedule.at(step as u64 + 1))?;
+        let check = clip_grad_norm(opt.params(), &grads, t.clip_grad_norm)?;
+        opt.step(&grads, schedule.at(step as u64 + 1), check.scale)?;
         device.synchronize()?;
         let o = t2.elapsed().as_secs_f64();
         let secs = start.elapsed().as_secs_f64();

@@ -3,8 +3,9 @@
 //! resume impossible; this one exposes both.
 
 use std::collections::HashMap;
+use std::sync::Mutex;
 
-use candle_core::{DType, Result, Tensor, Var};
+use candle_core::{CpuStorage, DType, Device, InplaceOp2, Layout, Result, Storage, Tensor, Var};
 
 use crate::config::{Schedule, TrainConfig};
 
@@ -53,8 +54,16 @@ pub struct Param {
     pub var: Var,
     /// Decoupled weight decay applies (matrices; not norms, biases, scales or — by default — embeddings).
     pub decay: bool,
-    m: Tensor,
-    v: Tensor,
+    moments: Moments,
+}
+
+/// AdamW's first and second moment estimates for one parameter.
+enum Moments {
+    /// f32 parameters on the CPU: plain buffers that [`AdamWUpdate`] updates together with the
+    /// parameter in one pass (the tensor form below is a dozen passes and allocations).
+    Host { m: Vec<f32>, v: Vec<f32> },
+    /// Everything else (CUDA, f64): tensors, updated with tensor ops.
+    Tensors { m: Tensor, v: Tensor },
 }
 
 /// AdamW (Loshchilov & Hutter 2019) with bias correction.
@@ -66,6 +75,9 @@ pub struct AdamW {
     pub weight_decay: f64,
     /// Updates applied so far.
     pub step: u64,
+    /// Update every parameter with tensor ops even where the fused CPU pass applies (the
+    /// reference the fused pass is tested against).
+    pub unfused: bool,
 }
 
 /// Whether a parameter gets weight decay, from its name and shape.
@@ -79,12 +91,22 @@ impl AdamW {
         let params = vars
             .into_iter()
             .map(|(name, var)| {
-                let zeros = var.zeros_like()?;
+                let moments = if is_host_f32(&var) {
+                    Moments::Host {
+                        m: vec![0.0; var.elem_count()],
+                        v: vec![0.0; var.elem_count()],
+                    }
+                } else {
+                    let zeros = var.zeros_like()?;
+                    Moments::Tensors {
+                        m: zeros.clone(),
+                        v: zeros,
+                    }
+                };
                 Ok(Param {
                     decay: decays(&name, &var, cfg.decay_embeddings),
                     name,
-                    m: zeros.clone(),
-                    v: zeros,
+                    moments,
                     var,
                 })
             })
@@ -96,6 +118,7 @@ impl AdamW {
             eps: cfg.adam_eps,
             weight_decay: cfg.weight_decay,
             step: 0,
+            unfused: false,
         })
     }
 
@@ -103,9 +126,10 @@ impl AdamW {
         &self.params
     }
 
-    /// Applies one update with learning rate `lr` from (already clipped) gradients, given in
-    /// the order of [`params`](Self::params); `None` leaves a parameter and its moments alone.
-    pub fn step(&mut self, grads: &[Option<Tensor>], lr: f64) -> Result<()> {
+    /// Applies one update with learning rate `lr` from gradients given in the order of
+    /// [`params`](Self::params), each multiplied by `grad_scale` first (the clipping factor from
+    /// [`clip_grad_norm`]); `None` leaves a parameter and its moments alone.
+    pub fn step(&mut self, grads: &[Option<Tensor>], lr: f64, grad_scale: f64) -> Result<()> {
         self.step += 1;
         let t = self.step as i32;
         let (b1, b2) = (self.beta1, self.beta2);
@@ -115,35 +139,63 @@ impl AdamW {
             let Some(g) = g else {
                 continue;
             };
-            let theta = p.var.as_tensor().detach();
-            p.m = ((&p.m * b1)? + (g * (1.0 - b1))?)?;
-            p.v = ((&p.v * b2)? + (g.sqr()? * (1.0 - b2))?)?;
-            let denom = ((&p.v / bc2)?.sqrt()? + self.eps)?;
-            let update = ((&p.m / bc1)? / denom)?;
-            let decayed = if p.decay && self.weight_decay > 0.0 {
-                (theta * (1.0 - lr * self.weight_decay))?
+            let decay = if p.decay {
+                1.0 - lr * self.weight_decay
             } else {
-                theta
+                1.0
             };
+            if let (Moments::Host { m, v }, false) = (&mut p.moments, self.unfused || !is_host_f32(g)) {
+                let update = AdamWUpdate {
+                    moments: Mutex::new((m.as_mut_slice(), v.as_mut_slice())),
+                    c: UpdateConsts {
+                        grad_scale: grad_scale as f32,
+                        beta1: b1 as f32,
+                        one_minus_beta1: (1.0 - b1) as f32,
+                        beta2: b2 as f32,
+                        one_minus_beta2: (1.0 - b2) as f32,
+                        inv_bc1: (1.0 / bc1) as f32,
+                        inv_bc2: (1.0 / bc2) as f32,
+                        eps: self.eps as f32,
+                        decay: decay as f32,
+                        lr: lr as f32,
+                    },
+                };
+                p.var.as_tensor().inplace_op2(&g.contiguous()?, &update)?;
+                continue;
+            }
+            let (m, v) = p.moments.tensors(p.var.shape())?;
+            let g = if grad_scale == 1.0 {
+                g.clone()
+            } else {
+                (g * grad_scale)?
+            };
+            let m = ((&m * b1)? + (&g * (1.0 - b1))?)?;
+            let v = ((&v * b2)? + (g.sqr()? * (1.0 - b2))?)?;
+            let denom = ((&v / bc2)?.sqrt()? + self.eps)?;
+            let update = ((&m / bc1)? / denom)?;
+            let theta = p.var.as_tensor().detach();
+            let decayed = if decay != 1.0 { (theta * decay)? } else { theta };
             p.var.set(&(decayed - (update * lr)?)?)?;
+            p.moments.store(m, v)?;
         }
         Ok(())
     }
 
     /// Moments by name (`m.NAME`, `v.NAME`), for checkpoints.
-    pub fn state_tensors(&self) -> HashMap<String, Tensor> {
+    pub fn state_tensors(&self) -> Result<HashMap<String, Tensor>> {
         let mut out = HashMap::new();
         for p in &self.params {
-            out.insert(format!("m.{}", p.name), p.m.clone());
-            out.insert(format!("v.{}", p.name), p.v.clone());
+            let (m, v) = p.moments.tensors(p.var.shape())?;
+            out.insert(format!("m.{}", p.name), m);
+            out.insert(format!("v.{}", p.name), v);
         }
-        out
+        Ok(out)
     }
 
     /// Restores moments saved by [`state_tensors`](Self::state_tensors); every parameter must be present.
     pub fn load_state(&mut self, mut tensors: HashMap<String, Tensor>, step: u64) -> Result<()> {
         for p in &mut self.params {
-            for (prefix, slot) in [("m", &mut p.m), ("v", &mut p.v)] {
+            let mut take = |prefix: &str| -> Result<Tensor> {
                 let key = format!("{prefix}.{}", p.name);
                 let t = tensors
                     .remove(&key)
@@ -155,34 +207,124 @@ impl AdamW {
                         p.var.shape()
                     );
                 }
-                *slot = t.to_dtype(p.var.dtype())?.to_device(p.var.device())?;
-            }
+                t.to_dtype(p.var.dtype())?.to_device(p.var.device())
+            };
+            let (m, v) = (take("m")?, take("v")?);
+            p.moments.store(m, v)?;
         }
         self.step = step;
         Ok(())
     }
 }
 
-/// Result of measuring (and possibly clipping) gradients.
+impl Moments {
+    /// The moments as tensors of `shape` (copies of the host buffers).
+    fn tensors(&self, shape: &candle_core::Shape) -> Result<(Tensor, Tensor)> {
+        match self {
+            Moments::Host { m, v } => Ok((
+                Tensor::from_slice(m, shape, &Device::Cpu)?,
+                Tensor::from_slice(v, shape, &Device::Cpu)?,
+            )),
+            Moments::Tensors { m, v } => Ok((m.clone(), v.clone())),
+        }
+    }
+
+    fn store(&mut self, new_m: Tensor, new_v: Tensor) -> Result<()> {
+        match self {
+            Moments::Host { m, v } => {
+                *m = new_m.flatten_all()?.to_vec1()?;
+                *v = new_v.flatten_all()?.to_vec1()?;
+            }
+            Moments::Tensors { m, v } => {
+                *m = new_m;
+                *v = new_v;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn is_host_f32(t: &Tensor) -> bool {
+    t.device().is_cpu() && t.dtype() == DType::F32
+}
+
+/// The scalars of one AdamW update, rounded to f32 once.
+#[derive(Clone, Copy)]
+struct UpdateConsts {
+    grad_scale: f32,
+    beta1: f32,
+    one_minus_beta1: f32,
+    beta2: f32,
+    one_minus_beta2: f32,
+    inv_bc1: f32,
+    inv_bc2: f32,
+    eps: f32,
+    decay: f32,
+    lr: f32,
+}
+
+/// AdamW for one f32 CPU parameter in a single pass over (θ, g, m, v), in place. The arithmetic
+/// is the tensor path's, operation for operation; `tests::the_fused_update_is_the_tensor_update`
+/// holds the two together.
+struct AdamWUpdate<'a> {
+    // `InplaceOp2::cpu_fwd` takes `&self`; the moments are written through this lock.
+    moments: Mutex<(&'a mut [f32], &'a mut [f32])>,
+    c: UpdateConsts,
+}
+
+impl InplaceOp2 for AdamWUpdate<'_> {
+    fn name(&self) -> &'static str {
+        "ember-adamw"
+    }
+
+    fn cpu_fwd(&self, theta: &mut CpuStorage, l1: &Layout, g: &CpuStorage, l2: &Layout) -> Result<()> {
+        let (CpuStorage::F32(theta), CpuStorage::F32(g)) = (theta, g) else {
+            candle_core::bail!("ember-adamw: expected f32 parameter and gradient");
+        };
+        let (Some((t0, t1)), Some((g0, g1))) = (l1.contiguous_offsets(), l2.contiguous_offsets()) else {
+            candle_core::bail!("ember-adamw: expected a contiguous parameter and gradient");
+        };
+        let mut guard = self.moments.lock().unwrap_or_else(|e| e.into_inner());
+        let (m, v) = &mut *guard;
+        let (theta, g) = (&mut theta[t0..t1], &g[g0..g1]);
+        if theta.len() != g.len() || m.len() != g.len() || v.len() != g.len() {
+            candle_core::bail!("ember-adamw: parameter, gradient and moments differ in size");
+        }
+        let c = self.c;
+        for (((t, &g), m), v) in theta.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
+            let g = g * c.grad_scale;
+            *m = *m * c.beta1 + g * c.one_minus_beta1;
+            *v = *v * c.beta2 + (g * g) * c.one_minus_beta2;
+            let denom = (*v * c.inv_bc2).sqrt() + c.eps;
+            *t = *t * c.decay - (*m * c.inv_bc1) / denom * c.lr;
+        }
+        Ok(())
+    }
+}
+
+/// Result of measuring gradients.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GradCheck {
     /// Global L2 norm before clipping.
     pub norm: f64,
+    /// What to multiply every gradient by so the global norm is at most the clipping threshold
+    /// (1 when it already is, or when there is no threshold); [`AdamW::step`] applies it.
+    pub scale: f64,
     /// The first parameter whose gradient holds NaN or ±inf, if any.
     pub non_finite: Option<String>,
 }
 
-/// Global L2 norm of `grads` (aligned with `params`); scales them in place to norm ≤ `max_norm`.
+/// Global L2 norm of `grads` (aligned with `params`) and the factor that clips it to `max_norm`.
 pub fn clip_grad_norm(
     params: &[Param],
-    grads: &mut [Option<Tensor>],
+    grads: &[Option<Tensor>],
     max_norm: Option<f64>,
 ) -> Result<GradCheck> {
     let mut total = 0f64;
     let mut non_finite = None;
-    for (p, g) in params.iter().zip(grads.iter()) {
+    for (p, g) in params.iter().zip(grads) {
         if let Some(g) = g {
-            let sq = g.sqr()?.sum_all()?.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+            let sq = sum_of_squares(g)?;
             if !sq.is_finite() && non_finite.is_none() {
                 non_finite = Some(p.name.clone());
             }
@@ -190,15 +332,37 @@ pub fn clip_grad_norm(
         }
     }
     let norm = total.sqrt();
-    if let (Some(max), None) = (max_norm, &non_finite) {
-        if norm > max {
-            let scale = max / (norm + 1e-6);
-            for g in grads.iter_mut().flatten() {
-                *g = (&*g * scale)?;
-            }
+    let scale = match (max_norm, &non_finite) {
+        (Some(max), None) if norm > max => max / (norm + 1e-6),
+        _ => 1.0,
+    };
+    Ok(GradCheck {
+        norm,
+        scale,
+        non_finite,
+    })
+}
+
+/// Σ x², in one pass with eight f32 lanes on the CPU.
+fn sum_of_squares(t: &Tensor) -> Result<f64> {
+    if !is_host_f32(t) {
+        return t.sqr()?.sum_all()?.to_dtype(DType::F64)?.to_scalar::<f64>();
+    }
+    let t = t.contiguous()?;
+    let (storage, layout) = t.storage_and_layout();
+    let (Storage::Cpu(CpuStorage::F32(data)), Some((a, b))) = (&*storage, layout.contiguous_offsets()) else {
+        candle_core::bail!("sum_of_squares: expected a contiguous f32 CPU tensor");
+    };
+    let data = &data[a..b];
+    let mut lanes = [0f32; 8];
+    let chunks = data.chunks_exact(8);
+    let tail: f64 = chunks.remainder().iter().map(|&x| (x * x) as f64).sum();
+    for chunk in chunks {
+        for i in 0..8 {
+            lanes[i] += chunk[i] * chunk[i];
         }
     }
-    Ok(GradCheck { norm, non_finite })
+    Ok(lanes.iter().map(|&x| x as f64).sum::<f64>() + tail)
 }
 
 #[cfg(test)]
@@ -213,6 +377,148 @@ mod tests {
             warmup: 10,
             total: 110,
         }
+    }
+
+    fn cfg() -> TrainConfig {
+        serde_json::from_value(serde_json::json!({"steps": 1, "lr": 1e-2, "weight_decay": 0.1})).unwrap()
+    }
+
+    /// Two parameters that decay (a matrix) and do not (a vector), of sizes that are not
+    /// multiples of the vector width.
+    fn vars() -> Vec<(String, Var)> {
+        let w = Tensor::randn(0f32, 1.0, (7, 13), &Device::Cpu).unwrap();
+        let b = Tensor::randn(0f32, 1.0, 13, &Device::Cpu).unwrap();
+        vec![
+            ("blocks.0.w".into(), Var::from_tensor(&w).unwrap()),
+            ("blocks.0.b".into(), Var::from_tensor(&b).unwrap()),
+        ]
+    }
+
+    fn copy(vars: &[(String, Var)]) -> Vec<(String, Var)> {
+        vars.iter()
+            .map(|(n, v)| {
+                (
+                    n.clone(),
+                    Var::from_tensor(&v.as_tensor().copy().unwrap()).unwrap(),
+                )
+            })
+            .collect()
+    }
+
+    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+        (a - b)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .max(0)
+            .unwrap()
+            .to_scalar()
+            .unwrap()
+    }
+
+    #[test]
+    fn the_fused_update_is_the_tensor_update() {
+        let vars = vars();
+        let mut fused = AdamW::new(copy(&vars), &cfg()).unwrap();
+        let mut reference = AdamW::new(copy(&vars), &cfg()).unwrap();
+        reference.unfused = true;
+        // Steps with and without a clipping factor, and one that skips the vector's gradient.
+        for (step, scale) in [(0, 1.0), (1, 0.37), (2, 1.0), (3, 2.5)] {
+            let grads: Vec<Option<Tensor>> = vars
+                .iter()
+                .enumerate()
+                .map(|(i, (_, v))| {
+                    (step != 2 || i == 0).then(|| Tensor::randn(0f32, 1.0, v.shape(), &Device::Cpu).unwrap())
+                })
+                .collect();
+            let lr = 1e-2 * (step + 1) as f64;
+            fused.step(&grads, lr, scale).unwrap();
+            reference.step(&grads, lr, scale).unwrap();
+        }
+        for (f, r) in fused.params().iter().zip(reference.params()) {
+            let d = max_diff(f.var.as_tensor(), r.var.as_tensor());
+            assert!(d < 1e-6, "{}: parameters differ by {d}", f.name);
+        }
+        let (fs, rs) = (fused.state_tensors().unwrap(), reference.state_tensors().unwrap());
+        assert_eq!(fs.len(), 4);
+        for (k, f) in &fs {
+            let d = max_diff(f, &rs[k]);
+            assert!(d < 1e-6, "{k}: moments differ by {d}");
+        }
+    }
+
+    #[test]
+    fn the_first_update_moves_each_weight_by_lr_against_its_gradient_sign() {
+        // With bias correction, step 1 is θ·(1 − lr·wd) − lr·g/(|g| + ε): a closed form.
+        let mut opt = AdamW::new(vars(), &cfg()).unwrap();
+        let before: Vec<Tensor> = opt
+            .params()
+            .iter()
+            .map(|p| p.var.as_tensor().copy().unwrap())
+            .collect();
+        let grads: Vec<Option<Tensor>> = opt
+            .params()
+            .iter()
+            .map(|p| Some(Tensor::randn(0f32, 1.0, p.var.shape(), &Device::Cpu).unwrap()))
+            .collect();
+        opt.step(&grads, 0.01, 1.0).unwrap();
+        for ((p, theta), g) in opt.params().iter().zip(&before).zip(&grads) {
+            let g = g.as_ref().unwrap();
+            let decay = if p.decay { 1.0 - 0.01 * 0.1 } else { 1.0 };
+            let expected = ((theta * decay).unwrap()
+                - (g / (g.abs().unwrap() + 1e-8).unwrap()).unwrap() * 0.01)
+                .unwrap();
+            let d = max_diff(p.var.as_tensor(), &expected);
+            assert!(d < 1e-6, "{}: {d}", p.name);
+        }
+    }
+
+    #[test]
+    fn moments_survive_a_save_and_load() {
+        let mut opt = AdamW::new(vars(), &cfg()).unwrap();
+        let grads: Vec<Option<Tensor>> = opt
+            .params()
+            .iter()
+            .map(|p| Some(Tensor::randn(0f32, 1.0, p.var.shape(), &Device::Cpu).unwrap()))
+            .collect();
+        opt.step(&grads, 0.01, 1.0).unwrap();
+        let saved = opt.state_tensors().unwrap();
+        let mut restored = AdamW::new(vars(), &cfg()).unwrap();
+        restored.load_state(saved.clone(), opt.step).unwrap();
+        for (k, t) in restored.state_tensors().unwrap() {
+            assert_eq!(max_diff(&t, &saved[&k]), 0.0, "{k}");
+        }
+        assert!(
+            restored.load_state(HashMap::new(), 1).is_err(),
+            "missing moments are an error"
+        );
+    }
+
+    #[test]
+    fn clipping_scales_to_the_threshold_and_flags_non_finite_gradients() {
+        let opt = AdamW::new(vars(), &cfg()).unwrap();
+        // ‖g‖² = 7·13·4 + 13·9 = 481.
+        let grads = vec![
+            Some(Tensor::full(2f32, (7, 13), &Device::Cpu).unwrap()),
+            Some(Tensor::full(-3f32, 13, &Device::Cpu).unwrap()),
+        ];
+        let check = clip_grad_norm(opt.params(), &grads, Some(1.0)).unwrap();
+        assert!((check.norm - 481f64.sqrt()).abs() < 1e-9, "{}", check.norm);
+        assert!((check.scale * check.norm - 1.0).abs() < 1e-6);
+        assert_eq!(
+            clip_grad_norm(opt.params(), &grads, Some(100.0)).unwrap().scale,
+            1.0
+        );
+        assert_eq!(clip_grad_norm(opt.params(), &grads, None).unwrap().scale, 1.0);
+        let bad = vec![
+            grads[0].clone(),
+            Some(Tensor::new(&[f32::NAN; 13], &Device::Cpu).unwrap()),
+        ];
+        let check = clip_grad_norm(opt.params(), &bad, Some(1.0)).unwrap();
+        assert_eq!(check.non_finite.as_deref(), Some("blocks.0.b"));
+        assert_eq!(check.scale, 1.0);
     }
 
     #[test]

@@ -535,7 +535,7 @@ pub fn train(mut cfg: RunConfig, opts: &TrainOptions) -> Result<Summary> {
             model_config: cfg.model.clone(),
             files: Default::default(),
         };
-        let dir = checkpoint::save(run_dir, state, &params, &opt.state_tensors(), &config_yaml)?;
+        let dir = checkpoint::save(run_dir, state, &params, &opt.state_tensors()?, &config_yaml)?;
         checkpoint::prune(run_dir, cfg.checkpoint.keep_last, run.best.map(|b| b.step))?;
         metrics::export_csv(run_dir)?;
         Ok(dir)
@@ -583,8 +583,8 @@ pub fn train(mut cfg: RunConfig, opts: &TrainOptions) -> Result<Summary> {
             .collect();
         let log_now = next % cfg.train.log_every == 0 || next == total_steps;
         let t0 = Instant::now();
-        let mut out = forward_backward(&model, opt.params(), &batches, &cfg.train, &device, next, log_now)?;
-        let check = clip_grad_norm(opt.params(), &mut out.grads, cfg.train.clip_grad_norm)?;
+        let out = forward_backward(&model, opt.params(), &batches, &cfg.train, &device, next, log_now)?;
+        let check = clip_grad_norm(opt.params(), &out.grads, cfg.train.clip_grad_norm)?;
         let problem = if !out.loss.is_finite() {
             Some(format!("the loss is {}", out.loss))
         } else {
@@ -617,7 +617,7 @@ pub fn train(mut cfg: RunConfig, opts: &TrainOptions) -> Result<Summary> {
                     ));
                 }
             },
-            None => opt.step(&out.grads, lr)?,
+            None => opt.step(&out.grads, lr, check.scale)?,
         }
         let secs = t0.elapsed().as_secs_f64();
         run.step = next;
