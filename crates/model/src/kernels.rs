@@ -244,19 +244,28 @@ fn erf_and_gauss(x: f32) -> (f32, f32) {
 }
 
 /// Defines `$name(args) -> ret` that runs the `#[inline(always)]` function `$generic` compiled
-/// for AVX2 when the CPU has it (the crate is built for baseline x86-64, which only has SSE2).
-/// The arithmetic is the same either way: every reduction above sums in a fixed lane order.
+/// for AVX-512 or AVX2 when the CPU has it (the crate is built for baseline x86-64, which only
+/// has SSE2). The arithmetic is the same either way: every reduction above sums in a fixed lane
+/// order, and no copy contracts a multiply and an add into one rounding.
 macro_rules! simd_dispatch {
     ($name:ident => $generic:ident ($($arg:ident : $ty:ty),* $(,)?) -> $ret:ty) => {
         fn $name($($arg: $ty),*) -> $ret {
             #[cfg(target_arch = "x86_64")]
             {
+                #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+                unsafe fn avx512($($arg: $ty),*) -> $ret {
+                    $generic($($arg),*)
+                }
                 #[target_feature(enable = "avx2,fma")]
                 unsafe fn avx2($($arg: $ty),*) -> $ret {
                     $generic($($arg),*)
                 }
-                if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512vl") {
                     // SAFETY: the CPU supports the enabled features (checked just above).
+                    return unsafe { avx512($($arg),*) };
+                }
+                if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                    // SAFETY: as above.
                     return unsafe { avx2($($arg),*) };
                 }
             }
@@ -753,36 +762,79 @@ impl CustomOp1 for SoftmaxOp {
 /// GELU, erf form; fused backward on CPU f32 (candle's backward is eleven elementwise passes).
 /// Forward and gradient follow candle's formulas with a vectorisable erf (|error| < 1.5·10⁻⁷),
 /// so they agree with `Tensor::gelu_erf` to float rounding.
+///
+/// When a gradient will be needed, the forward pass also stores GELU's derivative at each
+/// element: erf is the expensive part of both passes and the forward has it in hand, so the
+/// backward becomes one multiplication per element (for one more activation-sized buffer).
 pub fn gelu_erf(x: &Tensor) -> Result<Tensor> {
     if !fast(x) {
         return x.gelu_erf();
     }
-    x.contiguous()?.apply_op1(GeluOp)
+    let op = GeluOp {
+        derivative: x.track_op().then(|| std::sync::Mutex::new(None)),
+    };
+    x.contiguous()?.apply_op1(op)
 }
 
-struct GeluOp;
+struct GeluOp {
+    /// dGELU/dx from the forward pass, taken by the backward pass (`None`: not kept).
+    derivative: Option<std::sync::Mutex<Option<Vec<f32>>>>,
+}
 
-// The loops below index into a preallocated output instead of `map().collect()`: collect's
-// fold is not inlined into the AVX2 copy, which would leave the arithmetic unvectorised.
+// The loops below write into spare capacity instead of `map().collect()` (collect's fold is
+// not inlined into the AVX2 copy, which would leave the arithmetic unvectorised) or a zeroed
+// vector (a memset per call that every element then overwrites).
 #[inline(always)]
 fn gelu_fwd_generic(x: &[f32]) -> Vec<f32> {
-    let mut y = vec![0f32; x.len()];
-    for (y, &v) in y.iter_mut().zip(x) {
-        *y = (erf_and_gauss(v * std::f32::consts::FRAC_1_SQRT_2).0 + 1.) * 0.5 * v;
+    let mut y = Vec::with_capacity(x.len());
+    for (y, &v) in y.spare_capacity_mut().iter_mut().zip(x) {
+        y.write((erf_and_gauss(v * std::f32::consts::FRAC_1_SQRT_2).0 + 1.) * 0.5 * v);
     }
+    // SAFETY: the loop initialised the first x.len() elements.
+    unsafe { y.set_len(x.len()) };
     y
 }
 simd_dispatch!(gelu_fwd => gelu_fwd_generic(x: &[f32]) -> Vec<f32>);
 
+/// d/dx gelu_erf(x) = 0.5 + 0.398942·x·e^(−x²/2) + 0.5·erf(x/√2), as candle writes it; the erf
+/// of x/√2 comes with e^(−x²/2) for free.
+#[inline(always)]
+fn gelu_derivative(v: f32) -> (f32, f32) {
+    let (erf, e) = erf_and_gauss(v * std::f32::consts::FRAC_1_SQRT_2);
+    ((erf + 1.) * 0.5 * v, 0.5 + 0.398942 * e * v + 0.5 * erf)
+}
+
+/// GELU and its derivative at each element.
+#[inline(always)]
+fn gelu_fwd_keep_generic(x: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let (mut y, mut d) = (Vec::with_capacity(x.len()), Vec::with_capacity(x.len()));
+    for ((y, d), &v) in y
+        .spare_capacity_mut()
+        .iter_mut()
+        .zip(d.spare_capacity_mut())
+        .zip(x)
+    {
+        let (value, slope) = gelu_derivative(v);
+        y.write(value);
+        d.write(slope);
+    }
+    // SAFETY: the loop initialised the first x.len() elements of both.
+    unsafe {
+        y.set_len(x.len());
+        d.set_len(x.len());
+    }
+    (y, d)
+}
+simd_dispatch!(gelu_fwd_keep => gelu_fwd_keep_generic(x: &[f32]) -> (Vec<f32>, Vec<f32>));
+
 #[inline(always)]
 fn gelu_bwd_generic(x: &[f32], g: &[f32]) -> Vec<f32> {
-    // d/dx gelu_erf(x) = 0.5 + 0.398942·x·e^(−x²/2) + 0.5·erf(x/√2), as candle writes it; the
-    // erf of x/√2 comes with e^(−x²/2) for free.
-    let mut dx = vec![0f32; x.len()];
-    for ((d, &v), &g) in dx.iter_mut().zip(x).zip(g) {
-        let (erf, e) = erf_and_gauss(v * std::f32::consts::FRAC_1_SQRT_2);
-        *d = g * (0.5 + 0.398942 * e * v + 0.5 * erf);
+    let mut dx = Vec::with_capacity(x.len());
+    for ((d, &v), &g) in dx.spare_capacity_mut().iter_mut().zip(x).zip(g) {
+        d.write(g * gelu_derivative(v).1);
     }
+    // SAFETY: the loop initialised min(x.len(), g.len()) = x.len() elements (same shapes).
+    unsafe { dx.set_len(x.len().min(g.len())) };
     dx
 }
 simd_dispatch!(gelu_bwd => gelu_bwd_generic(x: &[f32], g: &[f32]) -> Vec<f32>);
@@ -792,13 +844,42 @@ impl CustomOp1 for GeluOp {
         "ember-gelu-erf"
     }
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        Ok((CpuStorage::F32(gelu_fwd(cpu_slice(s, l)?)), l.shape().clone()))
+        let x = cpu_slice(s, l)?;
+        let y = match &self.derivative {
+            Some(slot) => {
+                let (y, d) = gelu_fwd_keep(x);
+                *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(d);
+                y
+            }
+            None => gelu_fwd(x),
+        };
+        Ok((CpuStorage::F32(y), l.shape().clone()))
     }
     fn bwd(&self, x: &Tensor, _res: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
-        let dx = with_data(x, |x| with_data(g, |g| Ok(gelu_bwd(x, g))))?;
+        let kept = self
+            .derivative
+            .as_ref()
+            .and_then(|slot| slot.lock().unwrap_or_else(|e| e.into_inner()).take());
+        let dx = match kept {
+            Some(d) if d.len() == g.elem_count() => with_data(g, |g| Ok(mul(g, &d)))?,
+            // Not kept (or already used by an earlier backward through this graph): recompute.
+            _ => with_data(x, |x| with_data(g, |g| Ok(gelu_bwd(x, g))))?,
+        };
         Ok(Some(cpu_tensor(dx, x.shape())?))
     }
 }
+
+#[inline(always)]
+fn mul_generic(a: &[f32], b: &[f32]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(a.len());
+    for ((o, &a), &b) in out.spare_capacity_mut().iter_mut().zip(a).zip(b) {
+        o.write(a * b);
+    }
+    // SAFETY: the loop initialised min(a.len(), b.len()) elements.
+    unsafe { out.set_len(a.len().min(b.len())) };
+    out
+}
+simd_dispatch!(mul => mul_generic(a: &[f32], b: &[f32]) -> Vec<f32>);
 
 /// `silu(gate) · up` from candle primitives.
 pub fn swiglu_unfused(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
