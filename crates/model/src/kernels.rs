@@ -995,13 +995,23 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> R
         Some(m) => Some(m.detach().broadcast_as((b, h, t, s))?),
         None => None,
     };
-    let op = AttnOp { mask };
+    // Keeping the probabilities for the backward pass spares it a q·kᵀ product and a softmax
+    // per block, for B·H·T·S floats: done when that is at most four times what q holds (S ≤ 4d),
+    // so long sequences still recompute instead of storing T² per head.
+    let keep = q.track_op() && s <= 4 * d;
+    let op = AttnOp {
+        mask,
+        probs: keep.then(|| std::sync::Mutex::new(None)),
+    };
     q.contiguous()?.apply_op3(&k.contiguous()?, &v.contiguous()?, op)
 }
 
 struct AttnOp {
     /// The additive mask broadcast (by strides) to (B, H, T, S).
     mask: Option<Tensor>,
+    /// The forward pass's probabilities, block after block, taken by the backward pass
+    /// (`None`: not kept, the backward recomputes them).
+    probs: Option<std::sync::Mutex<Option<Vec<f32>>>>,
 }
 
 /// Shapes of one attention call.
@@ -1033,10 +1043,16 @@ impl AttnOp {
     }
 
     fn forward(&self, dims: AttnDims, q: &[f32], k: &[f32], v: &[f32]) -> Result<Vec<f32>> {
-        self.with_mask(|mask| Ok(attn_forward(dims, q, k, v, mask)))
+        let (out, probs) =
+            self.with_mask(|mask| Ok(attn_forward(dims, q, k, v, mask, self.probs.is_some())))?;
+        if let (Some(slot), Some(probs)) = (&self.probs, probs) {
+            *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(probs);
+        }
+        Ok(out)
     }
 
-    /// (dq, dk, dv), recomputing the probabilities; `o` is the forward output, `go` its gradient.
+    /// (dq, dk, dv), from the kept probabilities or recomputing them; `o` is the forward
+    /// output, `go` its gradient.
     #[allow(clippy::type_complexity)]
     fn backward(
         &self,
@@ -1047,7 +1063,12 @@ impl AttnOp {
         o: &[f32],
         go: &[f32],
     ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
-        self.with_mask(|mask| Ok(attn_backward(dims, q, k, v, o, go, mask)))
+        let kept = self
+            .probs
+            .as_ref()
+            .and_then(|slot| slot.lock().unwrap_or_else(|e| e.into_inner()).take())
+            .filter(|p| p.len() == dims.b * dims.h * dims.t * dims.s);
+        self.with_mask(|mask| Ok(attn_backward(dims, q, k, v, o, go, mask, kept.as_deref())))
     }
 }
 
@@ -1078,8 +1099,14 @@ fn softmax_block(dims: AttnDims, p: &mut [f32], mask: MaskView<'_>, bi: usize, k
         if let Some((m, st, off)) = mask {
             let hi = kh * dims.group() + r / t;
             let base = off + bi * st[0] + hi * st[1] + (r % t) * st[2];
-            for (si, x) in row.iter_mut().enumerate() {
-                *x += m[base + si * st[3]];
+            if st[3] == 1 {
+                for (x, &mv) in row.iter_mut().zip(&m[base..base + s]) {
+                    *x += mv;
+                }
+            } else {
+                for (si, x) in row.iter_mut().enumerate() {
+                    *x += m[base + si * st[3]];
+                }
             }
         }
         softmax_in_place(row);
@@ -1087,18 +1114,29 @@ fn softmax_block(dims: AttnDims, p: &mut [f32], mask: MaskView<'_>, bi: usize, k
 }
 
 simd_dispatch!(attn_forward => attn_forward_generic(
-    dims: AttnDims, q: &[f32], k: &[f32], v: &[f32], mask: MaskView<'_>) -> Vec<f32>);
+    dims: AttnDims, q: &[f32], k: &[f32], v: &[f32], mask: MaskView<'_>, keep: bool) -> (Vec<f32>, Option<Vec<f32>>));
 
+/// The output and, with `keep`, the probabilities of every block (in block order).
 #[inline(always)]
-fn attn_forward_generic(dims: AttnDims, q: &[f32], k: &[f32], v: &[f32], mask: MaskView<'_>) -> Vec<f32> {
+fn attn_forward_generic(
+    dims: AttnDims,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    mask: MaskView<'_>,
+    keep: bool,
+) -> (Vec<f32>, Option<Vec<f32>>) {
     let AttnDims { b, hkv, t, s, d, .. } = dims;
     let rows = dims.group() * t;
+    let block = rows * s;
     let mut out = vec![0f32; q.len()];
-    let mut p = vec![0f32; rows * s];
+    let mut probs = vec![0f32; if keep { b * hkv * block } else { block }];
     for bi in 0..b {
         for kh in 0..hkv {
             let (qr, kvr) = (dims.q_block(bi, kh), dims.kv_block(bi, kh));
             let (kb, vb) = (&k[kvr.clone()], &v[kvr]);
+            let at = if keep { (bi * hkv + kh) * block } else { 0 };
+            let p = &mut probs[at..at + block];
             sgemm(
                 rows,
                 d,
@@ -1106,22 +1144,21 @@ fn attn_forward_generic(dims: AttnDims, q: &[f32], k: &[f32], v: &[f32], mask: M
                 Mat::rows(&q[qr.clone()], d),
                 Mat::transposed(kb, d),
                 0.0,
-                &mut p,
+                p,
             );
-            softmax_block(dims, &mut p, mask, bi, kh);
-            sgemm(rows, s, d, Mat::rows(&p, s), Mat::rows(vb, d), 0.0, &mut out[qr]);
+            softmax_block(dims, p, mask, bi, kh);
+            sgemm(rows, s, d, Mat::rows(p, s), Mat::rows(vb, d), 0.0, &mut out[qr]);
         }
     }
-    out
+    (out, keep.then_some(probs))
 }
 
 simd_dispatch!(attn_backward => attn_backward_generic(
-    dims: AttnDims, q: &[f32], k: &[f32], v: &[f32], o: &[f32], go: &[f32], mask: MaskView<'_>)
-    -> (Vec<f32>, Vec<f32>, Vec<f32>));
+    dims: AttnDims, q: &[f32], k: &[f32], v: &[f32], o: &[f32], go: &[f32], mask: MaskView<'_>,
+    kept: Option<&[f32]>) -> (Vec<f32>, Vec<f32>, Vec<f32>));
 
-/// With P the probabilities and δ_r = ⟨go_r, o_r⟩: dS = P ⊙ (go·vᵀ − δ), dq = dS·k,
-/// dk = dSᵀ·q, dv = Pᵀ·go (the query heads of a group summed inside the GEMM, in a fixed order).
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn attn_backward_generic(
     dims: AttnDims,
     q: &[f32],
@@ -1130,21 +1167,37 @@ fn attn_backward_generic(
     o: &[f32],
     go: &[f32],
     mask: MaskView<'_>,
+    kept: Option<&[f32]>,
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let AttnDims { b, hkv, t, s, d, .. } = dims;
     let rows = dims.group() * t;
     let mut dq = vec![0f32; q.len()];
     let mut dk = vec![0f32; k.len()];
     let mut dv = vec![0f32; v.len()];
-    let mut p = vec![0f32; rows * s];
-    let mut ds = vec![0f32; rows * s];
+    let block = rows * s;
+    let mut scratch = vec![0f32; if kept.is_some() { 0 } else { block }];
+    let mut ds = vec![0f32; block];
     for bi in 0..b {
         for kh in 0..hkv {
             let (qr, kvr) = (dims.q_block(bi, kh), dims.kv_block(bi, kh));
             let (qb, ob, gb) = (&q[qr.clone()], &o[qr.clone()], &go[qr.clone()]);
             let (kb, vb) = (&k[kvr.clone()], &v[kvr.clone()]);
-            sgemm(rows, d, s, Mat::rows(qb, d), Mat::transposed(kb, d), 0.0, &mut p);
-            softmax_block(dims, &mut p, mask, bi, kh);
+            let p: &[f32] = match kept {
+                Some(all) => &all[(bi * hkv + kh) * block..][..block],
+                None => {
+                    sgemm(
+                        rows,
+                        d,
+                        s,
+                        Mat::rows(qb, d),
+                        Mat::transposed(kb, d),
+                        0.0,
+                        &mut scratch,
+                    );
+                    softmax_block(dims, &mut scratch, mask, bi, kh);
+                    &scratch
+                }
+            };
             sgemm(rows, d, s, Mat::rows(gb, d), Mat::transposed(vb, d), 0.0, &mut ds);
             for r in 0..rows {
                 let delta = dot(&gb[r * d..(r + 1) * d], &ob[r * d..(r + 1) * d]);
@@ -1167,7 +1220,7 @@ fn attn_backward_generic(
                 s,
                 rows,
                 d,
-                Mat::transposed(&p, s),
+                Mat::transposed(p, s),
                 Mat::rows(gb, d),
                 0.0,
                 &mut dv[kvr],

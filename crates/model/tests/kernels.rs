@@ -207,12 +207,14 @@ fn masks(b: usize, t: usize, s: usize) -> Vec<(&'static str, Option<Tensor>)> {
 
 #[test]
 fn attention_matches_the_unfused_composition() {
-    // (B, H, H_kv, T, S, d): plain, GQA groups of 2 and 3, odd sizes, one query (decoding).
+    // (B, H, H_kv, T, S, d): plain, GQA groups of 2 and 3, odd sizes, one query (decoding),
+    // and S > 4d, where the backward recomputes the probabilities instead of keeping them.
     for (i, (b, h, hkv, t, s, d)) in [
         (2, 4, 4, 8, 8, 32),
         (3, 4, 2, 5, 7, 16),
         (2, 6, 2, 9, 9, 7),
         (2, 3, 1, 1, 6, 8),
+        (2, 4, 2, 6, 21, 4),
     ]
     .into_iter()
     .enumerate()
