@@ -147,9 +147,10 @@ impl<'a> Mat<'a> {
 
 /// `C = A·B + beta·C` for A (m×k), B (k×n) and a row-major C (m×n), single-threaded.
 ///
-/// matrixmultiply's packed kernels (runtime AVX/FMA dispatch) run 1.6–1.8× faster than the gemm
-/// crate behind candle's matmul at our shapes (see docs/performance.md), and one thread with a
-/// fixed blocking gives the same bits on every run.
+/// [`crate::gemm`] multiplies small operands in place with an AVX-512 kernel and hands the rest
+/// to matrixmultiply's packed kernels (1.6–1.8× faster than the gemm crate behind candle's
+/// matmul at our shapes, see docs/performance.md); one thread with a fixed order of summation
+/// gives the same bits on every run.
 fn sgemm(m: usize, k: usize, n: usize, a: Mat<'_>, b: Mat<'_>, beta: f32, c: &mut [f32]) {
     assert!(
         a.fits(m, k) && b.fits(k, n) && c.len() >= m * n,
@@ -163,25 +164,15 @@ fn sgemm(m: usize, k: usize, n: usize, a: Mat<'_>, b: Mat<'_>, beta: f32, c: &mu
     unsafe { raw_sgemm(m, k, n, a, b, beta, c.as_mut_ptr()) }
 }
 
-/// matrixmultiply's SGEMM with C row-major (m×n) at `c`. Caller: operands in bounds, `c` valid
+/// [`crate::gemm::gemm`] with C row-major (m×n) at `c`. Caller: operands in bounds, `c` valid
 /// for m·n writes (and reads, unless β = 0) and not aliasing A or B.
 unsafe fn raw_sgemm(m: usize, k: usize, n: usize, a: Mat<'_>, b: Mat<'_>, beta: f32, c: *mut f32) {
-    matrixmultiply::sgemm(
-        m,
-        k,
-        n,
-        1.0,
-        a.data.as_ptr(),
-        a.row_stride as isize,
-        a.col_stride as isize,
-        b.data.as_ptr(),
-        b.row_stride as isize,
-        b.col_stride as isize,
-        beta,
-        c,
-        n as isize,
-        1,
-    )
+    let operand = |x: Mat<'_>| crate::gemm::Operand {
+        ptr: x.data.as_ptr(),
+        row_stride: x.row_stride,
+        col_stride: x.col_stride,
+    };
+    crate::gemm::gemm(m, k, n, operand(a), operand(b), beta, c, n)
 }
 
 /// `A·B` for A (m×k) and B (k×n) into a new row-major (m×n) vector.
@@ -191,10 +182,10 @@ fn product(m: usize, k: usize, n: usize, a: Mat<'_>, b: Mat<'_>) -> Vec<f32> {
         return vec![0f32; m * n];
     }
     let mut c = Vec::with_capacity(m * n);
-    // SAFETY: operands in bounds (asserted), `c` is fresh; with β = 0 matrixmultiply writes
-    // every element of C without reading it ("If β is zero, then C does not need to be
-    // initialized"), so all m·n elements are initialised before `set_len`. Skipping the
-    // zero-fill saves a memset per product.
+    // SAFETY: operands in bounds (asserted), `c` is fresh; with β = 0 both GEMM paths write
+    // every element of C without reading it (matrixmultiply: "If β is zero, then C does not
+    // need to be initialized"), so all m·n elements are initialised before `set_len`. Skipping
+    // the zero-fill saves a memset per product.
     unsafe {
         raw_sgemm(m, k, n, a, b, 0.0, c.as_mut_ptr());
         c.set_len(m * n);

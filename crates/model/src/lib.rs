@@ -19,6 +19,7 @@
 pub mod attention;
 pub mod config;
 pub mod decoding;
+mod gemm;
 pub mod kernels;
 pub mod layers;
 pub mod params;
