@@ -4,11 +4,12 @@
 //! multiplying. At d_model = 128 that copy is not small: in nanoGPT's CPU shape it was 13% of a
 //! training step, most of it gathering activations whose reduction dimension is the contiguous
 //! one. When B fits in L2 packing buys little, so [`gemm`] multiplies in place instead: an
-//! AVX-512 kernel broadcasts A's elements straight from memory (any strides) and loads B's rows
-//! as vectors, keeping an 8×32 tile of C in sixteen registers. B must be row-contiguous; a
-//! transposed B (a weight in x·Wᵀ, K in q·Kᵀ) is transposed into a scratch buffer first, which
-//! costs k·n copies against m·k·n multiply-adds. Everything else — large B, no AVX-512 —
-//! goes to matrixmultiply.
+//! AVX-512 kernel broadcasts A's elements straight from its rows and loads B's rows as vectors,
+//! keeping an 8×32 tile of C in sixteen registers. B must be row-contiguous; a transposed B (a
+//! weight in x·Wᵀ, K in q·Kᵀ) is transposed into a scratch buffer first, which costs k·n copies
+//! against m·k·n multiply-adds. A column-major A (gᵀ in dW = gᵀ·x, a reduction over all tokens),
+//! a large B, or a CPU without AVX-512 go to matrixmultiply: for the first, its packing is a
+//! plain copy and it measured faster than the in-place kernel (`timing` below).
 //!
 //! The kernel sums over k in order, one fused multiply-add per term, so results are the same
 //! on every run.
