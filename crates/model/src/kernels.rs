@@ -193,6 +193,56 @@ fn product(m: usize, k: usize, n: usize, a: Mat<'_>, b: Mat<'_>) -> Vec<f32> {
     c
 }
 
+/// A vector assembled from disjoint blocks, each written by a β = 0 product (which writes
+/// every element of its block without reading it), so it needs no zero-fill first.
+struct Blocks {
+    data: Vec<f32>,
+    len: usize,
+    written: usize,
+}
+
+impl Blocks {
+    fn new(len: usize) -> Self {
+        Self {
+            data: Vec::with_capacity(len),
+            len,
+            written: 0,
+        }
+    }
+
+    /// `A·B` (m×k times k×n) into elements `at..at + m·n`; returns them.
+    fn product(&mut self, at: usize, m: usize, k: usize, n: usize, a: Mat<'_>, b: Mat<'_>) -> &mut [f32] {
+        let size = m * n;
+        assert!(
+            a.fits(m, k) && b.fits(k, n) && at + size <= self.len,
+            "sgemm: operand out of bounds"
+        );
+        let c = self.data.spare_capacity_mut()[at..at + size]
+            .as_mut_ptr()
+            .cast::<f32>();
+        // SAFETY: operands in bounds (asserted); C is `size` elements of our own spare capacity,
+        // which no operand borrows. With β = 0 every element is written (k = 0: by the fill).
+        unsafe {
+            if k == 0 || size == 0 {
+                std::ptr::write_bytes(c, 0, size);
+            } else {
+                raw_sgemm(m, k, n, a, b, 0.0, c);
+            }
+            self.written += size;
+            std::slice::from_raw_parts_mut(c, size)
+        }
+    }
+
+    /// The vector, once disjoint blocks have covered it.
+    fn finish(mut self) -> Vec<f32> {
+        assert_eq!(self.written, self.len, "blocks do not cover the vector");
+        // SAFETY: disjoint blocks (the callers' block ranges partition the vector) wrote
+        // `len` elements in all, so every element is initialised.
+        unsafe { self.data.set_len(self.len) };
+        self.data
+    }
+}
+
 /// eˣ to about 2 ulp, branch-free so loops over it vectorise (libm's `expf` is a scalar call).
 /// Cody–Waite reduction x = n·ln2 + r, |r| ≤ ln2/2, then a degree-6 Taylor polynomial in r.
 /// Below −87.3 (where eˣ is subnormal) it returns exactly 0, which masked logits rely on.
@@ -441,22 +491,27 @@ impl NormOp {
                 x.len()
             );
         }
-        let mut y = vec![0f32; x.len()];
-        for (xr, yr) in x.chunks_exact(d).zip(y.chunks_exact_mut(d)) {
+        // Slices of exactly d elements, so the loops below carry no bounds checks and vectorise.
+        let w = &w[..d];
+        let b = b.map(|b| &b[..d]);
+        let mut y = Vec::with_capacity(x.len());
+        for (xr, yr) in x.chunks_exact(d).zip(y.spare_capacity_mut().chunks_exact_mut(d)) {
             let (mean, r) = self.stats(xr);
             match b {
                 Some(b) => {
-                    for i in 0..d {
-                        yr[i] = (xr[i] - mean) * r * w[i] + b[i];
+                    for (((y, &x), &w), &b) in yr.iter_mut().zip(xr).zip(w).zip(b) {
+                        y.write((x - mean) * r * w + b);
                     }
                 }
                 None => {
-                    for i in 0..d {
-                        yr[i] = (xr[i] - mean) * r * w[i];
+                    for ((y, &x), &w) in yr.iter_mut().zip(xr).zip(w) {
+                        y.write((x - mean) * r * w);
                     }
                 }
             }
         }
+        // SAFETY: x.len() is a multiple of d (checked above), so the rows cover every element.
+        unsafe { y.set_len(x.len()) };
         Ok(y)
     }
 
@@ -464,6 +519,7 @@ impl NormOp {
     #[inline(always)]
     fn backward(&self, x: &[f32], w: &[f32], g: &[f32]) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
         let d = w.len();
+        let w = &w[..d];
         let mut dx = vec![0f32; x.len()];
         let mut dw = vec![0f32; d];
         let mut db = vec![0f32; d];
@@ -487,8 +543,8 @@ impl NormOp {
                 NormType::Rms => 0.0,
                 NormType::Layer => sum(&gx) * inv_d,
             };
-            for i in 0..d {
-                dxr[i] = r * (gx[i] - m_gx - xhat[i] * m_gx_xhat);
+            for (((dx, &gx), &xhat), _) in dxr.iter_mut().zip(&gx).zip(&xhat).zip(0..d) {
+                *dx = r * (gx - m_gx - xhat * m_gx_xhat);
             }
         }
         (dx, dw, db)
@@ -1120,28 +1176,25 @@ fn attn_forward_generic(
     let AttnDims { b, hkv, t, s, d, .. } = dims;
     let rows = dims.group() * t;
     let block = rows * s;
-    let mut out = vec![0f32; q.len()];
-    let mut probs = vec![0f32; if keep { b * hkv * block } else { block }];
+    let mut out = Blocks::new(q.len());
+    let mut kept = keep.then(|| Blocks::new(b * hkv * block));
+    let mut scratch = if keep { Vec::new() } else { vec![0f32; block] };
     for bi in 0..b {
         for kh in 0..hkv {
             let (qr, kvr) = (dims.q_block(bi, kh), dims.kv_block(bi, kh));
-            let (kb, vb) = (&k[kvr.clone()], &v[kvr]);
-            let at = if keep { (bi * hkv + kh) * block } else { 0 };
-            let p = &mut probs[at..at + block];
-            sgemm(
-                rows,
-                d,
-                s,
-                Mat::rows(&q[qr.clone()], d),
-                Mat::transposed(kb, d),
-                0.0,
-                p,
-            );
+            let (qm, km) = (Mat::rows(&q[qr.clone()], d), Mat::transposed(&k[kvr.clone()], d));
+            let p: &mut [f32] = match &mut kept {
+                Some(all) => all.product((bi * hkv + kh) * block, rows, d, s, qm, km),
+                None => {
+                    sgemm(rows, d, s, qm, km, 0.0, &mut scratch);
+                    &mut scratch
+                }
+            };
             softmax_block(dims, p, mask, bi, kh);
-            sgemm(rows, s, d, Mat::rows(p, s), Mat::rows(vb, d), 0.0, &mut out[qr]);
+            out.product(qr.start, rows, s, d, Mat::rows(p, s), Mat::rows(&v[kvr], d));
         }
     }
-    (out, keep.then_some(probs))
+    (out.finish(), kept.map(Blocks::finish))
 }
 
 simd_dispatch!(attn_backward => attn_backward_generic(
@@ -1162,9 +1215,9 @@ fn attn_backward_generic(
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let AttnDims { b, hkv, t, s, d, .. } = dims;
     let rows = dims.group() * t;
-    let mut dq = vec![0f32; q.len()];
-    let mut dk = vec![0f32; k.len()];
-    let mut dv = vec![0f32; v.len()];
+    let mut dq = Blocks::new(q.len());
+    let mut dk = Blocks::new(k.len());
+    let mut dv = Blocks::new(v.len());
     let block = rows * s;
     let mut scratch = vec![0f32; if kept.is_some() { 0 } else { block }];
     let mut ds = vec![0f32; block];
@@ -1197,28 +1250,12 @@ fn attn_backward_generic(
                     *x = pv * (*x - delta);
                 }
             }
-            sgemm(rows, s, d, Mat::rows(&ds, s), Mat::rows(kb, d), 0.0, &mut dq[qr]);
-            sgemm(
-                s,
-                rows,
-                d,
-                Mat::transposed(&ds, s),
-                Mat::rows(qb, d),
-                0.0,
-                &mut dk[kvr.clone()],
-            );
-            sgemm(
-                s,
-                rows,
-                d,
-                Mat::transposed(p, s),
-                Mat::rows(gb, d),
-                0.0,
-                &mut dv[kvr],
-            );
+            dq.product(qr.start, rows, s, d, Mat::rows(&ds, s), Mat::rows(kb, d));
+            dk.product(kvr.start, s, rows, d, Mat::transposed(&ds, s), Mat::rows(qb, d));
+            dv.product(kvr.start, s, rows, d, Mat::transposed(p, s), Mat::rows(gb, d));
         }
     }
-    (dq, dk, dv)
+    (dq.finish(), dk.finish(), dv.finish())
 }
 
 fn attn_dims(lq: &Layout, lk: &Layout) -> Result<AttnDims> {
