@@ -150,10 +150,14 @@ impl Attention {
 
     /// (B, T, heads·d) → (B, heads, T, d).
     fn split_heads(&self, x: &Tensor, heads: usize) -> Result<Tensor> {
+        self.heads_view(x, heads)?.contiguous()
+    }
+
+    /// (B, T, heads·d) viewed as (B, heads, T, d), without copying: the rotation kernel reads
+    /// this layout directly and writes (B, heads, T, d).
+    fn heads_view(&self, x: &Tensor, heads: usize) -> Result<Tensor> {
         let (b, t, _) = x.dims3()?;
-        x.reshape((b, t, heads, self.head_dim))?
-            .transpose(1, 2)?
-            .contiguous()
+        x.reshape((b, t, heads, self.head_dim))?.transpose(1, 2)
     }
 
     /// QK-norm of per-head queries or keys (B, H, T, d), over d.
@@ -169,7 +173,7 @@ impl Attention {
     /// Queries: project, normalise, rotate, and fold in the logit scale (cheaper on q than on
     /// the T×S logits).
     fn queries(&self, x: &Tensor, offset: usize) -> Result<Tensor> {
-        let q = self.split_heads(&self.q_proj.forward(x)?, self.n_heads)?;
+        let q = self.heads_view(&self.q_proj.forward(x)?, self.n_heads)?;
         let q = self.normalize(&q, Side::Query)?;
         // QK-norm comes before the rotation (Qwen3, OLMo 2): rotating first would let the
         // norm's gains act on position-mixed coordinates.
@@ -184,12 +188,13 @@ impl Attention {
     }
 
     fn keys_values(&self, x: &Tensor, offset: usize) -> Result<(Tensor, Tensor)> {
-        let k = self.split_heads(&self.k_proj.forward(x)?, self.n_kv_heads)?;
+        let k = self.heads_view(&self.k_proj.forward(x)?, self.n_kv_heads)?;
         let v = self.split_heads(&self.v_proj.forward(x)?, self.n_kv_heads)?;
         let k = self.normalize(&k, Side::Key)?;
         let k = match &self.rotary {
             Some(rotary) => rotary.apply(&k, offset)?,
-            None => k,
+            // Without a rotation nothing has copied the head view yet.
+            None => k.contiguous()?,
         };
         Ok((k, v))
     }

@@ -193,8 +193,9 @@ fn product(m: usize, k: usize, n: usize, a: Mat<'_>, b: Mat<'_>) -> Vec<f32> {
     c
 }
 
-/// A vector assembled from disjoint blocks, each written by a β = 0 product (which writes
-/// every element of its block without reading it), so it needs no zero-fill first.
+/// A vector assembled from disjoint blocks, each written in full — by a β = 0 product (which
+/// writes every element of its block without reading it) or by the caller — so it needs no
+/// zero-fill first.
 struct Blocks {
     data: Vec<f32>,
     len: usize,
@@ -231,6 +232,12 @@ impl Blocks {
             self.written += size;
             std::slice::from_raw_parts_mut(c, size)
         }
+    }
+
+    /// Elements `at..at + len`, to be written by the caller (counted as written).
+    fn row(&mut self, at: usize, len: usize) -> &mut [std::mem::MaybeUninit<f32>] {
+        self.written += len;
+        &mut self.data.spare_capacity_mut()[at..at + len]
     }
 
     /// The vector, once disjoint blocks have covered it.
@@ -672,47 +679,61 @@ pub fn rope_scaled(x: &Tensor, tables: &RopeTables, offset: usize, scale: f32) -
     let op = RopeOp {
         tables: tables.clone(),
         offset,
-        t,
         scale,
         inverse: false,
     };
-    Ok(Some(x.contiguous()?.apply_op1(op)?))
+    // The kernel reads any layout whose last dimension is contiguous: in particular the
+    // (B, T, H, d) projection output viewed as (B, H, T, d), which saves the head-split copy.
+    let x = if x.stride()[3] == 1 {
+        x.clone()
+    } else {
+        x.contiguous()?
+    };
+    Ok(Some(x.apply_op1(op)?))
 }
 
 #[derive(Clone)]
 struct RopeOp {
     tables: RopeTables,
     offset: usize,
-    t: usize,
     scale: f32,
     /// Rotate by the negative angles (the transpose: the backward pass).
     inverse: bool,
 }
 
 impl RopeOp {
-    fn run(&self, x: &[f32]) -> Vec<f32> {
+    /// Rotates every row of d elements: row (b, h, t) of `x` starts at `src(b, h, t)` and goes to
+    /// row `dst(b, h, t)` of the output.
+    #[inline(always)]
+    fn run(
+        &self,
+        x: &[f32],
+        dims: [usize; 3],
+        src: impl Fn(usize, usize, usize) -> usize,
+        dst: impl Fn(usize, usize, usize) -> usize,
+    ) -> Vec<f32> {
         let half = self.tables.half;
         let d = 2 * half;
-        let mut y = vec![0f32; x.len()];
-        for (row, (xr, yr)) in x.chunks_exact(d).zip(y.chunks_exact_mut(d)).enumerate() {
-            let pos = self.offset + row % self.t;
-            let cos = &self.tables.cos[pos * half..(pos + 1) * half];
-            let sin = &self.tables.sin[pos * half..(pos + 1) * half];
-            let (x1, x2) = xr.split_at(half);
-            let (y1, y2) = yr.split_at_mut(half);
-            if self.inverse {
-                for i in 0..half {
-                    y1[i] = (x1[i] * cos[i] + x2[i] * sin[i]) * self.scale;
-                    y2[i] = (x2[i] * cos[i] - x1[i] * sin[i]) * self.scale;
-                }
-            } else {
-                for i in 0..half {
-                    y1[i] = (x1[i] * cos[i] - x2[i] * sin[i]) * self.scale;
-                    y2[i] = (x2[i] * cos[i] + x1[i] * sin[i]) * self.scale;
+        let [b, h, t] = dims;
+        let mut y = Blocks::new(b * h * t * d);
+        for bi in 0..b {
+            for hi in 0..h {
+                for ti in 0..t {
+                    let pos = self.offset + ti;
+                    let cos = &self.tables.cos[pos * half..(pos + 1) * half];
+                    let sin = &self.tables.sin[pos * half..(pos + 1) * half];
+                    let (x1, x2) = x[src(bi, hi, ti)..][..d].split_at(half);
+                    let (y1, y2) = y.row(dst(bi, hi, ti) * d, d).split_at_mut(half);
+                    let sign = if self.inverse { -1.0 } else { 1.0 };
+                    for i in 0..half {
+                        let s = sin[i] * sign;
+                        y1[i].write((x1[i] * cos[i] - x2[i] * s) * self.scale);
+                        y2[i].write((x2[i] * cos[i] + x1[i] * s) * self.scale);
+                    }
                 }
             }
         }
-        y
+        y.finish()
     }
 }
 
@@ -721,14 +742,41 @@ impl CustomOp1 for RopeOp {
         "ember-rope"
     }
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        Ok((CpuStorage::F32(self.run(cpu_slice(s, l)?)), l.shape().clone()))
+        let data = match s {
+            CpuStorage::F32(v) => v.as_slice(),
+            _ => bail!("ember kernels: expected f32 storage"),
+        };
+        let (b, h, t, _) = l.shape().dims4()?;
+        let (st, off) = (l.stride(), l.start_offset());
+        if st[3] != 1 {
+            bail!("ember-rope: the last dimension must be contiguous");
+        }
+        let y = self.run(
+            data,
+            [b, h, t],
+            |bi, hi, ti| off + bi * st[0] + hi * st[1] + ti * st[2],
+            |bi, hi, ti| (bi * h + hi) * t + ti,
+        );
+        Ok((CpuStorage::F32(y), l.shape().clone()))
     }
+    /// The inverse rotation of the gradient, written in (B, T, H, d) order and returned as its
+    /// (B, H, T, d) view: when the input was the head-split view of a projection, the
+    /// gradient then reaches the projection's backward already contiguous (no copy).
     fn bwd(&self, _x: &Tensor, _res: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
         let op = RopeOp {
             inverse: !self.inverse,
             ..self.clone()
         };
-        Ok(Some(g.contiguous()?.apply_op1(op)?))
+        let (b, h, t, d) = g.dims4()?;
+        let dx = with_data(g, |g| {
+            Ok(op.run(
+                g,
+                [b, h, t],
+                |bi, hi, ti| ((bi * h + hi) * t + ti) * d,
+                |bi, hi, ti| (bi * t + ti) * h + hi,
+            ))
+        })?;
+        Ok(Some(cpu_tensor(dx, &Shape::from((b, t, h, d)))?.transpose(1, 2)?))
     }
 }
 
@@ -1531,5 +1579,31 @@ mod tests {
         assert_eq!(exp_fast(f32::NEG_INFINITY), 0.0);
         assert!(exp_fast(f32::INFINITY).is_finite() && exp_fast(f32::INFINITY) > 1e38);
         assert!(exp_fast(f32::NAN).is_nan());
+    }
+}
+
+#[cfg(test)]
+mod timing {
+    /// Not a test: `cargo test --release -p ember-model --lib kernels::timing -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn print_elementwise_rates() {
+        let n = 768 * 512;
+        let x: Vec<f32> = (0..n).map(|i| ((i % 97) as f32 - 48.0) / 16.0).collect();
+        let g: Vec<f32> = (0..n).map(|i| ((i % 89) as f32 - 44.0) / 32.0).collect();
+        let time = |name: &str, f: &dyn Fn() -> usize| {
+            let mut best = f64::MAX;
+            for _ in 0..20 {
+                let t = std::time::Instant::now();
+                std::hint::black_box(f());
+                best = best.min(t.elapsed().as_secs_f64());
+            }
+            println!("{name:>16}: {:.3} ns/element", best / n as f64 * 1e9);
+        };
+        time("gelu_fwd", &|| super::gelu_fwd(&x).len());
+        time("gelu_fwd_keep", &|| super::gelu_fwd_keep(&x).0.len());
+        time("gelu_bwd", &|| super::gelu_bwd(&x, &g).len());
+        time("mul", &|| super::mul(&x, &g).len());
+        time("copy", &|| x.clone().len());
     }
 }
