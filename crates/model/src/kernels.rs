@@ -300,7 +300,7 @@ macro_rules! simd_dispatch {
         fn $name($($arg: $ty),*) -> $ret {
             #[cfg(target_arch = "x86_64")]
             {
-                #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+                #[target_feature(enable = "avx512f,avx512vl,avx512dq,avx2,fma")]
                 unsafe fn avx512($($arg: $ty),*) -> $ret {
                     $generic($($arg),*)
                 }
@@ -308,7 +308,10 @@ macro_rules! simd_dispatch {
                 unsafe fn avx2($($arg: $ty),*) -> $ret {
                     $generic($($arg),*)
                 }
-                if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512vl") {
+                if std::is_x86_feature_detected!("avx512f")
+                    && std::is_x86_feature_detected!("avx512vl")
+                    && std::is_x86_feature_detected!("avx512dq")
+                {
                     // SAFETY: the CPU supports the enabled features (checked just above).
                     return unsafe { avx512($($arg),*) };
                 }
@@ -975,6 +978,75 @@ fn mul_generic(a: &[f32], b: &[f32]) -> Vec<f32> {
     out
 }
 simd_dispatch!(mul => mul_generic(a: &[f32], b: &[f32]) -> Vec<f32>);
+
+// ---------------------------------------------------------------------------------------------
+// Dropout.
+// ---------------------------------------------------------------------------------------------
+
+/// Inverted dropout on CPU f32 in one pass, with the mask recomputed in the backward pass
+/// instead of stored: element i (in row-major order) is zeroed when draw i + 1 of a SplitMix64
+/// stream at `state` is below p, and scaled by 1/(1 − p) otherwise. SplitMix64's state only
+/// steps by a constant, so draw i is computed directly and the loop vectorises. The caller
+/// advances its generator past the `x.elem_count()` draws used here. `None`: not a CPU f32
+/// tensor.
+pub fn dropout(x: &Tensor, state: u64, p: f64) -> Result<Option<Tensor>> {
+    if !fast(x) {
+        return Ok(None);
+    }
+    let op = DropoutOp {
+        state,
+        // uniform = (z >> 11)·2⁻⁵³ < p  ⟺  z >> 11 < ⌈p·2⁵³⌉ (an exact integer comparison).
+        threshold: (p * (1u64 << 53) as f64).ceil() as u64,
+        keep: (1.0 / (1.0 - p)) as f32,
+    };
+    Ok(Some(x.contiguous()?.apply_op1(op)?))
+}
+
+#[derive(Clone, Copy)]
+struct DropoutOp {
+    state: u64,
+    threshold: u64,
+    keep: f32,
+}
+
+/// `x[i] · mask[i]` for the mask of [`dropout`].
+#[inline(always)]
+fn dropout_generic(op: DropoutOp, x: &[f32]) -> Vec<f32> {
+    const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut y = Vec::with_capacity(x.len());
+    for (i, (y, &v)) in y.spare_capacity_mut().iter_mut().zip(x).enumerate() {
+        // SplitMix64's output after i + 1 steps from `state` (crate::rng::SplitMix64::next_u64).
+        let mut z = op.state.wrapping_add((i as u64 + 1).wrapping_mul(GAMMA));
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        y.write(if (z >> 11) < op.threshold {
+            0.0
+        } else {
+            v * op.keep
+        });
+    }
+    // SAFETY: the loop initialised x.len() elements.
+    unsafe { y.set_len(x.len()) };
+    y
+}
+simd_dispatch!(dropout_apply => dropout_generic(op: DropoutOp, x: &[f32]) -> Vec<f32>);
+
+impl CustomOp1 for DropoutOp {
+    fn name(&self) -> &'static str {
+        "ember-dropout"
+    }
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        Ok((
+            CpuStorage::F32(dropout_apply(*self, cpu_slice(s, l)?)),
+            l.shape().clone(),
+        ))
+    }
+    fn bwd(&self, x: &Tensor, _res: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
+        let dx = with_data(g, |g| Ok(dropout_apply(*self, g)))?;
+        Ok(Some(cpu_tensor(dx, x.shape())?))
+    }
+}
 
 /// `silu(gate) · up` from candle primitives.
 pub fn swiglu_unfused(gate: &Tensor, up: &Tensor) -> Result<Tensor> {

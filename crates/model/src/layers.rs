@@ -11,7 +11,7 @@ use candle_core::{DType, Result, Tensor, D};
 use candle_nn::{Init, VarBuilder};
 
 use crate::config::{MlpKind, NormKind};
-use crate::rng::SplitMix64;
+use crate::rng::{SplitMix64, SPLITMIX_GAMMA};
 
 /// What one forward pass needs besides its inputs.
 #[derive(Clone, Copy, Default)]
@@ -53,13 +53,19 @@ impl DropoutRng {
         if p <= 0.0 {
             return Ok(x.clone());
         }
+        let mut rng = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let n = x.elem_count() as u64;
+        // The fused kernel computes draw i of the stream directly; stepping the state past all
+        // n draws leaves the generator exactly where n calls of `uniform` would.
+        if let Some(y) = crate::kernels::dropout(x, rng.state, p)? {
+            rng.state = rng.state.wrapping_add(n.wrapping_mul(SPLITMIX_GAMMA));
+            return Ok(y);
+        }
         let keep = 1.0 / (1.0 - p);
-        let mask: Vec<f32> = {
-            let mut rng = self.0.lock().unwrap_or_else(|e| e.into_inner());
-            (0..x.elem_count())
-                .map(|_| if rng.uniform() < p { 0.0 } else { keep as f32 })
-                .collect()
-        };
+        let mask: Vec<f32> = (0..n)
+            .map(|_| if rng.uniform() < p { 0.0 } else { keep as f32 })
+            .collect();
+        drop(rng);
         let mask = Tensor::from_vec(mask, x.shape(), x.device())?.to_dtype(x.dtype())?;
         x.mul(&mask)
     }

@@ -4,6 +4,9 @@
 //! internals of an external crate's generator, so Ember uses SplitMix64 (Steele et al. 2014),
 //! whose whole definition is the dozen lines below.
 
+/// The constant SplitMix64's state steps by on every draw.
+pub const SPLITMIX_GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+
 /// SplitMix64: 64 bits of state, passes BigCrush, trivially serialisable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SplitMix64 {
@@ -24,7 +27,7 @@ impl SplitMix64 {
     }
 
     pub fn next_u64(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        self.state = self.state.wrapping_add(SPLITMIX_GAMMA);
         let mut z = self.state;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);

@@ -399,3 +399,42 @@ fn activations_are_exact_at_extreme_inputs() {
         "{probs:?}"
     );
 }
+
+#[test]
+fn dropout_kernel_draws_the_generators_mask() {
+    use ember_model::DropoutRng;
+    // The fused kernel (f32) against the generator-driven mask (the f64 path), forward and
+    // gradient, contiguous and strided; then both generators must have advanced alike.
+    let x = randn(120, &[3, 50, 7]);
+    for (label, x) in [("contiguous", x.clone()), ("strided", strided(&x))] {
+        compare(
+            &format!("dropout {label}"),
+            std::slice::from_ref(&x),
+            &|v| DropoutRng::new(7).apply(&v[0], 0.3).unwrap(),
+            &|v| {
+                let y = DropoutRng::new(7)
+                    .apply(&v[0].to_dtype(DType::F64).unwrap(), 0.3)
+                    .unwrap();
+                y.to_dtype(DType::F32).unwrap()
+            },
+        );
+    }
+    let (fused, reference) = (DropoutRng::new(9), DropoutRng::new(9));
+    let ones = Tensor::ones(1000, DType::F32, &Device::Cpu).unwrap();
+    fused.apply(&x, 0.5).unwrap();
+    reference.apply(&x.to_dtype(DType::F64).unwrap(), 0.5).unwrap();
+    let next_fused: Vec<f32> = fused.apply(&ones, 0.5).unwrap().to_vec1().unwrap();
+    let next_ref: Vec<f64> = reference
+        .apply(&ones.to_dtype(DType::F64).unwrap(), 0.5)
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    let dropped = next_fused.iter().filter(|&&v| v == 0.0).count();
+    assert!(
+        (400..600).contains(&dropped),
+        "{dropped} of 1000 dropped at p = 0.5"
+    );
+    for (a, b) in next_fused.iter().zip(&next_ref) {
+        assert_eq!(*a as f64, *b, "the generators drifted apart");
+    }
+}
