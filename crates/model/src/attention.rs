@@ -250,9 +250,7 @@ impl Attention {
         let training_dropout = ctx.dropout.is_some() && self.attn_dropout > 0.0;
         if ctx.telemetry.is_none() && !training_dropout {
             // The fused kernel (CPU f32; the same composition as below elsewhere).
-            let out = kernels::attention(q, k, v, mask)?
-                .transpose(1, 2)?
-                .reshape((b, t, h * d))?;
+            let out = kernels::attention_heads_last(q, k, v, mask)?.reshape((b, t, h * d))?;
             return dropout(&self.o_proj.forward(&out)?, self.dropout, ctx);
         }
         let s = k.dim(2)?;

@@ -167,12 +167,27 @@ fn sgemm(m: usize, k: usize, n: usize, a: Mat<'_>, b: Mat<'_>, beta: f32, c: &mu
 /// [`crate::gemm::gemm`] with C row-major (m×n) at `c`. Caller: operands in bounds, `c` valid
 /// for m·n writes (and reads, unless β = 0) and not aliasing A or B.
 unsafe fn raw_sgemm(m: usize, k: usize, n: usize, a: Mat<'_>, b: Mat<'_>, beta: f32, c: *mut f32) {
+    raw_sgemm_ld(m, k, n, a, b, beta, c, n)
+}
+
+/// [`raw_sgemm`] with C's rows `ldc` elements apart.
+#[allow(clippy::too_many_arguments)]
+unsafe fn raw_sgemm_ld(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: Mat<'_>,
+    b: Mat<'_>,
+    beta: f32,
+    c: *mut f32,
+    ldc: usize,
+) {
     let operand = |x: Mat<'_>| crate::gemm::Operand {
         ptr: x.data.as_ptr(),
         row_stride: x.row_stride,
         col_stride: x.col_stride,
     };
-    crate::gemm::gemm(m, k, n, operand(a), operand(b), beta, c, n)
+    crate::gemm::gemm(m, k, n, operand(a), operand(b), beta, c, ldc)
 }
 
 /// `A·B` for A (m×k) and B (k×n) into a new row-major (m×n) vector.
@@ -209,6 +224,31 @@ impl Blocks {
             len,
             written: 0,
         }
+    }
+
+    /// `A·B` (m×k times k×n) into rows of n elements starting at `at`, `ldc` apart.
+    #[allow(clippy::too_many_arguments)]
+    fn product_ld(&mut self, at: usize, ldc: usize, m: usize, k: usize, n: usize, a: Mat<'_>, b: Mat<'_>) {
+        assert!(
+            a.fits(m, k) && b.fits(k, n) && n <= ldc && (m == 0 || at + (m - 1) * ldc + n <= self.len),
+            "sgemm: operand out of bounds"
+        );
+        if m == 0 || n == 0 {
+            return;
+        }
+        let c = self.data.spare_capacity_mut()[at..].as_mut_ptr().cast::<f32>();
+        // SAFETY: operands in bounds (asserted); the rows of C lie in our spare capacity, which
+        // no operand borrows. With β = 0 every element of each row is written (k = 0: the fill).
+        unsafe {
+            if k == 0 {
+                for r in 0..m {
+                    std::ptr::write_bytes(c.add(r * ldc), 0, n);
+                }
+            } else {
+                raw_sgemm_ld(m, k, n, a, b, 0.0, c, ldc);
+            }
+        }
+        self.written += m * n;
     }
 
     /// `A·B` (m×k times k×n) into elements `at..at + m·n`; returns them.
@@ -1145,10 +1185,17 @@ pub fn attention_unfused(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tenso
 /// Fused [`attention_unfused`] on CPU f32 (the mask is treated as a constant: it gets no
 /// gradient). Falls back to the unfused form elsewhere.
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
+    attention_heads_last(q, k, v, mask)?.transpose(1, 2)
+}
+
+/// [`attention`] with the output laid out (B, T, H, d): the heads of each position side by side,
+/// so (B, T, H·d) for the output projection is a free reshape and its gradient arrives
+/// contiguous (no head-merge copy in either pass).
+pub fn attention_heads_last(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
     let (b, h, t, d) = q.dims4()?;
     let (bk, hkv, s, dk) = k.dims4()?;
     if !(fast(q) && fast(k) && fast(v) && mask.is_none_or(fast)) {
-        return attention_unfused(q, k, v, mask);
+        return attention_unfused(q, k, v, mask)?.transpose(1, 2);
     }
     if bk != b || dk != d || hkv == 0 || h % hkv != 0 || v.dims4()? != (b, hkv, s, d) {
         bail!(
@@ -1250,6 +1297,10 @@ impl AttnDims {
         let first = bi * self.h + kh * self.group();
         first * self.t * self.d..(first + self.group()) * self.t * self.d
     }
+    /// Offset of row (batch `bi`, position `ti`, query head `hq`) in a (B, T, H, d) tensor.
+    fn bthd_row(&self, bi: usize, ti: usize, hq: usize) -> usize {
+        ((bi * self.t + ti) * self.h + hq) * self.d
+    }
     /// Element range of the key (and value) block of KV head `kh` in batch `bi`.
     fn kv_block(&self, bi: usize, kh: usize) -> std::ops::Range<usize> {
         let kv = bi * self.hkv + kh;
@@ -1311,7 +1362,20 @@ fn attn_forward_generic(
                 }
             };
             softmax_block(dims, p, mask, bi, kh);
-            out.product(qr.start, rows, s, d, Mat::rows(p, s), Mat::rows(&v[kvr], d));
+            // Output rows go to (B, T, H, d): head `hq`'s rows are H·d apart.
+            for gi in 0..dims.group() {
+                let hq = kh * dims.group() + gi;
+                let p_head = Mat::rows(&p[gi * t * s..(gi + 1) * t * s], s);
+                out.product_ld(
+                    dims.bthd_row(bi, 0, hq),
+                    dims.h * d,
+                    t,
+                    s,
+                    d,
+                    p_head,
+                    Mat::rows(&v[kvr.clone()], d),
+                );
+            }
         }
     }
     (out.finish(), kept.map(Blocks::finish))
@@ -1341,10 +1405,11 @@ fn attn_backward_generic(
     let block = rows * s;
     let mut scratch = vec![0f32; if kept.is_some() { 0 } else { block }];
     let mut ds = vec![0f32; block];
+    let (h, group) = (dims.h, dims.group());
     for bi in 0..b {
         for kh in 0..hkv {
             let (qr, kvr) = (dims.q_block(bi, kh), dims.kv_block(bi, kh));
-            let (qb, ob, gb) = (&q[qr.clone()], &o[qr.clone()], &go[qr.clone()]);
+            let qb = &q[qr.clone()];
             let (kb, vb) = (&k[kvr.clone()], &v[kvr.clone()]);
             let p: &[f32] = match kept {
                 Some(all) => &all[(bi * hkv + kh) * block..][..block],
@@ -1362,17 +1427,41 @@ fn attn_backward_generic(
                     &scratch
                 }
             };
-            sgemm(rows, d, s, Mat::rows(gb, d), Mat::transposed(vb, d), 0.0, &mut ds);
-            for r in 0..rows {
-                let delta = dot(&gb[r * d..(r + 1) * d], &ob[r * d..(r + 1) * d]);
-                let (pr, dr) = (&p[r * s..(r + 1) * s], &mut ds[r * s..(r + 1) * s]);
-                for (x, &pv) in dr.iter_mut().zip(pr) {
-                    *x = pv * (*x - delta);
+            // o and its gradient are (B, T, H, d): head hq's rows are H·d apart.
+            let grad_rows = |hq: usize| Mat {
+                data: &go[dims.bthd_row(bi, 0, hq)..],
+                row_stride: h * d,
+                col_stride: 1,
+            };
+            for gi in 0..group {
+                let hq = kh * group + gi;
+                let ds_head = &mut ds[gi * t * s..(gi + 1) * t * s];
+                sgemm(t, d, s, grad_rows(hq), Mat::transposed(vb, d), 0.0, ds_head);
+                for ti in 0..t {
+                    let row = dims.bthd_row(bi, ti, hq);
+                    let delta = dot(&go[row..row + d], &o[row..row + d]);
+                    let r = gi * t + ti;
+                    let (pr, dr) = (&p[r * s..(r + 1) * s], &mut ds[r * s..(r + 1) * s]);
+                    for (x, &pv) in dr.iter_mut().zip(pr) {
+                        *x = pv * (*x - delta);
+                    }
                 }
             }
             dq.product(qr.start, rows, s, d, Mat::rows(&ds, s), Mat::rows(kb, d));
             dk.product(kvr.start, s, rows, d, Mat::transposed(&ds, s), Mat::rows(qb, d));
-            dv.product(kvr.start, s, rows, d, Mat::transposed(p, s), Mat::rows(gb, d));
+            // dV = Σ over the group's heads of Pᵀ·dO (the first writes, the rest add).
+            let dv_block = dv.product(
+                kvr.start,
+                s,
+                t,
+                d,
+                Mat::transposed(&p[..t * s], s),
+                grad_rows(kh * group),
+            );
+            for gi in 1..group {
+                let p_head = Mat::transposed(&p[gi * t * s..(gi + 1) * t * s], s);
+                sgemm(s, t, d, p_head, grad_rows(kh * group + gi), 1.0, dv_block);
+            }
         }
     }
     (dq.finish(), dk.finish(), dv.finish())
@@ -1408,7 +1497,10 @@ impl CustomOp3 for AttnOp {
     ) -> Result<(CpuStorage, Shape)> {
         let dims = attn_dims(l1, l2)?;
         let out = self.forward(dims, cpu_slice(s1, l1)?, cpu_slice(s2, l2)?, cpu_slice(s3, l3)?)?;
-        Ok((CpuStorage::F32(out), l1.shape().clone()))
+        Ok((
+            CpuStorage::F32(out),
+            Shape::from((dims.b, dims.t, dims.h, dims.d)),
+        ))
     }
     fn bwd(
         &self,
