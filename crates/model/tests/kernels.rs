@@ -261,12 +261,24 @@ fn attention_matches_the_unfused_composition() {
         let q = (randn(50 + i as u64, &[b, h, t, d]) * 0.5).unwrap();
         let k = randn(60 + i as u64, &[b, hkv, s, d]);
         let v = randn(70 + i as u64, &[b, hkv, s, d]);
+        // v also as the head-split view of a (B, S, H_kv·d) projection.
+        let v_head_view = v
+            .transpose(1, 2)
+            .unwrap()
+            .contiguous()
+            .unwrap()
+            .transpose(1, 2)
+            .unwrap();
         for (mask_name, mask) in masks(b, t, s) {
-            for (label, q) in [("contiguous", q.clone()), ("strided", strided(&q))] {
+            for (label, q, v) in [
+                ("contiguous", q.clone(), v.clone()),
+                ("strided", strided(&q), strided(&v)),
+                ("head-view v", q.clone(), v_head_view.clone()),
+            ] {
                 let name = format!("attention {:?} mask {mask_name} {label}", (b, h, hkv, t, s, d));
                 compare(
                     &name,
-                    &[q.clone(), k.clone(), strided(&v)],
+                    &[q.clone(), k.clone(), v],
                     &|x| kernels::attention(&x[0], &x[1], &x[2], mask.as_ref()).unwrap(),
                     &|x| {
                         // candle's matmul refuses some strided operands; the reference copies.
