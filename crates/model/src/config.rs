@@ -232,7 +232,7 @@ impl ModelConfig {
         if let Some(n) = self.n_decoder_layers {
             positive("n_decoder_layers", n)?;
         }
-        if self.d_model % self.n_heads != 0 {
+        if !self.d_model.is_multiple_of(self.n_heads) {
             return Err(bad(
                 "d_model",
                 format!(
@@ -241,7 +241,7 @@ impl ModelConfig {
                 ),
             ));
         }
-        if self.head_dim() % 2 != 0 {
+        if !self.head_dim().is_multiple_of(2) {
             return Err(bad(
                 "n_heads",
                 format!(
@@ -254,7 +254,7 @@ impl ModelConfig {
         if kv == 0 {
             return Err(bad("n_kv_heads", "must be greater than 0"));
         }
-        if self.n_heads % kv != 0 {
+        if !self.n_heads.is_multiple_of(kv) {
             return Err(bad(
                 "n_kv_heads",
                 format!(

@@ -31,6 +31,7 @@ const L2_FLOATS: usize = 1 << 18;
 /// # Safety
 /// Every element of the m×k view of A and the k×n view of B is readable, `c` is valid for
 /// reads and writes of the m×n view, and C does not overlap A or B.
+#[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn gemm(
     m: usize,
     k: usize,
@@ -185,6 +186,7 @@ mod avx512 {
 
     /// Row tiles outer, column strips inner: A's MR rows stay in L1 while B streams from L2.
     #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn gemm(
         m: usize,
         k: usize,

@@ -337,14 +337,17 @@ fn erf_and_gauss(x: f32) -> (f32, f32) {
 /// order, and no copy contracts a multiply and an add into one rounding.
 macro_rules! simd_dispatch {
     ($name:ident => $generic:ident ($($arg:ident : $ty:ty),* $(,)?) -> $ret:ty) => {
+        #[allow(clippy::too_many_arguments)]
         fn $name($($arg: $ty),*) -> $ret {
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx512f,avx512vl,avx512dq,avx2,fma")]
+                #[allow(clippy::too_many_arguments)]
                 unsafe fn avx512($($arg: $ty),*) -> $ret {
                     $generic($($arg),*)
                 }
                 #[target_feature(enable = "avx2,fma")]
+                #[allow(clippy::too_many_arguments)]
                 unsafe fn avx2($($arg: $ty),*) -> $ret {
                     $generic($($arg),*)
                 }
