@@ -22,6 +22,26 @@ pub(crate) struct Operand {
     pub col_stride: usize,
 }
 
+#[cfg(test)]
+impl Operand {
+    /// Row-major data with `cols` columns.
+    fn rows(data: &[f32], cols: usize) -> Self {
+        Self {
+            ptr: data.as_ptr(),
+            row_stride: cols,
+            col_stride: 1,
+        }
+    }
+    /// The transpose of row-major data with `cols` columns.
+    fn transposed(data: &[f32], cols: usize) -> Self {
+        Self {
+            ptr: data.as_ptr(),
+            row_stride: 1,
+            col_stride: cols,
+        }
+    }
+}
+
 /// Floats of B the in-place kernel may stream from L2 per row tile (1 MiB: half of this
 /// machine's 2 MiB L2, leaving room for A's rows and C).
 const L2_FLOATS: usize = 1 << 18;
@@ -341,30 +361,14 @@ mod tests {
                             let c0 = values(m * n, 99);
                             // A stored transposed (k×m) or not, B likewise.
                             let ao = if a_t {
-                                Operand {
-                                    ptr: a.as_ptr(),
-                                    row_stride: 1,
-                                    col_stride: m,
-                                }
+                                Operand::transposed(&a, m)
                             } else {
-                                Operand {
-                                    ptr: a.as_ptr(),
-                                    row_stride: k,
-                                    col_stride: 1,
-                                }
+                                Operand::rows(&a, k)
                             };
                             let bo = if b_t {
-                                Operand {
-                                    ptr: b.as_ptr(),
-                                    row_stride: 1,
-                                    col_stride: k,
-                                }
+                                Operand::transposed(&b, k)
                             } else {
-                                Operand {
-                                    ptr: b.as_ptr(),
-                                    row_stride: n,
-                                    col_stride: 1,
-                                }
+                                Operand::rows(&b, n)
                             };
                             let mut c = c0.clone();
                             unsafe { gemm_with(in_place, m, k, n, ao, bo, beta, c.as_mut_ptr(), n) };
@@ -398,16 +402,8 @@ mod tests {
         assert!(k * n > L2_FLOATS);
         let a = values(m * k, 3);
         let b = values(k * n, 4);
-        let ao = Operand {
-            ptr: a.as_ptr(),
-            row_stride: k,
-            col_stride: 1,
-        };
-        let bo = Operand {
-            ptr: b.as_ptr(),
-            row_stride: n,
-            col_stride: 1,
-        };
+        let ao = Operand::rows(&a, k);
+        let bo = Operand::rows(&b, n);
         let mut c = vec![0f32; m * n];
         unsafe { gemm(m, k, n, ao, bo, 0.0, c.as_mut_ptr(), n) };
         for (i, j) in [(0, 0), (4, 250), (8, 499)] {
@@ -428,11 +424,7 @@ mod tests {
             row_stride: 2,
             col_stride: 2 * k,
         };
-        let ao = Operand {
-            ptr: a.as_ptr(),
-            row_stride: k,
-            col_stride: 1,
-        };
+        let ao = Operand::rows(&a, k);
         let mut c = vec![0f32; m * n];
         unsafe { gemm(m, k, n, ao, bo, 0.0, c.as_mut_ptr(), n) };
         for i in 0..m {
@@ -452,16 +444,8 @@ mod tests {
         let a = values(m * k, 1);
         let b = values(k * n, 2);
         let mut c = vec![7.0f32; m * ldc + 16];
-        let ao = Operand {
-            ptr: a.as_ptr(),
-            row_stride: k,
-            col_stride: 1,
-        };
-        let bo = Operand {
-            ptr: b.as_ptr(),
-            row_stride: n,
-            col_stride: 1,
-        };
+        let ao = Operand::rows(&a, k);
+        let bo = Operand::rows(&b, n);
         unsafe { gemm(m, k, n, ao, bo, 0.0, c.as_mut_ptr(), ldc) };
         for (idx, &v) in c.iter().enumerate() {
             let (i, j) = (idx / ldc, idx % ldc);
@@ -476,16 +460,8 @@ mod tests {
         let (m, k, n) = (37, 129, 45);
         let a = values(m * k, 5);
         let b = values(k * n, 6);
-        let ao = Operand {
-            ptr: a.as_ptr(),
-            row_stride: k,
-            col_stride: 1,
-        };
-        let bo = Operand {
-            ptr: b.as_ptr(),
-            row_stride: 1,
-            col_stride: k,
-        };
+        let ao = Operand::rows(&a, k);
+        let bo = Operand::transposed(&b, k);
         let run = || {
             let mut c = vec![0f32; m * n];
             unsafe { gemm(m, k, n, ao, bo, 0.0, c.as_mut_ptr(), n) };
@@ -524,30 +500,14 @@ mod timing {
             let b = vec![0.25f32; k * n];
             let mut c = vec![0f32; m * n];
             let ao = if a_t {
-                Operand {
-                    ptr: a.as_ptr(),
-                    row_stride: 1,
-                    col_stride: m,
-                }
+                Operand::transposed(&a, m)
             } else {
-                Operand {
-                    ptr: a.as_ptr(),
-                    row_stride: k,
-                    col_stride: 1,
-                }
+                Operand::rows(&a, k)
             };
             let bo = if b_t {
-                Operand {
-                    ptr: b.as_ptr(),
-                    row_stride: 1,
-                    col_stride: k,
-                }
+                Operand::transposed(&b, k)
             } else {
-                Operand {
-                    ptr: b.as_ptr(),
-                    row_stride: n,
-                    col_stride: 1,
-                }
+                Operand::rows(&b, n)
             };
             let mut line = format!("{what:>14} {m:>4}×{k:>4}×{n:>4}");
             let reps = (2e8 / (m * k * n) as f64).max(3.0) as usize;

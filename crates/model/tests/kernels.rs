@@ -55,6 +55,17 @@ fn strided(x: &Tensor) -> Tensor {
     y
 }
 
+/// `x` (B, H, T, d) laid out as the head-split view of a (B, T, H·d) projection: the same values
+/// with the heads of each position side by side in memory.
+fn head_split_view(x: &Tensor) -> Tensor {
+    x.transpose(1, 2)
+        .unwrap()
+        .contiguous()
+        .unwrap()
+        .transpose(1, 2)
+        .unwrap()
+}
+
 /// A variable holding `t`'s data, and a view of it with `t`'s layout. (`Var::from_tensor` alone
 /// would copy a strided view into a contiguous tensor, and a "strided" test case would test the
 /// contiguous path.) The variable stores the elements in `t`'s memory order; the view permutes
@@ -172,14 +183,8 @@ fn rope_matches_the_unfused_rotation() {
     {
         let rotary = Rotary::new(d, 16, 10_000.0, DType::F32, &Device::Cpu).unwrap();
         let x = randn(30 + i as u64, &[b, h, t, d]);
-        // The head-split view of a (B, T, H, d) projection: what attention hands the kernel.
-        let head_view = x
-            .transpose(1, 2)
-            .unwrap()
-            .contiguous()
-            .unwrap()
-            .transpose(1, 2)
-            .unwrap();
+        // What attention hands the kernel.
+        let head_view = head_split_view(&x);
         for (label, x) in [
             ("contiguous", x.clone()),
             ("strided", strided(&x)),
@@ -261,14 +266,7 @@ fn attention_matches_the_unfused_composition() {
         let q = (randn(50 + i as u64, &[b, h, t, d]) * 0.5).unwrap();
         let k = randn(60 + i as u64, &[b, hkv, s, d]);
         let v = randn(70 + i as u64, &[b, hkv, s, d]);
-        // v also as the head-split view of a (B, S, H_kv·d) projection.
-        let v_head_view = v
-            .transpose(1, 2)
-            .unwrap()
-            .contiguous()
-            .unwrap()
-            .transpose(1, 2)
-            .unwrap();
+        let v_head_view = head_split_view(&v);
         for (mask_name, mask) in masks(b, t, s) {
             for (label, q, v) in [
                 ("contiguous", q.clone(), v.clone()),

@@ -405,6 +405,13 @@ mod tests {
             .collect()
     }
 
+    fn random_grads(opt: &AdamW) -> Vec<Option<Tensor>> {
+        opt.params()
+            .iter()
+            .map(|p| Some(Tensor::randn(0f32, 1.0, p.var.shape(), &Device::Cpu).unwrap()))
+            .collect()
+    }
+
     fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
         (a - b)
             .unwrap()
@@ -458,11 +465,7 @@ mod tests {
             .iter()
             .map(|p| p.var.as_tensor().copy().unwrap())
             .collect();
-        let grads: Vec<Option<Tensor>> = opt
-            .params()
-            .iter()
-            .map(|p| Some(Tensor::randn(0f32, 1.0, p.var.shape(), &Device::Cpu).unwrap()))
-            .collect();
+        let grads = random_grads(&opt);
         opt.step(&grads, 0.01, 1.0).unwrap();
         for ((p, theta), g) in opt.params().iter().zip(&before).zip(&grads) {
             let g = g.as_ref().unwrap();
@@ -478,11 +481,7 @@ mod tests {
     #[test]
     fn moments_survive_a_save_and_load() {
         let mut opt = AdamW::new(vars(), &cfg()).unwrap();
-        let grads: Vec<Option<Tensor>> = opt
-            .params()
-            .iter()
-            .map(|p| Some(Tensor::randn(0f32, 1.0, p.var.shape(), &Device::Cpu).unwrap()))
-            .collect();
+        let grads = random_grads(&opt);
         opt.step(&grads, 0.01, 1.0).unwrap();
         let saved = opt.state_tensors().unwrap();
         let mut restored = AdamW::new(vars(), &cfg()).unwrap();
