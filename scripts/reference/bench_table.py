@@ -59,6 +59,12 @@ def main() -> None:
                     f"{statistics.median(ratios):.3f}")))
         print(f"\nmedian ratio (Ember tokens/s ÷ PyTorch tokens/s) over {len(pairs)} pair(s): "
               f"{statistics.median(ratios):.3f}  (min {min(ratios):.3f}, max {max(ratios):.3f})")
+        # On a shared machine other tenants slow some steps of some runs; each run's 10th
+        # percentile step time is the least disturbed view of its speed (same tokens per step).
+        if all("ms_per_step_p10" in r[impl] for r in pairs for impl in ("ember", "torch")):
+            fast = [r["torch"]["ms_per_step_p10"] / r["ember"]["ms_per_step_p10"] for r in pairs]
+            print(f"on p10 step times (less sensitive to other load): median ratio {statistics.median(fast):.3f}"
+                  f"  (Ember {med('ms_per_step_p10', 'ember'):.1f} ms, PyTorch {med('ms_per_step_p10', 'torch'):.1f} ms)")
     elif cmd == "compact":
         print(json.dumps(json.load(sys.stdin)))
     else:
