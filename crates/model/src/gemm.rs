@@ -337,6 +337,27 @@ mod tests {
             .collect()
     }
 
+    /// A (m×k) and B (k×n) over `a` and `b`, each stored transposed (column-major) or not.
+    pub(super) fn operands(
+        a: &[f32],
+        b: &[f32],
+        (m, k, n): (usize, usize, usize),
+        a_t: bool,
+        b_t: bool,
+    ) -> (Operand, Operand) {
+        let ao = if a_t {
+            Operand::transposed(a, m)
+        } else {
+            Operand::rows(a, k)
+        };
+        let bo = if b_t {
+            Operand::transposed(b, k)
+        } else {
+            Operand::rows(b, n)
+        };
+        (ao, bo)
+    }
+
     /// Every path (in place, transposed B, strided A, β ∈ {0, 1, ½}, ragged edges; the
     /// matrixmultiply fallback too) against a plain f64 triple loop.
     #[test]
@@ -359,17 +380,7 @@ mod tests {
                             let a = values(m * k, (m * 31 + k * 7 + n) as u64);
                             let b = values(k * n, (n * 17 + k + case) as u64);
                             let c0 = values(m * n, 99);
-                            // A stored transposed (k×m) or not, B likewise.
-                            let ao = if a_t {
-                                Operand::transposed(&a, m)
-                            } else {
-                                Operand::rows(&a, k)
-                            };
-                            let bo = if b_t {
-                                Operand::transposed(&b, k)
-                            } else {
-                                Operand::rows(&b, n)
-                            };
+                            let (ao, bo) = operands(&a, &b, (m, k, n), a_t, b_t);
                             let mut c = c0.clone();
                             unsafe { gemm_with(in_place, m, k, n, ao, bo, beta, c.as_mut_ptr(), n) };
                             for i in 0..m {
@@ -499,16 +510,7 @@ mod timing {
             let a = vec![0.5f32; m * k];
             let b = vec![0.25f32; k * n];
             let mut c = vec![0f32; m * n];
-            let ao = if a_t {
-                Operand::transposed(&a, m)
-            } else {
-                Operand::rows(&a, k)
-            };
-            let bo = if b_t {
-                Operand::transposed(&b, k)
-            } else {
-                Operand::rows(&b, n)
-            };
+            let (ao, bo) = super::tests::operands(&a, &b, (m, k, n), a_t, b_t);
             let mut line = format!("{what:>14} {m:>4}×{k:>4}×{n:>4}");
             let reps = (2e8 / (m * k * n) as f64).max(3.0) as usize;
             let mut ct = vec![0f32; m * n];

@@ -9,6 +9,7 @@
 
 use std::sync::Arc;
 
+use crate::rng::{splitmix64_output, SPLITMIX_GAMMA};
 use candle_core::{
     bail, CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Device, Layout, Result, Shape, Storage, Tensor,
     D,
@@ -190,22 +191,11 @@ unsafe fn raw_sgemm_ld(
     crate::gemm::gemm(m, k, n, operand(a), operand(b), beta, c, ldc)
 }
 
-/// `A·B` for A (m×k) and B (k×n) into a new row-major (m×n) vector.
+/// `A·B` for A (m×k) and B (k×n) into a new row-major (m×n) vector (no zero-fill first).
 fn product(m: usize, k: usize, n: usize, a: Mat<'_>, b: Mat<'_>) -> Vec<f32> {
-    assert!(a.fits(m, k) && b.fits(k, n), "sgemm: operand out of bounds");
-    if k == 0 || m == 0 || n == 0 {
-        return vec![0f32; m * n];
-    }
-    let mut c = Vec::with_capacity(m * n);
-    // SAFETY: operands in bounds (asserted), `c` is fresh; with β = 0 both GEMM paths write
-    // every element of C without reading it (matrixmultiply: "If β is zero, then C does not
-    // need to be initialized"), so all m·n elements are initialised before `set_len`. Skipping
-    // the zero-fill saves a memset per product.
-    unsafe {
-        raw_sgemm(m, k, n, a, b, 0.0, c.as_mut_ptr());
-        c.set_len(m * n);
-    }
-    c
+    let mut c = Blocks::new(m * n);
+    c.product(0, m, k, n, a, b);
+    c.finish()
 }
 
 /// A vector assembled from disjoint blocks, each written in full — by a β = 0 product (which
@@ -238,7 +228,9 @@ impl Blocks {
         }
         let c = self.data.spare_capacity_mut()[at..].as_mut_ptr().cast::<f32>();
         // SAFETY: operands in bounds (asserted); the rows of C lie in our spare capacity, which
-        // no operand borrows. With β = 0 every element of each row is written (k = 0: the fill).
+        // no operand borrows. With β = 0 every element of each row is written without being
+        // read (matrixmultiply: "If β is zero, then C does not need to be initialized"); for
+        // k = 0 the fill writes it.
         unsafe {
             if k == 0 {
                 for r in 0..m {
@@ -253,25 +245,9 @@ impl Blocks {
 
     /// `A·B` (m×k times k×n) into elements `at..at + m·n`; returns them.
     fn product(&mut self, at: usize, m: usize, k: usize, n: usize, a: Mat<'_>, b: Mat<'_>) -> &mut [f32] {
-        let size = m * n;
-        assert!(
-            a.fits(m, k) && b.fits(k, n) && at + size <= self.len,
-            "sgemm: operand out of bounds"
-        );
-        let c = self.data.spare_capacity_mut()[at..at + size]
-            .as_mut_ptr()
-            .cast::<f32>();
-        // SAFETY: operands in bounds (asserted); C is `size` elements of our own spare capacity,
-        // which no operand borrows. With β = 0 every element is written (k = 0: by the fill).
-        unsafe {
-            if k == 0 || size == 0 {
-                std::ptr::write_bytes(c, 0, size);
-            } else {
-                raw_sgemm(m, k, n, a, b, 0.0, c);
-            }
-            self.written += size;
-            std::slice::from_raw_parts_mut(c, size)
-        }
+        self.product_ld(at, n, m, k, n, a, b);
+        // SAFETY: product_ld wrote (and bounds-checked) these m·n contiguous elements.
+        unsafe { std::slice::from_raw_parts_mut(self.data.as_mut_ptr().add(at), m * n) }
     }
 
     /// Elements `at..at + len`, to be written by the caller (counted as written).
@@ -596,7 +572,7 @@ impl NormOp {
                 NormType::Rms => 0.0,
                 NormType::Layer => sum(&gx) * inv_d,
             };
-            for (((dx, &gx), &xhat), _) in dxr.iter_mut().zip(&gx).zip(&xhat).zip(0..d) {
+            for ((dx, &gx), &xhat) in dxr.iter_mut().zip(&gx).zip(&xhat) {
                 *dx = r * (gx - m_gx - xhat * m_gx_xhat);
             }
         }
@@ -761,6 +737,7 @@ impl RopeOp {
         let half = self.tables.half;
         let d = 2 * half;
         let [b, h, t] = dims;
+        let sign = if self.inverse { -1.0 } else { 1.0 };
         let mut y = Blocks::new(b * h * t * d);
         for bi in 0..b {
             for hi in 0..h {
@@ -770,7 +747,6 @@ impl RopeOp {
                     let sin = &self.tables.sin[pos * half..(pos + 1) * half];
                     let (x1, x2) = x[src(bi, hi, ti)..][..d].split_at(half);
                     let (y1, y2) = y.row(dst(bi, hi, ti) * d, d).split_at_mut(half);
-                    let sign = if self.inverse { -1.0 } else { 1.0 };
                     for i in 0..half {
                         let s = sin[i] * sign;
                         y1[i].write((x1[i] * cos[i] - x2[i] * s) * self.scale);
@@ -1055,14 +1031,10 @@ struct DropoutOp {
 /// `x[i] · mask[i]` for the mask of [`dropout`].
 #[inline(always)]
 fn dropout_generic(op: DropoutOp, x: &[f32]) -> Vec<f32> {
-    const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
     let mut y = Vec::with_capacity(x.len());
     for (i, (y, &v)) in y.spare_capacity_mut().iter_mut().zip(x).enumerate() {
-        // SplitMix64's output after i + 1 steps from `state` (crate::rng::SplitMix64::next_u64).
-        let mut z = op.state.wrapping_add((i as u64 + 1).wrapping_mul(GAMMA));
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
+        // SplitMix64's output after i + 1 steps from `state`.
+        let z = splitmix64_output(op.state.wrapping_add((i as u64 + 1).wrapping_mul(SPLITMIX_GAMMA)));
         y.write(if (z >> 11) < op.threshold {
             0.0
         } else {
@@ -1388,6 +1360,9 @@ simd_dispatch!(attn_backward => attn_backward_generic(
     dims: AttnDims, q: &[f32], k: &[f32], v: &[f32], o: &[f32], go: &[f32], mask: MaskView<'_>,
     kept: Option<&[f32]>) -> (Vec<f32>, Vec<f32>, Vec<f32>));
 
+/// With P the probabilities and δ_r = ⟨go_r, o_r⟩: dS = P ⊙ (go·vᵀ − δ), dq = dS·k,
+/// dk = dSᵀ·q, dv = Pᵀ·go (the query heads of a group summed in a fixed order). o and go are
+/// (B, T, H, d); P comes from the forward pass when kept, else it is recomputed per block.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn attn_backward_generic(
@@ -1771,6 +1746,5 @@ mod timing {
         time("gelu_fwd_keep", &|| super::gelu_fwd_keep(&x).0.len());
         time("gelu_bwd", &|| super::gelu_bwd(&x, &g).len());
         time("mul", &|| super::mul(&x, &g).len());
-        time("copy", &|| x.clone().len());
     }
 }

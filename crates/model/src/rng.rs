@@ -7,6 +7,17 @@
 /// The constant SplitMix64's state steps by on every draw.
 pub const SPLITMIX_GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
 
+/// SplitMix64's output for a given state: the i-th draw (counting from 1) of a generator at
+/// state s is `splitmix64_output(s + i·SPLITMIX_GAMMA)`, which lets the dropout kernel compute
+/// any draw directly.
+#[inline(always)]
+pub fn splitmix64_output(state: u64) -> u64 {
+    let mut z = state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
 /// SplitMix64: 64 bits of state, passes BigCrush, trivially serialisable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SplitMix64 {
@@ -28,10 +39,7 @@ impl SplitMix64 {
 
     pub fn next_u64(&mut self) -> u64 {
         self.state = self.state.wrapping_add(SPLITMIX_GAMMA);
-        let mut z = self.state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        splitmix64_output(self.state)
     }
 
     /// Uniform in [0, 1) with 53 bits of precision.
