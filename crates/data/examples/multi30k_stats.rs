@@ -9,8 +9,8 @@ use std::path::Path;
 use std::time::Instant;
 
 use ember_data::{
-    CorpusConfig, DataConfig, Dataset, EmbeddedConfig, PairPaths, ParallelConfig, Splits, TokenBudgetBatcher,
-    TokenizerConfig, TokenizerKind,
+    Batcher, CorpusConfig, DataConfig, Dataset, EmbeddedConfig, PairPaths, ParallelConfig, Splits,
+    TokenBudgetBatcher, TokenizerConfig, TokenizerKind,
 };
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -21,8 +21,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::corpus::Example;
 use crate::error::{DataError, Result};
-use crate::rng::{derive_seed, SplitMix64};
 use crate::tokenizer::SpecialIds;
+use ember_rng::{derive_seed, SplitMix64};
 
 // Stream tags keep the RNG streams of different decisions independent.
 const TAG_TIE_BREAK: u64 = 0x7469_6562_7265_616b; // "tiebreak"
@@ -305,42 +305,26 @@ impl TokenBudgetBatcher {
         }
         batch
     }
-
-    pub fn next_batch(&mut self) -> Batch {
-        Batch::Seq2Seq(self.next_seq2seq())
-    }
-    pub fn cursor(&self) -> Cursor {
-        self.cursor
-    }
-    pub fn restore(&mut self, cursor: Cursor) -> Result<()> {
-        self.cursor = normalize_cursor(cursor, self.batches_per_epoch())?;
-        Ok(())
-    }
-    pub fn batches_per_epoch(&self) -> u64 {
-        self.bounds.len() as u64
-    }
-    /// Real tokens (source + target + eos) / padded tokens (both sides), over one epoch; the
-    /// same for every epoch.
-    pub fn padding_efficiency(&self) -> f64 {
-        self.efficiency
-    }
 }
 
 impl Batcher for TokenBudgetBatcher {
     fn next_batch(&mut self) -> Batch {
-        TokenBudgetBatcher::next_batch(self)
+        Batch::Seq2Seq(self.next_seq2seq())
     }
     fn cursor(&self) -> Cursor {
-        TokenBudgetBatcher::cursor(self)
+        self.cursor
     }
     fn restore(&mut self, cursor: Cursor) -> Result<()> {
-        TokenBudgetBatcher::restore(self, cursor)
+        self.cursor = normalize_cursor(cursor, self.batches_per_epoch())?;
+        Ok(())
     }
     fn batches_per_epoch(&self) -> u64 {
-        TokenBudgetBatcher::batches_per_epoch(self)
+        self.bounds.len() as u64
     }
+    /// Real tokens (source + target + eos) / padded tokens (both sides), over one epoch; the
+    /// same for every epoch.
     fn padding_efficiency(&self) -> f64 {
-        TokenBudgetBatcher::padding_efficiency(self)
+        self.efficiency
     }
 }
 
@@ -585,23 +569,6 @@ impl LmWindowBatcher {
         LmBatch::build(&self.stream, offsets, self.block_size)
     }
 
-    pub fn next_batch(&mut self) -> Batch {
-        Batch::Lm(self.next_lm())
-    }
-    pub fn cursor(&self) -> Cursor {
-        self.cursor
-    }
-    pub fn restore(&mut self, cursor: Cursor) -> Result<()> {
-        self.cursor = normalize_cursor(cursor, self.per_epoch)?;
-        Ok(())
-    }
-    pub fn batches_per_epoch(&self) -> u64 {
-        self.per_epoch
-    }
-    /// Always 1.0: windows are never padded.
-    pub fn padding_efficiency(&self) -> f64 {
-        1.0
-    }
     pub fn mode(&self) -> WindowMode {
         self.mode
     }
@@ -609,17 +576,19 @@ impl LmWindowBatcher {
 
 impl Batcher for LmWindowBatcher {
     fn next_batch(&mut self) -> Batch {
-        LmWindowBatcher::next_batch(self)
+        Batch::Lm(self.next_lm())
     }
     fn cursor(&self) -> Cursor {
-        LmWindowBatcher::cursor(self)
+        self.cursor
     }
     fn restore(&mut self, cursor: Cursor) -> Result<()> {
-        LmWindowBatcher::restore(self, cursor)
+        self.cursor = normalize_cursor(cursor, self.per_epoch)?;
+        Ok(())
     }
     fn batches_per_epoch(&self) -> u64 {
-        LmWindowBatcher::batches_per_epoch(self)
+        self.per_epoch
     }
+    /// Always 1.0: windows are never padded.
     fn padding_efficiency(&self) -> f64 {
         1.0
     }

@@ -10,7 +10,7 @@
 
 use std::path::Path;
 
-use crate::rng::mix64;
+use ember_rng::mix64;
 
 const MAGIC: &[u8; 8] = b"EMBRTOK1";
 

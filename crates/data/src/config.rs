@@ -114,6 +114,11 @@ fn default_embedded_eval() -> usize {
     500
 }
 
+impl EmbeddedConfig {
+    /// Upper bound on `train_size + val_size + test_size` (keeps generation under a few seconds).
+    pub const MAX_TOTAL_SIZE: usize = 1_000_000;
+}
+
 impl Default for EmbeddedConfig {
     fn default() -> Self {
         Self {
@@ -218,13 +223,13 @@ impl DataConfig {
                     return Err(DataError::config("data.corpus.val_size", "must be > 0"));
                 }
                 let total = e.train_size as u128 + e.val_size as u128 + e.test_size as u128;
-                if total > crate::embedded::MAX_TOTAL_SIZE as u128 {
+                if total > EmbeddedConfig::MAX_TOTAL_SIZE as u128 {
                     return Err(DataError::config(
                         "data.corpus.train_size",
                         format!(
                             "train_size + val_size + test_size = {total} exceeds {} distinct \
                              sentences the embedded task can generate quickly; use smaller sizes",
-                            crate::embedded::MAX_TOTAL_SIZE
+                            EmbeddedConfig::MAX_TOTAL_SIZE
                         ),
                     ));
                 }

@@ -52,12 +52,10 @@
 
 use std::collections::HashSet;
 
+use ember_rng::SplitMix64;
+
 use crate::config::EmbeddedConfig;
 use crate::error::{DataError, Result};
-use crate::rng::SplitMix64;
-
-/// Upper bound on `train_size + val_size + test_size` (keeps generation under a few seconds).
-pub const MAX_TOTAL_SIZE: usize = 1_000_000;
 
 /// One English sentence and its German translation.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -77,11 +75,12 @@ pub struct EmbeddedTask {
 /// Generates the splits `cfg` asks for (deterministic in `cfg.seed`).
 pub fn generate(cfg: &EmbeddedConfig) -> Result<EmbeddedTask> {
     let total = cfg.train_size as u128 + cfg.val_size as u128 + cfg.test_size as u128;
-    if total > MAX_TOTAL_SIZE as u128 {
+    if total > EmbeddedConfig::MAX_TOTAL_SIZE as u128 {
         return Err(DataError::config(
             "data.corpus.train_size",
             format!(
-                "train_size + val_size + test_size = {total} exceeds {MAX_TOTAL_SIZE}; use smaller sizes"
+                "train_size + val_size + test_size = {total} exceeds {}; use smaller sizes",
+                EmbeddedConfig::MAX_TOTAL_SIZE
             ),
         ));
     }

@@ -31,7 +31,6 @@ pub mod corpus;
 pub mod embedded;
 pub mod error;
 pub mod io;
-pub mod rng;
 pub mod tokenizer;
 
 pub use batch::{

@@ -4,11 +4,11 @@ mod common;
 
 use std::collections::HashSet;
 
-use ember_data::rng::SplitMix64;
 use ember_data::{
     Batch, Batcher, Cursor, DataError, EvalBatches, Example, LmBatch, LmEvalBatches, LmWindowBatcher,
     Seq2SeqBatch, SpecialIds, TokenBudgetBatcher, WindowMode, BOS_ID, EOS_ID, PAD_ID,
 };
+use ember_rng::SplitMix64;
 
 /// Random examples with realistic, correlated lengths and distinct token content.
 fn random_examples(n: usize, seed: u64) -> Vec<Example> {

@@ -3,8 +3,8 @@
 use std::collections::HashSet;
 
 use ember_data::embedded::{generate, german_number, sentence};
-use ember_data::rng::SplitMix64;
 use ember_data::{DataError, EmbeddedConfig};
+use ember_rng::SplitMix64;
 
 fn cfg(seed: u64, train: usize, val: usize, test: usize) -> EmbeddedConfig {
     EmbeddedConfig {

@@ -20,8 +20,8 @@ use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
 use ember_model::decoding::{beam_search, greedy, BeamConfig};
-use ember_model::rng::SplitMix64;
 use ember_model::{init_model, Arch, MlpKind, ModelConfig, NormKind, Seq2Seq};
+use ember_rng::SplitMix64;
 
 const BOS: u32 = 1;
 const EOS: u32 = 2;

@@ -6,8 +6,8 @@
 use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
-use ember_model::rng::SplitMix64;
 use ember_model::{init_model, Arch, ForwardCtx, MlpKind, ModelConfig, NormKind, QkNorm};
+use ember_rng::SplitMix64;
 
 fn ids(b: usize, t: usize, vocab: usize, rng: &mut SplitMix64) -> Tensor {
     let v: Vec<u32> = (0..b * t)

@@ -5,8 +5,7 @@ use candle_core::{DType, Result, Tensor, D};
 use candle_nn::{Init, VarBuilder};
 
 use crate::config::{ModelConfig, NormKind, QkNorm};
-use crate::kernels;
-use crate::layers::{dropout, l2_normalize, softmax_rows, AttentionStats, ForwardCtx, Linear, Norm};
+use crate::layers::{dropout, l2_normalize, AttentionStats, ForwardCtx, Linear, Norm};
 use crate::rope::Rotary;
 
 /// Keys and values of the positions decoded so far, per layer; grows by the new positions at
@@ -250,7 +249,7 @@ impl Attention {
         let training_dropout = ctx.dropout.is_some() && self.attn_dropout > 0.0;
         if ctx.telemetry.is_none() && !training_dropout {
             // The fused kernel (CPU f32; the same composition as below elsewhere).
-            let out = kernels::attention_heads_last(q, k, v, mask)?.reshape((b, t, h * d))?;
+            let out = ember_kernels::attention_heads_last(q, k, v, mask)?.reshape((b, t, h * d))?;
             return dropout(&self.o_proj.forward(&out)?, self.dropout, ctx);
         }
         let s = k.dim(2)?;
@@ -265,7 +264,7 @@ impl Attention {
             Some(m) => logits.broadcast_add(m)?,
             None => logits.clone(),
         };
-        let probs = softmax_rows(&masked)?;
+        let probs = ember_kernels::softmax_rows(&masked)?;
         if let Some(telemetry) = ctx.telemetry {
             telemetry.record(self.stats(&logits, mask, &probs)?);
         }

@@ -40,8 +40,8 @@
 use candle_core::{bail, DType, Device, Result, Tensor};
 
 use crate::layers::ForwardCtx;
-use crate::rng::SplitMix64;
 use crate::transformer::{DecoderCache, LanguageModel, Memory, Seq2Seq};
+use ember_rng::SplitMix64;
 
 /// Settings of greedy and beam search.
 #[derive(Debug, Clone, PartialEq)]

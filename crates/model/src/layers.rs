@@ -2,16 +2,18 @@
 //! per-pass context that carries dropout randomness and telemetry.
 //!
 //! Every op here has a backward pass in candle 0.11. candle's own fused norm and softmax ops
-//! (and `RmsNorm`/`LayerNorm::forward`) silently drop gradients, so the forms below are our
-//! kernels with hand-written backward passes (`kernels.rs`) or differentiable primitives.
+//! (and `RmsNorm`/`LayerNorm::forward`) silently drop gradients, so the forms below call
+//! Ember's kernels (the `ember-kernels` crate: hand-written backward passes) or differentiable
+//! primitives.
 
 use std::sync::Mutex;
 
-use candle_core::{DType, Result, Tensor, D};
+use candle_core::{Result, Tensor, D};
 use candle_nn::{Init, VarBuilder};
 
+use ember_rng::SplitMix64;
+
 use crate::config::{MlpKind, NormKind};
-use crate::rng::{SplitMix64, SPLITMIX_GAMMA};
 
 /// What one forward pass needs besides its inputs.
 #[derive(Clone, Copy, Default)]
@@ -54,20 +56,11 @@ impl DropoutRng {
             return Ok(x.clone());
         }
         let mut rng = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let n = x.elem_count() as u64;
-        // The fused kernel computes draw i of the stream directly; stepping the state past all
-        // n draws leaves the generator exactly where n calls of `uniform` would.
-        if let Some(y) = crate::kernels::dropout(x, rng.state, p)? {
-            rng.state = rng.state.wrapping_add(n.wrapping_mul(SPLITMIX_GAMMA));
-            return Ok(y);
-        }
-        let keep = 1.0 / (1.0 - p);
-        let mask: Vec<f32> = (0..n)
-            .map(|_| if rng.uniform() < p { 0.0 } else { keep as f32 })
-            .collect();
-        drop(rng);
-        let mask = Tensor::from_vec(mask, x.shape(), x.device())?.to_dtype(x.dtype())?;
-        x.mul(&mask)
+        // The mask is draws 1..=n of the stream; moving past them leaves the generator exactly
+        // where n calls of `uniform` would.
+        let y = ember_kernels::dropout(x, p, rng.state())?;
+        rng.skip(x.elem_count() as u64);
+        Ok(y)
     }
 }
 
@@ -143,7 +136,7 @@ impl Linear {
         let (out_dim, in_dim) = self.weight.dims2()?;
         let mut dims = x.dims().to_vec();
         let rows = x.elem_count() / in_dim;
-        let y = crate::kernels::linear(&x.reshape((rows, in_dim))?, &self.weight)?;
+        let y = ember_kernels::linear(&x.reshape((rows, in_dim))?, &self.weight)?;
         if let Some(last) = dims.last_mut() {
             *last = out_dim;
         }
@@ -212,16 +205,10 @@ impl Norm {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         // Fused on CPU f32 (one pass, hand-written backward); the unfused composition elsewhere.
         match self.kind {
-            NormKind::Rmsnorm => crate::kernels::rms_norm(x, &self.weight, self.eps),
-            NormKind::Layernorm => crate::kernels::layer_norm(x, &self.weight, self.bias.as_ref(), self.eps),
+            NormKind::Rmsnorm => ember_kernels::rms_norm(x, &self.weight, self.eps),
+            NormKind::Layernorm => ember_kernels::layer_norm(x, &self.weight, self.bias.as_ref(), self.eps),
         }
     }
-}
-
-/// Softmax over the last dimension: fused on CPU f32 (with a backward pass), from differentiable
-/// primitives elsewhere.
-pub fn softmax_rows(x: &Tensor) -> Result<Tensor> {
-    crate::kernels::softmax_rows(x)
 }
 
 /// Divides each vector along the last dimension by its L2 norm.
@@ -264,27 +251,9 @@ impl Mlp {
 
     pub fn forward(&self, x: &Tensor, ctx: ForwardCtx) -> Result<Tensor> {
         let hidden = match &self.gate {
-            Some(gate) => crate::kernels::swiglu(&gate.forward(x)?, &self.up.forward(x)?)?,
-            None => crate::kernels::gelu_erf(&self.up.forward(x)?)?,
+            Some(gate) => ember_kernels::swiglu(&gate.forward(x)?, &self.up.forward(x)?)?,
+            None => ember_kernels::gelu_erf(&self.up.forward(x)?)?,
         };
         dropout(&self.down.forward(&hidden)?, self.dropout, ctx)
     }
-}
-
-/// Converts a 0/1 key mask (B, S) (1 = real token) into an additive mask (B, 1, 1, S) that
-/// broadcasts over heads and queries. Masked logits get −1e9 rather than −∞: the probabilities
-/// are still exactly 0 after `exp`, but a fully masked row (an empty source) stays finite.
-pub fn padding_mask(key_mask: &Tensor, dtype: DType) -> Result<Tensor> {
-    let (b, s) = key_mask.dims2()?;
-    let keep = key_mask.to_dtype(dtype)?;
-    ((keep - 1.0)? * 1e9)?.reshape((b, 1, 1, s))
-}
-
-/// Additive causal mask (1, 1, T, offset + T) for T new queries after `offset` cached positions.
-pub fn causal_mask(t: usize, offset: usize, dtype: DType, device: &candle_core::Device) -> Result<Tensor> {
-    let s = offset + t;
-    let values: Vec<f32> = (0..t)
-        .flat_map(|i| (0..s).map(move |j| if j <= offset + i { 0.0 } else { -1e9 }))
-        .collect();
-    Tensor::from_vec(values, (1, 1, t, s), device)?.to_dtype(dtype)
 }

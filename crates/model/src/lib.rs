@@ -19,11 +19,8 @@
 pub mod attention;
 pub mod config;
 pub mod decoding;
-mod gemm;
-pub mod kernels;
 pub mod layers;
 pub mod params;
-pub mod rng;
 pub mod rope;
 pub mod transformer;
 

@@ -14,7 +14,7 @@ use candle_core::{DType, Device, Result, Shape, Tensor, Var};
 use candle_nn::var_builder::SimpleBackend;
 use candle_nn::{Init, VarBuilder};
 
-use crate::rng::SplitMix64;
+use ember_rng::SplitMix64;
 
 /// The model's parameters by name, shared by every `VarBuilder` built from it.
 #[derive(Clone)]

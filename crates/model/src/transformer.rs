@@ -25,10 +25,11 @@
 
 use candle_core::{DType, Result, Tensor};
 use candle_nn::VarBuilder;
+use ember_kernels::attention::{causal_mask, padding_mask};
 
 use crate::attention::{Attention, CrossKv, KvCache};
 use crate::config::{Arch, ConfigError, ModelConfig};
-use crate::layers::{causal_mask, dropout, padding_mask, Embedding, ForwardCtx, Linear, Mlp, Norm};
+use crate::layers::{dropout, Embedding, ForwardCtx, Linear, Mlp, Norm};
 use crate::params::ParamStore;
 use crate::rope::Rotary;
 
@@ -99,42 +100,10 @@ fn residual_std(cfg: &ModelConfig, layers: usize, branches_per_layer: usize) -> 
     cfg.init_std / ((layers * branches_per_layer) as f64).sqrt()
 }
 
-/// Bidirectional self-attention + MLP.
-struct EncoderLayer {
-    attn_norm: Norm,
-    self_attn: Attention,
-    mlp_norm: Norm,
-    mlp: Mlp,
-}
-
-impl EncoderLayer {
-    fn new(vb: VarBuilder, cfg: &ModelConfig, rotary: &Rotary, out_std: f64) -> Result<Self> {
-        Ok(Self {
-            attn_norm: Norm::new(vb.pp("attn_norm"), cfg.norm, cfg.d_model, cfg.norm_eps, true)?,
-            self_attn: Attention::new(vb.pp("self_attn"), cfg, Some(rotary.clone()), out_std)?,
-            mlp_norm: Norm::new(vb.pp("mlp_norm"), cfg.norm, cfg.d_model, cfg.norm_eps, true)?,
-            mlp: Mlp::new(
-                vb.pp("mlp"),
-                cfg.mlp,
-                cfg.d_model,
-                cfg.d_ff,
-                cfg.init_std,
-                out_std,
-                cfg.dropout,
-            )?,
-        })
-    }
-
-    fn forward(&self, x: &Tensor, mask: Option<&Tensor>, ctx: ForwardCtx) -> Result<Tensor> {
-        let x = (x + self
-            .self_attn
-            .forward_self(&self.attn_norm.forward(x)?, mask, None, ctx)?)?;
-        &x + self.mlp.forward(&self.mlp_norm.forward(&x)?, ctx)?
-    }
-}
-
-/// Causal self-attention, optional cross-attention, MLP.
-struct DecoderLayer {
+/// One pre-norm block: self-attention, cross-attention (seq2seq decoder layers only), MLP — each
+/// `x + branch(norm(x))`. Encoder layers and decoder layers differ only in the cross-attention
+/// and in the mask they are given (padding vs causal).
+struct Layer {
     attn_norm: Norm,
     self_attn: Attention,
     cross: Option<(Norm, Attention)>,
@@ -142,27 +111,22 @@ struct DecoderLayer {
     mlp: Mlp,
 }
 
-impl DecoderLayer {
+impl Layer {
     fn new(vb: VarBuilder, cfg: &ModelConfig, rotary: &Rotary, out_std: f64, cross: bool) -> Result<Self> {
+        let norm = |name: &str| Norm::new(vb.pp(name), cfg.norm, cfg.d_model, cfg.norm_eps, true);
         let cross = if cross {
             Some((
-                Norm::new(
-                    vb.pp("cross_attn_norm"),
-                    cfg.norm,
-                    cfg.d_model,
-                    cfg.norm_eps,
-                    true,
-                )?,
+                norm("cross_attn_norm")?,
                 Attention::new(vb.pp("cross_attn"), cfg, None, out_std)?,
             ))
         } else {
             None
         };
         Ok(Self {
-            attn_norm: Norm::new(vb.pp("attn_norm"), cfg.norm, cfg.d_model, cfg.norm_eps, true)?,
+            attn_norm: norm("attn_norm")?,
             self_attn: Attention::new(vb.pp("self_attn"), cfg, Some(rotary.clone()), out_std)?,
             cross,
-            mlp_norm: Norm::new(vb.pp("mlp_norm"), cfg.norm, cfg.d_model, cfg.norm_eps, true)?,
+            mlp_norm: norm("mlp_norm")?,
             mlp: Mlp::new(
                 vb.pp("mlp"),
                 cfg.mlp,
@@ -216,7 +180,7 @@ impl DecoderLayer {
 
 /// The encoder stack of a seq2seq model.
 struct Encoder {
-    layers: Vec<EncoderLayer>,
+    layers: Vec<Layer>,
     norm: Norm,
 }
 
@@ -225,7 +189,7 @@ impl Encoder {
         let n = cfg.encoder_layers();
         let out_std = residual_std(cfg, n, 2);
         let layers = (0..n)
-            .map(|i| EncoderLayer::new(vb.pp(format!("layers.{i}")), cfg, rotary, out_std))
+            .map(|i| Layer::new(vb.pp(format!("layers.{i}")), cfg, rotary, out_std, false))
             .collect::<Result<_>>()?;
         Ok(Self {
             layers,
@@ -236,7 +200,7 @@ impl Encoder {
     fn forward(&self, x: &Tensor, mask: Option<&Tensor>, ctx: ForwardCtx) -> Result<Tensor> {
         let mut x = x.clone();
         for layer in &self.layers {
-            x = layer.forward(&x, mask, ctx)?;
+            x = layer.forward(&x, mask, None, None, ctx)?;
         }
         self.norm.forward(&x)
     }
@@ -244,7 +208,7 @@ impl Encoder {
 
 /// The decoder stack: the whole of a language model, the target side of a seq2seq model.
 struct Decoder {
-    layers: Vec<DecoderLayer>,
+    layers: Vec<Layer>,
     norm: Norm,
 }
 
@@ -253,7 +217,7 @@ impl Decoder {
         let n = cfg.decoder_layers();
         let out_std = residual_std(cfg, n, if cross { 3 } else { 2 });
         let layers = (0..n)
-            .map(|i| DecoderLayer::new(vb.pp(format!("layers.{i}")), cfg, rotary, out_std, cross))
+            .map(|i| Layer::new(vb.pp(format!("layers.{i}")), cfg, rotary, out_std, cross))
             .collect::<Result<_>>()?;
         Ok(Self {
             layers,
@@ -453,14 +417,6 @@ impl Model {
         match self {
             Model::Seq2seq(m) => Some(m),
             Model::Lm(_) => None,
-        }
-    }
-
-    /// The output projection (V, D), for losses that fuse the last matmul.
-    pub fn lm_head(&self) -> &Linear {
-        match self {
-            Model::Lm(m) => &m.io.lm_head,
-            Model::Seq2seq(m) => &m.io.lm_head,
         }
     }
 }

@@ -89,7 +89,7 @@ fn matmul_gflops(n: usize, device: &Device) -> Result<f64> {
         let t = Instant::now();
         for _ in 0..reps {
             // The model's own matmul path (`kernels::linear`: SGEMM on CPU, cuBLAS on CUDA).
-            let _ = ember_model::kernels::linear(&a, &b)?;
+            let _ = ember_kernels::linear(&a, &b)?;
         }
         device.synchronize()?;
         best = best.min(t.elapsed().as_secs_f64() / reps as f64);

@@ -26,7 +26,7 @@ pub fn cross_entropy(
     // One fused pass on CPU (log-softmax, smoothing, z-loss, masking, and a hand-written
     // backward); the same composition of candle primitives elsewhere. Row 0: objective per
     // token, row 1: NLL per token, both masked.
-    let per_token = ember_model::kernels::cross_entropy(&logits, targets, &mask, label_smoothing, z_loss)?;
+    let per_token = ember_kernels::cross_entropy(&logits, targets, &mask, label_smoothing, z_loss)?;
     Ok(TokenLoss {
         objective: per_token.get(0)?.sum_all()?,
         nll: per_token.get(1)?.detach().sum_all()?,

@@ -1,11 +1,12 @@
 //! AdamW with state we own (so checkpoints hold it), learning-rate schedules, and global-norm
 //! gradient clipping. candle's `AdamW` hides its moments and step count, which makes exact
-//! resume impossible; this one exposes both.
+//! resume impossible; this one exposes both. The per-parameter arithmetic is the kernels
+//! crate's ([`ember_kernels::adamw`]).
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 
-use candle_core::{CpuStorage, DType, Device, InplaceOp2, Layout, Result, Storage, Tensor, Var};
+use candle_core::{Result, Tensor, Var};
+use ember_kernels::adamw::{adamw_step, adamw_step_unfused, sum_of_squares, AdamWStep, Moments};
 
 use crate::config::{Schedule, TrainConfig};
 
@@ -57,15 +58,6 @@ pub struct Param {
     moments: Moments,
 }
 
-/// AdamW's first and second moment estimates for one parameter.
-enum Moments {
-    /// f32 parameters on the CPU: plain buffers that [`AdamWUpdate`] updates together with the
-    /// parameter in one pass (the tensor form below is a dozen passes and allocations).
-    Host { m: Vec<f32>, v: Vec<f32> },
-    /// Everything else (CUDA, f64): tensors, updated with tensor ops.
-    Tensors { m: Tensor, v: Tensor },
-}
-
 /// AdamW (Loshchilov & Hutter 2019) with bias correction.
 pub struct AdamW {
     params: Vec<Param>,
@@ -91,18 +83,7 @@ impl AdamW {
         let params = vars
             .into_iter()
             .map(|(name, var)| {
-                let moments = if is_host_f32(&var) {
-                    Moments::Host {
-                        m: vec![0.0; var.elem_count()],
-                        v: vec![0.0; var.elem_count()],
-                    }
-                } else {
-                    let zeros = var.zeros_like()?;
-                    Moments::Tensors {
-                        m: zeros.clone(),
-                        v: zeros,
-                    }
-                };
+                let moments = Moments::zeros(&var)?;
                 Ok(Param {
                     decay: decays(&name, &var, cfg.decay_embeddings),
                     name,
@@ -139,44 +120,25 @@ impl AdamW {
             let Some(g) = g else {
                 continue;
             };
-            let decay = if p.decay {
-                1.0 - lr * self.weight_decay
-            } else {
-                1.0
+            let c = AdamWStep {
+                lr,
+                beta1: b1,
+                beta2: b2,
+                eps: self.eps,
+                decay: if p.decay {
+                    1.0 - lr * self.weight_decay
+                } else {
+                    1.0
+                },
+                bias_correction1: bc1,
+                bias_correction2: bc2,
+                grad_scale,
             };
-            if let (Moments::Host { m, v }, false) = (&mut p.moments, self.unfused || !is_host_f32(g)) {
-                let update = AdamWUpdate {
-                    moments: Mutex::new((m.as_mut_slice(), v.as_mut_slice())),
-                    c: UpdateConsts {
-                        grad_scale: grad_scale as f32,
-                        beta1: b1 as f32,
-                        one_minus_beta1: (1.0 - b1) as f32,
-                        beta2: b2 as f32,
-                        one_minus_beta2: (1.0 - b2) as f32,
-                        inv_bc1: (1.0 / bc1) as f32,
-                        inv_bc2: (1.0 / bc2) as f32,
-                        eps: self.eps as f32,
-                        decay: decay as f32,
-                        lr: lr as f32,
-                    },
-                };
-                p.var.as_tensor().inplace_op2(&g.contiguous()?, &update)?;
-                continue;
+            if self.unfused {
+                adamw_step_unfused(&p.var, g, &mut p.moments, &c)?;
+            } else {
+                adamw_step(&p.var, g, &mut p.moments, &c)?;
             }
-            let (m, v) = p.moments.tensors(p.var.shape())?;
-            let g = if grad_scale == 1.0 {
-                g.clone()
-            } else {
-                (g * grad_scale)?
-            };
-            let m = ((&m * b1)? + (&g * (1.0 - b1))?)?;
-            let v = ((&v * b2)? + (g.sqr()? * (1.0 - b2))?)?;
-            let denom = ((&v / bc2)?.sqrt()? + self.eps)?;
-            let update = ((&m / bc1)? / denom)?;
-            let theta = p.var.as_tensor().detach();
-            let decayed = if decay != 1.0 { (theta * decay)? } else { theta };
-            p.var.set(&(decayed - (update * lr)?)?)?;
-            p.moments.store(m, v)?;
         }
         Ok(())
     }
@@ -213,91 +175,6 @@ impl AdamW {
             p.moments.store(m, v)?;
         }
         self.step = step;
-        Ok(())
-    }
-}
-
-impl Moments {
-    /// The moments as tensors of `shape` (copies of the host buffers).
-    fn tensors(&self, shape: &candle_core::Shape) -> Result<(Tensor, Tensor)> {
-        match self {
-            Moments::Host { m, v } => Ok((
-                Tensor::from_slice(m, shape, &Device::Cpu)?,
-                Tensor::from_slice(v, shape, &Device::Cpu)?,
-            )),
-            Moments::Tensors { m, v } => Ok((m.clone(), v.clone())),
-        }
-    }
-
-    fn store(&mut self, new_m: Tensor, new_v: Tensor) -> Result<()> {
-        match self {
-            Moments::Host { m, v } => {
-                *m = new_m.flatten_all()?.to_vec1()?;
-                *v = new_v.flatten_all()?.to_vec1()?;
-            }
-            Moments::Tensors { m, v } => {
-                *m = new_m;
-                *v = new_v;
-            }
-        }
-        Ok(())
-    }
-}
-
-fn is_host_f32(t: &Tensor) -> bool {
-    t.device().is_cpu() && t.dtype() == DType::F32
-}
-
-/// The scalars of one AdamW update, rounded to f32 once.
-#[derive(Clone, Copy)]
-struct UpdateConsts {
-    grad_scale: f32,
-    beta1: f32,
-    one_minus_beta1: f32,
-    beta2: f32,
-    one_minus_beta2: f32,
-    inv_bc1: f32,
-    inv_bc2: f32,
-    eps: f32,
-    decay: f32,
-    lr: f32,
-}
-
-/// AdamW for one f32 CPU parameter in a single pass over (θ, g, m, v), in place. The arithmetic
-/// is the tensor path's, operation for operation; `tests::the_fused_update_is_the_tensor_update`
-/// holds the two together.
-struct AdamWUpdate<'a> {
-    // `InplaceOp2::cpu_fwd` takes `&self`; the moments are written through this lock.
-    moments: Mutex<(&'a mut [f32], &'a mut [f32])>,
-    c: UpdateConsts,
-}
-
-impl InplaceOp2 for AdamWUpdate<'_> {
-    fn name(&self) -> &'static str {
-        "ember-adamw"
-    }
-
-    fn cpu_fwd(&self, theta: &mut CpuStorage, l1: &Layout, g: &CpuStorage, l2: &Layout) -> Result<()> {
-        let (CpuStorage::F32(theta), CpuStorage::F32(g)) = (theta, g) else {
-            candle_core::bail!("ember-adamw: expected f32 parameter and gradient");
-        };
-        let (Some((t0, t1)), Some((g0, g1))) = (l1.contiguous_offsets(), l2.contiguous_offsets()) else {
-            candle_core::bail!("ember-adamw: expected a contiguous parameter and gradient");
-        };
-        let mut guard = self.moments.lock().unwrap_or_else(|e| e.into_inner());
-        let (m, v) = &mut *guard;
-        let (theta, g) = (&mut theta[t0..t1], &g[g0..g1]);
-        if theta.len() != g.len() || m.len() != g.len() || v.len() != g.len() {
-            candle_core::bail!("ember-adamw: parameter, gradient and moments differ in size");
-        }
-        let c = self.c;
-        for (((t, &g), m), v) in theta.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
-            let g = g * c.grad_scale;
-            *m = *m * c.beta1 + g * c.one_minus_beta1;
-            *v = *v * c.beta2 + (g * g) * c.one_minus_beta2;
-            let denom = (*v * c.inv_bc2).sqrt() + c.eps;
-            *t = *t * c.decay - (*m * c.inv_bc1) / denom * c.lr;
-        }
         Ok(())
     }
 }
@@ -343,31 +220,10 @@ pub fn clip_grad_norm(
     })
 }
 
-/// Σ x², in one pass with eight f32 lanes on the CPU.
-fn sum_of_squares(t: &Tensor) -> Result<f64> {
-    if !is_host_f32(t) {
-        return t.sqr()?.sum_all()?.to_dtype(DType::F64)?.to_scalar::<f64>();
-    }
-    let t = t.contiguous()?;
-    let (storage, layout) = t.storage_and_layout();
-    let (Storage::Cpu(CpuStorage::F32(data)), Some((a, b))) = (&*storage, layout.contiguous_offsets()) else {
-        candle_core::bail!("sum_of_squares: expected a contiguous f32 CPU tensor");
-    };
-    let data = &data[a..b];
-    let mut lanes = [0f32; 8];
-    let chunks = data.chunks_exact(8);
-    let tail: f64 = chunks.remainder().iter().map(|&x| (x * x) as f64).sum();
-    for chunk in chunks {
-        for i in 0..8 {
-            lanes[i] += chunk[i] * chunk[i];
-        }
-    }
-    Ok(lanes.iter().map(|&x| x as f64).sum::<f64>() + tail)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use candle_core::Device;
 
     fn sched(kind: Schedule) -> LrSchedule {
         LrSchedule {

@@ -15,8 +15,8 @@ use candle_core::{DType, Device, Tensor};
 use ember_data::{
     Batch, Batcher, Dataset, EvalBatches, LmEvalBatches, LmWindowBatcher, Splits, TokenBudgetBatcher,
 };
-use ember_model::rng::SplitMix64;
 use ember_model::{init_model, AttentionStats, BeamConfig, DropoutRng, ForwardCtx, Model, QkNorm, Telemetry};
+use ember_rng::SplitMix64;
 use serde::Serialize;
 
 use crate::checkpoint::{self, Best, CheckpointState, LogWindow};

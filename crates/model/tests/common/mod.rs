@@ -2,8 +2,8 @@
 #![allow(dead_code)]
 
 use candle_core::{DType, Device, Result, Tensor};
-use ember_model::rng::SplitMix64;
 use ember_model::{init_model, Arch, ForwardCtx, MlpKind, Model, ModelConfig, NormKind, ParamStore, QkNorm};
+use ember_rng::SplitMix64;
 
 pub const ALL_QK: [QkNorm; 4] = [QkNorm::None, QkNorm::Layernorm, QkNorm::Rmsnorm, QkNorm::L2];
 pub const ALL_NORMS: [NormKind; 2] = [NormKind::Rmsnorm, NormKind::Layernorm];

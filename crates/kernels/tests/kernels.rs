@@ -3,8 +3,8 @@
 //! contiguous and non-contiguous inputs of several shapes, and gives the same bits every time.
 
 use candle_core::{DType, Device, Tensor, Var, D};
-use ember_model::kernels;
-use ember_model::rope::Rotary;
+use ember_kernels as kernels;
+use ember_kernels::RopeTables;
 
 const TOL: f32 = 2e-5;
 
@@ -181,7 +181,7 @@ fn rope_matches_the_unfused_rotation() {
         .into_iter()
         .enumerate()
     {
-        let rotary = Rotary::new(d, 16, 10_000.0, DType::F32, &Device::Cpu).unwrap();
+        let tables = RopeTables::new(d, 16, 10_000.0, DType::F32, &Device::Cpu).unwrap();
         let x = randn(30 + i as u64, &[b, h, t, d]);
         // What attention hands the kernel.
         let head_view = head_split_view(&x);
@@ -194,10 +194,9 @@ fn rope_matches_the_unfused_rotation() {
                 compare(
                     &format!("rope {:?} {label} scale {scale}", (b, h, t, d, offset)),
                     std::slice::from_ref(&x),
-                    &|v| rotary.apply_scaled(&v[0], offset, scale).unwrap(),
+                    &|v| kernels::rope(&v[0], &tables, offset, scale).unwrap(),
                     &|v| {
-                        rotary
-                            .apply_unfused(&v[0], offset)
+                        kernels::rope_unfused(&v[0], &tables, offset)
                             .unwrap()
                             .affine(scale, 0.0)
                             .unwrap()
@@ -226,7 +225,7 @@ fn softmax_matches_the_unfused_composition() {
 /// Causal (1, 1, T, S) and padding (B, 1, 1, S) masks as the model builds them, the padding one
 /// with one batch row fully masked.
 fn masks(b: usize, t: usize, s: usize) -> Vec<(&'static str, Option<Tensor>)> {
-    let causal = ember_model::layers::causal_mask(t, s - t, DType::F32, &Device::Cpu).unwrap();
+    let causal = kernels::attention::causal_mask(t, s - t, DType::F32, &Device::Cpu).unwrap();
     let keep: Vec<f32> = (0..b * s)
         .map(|i| {
             let (row, col) = (i / s, i % s);
@@ -239,7 +238,7 @@ fn masks(b: usize, t: usize, s: usize) -> Vec<(&'static str, Option<Tensor>)> {
         })
         .collect();
     let keep = Tensor::from_vec(keep, (b, s), &Device::Cpu).unwrap();
-    let padding = ember_model::layers::padding_mask(&keep, DType::F32).unwrap();
+    let padding = kernels::attention::padding_mask(&keep, DType::F32).unwrap();
     let both = causal.broadcast_add(&padding).unwrap();
     vec![
         ("none", None),
@@ -296,7 +295,7 @@ fn attention_with_huge_logits_does_not_skip_keys_it_needs() {
     let q = (randn(80, &[b, h, t, d]) * 1e4).unwrap();
     let k = (randn(81, &[b, h, t, d]) * 1e3).unwrap();
     let v = randn(82, &[b, h, t, d]);
-    let mask = ember_model::layers::causal_mask(t, 0, DType::F32, &Device::Cpu).unwrap();
+    let mask = kernels::attention::causal_mask(t, 0, DType::F32, &Device::Cpu).unwrap();
     let a = kernels::attention(&q, &k, &v, Some(&mask)).unwrap();
     let u = kernels::attention_unfused(&q, &k, &v, Some(&mask)).unwrap();
     assert_close("huge logits", &a, &u);
@@ -412,39 +411,32 @@ fn activations_are_exact_at_extreme_inputs() {
 
 #[test]
 fn dropout_kernel_draws_the_generators_mask() {
-    use ember_model::DropoutRng;
-    // The fused kernel (f32) against the generator-driven mask (the f64 path), forward and
-    // gradient, contiguous and strided; then both generators must have advanced alike.
+    // The fused kernel (f32) against the mask drawn one uniform at a time from the generator
+    // (the f64 path), forward and gradient, contiguous and strided.
     let x = randn(120, &[3, 50, 7]);
     for (label, x) in [("contiguous", x.clone()), ("strided", strided(&x))] {
         compare(
             &format!("dropout {label}"),
             std::slice::from_ref(&x),
-            &|v| DropoutRng::new(7).apply(&v[0], 0.3).unwrap(),
+            &|v| kernels::dropout(&v[0], 0.3, 7).unwrap(),
             &|v| {
-                let y = DropoutRng::new(7)
-                    .apply(&v[0].to_dtype(DType::F64).unwrap(), 0.3)
-                    .unwrap();
+                let y = kernels::dropout_unfused(&v[0].to_dtype(DType::F64).unwrap(), 0.3, 7).unwrap();
                 y.to_dtype(DType::F32).unwrap()
             },
         );
     }
-    let (fused, reference) = (DropoutRng::new(9), DropoutRng::new(9));
     let ones = Tensor::ones(1000, DType::F32, &Device::Cpu).unwrap();
-    fused.apply(&x, 0.5).unwrap();
-    reference.apply(&x.to_dtype(DType::F64).unwrap(), 0.5).unwrap();
-    let next_fused: Vec<f32> = fused.apply(&ones, 0.5).unwrap().to_vec1().unwrap();
-    let next_ref: Vec<f64> = reference
-        .apply(&ones.to_dtype(DType::F64).unwrap(), 0.5)
+    let fused: Vec<f32> = kernels::dropout(&ones, 0.5, 9).unwrap().to_vec1().unwrap();
+    let reference: Vec<f64> = kernels::dropout_unfused(&ones.to_dtype(DType::F64).unwrap(), 0.5, 9)
         .unwrap()
         .to_vec1()
         .unwrap();
-    let dropped = next_fused.iter().filter(|&&v| v == 0.0).count();
+    let dropped = fused.iter().filter(|&&v| v == 0.0).count();
     assert!(
         (400..600).contains(&dropped),
         "{dropped} of 1000 dropped at p = 0.5"
     );
-    for (a, b) in next_fused.iter().zip(&next_ref) {
-        assert_eq!(*a as f64, *b, "the generators drifted apart");
+    for (a, b) in fused.iter().zip(&reference) {
+        assert_eq!(*a as f64, *b, "the two masks differ");
     }
 }

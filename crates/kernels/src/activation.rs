@@ -1,0 +1,209 @@
+//! Activations of the feed-forward block: GELU (erf form) and SwiGLU.
+
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
+
+use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
+use crate::simd::{erf_and_gauss, exp_fast, mul, simd_dispatch};
+
+/// GELU, erf form; fused backward on CPU f32 (candle's backward is eleven elementwise passes).
+/// Forward and gradient follow candle's formulas with a vectorisable erf (|error| < 1.5·10⁻⁷),
+/// so they agree with `Tensor::gelu_erf` to float rounding.
+///
+/// When a gradient will be needed, the forward pass also stores GELU's derivative at each
+/// element: erf is the expensive part of both passes and the forward has it in hand, so the
+/// backward becomes one multiplication per element (for one more activation-sized buffer).
+pub fn gelu_erf(x: &Tensor) -> Result<Tensor> {
+    if !is_host_f32(x) {
+        return x.gelu_erf();
+    }
+    let op = GeluOp {
+        derivative: x.track_op().then(|| std::sync::Mutex::new(None)),
+    };
+    x.contiguous()?.apply_op1(op)
+}
+
+struct GeluOp {
+    /// dGELU/dx from the forward pass, taken by the backward pass (`None`: not kept).
+    derivative: Option<std::sync::Mutex<Option<Vec<f32>>>>,
+}
+
+// The loops below write into spare capacity instead of `map().collect()` (collect's fold is
+// not inlined into the AVX2 copy, which would leave the arithmetic unvectorised) or a zeroed
+// vector (a memset per call that every element then overwrites).
+#[inline(always)]
+fn gelu_fwd_generic(x: &[f32]) -> Vec<f32> {
+    let mut y = Vec::with_capacity(x.len());
+    for (y, &v) in y.spare_capacity_mut().iter_mut().zip(x) {
+        y.write((erf_and_gauss(v * std::f32::consts::FRAC_1_SQRT_2).0 + 1.) * 0.5 * v);
+    }
+    // SAFETY: the loop initialised the first x.len() elements.
+    unsafe { y.set_len(x.len()) };
+    y
+}
+simd_dispatch!(gelu_fwd => gelu_fwd_generic(x: &[f32]) -> Vec<f32>);
+
+/// d/dx gelu_erf(x) = 0.5 + 0.398942·x·e^(−x²/2) + 0.5·erf(x/√2), as candle writes it; the erf
+/// of x/√2 comes with e^(−x²/2) for free.
+#[inline(always)]
+fn gelu_derivative(v: f32) -> (f32, f32) {
+    let (erf, e) = erf_and_gauss(v * std::f32::consts::FRAC_1_SQRT_2);
+    ((erf + 1.) * 0.5 * v, 0.5 + 0.398942 * e * v + 0.5 * erf)
+}
+
+/// GELU and its derivative at each element.
+#[inline(always)]
+fn gelu_fwd_keep_generic(x: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let (mut y, mut d) = (Vec::with_capacity(x.len()), Vec::with_capacity(x.len()));
+    for ((y, d), &v) in y
+        .spare_capacity_mut()
+        .iter_mut()
+        .zip(d.spare_capacity_mut())
+        .zip(x)
+    {
+        let (value, slope) = gelu_derivative(v);
+        y.write(value);
+        d.write(slope);
+    }
+    // SAFETY: the loop initialised the first x.len() elements of both.
+    unsafe {
+        y.set_len(x.len());
+        d.set_len(x.len());
+    }
+    (y, d)
+}
+simd_dispatch!(gelu_fwd_keep => gelu_fwd_keep_generic(x: &[f32]) -> (Vec<f32>, Vec<f32>));
+
+#[inline(always)]
+fn gelu_bwd_generic(x: &[f32], g: &[f32]) -> Vec<f32> {
+    let mut dx = Vec::with_capacity(x.len());
+    for ((d, &v), &g) in dx.spare_capacity_mut().iter_mut().zip(x).zip(g) {
+        d.write(g * gelu_derivative(v).1);
+    }
+    // SAFETY: the loop initialised min(x.len(), g.len()) = x.len() elements (same shapes).
+    unsafe { dx.set_len(x.len().min(g.len())) };
+    dx
+}
+simd_dispatch!(gelu_bwd => gelu_bwd_generic(x: &[f32], g: &[f32]) -> Vec<f32>);
+
+impl CustomOp1 for GeluOp {
+    fn name(&self) -> &'static str {
+        "ember-gelu-erf"
+    }
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let x = cpu_slice(s, l)?;
+        let y = match &self.derivative {
+            Some(slot) => {
+                let (y, d) = gelu_fwd_keep(x);
+                *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(d);
+                y
+            }
+            None => gelu_fwd(x),
+        };
+        Ok((CpuStorage::F32(y), l.shape().clone()))
+    }
+    fn bwd(&self, x: &Tensor, _res: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
+        let kept = self
+            .derivative
+            .as_ref()
+            .and_then(|slot| slot.lock().unwrap_or_else(|e| e.into_inner()).take());
+        let dx = match kept {
+            Some(d) if d.len() == g.elem_count() => with_data([g], |[g]| Ok(mul(g, &d)))?,
+            // Not kept (or already used by an earlier backward through this graph): recompute.
+            _ => with_data([x, g], |[x, g]| Ok(gelu_bwd(x, g)))?,
+        };
+        Ok(Some(cpu_tensor(dx, x.shape())?))
+    }
+}
+
+/// `silu(gate) · up` from candle primitives.
+pub fn swiglu_unfused(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    gate.silu()?.mul(up)
+}
+
+/// `silu(gate) · up` in one pass with a fused backward on CPU f32.
+pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    if !(is_host_f32(gate) && is_host_f32(up)) || gate.shape() != up.shape() {
+        return swiglu_unfused(gate, up);
+    }
+    gate.contiguous()?.apply_op2(&up.contiguous()?, SwigluOp)
+}
+
+struct SwigluOp;
+
+#[inline(always)]
+fn swiglu_fwd_generic(a: &[f32], u: &[f32]) -> Vec<f32> {
+    let mut y = vec![0f32; a.len()];
+    for ((y, &a), &u) in y.iter_mut().zip(a).zip(u) {
+        *y = (a / (1.0 + exp_fast(-a))) * u;
+    }
+    y
+}
+simd_dispatch!(swiglu_fwd => swiglu_fwd_generic(a: &[f32], u: &[f32]) -> Vec<f32>);
+
+#[inline(always)]
+fn swiglu_bwd_generic(a: &[f32], u: &[f32], g: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let mut da = vec![0f32; a.len()];
+    let mut du = vec![0f32; a.len()];
+    for i in 0..a.len() {
+        let sig = 1.0 / (1.0 + exp_fast(-a[i]));
+        let silu = a[i] * sig;
+        du[i] = g[i] * silu;
+        // d/da silu = σ(a)·(1 − silu(a)) + silu(a)
+        da[i] = g[i] * u[i] * (sig * (1.0 - silu) + silu);
+    }
+    (da, du)
+}
+simd_dispatch!(swiglu_bwd => swiglu_bwd_generic(a: &[f32], u: &[f32], g: &[f32]) -> (Vec<f32>, Vec<f32>));
+
+impl CustomOp2 for SwigluOp {
+    fn name(&self) -> &'static str {
+        "ember-swiglu"
+    }
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        Ok((
+            CpuStorage::F32(swiglu_fwd(cpu_slice(s1, l1)?, cpu_slice(s2, l2)?)),
+            l1.shape().clone(),
+        ))
+    }
+    fn bwd(
+        &self,
+        a: &Tensor,
+        u: &Tensor,
+        _res: &Tensor,
+        g: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let (da, du) = with_data([a, u, g], |[a, u, g]| Ok(swiglu_bwd(a, u, g)))?;
+        Ok((Some(cpu_tensor(da, a.shape())?), Some(cpu_tensor(du, u.shape())?)))
+    }
+}
+
+#[cfg(test)]
+mod timing {
+    /// Not a test: `cargo test --release -p ember-kernels --lib activation::timing -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn print_elementwise_rates() {
+        let n = 768 * 512;
+        let x: Vec<f32> = (0..n).map(|i| ((i % 97) as f32 - 48.0) / 16.0).collect();
+        let g: Vec<f32> = (0..n).map(|i| ((i % 89) as f32 - 44.0) / 32.0).collect();
+        let time = |name: &str, f: &dyn Fn() -> usize| {
+            let mut best = f64::MAX;
+            for _ in 0..20 {
+                let t = std::time::Instant::now();
+                std::hint::black_box(f());
+                best = best.min(t.elapsed().as_secs_f64());
+            }
+            println!("{name:>16}: {:.3} ns/element", best / n as f64 * 1e9);
+        };
+        time("gelu_fwd", &|| super::gelu_fwd(&x).len());
+        time("gelu_fwd_keep", &|| super::gelu_fwd_keep(&x).0.len());
+        time("gelu_bwd", &|| super::gelu_bwd(&x, &g).len());
+        time("mul", &|| crate::simd::mul(&x, &g).len());
+    }
+}

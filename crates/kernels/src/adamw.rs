@@ -1,0 +1,202 @@
+//! The AdamW update of one parameter (Loshchilov & Hutter 2019, with bias correction), and the
+//! sum of squares that global-norm clipping needs.
+//!
+//! On the CPU the moments of an f32 parameter are plain buffers and the update is one in-place
+//! pass over (θ, g, m, v); the tensor form ([`adamw_step_unfused`], the reference) is a dozen
+//! passes and allocations per parameter. The trainer's optimizer owns the schedule, the decay
+//! decisions and the checkpointed state; this module owns the arithmetic.
+
+use std::sync::Mutex;
+
+use candle_core::{CpuStorage, DType, Device, InplaceOp2, Layout, Result, Shape, Storage, Tensor, Var};
+
+use crate::host::is_host_f32;
+
+/// The scalars of one update of one parameter.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamWStep {
+    pub lr: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    /// θ is multiplied by this before the update: 1 − lr·weight_decay, or 1 without decay.
+    pub decay: f64,
+    /// 1 − β₁ᵗ and 1 − β₂ᵗ at update number t.
+    pub bias_correction1: f64,
+    pub bias_correction2: f64,
+    /// Every gradient is multiplied by this first (the clipping factor).
+    pub grad_scale: f64,
+}
+
+/// AdamW's first and second moment estimates of one parameter.
+pub enum Moments {
+    /// f32 parameters on the CPU: plain buffers the fused pass updates in place.
+    Host { m: Vec<f32>, v: Vec<f32> },
+    /// Everything else (CUDA, f64): tensors, updated with tensor ops.
+    Tensors { m: Tensor, v: Tensor },
+}
+
+impl Moments {
+    /// Zero moments shaped like `param`.
+    pub fn zeros(param: &Var) -> Result<Self> {
+        Ok(if is_host_f32(param) {
+            Moments::Host {
+                m: vec![0.0; param.elem_count()],
+                v: vec![0.0; param.elem_count()],
+            }
+        } else {
+            let zeros = param.zeros_like()?;
+            Moments::Tensors {
+                m: zeros.clone(),
+                v: zeros,
+            }
+        })
+    }
+
+    /// The moments as tensors of `shape` (copies of the host buffers).
+    pub fn tensors(&self, shape: &Shape) -> Result<(Tensor, Tensor)> {
+        match self {
+            Moments::Host { m, v } => Ok((
+                Tensor::from_slice(m, shape, &Device::Cpu)?,
+                Tensor::from_slice(v, shape, &Device::Cpu)?,
+            )),
+            Moments::Tensors { m, v } => Ok((m.clone(), v.clone())),
+        }
+    }
+
+    /// Replaces the moments (a restored checkpoint, or the tensor update's result).
+    pub fn store(&mut self, new_m: Tensor, new_v: Tensor) -> Result<()> {
+        match self {
+            Moments::Host { m, v } => {
+                *m = new_m.flatten_all()?.to_vec1()?;
+                *v = new_v.flatten_all()?.to_vec1()?;
+            }
+            Moments::Tensors { m, v } => {
+                *m = new_m;
+                *v = new_v;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The update from tensor ops (every device and dtype; the reference for the fused pass).
+pub fn adamw_step_unfused(param: &Var, g: &Tensor, moments: &mut Moments, c: &AdamWStep) -> Result<()> {
+    let (m, v) = moments.tensors(param.shape())?;
+    let g = if c.grad_scale == 1.0 {
+        g.clone()
+    } else {
+        (g * c.grad_scale)?
+    };
+    let m = ((&m * c.beta1)? + (&g * (1.0 - c.beta1))?)?;
+    let v = ((&v * c.beta2)? + (g.sqr()? * (1.0 - c.beta2))?)?;
+    let denom = ((&v / c.bias_correction2)?.sqrt()? + c.eps)?;
+    let update = ((&m / c.bias_correction1)? / denom)?;
+    let theta = param.as_tensor().detach();
+    let decayed = if c.decay != 1.0 { (theta * c.decay)? } else { theta };
+    param.set(&(decayed - (update * c.lr)?)?)?;
+    moments.store(m, v)
+}
+
+/// One AdamW update of `param` with gradient `g`: a single in-place pass for an f32 CPU
+/// parameter with host moments, [`adamw_step_unfused`] otherwise.
+pub fn adamw_step(param: &Var, g: &Tensor, moments: &mut Moments, c: &AdamWStep) -> Result<()> {
+    let Moments::Host { m, v } = moments else {
+        return adamw_step_unfused(param, g, moments, c);
+    };
+    if !is_host_f32(g) {
+        return adamw_step_unfused(param, g, moments, c);
+    }
+    let update = AdamWUpdate {
+        moments: Mutex::new((m.as_mut_slice(), v.as_mut_slice())),
+        c: UpdateConsts {
+            grad_scale: c.grad_scale as f32,
+            beta1: c.beta1 as f32,
+            one_minus_beta1: (1.0 - c.beta1) as f32,
+            beta2: c.beta2 as f32,
+            one_minus_beta2: (1.0 - c.beta2) as f32,
+            inv_bc1: (1.0 / c.bias_correction1) as f32,
+            inv_bc2: (1.0 / c.bias_correction2) as f32,
+            eps: c.eps as f32,
+            decay: c.decay as f32,
+            lr: c.lr as f32,
+        },
+    };
+    param.as_tensor().inplace_op2(&g.contiguous()?, &update)
+}
+
+/// The scalars of one AdamW update, rounded to f32 once.
+#[derive(Clone, Copy)]
+struct UpdateConsts {
+    grad_scale: f32,
+    beta1: f32,
+    one_minus_beta1: f32,
+    beta2: f32,
+    one_minus_beta2: f32,
+    inv_bc1: f32,
+    inv_bc2: f32,
+    eps: f32,
+    decay: f32,
+    lr: f32,
+}
+
+/// AdamW for one f32 CPU parameter in a single pass over (θ, g, m, v), in place. The arithmetic
+/// is the tensor path's, operation for operation (the trainer's optimizer tests hold the two
+/// together).
+struct AdamWUpdate<'a> {
+    // `InplaceOp2::cpu_fwd` takes `&self`; the moments are written through this lock.
+    moments: Mutex<(&'a mut [f32], &'a mut [f32])>,
+    c: UpdateConsts,
+}
+
+impl InplaceOp2 for AdamWUpdate<'_> {
+    fn name(&self) -> &'static str {
+        "ember-adamw"
+    }
+
+    fn cpu_fwd(&self, theta: &mut CpuStorage, l1: &Layout, g: &CpuStorage, l2: &Layout) -> Result<()> {
+        let (CpuStorage::F32(theta), CpuStorage::F32(g)) = (theta, g) else {
+            candle_core::bail!("ember-adamw: expected f32 parameter and gradient");
+        };
+        let (Some((t0, t1)), Some((g0, g1))) = (l1.contiguous_offsets(), l2.contiguous_offsets()) else {
+            candle_core::bail!("ember-adamw: expected a contiguous parameter and gradient");
+        };
+        let mut guard = self.moments.lock().unwrap_or_else(|e| e.into_inner());
+        let (m, v) = &mut *guard;
+        let (theta, g) = (&mut theta[t0..t1], &g[g0..g1]);
+        if theta.len() != g.len() || m.len() != g.len() || v.len() != g.len() {
+            candle_core::bail!("ember-adamw: parameter, gradient and moments differ in size");
+        }
+        let c = self.c;
+        for (((t, &g), m), v) in theta.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
+            let g = g * c.grad_scale;
+            *m = *m * c.beta1 + g * c.one_minus_beta1;
+            *v = *v * c.beta2 + (g * g) * c.one_minus_beta2;
+            let denom = (*v * c.inv_bc2).sqrt() + c.eps;
+            *t = *t * c.decay - (*m * c.inv_bc1) / denom * c.lr;
+        }
+        Ok(())
+    }
+}
+
+/// Σ x² of a tensor, in one pass with eight f32 lanes on the CPU (f64 tensor ops elsewhere).
+pub fn sum_of_squares(t: &Tensor) -> Result<f64> {
+    if !is_host_f32(t) {
+        return t.sqr()?.sum_all()?.to_dtype(DType::F64)?.to_scalar::<f64>();
+    }
+    let t = t.contiguous()?;
+    let (storage, layout) = t.storage_and_layout();
+    let (Storage::Cpu(CpuStorage::F32(data)), Some((a, b))) = (&*storage, layout.contiguous_offsets()) else {
+        candle_core::bail!("sum_of_squares: expected a contiguous f32 CPU tensor");
+    };
+    let data = &data[a..b];
+    let mut lanes = [0f32; 8];
+    let chunks = data.chunks_exact(8);
+    let tail: f64 = chunks.remainder().iter().map(|&x| (x * x) as f64).sum();
+    for chunk in chunks {
+        for i in 0..8 {
+            lanes[i] += chunk[i] * chunk[i];
+        }
+    }
+    Ok(lanes.iter().map(|&x| x as f64).sum::<f64>() + tail)
+}

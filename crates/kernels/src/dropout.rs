@@ -1,0 +1,82 @@
+//! Inverted dropout whose mask is a pure function of a SplitMix64 state: element i (in row-major
+//! order) is zeroed when draw i + 1 of the generator at `state` is below p, and scaled by
+//! 1/(1 − p) otherwise. Because draw i is computed directly ([`ember_rng::draw_at`]), the CPU
+//! kernel vectorises and recomputes the mask in its backward pass instead of storing it; the
+//! caller moves its generator past `x.elem_count()` draws.
+
+use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
+use ember_rng::{draw_at, SplitMix64};
+
+use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
+use crate::simd::simd_dispatch;
+
+/// The mask drawn one uniform at a time from a generator at `state`, uploaded and multiplied
+/// (every device and dtype; the reference for the kernel).
+pub fn dropout_unfused(x: &Tensor, p: f64, state: u64) -> Result<Tensor> {
+    let mut rng = SplitMix64::new(state);
+    let keep = 1.0 / (1.0 - p);
+    let mask: Vec<f32> = (0..x.elem_count())
+        .map(|_| if rng.uniform() < p { 0.0 } else { keep as f32 })
+        .collect();
+    let mask = Tensor::from_vec(mask, x.shape(), x.device())?.to_dtype(x.dtype())?;
+    x.mul(&mask)
+}
+
+/// Dropout with probability `p` and the mask of the generator at `state`; fused on CPU f32,
+/// [`dropout_unfused`] elsewhere. `p ≤ 0` is the identity.
+pub fn dropout(x: &Tensor, p: f64, state: u64) -> Result<Tensor> {
+    if p <= 0.0 {
+        return Ok(x.clone());
+    }
+    if !is_host_f32(x) {
+        return dropout_unfused(x, p, state);
+    }
+    let op = DropoutOp {
+        state,
+        // uniform = (z >> 11)·2⁻⁵³ < p  ⟺  z >> 11 < ⌈p·2⁵³⌉ (an exact integer comparison).
+        threshold: (p * (1u64 << 53) as f64).ceil() as u64,
+        keep: (1.0 / (1.0 - p)) as f32,
+    };
+    x.contiguous()?.apply_op1(op)
+}
+
+#[derive(Clone, Copy)]
+struct DropoutOp {
+    state: u64,
+    threshold: u64,
+    keep: f32,
+}
+
+/// `x[i] · mask[i]` for the mask of [`dropout`].
+#[inline(always)]
+fn dropout_generic(op: DropoutOp, x: &[f32]) -> Vec<f32> {
+    let mut y = Vec::with_capacity(x.len());
+    for (i, (y, &v)) in y.spare_capacity_mut().iter_mut().zip(x).enumerate() {
+        let z = draw_at(op.state, i as u64 + 1);
+        y.write(if (z >> 11) < op.threshold {
+            0.0
+        } else {
+            v * op.keep
+        });
+    }
+    // SAFETY: the loop initialised x.len() elements.
+    unsafe { y.set_len(x.len()) };
+    y
+}
+simd_dispatch!(dropout_apply => dropout_generic(op: DropoutOp, x: &[f32]) -> Vec<f32>);
+
+impl CustomOp1 for DropoutOp {
+    fn name(&self) -> &'static str {
+        "ember-dropout"
+    }
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        Ok((
+            CpuStorage::F32(dropout_apply(*self, cpu_slice(s, l)?)),
+            l.shape().clone(),
+        ))
+    }
+    fn bwd(&self, x: &Tensor, _res: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
+        let dx = with_data([g], |[g]| Ok(dropout_apply(*self, g)))?;
+        Ok(Some(cpu_tensor(dx, x.shape())?))
+    }
+}

@@ -1,0 +1,160 @@
+//! The GEMM against its definition, on every path and layout.
+
+use super::*;
+
+/// Deterministic values in [−1, 1).
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+/// A (m×k) and B (k×n) over `a` and `b`, each stored transposed (column-major) or not.
+pub(super) fn operands(
+    a: &[f32],
+    b: &[f32],
+    (m, k, n): (usize, usize, usize),
+    a_t: bool,
+    b_t: bool,
+) -> (Operand, Operand) {
+    let ao = if a_t {
+        Operand::transposed(a, m)
+    } else {
+        Operand::rows(a, k)
+    };
+    let bo = if b_t {
+        Operand::transposed(b, k)
+    } else {
+        Operand::rows(b, n)
+    };
+    (ao, bo)
+}
+
+/// Every path (in place, transposed B, strided A, β ∈ {0, 1, ½}, ragged edges; the
+/// matrixmultiply fallback too) against a plain f64 triple loop.
+#[test]
+fn gemm_matches_the_definition_for_every_layout_and_edge() {
+    let sizes = [1usize, 3, 8, 9, 16, 17, 31, 32, 33, 70];
+    let mut checked = 0;
+    for in_place in [true, false] {
+        for &m in &sizes {
+            for &k in &[1usize, 5, 32, 129] {
+                for &n in &sizes {
+                    for (case, (a_t, b_t, beta)) in [
+                        (false, false, 0.0f32),
+                        (false, true, 1.0),
+                        (true, false, 0.5),
+                        (true, true, 0.0),
+                    ]
+                    .into_iter()
+                    .enumerate()
+                    {
+                        let a = values(m * k, (m * 31 + k * 7 + n) as u64);
+                        let b = values(k * n, (n * 17 + k + case) as u64);
+                        let c0 = values(m * n, 99);
+                        let (ao, bo) = operands(&a, &b, (m, k, n), a_t, b_t);
+                        let mut c = c0.clone();
+                        unsafe { gemm_with(in_place, m, k, n, ao, bo, beta, c.as_mut_ptr(), n) };
+                        for i in 0..m {
+                            for j in 0..n {
+                                let mut want = beta as f64 * c0[i * n + j] as f64;
+                                for p in 0..k {
+                                    let av = a[if a_t { p * m + i } else { i * k + p }] as f64;
+                                    let bv = b[if b_t { j * k + p } else { p * n + j }] as f64;
+                                    want += av * bv;
+                                }
+                                let got = c[i * n + j] as f64;
+                                assert!(
+                                    (got - want).abs() <= 1e-5 * (1.0 + want.abs()) * (k as f64).sqrt(),
+                                    "m={m} k={k} n={n} case={case}: C[{i},{j}] = {got}, want {want}"
+                                );
+                            }
+                        }
+                        checked += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(checked, 2 * 10 * 4 * 10 * 4);
+}
+
+#[test]
+fn a_b_too_large_for_l2_takes_the_packed_path_and_agrees() {
+    let (m, k, n) = (9, 600, 500);
+    assert!(k * n > L2_FLOATS);
+    let a = values(m * k, 3);
+    let b = values(k * n, 4);
+    let ao = Operand::rows(&a, k);
+    let bo = Operand::rows(&b, n);
+    let mut c = vec![0f32; m * n];
+    unsafe { gemm(m, k, n, ao, bo, 0.0, c.as_mut_ptr(), n) };
+    for (i, j) in [(0, 0), (4, 250), (8, 499)] {
+        let want: f64 = (0..k).map(|p| a[i * k + p] as f64 * b[p * n + j] as f64).sum();
+        assert!((c[i * n + j] as f64 - want).abs() < 1e-4, "C[{i},{j}]");
+    }
+}
+
+#[test]
+fn a_b_with_no_unit_stride_is_copied_element_by_element_and_agrees() {
+    // B (k×n) = every other element of a row-major n×2k buffer, read transposed: neither
+    // of its strides is 1.
+    let (m, k, n) = (9, 11, 13);
+    let a = values(m * k, 7);
+    let raw = values(n * 2 * k, 8);
+    let bo = Operand {
+        ptr: raw.as_ptr(),
+        row_stride: 2,
+        col_stride: 2 * k,
+    };
+    let ao = Operand::rows(&a, k);
+    let mut c = vec![0f32; m * n];
+    unsafe { gemm(m, k, n, ao, bo, 0.0, c.as_mut_ptr(), n) };
+    for i in 0..m {
+        for j in 0..n {
+            let want: f64 = (0..k)
+                .map(|p| a[i * k + p] as f64 * raw[2 * p + 2 * k * j] as f64)
+                .sum();
+            assert!((c[i * n + j] as f64 - want).abs() < 1e-5, "C[{i},{j}]");
+        }
+    }
+}
+
+#[test]
+fn gemm_writes_only_inside_its_view_of_c() {
+    // C is a 5×20 window (row stride 24) inside a larger buffer; the rest must stay put.
+    let (m, k, n, ldc) = (5, 7, 20, 24);
+    let a = values(m * k, 1);
+    let b = values(k * n, 2);
+    let mut c = vec![7.0f32; m * ldc + 16];
+    let ao = Operand::rows(&a, k);
+    let bo = Operand::rows(&b, n);
+    unsafe { gemm(m, k, n, ao, bo, 0.0, c.as_mut_ptr(), ldc) };
+    for (idx, &v) in c.iter().enumerate() {
+        let (i, j) = (idx / ldc, idx % ldc);
+        if i >= m || j >= n {
+            assert_eq!(v, 7.0, "wrote outside the view at {idx}");
+        }
+    }
+}
+
+#[test]
+fn gemm_is_bitwise_repeatable() {
+    let (m, k, n) = (37, 129, 45);
+    let a = values(m * k, 5);
+    let b = values(k * n, 6);
+    let ao = Operand::rows(&a, k);
+    let bo = Operand::transposed(&b, k);
+    let run = || {
+        let mut c = vec![0f32; m * n];
+        unsafe { gemm(m, k, n, ao, bo, 0.0, c.as_mut_ptr(), n) };
+        c
+    };
+    assert_eq!(run(), run());
+}

@@ -1,0 +1,50 @@
+//! Ember's kernels: the ops of a training step, each fused into one pass with a hand-written
+//! backward, beside the unfused composition of candle primitives it must equal.
+//!
+//! candle 0.11's own fused norm, softmax and rotary ops have no backward pass (gradients vanish
+//! silently), and its elementwise compositions make five to ten passes over memory per op. Each
+//! module here owns one op:
+//!
+//! | module | op |
+//! |---|---|
+//! | [`linear`] | `x·Wᵀ` through [`gemm`] (Ember's in-place AVX-512 kernel or matrixmultiply) |
+//! | [`norm`] | RMSNorm and LayerNorm over the last dimension |
+//! | [`rope`] | rotary position embeddings with a folded-in output scale |
+//! | [`softmax`] | softmax over the last dimension |
+//! | [`activation`] | GELU (erf form) and SwiGLU |
+//! | [`dropout`] | inverted dropout from a counter-based SplitMix64 mask |
+//! | [`attention`] | softmax(q·kᵀ + mask)·v with grouped-query heads |
+//! | [`cross_entropy`] | log-softmax, label smoothing, z-loss and padding in one pass |
+//! | [`adamw`] | the AdamW update of one parameter, and the gradient's sum of squares |
+//!
+//! **One convention.** Every public op takes and returns tensors and decides by itself which
+//! path to take: the fused CPU kernel for f32 CPU tensors, the unfused reference (`*_unfused`,
+//! public, what the tests compare against) for everything else (CUDA, f64 finite-difference
+//! tests). A CUDA kernel, where one is written, is the `cuda_fwd` half of the same custom op,
+//! next to its `cpu_fwd`.
+//!
+//! **Determinism.** Every CPU kernel sums in a fixed order, so the same inputs give the same
+//! bits on every run.
+
+mod gemm;
+mod host;
+mod simd;
+
+pub mod activation;
+pub mod adamw;
+pub mod attention;
+pub mod cross_entropy;
+pub mod dropout;
+pub mod linear;
+pub mod norm;
+pub mod rope;
+pub mod softmax;
+
+pub use activation::{gelu_erf, swiglu, swiglu_unfused};
+pub use attention::{attention, attention_heads_last, attention_unfused};
+pub use cross_entropy::{cross_entropy, cross_entropy_unfused};
+pub use dropout::{dropout, dropout_unfused};
+pub use linear::{linear, linear_unfused};
+pub use norm::{layer_norm, layer_norm_unfused, rms_norm, rms_norm_unfused};
+pub use rope::{rope, rope_unfused, RopeTables};
+pub use softmax::{softmax_rows, softmax_rows_unfused};
