@@ -9,7 +9,6 @@ pub mod loss;
 pub mod metrics;
 pub mod optim;
 pub mod report;
-pub mod sacrebleu;
 pub mod train;
 pub mod translate;
 

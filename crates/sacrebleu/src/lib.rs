@@ -8,7 +8,7 @@
 //! treats as whitespace, how `re.sub` scans, the order of float operations)
 //! the code follows Python, and the doc comment says so.
 //!
-//! The fixtures in `crates/trainer/tests/fixtures/sacrebleu/` (made by
+//! The fixtures in `crates/sacrebleu/tests/fixtures/` (made by
 //! `scripts/make-bleu-fixtures.py` with sacreBLEU itself) pin scores, n-gram
 //! statistics, signatures and formatted score lines; on x86-64 Linux the
 //! scores are bit-identical to sacreBLEU's.
@@ -24,7 +24,7 @@
 //!   statistics; sacreBLEU reports them with k added (precisions agree).
 //!
 //! ```
-//! use ember_trainer::sacrebleu::{corpus_bleu, corpus_chrf, BleuConfig, ChrfConfig};
+//! use ember_sacrebleu::{corpus_bleu, corpus_chrf, BleuConfig, ChrfConfig};
 //! let hyps = vec!["The cat sat on the mat.".to_string()];
 //! // refs[k][i]: line i of reference stream k.
 //! let refs = vec![vec!["The cat sat on a mat.".to_string()]];
@@ -36,7 +36,7 @@
 //! );
 //! let chrf = corpus_chrf(&hyps, &refs, &ChrfConfig::default())?;
 //! assert_eq!(chrf.signature, "nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:2.6.0");
-//! # Ok::<(), ember_trainer::sacrebleu::SacreBleuError>(())
+//! # Ok::<(), ember_sacrebleu::SacreBleuError>(())
 //! ```
 
 use std::collections::HashMap;
