@@ -17,13 +17,13 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
+use ember_trainer::checkpoint;
+use ember_trainer::metrics::{self, Record};
+use ember_trainer::train::RUN_CONFIG;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::ablate::{self, DiskState, Plan, SweepStatus, GRID, RUNS, STATUS};
-use crate::checkpoint;
-use crate::metrics::{self, Record};
-use crate::train::RUN_CONFIG;
 use stats::{lr_sensitivity, mean_std, paired_diff, MeanStd, PairedDiff};
 
 pub const REPORT_MD: &str = "report.md";

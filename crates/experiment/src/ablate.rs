@@ -28,14 +28,14 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use ember_model::QkNorm;
+use ember_trainer::checkpoint;
+use ember_trainer::config::{AblationConfig, RunConfig};
+use ember_trainer::metrics::{self, Verbosity};
+use ember_trainer::train::{self, TrainOptions, RUN_CONFIG, SUMMARY};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::checkpoint;
-use crate::config::{AblationConfig, RunConfig};
-use crate::metrics::Verbosity;
 use crate::report::{self, Hardware, Report};
-use crate::train::{self, TrainOptions, RUN_CONFIG, SUMMARY};
 
 /// The plan of the sweep, in the output directory.
 pub const GRID: &str = "grid.json";
@@ -55,7 +55,7 @@ pub enum Runner {
     /// `EXE train CONFIG --set ... --run-dir DIR --quiet --json [--resume]`, `jobs` at a time.
     /// The CLI passes `std::env::current_exe()`.
     Process { exe: PathBuf },
-    /// [`crate::train::train`] in this process, one run after the other (`jobs` is ignored and
+    /// [`ember_trainer::train::train`] in this process, one run after the other (`jobs` is ignored and
     /// `train.threads` is left as the config says). For tests and embedding.
     InProcess,
 }
@@ -715,7 +715,7 @@ fn execute(plan: &Plan, run: &PlannedRun, runner: &Runner, resume: bool) -> RunS
     // metrics of an attempt that never reached a checkpoint.
     let _ = fs::remove_file(run.dir.join(SUMMARY));
     if !resume {
-        for f in [crate::metrics::METRICS, crate::metrics::METRICS_CSV] {
+        for f in [metrics::METRICS, metrics::METRICS_CSV] {
             let _ = fs::remove_file(run.dir.join(f));
         }
     }

@@ -13,9 +13,9 @@ use std::sync::OnceLock;
 use candle_core::{DType, Device};
 use common::*;
 use ember_data::Dataset;
+use ember_experiment::ablate::{self, AblateOptions, RunAction, RunStatus, Runner};
+use ember_experiment::report::{self, stats};
 use ember_model::{init_model, QkNorm};
-use ember_trainer::ablate::{self, AblateOptions, RunAction, RunStatus, Runner};
-use ember_trainer::report::{self, stats};
 use ember_trainer::train::{make_batcher, RUN_CONFIG, SUMMARY};
 use ember_trainer::{train, RunConfig};
 
