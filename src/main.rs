@@ -526,7 +526,7 @@ fn ablate(args: AblateArgs) -> Result<()> {
             outcome
                 .plan
                 .out
-                .join(ember_experiment::report::REPORT_MD)
+                .join(ember_experiment::layout::REPORT_MD)
                 .display()
         );
     }
@@ -544,8 +544,8 @@ fn report(args: ReportArgs) -> Result<()> {
             r.counts.ok,
             r.counts.diverged,
             r.counts.failed,
-            args.dir.join(ember_experiment::report::REPORT_MD).display(),
-            args.dir.join(ember_experiment::report::REPORT_JSON).display(),
+            args.dir.join(ember_experiment::layout::REPORT_MD).display(),
+            args.dir.join(ember_experiment::layout::REPORT_JSON).display(),
             r.plots.len() / 2
         );
     }

@@ -16,9 +16,10 @@
 //!
 //! Besides the run directories, `OUT/grid.json` holds the plan (every run, its overrides and its
 //! exact command) and `OUT/status.json` each run's last outcome and every invocation's wall
-//! time. The report ([`crate::report`]) is written at the end and can be regenerated alone.
+//! time ([`crate::layout`] names every file). The report ([`crate::report`]) is written at the end
+//! and can be regenerated alone.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::fs;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
@@ -28,24 +29,19 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use ember_model::QkNorm;
-use ember_trainer::checkpoint;
 use ember_trainer::config::{AblationConfig, RunConfig};
 use ember_trainer::metrics::{self, Verbosity};
 use ember_trainer::train::{self, TrainOptions, RUN_CONFIG, SUMMARY};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::report::{self, Hardware, Report};
+use crate::layout::{
+    disk_state, hardware, lr_label, read_summary, round_sig, run_name, utc_now, variant_name, DiskState,
+    Invocation, Plan, PlannedRun, RunRecord, SweepStatus, GRID, REPORT_MD, RUNS, STATUS, STDERR_LOG,
+    STDOUT_LOG,
+};
+use crate::report::{self, Report};
 
-/// The plan of the sweep, in the output directory.
-pub const GRID: &str = "grid.json";
-/// Each run's last outcome and each invocation's wall time, in the output directory.
-pub const STATUS: &str = "status.json";
-/// The folder of run directories inside the output directory.
-pub const RUNS: &str = "runs";
-/// A subprocess's stdout and stderr, in its run directory.
-pub const STDOUT_LOG: &str = "ablate-stdout.log";
-pub const STDERR_LOG: &str = "ablate-stderr.log";
 /// Lines of stderr kept in a failed run's record.
 const TAIL_LINES: usize = 20;
 
@@ -97,44 +93,6 @@ impl AblateOptions {
             quiet: false,
         }
     }
-}
-
-/// The resolved grid, as written to `grid.json`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Plan {
-    pub config: PathBuf,
-    /// The user's `--set` overrides, applied to every run before the grid's own.
-    pub overrides: Vec<String>,
-    pub variants: Vec<QkNorm>,
-    pub seeds: Vec<u64>,
-    pub lrs: Vec<f64>,
-    /// Runs at a time (1 in-process).
-    pub jobs: usize,
-    /// `train.threads` given to each run (`None` in-process: the config's own).
-    pub threads: Option<usize>,
-    pub out: PathBuf,
-    /// The command every run extends: `ember train CONFIG [--set USER]... --quiet --json`.
-    pub base_command: Vec<String>,
-    /// How the grid's keys are set, in words (min_lr scaling, l2-only keys).
-    pub notes: Vec<String>,
-    pub hardware: Hardware,
-    /// In the order they are run: seed, then learning rate, then variant.
-    pub runs: Vec<PlannedRun>,
-}
-
-/// One cell of the grid.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PlannedRun {
-    /// `<variant>-lr<lr>-seed<s>`, also the directory name.
-    pub name: String,
-    pub variant: QkNorm,
-    pub seed: u64,
-    pub lr: f64,
-    pub dir: PathBuf,
-    /// Every `--set` of this run: the user's, then the grid's.
-    pub overrides: Vec<String>,
-    /// The exact command (without `--resume`, which is added when resuming).
-    pub command: Vec<String>,
 }
 
 /// What the sweep did with a run in this invocation.
@@ -216,45 +174,6 @@ impl AblateOutcome {
     }
 }
 
-/// `status.json`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct SweepStatus {
-    pub invocations: Vec<Invocation>,
-    /// The latest record of each run, by name.
-    pub runs: BTreeMap<String, RunRecord>,
-}
-
-/// One invocation of `ember ablate`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Invocation {
-    /// UTC, ISO 8601.
-    pub started: String,
-    /// Updated after every run, so an interrupted invocation still counts what it spent.
-    pub wall_secs: f64,
-    pub jobs: usize,
-    pub threads: Option<usize>,
-    pub hardware: Hardware,
-    /// Runs executed (started or resumed) / skipped.
-    pub executed: usize,
-    pub skipped: usize,
-}
-
-/// The latest outcome of one run.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RunRecord {
-    /// `running`, `ok`, `diverged` or `failed`.
-    pub status: String,
-    pub action: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub detail: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stderr_tail: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub wall_secs: Option<f64>,
-    /// UTC, ISO 8601.
-    pub updated: String,
-}
-
 /// A QK-norm variant from its config name (`none`, `layernorm`, `rmsnorm`, `l2`).
 pub fn parse_variant(s: &str) -> Result<QkNorm> {
     serde_json::from_value(Value::String(s.trim().to_string())).map_err(|_| {
@@ -287,19 +206,6 @@ pub fn parse_lrs(s: &str) -> Result<Vec<f64>> {
         .collect()
 }
 
-/// The config name of a variant (`none`, `layernorm`, `rmsnorm`, `l2`).
-pub fn variant_name(v: QkNorm) -> String {
-    match serde_json::to_value(v) {
-        Ok(Value::String(s)) => s,
-        _ => format!("{v:?}").to_lowercase(),
-    }
-}
-
-/// `3e-3`, `1.5e-2`: the learning rate as it appears in run names.
-pub fn lr_label(lr: f64) -> String {
-    format!("{:e}", round_sig(lr))
-}
-
 /// A YAML float that every YAML reader takes as a float (`3.0e-3`).
 fn yaml_float(x: f64) -> String {
     let s = format!("{:e}", round_sig(x));
@@ -307,16 +213,6 @@ fn yaml_float(x: f64) -> String {
         Some((m, e)) if !m.contains('.') => format!("{m}.0e{e}"),
         _ => s,
     }
-}
-
-/// Rounds to 12 significant digits, so 3e-4·1e-2/3e-3 prints as 1e-3.
-fn round_sig(x: f64) -> f64 {
-    format!("{x:.11e}").parse().unwrap_or(x)
-}
-
-/// The run name of a grid cell.
-pub fn run_name(variant: QkNorm, lr: f64, seed: u64) -> String {
-    format!("{}-lr{}-seed{seed}", variant_name(variant), lr_label(lr))
 }
 
 /// Resolves the grid: flags over the config's `ablation:` section over the defaults.
@@ -472,7 +368,7 @@ pub fn plan(opts: &AblateOptions) -> Result<Plan> {
         out,
         base_command,
         notes,
-        hardware: report::hardware(),
+        hardware: hardware(),
         runs,
     })
 }
@@ -480,41 +376,6 @@ pub fn plan(opts: &AblateOptions) -> Result<Plan> {
 /// The config a planned run trains (before the data fills in the vocabulary size).
 pub fn run_config(plan: &Plan, run: &PlannedRun) -> Result<RunConfig> {
     Ok(RunConfig::load(&plan.config, &run.overrides)?)
-}
-
-/// What a run directory holds, judged from its files.
-#[derive(Debug, Clone, PartialEq)]
-pub enum DiskState {
-    /// summary.json says finished.
-    Finished,
-    /// summary.json says diverged, with the reason.
-    Diverged(String),
-    /// Checkpoints but no finished summary: resume from this step.
-    Interrupted { step: u64 },
-    /// Nothing to continue from.
-    Empty,
-}
-
-/// Reads a run directory's state.
-pub fn disk_state(dir: &Path) -> DiskState {
-    if let Some(s) = read_summary(dir) {
-        if s.get("finished").and_then(Value::as_bool) == Some(true) {
-            return DiskState::Finished;
-        }
-        if let Some(reason) = s.get("diverged").and_then(Value::as_str) {
-            return DiskState::Diverged(reason.to_string());
-        }
-    }
-    match checkpoint::list(dir).last() {
-        Some((step, _)) => DiskState::Interrupted { step: *step },
-        None => DiskState::Empty,
-    }
-}
-
-/// `summary.json` as JSON (read loosely, so older or partial summaries still count).
-pub fn read_summary(dir: &Path) -> Option<Value> {
-    let text = fs::read_to_string(dir.join(SUMMARY)).ok()?;
-    serde_json::from_str(&text).ok()
 }
 
 /// Runs (or resumes, or skips) every run of the grid, then writes the report.
@@ -554,7 +415,7 @@ pub fn ablate(opts: &AblateOptions) -> Result<AblateOutcome> {
         .and_then(|t| serde_json::from_str(&t).ok())
         .unwrap_or_default();
     status.invocations.push(Invocation {
-        started: report::utc_now(),
+        started: utc_now(),
         wall_secs: 0.0,
         jobs: plan.jobs,
         threads: plan.threads,
@@ -660,7 +521,7 @@ pub fn ablate(opts: &AblateOptions) -> Result<AblateOutcome> {
                     detail: None,
                     stderr_tail: None,
                     wall_secs: None,
-                    updated: report::utc_now(),
+                    updated: utc_now(),
                 },
             );
             let _ = write_json_atomic(&status_path, &guard.0);
@@ -694,7 +555,7 @@ pub fn ablate(opts: &AblateOptions) -> Result<AblateOutcome> {
     say(summary_table(&runs, started.elapsed().as_secs_f64()));
     let report = report::report(&plan.out)
         .context("writing the report (the runs are saved; `ember report` retries)")?;
-    say(format!("report: {}", plan.out.join(report::REPORT_MD).display()));
+    say(format!("report: {}", plan.out.join(REPORT_MD).display()));
     Ok(AblateOutcome {
         plan,
         runs,
@@ -939,7 +800,7 @@ fn record(status: &mut SweepStatus, o: &RunOutcome, started: Instant) {
             detail,
             stderr_tail: tail,
             wall_secs: (o.action != RunAction::Skipped).then_some(o.wall_secs),
-            updated: report::utc_now(),
+            updated: utc_now(),
         },
     );
     if let Some(inv) = status.invocations.last_mut() {

@@ -3,4 +3,5 @@
 //! those directories into report.md, report.json and plots.
 
 pub mod ablate;
+pub mod layout;
 pub mod report;

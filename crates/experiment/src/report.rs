@@ -23,65 +23,16 @@ use ember_trainer::train::RUN_CONFIG;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::ablate::{self, DiskState, Plan, SweepStatus, GRID, RUNS, STATUS};
+use crate::layout::{
+    disk_state, lr_label, read_summary, variant_name, DiskState, Hardware, Plan, SweepStatus, GRID,
+    REPORT_JSON, REPORT_MD, RUNS, STATUS,
+};
 use stats::{lr_sensitivity, mean_std, paired_diff, MeanStd, PairedDiff};
 
-pub const REPORT_MD: &str = "report.md";
-pub const REPORT_JSON: &str = "report.json";
-pub const PLOTS: &str = "plots";
 /// The baseline every variant is paired against.
 pub const BASELINE: &str = "none";
 /// Confidence level of the paired intervals.
 pub const LEVEL: f64 = 0.95;
-
-/// The machine a sweep ran on.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Hardware {
-    /// `model name` from /proc/cpuinfo.
-    pub cpu: String,
-    pub logical_cores: usize,
-}
-
-/// This machine.
-pub fn hardware() -> Hardware {
-    let cpu = fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, v)| v.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown CPU".into());
-    Hardware {
-        cpu,
-        logical_cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
-    }
-}
-
-/// Now, UTC, ISO 8601 (`2025-01-31T12:00:00Z`).
-pub fn utc_now() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs()) as i64;
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
 
 /// Everything the report says, as written to `report.json`.
 #[derive(Debug, Clone, Serialize)]
@@ -226,7 +177,7 @@ pub fn report(out_dir: &Path) -> Result<Report> {
     // Axes of the grid: the plan's order, then anything else found on disk.
     let mut variants: Vec<String> = plan
         .as_ref()
-        .map(|p| p.variants.iter().map(|v| ablate::variant_name(*v)).collect())
+        .map(|p| p.variants.iter().map(|v| variant_name(*v)).collect())
         .unwrap_or_default();
     for r in &runs {
         if !variants.contains(&r.variant) {
@@ -458,7 +409,7 @@ fn count<'a>(runs: impl Iterator<Item = &'a RunResult>) -> Counts {
 
 /// Learning rates equal as run names print them.
 fn same_lr(a: f64, b: f64) -> bool {
-    ablate::lr_label(a) == ablate::lr_label(b)
+    lr_label(a) == lr_label(b)
 }
 
 fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Option<T>> {
@@ -494,7 +445,7 @@ fn load_runs(out_dir: &Path, plan: Option<&Plan>, status: Option<&SweepStatus>) 
             seen.insert(p.name.clone());
             let mut run = load_run(&dir, &p.name, status)?;
             if run.result.status == "not_run" || run.result.variant.is_empty() {
-                run.result.variant = ablate::variant_name(p.variant);
+                run.result.variant = variant_name(p.variant);
                 run.result.seed = p.seed;
                 run.result.lr = p.lr;
             }
@@ -535,7 +486,7 @@ fn load_run(dir: &Path, name: &str, status: Option<&SweepStatus>) -> Result<Load
         }
         Some(v.clone())
     };
-    let summary = ablate::read_summary(dir);
+    let summary = read_summary(dir);
     let sum = |k: &str| {
         summary
             .as_ref()
@@ -544,7 +495,7 @@ fn load_run(dir: &Path, name: &str, status: Option<&SweepStatus>) -> Result<Load
     };
     let record = status.and_then(|s| s.runs.get(name));
 
-    let (state_label, detail) = match ablate::disk_state(dir) {
+    let (state_label, detail) = match disk_state(dir) {
         DiskState::Finished => ("ok", None),
         DiskState::Diverged(reason) => ("diverged", Some(reason)),
         state => match record.map(|r| r.status.as_str()) {
@@ -688,7 +639,7 @@ fn fmt_count(c: &Counts) -> String {
 }
 
 fn markdown(r: &Report) -> String {
-    let lr = ablate::lr_label;
+    let lr = lr_label;
     let (q_key, q_name, q_prec) = if r.quality == "bleu" {
         ("bleu", "BLEU", 2)
     } else {

@@ -19,7 +19,7 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 
 use super::RunResult;
-use crate::ablate::lr_label;
+use crate::layout::{lr_label, PLOTS};
 
 const FONT: &[u8] = include_bytes!("fonts/DejaVuSans-subset.ttf");
 const FAMILY: &str = "sans-serif";
@@ -102,7 +102,7 @@ pub(crate) fn write_plots(
     quality: &str,
 ) -> Result<Vec<String>> {
     register_font()?;
-    let dir = out_dir.join(super::PLOTS);
+    let dir = out_dir.join(PLOTS);
     fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let n_seeds = runs
         .iter()
@@ -261,8 +261,8 @@ pub(crate) fn write_plots(
             render(root, fig).with_context(|| format!("drawing {}", svg_path.display()))?;
         }
         fs::write(&svg_path, svg).with_context(|| format!("writing {}", svg_path.display()))?;
-        files.push(format!("{}/{}.png", super::PLOTS, fig.stem));
-        files.push(format!("{}/{}.svg", super::PLOTS, fig.stem));
+        files.push(format!("{PLOTS}/{}.png", fig.stem));
+        files.push(format!("{PLOTS}/{}.svg", fig.stem));
     }
     Ok(files)
 }
