@@ -18,7 +18,7 @@ use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use super::RunResult;
+use super::runs::RunResult;
 use crate::layout::{lr_label, PLOTS};
 
 const FONT: &[u8] = include_bytes!("fonts/DejaVuSans-subset.ttf");
