@@ -24,23 +24,26 @@ use std::fs;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use ember_model::QkNorm;
-use ember_trainer::config::{AblationConfig, RunConfig};
+use ember_trainer::config::RunConfig;
 use ember_trainer::metrics::{self, Verbosity};
 use ember_trainer::train::{self, TrainOptions, RUN_CONFIG, SUMMARY};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::layout::{
-    disk_state, hardware, lr_label, read_summary, round_sig, run_name, utc_now, variant_name, DiskState,
-    Invocation, Plan, PlannedRun, RunRecord, SweepStatus, GRID, REPORT_MD, RUNS, STATUS, STDERR_LOG,
-    STDOUT_LOG,
+    disk_state, read_summary, utc_now, DiskState, Invocation, Plan, PlannedRun, RunRecord, SweepStatus, GRID,
+    REPORT_MD, RUNS, STATUS, STDERR_LOG, STDOUT_LOG,
 };
 use crate::report::{self, Report};
+
+mod grid;
+
+pub use grid::{parse_lrs, parse_variant, parse_variants, plan, run_config};
 
 /// Lines of stderr kept in a failed run's record.
 const TAIL_LINES: usize = 20;
@@ -174,210 +177,6 @@ impl AblateOutcome {
     }
 }
 
-/// A QK-norm variant from its config name (`none`, `layernorm`, `rmsnorm`, `l2`).
-pub fn parse_variant(s: &str) -> Result<QkNorm> {
-    serde_json::from_value(Value::String(s.trim().to_string())).map_err(|_| {
-        anyhow::anyhow!("unknown QK-norm variant {s:?}; expected one of none, layernorm, rmsnorm, l2")
-    })
-}
-
-/// `none,rmsnorm` → variants.
-pub fn parse_variants(s: &str) -> Result<Vec<QkNorm>> {
-    s.split(',')
-        .filter(|p| !p.trim().is_empty())
-        .map(parse_variant)
-        .collect()
-}
-
-/// `1e-3,3e-3` → learning rates (positive, finite).
-pub fn parse_lrs(s: &str) -> Result<Vec<f64>> {
-    s.split(',')
-        .filter(|p| !p.trim().is_empty())
-        .map(|p| {
-            let lr: f64 = p
-                .trim()
-                .parse()
-                .with_context(|| format!("learning rate {p:?} is not a number"))?;
-            if !(lr > 0.0 && lr.is_finite()) {
-                bail!("learning rates must be positive numbers, got {p}");
-            }
-            Ok(lr)
-        })
-        .collect()
-}
-
-/// A YAML float that every YAML reader takes as a float (`3.0e-3`).
-fn yaml_float(x: f64) -> String {
-    let s = format!("{:e}", round_sig(x));
-    match s.split_once('e') {
-        Some((m, e)) if !m.contains('.') => format!("{m}.0e{e}"),
-        _ => s,
-    }
-}
-
-/// Resolves the grid: flags over the config's `ablation:` section over the defaults.
-pub fn plan(opts: &AblateOptions) -> Result<Plan> {
-    let section = |cfg: &RunConfig| -> Result<AblationConfig> {
-        match &cfg.ablation {
-            Some(a) => Ok(a.clone()),
-            // The config's own defaults for an empty `ablation:` section.
-            None => serde_json::from_value(Value::Object(Default::default()))
-                .context("the ablation section's defaults"),
-        }
-    };
-    // The section's own `set` comes first, so the command line's `--set` wins over it.
-    let first = section(&RunConfig::load(&opts.config, &opts.overrides)?)?;
-    let user_overrides: Vec<String> = first.set.iter().chain(&opts.overrides).cloned().collect();
-    let cfg = RunConfig::load(&opts.config, &user_overrides)?;
-    let section = section(&cfg)?;
-    let mut variants: Vec<QkNorm> = vec![];
-    for v in opts.variants.clone().unwrap_or(section.variants) {
-        if !variants.contains(&v) {
-            variants.push(v);
-        }
-    }
-    if variants.is_empty() {
-        bail!("--variants: list at least one of none, layernorm, rmsnorm, l2");
-    }
-    let n_seeds = opts.seeds.unwrap_or(section.seeds);
-    if n_seeds == 0 {
-        bail!("--seeds must be at least 1");
-    }
-    let mut lrs: Vec<f64> = vec![];
-    let given = match &opts.lrs {
-        Some(l) => l.clone(),
-        None if !section.lrs.is_empty() => section.lrs.clone(),
-        None => vec![cfg.train.lr],
-    };
-    for lr in given {
-        if !(lr > 0.0 && lr.is_finite()) {
-            bail!("--lrs: learning rates must be positive numbers, got {lr}");
-        }
-        if !lrs.iter().any(|l| lr_label(*l) == lr_label(lr)) {
-            lrs.push(lr);
-        }
-    }
-    if lrs.is_empty() {
-        bail!("--lrs: give at least one learning rate");
-    }
-    let in_process = opts.runner == Runner::InProcess;
-    let jobs = if in_process {
-        1
-    } else {
-        opts.jobs.unwrap_or(section.jobs)
-    };
-    if jobs == 0 {
-        bail!("--jobs must be at least 1");
-    }
-    let threads = if in_process {
-        None
-    } else {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let t = opts.threads.or(section.threads).unwrap_or((cores / jobs).max(1));
-        if t == 0 {
-            bail!("--threads must be at least 1");
-        }
-        Some(t)
-    };
-    let out = opts.out.clone().or(section.out).unwrap_or_else(|| {
-        let stem = opts
-            .config
-            .file_stem()
-            .map_or("run".into(), |s| s.to_string_lossy().to_string());
-        PathBuf::from("runs").join(format!("{stem}-ablation"))
-    });
-
-    let mut notes = vec![];
-    let scale_min_lr = cfg.train.min_lr > 0.0 && lrs.iter().any(|&lr| lr != cfg.train.lr);
-    if scale_min_lr {
-        notes.push(format!(
-            "train.min_lr is scaled with the learning rate (min_lr = {} × lr / {}), keeping the schedule's shape",
-            cfg.train.min_lr, cfg.train.lr
-        ));
-    }
-    let l2_keys = cfg.model.qk_norm_init_scale.is_some() || cfg.model.qk_norm_length.is_some();
-    if l2_keys && variants.iter().any(|v| *v != QkNorm::L2) {
-        notes.push(
-            "model.qk_norm_init_scale/qk_norm_length apply to l2 only and are cleared for the other variants"
-                .into(),
-        );
-    }
-    let exe = match &opts.runner {
-        Runner::Process { exe } => exe.display().to_string(),
-        Runner::InProcess => "ember".into(),
-    };
-    let mut base_command = vec![exe, "train".into(), opts.config.display().to_string()];
-    for o in &user_overrides {
-        base_command.extend(["--set".to_string(), o.clone()]);
-    }
-    base_command.extend(["--quiet".to_string(), "--json".to_string()]);
-
-    let mut runs = vec![];
-    for seed in 1..=n_seeds as u64 {
-        for &lr in &lrs {
-            for &variant in &variants {
-                let name = run_name(variant, lr, seed);
-                let dir = out.join(RUNS).join(&name);
-                let mut overrides = user_overrides.clone();
-                overrides.push(format!("model.qk_norm={}", variant_name(variant)));
-                if l2_keys && variant != QkNorm::L2 {
-                    overrides.push("model.qk_norm_init_scale=null".into());
-                    overrides.push("model.qk_norm_length=null".into());
-                }
-                overrides.push(format!("train.seed={seed}"));
-                overrides.push(format!("train.lr={}", yaml_float(lr)));
-                if scale_min_lr {
-                    overrides.push(format!(
-                        "train.min_lr={}",
-                        yaml_float(cfg.train.min_lr * lr / cfg.train.lr)
-                    ));
-                }
-                if let Some(t) = threads {
-                    overrides.push(format!("train.threads={t}"));
-                }
-                let mut command = base_command[..3].to_vec();
-                for o in &overrides {
-                    command.extend(["--set".to_string(), o.clone()]);
-                }
-                command.extend([
-                    "--run-dir".to_string(),
-                    dir.display().to_string(),
-                    "--quiet".to_string(),
-                    "--json".to_string(),
-                ]);
-                runs.push(PlannedRun {
-                    name,
-                    variant,
-                    seed,
-                    lr,
-                    dir,
-                    overrides,
-                    command,
-                });
-            }
-        }
-    }
-    Ok(Plan {
-        config: opts.config.clone(),
-        overrides: user_overrides.clone(),
-        variants,
-        seeds: (1..=n_seeds as u64).collect(),
-        lrs,
-        jobs,
-        threads,
-        out,
-        base_command,
-        notes,
-        hardware: hardware(),
-        runs,
-    })
-}
-
-/// The config a planned run trains (before the data fills in the vocabulary size).
-pub fn run_config(plan: &Plan, run: &PlannedRun) -> Result<RunConfig> {
-    Ok(RunConfig::load(&plan.config, &run.overrides)?)
-}
-
 /// Runs (or resumes, or skips) every run of the grid, then writes the report.
 pub fn ablate(opts: &AblateOptions) -> Result<AblateOutcome> {
     let started = Instant::now();
@@ -385,18 +184,39 @@ pub fn ablate(opts: &AblateOptions) -> Result<AblateOutcome> {
     fs::create_dir_all(plan.out.join(RUNS))
         .with_context(|| format!("creating {}", plan.out.join(RUNS).display()))?;
     write_json_atomic(&plan.out.join(GRID), &plan)?;
+    say(opts.quiet, header(&plan));
+    let sweep = Sweep::start(&plan, opts, started)?;
+    let queue = sweep.settle_or_queue()?;
+    sweep.train_queued(queue);
+    let runs = sweep.finish()?;
+    say(opts.quiet, summary_table(&runs, started.elapsed().as_secs_f64()));
+    let report = report::report(&plan.out)
+        .context("writing the report (the runs are saved; `ember report` retries)")?;
+    say(
+        opts.quiet,
+        format!("report: {}", plan.out.join(REPORT_MD).display()),
+    );
+    Ok(AblateOutcome {
+        plan,
+        runs,
+        report,
+        wall_secs: started.elapsed().as_secs_f64(),
+    })
+}
 
-    // Progress lines; a closed stdout (`| head`) must not stop the sweep.
-    let say = |line: String| {
-        if !opts.quiet {
-            use std::io::Write;
-            let _ = writeln!(std::io::stdout(), "{line}");
-        }
-    };
-    let total = plan.runs.len();
-    say(format!(
+/// Prints a progress line unless quiet; a closed stdout (`| head`) must not stop the sweep.
+fn say(quiet: bool, line: String) {
+    if !quiet {
+        use std::io::Write;
+        let _ = writeln!(std::io::stdout(), "{line}");
+    }
+}
+
+/// The first progress line: what runs, where, and how many at a time.
+fn header(plan: &Plan) -> String {
+    format!(
         "ablation: {} runs ({} variants × {} seeds × {} learning rates) of {} into {}; {} at a time{}",
-        total,
+        plan.runs.len(),
         plan.variants.len(),
         plan.seeds.len(),
         plan.lrs.len(),
@@ -407,82 +227,116 @@ pub fn ablate(opts: &AblateOptions) -> Result<AblateOutcome> {
             ", {t} thread{} each",
             if t == 1 { "" } else { "s" }
         )),
-    ));
+    )
+}
 
-    let status_path = plan.out.join(STATUS);
-    let mut status: SweepStatus = fs::read_to_string(&status_path)
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or_default();
-    status.invocations.push(Invocation {
-        started: utc_now(),
-        wall_secs: 0.0,
-        jobs: plan.jobs,
-        threads: plan.threads,
-        hardware: plan.hardware.clone(),
-        executed: 0,
-        skipped: 0,
-    });
-    write_json_atomic(&status_path, &status)?;
-    let shared = Mutex::new((status, vec![None::<RunOutcome>; total]));
+/// What to do with a planned run, judged from its directory.
+enum Next {
+    /// Nothing to train: finished or diverged earlier, or refused.
+    Settled(RunAction, RunStatus),
+    /// Train it, from scratch or from a checkpoint's step.
+    Train { resume_from: Option<u64> },
+}
 
-    // Decide what to do with each run; skip and refuse right away, queue the rest.
-    let mut queue = VecDeque::new();
-    for (i, run) in plan.runs.iter().enumerate() {
-        let tag = format!("[{:>w$}/{total}]", i + 1, w = total.to_string().len());
-        let state = disk_state(&run.dir);
-        let mismatch = match &state {
-            DiskState::Empty => {
-                if config_mismatch(&plan, run).is_some() {
-                    // Nothing was saved there (no checkpoint): start clean, tokenizer included.
-                    let _ = fs::remove_dir_all(&run.dir);
-                }
-                None
+fn next(plan: &Plan, run: &PlannedRun) -> Next {
+    let state = disk_state(&run.dir);
+    let mismatch = match &state {
+        DiskState::Empty => {
+            if config_mismatch(plan, run).is_some() {
+                // Nothing was saved there (no checkpoint): start clean, tokenizer included.
+                let _ = fs::remove_dir_all(&run.dir);
             }
-            _ => config_mismatch(&plan, run),
-        };
-        let immediate = if let Some(diff) = mismatch {
-            Some((
-                RunAction::Refused,
-                RunStatus::Failed {
-                    error: format!(
-                        "{} holds a run of a different config ({}); delete it or choose another --out",
-                        run.dir.display(),
-                        diff.join("; ")
-                    ),
-                    stderr_tail: String::new(),
-                },
-            ))
-        } else {
-            match &state {
-                DiskState::Finished => Some((RunAction::Skipped, RunStatus::Ok)),
-                DiskState::Diverged(reason) => Some((
-                    RunAction::Skipped,
-                    RunStatus::Diverged {
-                        reason: reason.clone(),
-                    },
-                )),
-                DiskState::Interrupted { step } => {
-                    queue.push_back((i, tag.clone(), Some(*step)));
-                    None
-                }
-                DiskState::Empty => {
-                    queue.push_back((i, tag.clone(), None));
-                    None
-                }
-            }
-        };
-        if let Some((action, st)) = immediate {
-            let outcome = outcome(run, action, st, 0.0);
-            say(format!("{tag} {}", describe(&outcome)));
-            let mut guard = shared.lock().unwrap_or_else(|e| e.into_inner());
-            record(&mut guard.0, &outcome, started);
-            guard.1[i] = Some(outcome);
+            None
         }
+        _ => config_mismatch(plan, run),
+    };
+    if let Some(diff) = mismatch {
+        return Next::Settled(
+            RunAction::Refused,
+            RunStatus::Failed {
+                error: format!(
+                    "{} holds a run of a different config ({}); delete it or choose another --out",
+                    run.dir.display(),
+                    diff.join("; ")
+                ),
+                stderr_tail: String::new(),
+            },
+        );
     }
-    {
-        let mut guard = shared.lock().unwrap_or_else(|e| e.into_inner());
-        let executed = queue.len();
+    match state {
+        DiskState::Finished => Next::Settled(RunAction::Skipped, RunStatus::Ok),
+        DiskState::Diverged(reason) => Next::Settled(RunAction::Skipped, RunStatus::Diverged { reason }),
+        DiskState::Interrupted { step } => Next::Train {
+            resume_from: Some(step),
+        },
+        DiskState::Empty => Next::Train { resume_from: None },
+    }
+}
+
+/// One invocation in progress: what its runs share.
+struct Sweep<'a> {
+    plan: &'a Plan,
+    opts: &'a AblateOptions,
+    started: Instant,
+    status_path: PathBuf,
+    /// `status.json` as it stands, and each planned run's outcome once known.
+    state: Mutex<(SweepStatus, Vec<Option<RunOutcome>>)>,
+}
+
+impl<'a> Sweep<'a> {
+    /// Reads `status.json` (or starts one) and records this invocation in it.
+    fn start(plan: &'a Plan, opts: &'a AblateOptions, started: Instant) -> Result<Self> {
+        let status_path = plan.out.join(STATUS);
+        let mut status: SweepStatus = fs::read_to_string(&status_path)
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or_default();
+        status.invocations.push(Invocation {
+            started: utc_now(),
+            wall_secs: 0.0,
+            jobs: plan.jobs,
+            threads: plan.threads,
+            hardware: plan.hardware.clone(),
+            executed: 0,
+            skipped: 0,
+        });
+        write_json_atomic(&status_path, &status)?;
+        Ok(Self {
+            plan,
+            opts,
+            started,
+            status_path,
+            state: Mutex::new((status, vec![None; plan.runs.len()])),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, (SweepStatus, Vec<Option<RunOutcome>>)> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `[ 3/12]`: run `i`'s place in the plan, for progress lines.
+    fn tag(&self, i: usize) -> String {
+        let total = self.plan.runs.len();
+        format!("[{:>w$}/{total}]", i + 1, w = total.to_string().len())
+    }
+
+    /// Records the runs that need no training (skipped, refused) and returns the others, each
+    /// with the step to resume from.
+    fn settle_or_queue(&self) -> Result<VecDeque<(usize, Option<u64>)>> {
+        let mut queue = VecDeque::new();
+        for (i, run) in self.plan.runs.iter().enumerate() {
+            match next(self.plan, run) {
+                Next::Settled(action, status) => {
+                    let outcome = outcome(run, action, status, 0.0);
+                    say(self.opts.quiet, format!("{} {}", self.tag(i), describe(&outcome)));
+                    let mut guard = self.lock();
+                    record(&mut guard.0, &outcome, self.started);
+                    guard.1[i] = Some(outcome);
+                }
+                Next::Train { resume_from } => queue.push_back((i, resume_from)),
+            }
+        }
+        let mut guard = self.lock();
         let skipped = guard
             .1
             .iter()
@@ -490,24 +344,42 @@ pub fn ablate(opts: &AblateOptions) -> Result<AblateOutcome> {
             .filter(|o| o.action == RunAction::Skipped)
             .count();
         if let Some(inv) = guard.0.invocations.last_mut() {
-            inv.executed = executed;
+            inv.executed = queue.len();
             inv.skipped = skipped;
         }
-        write_json_atomic(&status_path, &guard.0)?;
+        write_json_atomic(&self.status_path, &guard.0)?;
+        Ok(queue)
     }
 
-    let queue = Mutex::new(queue);
-    let worker = || loop {
-        let Some((i, tag, resume_from)) = queue.lock().unwrap_or_else(|e| e.into_inner()).pop_front() else {
-            break;
+    /// Trains the queued runs, `jobs` at a time.
+    fn train_queued(&self, queue: VecDeque<(usize, Option<u64>)>) {
+        let queue = Mutex::new(queue);
+        let worker = || loop {
+            let Some((i, resume_from)) = queue.lock().unwrap_or_else(|e| e.into_inner()).pop_front() else {
+                break;
+            };
+            self.train(i, resume_from);
         };
-        let run = &plan.runs[i];
-        say(match resume_from {
-            Some(step) => format!("{tag} resume   {} (from step {step})", run.name),
-            None => format!("{tag} start    {}", run.name),
+        std::thread::scope(|s| {
+            for _ in 0..self.plan.jobs.min(self.plan.runs.len().max(1)) {
+                s.spawn(worker);
+            }
         });
+    }
+
+    /// Trains run `i`, recorded as running in `status.json` until its outcome replaces that.
+    fn train(&self, i: usize, resume_from: Option<u64>) {
+        let run = &self.plan.runs[i];
+        let tag = self.tag(i);
+        say(
+            self.opts.quiet,
+            match resume_from {
+                Some(step) => format!("{tag} resume   {} (from step {step})", run.name),
+                None => format!("{tag} start    {}", run.name),
+            },
+        );
         {
-            let mut guard = shared.lock().unwrap_or_else(|e| e.into_inner());
+            let mut guard = self.lock();
             guard.0.runs.insert(
                 run.name.clone(),
                 RunRecord {
@@ -524,44 +396,31 @@ pub fn ablate(opts: &AblateOptions) -> Result<AblateOutcome> {
                     updated: utc_now(),
                 },
             );
-            let _ = write_json_atomic(&status_path, &guard.0);
+            let _ = write_json_atomic(&self.status_path, &guard.0);
         }
         let t0 = Instant::now();
-        let st = execute(&plan, run, &opts.runner, resume_from.is_some());
+        let st = execute(self.plan, run, &self.opts.runner, resume_from.is_some());
         let action = match resume_from {
             Some(from_step) => RunAction::Resumed { from_step },
             None => RunAction::Started,
         };
         let outcome = outcome(run, action, st, t0.elapsed().as_secs_f64());
-        say(format!("{tag} {}", describe(&outcome)));
-        let mut guard = shared.lock().unwrap_or_else(|e| e.into_inner());
-        record(&mut guard.0, &outcome, started);
-        let _ = write_json_atomic(&status_path, &guard.0);
+        say(self.opts.quiet, format!("{tag} {}", describe(&outcome)));
+        let mut guard = self.lock();
+        record(&mut guard.0, &outcome, self.started);
+        let _ = write_json_atomic(&self.status_path, &guard.0);
         guard.1[i] = Some(outcome);
-    };
-    std::thread::scope(|s| {
-        for _ in 0..plan.jobs.min(total.max(1)) {
-            s.spawn(worker);
-        }
-    });
-
-    let (status, outcomes) = shared.into_inner().unwrap_or_else(|e| e.into_inner());
-    let mut status = status;
-    if let Some(inv) = status.invocations.last_mut() {
-        inv.wall_secs = started.elapsed().as_secs_f64();
     }
-    write_json_atomic(&status_path, &status)?;
-    let runs: Vec<RunOutcome> = outcomes.into_iter().flatten().collect();
-    say(summary_table(&runs, started.elapsed().as_secs_f64()));
-    let report = report::report(&plan.out)
-        .context("writing the report (the runs are saved; `ember report` retries)")?;
-    say(format!("report: {}", plan.out.join(REPORT_MD).display()));
-    Ok(AblateOutcome {
-        plan,
-        runs,
-        report,
-        wall_secs: started.elapsed().as_secs_f64(),
-    })
+
+    /// Writes the invocation's wall time and returns the outcomes in plan order.
+    fn finish(self) -> Result<Vec<RunOutcome>> {
+        let (mut status, outcomes) = self.state.into_inner().unwrap_or_else(|e| e.into_inner());
+        if let Some(inv) = status.invocations.last_mut() {
+            inv.wall_secs = self.started.elapsed().as_secs_f64();
+        }
+        write_json_atomic(&self.status_path, &status)?;
+        Ok(outcomes.into_iter().flatten().collect())
+    }
 }
 
 /// Trains one run and judges the result from its summary.json.
