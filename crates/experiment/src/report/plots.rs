@@ -4,8 +4,8 @@
 //! - `bleu_lr<LR>`: BLEU vs step per variant (translation runs whose evals carry BLEU);
 //! - `val_loss_vs_lr`: final validation loss vs peak learning rate per variant (log axis).
 //!
-//! Text is drawn with an embedded subset of DejaVu Sans (`fonts/`, Bitstream Vera license), so
-//! PNGs render the same on a machine without system fonts. PNGs are encoded with the `png` crate
+//! Text is drawn with DejaVu Sans 2.37 embedded from the `dejavu` crate (Bitstream Vera license),
+//! so PNGs render the same on a machine without system fonts. PNGs are encoded with the `png` crate
 //! from plotters' RGB buffer, so the output is byte-for-byte reproducible.
 
 use std::collections::BTreeMap;
@@ -21,13 +21,14 @@ use plotters::prelude::*;
 use super::runs::RunResult;
 use crate::layout::{lr_label, PLOTS};
 
-const FONT: &[u8] = include_bytes!("fonts/DejaVuSans-subset.ttf");
 const FAMILY: &str = "sans-serif";
 const SIZE: (u32, u32) = (960, 600);
 
 fn register_font() -> Result<()> {
     static DONE: OnceLock<bool> = OnceLock::new();
-    let ok = *DONE.get_or_init(|| plotters::style::register_font(FAMILY, FontStyle::Normal, FONT).is_ok());
+    let ok = *DONE.get_or_init(|| {
+        plotters::style::register_font(FAMILY, FontStyle::Normal, dejavu::sans::regular()).is_ok()
+    });
     if ok {
         Ok(())
     } else {
