@@ -18,6 +18,8 @@
 //! exact command) and `OUT/status.json` each run's last outcome and every invocation's wall
 //! time ([`crate::layout`] names every file). The report ([`crate::report`]) is written at the end
 //! and can be regenerated alone.
+//!
+//! [`plan`] resolves the grid (in `ablate/grid.rs`); [`ablate`] runs it.
 
 use std::collections::VecDeque;
 use std::fs;

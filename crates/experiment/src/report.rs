@@ -8,6 +8,10 @@
 //! the finished runs (diverged runs are counted, not averaged); the paired difference to `none`
 //! on the same seed with a two-sided 95% t interval (df = n − 1); and per variant the LR
 //! sensitivity of Wortsman et al. (2023).
+//!
+//! One submodule per step: `runs` reads the run directories, `grid` lays them out by variant ×
+//! learning rate × seed, `cells` and `sensitivity` compute the statistics, `markdown` writes
+//! report.md section by section, and [`plots`] draws the figures.
 
 mod cells;
 mod grid;
