@@ -6,7 +6,7 @@ Regenerate (from the repository root) with:
     pip install sacrebleu==2.6.0      # the version the fixtures were made with
     python3 scripts/make-bleu-fixtures.py
 
-Writes into ``crates/trainer/tests/fixtures/sacrebleu/``:
+Writes into ``crates/sacrebleu/tests/fixtures/``:
 
 * ``<corpus>.hyp.txt`` and ``<corpus>.ref<k>.txt`` -- one segment per line,
   ``\\n``-terminated, UTF-8.  Segments never contain ``\\n`` or ``\\r``; other
@@ -42,7 +42,7 @@ from sacrebleu.utils import sum_of_lists
 
 SEED = 20240611
 ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "crates" / "trainer" / "tests" / "fixtures" / "sacrebleu"
+OUT = ROOT / "crates" / "sacrebleu" / "tests" / "fixtures"
 MULTI30K = Path(os.environ.get("MULTI30K_DIR", "/work/shared/data/multi30k"))
 
 # ---------------------------------------------------------------------------

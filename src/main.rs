@@ -8,8 +8,8 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use ember_model::{sample, Model, SampleConfig};
+use ember_sacrebleu::{corpus_bleu, corpus_chrf, BleuConfig, ChrfConfig, Tokenize};
 use ember_trainer::metrics::Verbosity;
-use ember_trainer::sacrebleu::{corpus_bleu, corpus_chrf, BleuConfig, ChrfConfig, Tokenize};
 use ember_trainer::train::{eval_beam, evaluate, open_run, Split};
 use ember_trainer::translate::{score_split, translate_lines};
 use ember_trainer::{RunConfig, TrainOptions};
@@ -487,7 +487,7 @@ fn bench(args: BenchArgs) -> Result<()> {
 }
 
 fn ablate(args: AblateArgs) -> Result<()> {
-    use ember_trainer::ablate::{parse_variant, AblateOptions, Runner};
+    use ember_experiment::ablate::{parse_variant, AblateOptions, Runner};
     let variants = args
         .variants
         .map(|v| v.iter().map(|s| parse_variant(s)).collect::<Result<Vec<_>>>())
@@ -507,7 +507,7 @@ fn ablate(args: AblateArgs) -> Result<()> {
         },
         quiet: args.quiet || args.json,
     };
-    let outcome = ember_trainer::ablate::ablate(&opts)?;
+    let outcome = ember_experiment::ablate::ablate(&opts)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&outcome)?);
     }
@@ -523,14 +523,18 @@ fn ablate(args: AblateArgs) -> Result<()> {
                 .map(|r| r.name.as_str())
                 .collect::<Vec<_>>()
                 .join(", "),
-            outcome.plan.out.join(ember_trainer::report::REPORT_MD).display()
+            outcome
+                .plan
+                .out
+                .join(ember_experiment::layout::REPORT_MD)
+                .display()
         );
     }
     Ok(())
 }
 
 fn report(args: ReportArgs) -> Result<()> {
-    let r = ember_trainer::report::report(&args.dir)?;
+    let r = ember_experiment::report::report(&args.dir)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else {
@@ -540,8 +544,8 @@ fn report(args: ReportArgs) -> Result<()> {
             r.counts.ok,
             r.counts.diverged,
             r.counts.failed,
-            args.dir.join(ember_trainer::report::REPORT_MD).display(),
-            args.dir.join(ember_trainer::report::REPORT_JSON).display(),
+            args.dir.join(ember_experiment::layout::REPORT_MD).display(),
+            args.dir.join(ember_experiment::layout::REPORT_JSON).display(),
             r.plots.len() / 2
         );
     }

@@ -1,15 +1,12 @@
-//! Ember's trainer: configuration, the training loop, optimizer, checkpoints, metrics,
-//! evaluation and ablation reports.
+//! Ember's trainer: configuration, the training loop, optimizer, checkpoints, metrics and
+//! evaluation.
 
-pub mod ablate;
 pub mod bench;
 pub mod checkpoint;
 pub mod config;
 pub mod loss;
 pub mod metrics;
 pub mod optim;
-pub mod report;
-pub mod sacrebleu;
 pub mod train;
 pub mod translate;
 

@@ -5,9 +5,8 @@ use anyhow::{bail, Result};
 use candle_core::{Device, Tensor};
 use ember_data::{PairSplit, Tokenizer};
 use ember_model::{beam_search, greedy, BeamConfig, Seq2Seq};
+use ember_sacrebleu::{corpus_bleu, corpus_chrf, BleuConfig, BleuScore, ChrfConfig, ChrfScore};
 use serde::Serialize;
-
-use crate::sacrebleu::{corpus_bleu, corpus_chrf, BleuConfig, BleuScore, ChrfConfig, ChrfScore};
 
 /// Padded source tokens × beam rows per decoding batch: big enough to keep matmuls efficient,
 /// small enough that the cache of a 10k-vocabulary model stays modest.

@@ -1,4 +1,4 @@
-//! sacreBLEU parity: every case in `fixtures/sacrebleu/expected.json` (made by
+//! sacreBLEU parity: every case in `fixtures/expected.json` (made by
 //! `scripts/make-bleu-fixtures.py` with sacreBLEU itself) must reproduce
 //! sacreBLEU's score to 0.01, its n-gram statistics and lengths exactly, and
 //! its signature and formatted score line character for character.  The
@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use ember_trainer::sacrebleu::{
+use ember_sacrebleu::{
     bleu_tokens, corpus_bleu, corpus_chrf, sentence_bleu, sentence_chrf, BleuConfig, ChrfConfig,
     SacreBleuError, Smooth, Tokenize, SACREBLEU_VERSION,
 };
@@ -17,7 +17,7 @@ use serde_json::Value;
 const SCORE_TOLERANCE: f64 = 0.01;
 
 fn fixture_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sacrebleu")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
 }
 
 fn expected() -> Value {

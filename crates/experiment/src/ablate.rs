@@ -16,36 +16,37 @@
 //!
 //! Besides the run directories, `OUT/grid.json` holds the plan (every run, its overrides and its
 //! exact command) and `OUT/status.json` each run's last outcome and every invocation's wall
-//! time. The report ([`crate::report`]) is written at the end and can be regenerated alone.
+//! time ([`crate::layout`] names every file). The report ([`crate::report`]) is written at the end
+//! and can be regenerated alone.
+//!
+//! [`plan`] resolves the grid (in `ablate/grid.rs`); [`ablate`] runs it.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::fs;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use ember_model::QkNorm;
+use ember_trainer::config::RunConfig;
+use ember_trainer::metrics::{self, Verbosity};
+use ember_trainer::train::{self, TrainOptions, RUN_CONFIG, SUMMARY};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::checkpoint;
-use crate::config::{AblationConfig, RunConfig};
-use crate::metrics::Verbosity;
-use crate::report::{self, Hardware, Report};
-use crate::train::{self, TrainOptions, RUN_CONFIG, SUMMARY};
+use crate::layout::{
+    disk_state, read_summary, utc_now, DiskState, Invocation, Plan, PlannedRun, RunRecord, SweepStatus, GRID,
+    REPORT_MD, RUNS, STATUS, STDERR_LOG, STDOUT_LOG,
+};
+use crate::report::{self, Report};
 
-/// The plan of the sweep, in the output directory.
-pub const GRID: &str = "grid.json";
-/// Each run's last outcome and each invocation's wall time, in the output directory.
-pub const STATUS: &str = "status.json";
-/// The folder of run directories inside the output directory.
-pub const RUNS: &str = "runs";
-/// A subprocess's stdout and stderr, in its run directory.
-pub const STDOUT_LOG: &str = "ablate-stdout.log";
-pub const STDERR_LOG: &str = "ablate-stderr.log";
+mod grid;
+
+pub use grid::{parse_lrs, parse_variant, parse_variants, plan, run_config};
+
 /// Lines of stderr kept in a failed run's record.
 const TAIL_LINES: usize = 20;
 
@@ -55,7 +56,7 @@ pub enum Runner {
     /// `EXE train CONFIG --set ... --run-dir DIR --quiet --json [--resume]`, `jobs` at a time.
     /// The CLI passes `std::env::current_exe()`.
     Process { exe: PathBuf },
-    /// [`crate::train::train`] in this process, one run after the other (`jobs` is ignored and
+    /// [`ember_trainer::train::train`] in this process, one run after the other (`jobs` is ignored and
     /// `train.threads` is left as the config says). For tests and embedding.
     InProcess,
 }
@@ -97,44 +98,6 @@ impl AblateOptions {
             quiet: false,
         }
     }
-}
-
-/// The resolved grid, as written to `grid.json`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Plan {
-    pub config: PathBuf,
-    /// The user's `--set` overrides, applied to every run before the grid's own.
-    pub overrides: Vec<String>,
-    pub variants: Vec<QkNorm>,
-    pub seeds: Vec<u64>,
-    pub lrs: Vec<f64>,
-    /// Runs at a time (1 in-process).
-    pub jobs: usize,
-    /// `train.threads` given to each run (`None` in-process: the config's own).
-    pub threads: Option<usize>,
-    pub out: PathBuf,
-    /// The command every run extends: `ember train CONFIG [--set USER]... --quiet --json`.
-    pub base_command: Vec<String>,
-    /// How the grid's keys are set, in words (min_lr scaling, l2-only keys).
-    pub notes: Vec<String>,
-    pub hardware: Hardware,
-    /// In the order they are run: seed, then learning rate, then variant.
-    pub runs: Vec<PlannedRun>,
-}
-
-/// One cell of the grid.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PlannedRun {
-    /// `<variant>-lr<lr>-seed<s>`, also the directory name.
-    pub name: String,
-    pub variant: QkNorm,
-    pub seed: u64,
-    pub lr: f64,
-    pub dir: PathBuf,
-    /// Every `--set` of this run: the user's, then the grid's.
-    pub overrides: Vec<String>,
-    /// The exact command (without `--resume`, which is added when resuming).
-    pub command: Vec<String>,
 }
 
 /// What the sweep did with a run in this invocation.
@@ -216,307 +179,6 @@ impl AblateOutcome {
     }
 }
 
-/// `status.json`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct SweepStatus {
-    pub invocations: Vec<Invocation>,
-    /// The latest record of each run, by name.
-    pub runs: BTreeMap<String, RunRecord>,
-}
-
-/// One invocation of `ember ablate`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Invocation {
-    /// UTC, ISO 8601.
-    pub started: String,
-    /// Updated after every run, so an interrupted invocation still counts what it spent.
-    pub wall_secs: f64,
-    pub jobs: usize,
-    pub threads: Option<usize>,
-    pub hardware: Hardware,
-    /// Runs executed (started or resumed) / skipped.
-    pub executed: usize,
-    pub skipped: usize,
-}
-
-/// The latest outcome of one run.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RunRecord {
-    /// `running`, `ok`, `diverged` or `failed`.
-    pub status: String,
-    pub action: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub detail: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stderr_tail: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub wall_secs: Option<f64>,
-    /// UTC, ISO 8601.
-    pub updated: String,
-}
-
-/// A QK-norm variant from its config name (`none`, `layernorm`, `rmsnorm`, `l2`).
-pub fn parse_variant(s: &str) -> Result<QkNorm> {
-    serde_json::from_value(Value::String(s.trim().to_string())).map_err(|_| {
-        anyhow::anyhow!("unknown QK-norm variant {s:?}; expected one of none, layernorm, rmsnorm, l2")
-    })
-}
-
-/// `none,rmsnorm` → variants.
-pub fn parse_variants(s: &str) -> Result<Vec<QkNorm>> {
-    s.split(',')
-        .filter(|p| !p.trim().is_empty())
-        .map(parse_variant)
-        .collect()
-}
-
-/// `1e-3,3e-3` → learning rates (positive, finite).
-pub fn parse_lrs(s: &str) -> Result<Vec<f64>> {
-    s.split(',')
-        .filter(|p| !p.trim().is_empty())
-        .map(|p| {
-            let lr: f64 = p
-                .trim()
-                .parse()
-                .with_context(|| format!("learning rate {p:?} is not a number"))?;
-            if !(lr > 0.0 && lr.is_finite()) {
-                bail!("learning rates must be positive numbers, got {p}");
-            }
-            Ok(lr)
-        })
-        .collect()
-}
-
-/// The config name of a variant (`none`, `layernorm`, `rmsnorm`, `l2`).
-pub fn variant_name(v: QkNorm) -> String {
-    match serde_json::to_value(v) {
-        Ok(Value::String(s)) => s,
-        _ => format!("{v:?}").to_lowercase(),
-    }
-}
-
-/// `3e-3`, `1.5e-2`: the learning rate as it appears in run names.
-pub fn lr_label(lr: f64) -> String {
-    format!("{:e}", round_sig(lr))
-}
-
-/// A YAML float that every YAML reader takes as a float (`3.0e-3`).
-fn yaml_float(x: f64) -> String {
-    let s = format!("{:e}", round_sig(x));
-    match s.split_once('e') {
-        Some((m, e)) if !m.contains('.') => format!("{m}.0e{e}"),
-        _ => s,
-    }
-}
-
-/// Rounds to 12 significant digits, so 3e-4·1e-2/3e-3 prints as 1e-3.
-fn round_sig(x: f64) -> f64 {
-    format!("{x:.11e}").parse().unwrap_or(x)
-}
-
-/// The run name of a grid cell.
-pub fn run_name(variant: QkNorm, lr: f64, seed: u64) -> String {
-    format!("{}-lr{}-seed{seed}", variant_name(variant), lr_label(lr))
-}
-
-/// Resolves the grid: flags over the config's `ablation:` section over the defaults.
-pub fn plan(opts: &AblateOptions) -> Result<Plan> {
-    let section = |cfg: &RunConfig| -> Result<AblationConfig> {
-        match &cfg.ablation {
-            Some(a) => Ok(a.clone()),
-            // The config's own defaults for an empty `ablation:` section.
-            None => serde_json::from_value(Value::Object(Default::default()))
-                .context("the ablation section's defaults"),
-        }
-    };
-    // The section's own `set` comes first, so the command line's `--set` wins over it.
-    let first = section(&RunConfig::load(&opts.config, &opts.overrides)?)?;
-    let user_overrides: Vec<String> = first.set.iter().chain(&opts.overrides).cloned().collect();
-    let cfg = RunConfig::load(&opts.config, &user_overrides)?;
-    let section = section(&cfg)?;
-    let mut variants: Vec<QkNorm> = vec![];
-    for v in opts.variants.clone().unwrap_or(section.variants) {
-        if !variants.contains(&v) {
-            variants.push(v);
-        }
-    }
-    if variants.is_empty() {
-        bail!("--variants: list at least one of none, layernorm, rmsnorm, l2");
-    }
-    let n_seeds = opts.seeds.unwrap_or(section.seeds);
-    if n_seeds == 0 {
-        bail!("--seeds must be at least 1");
-    }
-    let mut lrs: Vec<f64> = vec![];
-    let given = match &opts.lrs {
-        Some(l) => l.clone(),
-        None if !section.lrs.is_empty() => section.lrs.clone(),
-        None => vec![cfg.train.lr],
-    };
-    for lr in given {
-        if !(lr > 0.0 && lr.is_finite()) {
-            bail!("--lrs: learning rates must be positive numbers, got {lr}");
-        }
-        if !lrs.iter().any(|l| lr_label(*l) == lr_label(lr)) {
-            lrs.push(lr);
-        }
-    }
-    if lrs.is_empty() {
-        bail!("--lrs: give at least one learning rate");
-    }
-    let in_process = opts.runner == Runner::InProcess;
-    let jobs = if in_process {
-        1
-    } else {
-        opts.jobs.unwrap_or(section.jobs)
-    };
-    if jobs == 0 {
-        bail!("--jobs must be at least 1");
-    }
-    let threads = if in_process {
-        None
-    } else {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let t = opts.threads.or(section.threads).unwrap_or((cores / jobs).max(1));
-        if t == 0 {
-            bail!("--threads must be at least 1");
-        }
-        Some(t)
-    };
-    let out = opts.out.clone().or(section.out).unwrap_or_else(|| {
-        let stem = opts
-            .config
-            .file_stem()
-            .map_or("run".into(), |s| s.to_string_lossy().to_string());
-        PathBuf::from("runs").join(format!("{stem}-ablation"))
-    });
-
-    let mut notes = vec![];
-    let scale_min_lr = cfg.train.min_lr > 0.0 && lrs.iter().any(|&lr| lr != cfg.train.lr);
-    if scale_min_lr {
-        notes.push(format!(
-            "train.min_lr is scaled with the learning rate (min_lr = {} × lr / {}), keeping the schedule's shape",
-            cfg.train.min_lr, cfg.train.lr
-        ));
-    }
-    let l2_keys = cfg.model.qk_norm_init_scale.is_some() || cfg.model.qk_norm_length.is_some();
-    if l2_keys && variants.iter().any(|v| *v != QkNorm::L2) {
-        notes.push(
-            "model.qk_norm_init_scale/qk_norm_length apply to l2 only and are cleared for the other variants"
-                .into(),
-        );
-    }
-    let exe = match &opts.runner {
-        Runner::Process { exe } => exe.display().to_string(),
-        Runner::InProcess => "ember".into(),
-    };
-    let mut base_command = vec![exe, "train".into(), opts.config.display().to_string()];
-    for o in &user_overrides {
-        base_command.extend(["--set".to_string(), o.clone()]);
-    }
-    base_command.extend(["--quiet".to_string(), "--json".to_string()]);
-
-    let mut runs = vec![];
-    for seed in 1..=n_seeds as u64 {
-        for &lr in &lrs {
-            for &variant in &variants {
-                let name = run_name(variant, lr, seed);
-                let dir = out.join(RUNS).join(&name);
-                let mut overrides = user_overrides.clone();
-                overrides.push(format!("model.qk_norm={}", variant_name(variant)));
-                if l2_keys && variant != QkNorm::L2 {
-                    overrides.push("model.qk_norm_init_scale=null".into());
-                    overrides.push("model.qk_norm_length=null".into());
-                }
-                overrides.push(format!("train.seed={seed}"));
-                overrides.push(format!("train.lr={}", yaml_float(lr)));
-                if scale_min_lr {
-                    overrides.push(format!(
-                        "train.min_lr={}",
-                        yaml_float(cfg.train.min_lr * lr / cfg.train.lr)
-                    ));
-                }
-                if let Some(t) = threads {
-                    overrides.push(format!("train.threads={t}"));
-                }
-                let mut command = base_command[..3].to_vec();
-                for o in &overrides {
-                    command.extend(["--set".to_string(), o.clone()]);
-                }
-                command.extend([
-                    "--run-dir".to_string(),
-                    dir.display().to_string(),
-                    "--quiet".to_string(),
-                    "--json".to_string(),
-                ]);
-                runs.push(PlannedRun {
-                    name,
-                    variant,
-                    seed,
-                    lr,
-                    dir,
-                    overrides,
-                    command,
-                });
-            }
-        }
-    }
-    Ok(Plan {
-        config: opts.config.clone(),
-        overrides: user_overrides.clone(),
-        variants,
-        seeds: (1..=n_seeds as u64).collect(),
-        lrs,
-        jobs,
-        threads,
-        out,
-        base_command,
-        notes,
-        hardware: report::hardware(),
-        runs,
-    })
-}
-
-/// The config a planned run trains (before the data fills in the vocabulary size).
-pub fn run_config(plan: &Plan, run: &PlannedRun) -> Result<RunConfig> {
-    Ok(RunConfig::load(&plan.config, &run.overrides)?)
-}
-
-/// What a run directory holds, judged from its files.
-#[derive(Debug, Clone, PartialEq)]
-pub enum DiskState {
-    /// summary.json says finished.
-    Finished,
-    /// summary.json says diverged, with the reason.
-    Diverged(String),
-    /// Checkpoints but no finished summary: resume from this step.
-    Interrupted { step: u64 },
-    /// Nothing to continue from.
-    Empty,
-}
-
-/// Reads a run directory's state.
-pub fn disk_state(dir: &Path) -> DiskState {
-    if let Some(s) = read_summary(dir) {
-        if s.get("finished").and_then(Value::as_bool) == Some(true) {
-            return DiskState::Finished;
-        }
-        if let Some(reason) = s.get("diverged").and_then(Value::as_str) {
-            return DiskState::Diverged(reason.to_string());
-        }
-    }
-    match checkpoint::list(dir).last() {
-        Some((step, _)) => DiskState::Interrupted { step: *step },
-        None => DiskState::Empty,
-    }
-}
-
-/// `summary.json` as JSON (read loosely, so older or partial summaries still count).
-pub fn read_summary(dir: &Path) -> Option<Value> {
-    let text = fs::read_to_string(dir.join(SUMMARY)).ok()?;
-    serde_json::from_str(&text).ok()
-}
-
 /// Runs (or resumes, or skips) every run of the grid, then writes the report.
 pub fn ablate(opts: &AblateOptions) -> Result<AblateOutcome> {
     let started = Instant::now();
@@ -524,18 +186,39 @@ pub fn ablate(opts: &AblateOptions) -> Result<AblateOutcome> {
     fs::create_dir_all(plan.out.join(RUNS))
         .with_context(|| format!("creating {}", plan.out.join(RUNS).display()))?;
     write_json_atomic(&plan.out.join(GRID), &plan)?;
+    say(opts.quiet, header(&plan));
+    let sweep = Sweep::start(&plan, opts, started)?;
+    let queue = sweep.settle_or_queue()?;
+    sweep.train_queued(queue);
+    let runs = sweep.finish()?;
+    say(opts.quiet, summary_table(&runs, started.elapsed().as_secs_f64()));
+    let report = report::report(&plan.out)
+        .context("writing the report (the runs are saved; `ember report` retries)")?;
+    say(
+        opts.quiet,
+        format!("report: {}", plan.out.join(REPORT_MD).display()),
+    );
+    Ok(AblateOutcome {
+        plan,
+        runs,
+        report,
+        wall_secs: started.elapsed().as_secs_f64(),
+    })
+}
 
-    // Progress lines; a closed stdout (`| head`) must not stop the sweep.
-    let say = |line: String| {
-        if !opts.quiet {
-            use std::io::Write;
-            let _ = writeln!(std::io::stdout(), "{line}");
-        }
-    };
-    let total = plan.runs.len();
-    say(format!(
+/// Prints a progress line unless quiet; a closed stdout (`| head`) must not stop the sweep.
+fn say(quiet: bool, line: String) {
+    if !quiet {
+        use std::io::Write;
+        let _ = writeln!(std::io::stdout(), "{line}");
+    }
+}
+
+/// The first progress line: what runs, where, and how many at a time.
+fn header(plan: &Plan) -> String {
+    format!(
         "ablation: {} runs ({} variants × {} seeds × {} learning rates) of {} into {}; {} at a time{}",
-        total,
+        plan.runs.len(),
         plan.variants.len(),
         plan.seeds.len(),
         plan.lrs.len(),
@@ -546,82 +229,116 @@ pub fn ablate(opts: &AblateOptions) -> Result<AblateOutcome> {
             ", {t} thread{} each",
             if t == 1 { "" } else { "s" }
         )),
-    ));
+    )
+}
 
-    let status_path = plan.out.join(STATUS);
-    let mut status: SweepStatus = fs::read_to_string(&status_path)
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or_default();
-    status.invocations.push(Invocation {
-        started: report::utc_now(),
-        wall_secs: 0.0,
-        jobs: plan.jobs,
-        threads: plan.threads,
-        hardware: plan.hardware.clone(),
-        executed: 0,
-        skipped: 0,
-    });
-    write_json_atomic(&status_path, &status)?;
-    let shared = Mutex::new((status, vec![None::<RunOutcome>; total]));
+/// What to do with a planned run, judged from its directory.
+enum Next {
+    /// Nothing to train: finished or diverged earlier, or refused.
+    Settled(RunAction, RunStatus),
+    /// Train it, from scratch or from a checkpoint's step.
+    Train { resume_from: Option<u64> },
+}
 
-    // Decide what to do with each run; skip and refuse right away, queue the rest.
-    let mut queue = VecDeque::new();
-    for (i, run) in plan.runs.iter().enumerate() {
-        let tag = format!("[{:>w$}/{total}]", i + 1, w = total.to_string().len());
-        let state = disk_state(&run.dir);
-        let mismatch = match &state {
-            DiskState::Empty => {
-                if config_mismatch(&plan, run).is_some() {
-                    // Nothing was saved there (no checkpoint): start clean, tokenizer included.
-                    let _ = fs::remove_dir_all(&run.dir);
-                }
-                None
+fn next(plan: &Plan, run: &PlannedRun) -> Next {
+    let state = disk_state(&run.dir);
+    let mismatch = match &state {
+        DiskState::Empty => {
+            if config_mismatch(plan, run).is_some() {
+                // Nothing was saved there (no checkpoint): start clean, tokenizer included.
+                let _ = fs::remove_dir_all(&run.dir);
             }
-            _ => config_mismatch(&plan, run),
-        };
-        let immediate = if let Some(diff) = mismatch {
-            Some((
-                RunAction::Refused,
-                RunStatus::Failed {
-                    error: format!(
-                        "{} holds a run of a different config ({}); delete it or choose another --out",
-                        run.dir.display(),
-                        diff.join("; ")
-                    ),
-                    stderr_tail: String::new(),
-                },
-            ))
-        } else {
-            match &state {
-                DiskState::Finished => Some((RunAction::Skipped, RunStatus::Ok)),
-                DiskState::Diverged(reason) => Some((
-                    RunAction::Skipped,
-                    RunStatus::Diverged {
-                        reason: reason.clone(),
-                    },
-                )),
-                DiskState::Interrupted { step } => {
-                    queue.push_back((i, tag.clone(), Some(*step)));
-                    None
-                }
-                DiskState::Empty => {
-                    queue.push_back((i, tag.clone(), None));
-                    None
-                }
-            }
-        };
-        if let Some((action, st)) = immediate {
-            let outcome = outcome(run, action, st, 0.0);
-            say(format!("{tag} {}", describe(&outcome)));
-            let mut guard = shared.lock().unwrap_or_else(|e| e.into_inner());
-            record(&mut guard.0, &outcome, started);
-            guard.1[i] = Some(outcome);
+            None
         }
+        _ => config_mismatch(plan, run),
+    };
+    if let Some(diff) = mismatch {
+        return Next::Settled(
+            RunAction::Refused,
+            RunStatus::Failed {
+                error: format!(
+                    "{} holds a run of a different config ({}); delete it or choose another --out",
+                    run.dir.display(),
+                    diff.join("; ")
+                ),
+                stderr_tail: String::new(),
+            },
+        );
     }
-    {
-        let mut guard = shared.lock().unwrap_or_else(|e| e.into_inner());
-        let executed = queue.len();
+    match state {
+        DiskState::Finished => Next::Settled(RunAction::Skipped, RunStatus::Ok),
+        DiskState::Diverged(reason) => Next::Settled(RunAction::Skipped, RunStatus::Diverged { reason }),
+        DiskState::Interrupted { step } => Next::Train {
+            resume_from: Some(step),
+        },
+        DiskState::Empty => Next::Train { resume_from: None },
+    }
+}
+
+/// One invocation in progress: what its runs share.
+struct Sweep<'a> {
+    plan: &'a Plan,
+    opts: &'a AblateOptions,
+    started: Instant,
+    status_path: PathBuf,
+    /// `status.json` as it stands, and each planned run's outcome once known.
+    state: Mutex<(SweepStatus, Vec<Option<RunOutcome>>)>,
+}
+
+impl<'a> Sweep<'a> {
+    /// Reads `status.json` (or starts one) and records this invocation in it.
+    fn start(plan: &'a Plan, opts: &'a AblateOptions, started: Instant) -> Result<Self> {
+        let status_path = plan.out.join(STATUS);
+        let mut status: SweepStatus = fs::read_to_string(&status_path)
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or_default();
+        status.invocations.push(Invocation {
+            started: utc_now(),
+            wall_secs: 0.0,
+            jobs: plan.jobs,
+            threads: plan.threads,
+            hardware: plan.hardware.clone(),
+            executed: 0,
+            skipped: 0,
+        });
+        write_json_atomic(&status_path, &status)?;
+        Ok(Self {
+            plan,
+            opts,
+            started,
+            status_path,
+            state: Mutex::new((status, vec![None; plan.runs.len()])),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, (SweepStatus, Vec<Option<RunOutcome>>)> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `[ 3/12]`: run `i`'s place in the plan, for progress lines.
+    fn tag(&self, i: usize) -> String {
+        let total = self.plan.runs.len();
+        format!("[{:>w$}/{total}]", i + 1, w = total.to_string().len())
+    }
+
+    /// Records the runs that need no training (skipped, refused) and returns the others, each
+    /// with the step to resume from.
+    fn settle_or_queue(&self) -> Result<VecDeque<(usize, Option<u64>)>> {
+        let mut queue = VecDeque::new();
+        for (i, run) in self.plan.runs.iter().enumerate() {
+            match next(self.plan, run) {
+                Next::Settled(action, status) => {
+                    let outcome = outcome(run, action, status, 0.0);
+                    say(self.opts.quiet, format!("{} {}", self.tag(i), describe(&outcome)));
+                    let mut guard = self.lock();
+                    record(&mut guard.0, &outcome, self.started);
+                    guard.1[i] = Some(outcome);
+                }
+                Next::Train { resume_from } => queue.push_back((i, resume_from)),
+            }
+        }
+        let mut guard = self.lock();
         let skipped = guard
             .1
             .iter()
@@ -629,24 +346,42 @@ pub fn ablate(opts: &AblateOptions) -> Result<AblateOutcome> {
             .filter(|o| o.action == RunAction::Skipped)
             .count();
         if let Some(inv) = guard.0.invocations.last_mut() {
-            inv.executed = executed;
+            inv.executed = queue.len();
             inv.skipped = skipped;
         }
-        write_json_atomic(&status_path, &guard.0)?;
+        write_json_atomic(&self.status_path, &guard.0)?;
+        Ok(queue)
     }
 
-    let queue = Mutex::new(queue);
-    let worker = || loop {
-        let Some((i, tag, resume_from)) = queue.lock().unwrap_or_else(|e| e.into_inner()).pop_front() else {
-            break;
+    /// Trains the queued runs, `jobs` at a time.
+    fn train_queued(&self, queue: VecDeque<(usize, Option<u64>)>) {
+        let queue = Mutex::new(queue);
+        let worker = || loop {
+            let Some((i, resume_from)) = queue.lock().unwrap_or_else(|e| e.into_inner()).pop_front() else {
+                break;
+            };
+            self.train(i, resume_from);
         };
-        let run = &plan.runs[i];
-        say(match resume_from {
-            Some(step) => format!("{tag} resume   {} (from step {step})", run.name),
-            None => format!("{tag} start    {}", run.name),
+        std::thread::scope(|s| {
+            for _ in 0..self.plan.jobs.min(self.plan.runs.len().max(1)) {
+                s.spawn(worker);
+            }
         });
+    }
+
+    /// Trains run `i`, recorded as running in `status.json` until its outcome replaces that.
+    fn train(&self, i: usize, resume_from: Option<u64>) {
+        let run = &self.plan.runs[i];
+        let tag = self.tag(i);
+        say(
+            self.opts.quiet,
+            match resume_from {
+                Some(step) => format!("{tag} resume   {} (from step {step})", run.name),
+                None => format!("{tag} start    {}", run.name),
+            },
+        );
         {
-            let mut guard = shared.lock().unwrap_or_else(|e| e.into_inner());
+            let mut guard = self.lock();
             guard.0.runs.insert(
                 run.name.clone(),
                 RunRecord {
@@ -660,47 +395,34 @@ pub fn ablate(opts: &AblateOptions) -> Result<AblateOutcome> {
                     detail: None,
                     stderr_tail: None,
                     wall_secs: None,
-                    updated: report::utc_now(),
+                    updated: utc_now(),
                 },
             );
-            let _ = write_json_atomic(&status_path, &guard.0);
+            let _ = write_json_atomic(&self.status_path, &guard.0);
         }
         let t0 = Instant::now();
-        let st = execute(&plan, run, &opts.runner, resume_from.is_some());
+        let st = execute(self.plan, run, &self.opts.runner, resume_from.is_some());
         let action = match resume_from {
             Some(from_step) => RunAction::Resumed { from_step },
             None => RunAction::Started,
         };
         let outcome = outcome(run, action, st, t0.elapsed().as_secs_f64());
-        say(format!("{tag} {}", describe(&outcome)));
-        let mut guard = shared.lock().unwrap_or_else(|e| e.into_inner());
-        record(&mut guard.0, &outcome, started);
-        let _ = write_json_atomic(&status_path, &guard.0);
+        say(self.opts.quiet, format!("{tag} {}", describe(&outcome)));
+        let mut guard = self.lock();
+        record(&mut guard.0, &outcome, self.started);
+        let _ = write_json_atomic(&self.status_path, &guard.0);
         guard.1[i] = Some(outcome);
-    };
-    std::thread::scope(|s| {
-        for _ in 0..plan.jobs.min(total.max(1)) {
-            s.spawn(worker);
-        }
-    });
-
-    let (status, outcomes) = shared.into_inner().unwrap_or_else(|e| e.into_inner());
-    let mut status = status;
-    if let Some(inv) = status.invocations.last_mut() {
-        inv.wall_secs = started.elapsed().as_secs_f64();
     }
-    write_json_atomic(&status_path, &status)?;
-    let runs: Vec<RunOutcome> = outcomes.into_iter().flatten().collect();
-    say(summary_table(&runs, started.elapsed().as_secs_f64()));
-    let report = report::report(&plan.out)
-        .context("writing the report (the runs are saved; `ember report` retries)")?;
-    say(format!("report: {}", plan.out.join(report::REPORT_MD).display()));
-    Ok(AblateOutcome {
-        plan,
-        runs,
-        report,
-        wall_secs: started.elapsed().as_secs_f64(),
-    })
+
+    /// Writes the invocation's wall time and returns the outcomes in plan order.
+    fn finish(self) -> Result<Vec<RunOutcome>> {
+        let (mut status, outcomes) = self.state.into_inner().unwrap_or_else(|e| e.into_inner());
+        if let Some(inv) = status.invocations.last_mut() {
+            inv.wall_secs = self.started.elapsed().as_secs_f64();
+        }
+        write_json_atomic(&self.status_path, &status)?;
+        Ok(outcomes.into_iter().flatten().collect())
+    }
 }
 
 /// Trains one run and judges the result from its summary.json.
@@ -715,7 +437,7 @@ fn execute(plan: &Plan, run: &PlannedRun, runner: &Runner, resume: bool) -> RunS
     // metrics of an attempt that never reached a checkpoint.
     let _ = fs::remove_file(run.dir.join(SUMMARY));
     if !resume {
-        for f in [crate::metrics::METRICS, crate::metrics::METRICS_CSV] {
+        for f in [metrics::METRICS, metrics::METRICS_CSV] {
             let _ = fs::remove_file(run.dir.join(f));
         }
     }
@@ -939,7 +661,7 @@ fn record(status: &mut SweepStatus, o: &RunOutcome, started: Instant) {
             detail,
             stderr_tail: tail,
             wall_secs: (o.action != RunAction::Skipped).then_some(o.wall_secs),
-            updated: report::utc_now(),
+            updated: utc_now(),
         },
     );
     if let Some(inv) = status.invocations.last_mut() {

@@ -4,8 +4,8 @@
 //! - `bleu_lr<LR>`: BLEU vs step per variant (translation runs whose evals carry BLEU);
 //! - `val_loss_vs_lr`: final validation loss vs peak learning rate per variant (log axis).
 //!
-//! Text is drawn with an embedded subset of DejaVu Sans (`fonts/`, Bitstream Vera license), so
-//! PNGs render the same on a machine without system fonts. PNGs are encoded with the `png` crate
+//! Text is drawn with DejaVu Sans 2.37 embedded from the `dejavu` crate (Bitstream Vera license),
+//! so PNGs render the same on a machine without system fonts. PNGs are encoded with the `png` crate
 //! from plotters' RGB buffer, so the output is byte-for-byte reproducible.
 
 use std::collections::BTreeMap;
@@ -18,16 +18,17 @@ use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use super::RunResult;
-use crate::ablate::lr_label;
+use super::runs::RunResult;
+use crate::layout::{lr_label, PLOTS};
 
-const FONT: &[u8] = include_bytes!("fonts/DejaVuSans-subset.ttf");
 const FAMILY: &str = "sans-serif";
 const SIZE: (u32, u32) = (960, 600);
 
 fn register_font() -> Result<()> {
     static DONE: OnceLock<bool> = OnceLock::new();
-    let ok = *DONE.get_or_init(|| plotters::style::register_font(FAMILY, FontStyle::Normal, FONT).is_ok());
+    let ok = *DONE.get_or_init(|| {
+        plotters::style::register_font(FAMILY, FontStyle::Normal, dejavu::sans::regular()).is_ok()
+    });
     if ok {
         Ok(())
     } else {
@@ -102,7 +103,7 @@ pub(crate) fn write_plots(
     quality: &str,
 ) -> Result<Vec<String>> {
     register_font()?;
-    let dir = out_dir.join(super::PLOTS);
+    let dir = out_dir.join(PLOTS);
     fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let n_seeds = runs
         .iter()
@@ -114,157 +115,173 @@ pub(crate) fn write_plots(
         if n_seeds == 1 { "" } else { "s" }
     );
     let mut figures = vec![];
-
     for &lr in lrs {
-        let cell = |v: &str| -> Vec<&RunResult> {
-            runs.iter()
-                .copied()
-                .filter(|r| r.variant == v && lr_label(r.lr) == lr_label(lr))
-                .collect()
-        };
-        let series_of = |f: &dyn Fn(&RunResult) -> &Vec<(u64, f64)>| -> Vec<Series> {
-            variants
-                .iter()
-                .enumerate()
-                .map(|(i, v)| Series {
-                    label: v.clone(),
-                    color: color(v, i),
-                    points: aggregate(cell(v).into_iter().map(f)),
-                    markers: vec![],
-                })
-                .filter(|s| !s.points.is_empty())
-                .collect()
-        };
-        // The first logged loss of any run is about the loss at initialisation; a diverging
-        // run's values above 1.1× that are drawn at the cap.
-        let init = runs
-            .iter()
-            .filter_map(|r| r.curves.train_loss.first().map(|p| p.1))
-            .fold(f64::NAN, f64::max);
-        let loss = series_of(&|r| &r.curves.train_loss);
-        if !loss.is_empty() {
-            figures.push(Figure {
-                stem: format!("loss_lr{}", lr_label(lr)),
-                title: format!("Training loss, peak LR {} ({band})", lr_label(lr)),
-                x_label: "step (optimizer updates)".into(),
-                y_label: "training loss (nats/token)".into(),
-                x_log: false,
-                y_log: false,
-                x_steps: true,
-                series: loss,
-                y_cap: init.is_finite().then_some(init * 1.1),
-            });
-        }
-        let logit = series_of(&|r| &r.curves.max_logit);
-        if !logit.is_empty() {
-            figures.push(Figure {
-                stem: format!("max_logit_lr{}", lr_label(lr)),
-                title: format!("Max attention logit, peak LR {} ({band})", lr_label(lr)),
-                x_label: "step (optimizer updates)".into(),
-                y_label: "max |pre-softmax attention logit| (log scale)".into(),
-                x_log: false,
-                y_log: true,
-                x_steps: true,
-                series: logit,
-                y_cap: None,
-            });
-        }
-        if quality == "bleu" {
-            let bleu = series_of(&|r| &r.curves.bleu);
-            if !bleu.is_empty() {
-                figures.push(Figure {
-                    stem: format!("bleu_lr{}", lr_label(lr)),
-                    title: format!("Validation BLEU, peak LR {} ({band})", lr_label(lr)),
-                    x_label: "step (optimizer updates)".into(),
-                    y_label: "BLEU (sacreBLEU, 0–100)".into(),
-                    x_log: false,
-                    y_log: false,
-                    x_steps: true,
-                    series: bleu,
-                    y_cap: None,
-                });
-            }
-        }
+        figures.extend(curves_at(lr, variants, runs, quality, &band));
     }
+    figures.extend(val_loss_vs_lr(variants, lrs, runs, &band));
+    let mut files = vec![];
+    for fig in &figures {
+        files.extend(write_figure(&dir, fig)?);
+    }
+    Ok(files)
+}
 
-    // Final validation loss vs LR: per seed min(loss, loss at init), a diverged run marked ×.
-    let mut vs_lr = vec![];
-    for (i, v) in variants.iter().enumerate() {
-        let mut points = vec![];
-        let mut markers = vec![];
-        for &lr in lrs {
-            let mut vals = vec![];
-            for r in runs
-                .iter()
-                .filter(|r| &r.variant == v && lr_label(r.lr) == lr_label(lr))
-            {
-                let diverged = r.status == "diverged";
-                if r.status != "ok" && !diverged {
-                    continue;
-                }
-                let init = r.init_val_loss.or_else(|| r.vocab_size.map(|n| (n as f64).ln()));
-                let y = match (r.val_loss.filter(|l| l.is_finite()), init) {
-                    (Some(l), Some(i)) => l.min(i),
-                    (Some(l), None) => l,
-                    (None, Some(i)) => i,
-                    (None, None) => continue,
-                };
-                vals.push(y);
-                markers.push((lr, y, diverged));
-            }
-            if !vals.is_empty() {
-                let mean = vals.iter().sum::<f64>() / vals.len() as f64;
-                let lo = vals.iter().copied().fold(f64::INFINITY, f64::min);
-                let hi = vals.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                points.push((lr, mean, lo, hi));
-            }
-        }
-        if !points.is_empty() {
-            vs_lr.push(Series {
+/// The per-step figures of one peak learning rate: training loss, max attention logit and (for
+/// translation runs that decode) BLEU, one line per variant.
+fn curves_at(lr: f64, variants: &[String], runs: &[&RunResult], quality: &str, band: &str) -> Vec<Figure> {
+    let cell = |v: &str| -> Vec<&RunResult> {
+        runs.iter()
+            .copied()
+            .filter(|r| r.variant == v && lr_label(r.lr) == lr_label(lr))
+            .collect()
+    };
+    let series_of = |f: &dyn Fn(&RunResult) -> &Vec<(u64, f64)>| -> Vec<Series> {
+        variants
+            .iter()
+            .enumerate()
+            .map(|(i, v)| Series {
                 label: v.clone(),
                 color: color(v, i),
-                points,
-                markers,
-            });
-        }
-    }
-    if !vs_lr.is_empty() {
+                points: aggregate(cell(v).into_iter().map(f)),
+                markers: vec![],
+            })
+            .filter(|s| !s.points.is_empty())
+            .collect()
+    };
+    let mut figures = vec![];
+    // The first logged loss of any run is about the loss at initialisation; a diverging
+    // run's values above 1.1× that are drawn at the cap.
+    let init = runs
+        .iter()
+        .filter_map(|r| r.curves.train_loss.first().map(|p| p.1))
+        .fold(f64::NAN, f64::max);
+    let loss = series_of(&|r| &r.curves.train_loss);
+    if !loss.is_empty() {
         figures.push(Figure {
-            stem: "val_loss_vs_lr".into(),
-            title: format!(
-                "Final validation loss vs peak LR (mean over {n_seeds} seed{}, shaded min–max)",
-                if n_seeds == 1 { "" } else { "s" }
-            ),
-            x_label: "peak learning rate (log scale)".into(),
-            y_label: "final validation loss, capped at the loss at init (nats/token)".into(),
-            x_log: true,
+            stem: format!("loss_lr{}", lr_label(lr)),
+            title: format!("Training loss, peak LR {} ({band})", lr_label(lr)),
+            x_label: "step (optimizer updates)".into(),
+            y_label: "training loss (nats/token)".into(),
+            x_log: false,
             y_log: false,
-            x_steps: false,
-            series: vs_lr,
+            x_steps: true,
+            series: loss,
+            y_cap: init.is_finite().then_some(init * 1.1),
+        });
+    }
+    let logit = series_of(&|r| &r.curves.max_logit);
+    if !logit.is_empty() {
+        figures.push(Figure {
+            stem: format!("max_logit_lr{}", lr_label(lr)),
+            title: format!("Max attention logit, peak LR {} ({band})", lr_label(lr)),
+            x_label: "step (optimizer updates)".into(),
+            y_label: "max |pre-softmax attention logit| (log scale)".into(),
+            x_log: false,
+            y_log: true,
+            x_steps: true,
+            series: logit,
             y_cap: None,
         });
     }
-
-    let mut files = vec![];
-    for fig in &figures {
-        let png_path = dir.join(format!("{}.png", fig.stem));
-        let mut buf = vec![0u8; (SIZE.0 * SIZE.1 * 3) as usize];
-        {
-            let root = BitMapBackend::with_buffer(&mut buf, SIZE).into_drawing_area();
-            render(root, fig).with_context(|| format!("drawing {}", png_path.display()))?;
+    if quality == "bleu" {
+        let bleu = series_of(&|r| &r.curves.bleu);
+        if !bleu.is_empty() {
+            figures.push(Figure {
+                stem: format!("bleu_lr{}", lr_label(lr)),
+                title: format!("Validation BLEU, peak LR {} ({band})", lr_label(lr)),
+                x_label: "step (optimizer updates)".into(),
+                y_label: "BLEU (sacreBLEU, 0–100)".into(),
+                x_log: false,
+                y_log: false,
+                x_steps: true,
+                series: bleu,
+                y_cap: None,
+            });
         }
-        write_png(&png_path, &buf, SIZE)?;
-        let svg_path = dir.join(format!("{}.svg", fig.stem));
-        let mut svg = String::new();
-        {
-            let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
-            render(root, fig).with_context(|| format!("drawing {}", svg_path.display()))?;
-        }
-        fs::write(&svg_path, svg).with_context(|| format!("writing {}", svg_path.display()))?;
-        files.push(format!("{}/{}.png", super::PLOTS, fig.stem));
-        files.push(format!("{}/{}.svg", super::PLOTS, fig.stem));
     }
-    Ok(files)
+    figures
+}
+
+/// Final validation loss vs peak learning rate, one line per variant (none when no run ended).
+fn val_loss_vs_lr(variants: &[String], lrs: &[f64], runs: &[&RunResult], band: &str) -> Option<Figure> {
+    let series: Vec<Series> = variants
+        .iter()
+        .enumerate()
+        .filter_map(|(i, v)| final_losses(v, i, lrs, runs))
+        .collect();
+    (!series.is_empty()).then(|| Figure {
+        stem: "val_loss_vs_lr".into(),
+        title: format!("Final validation loss vs peak LR ({band})"),
+        x_label: "peak learning rate (log scale)".into(),
+        y_label: "final validation loss, capped at the loss at init (nats/token)".into(),
+        x_log: true,
+        y_log: false,
+        x_steps: false,
+        series,
+        y_cap: None,
+    })
+}
+
+/// Variant `v`'s line of [`val_loss_vs_lr`]: per seed min(loss, loss at init), a diverged run
+/// marked ×.
+fn final_losses(v: &str, i: usize, lrs: &[f64], runs: &[&RunResult]) -> Option<Series> {
+    let mut points = vec![];
+    let mut markers = vec![];
+    for &lr in lrs {
+        let mut vals = vec![];
+        for r in runs
+            .iter()
+            .filter(|r| r.variant == v && lr_label(r.lr) == lr_label(lr))
+        {
+            let diverged = r.status == "diverged";
+            if r.status != "ok" && !diverged {
+                continue;
+            }
+            let init = r.init_val_loss.or_else(|| r.vocab_size.map(|n| (n as f64).ln()));
+            let y = match (r.val_loss.filter(|l| l.is_finite()), init) {
+                (Some(l), Some(i)) => l.min(i),
+                (Some(l), None) => l,
+                (None, Some(i)) => i,
+                (None, None) => continue,
+            };
+            vals.push(y);
+            markers.push((lr, y, diverged));
+        }
+        if !vals.is_empty() {
+            let mean = vals.iter().sum::<f64>() / vals.len() as f64;
+            let lo = vals.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = vals.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            points.push((lr, mean, lo, hi));
+        }
+    }
+    (!points.is_empty()).then(|| Series {
+        label: v.to_string(),
+        color: color(v, i),
+        points,
+        markers,
+    })
+}
+
+/// Draws `fig` as `DIR/<stem>.png` and `.svg`; returns their paths relative to the output directory.
+fn write_figure(dir: &Path, fig: &Figure) -> Result<[String; 2]> {
+    let png_path = dir.join(format!("{}.png", fig.stem));
+    let mut buf = vec![0u8; (SIZE.0 * SIZE.1 * 3) as usize];
+    {
+        let root = BitMapBackend::with_buffer(&mut buf, SIZE).into_drawing_area();
+        render(root, fig).with_context(|| format!("drawing {}", png_path.display()))?;
+    }
+    write_png(&png_path, &buf, SIZE)?;
+    let svg_path = dir.join(format!("{}.svg", fig.stem));
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
+        render(root, fig).with_context(|| format!("drawing {}", svg_path.display()))?;
+    }
+    fs::write(&svg_path, svg).with_context(|| format!("writing {}", svg_path.display()))?;
+    Ok([
+        format!("{PLOTS}/{}.png", fig.stem),
+        format!("{PLOTS}/{}.svg", fig.stem),
+    ])
 }
 
 fn write_png(path: &Path, rgb: &[u8], (w, h): (u32, u32)) -> Result<()> {

@@ -13,9 +13,10 @@ use std::sync::OnceLock;
 use candle_core::{DType, Device};
 use common::*;
 use ember_data::Dataset;
+use ember_experiment::ablate::{self, AblateOptions, RunAction, RunStatus, Runner};
+use ember_experiment::layout;
+use ember_experiment::report::{self, stats};
 use ember_model::{init_model, QkNorm};
-use ember_trainer::ablate::{self, AblateOptions, RunAction, RunStatus, Runner};
-use ember_trainer::report::{self, stats};
 use ember_trainer::train::{make_batcher, RUN_CONFIG, SUMMARY};
 use ember_trainer::{train, RunConfig};
 
@@ -81,7 +82,7 @@ fn for_a_seed_every_variant_starts_from_the_same_shared_weights_and_batches() {
         outcome.runs
     );
 
-    let dir = |v: QkNorm, s: u64| outcome.plan.out.join("runs").join(ablate::run_name(v, 3e-3, s));
+    let dir = |v: QkNorm, s: u64| outcome.plan.out.join("runs").join(layout::run_name(v, 3e-3, s));
     let mut first_params = vec![];
     for seed in [1u64, 2] {
         let base_cfg = stored_config(&dir(QkNorm::None, seed));
@@ -128,8 +129,8 @@ fn for_a_seed_every_variant_starts_from_the_same_shared_weights_and_batches() {
     );
 
     // grid.json names every run and its exact command.
-    let grid: ablate::Plan =
-        serde_json::from_str(&fs::read_to_string(outcome.plan.out.join(ablate::GRID)).unwrap()).unwrap();
+    let grid: layout::Plan =
+        serde_json::from_str(&fs::read_to_string(outcome.plan.out.join(layout::GRID)).unwrap()).unwrap();
     assert_eq!(grid.runs.len(), 6);
     let cmd = grid.runs[0].command.join(" ");
     assert!(
@@ -170,12 +171,12 @@ fn rerunning_skips_finished_runs_resumes_interrupted_ones_and_refuses_a_changed_
     interrupt(1, 4);
     fs::remove_file(plan.runs[1].dir.join(SUMMARY)).unwrap();
     assert_eq!(
-        ablate::disk_state(&plan.runs[0].dir),
-        ablate::DiskState::Interrupted { step: 2 }
+        layout::disk_state(&plan.runs[0].dir),
+        layout::DiskState::Interrupted { step: 2 }
     );
     assert_eq!(
-        ablate::disk_state(&plan.runs[1].dir),
-        ablate::DiskState::Interrupted { step: 4 }
+        layout::disk_state(&plan.runs[1].dir),
+        layout::DiskState::Interrupted { step: 4 }
     );
 
     let first = ablate::ablate(&opts).unwrap();
@@ -208,8 +209,8 @@ fn rerunning_skips_finished_runs_resumes_interrupted_ones_and_refuses_a_changed_
         .iter()
         .all(|r| r.action == RunAction::Skipped && r.status == RunStatus::Ok));
     assert!(!second.any_failed());
-    let status: ablate::SweepStatus =
-        serde_json::from_str(&fs::read_to_string(plan.out.join(ablate::STATUS)).unwrap()).unwrap();
+    let status: layout::SweepStatus =
+        serde_json::from_str(&fs::read_to_string(plan.out.join(layout::STATUS)).unwrap()).unwrap();
     assert_eq!(status.invocations.len(), 2);
     assert_eq!(
         (status.invocations[0].executed, status.invocations[1].skipped),
@@ -327,7 +328,7 @@ fn a_diverging_run_is_recorded_as_diverged_and_the_sweep_goes_on() {
             assert!((value - expected).abs() < 1e-12, "{value} vs {expected}");
         }
     }
-    let md = fs::read_to_string(outcome.plan.out.join(report::REPORT_MD)).unwrap();
+    let md = fs::read_to_string(outcome.plan.out.join(layout::REPORT_MD)).unwrap();
     assert!(md.contains("| rmsnorm | 1e3 | 0/2, 2 div. |"), "{md}");
     assert!(md.contains("## LR sensitivity") && md.contains("diverged"));
     for plot in ["loss_lr3e-3", "max_logit_lr3e-3", "val_loss_vs_lr"] {
@@ -354,10 +355,10 @@ fn copy_tree(from: &Path, to: &Path) {
 
 fn snapshot(out: &Path) -> BTreeMap<String, Vec<u8>> {
     let mut files = BTreeMap::new();
-    for name in [report::REPORT_MD, report::REPORT_JSON] {
+    for name in [layout::REPORT_MD, layout::REPORT_JSON] {
         files.insert(name.to_string(), fs::read(out.join(name)).unwrap());
     }
-    for e in fs::read_dir(out.join(report::PLOTS)).unwrap() {
+    for e in fs::read_dir(out.join(layout::PLOTS)).unwrap() {
         let e = e.unwrap();
         files.insert(
             format!("plots/{}", e.file_name().to_string_lossy()),
@@ -385,9 +386,9 @@ fn the_report_regenerates_identically_without_training() {
         before.keys().filter(|k| k.ends_with(".png")).count(),
         before.keys().filter(|k| k.ends_with(".svg")).count()
     );
-    fs::remove_file(out.join(report::REPORT_MD)).unwrap();
-    fs::remove_file(out.join(report::REPORT_JSON)).unwrap();
-    fs::remove_dir_all(out.join(report::PLOTS)).unwrap();
+    fs::remove_file(out.join(layout::REPORT_MD)).unwrap();
+    fs::remove_file(out.join(layout::REPORT_JSON)).unwrap();
+    fs::remove_dir_all(out.join(layout::PLOTS)).unwrap();
     let again = report::report(&out).unwrap();
     assert_eq!(snapshot(&out), before, "regenerated files differ");
     // Plots do not depend on where the directory lives.
@@ -461,7 +462,7 @@ printf '{"finished": true, "steps": 4, "total_steps": 4, "diverged": null, "val_
             outcome.runs[0].run_dir.display()
         )
     );
-    let md = fs::read_to_string(outcome.plan.out.join(report::REPORT_MD)).unwrap();
+    let md = fs::read_to_string(outcome.plan.out.join(layout::REPORT_MD)).unwrap();
     assert!(md.contains("error: simulated crash"), "{md}");
     assert_eq!(outcome.report.counts.failed, 2);
 

@@ -1,0 +1,286 @@
+//! The grid of `ember ablate`, resolved: flags over the config's `ablation:` section over the
+//! defaults, then every run's `--set` overrides and exact command.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use ember_model::QkNorm;
+use ember_trainer::config::{AblationConfig, RunConfig};
+use serde_json::Value;
+
+use super::{AblateOptions, Runner};
+use crate::layout::{hardware, lr_label, round_sig, run_name, variant_name, Plan, PlannedRun, RUNS};
+
+/// A QK-norm variant from its config name (`none`, `layernorm`, `rmsnorm`, `l2`).
+pub fn parse_variant(s: &str) -> Result<QkNorm> {
+    serde_json::from_value(Value::String(s.trim().to_string())).map_err(|_| {
+        anyhow::anyhow!("unknown QK-norm variant {s:?}; expected one of none, layernorm, rmsnorm, l2")
+    })
+}
+
+/// `none,rmsnorm` → variants.
+pub fn parse_variants(s: &str) -> Result<Vec<QkNorm>> {
+    s.split(',')
+        .filter(|p| !p.trim().is_empty())
+        .map(parse_variant)
+        .collect()
+}
+
+/// `1e-3,3e-3` → learning rates (positive, finite).
+pub fn parse_lrs(s: &str) -> Result<Vec<f64>> {
+    s.split(',')
+        .filter(|p| !p.trim().is_empty())
+        .map(|p| {
+            let lr: f64 = p
+                .trim()
+                .parse()
+                .with_context(|| format!("learning rate {p:?} is not a number"))?;
+            if !(lr > 0.0 && lr.is_finite()) {
+                bail!("learning rates must be positive numbers, got {p}");
+            }
+            Ok(lr)
+        })
+        .collect()
+}
+
+/// A YAML float that every YAML reader takes as a float (`3.0e-3`).
+fn yaml_float(x: f64) -> String {
+    let s = format!("{:e}", round_sig(x));
+    match s.split_once('e') {
+        Some((m, e)) if !m.contains('.') => format!("{m}.0e{e}"),
+        _ => s,
+    }
+}
+/// Resolves the grid: flags over the config's `ablation:` section over the defaults.
+pub fn plan(opts: &AblateOptions) -> Result<Plan> {
+    let (user_overrides, cfg, section) = load_config(opts)?;
+    let variants = variants(opts, &section)?;
+    let n_seeds = opts.seeds.unwrap_or(section.seeds);
+    if n_seeds == 0 {
+        bail!("--seeds must be at least 1");
+    }
+    let lrs = lrs(opts, &section, cfg.train.lr)?;
+    let (jobs, threads) = jobs_and_threads(opts, &section)?;
+    let out = out_dir(opts, &section);
+    let keys = GridKeys::new(&cfg, &lrs);
+    let base_command = base_command(opts, &user_overrides);
+    let mut runs = vec![];
+    for seed in 1..=n_seeds as u64 {
+        for &lr in &lrs {
+            for &variant in &variants {
+                let mut overrides = user_overrides.clone();
+                overrides.extend(keys.overrides(variant, seed, lr, threads));
+                runs.push(planned_run(variant, seed, lr, &out, overrides, &base_command));
+            }
+        }
+    }
+    Ok(Plan {
+        config: opts.config.clone(),
+        overrides: user_overrides,
+        notes: keys.notes(&variants),
+        variants,
+        seeds: (1..=n_seeds as u64).collect(),
+        lrs,
+        jobs,
+        threads,
+        out,
+        base_command,
+        hardware: hardware(),
+        runs,
+    })
+}
+
+/// The config a planned run trains (before the data fills in the vocabulary size).
+pub fn run_config(plan: &Plan, run: &PlannedRun) -> Result<RunConfig> {
+    Ok(RunConfig::load(&plan.config, &run.overrides)?)
+}
+
+/// The config with the user's overrides, and its `ablation:` section. The section's own `set`
+/// comes first, so the command line's `--set` wins over it.
+fn load_config(opts: &AblateOptions) -> Result<(Vec<String>, RunConfig, AblationConfig)> {
+    let section = |cfg: &RunConfig| -> Result<AblationConfig> {
+        match &cfg.ablation {
+            Some(a) => Ok(a.clone()),
+            // The config's own defaults for an empty `ablation:` section.
+            None => serde_json::from_value(Value::Object(Default::default()))
+                .context("the ablation section's defaults"),
+        }
+    };
+    let first = section(&RunConfig::load(&opts.config, &opts.overrides)?)?;
+    let user_overrides: Vec<String> = first.set.iter().chain(&opts.overrides).cloned().collect();
+    let cfg = RunConfig::load(&opts.config, &user_overrides)?;
+    let section = section(&cfg)?;
+    Ok((user_overrides, cfg, section))
+}
+
+/// The variants, each once, in the order given.
+fn variants(opts: &AblateOptions, section: &AblationConfig) -> Result<Vec<QkNorm>> {
+    let mut variants: Vec<QkNorm> = vec![];
+    for v in opts.variants.clone().unwrap_or_else(|| section.variants.clone()) {
+        if !variants.contains(&v) {
+            variants.push(v);
+        }
+    }
+    if variants.is_empty() {
+        bail!("--variants: list at least one of none, layernorm, rmsnorm, l2");
+    }
+    Ok(variants)
+}
+
+/// The peak learning rates (the config's `train.lr` when none are given), each once as run
+/// names print them.
+fn lrs(opts: &AblateOptions, section: &AblationConfig, config_lr: f64) -> Result<Vec<f64>> {
+    let mut lrs: Vec<f64> = vec![];
+    let given = match &opts.lrs {
+        Some(l) => l.clone(),
+        None if !section.lrs.is_empty() => section.lrs.clone(),
+        None => vec![config_lr],
+    };
+    for lr in given {
+        if !(lr > 0.0 && lr.is_finite()) {
+            bail!("--lrs: learning rates must be positive numbers, got {lr}");
+        }
+        if !lrs.iter().any(|l| lr_label(*l) == lr_label(lr)) {
+            lrs.push(lr);
+        }
+    }
+    if lrs.is_empty() {
+        bail!("--lrs: give at least one learning rate");
+    }
+    Ok(lrs)
+}
+
+/// Runs at a time and `train.threads` per run: in-process, one run with the config's threads;
+/// else the cores shared out between the jobs unless given.
+fn jobs_and_threads(opts: &AblateOptions, section: &AblationConfig) -> Result<(usize, Option<usize>)> {
+    let in_process = opts.runner == Runner::InProcess;
+    let jobs = if in_process {
+        1
+    } else {
+        opts.jobs.unwrap_or(section.jobs)
+    };
+    if jobs == 0 {
+        bail!("--jobs must be at least 1");
+    }
+    let threads = if in_process {
+        None
+    } else {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let t = opts.threads.or(section.threads).unwrap_or((cores / jobs).max(1));
+        if t == 0 {
+            bail!("--threads must be at least 1");
+        }
+        Some(t)
+    };
+    Ok((jobs, threads))
+}
+
+/// `--out`, else the section's `out`, else `runs/<config name>-ablation`.
+fn out_dir(opts: &AblateOptions, section: &AblationConfig) -> PathBuf {
+    opts.out.clone().or(section.out.clone()).unwrap_or_else(|| {
+        let stem = opts
+            .config
+            .file_stem()
+            .map_or("run".into(), |s| s.to_string_lossy().to_string());
+        PathBuf::from("runs").join(format!("{stem}-ablation"))
+    })
+}
+
+/// `ember train CONFIG [--set USER]... --quiet --json`, which every run's command extends.
+fn base_command(opts: &AblateOptions, user_overrides: &[String]) -> Vec<String> {
+    let exe = match &opts.runner {
+        Runner::Process { exe } => exe.display().to_string(),
+        Runner::InProcess => "ember".into(),
+    };
+    let mut base_command = vec![exe, "train".into(), opts.config.display().to_string()];
+    for o in user_overrides {
+        base_command.extend(["--set".to_string(), o.clone()]);
+    }
+    base_command.extend(["--quiet".to_string(), "--json".to_string()]);
+    base_command
+}
+
+/// The keys the grid sets for every run besides the variant, seed and learning rate.
+struct GridKeys {
+    /// The config's `(train.min_lr, train.lr)` when min_lr scales with the swept learning rate.
+    min_lr_scale: Option<(f64, f64)>,
+    /// The config sets keys that apply to `l2` only; the other variants get them cleared.
+    l2_keys: bool,
+}
+
+impl GridKeys {
+    fn new(cfg: &RunConfig, lrs: &[f64]) -> Self {
+        let scale_min_lr = cfg.train.min_lr > 0.0 && lrs.iter().any(|&lr| lr != cfg.train.lr);
+        Self {
+            min_lr_scale: scale_min_lr.then_some((cfg.train.min_lr, cfg.train.lr)),
+            l2_keys: cfg.model.qk_norm_init_scale.is_some() || cfg.model.qk_norm_length.is_some(),
+        }
+    }
+
+    /// How the keys are set, in words, for the plan and the report.
+    fn notes(&self, variants: &[QkNorm]) -> Vec<String> {
+        let mut notes = vec![];
+        if let Some((min_lr, lr)) = self.min_lr_scale {
+            notes.push(format!(
+                "train.min_lr is scaled with the learning rate (min_lr = {min_lr} × lr / {lr}), keeping the schedule's shape"
+            ));
+        }
+        if self.l2_keys && variants.iter().any(|v| *v != QkNorm::L2) {
+            notes.push(
+                "model.qk_norm_init_scale/qk_norm_length apply to l2 only and are cleared for the other variants"
+                    .into(),
+            );
+        }
+        notes
+    }
+
+    /// The grid's `--set`s of one run (they follow the user's).
+    fn overrides(&self, variant: QkNorm, seed: u64, lr: f64, threads: Option<usize>) -> Vec<String> {
+        let mut overrides = vec![format!("model.qk_norm={}", variant_name(variant))];
+        if self.l2_keys && variant != QkNorm::L2 {
+            overrides.push("model.qk_norm_init_scale=null".into());
+            overrides.push("model.qk_norm_length=null".into());
+        }
+        overrides.push(format!("train.seed={seed}"));
+        overrides.push(format!("train.lr={}", yaml_float(lr)));
+        if let Some((min_lr, base_lr)) = self.min_lr_scale {
+            overrides.push(format!("train.min_lr={}", yaml_float(min_lr * lr / base_lr)));
+        }
+        if let Some(t) = threads {
+            overrides.push(format!("train.threads={t}"));
+        }
+        overrides
+    }
+}
+
+/// One cell of the grid with its directory and exact command.
+fn planned_run(
+    variant: QkNorm,
+    seed: u64,
+    lr: f64,
+    out: &Path,
+    overrides: Vec<String>,
+    base_command: &[String],
+) -> PlannedRun {
+    let name = run_name(variant, lr, seed);
+    let dir = out.join(RUNS).join(&name);
+    let mut command = base_command[..3].to_vec();
+    for o in &overrides {
+        command.extend(["--set".to_string(), o.clone()]);
+    }
+    command.extend([
+        "--run-dir".to_string(),
+        dir.display().to_string(),
+        "--quiet".to_string(),
+        "--json".to_string(),
+    ]);
+    PlannedRun {
+        name,
+        variant,
+        seed,
+        lr,
+        dir,
+        overrides,
+        command,
+    }
+}

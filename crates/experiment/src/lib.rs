@@ -1,0 +1,7 @@
+//! Ember's QK-norm experiment on top of the trainer: `ember ablate` trains every variant ×
+//! seed × learning rate of one config as ordinary run directories, and `ember report` turns
+//! those directories into report.md, report.json and plots.
+
+pub mod ablate;
+pub mod layout;
+pub mod report;

@@ -1,0 +1,174 @@
+//! The ablation report: `report.md`, `report.json` and `plots/` in a sweep's output directory,
+//! computed from the run directories alone (`summary.json`, `metrics.jsonl`, `config.yaml`,
+//! checkpoint `state.json`) plus the sweep's `grid.json` and `status.json`, so `ember report DIR`
+//! regenerates it without training. Nothing in it depends on when it was generated: the same
+//! run directories give byte-identical files.
+//!
+//! Statistics (see [`stats`]): per variant and learning rate, mean ± sample std over seeds of
+//! the finished runs (diverged runs are counted, not averaged); the paired difference to `none`
+//! on the same seed with a two-sided 95% t interval (df = n − 1); and per variant the LR
+//! sensitivity of Wortsman et al. (2023).
+//!
+//! One submodule per step: `runs` reads the run directories, `grid` lays them out by variant ×
+//! learning rate × seed, `cells` and `sensitivity` compute the statistics, `markdown` writes
+//! report.md section by section, and [`plots`] draws the figures.
+
+mod cells;
+mod grid;
+mod markdown;
+pub mod plots;
+mod runs;
+mod sensitivity;
+pub mod stats;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+pub use cells::{Cell, Counts};
+pub use runs::RunResult;
+pub use sensitivity::Sensitivity;
+
+use crate::layout::{Hardware, Plan, SweepStatus, GRID, REPORT_JSON, REPORT_MD, RUNS, STATUS};
+use grid::Grid;
+use runs::{load_runs, LoadedRun};
+
+/// The baseline every variant is paired against.
+pub const BASELINE: &str = "none";
+/// Confidence level of the paired intervals.
+pub const LEVEL: f64 = 0.95;
+
+/// Everything the report says, as written to `report.json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub out_dir: PathBuf,
+    /// The base config and the user's overrides (from grid.json).
+    pub config: Option<PathBuf>,
+    pub overrides: Vec<String>,
+    pub base_command: Option<Vec<String>>,
+    /// `seq2seq` or `lm`.
+    pub arch: Option<String>,
+    /// The quality column: `bleu` when eval records carry BLEU, else `ppl`.
+    pub quality: String,
+    pub variants: Vec<String>,
+    pub lrs: Vec<f64>,
+    pub seeds: Vec<u64>,
+    /// Planned optimizer steps per run.
+    pub steps: Option<u64>,
+    pub hardware: Option<Hardware>,
+    pub jobs: Option<usize>,
+    pub threads: Option<usize>,
+    /// Wall time of the sweep, summed over invocations of `ember ablate`.
+    pub wall_secs: Option<f64>,
+    pub invocations: usize,
+    /// Training time summed over runs.
+    pub train_secs: f64,
+    pub counts: Counts,
+    /// One per variant × learning rate.
+    pub cells: Vec<Cell>,
+    /// One per variant (empty with a single learning rate).
+    pub lr_sensitivity: Vec<Sensitivity>,
+    /// Where ℓ₀ (loss at initialisation) in the LR sensitivity came from.
+    pub init_loss_source: String,
+    pub runs: Vec<RunResult>,
+    /// Relative to the output directory.
+    pub plots: Vec<String>,
+    pub notes: Vec<String>,
+}
+
+/// Reads every run under `out_dir`, writes `report.md`, `report.json` and `plots/`, and returns
+/// the report.
+pub fn report(out_dir: &Path) -> Result<Report> {
+    let plan: Option<Plan> = read_json(&out_dir.join(GRID))?;
+    let status: Option<SweepStatus> = read_json(&out_dir.join(STATUS))?;
+    let runs = load_runs(out_dir, plan.as_ref(), status.as_ref())?;
+    if runs.is_empty() {
+        bail!(
+            "{} holds no runs: expected {GRID} or run directories under {}/",
+            out_dir.display(),
+            out_dir.join(RUNS).display()
+        );
+    }
+    let grid = Grid::new(plan.as_ref(), &runs);
+    let quality = quality(&runs);
+    let cells = cells::cells(&grid);
+    let (lr_sensitivity, init_loss_source) = sensitivity::lr_sensitivities(&grid, &cells);
+    let results: Vec<&RunResult> = runs.iter().map(|r| &r.result).collect();
+    let plots = plots::write_plots(out_dir, &grid.variants, &grid.lrs, &results, &quality)?;
+    let Grid {
+        variants, lrs, seeds, ..
+    } = grid;
+    let report = Report {
+        out_dir: out_dir.to_path_buf(),
+        config: plan.as_ref().map(|p| p.config.clone()),
+        overrides: plan.as_ref().map(|p| p.overrides.clone()).unwrap_or_default(),
+        base_command: plan.as_ref().map(|p| p.base_command.clone()),
+        arch: runs.iter().find_map(|r| r.arch.clone()),
+        quality,
+        variants,
+        lrs,
+        seeds,
+        steps: runs.iter().find_map(|r| r.total_steps.or(r.planned_steps)),
+        hardware: hardware(plan.as_ref(), status.as_ref()),
+        jobs: plan.as_ref().map(|p| p.jobs),
+        threads: plan.as_ref().and_then(|p| p.threads),
+        wall_secs: wall_secs(status.as_ref()),
+        invocations: status.as_ref().map_or(0, |s| s.invocations.len()),
+        train_secs: runs.iter().filter_map(|r| r.train_secs).sum(),
+        counts: cells::count(results.into_iter()),
+        cells,
+        lr_sensitivity,
+        init_loss_source,
+        runs: runs.iter().map(|r| r.result.clone()).collect(),
+        plots,
+        notes: plan.map(|p| p.notes).unwrap_or_default(),
+    };
+    write(out_dir, &report)?;
+    Ok(report)
+}
+
+/// The quality column: `bleu` when eval records carry BLEU, else `ppl`.
+fn quality(runs: &[LoadedRun]) -> String {
+    if runs.iter().any(|r| r.bleu.is_some()) {
+        "bleu"
+    } else {
+        "ppl"
+    }
+    .to_string()
+}
+
+/// The machine of the first invocation, else the one the plan was made on.
+fn hardware(plan: Option<&Plan>, status: Option<&SweepStatus>) -> Option<Hardware> {
+    status
+        .and_then(|s| s.invocations.first().map(|i| i.hardware.clone()))
+        .or_else(|| plan.map(|p| p.hardware.clone()))
+}
+
+/// Wall time summed over invocations (none before the first).
+fn wall_secs(status: Option<&SweepStatus>) -> Option<f64> {
+    status
+        .filter(|s| !s.invocations.is_empty())
+        .map(|s| s.invocations.iter().map(|i| i.wall_secs).sum())
+}
+
+/// `report.md` and `report.json`.
+fn write(out_dir: &Path, report: &Report) -> Result<()> {
+    fs::write(out_dir.join(REPORT_MD), markdown::markdown(report))
+        .with_context(|| format!("writing {}", out_dir.join(REPORT_MD).display()))?;
+    fs::write(
+        out_dir.join(REPORT_JSON),
+        serde_json::to_string_pretty(report)? + "\n",
+    )
+    .with_context(|| format!("writing {}", out_dir.join(REPORT_JSON).display()))
+}
+
+fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Option<T>> {
+    match fs::read_to_string(path) {
+        Ok(text) => Ok(Some(
+            serde_json::from_str(&text).with_context(|| format!("reading {}", path.display()))?,
+        )),
+        Err(_) => Ok(None),
+    }
+}

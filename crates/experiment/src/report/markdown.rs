@@ -1,0 +1,421 @@
+//! `report.md`: one function per section, in the order they appear. Numbers are formatted here
+//! and nowhere else (report.json keeps them unrounded).
+
+use std::path::Path;
+
+use super::cells::Counts;
+use super::runs::RunResult;
+use super::stats::{MeanStd, PairedDiff};
+use super::{Report, BASELINE};
+use crate::layout::lr_label;
+
+/// The quality column: BLEU for translation runs that decode, else validation perplexity.
+struct Quality {
+    /// Key in `vs_none`.
+    key: &'static str,
+    name: &'static str,
+    /// Decimals.
+    prec: usize,
+}
+
+impl Quality {
+    fn of(r: &Report) -> Self {
+        if r.quality == "bleu" {
+            Self {
+                key: "bleu",
+                name: "BLEU",
+                prec: 2,
+            }
+        } else {
+            Self {
+                key: "ppl",
+                name: "val ppl",
+                prec: 3,
+            }
+        }
+    }
+
+    fn is_bleu(&self) -> bool {
+        self.key == "bleu"
+    }
+}
+
+pub(crate) fn markdown(r: &Report) -> String {
+    let q = Quality::of(r);
+    [
+        title(r),
+        what_was_run(r),
+        results(r, &q),
+        paired_differences(r, &q),
+        lr_sensitivity(r),
+        unfinished_runs(r),
+        every_run(r, &q),
+        plots(r),
+        regenerate(r),
+    ]
+    .concat()
+}
+
+fn title(r: &Report) -> String {
+    let title = r.config.as_ref().and_then(|c| c.file_stem()).map_or_else(
+        || r.out_dir.display().to_string(),
+        |s| s.to_string_lossy().to_string(),
+    );
+    format!("# QK-norm ablation: {title}\n\n")
+}
+
+/// The opening paragraph (the grid, the machine, the time, how runs are paired), then each run's
+/// command and the plan's notes.
+fn what_was_run(r: &Report) -> String {
+    let mut md = [
+        grid_sentence(r),
+        hardware_sentence(r),
+        time_sentence(r),
+        PAIRING.to_string(),
+    ]
+    .concat();
+    md.push_str("\n\n");
+    if let Some(cmd) = &r.base_command {
+        // The base command ends with `--quiet --json`; the grid's keys go before them.
+        let head = &cmd[..cmd.len().saturating_sub(2)];
+        md.push_str(&format!(
+            "Each run: `{} --set model.qk_norm=V --set train.seed=S --set train.lr=LR{} --run-dir {}/runs/V-lrLR-seedS --quiet --json`.\n",
+            head.join(" "),
+            r.threads.map_or(String::new(), |t| format!(" --set train.threads={t}")),
+            r.out_dir.display()
+        ));
+    }
+    for n in &r.notes {
+        md.push_str(&format!("Note: {n}.\n"));
+    }
+    md.push('\n');
+    md
+}
+
+/// What was trained: the config, the grid and how its runs ended.
+fn grid_sentence(r: &Report) -> String {
+    let mut p = String::new();
+    match &r.config {
+        Some(c) => p.push_str(&format!("Trained `{}`", c.display())),
+        None => p.push_str("Trained the runs under `runs/`"),
+    }
+    if !r.overrides.is_empty() {
+        p.push_str(&format!(" with `--set {}`", r.overrides.join(" --set ")));
+    }
+    let params = r
+        .cells
+        .iter()
+        .find(|c| c.variant == BASELINE)
+        .or(r.cells.first())
+        .and_then(|c| c.params);
+    p.push_str(&format!(
+        " ({}{}{}) for every QK-norm variant ({}) × seed ({}) × peak learning rate ({}): {} runs — {} finished, {} diverged, {} failed",
+        r.arch.as_deref().unwrap_or("unknown architecture"),
+        params.map_or(String::new(), |n| format!(", {n} parameters")),
+        r.steps.map_or(String::new(), |s| format!(", {s} steps")),
+        r.variants.join(", "),
+        r.seeds.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(", "),
+        r.lrs.iter().map(|&l| lr_label(l)).collect::<Vec<_>>().join(", "),
+        r.counts.runs,
+        r.counts.ok,
+        r.counts.diverged,
+        r.counts.failed,
+    ));
+    if r.counts.incomplete + r.counts.not_run > 0 {
+        p.push_str(&format!(
+            ", {} not finished yet",
+            r.counts.incomplete + r.counts.not_run
+        ));
+    }
+    p.push_str(". ");
+    p
+}
+
+/// The machine, and how many runs shared it.
+fn hardware_sentence(r: &Report) -> String {
+    let Some(h) = &r.hardware else {
+        return String::new();
+    };
+    let mut p = format!("Hardware: {} ({} logical cores)", h.cpu, h.logical_cores);
+    if let (Some(j), Some(t)) = (r.jobs, r.threads) {
+        p.push_str(&format!(
+            ", {j} run{} at a time with {t} thread{} each",
+            if j == 1 { "" } else { "s" },
+            if t == 1 { "" } else { "s" }
+        ));
+        if j > 1 {
+            p.push_str(" (tokens/s are measured with the runs sharing the machine)");
+        }
+    }
+    p.push_str(". ");
+    p
+}
+
+/// Wall time of the sweep and training time summed over runs.
+fn time_sentence(r: &Report) -> String {
+    let mut p = String::new();
+    if let Some(w) = r.wall_secs {
+        p.push_str(&format!(
+            "Wall time {} over {} invocation{}; ",
+            fmt_duration(w),
+            r.invocations,
+            if r.invocations == 1 { "" } else { "s" }
+        ));
+    }
+    p.push_str(&format!(
+        "{} of training summed over runs. ",
+        fmt_duration(r.train_secs)
+    ));
+    p
+}
+
+const PAIRING: &str =
+    "For a given seed every variant starts from the same initial values of every parameter it shares \
+     with the others and sees the same batches in the same order, so each variant is compared with \
+     `none` seed by seed. Means ± sample standard deviations are over the seeds of finished runs \
+     (n in parentheses); diverged runs are counted, not averaged.";
+
+/// Final values per variant and learning rate, with the differences that matter most.
+fn results(r: &Report, q: &Quality) -> String {
+    let mut md = String::from("## Results\n\n");
+    md.push_str(&format!(
+        "Final values per variant and peak learning rate, mean ± std (n seeds). Losses are per target \
+         token in nats; the train loss is the training objective over the last logging window; max attn \
+         logit is the largest |pre-softmax attention logit| over all attention modules and logged steps.\n\n\
+         | variant | peak LR | finished | train loss | val loss | Δ val loss vs none [95% CI] | {q_name} | Δ {q_name} vs none [95% CI] | max attn logit | tokens/s |\n\
+         |---|---|---|---|---|---|---|---|---|---|\n",
+        q_name = q.name
+    ));
+    for c in &r.cells {
+        let quality = if q.is_bleu() { &c.bleu } else { &c.ppl };
+        md.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            c.variant,
+            lr_label(c.lr),
+            fmt_count(&c.counts),
+            fmt_ms(&c.train_loss, 4),
+            fmt_ms(&c.val_loss, 4),
+            if c.variant == BASELINE {
+                "(baseline)".into()
+            } else {
+                fmt_diff(c.vs_none.get("val_loss"), 4)
+            },
+            fmt_ms(quality, q.prec),
+            if c.variant == BASELINE {
+                "(baseline)".into()
+            } else {
+                fmt_diff(c.vs_none.get(q.key), q.prec)
+            },
+            fmt_ms(&c.max_attn_logit, 2),
+            fmt_ms(&c.tokens_per_sec, 0),
+        ));
+    }
+    md.push('\n');
+    md
+}
+
+/// Every metric's paired difference to `none` (left out when nothing is paired).
+fn paired_differences(r: &Report, q: &Quality) -> String {
+    if r.cells.iter().all(|c| c.vs_none.is_empty()) {
+        return String::new();
+    }
+    let mut md = format!(
+        "## Paired differences vs `none`\n\n\
+         Δ = variant − none on the same seed and learning rate: mean [95% CI] (n seeds with both runs \
+         finished); two-sided t interval, df = n − 1. Lower is better for losses and {}; higher for {}.\n\n\
+         | variant | peak LR | Δ train loss | Δ val loss | Δ {q_name} | Δ max attn logit | Δ final attn logit | Δ tokens/s |\n\
+         |---|---|---|---|---|---|---|---|\n",
+        if q.is_bleu() { "attention logits" } else { "perplexity" },
+        if q.is_bleu() { "BLEU" } else { "tokens/s" },
+        q_name = q.name
+    );
+    for c in r.cells.iter().filter(|c| c.variant != BASELINE) {
+        md.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            c.variant,
+            lr_label(c.lr),
+            fmt_diff(c.vs_none.get("train_loss"), 4),
+            fmt_diff(c.vs_none.get("val_loss"), 4),
+            fmt_diff(c.vs_none.get(q.key), q.prec),
+            fmt_diff(c.vs_none.get("max_attn_logit"), 2),
+            fmt_diff(c.vs_none.get("final_attn_logit"), 2),
+            fmt_diff(c.vs_none.get("tokens_per_sec"), 0),
+        ));
+    }
+    md.push('\n');
+    md
+}
+
+fn lr_sensitivity(r: &Report) -> String {
+    let mut md = String::from("## LR sensitivity\n\n");
+    if r.lr_sensitivity.is_empty() {
+        md.push_str("Not computed: the sweep has a single learning rate.\n\n");
+        return md;
+    }
+    md.push_str(&format!(
+        "As Wortsman et al. (2023) define it: the mean over the {} swept learning rates of \
+         min(ℓ(η), ℓ₀) − ℓ*, where ℓ(η) is the final validation loss at peak learning rate η, ℓ* the \
+         best of them, and ℓ₀ the loss at initialisation — here {}. A diverged run counts as \
+         min(its final loss, ℓ₀). Computed per seed (seeds with a finished or diverged run at every \
+         learning rate), then mean ± std over seeds; lower means less sensitive.\n\n\
+         | variant | LR sensitivity | Δ vs none [95% CI] | best peak LR (mean val loss) |\n\
+         |---|---|---|---|\n",
+        r.lrs.len(),
+        r.init_loss_source
+    ));
+    for s in &r.lr_sensitivity {
+        md.push_str(&format!(
+            "| {} | {} | {} | {} |\n",
+            s.variant,
+            fmt_ms(&s.value, 4),
+            if s.variant == BASELINE {
+                "(baseline)".into()
+            } else {
+                fmt_diff(s.vs_none.as_ref(), 4)
+            },
+            match (s.best_lr, s.best_val_loss) {
+                (Some(l), Some(v)) => format!("{} ({v:.4})", lr_label(l)),
+                _ => "–".into(),
+            }
+        ));
+    }
+    md.push('\n');
+    md
+}
+
+/// Runs that diverged, failed or have not finished, with why (left out when there are none).
+fn unfinished_runs(r: &Report) -> String {
+    let bad: Vec<&RunResult> = r.runs.iter().filter(|x| x.status != "ok").collect();
+    if bad.is_empty() {
+        return String::new();
+    }
+    let mut md = String::from("## Diverged, failed and unfinished runs\n\n");
+    for x in bad {
+        let what = match x.status.as_str() {
+            "not_run" => "not run yet".to_string(),
+            "incomplete" => format!(
+                "interrupted{} (re-running `ember ablate` resumes it)",
+                x.steps.map_or(String::new(), |s| format!(" at step {s}"))
+            ),
+            s => s.to_string(),
+        };
+        md.push_str(&format!(
+            "- `{}`: {what}{}\n",
+            x.name,
+            x.detail.as_ref().map_or(String::new(), |d| format!(" — {d}"))
+        ));
+        if let Some(tail) = &x.stderr_tail {
+            md.push_str("\n  ```text\n");
+            for l in tail.lines() {
+                md.push_str(&format!("  {l}\n"));
+            }
+            md.push_str("  ```\n\n");
+        }
+    }
+    md.push('\n');
+    md
+}
+
+/// Every run's final numbers, folded away.
+fn every_run(r: &Report, q: &Quality) -> String {
+    let mut md = format!(
+        "<details><summary>Every run ({})</summary>\n\n\
+         | run | status | steps | train loss | val loss | {q_name} | max attn logit | tokens/s | train time |\n\
+         |---|---|---|---|---|---|---|---|---|\n",
+        r.runs.len(),
+        q_name = q.name
+    );
+    let opt = |v: Option<f64>, p: usize| {
+        v.filter(|x| x.is_finite())
+            .map_or("–".to_string(), |x| format!("{x:.p$}"))
+    };
+    for x in &r.runs {
+        md.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            x.name,
+            x.status,
+            match (x.steps, x.total_steps) {
+                (Some(a), Some(b)) => format!("{a}/{b}"),
+                _ => "–".into(),
+            },
+            opt(x.final_train_loss, 4),
+            opt(x.val_loss, 4),
+            opt(if q.is_bleu() { x.bleu } else { x.val_ppl }, q.prec),
+            opt(x.max_attn_logit, 2),
+            opt(x.tokens_per_sec, 0),
+            x.train_secs.map_or("–".into(), fmt_duration),
+        ));
+    }
+    md.push_str("\n</details>\n\n");
+    md
+}
+
+/// The PNG of every plot (left out when there are none).
+fn plots(r: &Report) -> String {
+    if r.plots.is_empty() {
+        return String::new();
+    }
+    let mut md = String::from(
+        "## Plots\n\nEach also as SVG beside the PNG. Lines: mean over seeds; shading: min–max over seeds.\n\n",
+    );
+    for p in r.plots.iter().filter(|p| p.ends_with(".png")) {
+        let stem = Path::new(p)
+            .file_stem()
+            .map_or(String::new(), |s| s.to_string_lossy().to_string());
+        md.push_str(&format!("![{stem}]({p})\n\n"));
+    }
+    md
+}
+
+fn regenerate(r: &Report) -> String {
+    format!(
+        "Regenerate this report (and report.json, plots/) without training: `ember report {}`.\n",
+        r.out_dir.display()
+    )
+}
+
+/// `2.3456 ± 0.0123 (3)`.
+fn fmt_ms(m: &Option<MeanStd>, prec: usize) -> String {
+    match m {
+        Some(m) => format!("{:.p$} ± {:.p$} ({})", m.mean, m.std, m.n, p = prec),
+        None => "–".into(),
+    }
+}
+
+/// `-0.0123 [-0.0456, +0.0210] (3)`.
+fn fmt_diff(d: Option<&PairedDiff>, prec: usize) -> String {
+    match d {
+        Some(d) => match (d.ci_low, d.ci_high) {
+            (Some(lo), Some(hi)) => format!("{:+.p$} [{:+.p$}, {:+.p$}] ({})", d.mean, lo, hi, d.n, p = prec),
+            _ => format!("{:+.p$} [n/a] ({})", d.mean, d.n, p = prec),
+        },
+        None => "–".into(),
+    }
+}
+
+/// `42.0 s`, `3m 07s`, `1h 05m`.
+fn fmt_duration(secs: f64) -> String {
+    let s = secs.round() as u64;
+    if secs < 60.0 {
+        format!("{secs:.1} s")
+    } else if s < 3600 {
+        format!("{}m {:02}s", s / 60, s % 60)
+    } else {
+        format!("{}h {:02}m", s / 3600, s % 3600 / 60)
+    }
+}
+
+/// `2/3, 1 div.`: finished of all, then the rest by how they ended.
+fn fmt_count(c: &Counts) -> String {
+    let mut s = format!("{}/{}", c.ok, c.runs);
+    if c.diverged > 0 {
+        s.push_str(&format!(", {} div.", c.diverged));
+    }
+    if c.failed > 0 {
+        s.push_str(&format!(", {} failed", c.failed));
+    }
+    if c.incomplete + c.not_run > 0 {
+        s.push_str(&format!(", {} pending", c.incomplete + c.not_run));
+    }
+    s
+}
