@@ -10,8 +10,10 @@ pub mod metrics;
 pub mod optim;
 pub mod report;
 pub mod sacrebleu;
+pub mod step;
 pub mod train;
 pub mod translate;
 
 pub use config::RunConfig;
+pub use step::{forward_backward, StepOutput};
 pub use train::{train, Summary, TrainOptions};

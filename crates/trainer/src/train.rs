@@ -1,29 +1,27 @@
 //! The training loop — one for both architectures — and validation.
 //!
-//! A step draws `train.accumulation` micro-batches, runs forward and backward on each with the
-//! loss divided by the target tokens of all of them (so the summed gradient equals that of one
-//! big batch), checks and clips the global gradient norm, and applies AdamW. Everything random
-//! derives from the run seed, the step and the micro-batch index, so the same config gives
-//! bit-identical losses, and a resumed run continues exactly as if never stopped.
+//! A step draws `train.accumulation` micro-batches, runs forward and backward on each
+//! ([`crate::step`]), checks and clips the global gradient norm, and applies AdamW. Everything
+//! random derives from the run seed, the step and the micro-batch index, so the same config
+//! gives bit-identical losses, and a resumed run continues exactly as if never stopped.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device};
 use ember_data::{
     Batch, Batcher, Dataset, EvalBatches, LmEvalBatches, LmWindowBatcher, Splits, TokenBudgetBatcher,
 };
-use ember_model::rng::SplitMix64;
-use ember_model::{init_model, AttentionStats, BeamConfig, DropoutRng, ForwardCtx, Model, QkNorm, Telemetry};
+use ember_model::{init_model, BeamConfig, ForwardCtx, Model, QkNorm};
 use serde::Serialize;
 
 use crate::checkpoint::{self, Best, CheckpointState, LogWindow};
-use crate::config::{KeepBestBy, NonFinitePolicy, RunConfig, TrainConfig};
-use crate::loss::cross_entropy;
+use crate::config::{KeepBestBy, NonFinitePolicy, RunConfig};
 use crate::metrics::{self, EvalRecord, MetricsLog, Progress, Record, TrainRecord, Verbosity};
-use crate::optim::{clip_grad_norm, AdamW, LrSchedule, Param};
+use crate::optim::{clip_grad_norm, AdamW, LrSchedule};
+use crate::step::{forward_backward, micro_batches, BatchTensors};
 use crate::translate::score_split;
 
 pub const RUN_CONFIG: &str = "config.yaml";
@@ -110,147 +108,6 @@ pub fn device(spec: &str) -> Result<Device> {
     Device::new_cuda(n).with_context(|| format!("device: cannot open {spec}"))
 }
 
-/// A batch as tensors, with targets flattened to one row per token.
-pub struct BatchTensors {
-    inputs: Inputs,
-    /// (N) target ids.
-    targets: Tensor,
-    /// (N) 1 at real targets, 0 at padding.
-    mask: Tensor,
-    /// Real target tokens: the loss normaliser.
-    pub tokens: usize,
-}
-
-enum Inputs {
-    Seq2seq {
-        src: Tensor,
-        src_mask: Tensor,
-        tgt_in: Tensor,
-    },
-    Lm {
-        input: Tensor,
-    },
-}
-
-impl BatchTensors {
-    pub fn new(batch: &Batch, device: &Device) -> Result<Self> {
-        Ok(match batch {
-            Batch::Seq2Seq(b) => {
-                let mask: Vec<f32> = b.tgt_mask.iter().map(|&m| m as f32).collect();
-                let src_mask: Vec<u32> = b.src_mask.iter().map(|&m| m as u32).collect();
-                Self {
-                    inputs: Inputs::Seq2seq {
-                        src: Tensor::from_slice(&b.src, (b.batch_size, b.src_len), device)?,
-                        src_mask: Tensor::from_vec(src_mask, (b.batch_size, b.src_len), device)?,
-                        tgt_in: Tensor::from_slice(&b.tgt_in, (b.batch_size, b.tgt_len), device)?,
-                    },
-                    targets: Tensor::from_slice(&b.tgt_out, b.tgt_out.len(), device)?,
-                    mask: Tensor::from_vec(mask, b.tgt_out.len(), device)?,
-                    tokens: b.n_tgt_tokens,
-                }
-            }
-            Batch::Lm(b) => Self {
-                inputs: Inputs::Lm {
-                    input: Tensor::from_slice(&b.input, (b.batch_size, b.block_size), device)?,
-                },
-                targets: Tensor::from_slice(&b.target, b.target.len(), device)?,
-                mask: Tensor::ones(b.target.len(), DType::F32, device)?,
-                tokens: b.target.len(),
-            },
-        })
-    }
-
-    /// Logits (N, V), one row per target position.
-    pub fn logits(&self, model: &Model, ctx: ForwardCtx) -> Result<Tensor> {
-        let logits = match (&self.inputs, model) {
-            (
-                Inputs::Seq2seq {
-                    src,
-                    src_mask,
-                    tgt_in,
-                },
-                Model::Seq2seq(m),
-            ) => m.forward(src, Some(src_mask), tgt_in, ctx)?,
-            (Inputs::Lm { input }, Model::Lm(m)) => m.forward(input, ctx)?,
-            _ => bail!("the batch does not fit the model architecture"),
-        };
-        let v = logits.dim(2)?;
-        Ok(logits.reshape(((), v))?)
-    }
-}
-
-/// Gradients of one optimizer step, in the order of the optimizer's parameters.
-pub struct StepOutput {
-    pub grads: Vec<Option<Tensor>>,
-    /// Training objective per target token.
-    pub loss: f64,
-    /// Negative log-likelihood per target token.
-    pub nll: f64,
-    pub tokens: usize,
-    pub attention: Vec<AttentionStats>,
-    /// Wall time of the forward passes (loss included) and of the backward passes.
-    pub forward_secs: f64,
-    pub backward_secs: f64,
-}
-
-/// Forward and backward over the micro-batches of one step, summing the gradients. Dropout for
-/// micro-batch i draws from a stream derived from (seed, step, i).
-pub fn forward_backward(
-    model: &Model,
-    params: &[Param],
-    batches: &[Batch],
-    cfg: &TrainConfig,
-    device: &Device,
-    step: u64,
-    telemetry: bool,
-) -> Result<StepOutput> {
-    let tensors = batches
-        .iter()
-        .map(|b| BatchTensors::new(b, device))
-        .collect::<Result<Vec<_>>>()?;
-    let total_tokens: usize = tensors.iter().map(|t| t.tokens).sum();
-    let mut grads: Vec<Option<Tensor>> = vec![None; params.len()];
-    let (mut objective, mut nll) = (0f64, 0f64);
-    let collector = Telemetry::new();
-    let (mut forward_secs, mut backward_secs) = (0f64, 0f64);
-    for (i, bt) in tensors.iter().enumerate() {
-        let t0 = std::time::Instant::now();
-        let seed = SplitMix64::for_stream(cfg.seed, &format!("dropout/{step}/{i}")).next_u64();
-        let rng = DropoutRng::new(seed);
-        let mut ctx = ForwardCtx::train(&rng);
-        if telemetry && i == 0 {
-            ctx = ctx.with_telemetry(&collector);
-        }
-        let logits = bt.logits(model, ctx)?;
-        let loss = cross_entropy(&logits, &bt.targets, &bt.mask, cfg.label_smoothing, cfg.z_loss)?;
-        objective += loss.objective.to_scalar::<f32>()? as f64;
-        nll += loss.nll.to_scalar::<f32>()? as f64;
-        forward_secs += t0.elapsed().as_secs_f64();
-        let t1 = std::time::Instant::now();
-        let store = (loss.objective / total_tokens.max(1) as f64)?.backward()?;
-        for (slot, p) in grads.iter_mut().zip(params) {
-            if let Some(g) = store.get(p.var.as_tensor()) {
-                *slot = Some(match slot.take() {
-                    Some(acc) => (acc + g)?,
-                    None => g.clone(),
-                });
-            }
-        }
-        device.synchronize()?;
-        backward_secs += t1.elapsed().as_secs_f64();
-    }
-    let n = total_tokens.max(1) as f64;
-    Ok(StepOutput {
-        grads,
-        loss: objective / n,
-        nll: nll / n,
-        tokens: total_tokens,
-        attention: collector.take(),
-        forward_secs,
-        backward_secs,
-    })
-}
-
 /// Mean NLL per target token over a held-out split, without dropout.
 pub fn evaluate(
     model: &Model,
@@ -263,8 +120,8 @@ pub fn evaluate(
     let mut tokens = 0u64;
     let mut run = |batch: Batch| -> Result<()> {
         let bt = BatchTensors::new(&batch, device)?;
-        let logits = bt.logits(model, ForwardCtx::eval())?;
-        nll += cross_entropy(&logits, &bt.targets, &bt.mask, 0.0, 0.0)?
+        nll += bt
+            .loss(model, ForwardCtx::eval(), 0.0, 0.0)?
             .nll
             .to_scalar::<f32>()? as f64;
         tokens += bt.tokens as u64;
@@ -578,21 +435,12 @@ pub fn train(mut cfg: RunConfig, opts: &TrainOptions) -> Result<Summary> {
         }
         let next = run.step + 1;
         let epoch = batcher.cursor().epoch;
-        let batches: Vec<Batch> = (0..cfg.train.accumulation)
-            .map(|_| batcher.next_batch())
-            .collect();
+        let batches = micro_batches(batcher.as_mut(), cfg.train.accumulation);
         let log_now = next % cfg.train.log_every == 0 || next == total_steps;
         let t0 = Instant::now();
         let out = forward_backward(&model, opt.params(), &batches, &cfg.train, &device, next, log_now)?;
         let check = clip_grad_norm(opt.params(), &out.grads, cfg.train.clip_grad_norm)?;
-        let problem = if !out.loss.is_finite() {
-            Some(format!("the loss is {}", out.loss))
-        } else {
-            check
-                .non_finite
-                .as_ref()
-                .map(|name| format!("the gradient of {name} is not finite"))
-        };
+        let problem = out.non_finite(&check);
         let lr = schedule.at(next);
         match problem {
             Some(what) => match cfg.train.on_nonfinite {
