@@ -5,6 +5,7 @@ pub mod ablate;
 pub mod bench;
 pub mod checkpoint;
 pub mod config;
+pub mod evaluate;
 pub mod loss;
 pub mod metrics;
 pub mod optim;
@@ -15,5 +16,6 @@ pub mod train;
 pub mod translate;
 
 pub use config::RunConfig;
+pub use evaluate::{eval_beam, evaluate, EvalResult, Split};
 pub use step::{forward_backward, StepOutput};
 pub use train::{train, Summary, TrainOptions};

@@ -1,4 +1,4 @@
-//! The training loop — one for both architectures — and validation.
+//! The training loop — one for both architectures.
 //!
 //! A step draws `train.accumulation` micro-batches, runs forward and backward on each
 //! ([`crate::step`]), checks and clips the global gradient norm, and applies AdamW. Everything
@@ -11,18 +11,16 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device};
-use ember_data::{
-    Batch, Batcher, Dataset, EvalBatches, LmEvalBatches, LmWindowBatcher, Splits, TokenBudgetBatcher,
-};
-use ember_model::{init_model, BeamConfig, ForwardCtx, Model, QkNorm};
+use ember_data::{Batcher, Dataset, LmWindowBatcher, Splits, TokenBudgetBatcher};
+use ember_model::{init_model, Model, QkNorm};
 use serde::Serialize;
 
 use crate::checkpoint::{self, Best, CheckpointState, LogWindow};
 use crate::config::{KeepBestBy, NonFinitePolicy, RunConfig};
+use crate::evaluate::{evaluate, validate, EvalResult, Split};
 use crate::metrics::{self, EvalRecord, MetricsLog, Progress, Record, TrainRecord, Verbosity};
 use crate::optim::{clip_grad_norm, AdamW, LrSchedule};
-use crate::step::{forward_backward, micro_batches, BatchTensors};
-use crate::translate::score_split;
+use crate::step::{forward_backward, micro_batches};
 
 pub const RUN_CONFIG: &str = "config.yaml";
 pub const SUMMARY: &str = "summary.json";
@@ -67,33 +65,6 @@ pub struct Summary {
     pub diverged: Option<String>,
 }
 
-/// Validation loss of a split.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct EvalResult {
-    /// Mean negative log-likelihood per target token (nats).
-    pub loss: f64,
-    pub ppl: f64,
-    pub tokens: u64,
-}
-
-/// Which held-out split to evaluate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Split {
-    Valid,
-    Test,
-}
-
-impl std::str::FromStr for Split {
-    type Err = anyhow::Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "valid" | "val" | "validation" => Ok(Split::Valid),
-            "test" => Ok(Split::Test),
-            other => bail!("unknown split {other:?}; use valid or test"),
-        }
-    }
-}
-
 /// `cpu` or `cuda:N`.
 pub fn device(spec: &str) -> Result<Device> {
     if spec == "cpu" {
@@ -106,89 +77,6 @@ pub fn device(spec: &str) -> Result<Device> {
         bail!("device: {spec} needs CUDA, but this build has none; rebuild with `cargo build --release --features cuda`");
     }
     Device::new_cuda(n).with_context(|| format!("device: cannot open {spec}"))
-}
-
-/// Mean NLL per target token over a held-out split, without dropout.
-pub fn evaluate(
-    model: &Model,
-    data: &Dataset,
-    cfg: &RunConfig,
-    split: Split,
-    device: &Device,
-) -> Result<EvalResult> {
-    let mut nll = 0f64;
-    let mut tokens = 0u64;
-    let mut run = |batch: Batch| -> Result<()> {
-        let bt = BatchTensors::new(&batch, device)?;
-        nll += bt
-            .loss(model, ForwardCtx::eval(), 0.0, 0.0)?
-            .nll
-            .to_scalar::<f32>()? as f64;
-        tokens += bt.tokens as u64;
-        Ok(())
-    };
-    match &data.splits {
-        Splits::Translation(s) => {
-            let split = match split {
-                Split::Valid => &s.valid,
-                Split::Test => s
-                    .test
-                    .as_ref()
-                    .context("this corpus has no test split (data.corpus.test)")?,
-            };
-            for b in EvalBatches::new(&split.examples, cfg.eval.max_tokens, data.tokenizer.specials())? {
-                run(Batch::Seq2Seq(b))?;
-            }
-        }
-        Splits::Text(s) => {
-            if split == Split::Test {
-                bail!("text corpora have train and valid splits only");
-            }
-            let (b, t) = (
-                cfg.train.batch_size.unwrap_or(1),
-                cfg.train.block_size.unwrap_or(1),
-            );
-            for batch in LmEvalBatches::new(&s.valid, b, t, cfg.eval.max_batches)? {
-                run(Batch::Lm(batch))?;
-            }
-        }
-    }
-    let loss = nll / tokens.max(1) as f64;
-    Ok(EvalResult {
-        loss,
-        ppl: loss.exp(),
-        tokens,
-    })
-}
-
-/// The decoder settings for evaluation: `eval.beam`, capped by the model's positions.
-pub fn eval_beam(cfg: &RunConfig, beam_size: usize) -> BeamConfig {
-    BeamConfig {
-        beam_size,
-        n_best: 1,
-        max_seq_len: Some(cfg.model.max_seq_len),
-        ..BeamConfig::default()
-    }
-}
-
-/// Validation BLEU for translation runs with `eval.bleu` (None otherwise).
-fn validation_bleu(model: &Model, data: &Dataset, cfg: &RunConfig, device: &Device) -> Result<Option<f64>> {
-    let (Model::Seq2seq(m), Splits::Translation(s)) = (model, &data.splits) else {
-        return Ok(None);
-    };
-    if !cfg.eval.bleu {
-        return Ok(None);
-    }
-    let beam = eval_beam(cfg, cfg.eval.beam);
-    let scores = score_split(
-        m,
-        &data.tokenizer,
-        &s.valid,
-        &beam,
-        cfg.eval.bleu_sentences,
-        device,
-    )?;
-    Ok(Some(scores.bleu.score))
 }
 
 /// Fills in what the config leaves to the data: the vocabulary size and, for `qk_norm: l2`,
@@ -506,17 +394,9 @@ pub fn train(mut cfg: RunConfig, opts: &TrainOptions) -> Result<Summary> {
         let is_last = run.step == total_steps;
         let mut saved = false;
         if is_last || (cfg.eval.every > 0 && run.step % cfg.eval.every == 0) {
-            let t0 = Instant::now();
-            let r = evaluate(&model, &data, &cfg, Split::Valid, &device)?;
-            let bleu = validation_bleu(&model, &data, &cfg, &device)?;
-            progress.line(&format!(
-                "step {}: val loss {:.4} | ppl {:.2}{} ({:.1}s)",
-                run.step,
-                r.loss,
-                r.ppl,
-                bleu.map_or(String::new(), |b| format!(" | BLEU {b:.2}")),
-                t0.elapsed().as_secs_f64()
-            ));
+            let validation = validate(&model, &data, &cfg, &device)?;
+            let (r, bleu) = (validation.result, validation.bleu);
+            progress.line(&format!("step {}: {validation}", run.step));
             log.write(&Record::Eval(EvalRecord {
                 step: run.step,
                 split: "valid".into(),
