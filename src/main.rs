@@ -10,9 +10,8 @@ use clap::{Args, Parser, Subcommand};
 use ember_model::{sample, Model, SampleConfig};
 use ember_trainer::metrics::Verbosity;
 use ember_trainer::sacrebleu::{corpus_bleu, corpus_chrf, BleuConfig, ChrfConfig, Tokenize};
-use ember_trainer::train::open_run;
 use ember_trainer::translate::{score_split, translate_lines};
-use ember_trainer::{eval_beam, evaluate, RunConfig, Split, TrainOptions};
+use ember_trainer::{eval_beam, evaluate, open_run, RunConfig, Split, TrainOptions};
 
 #[derive(Parser)]
 #[command(

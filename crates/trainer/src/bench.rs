@@ -16,8 +16,8 @@ use serde::Serialize;
 
 use crate::config::RunConfig;
 use crate::optim::{clip_grad_norm, AdamW, LrSchedule};
+use crate::setup::{device, make_batcher, resolve_model_config, set_threads};
 use crate::step::{forward_backward, micro_batches};
-use crate::train::{device, make_batcher, resolve_model_config};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct BenchReport {
@@ -104,7 +104,7 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 pub fn bench(mut cfg: RunConfig, steps: usize, warmup: usize) -> Result<BenchReport> {
-    crate::train::set_threads(&cfg);
+    set_threads(&cfg);
     let device = device(&cfg.device)?;
     let data = Dataset::prepare(&cfg.data, None)?;
     resolve_model_config(&mut cfg, &data)?;

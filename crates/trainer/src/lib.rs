@@ -11,11 +11,13 @@ pub mod metrics;
 pub mod optim;
 pub mod report;
 pub mod sacrebleu;
+pub mod setup;
 pub mod step;
 pub mod train;
 pub mod translate;
 
 pub use config::RunConfig;
 pub use evaluate::{eval_beam, evaluate, EvalResult, Split};
+pub use setup::{device, make_batcher, open_run, resolve_model_config, OpenRun, RUN_CONFIG};
 pub use step::{forward_backward, StepOutput};
 pub use train::{train, Summary, TrainOptions};

@@ -6,23 +6,23 @@
 //! gives bit-identical losses, and a resumed run continues exactly as if never stopped.
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
-use candle_core::{DType, Device};
-use ember_data::{Batcher, Dataset, LmWindowBatcher, Splits, TokenBudgetBatcher};
-use ember_model::{init_model, Model, QkNorm};
+use anyhow::{bail, Result};
 use serde::Serialize;
 
 use crate::checkpoint::{self, Best, CheckpointState, LogWindow};
 use crate::config::{KeepBestBy, NonFinitePolicy, RunConfig};
 use crate::evaluate::{evaluate, validate, EvalResult, Split};
 use crate::metrics::{self, EvalRecord, MetricsLog, Progress, Record, TrainRecord, Verbosity};
-use crate::optim::{clip_grad_norm, AdamW, LrSchedule};
+use crate::optim::{clip_grad_norm, AdamW};
+use crate::setup::TrainingRun;
 use crate::step::{forward_backward, micro_batches};
 
-pub const RUN_CONFIG: &str = "config.yaml";
+// The ablation runner, its report and their tests import these through `train::`.
+pub use crate::setup::{make_batcher, RUN_CONFIG};
+
 pub const SUMMARY: &str = "summary.json";
 
 /// How `train` is invoked (everything that is not part of the config).
@@ -65,198 +65,41 @@ pub struct Summary {
     pub diverged: Option<String>,
 }
 
-/// `cpu` or `cuda:N`.
-pub fn device(spec: &str) -> Result<Device> {
-    if spec == "cpu" {
-        return Ok(Device::Cpu);
-    }
-    let Some(n) = spec.strip_prefix("cuda:").and_then(|n| n.parse::<usize>().ok()) else {
-        bail!("device: expected `cpu` or `cuda:N`, got {spec:?}");
-    };
-    if !cfg!(feature = "cuda") {
-        bail!("device: {spec} needs CUDA, but this build has none; rebuild with `cargo build --release --features cuda`");
-    }
-    Device::new_cuda(n).with_context(|| format!("device: cannot open {spec}"))
-}
-
-/// Fills in what the config leaves to the data: the vocabulary size and, for `qk_norm: l2`,
-/// the length L of g₀ = log2(L² − L) (the 97.5th-percentile training length, as Henry et al.).
-pub fn resolve_model_config(cfg: &mut RunConfig, data: &Dataset) -> Result<()> {
-    let vocab = data.tokenizer.vocab_size();
-    match cfg.model.vocab_size {
-        None => cfg.model.vocab_size = Some(vocab),
-        Some(v) if v != vocab => bail!(
-            "model.vocab_size is {v} but the tokenizer has {vocab} tokens; remove model.vocab_size \
-             to take it from the tokenizer"
-        ),
-        Some(_) => {}
-    }
-    let m = &mut cfg.model;
-    if m.qk_norm == QkNorm::L2 && m.qk_norm_init_scale.is_none() && m.qk_norm_length.is_none() {
-        let length = match &data.splits {
-            // +1: the decoder sees bos + target, the loss target + eos.
-            Splits::Translation(s) => s
-                .train
-                .stats
-                .p975_source_len
-                .max(s.train.stats.p975_target_len + 1),
-            Splits::Text(_) => cfg.train.block_size.unwrap_or(m.max_seq_len),
-        };
-        m.qk_norm_length = Some(length.max(2));
-    }
-    m.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
-    Ok(())
-}
-
-/// The training batcher the config asks for.
-pub fn make_batcher(cfg: &RunConfig, data: &Dataset) -> Result<Box<dyn Batcher>> {
-    let t = &cfg.train;
-    Ok(match &data.splits {
-        Splits::Translation(s) => Box::new(TokenBudgetBatcher::new(
-            s.train.examples.clone(),
-            t.max_tokens.unwrap_or(4096),
-            data.tokenizer.specials(),
-            t.seed,
-        )?),
-        Splits::Text(s) => Box::new(LmWindowBatcher::new(
-            s.train.clone(),
-            t.batch_size.unwrap_or(1),
-            t.block_size.unwrap_or(1),
-            t.seed,
-            t.windows,
-        )?),
-    })
-}
-
-/// Newest complete, verified checkpoint; with `fallback`, skips corrupt ones (saying so).
-pub fn load_latest(run_dir: &Path, device: &Device, fallback: bool) -> Result<checkpoint::Loaded> {
-    let all = checkpoint::list(run_dir);
-    if all.is_empty() {
-        bail!(
-            "{} has no complete checkpoint to resume from; run without --resume to start training",
-            run_dir.display()
-        );
-    }
-    let mut problems = vec![];
-    for (_, dir) in all.iter().rev() {
-        match checkpoint::load(dir, device) {
-            Ok(l) => {
-                for p in &problems {
-                    eprintln!("warning: skipped corrupt checkpoint: {p}");
-                }
-                return Ok(l);
-            }
-            Err(e) if fallback => problems.push(format!("{e:#}")),
-            Err(e) => {
-                return Err(e.context(
-                    "the newest checkpoint cannot be used; pass --fallback to resume from the newest \
-                     intact one instead (the corrupt one is left in place for inspection)",
-                ))
-            }
-        }
-    }
-    bail!(
-        "every checkpoint in {} is corrupt:\n  {}",
-        run_dir.display(),
-        problems.join("\n  ")
-    )
-}
-
-/// Sizes candle's CPU thread pools from `train.threads` (default 1); call before any tensor work.
-/// Ember's matmuls and fused kernels are single-threaded, so more threads only feed candle's
-/// spinning elementwise pool, which measured 3-4x slower than one thread on 2 cores: one thread
-/// per run, with runs side by side (`ember ablate --jobs`), is the faster way to use cores.
-pub fn set_threads(cfg: &RunConfig) {
-    let n = cfg.train.threads.unwrap_or(1);
-    std::env::set_var("RAYON_NUM_THREADS", n.to_string());
-}
-
 /// Trains `cfg` into `opts.run_dir`: fresh, or resumed from its newest checkpoint.
-pub fn train(mut cfg: RunConfig, opts: &TrainOptions) -> Result<Summary> {
+pub fn train(cfg: RunConfig, opts: &TrainOptions) -> Result<Summary> {
     let started = Instant::now();
-    set_threads(&cfg);
-    let device = device(&cfg.device)?;
-    let run_dir = opts.run_dir.as_path();
-    let existing = checkpoint::list(run_dir);
-    if !opts.resume && !existing.is_empty() {
-        bail!(
-            "{} already holds checkpoints (newest: step {}); pass --resume to continue that run, \
-             or choose another --run-dir. Nothing was changed.",
-            run_dir.display(),
-            existing.last().map_or(0, |(s, _)| *s)
-        );
-    }
-    fs::create_dir_all(run_dir)
-        .with_context(|| format!("creating the run directory {}", run_dir.display()))?;
-    let progress_quiet = opts.verbosity == Verbosity::Quiet;
-
-    let data = Dataset::prepare(&cfg.data, Some(run_dir)).context("preparing the data")?;
-    resolve_model_config(&mut cfg, &data)?;
-
-    let loaded = if opts.resume {
-        Some(load_latest(run_dir, &device, opts.fallback)?)
-    } else {
-        None
-    };
-    let (model, params) = match &loaded {
-        Some(l) => {
-            let hash = checkpoint::model_config_hash(&cfg.model);
-            if hash != l.state.model_config_hash {
-                bail!(
-                    "cannot resume: {} was trained with a different model config:\n  {}\nResume with the \
-                     config the run was started with ({}), or start a new run directory.",
-                    l.dir.display(),
-                    checkpoint::config_differences(&l.state.model_config, &cfg.model).join("\n  "),
-                    run_dir.join(RUN_CONFIG).display()
-                );
-            }
-            let model = Model::new(&cfg.model, &l.params)
-                .with_context(|| format!("rebuilding the model from {}", l.dir.display()))?;
-            (model, l.params.clone())
-        }
-        None => init_model(&cfg.model, cfg.train.seed, DType::F32, &device)?,
-    };
-    let config_yaml = cfg.to_yaml();
-    fs::write(run_dir.join(RUN_CONFIG), &config_yaml).context("writing config.yaml")?;
-
-    let mut batcher = make_batcher(&cfg, &data)?;
-    let t = &cfg.train;
-    let total_steps = match (t.steps, t.epochs) {
-        (Some(s), _) => s,
-        (None, Some(e)) => ((e * batcher.batches_per_epoch() as f64) / t.accumulation as f64)
-            .ceil()
-            .max(1.0) as u64,
-        (None, None) => bail!("set train.steps or train.epochs"),
-    };
-    let mut opt = AdamW::new(params.vars(), t)?;
-    let schedule = LrSchedule::new(t, total_steps);
+    let training = TrainingRun::prepare(cfg, opts)?;
+    let header = training.describe();
+    let TrainingRun {
+        cfg,
+        run_dir,
+        device,
+        data,
+        model,
+        params,
+        mut opt,
+        schedule,
+        mut batcher,
+        total_steps,
+        resumed,
+        config_yaml,
+    } = training;
+    let run_dir = run_dir.as_path();
 
     // Everything besides weights, moments and the data cursor that a checkpoint must carry.
     let mut run = Counters::default();
     let mut restored_window = LogWindow::default();
-    let resumed_from_step = loaded.as_ref().map(|l| l.state.step);
-    if let Some(l) = loaded {
-        restored_window = l.state.log_window.clone();
-        opt.load_state(l.optimizer, l.state.optimizer_step)
-            .with_context(|| format!("restoring the optimizer from {}", l.dir.display()))?;
-        batcher.restore(l.state.cursor)?;
-        run = Counters::from_state(&l.state);
+    let resumed_from_step = resumed.as_ref().map(|s| s.step);
+    if let Some(s) = resumed {
+        restored_window = s.log_window.clone();
+        run = Counters::from_state(&s);
     }
     // A fresh run starts a fresh log (a run killed before its first checkpoint may have left one).
     let mut log = MetricsLog::open(run_dir, Some(resumed_from_step.unwrap_or(0)))?;
     let progress = Progress::new(total_steps, run.step, opts.verbosity);
-    if !progress_quiet {
-        progress.line(&format!(
-            "{} model, {} parameters, {} steps, data: {}; run directory {}",
-            format!("{:?}", cfg.model.arch).to_lowercase(),
-            params.num_params(),
-            total_steps,
-            describe_data(&data),
-            run_dir.display()
-        ));
-        if let Some(s) = resumed_from_step {
-            progress.line(&format!("resuming after step {s}"));
-        }
+    progress.line(&header);
+    if let Some(s) = resumed_from_step {
+        progress.line(&format!("resuming after step {s}"));
     }
     if cfg.train.divergence_evals.is_some() && run.initial_val_loss.is_none() {
         run.initial_val_loss = Some(evaluate(&model, &data, &cfg, Split::Valid, &device)?.loss);
@@ -482,63 +325,4 @@ struct RunStats {
     rates: Vec<f64>,
     last_train_loss: Option<f64>,
     last_eval: Option<EvalResult>,
-}
-
-fn describe_data(data: &Dataset) -> String {
-    match &data.splits {
-        Splits::Translation(s) => format!(
-            "{} train / {} valid pairs, vocab {}",
-            s.train.examples.len(),
-            s.valid.examples.len(),
-            data.tokenizer.vocab_size()
-        ),
-        Splits::Text(s) => format!(
-            "{} train / {} valid tokens, vocab {}",
-            s.train.len(),
-            s.valid.len(),
-            data.tokenizer.vocab_size()
-        ),
-    }
-}
-
-/// A trained run opened for evaluation or decoding: its config, data and newest (or best) weights.
-pub struct OpenRun {
-    pub cfg: RunConfig,
-    pub data: Dataset,
-    pub model: Model,
-    pub device: Device,
-    pub checkpoint: PathBuf,
-}
-
-/// Opens a run (its newest checkpoint) or one checkpoint for evaluation or decoding, on the
-/// run's own device or on `device` when given (a run trained on a GPU, evaluated on a CPU).
-pub fn open_run(run: &Path, device_override: Option<&str>) -> Result<OpenRun> {
-    let (run_dir, ckpt_dir) = if run.join("state.json").is_file() {
-        let run_dir = run
-            .parent()
-            .and_then(|p| p.parent())
-            .context("a checkpoint directory must sit in <run>/checkpoints/")?;
-        (run_dir.to_path_buf(), run.to_path_buf())
-    } else {
-        let newest = checkpoint::list(run)
-            .pop()
-            .with_context(|| format!("{} has no checkpoint (is it a run directory?)", run.display()))?;
-        (run.to_path_buf(), newest.1)
-    };
-    let mut cfg = RunConfig::load(&run_dir.join(RUN_CONFIG), &[])?;
-    if let Some(d) = device_override {
-        cfg.device = d.to_string();
-    }
-    set_threads(&cfg);
-    let device = device(&cfg.device)?;
-    let data = Dataset::prepare(&cfg.data, Some(&run_dir)).context("preparing the data")?;
-    let loaded = checkpoint::load(&ckpt_dir, &device)?;
-    let model = Model::new(&cfg.model, &loaded.params)?;
-    Ok(OpenRun {
-        cfg,
-        data,
-        model,
-        device,
-        checkpoint: ckpt_dir,
-    })
 }
