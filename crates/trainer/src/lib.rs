@@ -1,5 +1,8 @@
 //! Ember's trainer: configuration, the training loop, optimizer, checkpoints, metrics,
 //! evaluation and ablation reports.
+//!
+//! The training loop is [`train()`]; it sets up with [`setup`], steps with [`step`], validates
+//! with [`evaluate`](mod@evaluate) and leaves its bookkeeping to `run_state`.
 
 pub mod ablate;
 pub mod bench;
@@ -10,6 +13,7 @@ pub mod loss;
 pub mod metrics;
 pub mod optim;
 pub mod report;
+mod run_state;
 pub mod sacrebleu;
 pub mod setup;
 pub mod step;
@@ -20,4 +24,4 @@ pub use config::RunConfig;
 pub use evaluate::{eval_beam, evaluate, EvalResult, Split};
 pub use setup::{device, make_batcher, open_run, resolve_model_config, OpenRun, RUN_CONFIG};
 pub use step::{forward_backward, StepOutput};
-pub use train::{train, Summary, TrainOptions};
+pub use train::{train, Summary, TrainOptions, SUMMARY};

@@ -4,25 +4,31 @@
 //! ([`crate::step`]), checks and clips the global gradient norm, and applies AdamW. Everything
 //! random derives from the run seed, the step and the micro-batch index, so the same config
 //! gives bit-identical losses, and a resumed run continues exactly as if never stopped.
+//!
+//! Set-up is in [`crate::setup`], validation in [`crate::evaluate`](mod@crate::evaluate), and
+//! the bookkeeping (what to log, when to evaluate and checkpoint, best and divergence) in
+//! `run_state`.
 
 use std::fs;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{bail, Result};
+use anyhow::{anyhow, Result};
 use serde::Serialize;
 
-use crate::checkpoint::{self, Best, CheckpointState, LogWindow};
-use crate::config::{KeepBestBy, NonFinitePolicy, RunConfig};
-use crate::evaluate::{evaluate, validate, EvalResult, Split};
-use crate::metrics::{self, EvalRecord, MetricsLog, Progress, Record, TrainRecord, Verbosity};
-use crate::optim::{clip_grad_norm, AdamW};
+use crate::checkpoint::{self, Best};
+use crate::config::{NonFinitePolicy, RunConfig};
+use crate::evaluate::{evaluate, validate, Split};
+use crate::metrics::{self, MetricsLog, Progress, Record, Verbosity};
+use crate::optim::clip_grad_norm;
+use crate::run_state::RunState;
 use crate::setup::TrainingRun;
 use crate::step::{forward_backward, micro_batches};
 
 // The ablation runner, its report and their tests import these through `train::`.
 pub use crate::setup::{make_batcher, RUN_CONFIG};
 
+/// The run directory's [`Summary`], written when the run ends.
 pub const SUMMARY: &str = "summary.json";
 
 /// How `train` is invoked (everything that is not part of the config).
@@ -68,261 +74,125 @@ pub struct Summary {
 /// Trains `cfg` into `opts.run_dir`: fresh, or resumed from its newest checkpoint.
 pub fn train(cfg: RunConfig, opts: &TrainOptions) -> Result<Summary> {
     let started = Instant::now();
-    let training = TrainingRun::prepare(cfg, opts)?;
-    let header = training.describe();
-    let TrainingRun {
-        cfg,
-        run_dir,
-        device,
-        data,
-        model,
-        params,
-        mut opt,
-        schedule,
-        mut batcher,
-        total_steps,
-        resumed,
-        config_yaml,
-    } = training;
-    let run_dir = run_dir.as_path();
-
-    // Everything besides weights, moments and the data cursor that a checkpoint must carry.
-    let mut run = Counters::default();
-    let mut restored_window = LogWindow::default();
-    let resumed_from_step = resumed.as_ref().map(|s| s.step);
-    if let Some(s) = resumed {
-        restored_window = s.log_window.clone();
-        run = Counters::from_state(&s);
-    }
+    let mut run = TrainingRun::prepare(cfg, opts)?;
+    let mut state = RunState::new(&run.cfg, run.total_steps, run.resumed.as_ref(), opts.stop_after);
     // A fresh run starts a fresh log (a run killed before its first checkpoint may have left one).
-    let mut log = MetricsLog::open(run_dir, Some(resumed_from_step.unwrap_or(0)))?;
-    let progress = Progress::new(total_steps, run.step, opts.verbosity);
-    progress.line(&header);
-    if let Some(s) = resumed_from_step {
+    let mut log = MetricsLog::open(&run.run_dir, Some(state.resumed_from_step().unwrap_or(0)))?;
+    let progress = Progress::new(run.total_steps, state.step(), opts.verbosity);
+    progress.line(&run.describe());
+    if let Some(s) = state.resumed_from_step() {
         progress.line(&format!("resuming after step {s}"));
     }
-    if cfg.train.divergence_evals.is_some() && run.initial_val_loss.is_none() {
-        run.initial_val_loss = Some(evaluate(&model, &data, &cfg, Split::Valid, &device)?.loss);
+    if state.needs_initial_val_loss() {
+        let initial = evaluate(&run.model, &run.data, &run.cfg, Split::Valid, &run.device)?;
+        state.set_initial_val_loss(initial.loss);
     }
 
-    let save = |run: &Counters, window: &LogWindow, opt: &AdamW, cursor| -> Result<PathBuf> {
-        let state = CheckpointState {
-            format: 1,
-            step: run.step,
-            cursor,
-            optimizer_step: opt.step,
-            seed: cfg.train.seed,
-            best: run.best,
-            initial_val_loss: run.initial_val_loss,
-            evals_above_initial: run.evals_above_initial,
-            log_window: window.clone(),
-            skipped_steps: run.skipped,
-            tokens_seen: run.tokens_seen,
-            elapsed_secs: run.train_secs,
-            model_config_hash: checkpoint::model_config_hash(&cfg.model),
-            model_config: cfg.model.clone(),
-            files: Default::default(),
-        };
-        let dir = checkpoint::save(run_dir, state, &params, &opt.state_tensors()?, &config_yaml)?;
-        checkpoint::prune(run_dir, cfg.checkpoint.keep_last, run.best.map(|b| b.step))?;
-        metrics::export_csv(run_dir)?;
-        Ok(dir)
-    };
-    let write_summary = |run: &Counters, diverged: Option<String>, stats: &RunStats| -> Result<Summary> {
-        let mut rates = stats.rates.clone();
-        rates.sort_by(|a, b| a.total_cmp(b));
-        let summary = Summary {
-            run_dir: run_dir.to_path_buf(),
-            steps: run.step,
-            total_steps,
-            finished: run.step == total_steps && diverged.is_none(),
-            params: params.num_params(),
-            final_train_loss: stats.last_train_loss,
-            val_loss: stats.last_eval.map(|e| e.loss),
-            val_ppl: stats.last_eval.map(|e| e.ppl),
-            best: run.best,
-            skipped_steps: run.skipped,
-            tokens_per_sec: rates.get(rates.len() / 2).copied().unwrap_or(0.0),
-            wall_secs: started.elapsed().as_secs_f64(),
-            train_secs: run.train_secs,
-            resumed_from_step,
-            diverged,
-        };
-        metrics::export_csv(run_dir)?;
-        fs::write(run_dir.join(SUMMARY), serde_json::to_string_pretty(&summary)?)?;
-        Ok(summary)
-    };
-
-    let start_step = run.step;
-    let mut window = restored_window;
-    let mut stats = RunStats::default();
-    let mut diverged = None;
-    while run.step < total_steps {
-        if opts.stop_after.is_some_and(|n| run.step - start_step >= n) {
-            if checkpoint::list(run_dir).last().map(|(s, _)| *s) != Some(run.step) {
-                save(&run, &window, &opt, batcher.cursor())?;
+    while state.step() < run.total_steps {
+        if state.stop_requested() {
+            // Stop as an interruption would, with the newest state on disk (saved only once).
+            if checkpoint::list(&run.run_dir).last().map(|(s, _)| *s) != Some(state.step()) {
+                save_checkpoint(&run, &state)?;
             }
             break;
         }
-        let next = run.step + 1;
-        let epoch = batcher.cursor().epoch;
-        let batches = micro_batches(batcher.as_mut(), cfg.train.accumulation);
-        let log_now = next % cfg.train.log_every == 0 || next == total_steps;
+        let step = state.step() + 1;
+        let epoch = run.batcher.cursor().epoch;
+        let batches = micro_batches(run.batcher.as_mut(), run.cfg.train.accumulation);
+        let log_now = state.is_log_step(step);
         let t0 = Instant::now();
-        let out = forward_backward(&model, opt.params(), &batches, &cfg.train, &device, next, log_now)?;
-        let check = clip_grad_norm(opt.params(), &out.grads, cfg.train.clip_grad_norm)?;
-        let problem = out.non_finite(&check);
-        let lr = schedule.at(next);
-        match problem {
-            Some(what) => match cfg.train.on_nonfinite {
-                NonFinitePolicy::Stop => {
-                    progress.finish();
-                    let reason = format!("step {next}: {what}");
-                    write_summary(&run, Some(reason.clone()), &stats)?;
-                    bail!(
-                        "{reason}; the update was not applied and nothing was saved for this step. \
-                         The newest checkpoint ({}) is intact. Lower train.lr, keep train.clip_grad_norm, \
-                         or set train.on_nonfinite: skip to skip such steps.",
-                        checkpoint::list(run_dir)
-                            .last()
-                            .map_or("none yet".into(), |(_, d)| d.display().to_string())
-                    )
-                }
-                NonFinitePolicy::Skip => {
-                    run.skipped += 1;
-                    progress.line(&format!(
-                        "step {next}: {what}; update skipped ({} so far)",
-                        run.skipped
-                    ));
-                }
-            },
-            None => opt.step(&out.grads, lr, check.scale)?,
+        let out = forward_backward(
+            &run.model,
+            run.opt.params(),
+            &batches,
+            &run.cfg.train,
+            &run.device,
+            step,
+            log_now,
+        )?;
+        let grads = clip_grad_norm(run.opt.params(), &out.grads, run.cfg.train.clip_grad_norm)?;
+        let lr = run.schedule.at(step);
+        match (out.non_finite(&grads), run.cfg.train.on_nonfinite) {
+            (None, _) => run.opt.step(&out.grads, lr, grads.scale)?,
+            (Some(what), NonFinitePolicy::Skip) => {
+                let skipped = state.skip_update();
+                progress.line(&format!("step {step}: {what}; update skipped ({skipped} so far)"));
+            }
+            (Some(what), NonFinitePolicy::Stop) => {
+                progress.finish();
+                let reason = format!("step {step}: {what}");
+                return Err(stop_non_finite(&run, &mut state, reason, started));
+            }
         }
-        let secs = t0.elapsed().as_secs_f64();
-        run.step = next;
-        run.train_secs += secs;
-        run.tokens_seen += out.tokens as u64;
-        if out.loss.is_finite() {
-            window.loss += out.loss * out.tokens as f64;
-            window.nll += out.nll * out.tokens as f64;
-            window.tokens += out.tokens;
-        }
-        window.grad_norm += if check.norm.is_finite() { check.norm } else { 0.0 };
-        window.steps += 1;
-        window.secs += secs;
+        state.record(&out, grads.norm, t0.elapsed().as_secs_f64());
 
         if log_now {
-            let n = window.tokens.max(1) as f64;
-            let rate = window.tokens as f64 / window.secs.max(1e-9);
-            stats.rates.push(rate);
-            let record = TrainRecord {
-                step: run.step,
-                epoch,
-                loss: window.loss / n,
-                nll: window.nll / n,
-                lr,
-                grad_norm: window.grad_norm / window.steps.max(1) as f64,
-                tokens_per_sec: rate,
-                elapsed_secs: run.train_secs,
-                skipped_steps: run.skipped,
-                attn_max_logit: out.attention.iter().map(|a| a.max_logit).collect(),
-                attn_entropy: out.attention.iter().map(|a| a.entropy).collect(),
-            };
-            stats.last_train_loss = Some(record.loss);
-            progress.train(&record, total_steps);
+            let record = state.train_record(epoch, lr, &out.attention);
+            progress.train(&record, run.total_steps);
             log.write(&Record::Train(record))?;
-            window = LogWindow::default();
         }
-
-        let is_last = run.step == total_steps;
-        let mut saved = false;
-        if is_last || (cfg.eval.every > 0 && run.step % cfg.eval.every == 0) {
-            let validation = validate(&model, &data, &cfg, &device)?;
-            let (r, bleu) = (validation.result, validation.bleu);
-            progress.line(&format!("step {}: {validation}", run.step));
-            log.write(&Record::Eval(EvalRecord {
-                step: run.step,
-                split: "valid".into(),
-                loss: r.loss,
-                ppl: r.ppl,
-                tokens: r.tokens,
-                elapsed_secs: run.train_secs,
-                bleu,
-            }))?;
-            stats.last_eval = Some(r);
-            if let (Some(limit), Some(initial)) = (cfg.train.divergence_evals, run.initial_val_loss) {
-                // NaN compares false, so a NaN validation loss also counts as "above".
-                let healthy = r.loss <= initial;
-                run.evals_above_initial = if healthy { 0 } else { run.evals_above_initial + 1 };
-                if run.evals_above_initial >= limit {
-                    diverged = Some(format!(
-                        "step {}: validation loss {:.4} has been above its initial value {initial:.4} \
-                         for {limit} evaluation(s)",
-                        run.step, r.loss
-                    ));
-                }
-            }
-            let better = match (cfg.checkpoint.keep_best_by, run.best) {
-                (_, None) => r.loss.is_finite(),
-                (KeepBestBy::Loss, Some(b)) => r.loss < b.val_loss,
-                (KeepBestBy::Bleu, Some(b)) => bleu > b.bleu,
-            };
-            if better {
-                run.best = Some(Best {
-                    step: run.step,
-                    val_loss: r.loss,
-                    bleu,
-                });
-                save(&run, &window, &opt, batcher.cursor())?;
-                saved = true;
-            }
+        if state.is_eval_step() {
+            let validation = validate(&run.model, &run.data, &run.cfg, &run.device)?;
+            progress.line(&format!("step {step}: {validation}"));
+            log.write(&Record::Eval(state.record_eval(&validation)))?;
         }
-        if !saved
-            && (is_last
-                || diverged.is_some()
-                || (cfg.checkpoint.every > 0 && run.step % cfg.checkpoint.every == 0))
-        {
-            save(&run, &window, &opt, batcher.cursor())?;
+        if state.checkpoint_due() {
+            save_checkpoint(&run, &state)?;
         }
-        if let Some(reason) = &diverged {
+        if let Some(reason) = state.diverged() {
             progress.line(&format!("stopping: diverged at {reason}"));
             break;
         }
     }
     progress.finish();
-    write_summary(&run, diverged, &stats)
+    write_summary(&run, &state, started)
 }
 
-/// Counters that a checkpoint carries besides weights, moments and the data cursor.
-#[derive(Debug, Clone, Default)]
-struct Counters {
-    step: u64,
-    best: Option<Best>,
-    skipped: u64,
-    tokens_seen: u64,
-    train_secs: f64,
-    initial_val_loss: Option<f64>,
-    evals_above_initial: u32,
+/// Checkpoints the run as it stands, prunes older checkpoints (keeping the best) and refreshes
+/// `metrics.csv`, so the CSV is current whenever a checkpoint is.
+fn save_checkpoint(run: &TrainingRun, state: &RunState) -> Result<()> {
+    let ckpt = state.checkpoint_state(&run.cfg, run.batcher.cursor(), run.opt.step);
+    checkpoint::save(
+        &run.run_dir,
+        ckpt,
+        &run.params,
+        &run.opt.state_tensors()?,
+        &run.config_yaml,
+    )?;
+    checkpoint::prune(&run.run_dir, run.cfg.checkpoint.keep_last, state.best_step())?;
+    metrics::export_csv(&run.run_dir)
 }
 
-impl Counters {
-    fn from_state(s: &CheckpointState) -> Self {
-        Self {
-            step: s.step,
-            best: s.best,
-            skipped: s.skipped_steps,
-            tokens_seen: s.tokens_seen,
-            train_secs: s.elapsed_secs,
-            initial_val_loss: s.initial_val_loss,
-            evals_above_initial: s.evals_above_initial,
-        }
+/// Writes `summary.json` (and `metrics.csv`) and returns the summary.
+fn write_summary(run: &TrainingRun, state: &RunState, started: Instant) -> Result<Summary> {
+    let summary = state.summary(
+        &run.run_dir,
+        run.params.num_params(),
+        started.elapsed().as_secs_f64(),
+    );
+    metrics::export_csv(&run.run_dir)?;
+    fs::write(run.run_dir.join(SUMMARY), serde_json::to_string_pretty(&summary)?)?;
+    Ok(summary)
+}
+
+/// Ends the run at a non-finite step (`train.on_nonfinite: stop`): `summary.json` records why,
+/// and the error says what is intact and what to change.
+fn stop_non_finite(
+    run: &TrainingRun,
+    state: &mut RunState,
+    reason: String,
+    started: Instant,
+) -> anyhow::Error {
+    state.mark_diverged(reason.clone());
+    if let Err(e) = write_summary(run, state, started) {
+        return e;
     }
-}
-
-/// What this invocation observed, for the summary.
-#[derive(Default)]
-struct RunStats {
-    rates: Vec<f64>,
-    last_train_loss: Option<f64>,
-    last_eval: Option<EvalResult>,
+    anyhow!(
+        "{reason}; the update was not applied and nothing was saved for this step. \
+         The newest checkpoint ({}) is intact. Lower train.lr, keep train.clip_grad_norm, \
+         or set train.on_nonfinite: skip to skip such steps.",
+        checkpoint::list(&run.run_dir)
+            .last()
+            .map_or("none yet".into(), |(_, d)| d.display().to_string())
+    )
 }
