@@ -7,12 +7,11 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
-use ember_model::{sample, Model, SampleConfig};
+use ember_model::{sample, BeamConfig, Model, SampleConfig};
 use ember_sacrebleu::{corpus_bleu, corpus_chrf, BleuConfig, ChrfConfig, Tokenize};
 use ember_trainer::metrics::Verbosity;
-use ember_trainer::train::{eval_beam, evaluate, open_run, Split};
 use ember_trainer::translate::{score_split, translate_lines};
-use ember_trainer::{RunConfig, TrainOptions};
+use ember_trainer::{eval_beam, evaluate, open_run, OpenRun, RunConfig, Split, TrainOptions};
 
 #[derive(Parser)]
 #[command(
@@ -79,38 +78,9 @@ struct TrainArgs {
     json: bool,
 }
 
+/// A trained run to decode with, and how: the options `eval` and `translate` share.
 #[derive(Args)]
-struct EvalArgs {
-    /// A run directory (its newest checkpoint) or a checkpoint directory inside it.
-    run: PathBuf,
-    /// Which split to evaluate: valid or test.
-    #[arg(long, default_value = "valid")]
-    split: String,
-    /// Translation: beam size for BLEU/chrF (1 = greedy).
-    #[arg(long, default_value_t = 5)]
-    beam: usize,
-    /// Translation: GNMT length penalty α.
-    #[arg(long, default_value_t = 0.6)]
-    length_penalty: f64,
-    /// Translation: skip decoding (loss and perplexity only).
-    #[arg(long)]
-    no_bleu: bool,
-    /// Translation: write the detokenised hypotheses to this file.
-    #[arg(long)]
-    output: Option<PathBuf>,
-    /// Translation: decode without the KV cache (re-runs the decoder over the whole prefix at
-    /// every step; the same output, slower: for timing the cache).
-    #[arg(long)]
-    no_cache: bool,
-    #[arg(long)]
-    json: bool,
-    /// Run on this device instead of the run's own: `cpu` or `cuda:N`.
-    #[arg(long)]
-    device: Option<String>,
-}
-
-#[derive(Args)]
-struct TranslateArgs {
+struct DecodeArgs {
     /// A run directory (its newest checkpoint) or a checkpoint directory inside it.
     run: PathBuf,
     /// Beam size (1 = greedy).
@@ -122,12 +92,58 @@ struct TranslateArgs {
     /// Decode without the KV cache (same output, slower: for timing the cache).
     #[arg(long)]
     no_cache: bool,
-    /// One JSON object per line (text, score, tokens) instead of plain text.
-    #[arg(long)]
-    json: bool,
     /// Run on this device instead of the run's own: `cpu` or `cuda:N`.
     #[arg(long)]
     device: Option<String>,
+}
+
+impl DecodeArgs {
+    fn open(&self) -> Result<OpenRun> {
+        open_run(&self.run, self.device.as_deref())
+    }
+
+    /// The run's evaluation decoder with these options.
+    fn beam_config(&self, run: &OpenRun) -> BeamConfig {
+        let mut beam = eval_beam(&run.cfg, self.beam);
+        beam.length_penalty = self.length_penalty;
+        beam.use_cache = !self.no_cache;
+        beam
+    }
+}
+
+// `eval` decodes only translation runs, and its help says so.
+#[derive(Args)]
+#[command(
+    mut_arg("beam", |a| a.help("Translation: beam size for BLEU/chrF (1 = greedy)")),
+    mut_arg("length_penalty", |a| a.help("Translation: GNMT length penalty α")),
+    mut_arg("no_cache", |a| a.help(
+        "Translation: decode without the KV cache (re-runs the decoder over the whole prefix at \
+         every step; the same output, slower: for timing the cache)"
+    )),
+)]
+struct EvalArgs {
+    /// Which split to evaluate: valid or test.
+    #[arg(long, default_value = "valid")]
+    split: String,
+    #[command(flatten)]
+    decode: DecodeArgs,
+    /// Translation: skip decoding (loss and perplexity only).
+    #[arg(long)]
+    no_bleu: bool,
+    /// Translation: write the detokenised hypotheses to this file.
+    #[arg(long)]
+    output: Option<PathBuf>,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct TranslateArgs {
+    #[command(flatten)]
+    decode: DecodeArgs,
+    /// One JSON object per line (text, score, tokens) instead of plain text.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -330,7 +346,7 @@ fn fmt_opt(x: Option<f64>) -> String {
 
 fn eval(args: EvalArgs) -> Result<()> {
     let split: Split = args.split.parse()?;
-    let run = open_run(&args.run, args.device.as_deref())?;
+    let run = args.decode.open()?;
     let r = evaluate(&run.model, &run.data, &run.cfg, split, &run.device)?;
     let mut out = serde_json::json!({
         "checkpoint": run.checkpoint,
@@ -357,9 +373,7 @@ fn eval(args: EvalArgs) -> Result<()> {
                 .as_ref()
                 .context("this run's corpus has no test split")?,
         };
-        let mut beam = eval_beam(&run.cfg, args.beam);
-        beam.length_penalty = args.length_penalty;
-        beam.use_cache = !args.no_cache;
+        let beam = args.decode.beam_config(&run);
         let scores = score_split(m, &run.data.tokenizer, pairs, &beam, None, &run.device)?;
         if let Some(path) = &args.output {
             std::fs::write(path, scores.hypotheses.join("\n") + "\n")
@@ -370,8 +384,8 @@ fn eval(args: EvalArgs) -> Result<()> {
         lines.push(format!(
             "decoded {} sentences with beam {}{} in {:.1}s ({:.1} sentences/s)",
             scores.sentences,
-            args.beam,
-            if args.no_cache {
+            args.decode.beam,
+            if args.decode.no_cache {
                 ", without the KV cache,"
             } else {
                 ""
@@ -381,8 +395,8 @@ fn eval(args: EvalArgs) -> Result<()> {
         ));
         out["bleu"] = serde_json::to_value(&scores.bleu)?;
         out["chrf"] = serde_json::to_value(&scores.chrf)?;
-        out["beam"] = args.beam.into();
-        out["kv_cache"] = (!args.no_cache).into();
+        out["beam"] = args.decode.beam.into();
+        out["kv_cache"] = (!args.decode.no_cache).into();
         out["sentences_per_sec"] = (scores.sentences as f64 / scores.secs.max(1e-9)).into();
     }
     if args.json {
@@ -394,18 +408,19 @@ fn eval(args: EvalArgs) -> Result<()> {
 }
 
 fn translate(args: TranslateArgs) -> Result<()> {
-    let run = open_run(&args.run, args.device.as_deref())?;
+    let run = args.decode.open()?;
     let Model::Seq2seq(m) = &run.model else {
-        bail!("{} is a language model; use `ember generate`", args.run.display());
+        bail!(
+            "{} is a language model; use `ember generate`",
+            args.decode.run.display()
+        );
     };
     let mut text = String::new();
     std::io::stdin()
         .read_to_string(&mut text)
         .context("reading source lines from stdin")?;
     let lines = split_lines(&text);
-    let mut beam = eval_beam(&run.cfg, args.beam);
-    beam.length_penalty = args.length_penalty;
-    beam.use_cache = !args.no_cache;
+    let beam = args.decode.beam_config(&run);
     let out = translate_lines(m, &run.data.tokenizer, &lines, &beam, &run.device)?;
     let mut stdout = std::io::stdout().lock();
     for t in out {

@@ -16,7 +16,8 @@ use serde::Serialize;
 
 use crate::config::RunConfig;
 use crate::optim::{clip_grad_norm, AdamW, LrSchedule};
-use crate::train::{device, forward_backward, make_batcher, resolve_model_config};
+use crate::setup::{device, make_batcher, resolve_model_config, set_threads};
+use crate::step::{forward_backward, micro_batches};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct BenchReport {
@@ -103,7 +104,7 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 pub fn bench(mut cfg: RunConfig, steps: usize, warmup: usize) -> Result<BenchReport> {
-    crate::train::set_threads(&cfg);
+    set_threads(&cfg);
     let device = device(&cfg.device)?;
     let data = Dataset::prepare(&cfg.data, None)?;
     resolve_model_config(&mut cfg, &data)?;
@@ -115,7 +116,7 @@ pub fn bench(mut cfg: RunConfig, steps: usize, warmup: usize) -> Result<BenchRep
     let (mut total, mut fwd, mut bwd, mut optim, mut rates) = (vec![], vec![], vec![], vec![], vec![]);
     let (mut src_tokens, mut tgt_tokens, mut rows) = (0f64, 0f64, 0f64);
     for step in 0..steps + warmup {
-        let batches: Vec<Batch> = (0..t.accumulation).map(|_| batcher.next_batch()).collect();
+        let batches = micro_batches(batcher.as_mut(), t.accumulation);
         let start = Instant::now();
         // The very step `ember train` runs (telemetry off, as on non-logging steps).
         let mut out = forward_backward(&model, opt.params(), &batches, t, &device, step as u64 + 1, false)?;

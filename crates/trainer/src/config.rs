@@ -157,7 +157,7 @@ pub struct TrainConfig {
     /// initialisation for this many evaluations in a row (null: never).
     #[serde(default)]
     pub divergence_evals: Option<u32>,
-    /// CPU threads for candle's elementwise pool in this run (default 1; see `train::set_threads`).
+    /// CPU threads for candle's elementwise pool in this run (default 1; see `setup::set_threads`).
     #[serde(default)]
     pub threads: Option<usize>,
 }

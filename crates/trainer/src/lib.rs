@@ -1,14 +1,24 @@
 //! Ember's trainer: configuration, the training loop, optimizer, checkpoints, metrics and
 //! evaluation.
+//!
+//! The training loop is [`train()`]; it sets up with [`setup`], steps with [`step`], validates
+//! with [`evaluate`](mod@evaluate) and leaves its bookkeeping to `run_state`.
 
 pub mod bench;
 pub mod checkpoint;
 pub mod config;
+pub mod evaluate;
 pub mod loss;
 pub mod metrics;
 pub mod optim;
+mod run_state;
+pub mod setup;
+pub mod step;
 pub mod train;
 pub mod translate;
 
 pub use config::RunConfig;
-pub use train::{train, Summary, TrainOptions};
+pub use evaluate::{eval_beam, evaluate, EvalResult, Split};
+pub use setup::{device, make_batcher, open_run, resolve_model_config, OpenRun, RUN_CONFIG};
+pub use step::{forward_backward, StepOutput};
+pub use train::{train, Summary, TrainOptions, SUMMARY};

@@ -7,7 +7,7 @@ use ember_data::{Batch, LmBatch, Seq2SeqBatch, BOS_ID, EOS_ID, PAD_ID};
 use ember_model::{init_model, Arch, Model, ModelConfig, ParamStore};
 use ember_trainer::config::TrainConfig;
 use ember_trainer::optim::AdamW;
-use ember_trainer::train::{forward_backward, StepOutput};
+use ember_trainer::{forward_backward, StepOutput};
 
 const VOCAB: usize = 32;
 

@@ -1,0 +1,302 @@
+//! The bookkeeping of a training run, and the decisions that follow from it.
+//!
+//! The loop does the work (batches, forward and backward, the update, evaluation, writing);
+//! [`RunState`] keeps the counts and says what they mean: which steps log, evaluate or
+//! checkpoint, whether an evaluation is a new best or shows divergence, and what a checkpoint's
+//! `state.json` and the final [`Summary`] hold. All of it is restored from a checkpoint, so a
+//! resumed run decides exactly as an uninterrupted one would.
+
+use std::path::Path;
+
+use ember_data::Cursor;
+use ember_model::AttentionStats;
+
+use crate::checkpoint::{self, Best, CheckpointState, LogWindow};
+use crate::config::{KeepBestBy, RunConfig};
+use crate::evaluate::{EvalResult, Validation};
+use crate::metrics::{EvalRecord, TrainRecord};
+use crate::step::StepOutput;
+use crate::train::Summary;
+
+/// Counters and decisions of one training run.
+pub struct RunState {
+    counters: Counters,
+    /// Sums since the last training record.
+    window: LogWindow,
+    stats: RunStats,
+    cadence: Cadence,
+    /// The step the run was resumed after, if it was.
+    resumed_from_step: Option<u64>,
+    /// The step this invocation started from, for `stop_after`.
+    start_step: u64,
+    /// Why the run stops early as diverged.
+    diverged: Option<String>,
+}
+
+/// Counters that a checkpoint carries besides weights, moments and the data cursor.
+#[derive(Debug, Clone, Default)]
+struct Counters {
+    step: u64,
+    best: Option<Best>,
+    skipped: u64,
+    tokens_seen: u64,
+    train_secs: f64,
+    initial_val_loss: Option<f64>,
+    evals_above_initial: u32,
+}
+
+impl Counters {
+    fn from_state(s: &CheckpointState) -> Self {
+        Self {
+            step: s.step,
+            best: s.best,
+            skipped: s.skipped_steps,
+            tokens_seen: s.tokens_seen,
+            train_secs: s.elapsed_secs,
+            initial_val_loss: s.initial_val_loss,
+            evals_above_initial: s.evals_above_initial,
+        }
+    }
+}
+
+/// What this invocation observed, for the summary.
+#[derive(Default)]
+struct RunStats {
+    rates: Vec<f64>,
+    last_train_loss: Option<f64>,
+    last_eval: Option<EvalResult>,
+}
+
+/// When things happen, from the config.
+struct Cadence {
+    total_steps: u64,
+    log_every: u64,
+    eval_every: u64,
+    checkpoint_every: u64,
+    divergence_evals: Option<u32>,
+    keep_best_by: KeepBestBy,
+    /// Stop (with a checkpoint) after this many steps of this invocation.
+    stop_after: Option<u64>,
+}
+
+impl RunState {
+    /// The state of a fresh run, or of one continuing from the checkpoint state `resumed`.
+    pub fn new(
+        cfg: &RunConfig,
+        total_steps: u64,
+        resumed: Option<&CheckpointState>,
+        stop_after: Option<u64>,
+    ) -> Self {
+        let counters = resumed.map(Counters::from_state).unwrap_or_default();
+        Self {
+            start_step: counters.step,
+            counters,
+            window: resumed.map(|s| s.log_window.clone()).unwrap_or_default(),
+            stats: RunStats::default(),
+            cadence: Cadence {
+                total_steps,
+                log_every: cfg.train.log_every,
+                eval_every: cfg.eval.every,
+                checkpoint_every: cfg.checkpoint.every,
+                divergence_evals: cfg.train.divergence_evals,
+                keep_best_by: cfg.checkpoint.keep_best_by,
+                stop_after,
+            },
+            resumed_from_step: resumed.map(|s| s.step),
+            diverged: None,
+        }
+    }
+
+    /// Optimizer steps completed (counting skipped ones).
+    pub fn step(&self) -> u64 {
+        self.counters.step
+    }
+
+    pub fn resumed_from_step(&self) -> Option<u64> {
+        self.resumed_from_step
+    }
+
+    /// Whether divergence detection still needs the validation loss at initialisation.
+    pub fn needs_initial_val_loss(&self) -> bool {
+        self.cadence.divergence_evals.is_some() && self.counters.initial_val_loss.is_none()
+    }
+
+    pub fn set_initial_val_loss(&mut self, loss: f64) {
+        self.counters.initial_val_loss = Some(loss);
+    }
+
+    /// Whether this invocation has run the steps it was allowed (`stop_after`).
+    pub fn stop_requested(&self) -> bool {
+        let done = self.counters.step - self.start_step;
+        self.cadence.stop_after.is_some_and(|n| done >= n)
+    }
+
+    /// Whether `step` (the one about to run) writes a training record.
+    pub fn is_log_step(&self, step: u64) -> bool {
+        step.is_multiple_of(self.cadence.log_every) || step == self.cadence.total_steps
+    }
+
+    /// Counts a step whose update was skipped; returns how many so far.
+    pub fn skip_update(&mut self) -> u64 {
+        self.counters.skipped += 1;
+        self.counters.skipped
+    }
+
+    /// Completes a step that took `secs`, adding it to the logging window; non-finite values stay
+    /// out of the window's sums, so one bad step does not turn a whole record into NaN.
+    pub fn record(&mut self, out: &StepOutput, grad_norm: f64, secs: f64) {
+        let (c, w) = (&mut self.counters, &mut self.window);
+        c.step += 1;
+        c.train_secs += secs;
+        c.tokens_seen += out.tokens as u64;
+        if out.loss.is_finite() {
+            w.loss += out.loss * out.tokens as f64;
+            w.nll += out.nll * out.tokens as f64;
+            w.tokens += out.tokens;
+        }
+        w.grad_norm += if grad_norm.is_finite() { grad_norm } else { 0.0 };
+        w.steps += 1;
+        w.secs += secs;
+    }
+
+    /// Closes the logging window into the training record of the step just recorded.
+    pub fn train_record(&mut self, epoch: u64, lr: f64, attention: &[AttentionStats]) -> TrainRecord {
+        let w = std::mem::take(&mut self.window);
+        let n = w.tokens.max(1) as f64;
+        let rate = w.tokens as f64 / w.secs.max(1e-9);
+        self.stats.rates.push(rate);
+        self.stats.last_train_loss = Some(w.loss / n);
+        TrainRecord {
+            step: self.counters.step,
+            epoch,
+            loss: w.loss / n,
+            nll: w.nll / n,
+            lr,
+            grad_norm: w.grad_norm / w.steps.max(1) as f64,
+            tokens_per_sec: rate,
+            elapsed_secs: self.counters.train_secs,
+            skipped_steps: self.counters.skipped,
+            attn_max_logit: attention.iter().map(|a| a.max_logit).collect(),
+            attn_entropy: attention.iter().map(|a| a.entropy).collect(),
+        }
+    }
+
+    /// Whether the step just recorded is validated: every `eval.every` steps and at the end.
+    pub fn is_eval_step(&self) -> bool {
+        let step = self.counters.step;
+        step == self.cadence.total_steps
+            || (self.cadence.eval_every > 0 && step.is_multiple_of(self.cadence.eval_every))
+    }
+
+    /// Takes in the validation of the step just recorded — is it a new best, does it show
+    /// divergence — and returns its metrics record.
+    pub fn record_eval(&mut self, v: &Validation) -> EvalRecord {
+        let (c, r) = (&mut self.counters, v.result);
+        self.stats.last_eval = Some(r);
+        if let (Some(limit), Some(initial)) = (self.cadence.divergence_evals, c.initial_val_loss) {
+            // NaN compares false, so a NaN validation loss also counts as "above".
+            let healthy = r.loss <= initial;
+            c.evals_above_initial = if healthy { 0 } else { c.evals_above_initial + 1 };
+            if c.evals_above_initial >= limit {
+                self.diverged = Some(format!(
+                    "step {}: validation loss {:.4} has been above its initial value {initial:.4} \
+                     for {limit} evaluation(s)",
+                    c.step, r.loss
+                ));
+            }
+        }
+        let better = match (self.cadence.keep_best_by, c.best) {
+            (_, None) => r.loss.is_finite(),
+            (KeepBestBy::Loss, Some(b)) => r.loss < b.val_loss,
+            (KeepBestBy::Bleu, Some(b)) => v.bleu > b.bleu,
+        };
+        if better {
+            c.best = Some(Best {
+                step: c.step,
+                val_loss: r.loss,
+                bleu: v.bleu,
+            });
+        }
+        EvalRecord {
+            step: c.step,
+            split: "valid".into(),
+            loss: r.loss,
+            ppl: r.ppl,
+            tokens: r.tokens,
+            elapsed_secs: c.train_secs,
+            bleu: v.bleu,
+        }
+    }
+
+    /// Whether to checkpoint after the step just recorded: at a new best (so that it can be
+    /// kept), at the end, when stopping as diverged, and every `checkpoint.every` steps.
+    pub fn checkpoint_due(&self) -> bool {
+        let step = self.counters.step;
+        let every = self.cadence.checkpoint_every;
+        self.best_step() == Some(step)
+            || step == self.cadence.total_steps
+            || self.diverged.is_some()
+            || (every > 0 && step.is_multiple_of(every))
+    }
+
+    /// The step of the best validation so far, whose checkpoint pruning keeps.
+    pub fn best_step(&self) -> Option<u64> {
+        self.counters.best.map(|b| b.step)
+    }
+
+    /// Why the run stops early as diverged, if it does.
+    pub fn diverged(&self) -> Option<&str> {
+        self.diverged.as_deref()
+    }
+
+    /// Marks the run as stopped early as diverged by a non-finite step (`train.on_nonfinite: stop`).
+    pub fn mark_diverged(&mut self, reason: String) {
+        self.diverged = Some(reason);
+    }
+
+    /// `state.json` for a checkpoint of the step just recorded.
+    pub fn checkpoint_state(&self, cfg: &RunConfig, cursor: Cursor, optimizer_step: u64) -> CheckpointState {
+        let c = &self.counters;
+        CheckpointState {
+            format: 1,
+            step: c.step,
+            cursor,
+            optimizer_step,
+            seed: cfg.train.seed,
+            best: c.best,
+            initial_val_loss: c.initial_val_loss,
+            evals_above_initial: c.evals_above_initial,
+            log_window: self.window.clone(),
+            skipped_steps: c.skipped,
+            tokens_seen: c.tokens_seen,
+            elapsed_secs: c.train_secs,
+            model_config_hash: checkpoint::model_config_hash(&cfg.model),
+            model_config: cfg.model.clone(),
+            files: Default::default(),
+        }
+    }
+
+    /// What the run reports as it ends.
+    pub fn summary(&self, run_dir: &Path, params: usize, wall_secs: f64) -> Summary {
+        let c = &self.counters;
+        let mut rates = self.stats.rates.clone();
+        rates.sort_by(|a, b| a.total_cmp(b));
+        Summary {
+            run_dir: run_dir.to_path_buf(),
+            steps: c.step,
+            total_steps: self.cadence.total_steps,
+            finished: c.step == self.cadence.total_steps && self.diverged.is_none(),
+            params,
+            final_train_loss: self.stats.last_train_loss,
+            val_loss: self.stats.last_eval.map(|e| e.loss),
+            val_ppl: self.stats.last_eval.map(|e| e.ppl),
+            best: c.best,
+            skipped_steps: c.skipped,
+            tokens_per_sec: rates.get(rates.len() / 2).copied().unwrap_or(0.0),
+            wall_secs,
+            train_secs: c.train_secs,
+            resumed_from_step: self.resumed_from_step,
+            diverged: self.diverged.clone(),
+        }
+    }
+}
