@@ -1,8 +1,11 @@
 //! Activations of the feed-forward block: GELU (erf form) and SwiGLU.
 
+use std::mem::MaybeUninit;
+
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
 
 use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
+use crate::par::{fill, fill2, ELEMENTS_PER_TASK};
 use crate::simd::{erf_and_gauss, exp_fast, mul, simd_dispatch};
 
 /// GELU, erf form; fused backward on CPU f32 (candle's backward is eleven elementwise passes).
@@ -27,20 +30,16 @@ struct GeluOp {
     derivative: Option<std::sync::Mutex<Option<Vec<f32>>>>,
 }
 
-// The loops below write into spare capacity instead of `map().collect()` (collect's fold is
-// not inlined into the AVX2 copy, which would leave the arithmetic unvectorised) or a zeroed
-// vector (a memset per call that every element then overwrites).
+// The loops below write into the output's uninitialised elements instead of `map().collect()`
+// (collect's fold is not inlined into the AVX2 copy, which would leave the arithmetic
+// unvectorised) or a zeroed vector (a memset per call that every element then overwrites).
 #[inline(always)]
-fn gelu_fwd_generic(x: &[f32]) -> Vec<f32> {
-    let mut y = Vec::with_capacity(x.len());
-    for (y, &v) in y.spare_capacity_mut().iter_mut().zip(x) {
+fn gelu_fwd_generic(x: &[f32], y: &mut [MaybeUninit<f32>]) {
+    for (y, &v) in y.iter_mut().zip(x) {
         y.write((erf_and_gauss(v * std::f32::consts::FRAC_1_SQRT_2).0 + 1.) * 0.5 * v);
     }
-    // SAFETY: the loop initialised the first x.len() elements.
-    unsafe { y.set_len(x.len()) };
-    y
 }
-simd_dispatch!(gelu_fwd => gelu_fwd_generic(x: &[f32]) -> Vec<f32>);
+simd_dispatch!(gelu_fwd => gelu_fwd_generic(x: &[f32], y: &mut [MaybeUninit<f32>]) -> ());
 
 /// d/dx gelu_erf(x) = 0.5 + 0.398942·x·e^(−x²/2) + 0.5·erf(x/√2), as candle writes it; the erf
 /// of x/√2 comes with e^(−x²/2) for free.
@@ -52,38 +51,23 @@ fn gelu_derivative(v: f32) -> (f32, f32) {
 
 /// GELU and its derivative at each element.
 #[inline(always)]
-fn gelu_fwd_keep_generic(x: &[f32]) -> (Vec<f32>, Vec<f32>) {
-    let (mut y, mut d) = (Vec::with_capacity(x.len()), Vec::with_capacity(x.len()));
-    for ((y, d), &v) in y
-        .spare_capacity_mut()
-        .iter_mut()
-        .zip(d.spare_capacity_mut())
-        .zip(x)
-    {
+fn gelu_fwd_keep_generic(x: &[f32], y: &mut [MaybeUninit<f32>], d: &mut [MaybeUninit<f32>]) {
+    for ((y, d), &v) in y.iter_mut().zip(d.iter_mut()).zip(x) {
         let (value, slope) = gelu_derivative(v);
         y.write(value);
         d.write(slope);
     }
-    // SAFETY: the loop initialised the first x.len() elements of both.
-    unsafe {
-        y.set_len(x.len());
-        d.set_len(x.len());
-    }
-    (y, d)
 }
-simd_dispatch!(gelu_fwd_keep => gelu_fwd_keep_generic(x: &[f32]) -> (Vec<f32>, Vec<f32>));
+simd_dispatch!(gelu_fwd_keep => gelu_fwd_keep_generic(
+    x: &[f32], y: &mut [MaybeUninit<f32>], d: &mut [MaybeUninit<f32>]) -> ());
 
 #[inline(always)]
-fn gelu_bwd_generic(x: &[f32], g: &[f32]) -> Vec<f32> {
-    let mut dx = Vec::with_capacity(x.len());
-    for ((d, &v), &g) in dx.spare_capacity_mut().iter_mut().zip(x).zip(g) {
+fn gelu_bwd_generic(x: &[f32], g: &[f32], dx: &mut [MaybeUninit<f32>]) {
+    for ((d, &v), &g) in dx.iter_mut().zip(x).zip(g) {
         d.write(g * gelu_derivative(v).1);
     }
-    // SAFETY: the loop initialised min(x.len(), g.len()) = x.len() elements (same shapes).
-    unsafe { dx.set_len(x.len().min(g.len())) };
-    dx
 }
-simd_dispatch!(gelu_bwd => gelu_bwd_generic(x: &[f32], g: &[f32]) -> Vec<f32>);
+simd_dispatch!(gelu_bwd => gelu_bwd_generic(x: &[f32], g: &[f32], dx: &mut [MaybeUninit<f32>]) -> ());
 
 impl CustomOp1 for GeluOp {
     fn name(&self) -> &'static str {
@@ -93,11 +77,11 @@ impl CustomOp1 for GeluOp {
         let x = cpu_slice(s, l)?;
         let y = match &self.derivative {
             Some(slot) => {
-                let (y, d) = gelu_fwd_keep(x);
+                let (y, d) = fill2(x.len(), ELEMENTS_PER_TASK, |r, y, d| gelu_fwd_keep(&x[r], y, d));
                 *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(d);
                 y
             }
-            None => gelu_fwd(x),
+            None => fill(x.len(), ELEMENTS_PER_TASK, |r, y| gelu_fwd(&x[r], y)),
         };
         Ok((CpuStorage::F32(y), l.shape().clone()))
     }
@@ -107,9 +91,17 @@ impl CustomOp1 for GeluOp {
             .as_ref()
             .and_then(|slot| slot.lock().unwrap_or_else(|e| e.into_inner()).take());
         let dx = match kept {
-            Some(d) if d.len() == g.elem_count() => with_data([g], |[g]| Ok(mul(g, &d)))?,
+            Some(d) if d.len() == g.elem_count() => with_data([g], |[g]| {
+                Ok(fill(g.len(), ELEMENTS_PER_TASK, |r, out| {
+                    mul(&g[r.clone()], &d[r], out)
+                }))
+            })?,
             // Not kept (or already used by an earlier backward through this graph): recompute.
-            _ => with_data([x, g], |[x, g]| Ok(gelu_bwd(x, g)))?,
+            _ => with_data([x, g], |[x, g]| {
+                Ok(fill(x.len(), ELEMENTS_PER_TASK, |r, out| {
+                    gelu_bwd(&x[r.clone()], &g[r], out)
+                }))
+            })?,
         };
         Ok(Some(cpu_tensor(dx, x.shape())?))
     }
@@ -131,29 +123,31 @@ pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
 struct SwigluOp;
 
 #[inline(always)]
-fn swiglu_fwd_generic(a: &[f32], u: &[f32]) -> Vec<f32> {
-    let mut y = vec![0f32; a.len()];
+fn swiglu_fwd_generic(a: &[f32], u: &[f32], y: &mut [MaybeUninit<f32>]) {
     for ((y, &a), &u) in y.iter_mut().zip(a).zip(u) {
-        *y = (a / (1.0 + exp_fast(-a))) * u;
+        y.write((a / (1.0 + exp_fast(-a))) * u);
     }
-    y
 }
-simd_dispatch!(swiglu_fwd => swiglu_fwd_generic(a: &[f32], u: &[f32]) -> Vec<f32>);
+simd_dispatch!(swiglu_fwd => swiglu_fwd_generic(a: &[f32], u: &[f32], y: &mut [MaybeUninit<f32>]) -> ());
 
 #[inline(always)]
-fn swiglu_bwd_generic(a: &[f32], u: &[f32], g: &[f32]) -> (Vec<f32>, Vec<f32>) {
-    let mut da = vec![0f32; a.len()];
-    let mut du = vec![0f32; a.len()];
-    for i in 0..a.len() {
+fn swiglu_bwd_generic(
+    a: &[f32],
+    u: &[f32],
+    g: &[f32],
+    da: &mut [MaybeUninit<f32>],
+    du: &mut [MaybeUninit<f32>],
+) {
+    for i in 0..a.len().min(da.len()).min(du.len()) {
         let sig = 1.0 / (1.0 + exp_fast(-a[i]));
         let silu = a[i] * sig;
-        du[i] = g[i] * silu;
+        du[i].write(g[i] * silu);
         // d/da silu = σ(a)·(1 − silu(a)) + silu(a)
-        da[i] = g[i] * u[i] * (sig * (1.0 - silu) + silu);
+        da[i].write(g[i] * u[i] * (sig * (1.0 - silu) + silu));
     }
-    (da, du)
 }
-simd_dispatch!(swiglu_bwd => swiglu_bwd_generic(a: &[f32], u: &[f32], g: &[f32]) -> (Vec<f32>, Vec<f32>));
+simd_dispatch!(swiglu_bwd => swiglu_bwd_generic(
+    a: &[f32], u: &[f32], g: &[f32], da: &mut [MaybeUninit<f32>], du: &mut [MaybeUninit<f32>]) -> ());
 
 impl CustomOp2 for SwigluOp {
     fn name(&self) -> &'static str {
@@ -166,10 +160,11 @@ impl CustomOp2 for SwigluOp {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        Ok((
-            CpuStorage::F32(swiglu_fwd(cpu_slice(s1, l1)?, cpu_slice(s2, l2)?)),
-            l1.shape().clone(),
-        ))
+        let (a, u) = (cpu_slice(s1, l1)?, cpu_slice(s2, l2)?);
+        let y = fill(a.len(), ELEMENTS_PER_TASK, |r, y| {
+            swiglu_fwd(&a[r.clone()], &u[r], y)
+        });
+        Ok((CpuStorage::F32(y), l1.shape().clone()))
     }
     fn bwd(
         &self,
@@ -178,13 +173,19 @@ impl CustomOp2 for SwigluOp {
         _res: &Tensor,
         g: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let (da, du) = with_data([a, u, g], |[a, u, g]| Ok(swiglu_bwd(a, u, g)))?;
+        let (da, du) = with_data([a, u, g], |[a, u, g]| {
+            Ok(fill2(a.len(), ELEMENTS_PER_TASK, |r, da, du| {
+                swiglu_bwd(&a[r.clone()], &u[r.clone()], &g[r], da, du)
+            }))
+        })?;
         Ok((Some(cpu_tensor(da, a.shape())?), Some(cpu_tensor(du, u.shape())?)))
     }
 }
 
 #[cfg(test)]
 mod timing {
+    use super::*;
+
     /// Not a test: `cargo test --release -p ember-kernels --lib activation::timing -- --ignored --nocapture`.
     #[test]
     #[ignore]
@@ -201,9 +202,13 @@ mod timing {
             }
             println!("{name:>16}: {:.3} ns/element", best / n as f64 * 1e9);
         };
-        time("gelu_fwd", &|| super::gelu_fwd(&x).len());
-        time("gelu_fwd_keep", &|| super::gelu_fwd_keep(&x).0.len());
-        time("gelu_bwd", &|| super::gelu_bwd(&x, &g).len());
-        time("mul", &|| crate::simd::mul(&x, &g).len());
+        time("gelu_fwd", &|| fill(n, n, |r, y| gelu_fwd(&x[r], y)).len());
+        time("gelu_fwd_keep", &|| {
+            fill2(n, n, |r, y, d| gelu_fwd_keep(&x[r], y, d)).0.len()
+        });
+        time("gelu_bwd", &|| {
+            fill(n, n, |r, y| gelu_bwd(&x[r.clone()], &g[r], y)).len()
+        });
+        time("mul", &|| fill(n, n, |r, y| mul(&x[r.clone()], &g[r], y)).len());
     }
 }

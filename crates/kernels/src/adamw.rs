@@ -11,6 +11,7 @@ use std::sync::Mutex;
 use candle_core::{CpuStorage, DType, Device, InplaceOp2, Layout, Result, Shape, Storage, Tensor, Var};
 
 use crate::host::is_host_f32;
+use crate::par::{self, SharedMut};
 
 /// The scalars of one update of one parameter.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -168,14 +169,34 @@ impl InplaceOp2 for AdamWUpdate<'_> {
             candle_core::bail!("ember-adamw: parameter, gradient and moments differ in size");
         }
         let c = self.c;
-        for (((t, &g), m), v) in theta.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
-            let g = g * c.grad_scale;
-            *m = *m * c.beta1 + g * c.one_minus_beta1;
-            *v = *v * c.beta2 + (g * g) * c.one_minus_beta2;
-            let denom = (*v * c.inv_bc2).sqrt() + c.eps;
-            *t = *t * c.decay - (*m * c.inv_bc1) / denom * c.lr;
-        }
+        // Elementwise, so chunks in parallel give the same bits as one pass.
+        let (tp, mp, vp) = (
+            SharedMut(theta.as_mut_ptr()),
+            SharedMut(m.as_mut_ptr()),
+            SharedMut(v.as_mut_ptr()),
+        );
+        par::for_each_chunk(g.len(), par::ELEMENTS_PER_TASK, |r| {
+            // SAFETY: the elements `r` of θ, m and v belong to this task alone.
+            let (theta, m, v) = unsafe {
+                (
+                    tp.slice(r.start, r.len()),
+                    mp.slice(r.start, r.len()),
+                    vp.slice(r.start, r.len()),
+                )
+            };
+            update(theta, &g[r], m, v, c);
+        });
         Ok(())
+    }
+}
+
+fn update(theta: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], c: UpdateConsts) {
+    for (((t, &g), m), v) in theta.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
+        let g = g * c.grad_scale;
+        *m = *m * c.beta1 + g * c.one_minus_beta1;
+        *v = *v * c.beta2 + (g * g) * c.one_minus_beta2;
+        let denom = (*v * c.inv_bc2).sqrt() + c.eps;
+        *t = *t * c.decay - (*m * c.inv_bc1) / denom * c.lr;
     }
 }
 

@@ -1,19 +1,27 @@
-//! The attention core softmax(q·kᵀ + mask)·v with grouped-query heads, forward and backward.
+//! The attention core softmax(q·kᵀ + mask)·v with grouped-query heads, attention-probability
+//! dropout and per-module telemetry, forward and backward.
 //!
-//! The work is done per (batch, KV head): the query heads that share a KV head are adjacent in
-//! (B, H, T, d), so their rows form one (group·T)×d block and every product is one GEMM. The
-//! output is written (B, T, H, d), the heads of a position side by side, so the output
-//! projection reads it without a head-merge copy.
+//! The tensors stay in the layout the projections produce: q is (B, T, H·d) and k, v are
+//! (B, S, H_kv·d), the heads of a position side by side; the output is (B, T, H·d), what the
+//! output projection reads. No head split, no merge, no copy — and no extra node in the autograd
+//! graph, each of which costs candle a zero-filled gradient and an add in the backward pass.
+//! Query head h uses KV head h / (H / H_kv).
+//!
+//! The work is cut into one task per (batch, KV head), which handles the query heads of its
+//! group in order; tasks write disjoint rows of every output and run in parallel
+//! ([`crate::par`]). Telemetry is computed from the same logits and probabilities the step uses,
+//! so asking for it never changes a training step's numbers.
 
-use candle_core::{bail, CpuStorage, CustomOp3, DType, Device, Layout, Result, Shape, Tensor};
+use std::sync::{Arc, Mutex};
 
+use candle_core::{bail, CpuStorage, CustomOp3, DType, Device, Layout, Result, Shape, Tensor, D};
+use ember_rng::draw_at;
+
+use crate::dropout::dropout_unfused;
 use crate::gemm::{sgemm, Blocks, Mat};
 use crate::host::{cpu_slice, cpu_storage, cpu_tensor, is_host_f32, with_data};
 use crate::simd::{dot, simd_dispatch};
 use crate::softmax::{softmax_in_place, softmax_rows_unfused};
-
-/// An additive mask as (data, (b, h, t, s) element strides, offset).
-type MaskView<'a> = Option<(&'a [f32], [usize; 4], usize)>;
 
 /// Converts a 0/1 key mask (B, S) (1 = real token) into an additive mask (B, 1, 1, S) that
 /// broadcasts over heads and queries. Masked logits get −1e9 rather than −∞: the probabilities
@@ -33,76 +41,173 @@ pub fn causal_mask(t: usize, offset: usize, dtype: DType, device: &Device) -> Re
     Tensor::from_vec(values, (1, 1, t, s), device)?.to_dtype(dtype)
 }
 
-/// softmax(q·kᵀ + mask)·v from candle primitives: q (B, H, T, d) (already scaled), k and v
-/// (B, H_kv, S, d) with H a multiple of H_kv (query head h uses KV head h / (H / H_kv)), and an
-/// additive mask broadcastable to (B, H, T, S). Returns (B, H, T, d).
-pub fn attention_unfused(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
-    let (b, h, t, d) = q.dims4()?;
-    let (_, hkv, s, _) = k.dims4()?;
+/// How one attention call is to be computed besides its inputs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttentionOptions {
+    /// Query heads H (q's last dimension is H·d).
+    pub heads: usize,
+    /// Key/value heads H_kv, a divisor of H (k's and v's last dimension is H_kv·d).
+    pub kv_heads: usize,
+    /// Dropout on the probabilities: (p, the SplitMix64 state whose draws make the mask). Element
+    /// (b, h, t, s) of the (B, H, T, S) probabilities uses draw 1 + its row-major index; the
+    /// caller moves its generator past B·H·T·S draws.
+    pub dropout: Option<(f64, u64)>,
+    /// Also measure the largest |logit| and the mean entropy.
+    pub telemetry: bool,
+}
+
+/// What one attention call measured (with [`AttentionOptions::telemetry`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttentionTelemetry {
+    /// Largest |q·kᵀ| over unmasked query–key pairs (q already scaled).
+    pub max_logit: f32,
+    /// Mean entropy (nats) of the attention distributions (before dropout).
+    pub entropy: f32,
+}
+
+/// Inverted-dropout mask of the probabilities.
+#[derive(Debug, Clone, Copy)]
+struct ProbDropout {
+    state: u64,
+    /// Draw i zeroes its element when (draw >> 11) < threshold, i.e. its uniform is below p.
+    threshold: u64,
+    keep: f32,
+}
+
+impl ProbDropout {
+    fn new(p: f64, state: u64) -> Option<Self> {
+        (p > 0.0).then(|| Self {
+            state,
+            threshold: (p * (1u64 << 53) as f64).ceil() as u64,
+            keep: (1.0 / (1.0 - p)) as f32,
+        })
+    }
+
+    /// The mask's factor (0 or 1/(1 − p)) of the element with row-major index `i`.
+    #[inline(always)]
+    fn factor(&self, i: usize) -> f32 {
+        if (draw_at(self.state, i as u64 + 1) >> 11) < self.threshold {
+            0.0
+        } else {
+            self.keep
+        }
+    }
+}
+
+/// softmax(q·kᵀ + mask)·v (with dropout on the probabilities) from candle primitives, for q
+/// (B, T, H·d) already scaled, k and v (B, S, H_kv·d) and an additive mask broadcastable to
+/// (B, H, T, S); returns (B, T, H·d) and the telemetry when asked. The reference for the kernel.
+pub fn attention_unfused(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    opts: &AttentionOptions,
+) -> Result<(Tensor, Option<AttentionTelemetry>)> {
+    let dims = AttnDims::of(q.dims(), k.dims(), opts)?;
+    let AttnDims { b, h, hkv, t, s, d } = dims;
+    let heads = |x: &Tensor, len: usize, n: usize| x.reshape((b, len, n, d))?.transpose(1, 2);
+    let (qh, kh, vh) = (
+        heads(q, t, h)?,
+        heads(k, s, hkv)?.contiguous()?,
+        heads(v, s, hkv)?.contiguous()?,
+    );
     let group = h / hkv;
-    let logits = q
+    let logits = qh
+        .contiguous()?
         .reshape((b, hkv, group * t, d))?
-        .matmul(&k.t()?)?
+        .matmul(&kh.t()?)?
         .reshape((b, h, t, s))?;
     let masked = match mask {
         Some(m) => logits.broadcast_add(m)?,
-        None => logits,
+        None => logits.clone(),
     };
     let probs = softmax_rows_unfused(&masked)?;
-    probs
+    let telemetry = if opts.telemetry {
+        Some(telemetry_unfused(&logits, mask, &probs)?)
+    } else {
+        None
+    };
+    let probs = match opts.dropout {
+        Some((p, state)) if p > 0.0 => dropout_unfused(&probs, p, state)?,
+        _ => probs,
+    };
+    let out = probs
         .reshape((b, hkv, group * t, s))?
-        .matmul(v)?
-        .reshape((b, h, t, d))
+        .matmul(&vh)?
+        .reshape((b, h, t, d))?
+        .transpose(1, 2)?
+        .reshape((b, t, h * d))?;
+    Ok((out, telemetry))
 }
 
-/// Fused [`attention_unfused`] on CPU f32 (the mask is treated as a constant: it gets no
-/// gradient). Falls back to the unfused form elsewhere.
-pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
-    attention_heads_last(q, k, v, mask)?.transpose(1, 2)
+/// Max |logit| over unmasked pairs and mean entropy of the rows, off the autograd graph.
+fn telemetry_unfused(logits: &Tensor, mask: Option<&Tensor>, probs: &Tensor) -> Result<AttentionTelemetry> {
+    let abs = logits.detach().to_dtype(DType::F32)?.abs()?;
+    let abs = match mask {
+        // Masked entries carry −1e9; keep only entries whose mask is 0.
+        Some(m) => abs.broadcast_mul(&m.ge(-1.0)?.to_dtype(DType::F32)?)?,
+        None => abs,
+    };
+    let probs = probs.detach().to_dtype(DType::F32)?;
+    let entropy = probs
+        .clamp(1e-30f32, 1f32)?
+        .log()?
+        .mul(&probs)?
+        .sum(D::Minus1)?
+        .neg()?
+        .mean_all()?;
+    Ok(AttentionTelemetry {
+        max_logit: abs.max_all()?.to_scalar::<f32>()?,
+        entropy: entropy.to_scalar::<f32>()?,
+    })
 }
 
-/// [`attention`] with the output laid out (B, T, H, d): the heads of each position side by side,
-/// so (B, T, H·d) for the output projection is a free reshape and its gradient arrives
-/// contiguous (no head-merge copy in either pass).
-pub fn attention_heads_last(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
-    let (b, h, t, d) = q.dims4()?;
-    let (bk, hkv, s, dk) = k.dims4()?;
+/// [`attention_unfused`] fused on CPU f32 (the mask is treated as a constant: it gets no
+/// gradient); the unfused form elsewhere.
+pub fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    opts: &AttentionOptions,
+) -> Result<(Tensor, Option<AttentionTelemetry>)> {
     if !(is_host_f32(q) && is_host_f32(k) && is_host_f32(v) && mask.is_none_or(is_host_f32)) {
-        return attention_unfused(q, k, v, mask)?.transpose(1, 2);
+        return attention_unfused(q, k, v, mask, opts);
     }
-    if bk != b || dk != d || hkv == 0 || h % hkv != 0 || v.dims4()? != (b, hkv, s, d) {
+    let dims = AttnDims::of(q.dims(), k.dims(), opts)?;
+    if v.dims() != k.dims() {
         bail!(
-            "attention: q {:?}, k {:?}, v {:?} do not fit together",
-            q.shape(),
+            "attention: k {:?} and v {:?} differ in shape",
             k.shape(),
             v.shape()
         );
     }
     let mask = match mask {
-        Some(m) => Some(m.detach().broadcast_as((b, h, t, s))?),
+        Some(m) => Some(m.detach().broadcast_as((dims.b, dims.h, dims.t, dims.s))?),
         None => None,
     };
     // Keeping the probabilities for the backward pass spares it a q·kᵀ product and a softmax
-    // per block, for B·H·T·S floats: done when that is at most four times what q holds (S ≤ 4d),
+    // per head, for B·H·T·S floats: done when that is at most four times what q holds (S ≤ 4d),
     // so long sequences still recompute instead of storing T² per head.
-    let keep = q.track_op() && s <= 4 * d;
+    let keep = q.track_op() && dims.s <= 4 * dims.d;
+    let telemetry = opts.telemetry.then(|| Arc::new(Mutex::new(None)));
     let op = AttnOp {
+        dims,
         mask,
-        probs: keep.then(|| std::sync::Mutex::new(None)),
+        dropout: opts.dropout.and_then(|(p, state)| ProbDropout::new(p, state)),
+        telemetry: telemetry.clone(),
+        probs: keep.then(|| Mutex::new(None)),
     };
-    q.contiguous()?.apply_op3(&k.contiguous()?, &v.contiguous()?, op)
-}
-
-struct AttnOp {
-    /// The additive mask broadcast (by strides) to (B, H, T, S).
-    mask: Option<Tensor>,
-    /// The forward pass's probabilities, block after block, taken by the backward pass
-    /// (`None`: not kept, the backward recomputes them).
-    probs: Option<std::sync::Mutex<Option<Vec<f32>>>>,
+    let out = q
+        .contiguous()?
+        .apply_op3(&k.contiguous()?, &v.contiguous()?, op)?;
+    let telemetry = telemetry.and_then(|t| *t.lock().unwrap_or_else(|e| e.into_inner()));
+    Ok((out, telemetry))
 }
 
 /// Shapes of one attention call.
-#[derive(Clone, Copy)]
+#[derive(Debug, Clone, Copy)]
 struct AttnDims {
     b: usize,
     h: usize,
@@ -112,8 +217,58 @@ struct AttnDims {
     d: usize,
 }
 
+impl AttnDims {
+    fn of(q: &[usize], k: &[usize], opts: &AttentionOptions) -> Result<Self> {
+        let (&[b, t, qw], &[bk, s, kw]) = (q, k) else {
+            bail!("attention: expected q (B, T, H·d) and k, v (B, S, H_kv·d), got {q:?} and {k:?}");
+        };
+        let (h, hkv) = (opts.heads, opts.kv_heads);
+        if h == 0 || hkv == 0 || h % hkv != 0 || qw % h != 0 || bk != b || kw != qw / h * hkv {
+            bail!("attention: q {q:?} and k {k:?} do not fit {h} query and {hkv} key/value heads");
+        }
+        Ok(Self {
+            b,
+            h,
+            hkv,
+            t,
+            s,
+            d: qw / h,
+        })
+    }
+    fn group(&self) -> usize {
+        self.h / self.hkv
+    }
+    /// Offset of row (batch `bi`, position `ti`, query head `hq`) of q, o and their gradients.
+    fn q_row(&self, bi: usize, ti: usize, hq: usize) -> usize {
+        ((bi * self.t + ti) * self.h + hq) * self.d
+    }
+    /// Offset of row (batch `bi`, position `si`, KV head `kh`) of k, v and their gradients.
+    fn kv_row(&self, bi: usize, si: usize, kh: usize) -> usize {
+        ((bi * self.s + si) * self.hkv + kh) * self.d
+    }
+    /// Offset of head `hq`'s (T, S) probabilities in (B, H, T, S).
+    fn probs_block(&self, bi: usize, hq: usize) -> usize {
+        (bi * self.h + hq) * self.t * self.s
+    }
+}
+
+struct AttnOp {
+    dims: AttnDims,
+    /// The additive mask broadcast (by strides) to (B, H, T, S).
+    mask: Option<Tensor>,
+    dropout: Option<ProbDropout>,
+    /// Filled by the forward pass when telemetry was asked for (the caller holds a clone).
+    telemetry: Option<Arc<Mutex<Option<AttentionTelemetry>>>>,
+    /// The forward pass's probabilities (B, H, T, S), taken by the backward pass (`None`: not
+    /// kept, the backward recomputes them).
+    probs: Option<Mutex<Option<Vec<f32>>>>,
+}
+
+/// An additive mask as (data, (b, h, t, s) element strides, offset).
+type MaskView<'a> = Option<(&'a [f32], [usize; 4], usize)>;
+
 impl AttnOp {
-    /// Runs `f(mask_data, strides)`; strides are (b, h, t, s) element strides, offset included.
+    /// Runs `f` with the mask's data and strides.
     fn with_mask<R>(&self, f: impl FnOnce(MaskView<'_>) -> Result<R>) -> Result<R> {
         match &self.mask {
             None => f(None),
@@ -125,232 +280,231 @@ impl AttnOp {
             }
         }
     }
-
-    fn forward(&self, dims: AttnDims, q: &[f32], k: &[f32], v: &[f32]) -> Result<Vec<f32>> {
-        let (out, probs) =
-            self.with_mask(|mask| Ok(attn_forward(dims, q, k, v, mask, self.probs.is_some())))?;
-        if let (Some(slot), Some(probs)) = (&self.probs, probs) {
-            *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(probs);
-        }
-        Ok(out)
-    }
-
-    /// (dq, dk, dv), from the kept probabilities or recomputing them; `o` is the forward
-    /// output, `go` its gradient.
-    #[allow(clippy::type_complexity)]
-    fn backward(
-        &self,
-        dims: AttnDims,
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        o: &[f32],
-        go: &[f32],
-    ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
-        let kept = self
-            .probs
-            .as_ref()
-            .and_then(|slot| slot.lock().unwrap_or_else(|e| e.into_inner()).take())
-            .filter(|p| p.len() == dims.b * dims.h * dims.t * dims.s);
-        self.with_mask(|mask| Ok(attn_backward(dims, q, k, v, o, go, mask, kept.as_deref())))
-    }
 }
 
-impl AttnDims {
-    fn group(&self) -> usize {
-        self.h / self.hkv
-    }
-    /// Element range of the query (and output) block of KV head `kh` in batch `bi`.
-    fn q_block(&self, bi: usize, kh: usize) -> std::ops::Range<usize> {
-        let first = bi * self.h + kh * self.group();
-        first * self.t * self.d..(first + self.group()) * self.t * self.d
-    }
-    /// Offset of row (batch `bi`, position `ti`, query head `hq`) in a (B, T, H, d) tensor.
-    fn bthd_row(&self, bi: usize, ti: usize, hq: usize) -> usize {
-        ((bi * self.t + ti) * self.h + hq) * self.d
-    }
-    /// Element range of the key (and value) block of KV head `kh` in batch `bi`.
-    fn kv_block(&self, bi: usize, kh: usize) -> std::ops::Range<usize> {
-        let kv = bi * self.hkv + kh;
-        kv * self.s * self.d..(kv + 1) * self.s * self.d
-    }
+/// Per-task telemetry: the largest unmasked |logit|, and the entropy summed over rows.
+#[derive(Clone, Copy, Default)]
+struct Measured {
+    max_abs: f32,
+    entropy_sum: f64,
 }
 
-/// Probabilities of one block: `p` holds q·kᵀ for the (group·T) query rows of KV head `kh`;
-/// adds the mask and takes the softmax of each row in place.
+/// Head `hq`'s probabilities of batch `bi` in `p` (T×S, holding q·kᵀ): adds the mask and takes
+/// each row's softmax in place, measuring the logits and rows first when `measure` is given.
 #[inline(always)]
-fn softmax_block(dims: AttnDims, p: &mut [f32], mask: MaskView<'_>, bi: usize, kh: usize) {
-    let (t, s) = (dims.t, dims.s);
-    for (r, row) in p.chunks_exact_mut(s).enumerate() {
-        if let Some((m, st, off)) = mask {
-            let hi = kh * dims.group() + r / t;
-            let base = off + bi * st[0] + hi * st[1] + (r % t) * st[2];
-            if st[3] == 1 {
+fn softmax_head(
+    dims: AttnDims,
+    p: &mut [f32],
+    mask: MaskView<'_>,
+    bi: usize,
+    hq: usize,
+    mut measure: Option<&mut Measured>,
+) {
+    let s = dims.s;
+    for (ti, row) in p.chunks_exact_mut(s).enumerate() {
+        let mask_row = mask.map(|(m, st, off)| (m, st[3], off + bi * st[0] + hq * st[1] + ti * st[2]));
+        if let Some(m) = measure.as_deref_mut() {
+            for (si, &x) in row.iter().enumerate() {
+                let unmasked = mask_row.is_none_or(|(mv, stride, base)| mv[base + si * stride] >= -1.0);
+                if unmasked && x.abs() > m.max_abs {
+                    m.max_abs = x.abs();
+                }
+            }
+        }
+        if let Some((m, stride, base)) = mask_row {
+            if stride == 1 {
                 for (x, &mv) in row.iter_mut().zip(&m[base..base + s]) {
                     *x += mv;
                 }
             } else {
                 for (si, x) in row.iter_mut().enumerate() {
-                    *x += m[base + si * st[3]];
+                    *x += m[base + si * stride];
                 }
             }
         }
         softmax_in_place(row);
-    }
-}
-
-simd_dispatch!(attn_forward => attn_forward_generic(
-    dims: AttnDims, q: &[f32], k: &[f32], v: &[f32], mask: MaskView<'_>, keep: bool) -> (Vec<f32>, Option<Vec<f32>>));
-
-/// The output and, with `keep`, the probabilities of every block (in block order).
-#[inline(always)]
-fn attn_forward_generic(
-    dims: AttnDims,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    mask: MaskView<'_>,
-    keep: bool,
-) -> (Vec<f32>, Option<Vec<f32>>) {
-    let AttnDims { b, hkv, t, s, d, .. } = dims;
-    let rows = dims.group() * t;
-    let block = rows * s;
-    let mut out = Blocks::new(q.len());
-    let mut kept = keep.then(|| Blocks::new(b * hkv * block));
-    let mut scratch = if keep { Vec::new() } else { vec![0f32; block] };
-    for bi in 0..b {
-        for kh in 0..hkv {
-            let (qr, kvr) = (dims.q_block(bi, kh), dims.kv_block(bi, kh));
-            let (qm, km) = (Mat::rows(&q[qr.clone()], d), Mat::transposed(&k[kvr.clone()], d));
-            let p: &mut [f32] = match &mut kept {
-                Some(all) => all.product((bi * hkv + kh) * block, rows, d, s, qm, km),
-                None => {
-                    sgemm(rows, d, s, qm, km, 0.0, &mut scratch);
-                    &mut scratch
-                }
-            };
-            softmax_block(dims, p, mask, bi, kh);
-            // Output rows go to (B, T, H, d): head `hq`'s rows are H·d apart.
-            for gi in 0..dims.group() {
-                let hq = kh * dims.group() + gi;
-                let p_head = Mat::rows(&p[gi * t * s..(gi + 1) * t * s], s);
-                out.product_ld(
-                    dims.bthd_row(bi, 0, hq),
-                    dims.h * d,
-                    t,
-                    s,
-                    d,
-                    p_head,
-                    Mat::rows(&v[kvr.clone()], d),
-                );
-            }
+        if let Some(m) = measure.as_deref_mut() {
+            let h: f32 = row.iter().map(|&p| -p * p.max(1e-30).ln()).sum();
+            m.entropy_sum += h as f64;
         }
     }
-    (out.finish(), kept.map(Blocks::finish))
 }
 
-simd_dispatch!(attn_backward => attn_backward_generic(
-    dims: AttnDims, q: &[f32], k: &[f32], v: &[f32], o: &[f32], go: &[f32], mask: MaskView<'_>,
-    kept: Option<&[f32]>) -> (Vec<f32>, Vec<f32>, Vec<f32>));
-
-/// With P the probabilities and δ_r = ⟨go_r, o_r⟩: dS = P ⊙ (go·vᵀ − δ), dq = dS·k,
-/// dk = dSᵀ·q, dv = Pᵀ·go (the query heads of a group summed in a fixed order). o and go are
-/// (B, T, H, d); P comes from the forward pass when kept, else it is recomputed per block.
+/// The dropped-out probabilities of head `hq` of batch `bi` into `out`.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn attn_backward_generic(
+fn drop_head(dims: AttnDims, drop: &ProbDropout, p: &[f32], out: &mut [f32], bi: usize, hq: usize) {
+    let first = dims.probs_block(bi, hq);
+    for (i, (o, &x)) in out.iter_mut().zip(p).enumerate() {
+        *o = x * drop.factor(first + i);
+    }
+}
+
+/// q rows of head `hq` in batch `bi` as a T×d matrix (rows H·d apart).
+fn q_mat<'a>(dims: AttnDims, x: &'a [f32], bi: usize, hq: usize) -> Mat<'a> {
+    Mat {
+        data: &x[dims.q_row(bi, 0, hq)..],
+        row_stride: dims.h * dims.d,
+        col_stride: 1,
+    }
+}
+
+/// k or v rows of KV head `kh` in batch `bi` as an S×d matrix (rows H_kv·d apart).
+fn kv_mat<'a>(dims: AttnDims, x: &'a [f32], bi: usize, kh: usize) -> Mat<'a> {
+    Mat {
+        data: &x[dims.kv_row(bi, 0, kh)..],
+        row_stride: dims.hkv * dims.d,
+        col_stride: 1,
+    }
+}
+
+/// Everything one task of the forward pass reads and writes.
+struct Forward<'a> {
     dims: AttnDims,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    o: &[f32],
-    go: &[f32],
-    mask: MaskView<'_>,
-    kept: Option<&[f32]>,
-) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-    let AttnDims { b, hkv, t, s, d, .. } = dims;
-    let rows = dims.group() * t;
-    let mut dq = Blocks::new(q.len());
-    let mut dk = Blocks::new(k.len());
-    let mut dv = Blocks::new(v.len());
-    let block = rows * s;
-    let mut scratch = vec![0f32; if kept.is_some() { 0 } else { block }];
-    let mut ds = vec![0f32; block];
-    let (h, group) = (dims.h, dims.group());
-    for bi in 0..b {
-        for kh in 0..hkv {
-            let (qr, kvr) = (dims.q_block(bi, kh), dims.kv_block(bi, kh));
-            let qb = &q[qr.clone()];
-            let (kb, vb) = (&k[kvr.clone()], &v[kvr.clone()]);
-            let p: &[f32] = match kept {
-                Some(all) => &all[(bi * hkv + kh) * block..][..block],
-                None => {
-                    sgemm(
-                        rows,
-                        d,
-                        s,
-                        Mat::rows(qb, d),
-                        Mat::transposed(kb, d),
-                        0.0,
-                        &mut scratch,
-                    );
-                    softmax_block(dims, &mut scratch, mask, bi, kh);
-                    &scratch
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    mask: MaskView<'a>,
+    dropout: Option<ProbDropout>,
+    out: &'a Blocks,
+    kept: Option<&'a Blocks>,
+    measure: bool,
+}
+
+simd_dispatch!(forward_task => forward_task_generic(f: &Forward<'_>, bi: usize, kh: usize) -> Measured);
+
+/// The output rows of the query heads of KV head `kh` in batch `bi`.
+#[inline(always)]
+fn forward_task_generic(f: &Forward<'_>, bi: usize, kh: usize) -> Measured {
+    let dims = f.dims;
+    let (t, s, d) = (dims.t, dims.s, dims.d);
+    let mut measured = Measured::default();
+    let mut scratch = if f.kept.is_some() {
+        Vec::new()
+    } else {
+        vec![0f32; t * s]
+    };
+    let mut dropped = if f.dropout.is_some() {
+        vec![0f32; t * s]
+    } else {
+        Vec::new()
+    };
+    let (k, v) = (kv_mat(dims, f.k, bi, kh), kv_mat(dims, f.v, bi, kh));
+    for hq in kh * dims.group()..(kh + 1) * dims.group() {
+        let q = q_mat(dims, f.q, bi, hq);
+        let p: &mut [f32] = match f.kept {
+            // SAFETY: head hq's block of batch bi belongs to this task alone.
+            Some(all) => unsafe { all.product(dims.probs_block(bi, hq), t, d, s, q, k.t()) },
+            None => {
+                sgemm(t, d, s, q, k.t(), 0.0, &mut scratch);
+                &mut scratch
+            }
+        };
+        softmax_head(dims, p, f.mask, bi, hq, f.measure.then_some(&mut measured));
+        let p: &[f32] = match &f.dropout {
+            Some(drop) => {
+                drop_head(dims, drop, p, &mut dropped, bi, hq);
+                &dropped
+            }
+            None => p,
+        };
+        // SAFETY: head hq's output rows of batch bi belong to this task alone.
+        unsafe {
+            f.out
+                .product_ld(dims.q_row(bi, 0, hq), dims.h * d, t, s, d, Mat::rows(p, s), v)
+        };
+    }
+    measured
+}
+
+/// Everything one task of the backward pass reads and writes.
+struct Backward<'a> {
+    dims: AttnDims,
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    o: &'a [f32],
+    go: &'a [f32],
+    mask: MaskView<'a>,
+    dropout: Option<ProbDropout>,
+    kept: Option<&'a [f32]>,
+    dq: &'a Blocks,
+    dk: &'a Blocks,
+    dv: &'a Blocks,
+}
+
+simd_dispatch!(backward_task => backward_task_generic(f: &Backward<'_>, bi: usize, kh: usize) -> ());
+
+/// With P the probabilities, P̃ = P ⊙ M the dropped-out ones and δ_t = ⟨dO_t, O_t⟩:
+/// dP = (dO·vᵀ) ⊙ M, dS = P ⊙ (dP − δ), dq = dS·k, dk = Σ_heads dSᵀ·q, dv = Σ_heads P̃ᵀ·dO, the
+/// query heads of the group summed in order (the first writes, the others add).
+#[inline(always)]
+fn backward_task_generic(f: &Backward<'_>, bi: usize, kh: usize) {
+    let dims = f.dims;
+    let (t, s, d) = (dims.t, dims.s, dims.d);
+    let mut scratch = if f.kept.is_some() {
+        Vec::new()
+    } else {
+        vec![0f32; t * s]
+    };
+    let mut dropped = if f.dropout.is_some() {
+        vec![0f32; t * s]
+    } else {
+        Vec::new()
+    };
+    let mut ds = vec![0f32; t * s];
+    let (k, v) = (kv_mat(dims, f.k, bi, kh), kv_mat(dims, f.v, bi, kh));
+    let kv_at = dims.kv_row(bi, 0, kh);
+    let kv_ld = dims.hkv * d;
+    for (gi, hq) in (kh * dims.group()..(kh + 1) * dims.group()).enumerate() {
+        let (q, go) = (q_mat(dims, f.q, bi, hq), q_mat(dims, f.go, bi, hq));
+        let p: &[f32] = match f.kept {
+            Some(all) => &all[dims.probs_block(bi, hq)..][..t * s],
+            None => {
+                sgemm(t, d, s, q, k.t(), 0.0, &mut scratch);
+                softmax_head(dims, &mut scratch, f.mask, bi, hq, None);
+                &scratch
+            }
+        };
+        let p_used: &[f32] = match &f.dropout {
+            Some(drop) => {
+                drop_head(dims, drop, p, &mut dropped, bi, hq);
+                &dropped
+            }
+            None => p,
+        };
+        sgemm(t, d, s, go, v.t(), 0.0, &mut ds);
+        let first = dims.probs_block(bi, hq);
+        for ti in 0..t {
+            let row = dims.q_row(bi, ti, hq);
+            let delta = dot(&f.go[row..row + d], &f.o[row..row + d]);
+            let (pr, dr) = (&p[ti * s..(ti + 1) * s], &mut ds[ti * s..(ti + 1) * s]);
+            match &f.dropout {
+                Some(drop) => {
+                    for (si, (x, &pv)) in dr.iter_mut().zip(pr).enumerate() {
+                        *x = pv * (*x * drop.factor(first + ti * s + si) - delta);
+                    }
                 }
-            };
-            // o and its gradient are (B, T, H, d): head hq's rows are H·d apart.
-            let grad_rows = |hq: usize| Mat {
-                data: &go[dims.bthd_row(bi, 0, hq)..],
-                row_stride: h * d,
-                col_stride: 1,
-            };
-            for gi in 0..group {
-                let hq = kh * group + gi;
-                let ds_head = &mut ds[gi * t * s..(gi + 1) * t * s];
-                sgemm(t, d, s, grad_rows(hq), Mat::transposed(vb, d), 0.0, ds_head);
-                for ti in 0..t {
-                    let row = dims.bthd_row(bi, ti, hq);
-                    let delta = dot(&go[row..row + d], &o[row..row + d]);
-                    let r = gi * t + ti;
-                    let (pr, dr) = (&p[r * s..(r + 1) * s], &mut ds[r * s..(r + 1) * s]);
+                None => {
                     for (x, &pv) in dr.iter_mut().zip(pr) {
                         *x = pv * (*x - delta);
                     }
                 }
             }
-            dq.product(qr.start, rows, s, d, Mat::rows(&ds, s), Mat::rows(kb, d));
-            dk.product(kvr.start, s, rows, d, Mat::transposed(&ds, s), Mat::rows(qb, d));
-            // dV = Σ over the group's heads of Pᵀ·dO (the first writes, the rest add).
-            let dv_block = dv.product(
-                kvr.start,
-                s,
-                t,
-                d,
-                Mat::transposed(&p[..t * s], s),
-                grad_rows(kh * group),
-            );
-            for gi in 1..group {
-                let p_head = Mat::transposed(&p[gi * t * s..(gi + 1) * t * s], s);
-                sgemm(s, t, d, p_head, grad_rows(kh * group + gi), 1.0, dv_block);
+        }
+        // SAFETY: head hq's rows of dq, and KV head kh's rows of dk and dv, in batch bi belong to
+        // this task alone.
+        unsafe {
+            f.dq.product_ld(dims.q_row(bi, 0, hq), dims.h * d, t, s, d, Mat::rows(&ds, s), k);
+            let (dk_from_head, dv_from_head) = (Mat::rows(&ds, s).t(), Mat::rows(p_used, s).t());
+            if gi == 0 {
+                f.dk.product_ld(kv_at, kv_ld, s, t, d, dk_from_head, q);
+                f.dv.product_ld(kv_at, kv_ld, s, t, d, dv_from_head, go);
+            } else {
+                f.dk.add_product_ld(kv_at, kv_ld, s, t, d, dk_from_head, q);
+                f.dv.add_product_ld(kv_at, kv_ld, s, t, d, dv_from_head, go);
             }
         }
     }
-    (dq.finish(), dk.finish(), dv.finish())
-}
-
-fn attn_dims(lq: &Layout, lk: &Layout) -> Result<AttnDims> {
-    let (qd, kd) = (lq.dims(), lk.dims());
-    if qd.len() != 4 || kd.len() != 4 {
-        bail!("attention: expected rank-4 q and k");
-    }
-    Ok(AttnDims {
-        b: qd[0],
-        h: qd[1],
-        t: qd[2],
-        d: qd[3],
-        hkv: kd[1],
-        s: kd[2],
-    })
 }
 
 impl CustomOp3 for AttnOp {
@@ -366,12 +520,51 @@ impl CustomOp3 for AttnOp {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let dims = attn_dims(l1, l2)?;
-        let out = self.forward(dims, cpu_slice(s1, l1)?, cpu_slice(s2, l2)?, cpu_slice(s3, l3)?)?;
-        Ok((
-            CpuStorage::F32(out),
-            Shape::from((dims.b, dims.t, dims.h, dims.d)),
-        ))
+        let dims = self.dims;
+        let (q, k, v) = (cpu_slice(s1, l1)?, cpu_slice(s2, l2)?, cpu_slice(s3, l3)?);
+        let out = Blocks::new(q.len());
+        let kept = self
+            .probs
+            .as_ref()
+            .map(|_| Blocks::new(dims.b * dims.h * dims.t * dims.s));
+        let per_task = self.with_mask(|mask| {
+            let task = Forward {
+                dims,
+                q,
+                k,
+                v,
+                mask,
+                dropout: self.dropout,
+                out: &out,
+                kept: kept.as_ref(),
+                measure: self.telemetry.is_some(),
+            };
+            let per_task: Vec<Mutex<Measured>> = (0..dims.b * dims.hkv).map(|_| Mutex::default()).collect();
+            crate::par::for_each(per_task.len(), |i| {
+                let m = forward_task(&task, i / dims.hkv, i % dims.hkv);
+                *per_task[i].lock().unwrap_or_else(|e| e.into_inner()) = m;
+            });
+            Ok(per_task)
+        })?;
+        // Combined in task order, whichever thread ran which task.
+        let measured = per_task
+            .into_iter()
+            .map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner()))
+            .fold(Measured::default(), |acc, m| Measured {
+                max_abs: acc.max_abs.max(m.max_abs),
+                entropy_sum: acc.entropy_sum + m.entropy_sum,
+            });
+        if let Some(slot) = &self.telemetry {
+            let rows = (dims.b * dims.h * dims.t).max(1) as f64;
+            *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(AttentionTelemetry {
+                max_logit: measured.max_abs,
+                entropy: (measured.entropy_sum / rows) as f32,
+            });
+        }
+        if let (Some(slot), Some(kept)) = (&self.probs, kept) {
+            *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(kept.finish());
+        }
+        Ok((CpuStorage::F32(out.finish()), l1.shape().clone()))
     }
     fn bwd(
         &self,
@@ -381,9 +574,35 @@ impl CustomOp3 for AttnOp {
         res: &Tensor,
         g: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let dims = attn_dims(q.layout(), k.layout())?;
+        let dims = self.dims;
+        let kept = self
+            .probs
+            .as_ref()
+            .and_then(|slot| slot.lock().unwrap_or_else(|e| e.into_inner()).take())
+            .filter(|p| p.len() == dims.b * dims.h * dims.t * dims.s);
         let (dq, dk, dv) = with_data([q, k, v, res, g], |[q, k, v, o, go]| {
-            self.backward(dims, q, k, v, o, go)
+            let (dq, dk, dv) = (Blocks::new(q.len()), Blocks::new(k.len()), Blocks::new(v.len()));
+            self.with_mask(|mask| {
+                let task = Backward {
+                    dims,
+                    q,
+                    k,
+                    v,
+                    o,
+                    go,
+                    mask,
+                    dropout: self.dropout,
+                    kept: kept.as_deref(),
+                    dq: &dq,
+                    dk: &dk,
+                    dv: &dv,
+                };
+                crate::par::for_each(dims.b * dims.hkv, |i| {
+                    backward_task(&task, i / dims.hkv, i % dims.hkv)
+                });
+                Ok(())
+            })?;
+            Ok((dq.finish(), dk.finish(), dv.finish()))
         })?;
         Ok((
             Some(cpu_tensor(dq, q.shape())?),

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use candle_core::{bail, CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor, D};
 
 use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
+use crate::par::{for_each_chunk, SharedMut, ELEMENTS_PER_TASK};
 use crate::simd::{exp_fast, max_of, simd_dispatch, sum};
 
 /// Per-token losses of logits (N, V) as a (2, N) tensor: row 0 is the training objective
@@ -93,19 +94,27 @@ fn ce_row_stats(row: &[f32], scratch: &mut [f32]) -> (f32, f32) {
     (max, sum(scratch).ln())
 }
 
-simd_dispatch!(ce_forward => ce_forward_generic(op: &CrossEntropyOp, x: &[f32], v: usize)
-    -> (Vec<f32>, Vec<(f32, f32)>));
+/// Rows of the logits per parallel task.
+fn rows_per_task(v: usize) -> usize {
+    (ELEMENTS_PER_TASK / v.max(1)).max(1)
+}
 
-/// Rows 0 and 1 of the (2, N) output, and each row's (max, lse).
+simd_dispatch!(ce_forward_rows => ce_forward_rows_generic(
+    op: &CrossEntropyOp, x: &[f32], v: usize, first: usize, out: &mut [(f32, f32, f32, f32)]) -> ());
+
+/// For the rows of `x` (the first being row `first`): (objective, NLL, max, lse) of each.
 #[inline(always)]
-fn ce_forward_generic(op: &CrossEntropyOp, x: &[f32], v: usize) -> (Vec<f32>, Vec<(f32, f32)>) {
-    let n = x.len() / v;
-    let mut out = vec![0f32; 2 * n];
-    let mut stats = Vec::with_capacity(n);
+fn ce_forward_rows_generic(
+    op: &CrossEntropyOp,
+    x: &[f32],
+    v: usize,
+    first: usize,
+    out: &mut [(f32, f32, f32, f32)],
+) {
     let mut scratch = vec![0f32; v];
-    for (i, row) in x.chunks_exact(v).enumerate() {
+    for (r, (row, o)) in x.chunks_exact(v).zip(out.iter_mut()).enumerate() {
+        let i = first + r;
         let (max, lse) = ce_row_stats(row, &mut scratch);
-        stats.push((max, lse));
         let nll = -((row[op.targets[i] as usize] - max) - lse);
         let mut obj = nll;
         if op.smoothing > 0.0 {
@@ -117,30 +126,32 @@ fn ce_forward_generic(op: &CrossEntropyOp, x: &[f32], v: usize) -> (Vec<f32>, Ve
             let log_z = lse + max;
             obj += log_z * log_z * op.z;
         }
-        out[i] = obj * op.mask[i];
-        out[n + i] = nll * op.mask[i];
+        *o = (obj * op.mask[i], nll * op.mask[i], max, lse);
     }
-    (out, stats)
 }
 
-simd_dispatch!(ce_backward => ce_backward_generic(
-    op: &CrossEntropyOp, x: &[f32], g: &[f32], v: usize, stats: Option<&[(f32, f32)]>) -> Vec<f32>);
+simd_dispatch!(ce_backward_rows => ce_backward_rows_generic(
+    op: &CrossEntropyOp, x: &[f32], g: &[f32], v: usize, first: usize, stats: Option<&[(f32, f32)]>,
+    dx: &mut [f32]) -> ());
 
+/// The gradient of the rows of `x` (the first being row `first`) into `dx`.
 #[inline(always)]
-fn ce_backward_generic(
+fn ce_backward_rows_generic(
     op: &CrossEntropyOp,
     x: &[f32],
     g: &[f32],
     v: usize,
+    first: usize,
     stats: Option<&[(f32, f32)]>,
-) -> Vec<f32> {
-    let n = x.len() / v;
-    let mut dx = vec![0f32; x.len()];
+    dx: &mut [f32],
+) {
+    let n = g.len() / 2;
     let uniform = 1.0 / v as f32;
-    for (i, (row, drow)) in x.chunks_exact(v).zip(dx.chunks_exact_mut(v)).enumerate() {
+    for (r, (row, drow)) in x.chunks_exact(v).zip(dx.chunks_exact_mut(v)).enumerate() {
+        let i = first + r;
         let (g_obj, g_nll) = (g[i] * op.mask[i], g[n + i] * op.mask[i]);
         if g_obj == 0.0 && g_nll == 0.0 {
-            continue;
+            continue; // dx starts at zero
         }
         let (max, lse) = match stats {
             Some(s) => s[i],
@@ -166,7 +177,6 @@ fn ce_backward_generic(
         }
         drow[op.targets[i] as usize] -= w_nll;
     }
-    dx
 }
 
 impl CustomOp1 for CrossEntropyOp {
@@ -176,7 +186,20 @@ impl CustomOp1 for CrossEntropyOp {
     fn cpu_fwd(&self, st: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let x = cpu_slice(st, l)?;
         let (n, v) = l.shape().dims2()?;
-        let (out, stats) = ce_forward(self, x, v);
+        let mut rows = vec![(0f32, 0f32, 0f32, 0f32); n];
+        let ptr = SharedMut(rows.as_mut_ptr());
+        for_each_chunk(n, rows_per_task(v), |r| {
+            // SAFETY: the rows `r` belong to this task alone.
+            let out = unsafe { ptr.slice(r.start, r.len()) };
+            ce_forward_rows(self, &x[r.start * v..r.end * v], v, r.start, out);
+        });
+        let mut out = vec![0f32; 2 * n];
+        let (objective, nll) = out.split_at_mut(n);
+        for ((o, l), &(obj, row_nll, _, _)) in objective.iter_mut().zip(nll.iter_mut()).zip(&rows) {
+            *o = obj;
+            *l = row_nll;
+        }
+        let stats = rows.iter().map(|&(_, _, max, lse)| (max, lse)).collect();
         *self.row_stats.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(stats));
         Ok((CpuStorage::F32(out), Shape::from((2, n))))
     }
@@ -185,7 +208,15 @@ impl CustomOp1 for CrossEntropyOp {
         let stats = self.row_stats.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let stats = stats.filter(|s| s.len() == n);
         let dx = with_data([x, g], |[x, g]| {
-            Ok(ce_backward(self, x, g, v, stats.as_ref().map(|s| s.as_slice())))
+            let mut dx = vec![0f32; x.len()];
+            let ptr = SharedMut(dx.as_mut_ptr());
+            for_each_chunk(n, rows_per_task(v), |r| {
+                // SAFETY: the rows `r` belong to this task alone.
+                let out = unsafe { ptr.slice(r.start * v, r.len() * v) };
+                let x = &x[r.start * v..r.end * v];
+                ce_backward_rows(self, x, g, v, r.start, stats.as_ref().map(|s| s.as_slice()), out);
+            });
+            Ok(dx)
         })?;
         Ok(Some(cpu_tensor(dx, x.shape())?))
     }

@@ -4,10 +4,13 @@
 //! kernel vectorises and recomputes the mask in its backward pass instead of storing it; the
 //! caller moves its generator past `x.elem_count()` draws.
 
+use std::mem::MaybeUninit;
+
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 use ember_rng::{draw_at, SplitMix64};
 
 use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
+use crate::par::{fill, ELEMENTS_PER_TASK};
 use crate::simd::simd_dispatch;
 
 /// The mask drawn one uniform at a time from a generator at `state`, uploaded and multiplied
@@ -47,23 +50,26 @@ struct DropoutOp {
     keep: f32,
 }
 
-/// `x[i] · mask[i]` for the mask of [`dropout`].
+/// `x[i] · mask[first + i]` for the mask of [`dropout`], into `y`.
 #[inline(always)]
-fn dropout_generic(op: DropoutOp, x: &[f32]) -> Vec<f32> {
-    let mut y = Vec::with_capacity(x.len());
-    for (i, (y, &v)) in y.spare_capacity_mut().iter_mut().zip(x).enumerate() {
-        let z = draw_at(op.state, i as u64 + 1);
+fn dropout_generic(op: DropoutOp, x: &[f32], first: usize, y: &mut [MaybeUninit<f32>]) {
+    for (i, (y, &v)) in y.iter_mut().zip(x).enumerate() {
+        let z = draw_at(op.state, (first + i) as u64 + 1);
         y.write(if (z >> 11) < op.threshold {
             0.0
         } else {
             v * op.keep
         });
     }
-    // SAFETY: the loop initialised x.len() elements.
-    unsafe { y.set_len(x.len()) };
-    y
 }
-simd_dispatch!(dropout_apply => dropout_generic(op: DropoutOp, x: &[f32]) -> Vec<f32>);
+simd_dispatch!(dropout_into => dropout_generic(op: DropoutOp, x: &[f32], first: usize, y: &mut [MaybeUninit<f32>]) -> ());
+
+/// The masked copy of `x`, in parallel pieces.
+fn dropout_apply(op: DropoutOp, x: &[f32]) -> Vec<f32> {
+    fill(x.len(), ELEMENTS_PER_TASK, |r, y| {
+        dropout_into(op, &x[r.clone()], r.start, y)
+    })
+}
 
 impl CustomOp1 for DropoutOp {
     fn name(&self) -> &'static str {

@@ -28,6 +28,7 @@
 
 mod gemm;
 mod host;
+pub mod par;
 mod simd;
 
 pub mod activation;
@@ -41,7 +42,7 @@ pub mod rope;
 pub mod softmax;
 
 pub use activation::{gelu_erf, swiglu, swiglu_unfused};
-pub use attention::{attention, attention_heads_last, attention_unfused};
+pub use attention::{attention, attention_unfused, AttentionOptions, AttentionTelemetry};
 pub use cross_entropy::{cross_entropy, cross_entropy_unfused};
 pub use dropout::{dropout, dropout_unfused};
 pub use linear::{linear, linear_unfused};

@@ -1,8 +1,20 @@
-//! RMSNorm and LayerNorm over the last dimension (the residual-stream norms and QK-norm).
+//! RMSNorm and LayerNorm over vectors of the gain's size (the residual-stream norms, and QK-norm
+//! over each head of a projection).
+//!
+//! The vectors are the consecutive runs of `w.len()` elements of the last dimension: a
+//! (B, T, D) tensor with a gain of D is normalised per position, a (B, T, H·d) projection with a
+//! gain of d per head — in the projection's own layout, with no head split.
+//!
+//! Rows are cut into tasks for the forward pass and for the input gradient; the gain's and
+//! bias's gradients, sums over every row, are computed per column range in row order, so every
+//! sum has the order of a single-threaded pass whatever the thread count.
+
+use std::mem::MaybeUninit;
 
 use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor, D};
 
 use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
+use crate::par::{for_each_chunk, SharedMut};
 use crate::simd::{dot, simd_dispatch, sum};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -11,26 +23,43 @@ enum NormType {
     Layer,
 }
 
-/// `x / sqrt(mean(x²) + eps) · w`, from differentiable primitives.
-pub fn rms_norm_unfused(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
-    let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
-    x.broadcast_mul(&(ms + eps)?.sqrt()?.recip()?)?.broadcast_mul(w)
+/// `x` with its last dimension split into vectors of `d` (a no-op when it is d already).
+fn vectors(x: &Tensor, d: usize) -> Result<Tensor> {
+    let last = x.dims().last().copied().unwrap_or(0);
+    if last == d || d == 0 {
+        return Ok(x.clone());
+    }
+    let mut dims = x.dims().to_vec();
+    dims.pop();
+    dims.extend([last / d, d]);
+    x.reshape(dims)
 }
 
-/// `(x − mean) / sqrt(var + eps) · w (+ b)`, from differentiable primitives.
+/// `x / sqrt(mean(x²) + eps) · w` per vector of w's size, from differentiable primitives.
+pub fn rms_norm_unfused(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
+    let v = vectors(x, w.elem_count())?;
+    let ms = v.sqr()?.mean_keepdim(D::Minus1)?;
+    v.broadcast_mul(&(ms + eps)?.sqrt()?.recip()?)?
+        .broadcast_mul(w)?
+        .reshape(x.shape())
+}
+
+/// `(x − mean) / sqrt(var + eps) · w (+ b)` per vector of w's size, from differentiable
+/// primitives.
 pub fn layer_norm_unfused(x: &Tensor, w: &Tensor, b: Option<&Tensor>, eps: f64) -> Result<Tensor> {
-    let centred = x.broadcast_sub(&x.mean_keepdim(D::Minus1)?)?;
+    let v = vectors(x, w.elem_count())?;
+    let centred = v.broadcast_sub(&v.mean_keepdim(D::Minus1)?)?;
     let var = centred.sqr()?.mean_keepdim(D::Minus1)?;
     let scaled = centred
         .broadcast_mul(&(var + eps)?.sqrt()?.recip()?)?
         .broadcast_mul(w)?;
     match b {
-        Some(b) => scaled.broadcast_add(b),
-        None => Ok(scaled),
+        Some(b) => scaled.broadcast_add(b)?.reshape(x.shape()),
+        None => scaled.reshape(x.shape()),
     }
 }
 
-/// RMSNorm over the last dimension with gain `w`; fused on CPU f32.
+/// RMSNorm with gain `w` over each vector of w's size along the last dimension; fused on CPU f32.
 pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
     if !(is_host_f32(x) && is_host_f32(w)) {
         return rms_norm_unfused(x, w, eps);
@@ -44,7 +73,8 @@ pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
     )
 }
 
-/// LayerNorm over the last dimension with gain `w` and optional bias `b`; fused on CPU f32.
+/// LayerNorm with gain `w` and optional bias `b` over each vector of w's size along the last
+/// dimension; fused on CPU f32.
 pub fn layer_norm(x: &Tensor, w: &Tensor, b: Option<&Tensor>, eps: f64) -> Result<Tensor> {
     if !(is_host_f32(x) && is_host_f32(w) && b.is_none_or(is_host_f32)) {
         return layer_norm_unfused(x, w, b, eps);
@@ -64,6 +94,11 @@ struct NormOp {
     kind: NormType,
     eps: f64,
 }
+
+/// Rows per parallel task.
+const ROWS_PER_TASK: usize = 64;
+/// Gain columns per task of the parameter-gradient pass.
+const COLS_PER_TASK: usize = 32;
 
 impl NormOp {
     /// Per-row (shift, 1/σ): mean (LayerNorm) or 0 (RMSNorm), and the reciprocal scale.
@@ -92,20 +127,14 @@ impl NormOp {
         (mean, 1.0 / (var + self.eps as f32).sqrt())
     }
 
+    /// The normalised rows of `x` into `y` (both whole rows of w.len()).
     #[inline(always)]
-    fn forward(&self, x: &[f32], w: &[f32], b: Option<&[f32]>) -> Result<Vec<f32>> {
+    fn forward_rows(&self, x: &[f32], w: &[f32], b: Option<&[f32]>, y: &mut [MaybeUninit<f32>]) {
         let d = w.len();
-        if x.len().checked_rem(d) != Some(0) || d == 0 {
-            bail!(
-                "norm: input size {} is not a multiple of the gain size {d}",
-                x.len()
-            );
-        }
         // Slices of exactly d elements, so the loops below carry no bounds checks and vectorise.
         let w = &w[..d];
         let b = b.map(|b| &b[..d]);
-        let mut y = Vec::with_capacity(x.len());
-        for (xr, yr) in x.chunks_exact(d).zip(y.spare_capacity_mut().chunks_exact_mut(d)) {
+        for (xr, yr) in x.chunks_exact(d).zip(y.chunks_exact_mut(d)) {
             let (mean, r) = self.stats(xr);
             match b {
                 Some(b) => {
@@ -120,33 +149,27 @@ impl NormOp {
                 }
             }
         }
-        // SAFETY: x.len() is a multiple of d (checked above), so the rows cover every element.
-        unsafe { y.set_len(x.len()) };
-        Ok(y)
     }
 
-    /// (dx, dw, db) from x, w and the output gradient g.
+    /// The input gradient of whole rows, and each row's (shift, 1/σ) for the parameter pass.
     #[inline(always)]
-    fn backward(&self, x: &[f32], w: &[f32], g: &[f32]) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    fn backward_rows(&self, x: &[f32], w: &[f32], g: &[f32], dx: &mut [f32], stats: &mut [(f32, f32)]) {
         let d = w.len();
         let w = &w[..d];
-        let mut dx = vec![0f32; x.len()];
-        let mut dw = vec![0f32; d];
-        let mut db = vec![0f32; d];
         let mut xhat = vec![0f32; d];
         let mut gx = vec![0f32; d];
         let inv_d = 1.0 / d as f32;
-        for ((xr, gr), dxr) in x
+        for (((xr, gr), dxr), st) in x
             .chunks_exact(d)
             .zip(g.chunks_exact(d))
             .zip(dx.chunks_exact_mut(d))
+            .zip(stats.iter_mut())
         {
             let (mean, r) = self.stats(xr);
+            *st = (mean, r);
             for i in 0..d {
                 xhat[i] = (xr[i] - mean) * r;
                 gx[i] = gr[i] * w[i];
-                dw[i] += gr[i] * xhat[i];
-                db[i] += gr[i];
             }
             let m_gx_xhat = dot(&gx, &xhat) * inv_d;
             let m_gx = match self.kind {
@@ -157,23 +180,136 @@ impl NormOp {
                 *dx = r * (gx - m_gx - xhat * m_gx_xhat);
             }
         }
+    }
+
+    /// (dw, db) of the gain columns `cols`: Σ over rows, in row order, of g·x̂ and g.
+    #[inline(always)]
+    fn param_grads(
+        &self,
+        x: &[f32],
+        g: &[f32],
+        stats: &[(f32, f32)],
+        d: usize,
+        cols: std::ops::Range<usize>,
+        dw: &mut [f32],
+        db: &mut [f32],
+    ) {
+        for ((xr, gr), &(mean, r)) in x.chunks_exact(d).zip(g.chunks_exact(d)).zip(stats) {
+            let (xr, gr) = (&xr[cols.clone()], &gr[cols.clone()]);
+            for (((dw, db), &x), &g) in dw.iter_mut().zip(db.iter_mut()).zip(xr).zip(gr) {
+                *dw += g * ((x - mean) * r);
+                *db += g;
+            }
+        }
+    }
+
+    fn forward(&self, x: &[f32], w: &[f32], b: Option<&[f32]>) -> Result<Vec<f32>> {
+        let d = w.len();
+        if d == 0 || x.len() % d != 0 {
+            bail!(
+                "norm: input size {} is not a multiple of the gain size {d}",
+                x.len()
+            );
+        }
+        let mut y = Vec::with_capacity(x.len());
+        let out = SharedMut(y.as_mut_ptr());
+        for_each_chunk(x.len() / d, ROWS_PER_TASK, |rows| {
+            let span = rows.start * d..rows.end * d;
+            // SAFETY: the rows `rows` of the output belong to this task alone.
+            let y = unsafe { out.slice(span.start, span.len()) };
+            // SAFETY: a Vec<f32>'s spare capacity viewed as MaybeUninit, which it is.
+            let y = unsafe { &mut *(y as *mut [f32] as *mut [MaybeUninit<f32>]) };
+            norm_forward_rows(*self, &x[span], w, b, y);
+        });
+        // SAFETY: the tasks wrote every row (x.len() is a multiple of d, checked above).
+        unsafe { y.set_len(x.len()) };
+        Ok(y)
+    }
+
+    /// (dx, dw, db) from x, w and the output gradient g.
+    fn backward(&self, x: &[f32], w: &[f32], g: &[f32]) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+        let d = w.len();
+        let rows = x.len() / d.max(1);
+        let mut dx = vec![0f32; x.len()];
+        let mut stats = vec![(0f32, 0f32); rows];
+        let (dx_out, stats_out) = (SharedMut(dx.as_mut_ptr()), SharedMut(stats.as_mut_ptr()));
+        for_each_chunk(rows, ROWS_PER_TASK, |r| {
+            // SAFETY: the rows `r` of dx and of the stats belong to this task alone.
+            let (dx, st) = unsafe {
+                (
+                    dx_out.slice(r.start * d, r.len() * d),
+                    stats_out.slice(r.start, r.len()),
+                )
+            };
+            norm_backward_rows(
+                *self,
+                &x[r.start * d..r.end * d],
+                w,
+                &g[r.start * d..r.end * d],
+                dx,
+                st,
+            );
+        });
+        let (mut dw, mut db) = (vec![0f32; d], vec![0f32; d]);
+        let (dw_out, db_out) = (SharedMut(dw.as_mut_ptr()), SharedMut(db.as_mut_ptr()));
+        for_each_chunk(d, COLS_PER_TASK, |cols| {
+            // SAFETY: the gain columns `cols` belong to this task alone.
+            let (dw, db) = unsafe {
+                (
+                    dw_out.slice(cols.start, cols.len()),
+                    db_out.slice(cols.start, cols.len()),
+                )
+            };
+            norm_param_grads(*self, x, g, &stats, d, cols, dw, db);
+        });
         (dx, dw, db)
     }
 }
 
 #[inline(always)]
-fn norm_forward_generic(op: NormOp, x: &[f32], w: &[f32], b: Option<&[f32]>) -> Result<Vec<f32>> {
-    op.forward(x, w, b)
+fn norm_forward_rows_generic(
+    op: NormOp,
+    x: &[f32],
+    w: &[f32],
+    b: Option<&[f32]>,
+    y: &mut [MaybeUninit<f32>],
+) {
+    op.forward_rows(x, w, b, y)
 }
-simd_dispatch!(norm_forward => norm_forward_generic(
-    op: NormOp, x: &[f32], w: &[f32], b: Option<&[f32]>) -> Result<Vec<f32>>);
+simd_dispatch!(norm_forward_rows => norm_forward_rows_generic(
+    op: NormOp, x: &[f32], w: &[f32], b: Option<&[f32]>, y: &mut [MaybeUninit<f32>]) -> ());
 
 #[inline(always)]
-fn norm_backward_generic(op: NormOp, x: &[f32], w: &[f32], g: &[f32]) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-    op.backward(x, w, g)
+fn norm_backward_rows_generic(
+    op: NormOp,
+    x: &[f32],
+    w: &[f32],
+    g: &[f32],
+    dx: &mut [f32],
+    stats: &mut [(f32, f32)],
+) {
+    op.backward_rows(x, w, g, dx, stats)
 }
-simd_dispatch!(norm_backward => norm_backward_generic(
-    op: NormOp, x: &[f32], w: &[f32], g: &[f32]) -> (Vec<f32>, Vec<f32>, Vec<f32>));
+simd_dispatch!(norm_backward_rows => norm_backward_rows_generic(
+    op: NormOp, x: &[f32], w: &[f32], g: &[f32], dx: &mut [f32], stats: &mut [(f32, f32)]) -> ());
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn norm_param_grads_generic(
+    op: NormOp,
+    x: &[f32],
+    g: &[f32],
+    stats: &[(f32, f32)],
+    d: usize,
+    cols: std::ops::Range<usize>,
+    dw: &mut [f32],
+    db: &mut [f32],
+) {
+    op.param_grads(x, g, stats, d, cols, dw, db)
+}
+simd_dispatch!(norm_param_grads => norm_param_grads_generic(
+    op: NormOp, x: &[f32], g: &[f32], stats: &[(f32, f32)], d: usize, cols: std::ops::Range<usize>,
+    dw: &mut [f32], db: &mut [f32]) -> ());
 
 impl CustomOp2 for NormOp {
     fn name(&self) -> &'static str {
@@ -186,7 +322,7 @@ impl CustomOp2 for NormOp {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let y = norm_forward(*self, cpu_slice(s1, l1)?, cpu_slice(s2, l2)?, None)?;
+        let y = self.forward(cpu_slice(s1, l1)?, cpu_slice(s2, l2)?, None)?;
         Ok((CpuStorage::F32(y), l1.shape().clone()))
     }
     fn bwd(
@@ -196,7 +332,7 @@ impl CustomOp2 for NormOp {
         _res: &Tensor,
         g: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let (dx, dw, _) = with_data([x, w, g], |[x, w, g]| Ok(norm_backward(*self, x, w, g)))?;
+        let (dx, dw, _) = with_data([x, w, g], |[x, w, g]| Ok(self.backward(x, w, g)))?;
         Ok((Some(cpu_tensor(dx, x.shape())?), Some(cpu_tensor(dw, w.shape())?)))
     }
 }
@@ -214,12 +350,7 @@ impl CustomOp3 for NormOp {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let y = norm_forward(
-            *self,
-            cpu_slice(s1, l1)?,
-            cpu_slice(s2, l2)?,
-            Some(cpu_slice(s3, l3)?),
-        )?;
+        let y = self.forward(cpu_slice(s1, l1)?, cpu_slice(s2, l2)?, Some(cpu_slice(s3, l3)?))?;
         Ok((CpuStorage::F32(y), l1.shape().clone()))
     }
     fn bwd(
@@ -230,7 +361,7 @@ impl CustomOp3 for NormOp {
         _res: &Tensor,
         g: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let (dx, dw, db) = with_data([x, w, g], |[x, w, g]| Ok(norm_backward(*self, x, w, g)))?;
+        let (dx, dw, db) = with_data([x, w, g], |[x, w, g]| Ok(self.backward(x, w, g)))?;
         Ok((
             Some(cpu_tensor(dx, x.shape())?),
             Some(cpu_tensor(dw, w.shape())?),

@@ -3,13 +3,17 @@
 //! `position · θ^(−2i/d)`, which makes ⟨rot(q, m), rot(k, n)⟩ a function of m − n alone.
 //! candle's `rotary_emb::rope` has no backward pass; this one does, and folds an output scale
 //! (the attention logit scale of the queries) into the same pass.
+//!
+//! Inputs are the projections as they come, (B, T, H·head_dim): every consecutive run of
+//! head_dim elements is one head's vector at its row's position. Rotating them in place of a
+//! (B, H, T, head_dim) view saves the head split and its autograd edges.
 
 use std::sync::Arc;
 
-use candle_core::{bail, CpuStorage, CustomOp1, DType, Device, Layout, Result, Shape, Tensor, D};
+use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Result, Shape, Tensor, D};
 
-use crate::gemm::Blocks;
-use crate::host::{cpu_tensor, is_host_f32, with_data};
+use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
+use crate::par::{for_each_chunk, SharedMut};
 
 /// The cos/sin tables of positions `0..max_len` for vectors of `head_dim` elements: as tensors of
 /// the model's dtype and device (the unfused rotation) and as f32 half-tables (the CPU kernel).
@@ -70,24 +74,31 @@ impl RopeTables {
     }
 }
 
-/// The rotation of x (B, H, T, head_dim) whose first position is `offset`, from narrow, cat and
+/// The rotation of x (B, T, H·head_dim) whose first position is `offset`, from narrow, cat and
 /// multiply (every device and dtype; the reference for the kernel).
 pub fn rope_unfused(x: &Tensor, tables: &RopeTables, offset: usize) -> Result<Tensor> {
-    let (_, _, t, d) = x.dims4()?;
-    let cos = tables.cos.narrow(0, offset, t)?;
-    let sin = tables.sin.narrow(0, offset, t)?;
-    let half = d / 2;
-    let x1 = x.narrow(D::Minus1, 0, half)?;
-    let x2 = x.narrow(D::Minus1, half, half)?;
+    let (b, t, width) = x.dims3()?;
+    let d = 2 * tables.half;
+    let x = x.reshape((b, t, width / d, d))?;
+    let cos = tables.cos.narrow(0, offset, t)?.reshape((t, 1, d))?;
+    let sin = tables.sin.narrow(0, offset, t)?.reshape((t, 1, d))?;
+    let x1 = x.narrow(D::Minus1, 0, tables.half)?;
+    let x2 = x.narrow(D::Minus1, tables.half, tables.half)?;
     let rotated = Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?;
-    x.broadcast_mul(&cos)?.add(&rotated.broadcast_mul(&sin)?)
+    x.broadcast_mul(&cos)?
+        .add(&rotated.broadcast_mul(&sin)?)?
+        .reshape((b, t, width))
 }
 
-/// `scale · rotated(x)` for x (B, H, T, head_dim) whose first position is `offset`; fused on CPU
+/// `scale · rotated(x)` for x (B, T, H·head_dim) whose first position is `offset`; fused on CPU
 /// f32, [`rope_unfused`] (then the scale) elsewhere.
 pub fn rope(x: &Tensor, tables: &RopeTables, offset: usize, scale: f64) -> Result<Tensor> {
-    let (_, _, t, d) = x.dims4()?;
-    if !is_host_f32(x) || d != 2 * tables.half || offset + t > tables.max_len {
+    let (_, t, width) = x.dims3()?;
+    let d = 2 * tables.half;
+    if d == 0 || width % d != 0 {
+        candle_core::bail!("rope: the last dimension {width} is not a multiple of head_dim {d}");
+    }
+    if !is_host_f32(x) || offset + t > tables.max_len {
         let rotated = rope_unfused(x, tables, offset)?;
         return if scale == 1.0 {
             Ok(rotated)
@@ -101,14 +112,7 @@ pub fn rope(x: &Tensor, tables: &RopeTables, offset: usize, scale: f64) -> Resul
         scale: scale as f32,
         inverse: false,
     };
-    // The kernel reads any layout whose last dimension is contiguous: in particular the
-    // (B, T, H, d) projection output viewed as (B, H, T, d), which saves the head-split copy.
-    let x = if x.stride()[3] == 1 {
-        x.clone()
-    } else {
-        x.contiguous()?
-    };
-    x.apply_op1(op)
+    x.contiguous()?.apply_op1(op)
 }
 
 #[derive(Clone)]
@@ -120,39 +124,46 @@ struct RopeOp {
     inverse: bool,
 }
 
+/// Positions per parallel task.
+const ROWS_PER_TASK: usize = 64;
+
 impl RopeOp {
-    /// Rotates every row of d elements: row (b, h, t) of `x` starts at `src(b, h, t)` and goes to
-    /// row `dst(b, h, t)` of the output.
-    #[inline(always)]
-    fn run(
-        &self,
-        x: &[f32],
-        dims: [usize; 3],
-        src: impl Fn(usize, usize, usize) -> usize,
-        dst: impl Fn(usize, usize, usize) -> usize,
-    ) -> Vec<f32> {
+    /// Rotates x (B, T, W) into a new vector of the same layout.
+    fn run(&self, x: &[f32], t: usize, width: usize) -> Vec<f32> {
         let half = self.tables.half;
         let d = 2 * half;
-        let [b, h, t] = dims;
         let sign = if self.inverse { -1.0 } else { 1.0 };
-        let mut y = Blocks::new(b * h * t * d);
-        for bi in 0..b {
-            for hi in 0..h {
-                for ti in 0..t {
-                    let pos = self.offset + ti;
-                    let cos = &self.tables.cos_half[pos * half..(pos + 1) * half];
-                    let sin = &self.tables.sin_half[pos * half..(pos + 1) * half];
-                    let (x1, x2) = x[src(bi, hi, ti)..][..d].split_at(half);
-                    let (y1, y2) = y.row(dst(bi, hi, ti) * d, d).split_at_mut(half);
+        if width == 0 {
+            return Vec::new();
+        }
+        let mut y: Vec<f32> = Vec::with_capacity(x.len());
+        let out = SharedMut(y.as_mut_ptr());
+        let positions = x.len() / width;
+        for_each_chunk(positions, ROWS_PER_TASK, |rows| {
+            // SAFETY: the positions `rows` of the output belong to this task alone.
+            let y = unsafe { out.slice(rows.start * width, rows.len() * width) };
+            for (r, (xr, yr)) in rows.clone().zip(
+                x[rows.start * width..rows.end * width]
+                    .chunks_exact(width)
+                    .zip(y.chunks_exact_mut(width)),
+            ) {
+                let pos = self.offset + r % t;
+                let cos = &self.tables.cos_half[pos * half..(pos + 1) * half];
+                let sin = &self.tables.sin_half[pos * half..(pos + 1) * half];
+                for (xh, yh) in xr.chunks_exact(d).zip(yr.chunks_exact_mut(d)) {
+                    let (x1, x2) = xh.split_at(half);
+                    let (y1, y2) = yh.split_at_mut(half);
                     for i in 0..half {
                         let s = sin[i] * sign;
-                        y1[i].write((x1[i] * cos[i] - x2[i] * s) * self.scale);
-                        y2[i].write((x2[i] * cos[i] + x1[i] * s) * self.scale);
+                        y1[i] = (x1[i] * cos[i] - x2[i] * s) * self.scale;
+                        y2[i] = (x2[i] * cos[i] + x1[i] * s) * self.scale;
                     }
                 }
             }
-        }
-        y.finish()
+        });
+        // SAFETY: the tasks wrote every position's row.
+        unsafe { y.set_len(x.len()) };
+        y
     }
 }
 
@@ -161,40 +172,18 @@ impl CustomOp1 for RopeOp {
         "ember-rope"
     }
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let data = match s {
-            CpuStorage::F32(v) => v.as_slice(),
-            _ => bail!("ember kernels: expected f32 storage"),
-        };
-        let (b, h, t, _) = l.shape().dims4()?;
-        let (st, off) = (l.stride(), l.start_offset());
-        if st[3] != 1 {
-            bail!("ember-rope: the last dimension must be contiguous");
-        }
-        let y = self.run(
-            data,
-            [b, h, t],
-            |bi, hi, ti| off + bi * st[0] + hi * st[1] + ti * st[2],
-            |bi, hi, ti| (bi * h + hi) * t + ti,
-        );
+        let (_, t, width) = l.shape().dims3()?;
+        let y = self.run(cpu_slice(s, l)?, t, width);
         Ok((CpuStorage::F32(y), l.shape().clone()))
     }
-    /// The inverse rotation of the gradient, written in (B, T, H, d) order and returned as its
-    /// (B, H, T, d) view: when the input was the head-split view of a projection, the
-    /// gradient then reaches the projection's backward already contiguous (no copy).
-    fn bwd(&self, _x: &Tensor, _res: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
+    /// The inverse rotation of the gradient.
+    fn bwd(&self, x: &Tensor, _res: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
         let op = RopeOp {
             inverse: !self.inverse,
             ..self.clone()
         };
-        let (b, h, t, d) = g.dims4()?;
-        let dx = with_data([g], |[g]| {
-            Ok(op.run(
-                g,
-                [b, h, t],
-                |bi, hi, ti| ((bi * h + hi) * t + ti) * d,
-                |bi, hi, ti| (bi * t + ti) * h + hi,
-            ))
-        })?;
-        Ok(Some(cpu_tensor(dx, &Shape::from((b, t, h, d)))?.transpose(1, 2)?))
+        let (_, t, width) = g.dims3()?;
+        let dx = with_data([g], |[g]| Ok(op.run(g, t, width)))?;
+        Ok(Some(cpu_tensor(dx, x.shape())?))
     }
 }

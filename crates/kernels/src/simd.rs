@@ -149,18 +149,14 @@ macro_rules! simd_dispatch {
 
 pub(crate) use simd_dispatch;
 
-/// `a[i]·b[i]` into a new vector.
+/// `a[i]·b[i]` into `out`.
 #[inline(always)]
-fn mul_generic(a: &[f32], b: &[f32]) -> Vec<f32> {
-    let mut out = Vec::with_capacity(a.len());
-    for ((o, &a), &b) in out.spare_capacity_mut().iter_mut().zip(a).zip(b) {
+fn mul_generic(a: &[f32], b: &[f32], out: &mut [std::mem::MaybeUninit<f32>]) {
+    for ((o, &a), &b) in out.iter_mut().zip(a).zip(b) {
         o.write(a * b);
     }
-    // SAFETY: the loop initialised min(a.len(), b.len()) elements.
-    unsafe { out.set_len(a.len().min(b.len())) };
-    out
 }
-simd_dispatch!(pub(crate) mul => mul_generic(a: &[f32], b: &[f32]) -> Vec<f32>);
+simd_dispatch!(pub(crate) mul => mul_generic(a: &[f32], b: &[f32], out: &mut [std::mem::MaybeUninit<f32>]) -> ());
 
 #[cfg(test)]
 mod tests {

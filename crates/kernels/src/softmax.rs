@@ -1,8 +1,11 @@
 //! Softmax over the last dimension.
 
+use std::mem::MaybeUninit;
+
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor, D};
 
 use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
+use crate::par::{fill, ELEMENTS_PER_TASK};
 use crate::simd::{dot, exp_fast, max_of, sum};
 
 /// Softmax over the last dimension from differentiable primitives (the max is detached: softmax
@@ -36,6 +39,11 @@ pub(crate) fn softmax_in_place(row: &mut [f32]) {
 
 struct SoftmaxOp;
 
+/// Rows of `n` elements per parallel task.
+fn rows_per_task(n: usize) -> usize {
+    (ELEMENTS_PER_TASK / n.max(1)).max(1)
+}
+
 impl CustomOp1 for SoftmaxOp {
     fn name(&self) -> &'static str {
         "ember-softmax"
@@ -43,27 +51,32 @@ impl CustomOp1 for SoftmaxOp {
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let x = cpu_slice(s, l)?;
         let n = l.dims().last().copied().unwrap_or(1).max(1);
-        let mut y = x.to_vec();
-        for row in y.chunks_exact_mut(n) {
-            softmax_in_place(row);
-        }
+        let y = fill(x.len(), rows_per_task(n) * n, |r, y| {
+            for (row, out) in x[r].chunks_exact(n).zip(y.chunks_exact_mut(n)) {
+                for (o, &v) in out.iter_mut().zip(row) {
+                    o.write(v);
+                }
+                // SAFETY: every element of `out` was written just above.
+                softmax_in_place(unsafe { &mut *(out as *mut [MaybeUninit<f32>] as *mut [f32]) });
+            }
+        });
         Ok((CpuStorage::F32(y), l.shape().clone()))
     }
     fn bwd(&self, x: &Tensor, res: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
         let n = x.dims().last().copied().unwrap_or(1).max(1);
         let dx = with_data([res, g], |[p, g]| {
-            let mut dx = vec![0f32; p.len()];
-            for ((pr, gr), dr) in p
-                .chunks_exact(n)
-                .zip(g.chunks_exact(n))
-                .zip(dx.chunks_exact_mut(n))
-            {
-                let s = dot(pr, gr);
-                for i in 0..n {
-                    dr[i] = pr[i] * (gr[i] - s);
+            Ok(fill(p.len(), rows_per_task(n) * n, |r, dx| {
+                for ((pr, gr), dr) in p[r.clone()]
+                    .chunks_exact(n)
+                    .zip(g[r].chunks_exact(n))
+                    .zip(dx.chunks_exact_mut(n))
+                {
+                    let s = dot(pr, gr);
+                    for i in 0..n {
+                        dr[i].write(pr[i] * (gr[i] - s));
+                    }
                 }
-            }
-            Ok(dx)
+            }))
         })?;
         Ok(Some(cpu_tensor(dx, x.shape())?))
     }

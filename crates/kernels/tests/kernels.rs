@@ -55,17 +55,6 @@ fn strided(x: &Tensor) -> Tensor {
     y
 }
 
-/// `x` (B, H, T, d) laid out as the head-split view of a (B, T, H·d) projection: the same values
-/// with the heads of each position side by side in memory.
-fn head_split_view(x: &Tensor) -> Tensor {
-    x.transpose(1, 2)
-        .unwrap()
-        .contiguous()
-        .unwrap()
-        .transpose(1, 2)
-        .unwrap()
-}
-
 /// A variable holding `t`'s data, and a view of it with `t`'s layout. (`Var::from_tensor` alone
 /// would copy a strided view into a contiguous tensor, and a "strided" test case would test the
 /// contiguous path.) The variable stores the elements in `t`'s memory order; the view permutes
@@ -167,6 +156,30 @@ fn norms_match_the_unfused_composition() {
 }
 
 #[test]
+fn norms_over_each_head_of_a_projection_match_the_unfused_composition() {
+    // QK-norm: a gain of head_dim over a (B, T, H·head_dim) projection normalises every head.
+    let (b, t, h, d) = (2, 5, 4, 16);
+    let x = (randn(25, &[b, t, h * d]) * 2.0)
+        .unwrap()
+        .affine(1.0, 0.3)
+        .unwrap();
+    let w = randn(26, &[d]).affine(0.3, 1.0).unwrap();
+    let bias = randn(27, &[d]);
+    compare(
+        "rms per head",
+        &[x.clone(), w.clone()],
+        &|t| kernels::rms_norm(&t[0], &t[1], 1e-5).unwrap(),
+        &|t| kernels::rms_norm_unfused(&t[0], &t[1], 1e-5).unwrap(),
+    );
+    compare(
+        "layernorm per head",
+        &[x, w, bias],
+        &|t| kernels::layer_norm(&t[0], &t[1], Some(&t[2]), 1e-5).unwrap(),
+        &|t| kernels::layer_norm_unfused(&t[0], &t[1], Some(&t[2]), 1e-5).unwrap(),
+    );
+}
+
+#[test]
 fn f64_falls_back_to_the_unfused_composition() {
     let x = randn(1, &[4, 16]).to_dtype(DType::F64).unwrap();
     let w = randn(2, &[16]).to_dtype(DType::F64).unwrap();
@@ -182,14 +195,9 @@ fn rope_matches_the_unfused_rotation() {
         .enumerate()
     {
         let tables = RopeTables::new(d, 16, 10_000.0, DType::F32, &Device::Cpu).unwrap();
-        let x = randn(30 + i as u64, &[b, h, t, d]);
-        // What attention hands the kernel.
-        let head_view = head_split_view(&x);
-        for (label, x) in [
-            ("contiguous", x.clone()),
-            ("strided", strided(&x)),
-            ("head view", head_view),
-        ] {
+        // The projection's layout (B, T, H·d), as attention hands it over.
+        let x = randn(30 + i as u64, &[b, t, h * d]);
+        for (label, x) in [("contiguous", x.clone()), ("strided", strided(&x))] {
             for scale in [1.0, 0.125] {
                 compare(
                     &format!("rope {:?} {label} scale {scale}", (b, h, t, d, offset)),
@@ -248,6 +256,15 @@ fn masks(b: usize, t: usize, s: usize) -> Vec<(&'static str, Option<Tensor>)> {
     ]
 }
 
+fn attn_opts(h: usize, hkv: usize, dropout: Option<(f64, u64)>) -> kernels::AttentionOptions {
+    kernels::AttentionOptions {
+        heads: h,
+        kv_heads: hkv,
+        dropout,
+        telemetry: false,
+    }
+}
+
 #[test]
 fn attention_matches_the_unfused_composition() {
     // (B, H, H_kv, T, S, d): plain, GQA groups of 2 and 3, odd sizes, one query (decoding),
@@ -262,25 +279,32 @@ fn attention_matches_the_unfused_composition() {
     .into_iter()
     .enumerate()
     {
-        let q = (randn(50 + i as u64, &[b, h, t, d]) * 0.5).unwrap();
-        let k = randn(60 + i as u64, &[b, hkv, s, d]);
-        let v = randn(70 + i as u64, &[b, hkv, s, d]);
-        let v_head_view = head_split_view(&v);
+        // The projections' layout: q (B, T, H·d), k and v (B, S, H_kv·d).
+        let q = (randn(50 + i as u64, &[b, t, h * d]) * 0.5).unwrap();
+        let k = randn(60 + i as u64, &[b, s, hkv * d]);
+        let v = randn(70 + i as u64, &[b, s, hkv * d]);
         for (mask_name, mask) in masks(b, t, s) {
-            for (label, q, v) in [
-                ("contiguous", q.clone(), v.clone()),
-                ("strided", strided(&q), strided(&v)),
-                ("head-view v", q.clone(), v_head_view.clone()),
+            for (label, q, v, dropout) in [
+                ("contiguous", q.clone(), v.clone(), None),
+                ("strided", strided(&q), strided(&v), None),
+                ("dropout", q.clone(), v.clone(), Some((0.3, 11 + i as u64))),
             ] {
                 let name = format!("attention {:?} mask {mask_name} {label}", (b, h, hkv, t, s, d));
+                let opts = attn_opts(h, hkv, dropout);
                 compare(
                     &name,
                     &[q.clone(), k.clone(), v],
-                    &|x| kernels::attention(&x[0], &x[1], &x[2], mask.as_ref()).unwrap(),
+                    &|x| {
+                        kernels::attention(&x[0], &x[1], &x[2], mask.as_ref(), &opts)
+                            .unwrap()
+                            .0
+                    },
                     &|x| {
                         // candle's matmul refuses some strided operands; the reference copies.
                         let [q, k, v] = [0, 1, 2].map(|i| x[i].contiguous().unwrap());
-                        kernels::attention_unfused(&q, &k, &v, mask.as_ref()).unwrap()
+                        kernels::attention_unfused(&q, &k, &v, mask.as_ref(), &opts)
+                            .unwrap()
+                            .0
                     },
                 );
             }
@@ -289,15 +313,55 @@ fn attention_matches_the_unfused_composition() {
 }
 
 #[test]
+fn attention_telemetry_matches_the_unfused_measurement_and_changes_nothing() {
+    let (b, h, t, d) = (2, 4, 6, 8);
+    let q = (randn(83, &[b, t, h * d]) * 2.0).unwrap();
+    let k = randn(84, &[b, t, h * d]);
+    let v = randn(85, &[b, t, h * d]);
+    for (mask_name, mask) in masks(b, t, t) {
+        let plain = attn_opts(h, h, None);
+        let measured = kernels::AttentionOptions {
+            telemetry: true,
+            ..plain
+        };
+        let (y, none) = kernels::attention(&q, &k, &v, mask.as_ref(), &plain).unwrap();
+        let (y_measured, fused) = kernels::attention(&q, &k, &v, mask.as_ref(), &measured).unwrap();
+        let (_, unfused) = kernels::attention_unfused(&q, &k, &v, mask.as_ref(), &measured).unwrap();
+        assert!(none.is_none());
+        assert_eq!(
+            max_rel_diff(&y, &y_measured),
+            0.0,
+            "{mask_name}: telemetry changed the output"
+        );
+        let (fused, unfused) = (fused.unwrap(), unfused.unwrap());
+        assert!(
+            (fused.max_logit - unfused.max_logit).abs() <= 1e-5 * unfused.max_logit.abs(),
+            "{mask_name}: max logit {} vs {}",
+            fused.max_logit,
+            unfused.max_logit
+        );
+        assert!(
+            (fused.entropy - unfused.entropy).abs() <= 1e-4,
+            "{mask_name}: entropy {} vs {}",
+            fused.entropy,
+            unfused.entropy
+        );
+    }
+}
+
+#[test]
 fn attention_with_huge_logits_does_not_skip_keys_it_needs() {
     // |q·k| far beyond the skip bound: the kernel must compute every masked logit, as unfused.
     let (b, h, t, d) = (1, 2, 4, 8);
-    let q = (randn(80, &[b, h, t, d]) * 1e4).unwrap();
-    let k = (randn(81, &[b, h, t, d]) * 1e3).unwrap();
-    let v = randn(82, &[b, h, t, d]);
+    let q = (randn(80, &[b, t, h * d]) * 1e4).unwrap();
+    let k = (randn(81, &[b, t, h * d]) * 1e3).unwrap();
+    let v = randn(82, &[b, t, h * d]);
     let mask = kernels::attention::causal_mask(t, 0, DType::F32, &Device::Cpu).unwrap();
-    let a = kernels::attention(&q, &k, &v, Some(&mask)).unwrap();
-    let u = kernels::attention_unfused(&q, &k, &v, Some(&mask)).unwrap();
+    let opts = attn_opts(h, h, None);
+    let a = kernels::attention(&q, &k, &v, Some(&mask), &opts).unwrap().0;
+    let u = kernels::attention_unfused(&q, &k, &v, Some(&mask), &opts)
+        .unwrap()
+        .0;
     assert_close("huge logits", &a, &u);
 }
 
@@ -375,6 +439,119 @@ fn linear_matches_matmul_by_the_transposed_weight() {
                 &[x, w],
                 &|t| kernels::linear(&t[0], &t[1]).unwrap(),
                 &|t| kernels::linear_unfused(&t[0], &t[1]).unwrap(),
+            );
+        }
+    }
+}
+
+#[test]
+fn linear_folds_leading_dimensions_into_rows() {
+    let x = randn(320, &[2, 5, 13]);
+    let w = randn(321, &[7, 13]);
+    compare(
+        "linear (2, 5, 13)",
+        &[x, w],
+        &|t| kernels::linear(&t[0], &t[1]).unwrap(),
+        &|t| kernels::linear_unfused(&t[0], &t[1]).unwrap(),
+    );
+}
+
+/// Every kernel's output and gradients at 1 thread and at 3: the bits must not differ.
+#[test]
+fn kernels_give_the_same_bits_at_any_thread_count() {
+    // Large enough that every kernel cuts its work into several tasks.
+    let (b, h, t, d) = (4, 4, 64, 32);
+    let x = randn(400, &[b, t, h * d]);
+    let w = randn(401, &[h * d, h * d]);
+    let gain = randn(402, &[h * d]).affine(0.3, 1.0).unwrap();
+    let (q, k, v) = (
+        randn(403, &[b, t, h * d]),
+        randn(404, &[b, t, h * d]),
+        randn(405, &[b, t, h * d]),
+    );
+    let logits = (randn(406, &[b * t, 300]) * 3.0).unwrap();
+    let targets = Tensor::new(
+        (0..(b * t) as u32)
+            .map(|j| j % 300)
+            .collect::<Vec<_>>()
+            .as_slice(),
+        &Device::Cpu,
+    )
+    .unwrap();
+    let ones = Tensor::ones(b * t, DType::F32, &Device::Cpu).unwrap();
+    let tables = RopeTables::new(d, t, 10_000.0, DType::F32, &Device::Cpu).unwrap();
+    let mask = kernels::attention::causal_mask(t, 0, DType::F32, &Device::Cpu).unwrap();
+    let opts = attn_opts(h, h, Some((0.1, 5)));
+    let cases: Vec<(&str, Vec<Tensor>, Box<dyn Fn(&[Tensor]) -> Tensor>)> = vec![
+        (
+            "linear",
+            vec![x.clone(), w],
+            Box::new(|t| kernels::linear(&t[0], &t[1]).unwrap()),
+        ),
+        (
+            "layernorm",
+            vec![x.clone(), gain.clone(), gain],
+            Box::new(|t| kernels::layer_norm(&t[0], &t[1], Some(&t[2]), 1e-5).unwrap()),
+        ),
+        (
+            "rope",
+            vec![x.clone()],
+            Box::new(|t| kernels::rope(&t[0], &tables, 0, 0.25).unwrap()),
+        ),
+        (
+            "gelu",
+            vec![x.clone()],
+            Box::new(|t| kernels::gelu_erf(&t[0]).unwrap()),
+        ),
+        (
+            "swiglu",
+            vec![x.clone(), q.clone()],
+            Box::new(|t| kernels::swiglu(&t[0], &t[1]).unwrap()),
+        ),
+        (
+            "dropout",
+            vec![x.clone()],
+            Box::new(|t| kernels::dropout(&t[0], 0.2, 3).unwrap()),
+        ),
+        (
+            "softmax",
+            vec![x],
+            Box::new(|t| kernels::softmax_rows(&t[0]).unwrap()),
+        ),
+        (
+            "attention",
+            vec![q, k, v],
+            Box::new(move |t| {
+                kernels::attention(&t[0], &t[1], &t[2], Some(&mask), &opts)
+                    .unwrap()
+                    .0
+            }),
+        ),
+        (
+            "cross-entropy",
+            vec![logits],
+            Box::new(move |t| kernels::cross_entropy(&t[0], &targets, &ones, 0.1, 1e-4).unwrap()),
+        ),
+    ];
+    for (name, inputs, f) in &cases {
+        let probe = randn(407, f(inputs).dims());
+        let mut runs = vec![];
+        for threads in [1, 3] {
+            kernels::par::set_threads(threads).unwrap();
+            runs.push(run(inputs, &probe, f.as_ref()));
+        }
+        kernels::par::set_threads(1).unwrap();
+        let ((y1, g1), (y3, g3)) = (&runs[0], &runs[1]);
+        assert_eq!(
+            max_rel_diff(y1, y3),
+            0.0,
+            "{name}: the output depends on the thread count"
+        );
+        for (i, (a, b)) in g1.iter().zip(g3).enumerate() {
+            assert_eq!(
+                max_rel_diff(a, b),
+                0.0,
+                "{name}: gradient {i} depends on the thread count"
             );
         }
     }

@@ -1,8 +1,13 @@
 //! Multi-head attention with grouped-query heads, switchable QK-norm, rotary positions, a KV
 //! cache for incremental decoding, and opt-in telemetry.
+//!
+//! Queries, keys and values stay in the layout their projections produce, (B, T, heads·d): the
+//! per-head norm, the rotation and the attention kernel all read it as it is, so the graph has
+//! no head split or merge (each would cost a copy and an autograd edge).
 
-use candle_core::{DType, Result, Tensor, D};
+use candle_core::{Result, Tensor};
 use candle_nn::{Init, VarBuilder};
+use ember_kernels::{AttentionOptions, AttentionTelemetry};
 
 use crate::config::{ModelConfig, NormKind, QkNorm};
 use crate::layers::{dropout, l2_normalize, AttentionStats, ForwardCtx, Linear, Norm};
@@ -19,16 +24,16 @@ pub struct KvCache {
 impl KvCache {
     /// Number of cached positions.
     pub fn len(&self) -> usize {
-        self.k.as_ref().and_then(|k| k.dim(2).ok()).unwrap_or(0)
+        self.k.as_ref().and_then(|k| k.dim(1).ok()).unwrap_or(0)
     }
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// Appends (B, H_kv, t, d) keys and values; returns the full cached keys and values.
+    /// Appends (B, t, H_kv·d) keys and values; returns the full cached keys and values.
     fn append(&mut self, k: Tensor, v: Tensor) -> Result<(Tensor, Tensor)> {
         let (k, v) = match (&self.k, &self.v) {
-            (Some(pk), Some(pv)) => (Tensor::cat(&[pk, &k], 2)?, Tensor::cat(&[pv, &v], 2)?),
+            (Some(pk), Some(pv)) => (Tensor::cat(&[pk, &k], 1)?, Tensor::cat(&[pv, &v], 1)?),
             _ => (k, v),
         };
         // The cache is inference state: kept on the autograd graph, each step's cached keys
@@ -147,33 +152,20 @@ impl Attention {
         })
     }
 
-    /// (B, T, heads·d) → (B, heads, T, d).
-    fn split_heads(&self, x: &Tensor, heads: usize) -> Result<Tensor> {
-        self.heads_view(x, heads)?.contiguous()
-    }
-
-    /// (B, T, heads·d) viewed as (B, heads, T, d), without copying: the rotation kernel reads
-    /// this layout directly and writes (B, heads, T, d).
-    fn heads_view(&self, x: &Tensor, heads: usize) -> Result<Tensor> {
-        let (b, t, _) = x.dims3()?;
-        x.reshape((b, t, heads, self.head_dim))?.transpose(1, 2)
-    }
-
-    /// QK-norm of per-head queries or keys (B, H, T, d), over d.
+    /// QK-norm of per-head queries or keys (B, T, heads·d), over each head's d.
     fn normalize(&self, x: &Tensor, side: Side) -> Result<Tensor> {
         match (&self.qk_norm, side) {
             (QkNormLayer::None, _) => Ok(x.clone()),
             (QkNormLayer::Norm { q, .. }, Side::Query) => q.forward(x),
             (QkNormLayer::Norm { k, .. }, Side::Key) => k.forward(x),
-            (QkNormLayer::L2 { eps, .. }, _) => l2_normalize(x, *eps),
+            (QkNormLayer::L2 { eps, .. }, _) => l2_normalize(x, self.head_dim, *eps),
         }
     }
 
-    /// Queries: project, normalise, rotate, and fold in the logit scale (cheaper on q than on
-    /// the T×S logits).
+    /// Queries (B, T, H·d): project, normalise, rotate, and fold in the logit scale (cheaper on
+    /// q than on the T×S logits).
     fn queries(&self, x: &Tensor, offset: usize) -> Result<Tensor> {
-        let q = self.heads_view(&self.q_proj.forward(x)?, self.n_heads)?;
-        let q = self.normalize(&q, Side::Query)?;
+        let q = self.normalize(&self.q_proj.forward(x)?, Side::Query)?;
         // QK-norm comes before the rotation (Qwen3, OLMo 2): rotating first would let the
         // norm's gains act on position-mixed coordinates.
         let scale = 1.0 / (self.head_dim as f64).sqrt();
@@ -186,16 +178,14 @@ impl Attention {
         }
     }
 
+    /// Keys and values (B, S, H_kv·d), the keys normalised and rotated.
     fn keys_values(&self, x: &Tensor, offset: usize) -> Result<(Tensor, Tensor)> {
-        let k = self.heads_view(&self.k_proj.forward(x)?, self.n_kv_heads)?;
-        let v = self.split_heads(&self.v_proj.forward(x)?, self.n_kv_heads)?;
-        let k = self.normalize(&k, Side::Key)?;
+        let k = self.normalize(&self.k_proj.forward(x)?, Side::Key)?;
         let k = match &self.rotary {
             Some(rotary) => rotary.apply(&k, offset)?,
-            // Without a rotation nothing has copied the head view yet.
-            None => k.contiguous()?,
+            None => k,
         };
-        Ok((k, v))
+        Ok((k, self.v_proj.forward(x)?))
     }
 
     /// Self-attention over `x` (B, T, D). `mask` is additive and broadcasts to (B, H, T, S).
@@ -235,7 +225,7 @@ impl Attention {
         self.attend(&q, &kv.k, &kv.v, mask, ctx)
     }
 
-    /// softmax(q·kᵀ + mask)·v for scaled queries (B, H, T, d) and keys/values (B, H_kv, S, d),
+    /// softmax(q·kᵀ + mask)·v for scaled queries (B, T, H·d) and keys/values (B, S, H_kv·d),
     /// then the output projection.
     fn attend(
         &self,
@@ -245,69 +235,44 @@ impl Attention {
         mask: Option<&Tensor>,
         ctx: ForwardCtx,
     ) -> Result<Tensor> {
-        let (b, h, t, d) = q.dims4()?;
-        let training_dropout = ctx.dropout.is_some() && self.attn_dropout > 0.0;
-        if ctx.telemetry.is_none() && !training_dropout {
-            // The fused kernel (CPU f32; the same composition as below elsewhere).
-            let out = ember_kernels::attention_heads_last(q, k, v, mask)?.reshape((b, t, h * d))?;
-            return dropout(&self.o_proj.forward(&out)?, self.dropout, ctx);
-        }
-        let s = k.dim(2)?;
-        let group = h / self.n_kv_heads;
-        // Grouped-query attention without copying K/V per query head: the `group` query heads
-        // that share a KV head are stacked along the time axis of one matmul.
-        let logits = q
-            .reshape((b, self.n_kv_heads, group * t, d))?
-            .matmul(&k.t()?)?
-            .reshape((b, h, t, s))?;
-        let masked = match mask {
-            Some(m) => logits.broadcast_add(m)?,
-            None => logits.clone(),
+        let (b, t, _) = q.dims3()?;
+        let s = k.dim(1)?;
+        let dropout_stream = match ctx.dropout {
+            Some(rng) if self.attn_dropout > 0.0 => {
+                Some((self.attn_dropout, rng.reserve(b * self.n_heads * t * s)))
+            }
+            _ => None,
         };
-        let probs = ember_kernels::softmax_rows(&masked)?;
-        if let Some(telemetry) = ctx.telemetry {
-            telemetry.record(self.stats(&logits, mask, &probs)?);
+        let opts = AttentionOptions {
+            heads: self.n_heads,
+            kv_heads: self.n_kv_heads,
+            dropout: dropout_stream,
+            telemetry: ctx.telemetry.is_some(),
+        };
+        let (out, measured) = ember_kernels::attention(q, k, v, mask, &opts)?;
+        if let (Some(telemetry), Some(AttentionTelemetry { max_logit, entropy })) = (ctx.telemetry, measured)
+        {
+            telemetry.record(AttentionStats {
+                module: self.name.clone(),
+                max_logit,
+                entropy,
+            });
         }
-        let probs = dropout(&probs, self.attn_dropout, ctx)?;
-        let out = probs
-            .reshape((b, self.n_kv_heads, group * t, s))?
-            .matmul(v)?
-            .reshape((b, h, t, d))?
-            .transpose(1, 2)?
-            .reshape((b, t, h * d))?;
         dropout(&self.o_proj.forward(&out)?, self.dropout, ctx)
-    }
-
-    /// Max |logit| over unmasked pairs and mean entropy of the attention rows, off the autograd graph.
-    fn stats(&self, logits: &Tensor, mask: Option<&Tensor>, probs: &Tensor) -> Result<AttentionStats> {
-        let logits = logits.detach().to_dtype(DType::F32)?;
-        let abs = logits.abs()?;
-        let abs = match mask {
-            // Masked entries carry −1e9; keep only entries whose mask is 0.
-            Some(m) => abs.broadcast_mul(&m.ge(-1.0)?.to_dtype(DType::F32)?)?,
-            None => abs,
-        };
-        let probs = probs.detach().to_dtype(DType::F32)?;
-        let entropy = probs
-            .clamp(1e-30f32, 1f32)?
-            .log()?
-            .mul(&probs)?
-            .sum(D::Minus1)?
-            .neg()?
-            .mean_all()?;
-        Ok(AttentionStats {
-            module: self.name.clone(),
-            max_logit: abs.max_all()?.to_scalar::<f32>()?,
-            entropy: entropy.to_scalar::<f32>()?,
-        })
     }
 
     /// Per-head queries and keys of `x` (B, T, D) right after QK-norm, before rotation and
     /// scaling: (B, H, T, d) and (B, H_kv, T, d). For inspecting what the norm does.
     pub fn normalized_qk(&self, x: &Tensor) -> Result<(Tensor, Tensor)> {
-        let q = self.split_heads(&self.q_proj.forward(x)?, self.n_heads)?;
-        let k = self.split_heads(&self.k_proj.forward(x)?, self.n_kv_heads)?;
-        Ok((self.normalize(&q, Side::Query)?, self.normalize(&k, Side::Key)?))
+        let heads = |t: &Tensor, n: usize| -> Result<Tensor> {
+            let (b, len, _) = t.dims3()?;
+            t.reshape((b, len, n, self.head_dim))?
+                .transpose(1, 2)?
+                .contiguous()
+        };
+        let q = self.normalize(&self.q_proj.forward(x)?, Side::Query)?;
+        let k = self.normalize(&self.k_proj.forward(x)?, Side::Key)?;
+        Ok((heads(&q, self.n_heads)?, heads(&k, self.n_kv_heads)?))
     }
 
     /// The learnable logit scale g of the `l2` variant.

@@ -55,12 +55,16 @@ impl DropoutRng {
         if p <= 0.0 {
             return Ok(x.clone());
         }
+        ember_kernels::dropout(x, p, self.reserve(x.elem_count()))
+    }
+
+    /// The state whose next `n` draws are this mask's, moving the stream past them exactly as
+    /// n calls of `uniform` would (for the kernels that draw a mask themselves).
+    pub fn reserve(&self, n: usize) -> u64 {
         let mut rng = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        // The mask is draws 1..=n of the stream; moving past them leaves the generator exactly
-        // where n calls of `uniform` would.
-        let y = ember_kernels::dropout(x, p, rng.state())?;
-        rng.skip(x.elem_count() as u64);
-        Ok(y)
+        let state = rng.state();
+        rng.skip(n as u64);
+        state
     }
 }
 
@@ -130,17 +134,9 @@ impl Linear {
         &self.weight
     }
 
+    /// (…, in) → (…, out): all leading dimensions are rows of one product.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        // Fold all leading dims into one so the product is a single large GEMM: candle's
-        // broadcast matmul would instead loop over the batch with many small ones.
-        let (out_dim, in_dim) = self.weight.dims2()?;
-        let mut dims = x.dims().to_vec();
-        let rows = x.elem_count() / in_dim;
-        let y = ember_kernels::linear(&x.reshape((rows, in_dim))?, &self.weight)?;
-        if let Some(last) = dims.last_mut() {
-            *last = out_dim;
-        }
-        y.reshape(dims)
+        ember_kernels::linear(x, &self.weight)
     }
 }
 
@@ -176,7 +172,8 @@ impl Embedding {
     }
 }
 
-/// RMSNorm or LayerNorm over the last dimension, written from differentiable primitives.
+/// RMSNorm or LayerNorm over vectors of `dim` elements along the last dimension (the whole of it
+/// for the residual stream, one head of a projection for QK-norm).
 #[derive(Clone)]
 pub struct Norm {
     weight: Tensor,
@@ -211,10 +208,14 @@ impl Norm {
     }
 }
 
-/// Divides each vector along the last dimension by its L2 norm.
-pub fn l2_normalize(x: &Tensor, eps: f64) -> Result<Tensor> {
-    let norm = (x.sqr()?.sum_keepdim(D::Minus1)? + eps)?.sqrt()?;
-    x.broadcast_div(&norm)
+/// Divides each vector of `d` elements along the last dimension by its L2 norm.
+pub fn l2_normalize(x: &Tensor, d: usize, eps: f64) -> Result<Tensor> {
+    let mut dims = x.dims().to_vec();
+    let last = dims.pop().unwrap_or(d);
+    dims.extend([last / d.max(1), d]);
+    let v = x.reshape(dims)?;
+    let norm = (v.sqr()?.sum_keepdim(D::Minus1)? + eps)?.sqrt()?;
+    v.broadcast_div(&norm)?.reshape(x.shape())
 }
 
 /// The feed-forward block.

@@ -17,14 +17,14 @@ impl Rotary {
         })
     }
 
-    /// Rotates `x` of shape (B, H, T, head_dim) whose first position is `offset`.
+    /// Rotates `x` of shape (B, T, H·head_dim) whose first position is `offset`.
     pub fn apply(&self, x: &Tensor, offset: usize) -> Result<Tensor> {
         self.apply_scaled(x, offset, 1.0)
     }
 
     /// `scale · apply(x, offset)` in one pass (the logit scale of queries).
     pub fn apply_scaled(&self, x: &Tensor, offset: usize, scale: f64) -> Result<Tensor> {
-        let (_, _, t, _) = x.dims4()?;
+        let t = x.dim(1)?;
         if offset + t > self.tables.max_len() {
             candle_core::bail!(
                 "sequence position {} is beyond model.max_seq_len = {}; raise max_seq_len or shorten the input",

@@ -167,8 +167,8 @@ fn reordering_the_cache_follows_the_selected_rows() {
 fn rotary_dot_products_depend_only_on_relative_position() {
     let d = 16;
     let rotary = Rotary::new(d, 128, 10_000.0, DType::F64, &Device::Cpu).unwrap();
-    let q = random(&[1, 1, 1, d], DType::F64, 1);
-    let k = random(&[1, 1, 1, d], DType::F64, 2);
+    let q = random(&[1, 1, d], DType::F64, 1); // (batch, time, heads · head_dim)
+    let k = random(&[1, 1, d], DType::F64, 2);
     let dot = |m: usize, n: usize| {
         let a = rotary.apply(&q, m).unwrap();
         let b = rotary.apply(&k, n).unwrap();
@@ -194,7 +194,7 @@ fn rotary_dot_products_depend_only_on_relative_position() {
 fn rotary_refuses_positions_beyond_max_seq_len() {
     let rotary = Rotary::new(8, 4, 10_000.0, DType::F32, &Device::Cpu).unwrap();
     let err = rotary
-        .apply(&random(&[1, 1, 3, 8], DType::F32, 1), 2)
+        .apply(&random(&[1, 3, 8], DType::F32, 1), 2)
         .unwrap_err()
         .to_string();
     assert!(err.contains("max_seq_len"), "{err}");

@@ -21,6 +21,10 @@ mod timing;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::par::SharedMut;
+
 /// A matrix operand of [`sgemm`]: its elements and the element strides of its rows and columns
 /// (a transposed view is the same data with the strides swapped).
 #[derive(Clone, Copy)]
@@ -40,12 +44,12 @@ impl<'a> Mat<'a> {
         }
     }
 
-    /// The transpose of a row-major matrix with `cols` columns.
-    pub fn transposed(data: &'a [f32], cols: usize) -> Self {
+    /// The transpose: the same data with the strides swapped.
+    pub fn t(self) -> Self {
         Self {
-            data,
-            row_stride: 1,
-            col_stride: cols,
+            data: self.data,
+            row_stride: self.col_stride,
+            col_stride: self.row_stride,
         }
     }
 
@@ -85,33 +89,42 @@ pub(crate) fn sgemm(m: usize, k: usize, n: usize, a: Mat<'_>, b: Mat<'_>, beta: 
 
 /// `A·B` for A (m×k) and B (k×n) into a new row-major (m×n) vector (no zero-fill first).
 pub(crate) fn product(m: usize, k: usize, n: usize, a: Mat<'_>, b: Mat<'_>) -> Vec<f32> {
-    let mut c = Blocks::new(m * n);
-    c.product(0, m, k, n, a, b);
+    let c = Blocks::new(m * n);
+    // SAFETY: the only block of a vector no one else can see.
+    unsafe { c.product(0, m, k, n, a, b) };
     c.finish()
 }
 
 /// A vector assembled from disjoint blocks, each written in full — by a β = 0 product (which
 /// writes every element of its block without reading it) or by the caller — so it needs no
-/// zero-fill first.
+/// zero-fill first. Tasks of one parallel region write their blocks through a shared reference;
+/// the count of written elements checks at the end that the blocks covered the vector.
 pub(crate) struct Blocks {
     data: Vec<f32>,
+    ptr: SharedMut<f32>,
     len: usize,
-    written: usize,
+    written: AtomicUsize,
 }
 
 impl Blocks {
     pub fn new(len: usize) -> Self {
+        let mut data = Vec::with_capacity(len);
+        let ptr = SharedMut(data.as_mut_ptr());
         Self {
-            data: Vec::with_capacity(len),
+            data,
+            ptr,
             len,
-            written: 0,
+            written: AtomicUsize::new(0),
         }
     }
 
     /// `A·B` (m×k times k×n) into rows of n elements starting at `at`, `ldc` apart.
+    ///
+    /// # Safety
+    /// No other task writes or reads these rows while this runs.
     #[allow(clippy::too_many_arguments)]
-    pub fn product_ld(
-        &mut self,
+    pub unsafe fn product_ld(
+        &self,
         at: usize,
         ldc: usize,
         m: usize,
@@ -127,39 +140,72 @@ impl Blocks {
         if m == 0 || n == 0 {
             return;
         }
-        let c = self.data.spare_capacity_mut()[at..].as_mut_ptr().cast::<f32>();
-        // SAFETY: operands in bounds (asserted); the rows of C lie in our spare capacity, which
-        // no operand borrows. With β = 0 every element of each row is written without being
-        // read (matrixmultiply: "If β is zero, then C does not need to be initialized"); for
-        // k = 0 the fill writes it.
-        unsafe {
-            if k == 0 {
-                for r in 0..m {
-                    std::ptr::write_bytes(c.add(r * ldc), 0, n);
-                }
-            } else {
-                gemm(m, k, n, a.operand(), b.operand(), 0.0, c, ldc);
+        let c = self.ptr.0.add(at);
+        // Operands in bounds (asserted); the rows of C lie in our spare capacity, which no
+        // operand borrows. With β = 0 every element of each row is written without being read
+        // (matrixmultiply: "If β is zero, then C does not need to be initialized"); for k = 0
+        // the fill writes it.
+        if k == 0 {
+            for r in 0..m {
+                std::ptr::write_bytes(c.add(r * ldc), 0, n);
             }
+        } else {
+            gemm(m, k, n, a.operand(), b.operand(), 0.0, c, ldc);
         }
-        self.written += m * n;
+        self.written.fetch_add(m * n, Ordering::Relaxed);
+    }
+
+    /// Adds `A·B` (m×k times k×n) to rows of n elements starting at `at`, `ldc` apart, which an
+    /// earlier [`product_ld`](Self::product_ld) of the same task wrote.
+    ///
+    /// # Safety
+    /// As [`product_ld`](Self::product_ld); the rows were written before.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn add_product_ld(
+        &self,
+        at: usize,
+        ldc: usize,
+        m: usize,
+        k: usize,
+        n: usize,
+        a: Mat<'_>,
+        b: Mat<'_>,
+    ) {
+        assert!(
+            a.fits(m, k) && b.fits(k, n) && n <= ldc && (m == 0 || at + (m - 1) * ldc + n <= self.len),
+            "sgemm: operand out of bounds"
+        );
+        if m > 0 && n > 0 && k > 0 {
+            gemm(m, k, n, a.operand(), b.operand(), 1.0, self.ptr.0.add(at), ldc);
+        }
     }
 
     /// `A·B` (m×k times k×n) into elements `at..at + m·n`; returns them.
-    pub fn product(&mut self, at: usize, m: usize, k: usize, n: usize, a: Mat<'_>, b: Mat<'_>) -> &mut [f32] {
+    ///
+    /// # Safety
+    /// As [`product_ld`](Self::product_ld), for as long as the returned slice lives.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn product(
+        &self,
+        at: usize,
+        m: usize,
+        k: usize,
+        n: usize,
+        a: Mat<'_>,
+        b: Mat<'_>,
+    ) -> &mut [f32] {
         self.product_ld(at, n, m, k, n, a, b);
-        // SAFETY: product_ld wrote (and bounds-checked) these m·n contiguous elements.
-        unsafe { std::slice::from_raw_parts_mut(self.data.as_mut_ptr().add(at), m * n) }
-    }
-
-    /// Elements `at..at + len`, to be written by the caller (counted as written).
-    pub fn row(&mut self, at: usize, len: usize) -> &mut [std::mem::MaybeUninit<f32>] {
-        self.written += len;
-        &mut self.data.spare_capacity_mut()[at..at + len]
+        // product_ld wrote (and bounds-checked) these m·n contiguous elements.
+        self.ptr.slice(at, m * n)
     }
 
     /// The vector, once disjoint blocks have covered it.
     pub fn finish(mut self) -> Vec<f32> {
-        assert_eq!(self.written, self.len, "blocks do not cover the vector");
+        assert_eq!(
+            self.written.load(Ordering::Relaxed),
+            self.len,
+            "blocks do not cover the vector"
+        );
         // SAFETY: disjoint blocks (the callers' block ranges partition the vector) wrote
         // `len` elements in all, so every element is initialised.
         unsafe { self.data.set_len(self.len) };
@@ -173,6 +219,27 @@ pub(crate) struct Operand {
     pub ptr: *const f32,
     pub row_stride: usize,
     pub col_stride: usize,
+}
+
+// SAFETY: an operand is only read, by tasks of a parallel region its owner outlives.
+unsafe impl Send for Operand {}
+unsafe impl Sync for Operand {}
+
+impl Operand {
+    /// The operand from row `r` on.
+    fn from_row(self, r: usize) -> Self {
+        Self {
+            ptr: self.ptr.wrapping_add(r * self.row_stride),
+            ..self
+        }
+    }
+    /// The operand from column `c` on.
+    fn from_col(self, c: usize) -> Self {
+        Self {
+            ptr: self.ptr.wrapping_add(c * self.col_stride),
+            ..self
+        }
+    }
 }
 
 #[cfg(test)]
@@ -218,7 +285,33 @@ pub(crate) unsafe fn gemm(
     gemm_with(true, m, k, n, a, b, beta, c, ldc)
 }
 
+/// Multiply-adds below which a product runs as one task: splitting costs more than it saves.
+const PAR_MIN_FMAS: usize = 1 << 18;
+
+/// How many row (or column) blocks to cut a product into: about two per thread, so a slow
+/// thread's block can be picked up by another, and only for products large enough to pay.
+fn blocks_for(m: usize, k: usize, n: usize, span: usize, align: usize) -> usize {
+    let threads = crate::par::threads();
+    if threads <= 1 || m * k * n < PAR_MIN_FMAS {
+        return 1;
+    }
+    (2 * threads).min(span.div_ceil(align)).max(1)
+}
+
+/// `0..len` cut into `blocks` ranges whose starts are multiples of `align`.
+fn ranges(len: usize, blocks: usize, align: usize) -> Vec<std::ops::Range<usize>> {
+    let size = len.div_ceil(blocks).div_ceil(align) * align;
+    (0..len)
+        .step_by(size.max(1))
+        .map(|s| s..len.min(s + size))
+        .collect()
+}
+
 /// [`gemm`], with the in-place kernel allowed or not (the tests run both paths).
+///
+/// Large products are cut into blocks of C's rows (or, when C is wide, of its columns) that run
+/// as parallel tasks. Each element of C is still the same sum over k in the same order — the
+/// kernels' summation order depends on k alone — so the bits do not depend on the cut.
 #[allow(clippy::too_many_arguments)]
 unsafe fn gemm_with(
     in_place: bool,
@@ -234,6 +327,7 @@ unsafe fn gemm_with(
     if m == 0 || n == 0 {
         return;
     }
+    let c = SharedMut(c);
     #[cfg(target_arch = "x86_64")]
     if in_place
         && a.col_stride == 1
@@ -241,33 +335,67 @@ unsafe fn gemm_with(
         && k > 0
         && std::is_x86_feature_detected!("avx512f")
     {
-        if b.col_stride == 1 {
-            x86::avx512::gemm(m, k, n, a, b.ptr, b.row_stride, beta, c, ldc);
-            return;
-        }
-        // B row-contiguous after a k·n transpose: worth it when m is at least a tile.
-        if m >= 8 {
-            let bt = transpose(k, n, b);
-            x86::avx512::gemm(m, k, n, a, bt.as_ptr(), n, beta, c, ldc);
+        // B must be row-contiguous: a transposed B is transposed once (worth it when m is at
+        // least a tile), before the rows are shared out.
+        let transposed = (b.col_stride != 1 && m >= 8).then(|| transpose(k, n, b));
+        let (b_ptr, ldb) = match &transposed {
+            Some(bt) => (bt.as_ptr(), n),
+            None => (b.ptr, b.row_stride),
+        };
+        if b.col_stride == 1 || transposed.is_some() {
+            let b_ptr = SharedMut(b_ptr.cast_mut());
+            let rows = ranges(m, blocks_for(m, k, n, m, 8), 8);
+            crate::par::for_each(rows.len(), |i| {
+                let r = rows[i].clone();
+                // SAFETY: each task writes C's rows `r` only.
+                x86::avx512::gemm(
+                    r.len(),
+                    k,
+                    n,
+                    a.from_row(r.start),
+                    b_ptr.at(0),
+                    ldb,
+                    beta,
+                    c.at(r.start * ldc),
+                    ldc,
+                );
+            });
             return;
         }
     }
-    matrixmultiply::sgemm(
-        m,
-        k,
-        n,
-        1.0,
-        a.ptr,
-        a.row_stride as isize,
-        a.col_stride as isize,
-        b.ptr,
-        b.row_stride as isize,
-        b.col_stride as isize,
-        beta,
-        c,
-        ldc as isize,
-        1,
-    )
+    let packed = |m: usize, n: usize, a: Operand, b: Operand, c: *mut f32| {
+        matrixmultiply::sgemm(
+            m,
+            k,
+            n,
+            1.0,
+            a.ptr,
+            a.row_stride as isize,
+            a.col_stride as isize,
+            b.ptr,
+            b.row_stride as isize,
+            b.col_stride as isize,
+            beta,
+            c,
+            ldc as isize,
+            1,
+        )
+    };
+    if m >= n {
+        let rows = ranges(m, blocks_for(m, k, n, m, 8), 8);
+        crate::par::for_each(rows.len(), |i| {
+            let r = rows[i].clone();
+            // SAFETY: each task writes C's rows `r` only.
+            packed(r.len(), n, a.from_row(r.start), b, c.at(r.start * ldc));
+        });
+    } else {
+        let cols = ranges(n, blocks_for(m, k, n, n, 16), 16);
+        crate::par::for_each(cols.len(), |i| {
+            let r = cols[i].clone();
+            // SAFETY: each task writes C's columns `r` only.
+            packed(m, r.len(), a, b.from_col(r.start), c.at(r.start));
+        });
+    }
 }
 
 /// The k×n view `b` as a row-major vector.
