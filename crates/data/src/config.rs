@@ -3,7 +3,7 @@
 //! ```yaml
 //! data:
 //!   corpus:
-//!     kind: embedded          # embedded | parallel | text
+//!     kind: embedded          # embedded | parallel | text | hf_dataset | token_shards
 //!     seed: 1234
 //!     train_size: 20000
 //!     val_size: 500
@@ -47,6 +47,24 @@ pub struct DataConfig {
     /// As `max_source_len`, for the target side.
     #[serde(default = "default_max_len")]
     pub max_target_len: usize,
+    /// What to do with a pair (any split) that does not fit the model's positions
+    /// (`model.max_seq_len`: the source, or the target plus its bos/eos): `error` (default: stop
+    /// at load, naming the file and line), `skip` it, or `truncate` it to fit.
+    #[serde(default)]
+    pub too_long: TooLong,
+}
+
+/// `data.too_long`: the fate of an example longer than the model's positions.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum TooLong {
+    /// Refuse the data at load, naming the file and line of the first such example.
+    #[default]
+    Error,
+    /// Drop such examples (counted and reported; validation BLEU then covers the rest).
+    Skip,
+    /// Cut such examples to fit (references for BLEU stay whole).
+    Truncate,
 }
 
 fn default_max_len() -> usize {
@@ -60,6 +78,7 @@ impl Default for DataConfig {
             tokenizer: TokenizerConfig::default(),
             max_source_len: default_max_len(),
             max_target_len: default_max_len(),
+            too_long: TooLong::default(),
         }
     }
 }
@@ -74,6 +93,11 @@ pub enum CorpusConfig {
     Parallel(ParallelConfig),
     /// Monolingual text for language modelling, e.g. Tiny Shakespeare.
     Text(TextConfig),
+    /// A Hugging Face dataset's parquet files (translation or language modelling), from a
+    /// local folder or the Hugging Face cache.
+    HfDataset(HfDatasetConfig),
+    /// Pre-tokenised llama2.c shards (raw little-endian u16 ids) for language modelling.
+    TokenShards(TokenShardsConfig),
 }
 
 impl Default for CorpusConfig {
@@ -85,7 +109,11 @@ impl Default for CorpusConfig {
 impl CorpusConfig {
     /// True for corpora that yield (source, target) pairs rather than one token stream.
     pub fn is_translation(&self) -> bool {
-        !matches!(self, CorpusConfig::Text(_))
+        match self {
+            CorpusConfig::Embedded(_) | CorpusConfig::Parallel(_) => true,
+            CorpusConfig::Text(_) | CorpusConfig::TokenShards(_) => false,
+            CorpusConfig::HfDataset(h) => h.columns.is_translation(),
+        }
     }
 }
 
@@ -163,6 +191,120 @@ pub struct TextConfig {
     pub train_files: Vec<PathBuf>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub val_files: Vec<PathBuf>,
+}
+
+/// `data.corpus` with `kind: hf_dataset`: the parquet files of a Hugging Face dataset, read from
+/// a local folder (`path`) or from the Hugging Face cache (`repo`).
+///
+/// ```yaml
+/// corpus:
+///   kind: hf_dataset
+///   repo: bentrevett/multi30k       # or path: data/multi30k-parquet (a local folder)
+///   revision: refs/convert/parquet  # with repo: the branch/tag/commit read from the cache (default)
+///   config: default                 # the dataset's subset folder, when it has several
+///   splits: { train: train, valid: validation, test: test }
+///   columns: { source: en, target: de }     # translation; or columns: { text: text }
+/// ```
+///
+/// A parquet file belongs to split `S` when its folder is `S` (or `partial-S`), as in the Hub's
+/// parquet conversion `config/S/0000.parquet`, or its name is `S` or starts with `S-`, as in
+/// `data/S-00000-of-00001.parquet`. Files are read in path order, so a run reads the same rows
+/// in the same order every time (which resuming relies on).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct HfDatasetConfig {
+    /// A local folder holding the dataset's parquet files (searched recursively).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathBuf>,
+    /// A Hub dataset id (`owner/name`). Its parquet conversion (the `refs/convert/parquet`
+    /// branch) is read from the Hugging Face cache (`HF_HUB_CACHE`, `HF_HOME/hub` or
+    /// `~/.cache/huggingface/hub`); a build with `--features hf-hub` fetches it there first when
+    /// it is missing. Exactly one of `path` and `repo`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repo: Option<String>,
+    /// With `repo`: the branch, tag or commit whose snapshot in the cache is read; defaults to
+    /// `refs/convert/parquet`, the Hub's parquet conversion (the only one `--features hf-hub`
+    /// fetches). Use e.g. `main` for a dataset uploaded as parquet, fetched with
+    /// `huggingface-cli download --repo-type dataset OWNER/NAME --revision main`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<String>,
+    /// The dataset's config (subset): the first folder level of its parquet conversion, e.g.
+    /// `default` or `de-en`. Needed only when the dataset has several.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<String>,
+    #[serde(default)]
+    pub splits: HfSplits,
+    /// Which columns hold the text.
+    pub columns: HfColumns,
+}
+
+/// `data.corpus.splits` of `kind: hf_dataset`: the dataset's split names for each of Ember's.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct HfSplits {
+    #[serde(default = "default_train_split")]
+    pub train: String,
+    #[serde(default = "default_valid_split")]
+    pub valid: String,
+    /// Optional held-out test split (translation reports BLEU on it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub test: Option<String>,
+}
+
+fn default_train_split() -> String {
+    "train".into()
+}
+fn default_valid_split() -> String {
+    "validation".into()
+}
+
+impl Default for HfSplits {
+    fn default() -> Self {
+        Self {
+            train: default_train_split(),
+            valid: default_valid_split(),
+            test: None,
+        }
+    }
+}
+
+/// `data.corpus.columns` of `kind: hf_dataset`: `text` for a language model, or `source` and
+/// `target` for translation. A dotted name reaches into a struct column, e.g.
+/// `translation.de` for the WMT datasets' `translation: {de, en}` column.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct HfColumns {
+    /// Language modelling: the column with each row's text; rows are joined with a newline,
+    /// as if they were the lines of a text file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// Translation: the source-language column.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// Translation: the target-language column.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+}
+
+impl HfColumns {
+    /// True when the columns name a source and a target (a translation corpus).
+    pub fn is_translation(&self) -> bool {
+        self.text.is_none() && (self.source.is_some() || self.target.is_some())
+    }
+}
+
+/// `data.corpus` with `kind: token_shards`: llama2.c-style `.bin` shards (raw little-endian
+/// u16 token ids, no header), as `ember tokenize` writes them. Each list is read in order and
+/// concatenated into one token stream; an entry may be a file or a folder (its `*.bin` files
+/// in name order).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TokenShardsConfig {
+    pub train_files: Vec<PathBuf>,
+    pub val_files: Vec<PathBuf>,
+    /// The `tokenizer.json` the shards were written with, or a run directory holding one. It
+    /// becomes the run's tokenizer (`data.tokenizer` is not used).
+    pub tokenizer: PathBuf,
 }
 
 /// Validation fraction used when `val_fraction` is not given.
@@ -252,6 +394,8 @@ impl DataConfig {
                 }
             }
             CorpusConfig::Text(t) => validate_text(t)?,
+            CorpusConfig::HfDataset(h) => validate_hf_dataset(h)?,
+            CorpusConfig::TokenShards(t) => validate_token_shards(t)?,
         }
         match self.tokenizer.kind {
             TokenizerKind::Bpe => {
@@ -287,6 +431,104 @@ impl DataConfig {
         }
         Ok(())
     }
+}
+
+fn validate_hf_dataset(h: &HfDatasetConfig) -> Result<()> {
+    match (&h.path, &h.repo) {
+        (Some(_), Some(_)) => {
+            return Err(DataError::config(
+                "data.corpus.repo",
+                "give either path (a local folder) or repo (a Hub dataset id), not both",
+            ))
+        }
+        (None, None) => {
+            return Err(DataError::config(
+                "data.corpus.path",
+                "missing: give path (a local folder of parquet files) or repo (a Hub dataset id such as bentrevett/multi30k)",
+            ))
+        }
+        (Some(p), None) if p.as_os_str().is_empty() => {
+            return Err(DataError::config(
+                "data.corpus.path",
+                "must be a folder path, got an empty string",
+            ))
+        }
+        (None, Some(r)) if r.trim().is_empty() || r.split('/').any(str::is_empty) || r.matches('/').count() > 1 => {
+            return Err(DataError::config(
+                "data.corpus.repo",
+                format!("{r:?} is not a Hub dataset id; expected owner/name, e.g. bentrevett/multi30k"),
+            ))
+        }
+        _ => {}
+    }
+    if h.revision.is_some() && h.repo.is_none() {
+        return Err(DataError::config(
+            "data.corpus.revision",
+            "only applies to repo (a Hub dataset in the cache); remove it for a local path",
+        ));
+    }
+    let names = [
+        ("revision", h.revision.as_ref()),
+        ("config", h.config.as_ref()),
+        ("splits.train", Some(&h.splits.train)),
+        ("splits.valid", Some(&h.splits.valid)),
+        ("splits.test", h.splits.test.as_ref()),
+        ("columns.text", h.columns.text.as_ref()),
+        ("columns.source", h.columns.source.as_ref()),
+        ("columns.target", h.columns.target.as_ref()),
+    ];
+    for (key, value) in names {
+        if value.is_some_and(|v| v.trim().is_empty()) {
+            return Err(DataError::config(
+                format!("data.corpus.{key}"),
+                "must not be empty",
+            ));
+        }
+    }
+    let c = &h.columns;
+    match (&c.text, &c.source, &c.target) {
+        (Some(_), None, None) | (None, Some(_), Some(_)) => Ok(()),
+        (Some(_), _, _) => Err(DataError::config(
+            "data.corpus.columns.text",
+            "give either text (a language model) or source and target (translation), not both",
+        )),
+        (None, Some(_), None) => Err(DataError::config(
+            "data.corpus.columns.target",
+            "missing: translation needs both source and target columns",
+        )),
+        (None, None, Some(_)) => Err(DataError::config(
+            "data.corpus.columns.source",
+            "missing: translation needs both source and target columns",
+        )),
+        (None, None, None) => Err(DataError::config(
+            "data.corpus.columns",
+            "name the text column (columns: { text: text }) or the translation columns (columns: { source: en, target: de })",
+        )),
+    }
+}
+
+fn validate_token_shards(t: &TokenShardsConfig) -> Result<()> {
+    for (key, files) in [("train_files", &t.train_files), ("val_files", &t.val_files)] {
+        if files.is_empty() {
+            return Err(DataError::config(
+                format!("data.corpus.{key}"),
+                "must list at least one shard file or folder",
+            ));
+        }
+        if let Some(i) = files.iter().position(|p| p.as_os_str().is_empty()) {
+            return Err(DataError::config(
+                format!("data.corpus.{key}[{i}]"),
+                "must be a file path, got an empty string",
+            ));
+        }
+    }
+    if t.tokenizer.as_os_str().is_empty() {
+        return Err(DataError::config(
+            "data.corpus.tokenizer",
+            "must be a tokenizer.json path (or a run directory), got an empty string",
+        ));
+    }
+    Ok(())
 }
 
 fn validate_text(t: &TextConfig) -> Result<()> {

@@ -13,11 +13,13 @@ use serde::Serialize;
 
 use crate::cache::{self, ContentHash, Groups};
 use crate::config::{
-    CorpusConfig, DataConfig, PairPaths, TextConfig, TokenizerConfig, TokenizerKind, DEFAULT_VAL_FRACTION,
+    CorpusConfig, DataConfig, PairPaths, TextConfig, TokenShardsConfig, TokenizerConfig, TokenizerKind,
+    DEFAULT_VAL_FRACTION,
 };
 use crate::embedded;
 use crate::error::{DataError, Result};
 use crate::io::{lines, read_lines, read_text};
+use crate::shards;
 use crate::tokenizer::{Tokenizer, TOKENIZER_FILE, UNK_ID};
 
 /// File name of the token-id cache inside a run directory.
@@ -37,6 +39,8 @@ pub struct RawPairs {
     pub targets: Vec<String>,
     /// Pairs skipped because the source or the target line was blank.
     pub dropped_empty: usize,
+    /// The 1-based line number of each kept pair in its files (for errors that name a line).
+    pub lines: Vec<usize>,
 }
 
 /// A monolingual text file (or the part of one) that becomes one run of the token stream.
@@ -47,7 +51,14 @@ pub struct RawText {
     pub text: String,
 }
 
-/// Raw text of every split, before tokenisation.
+/// The ids of one llama2.c shard file.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenShard {
+    pub path: PathBuf,
+    pub ids: Vec<u32>,
+}
+
+/// Raw text of every split, before tokenisation (or, for token shards, the ids themselves).
 #[derive(Clone, Debug, PartialEq)]
 pub enum RawCorpus {
     Translation {
@@ -59,6 +70,11 @@ pub enum RawCorpus {
         train: Vec<RawText>,
         valid: Vec<RawText>,
     },
+    /// Already tokenised (`kind: token_shards`): the shards of each split, in order.
+    Tokens {
+        train: Vec<TokenShard>,
+        valid: Vec<TokenShard>,
+    },
 }
 
 impl RawCorpus {
@@ -68,8 +84,10 @@ impl RawCorpus {
             CorpusConfig::Embedded(e) => {
                 let task = embedded::generate(e)?;
                 let to_raw = |pairs: Vec<embedded::Pair>| {
-                    let (sources, targets) = pairs.into_iter().map(|p| (p.english, p.german)).unzip();
+                    let (sources, targets): (Vec<_>, Vec<_>) =
+                        pairs.into_iter().map(|p| (p.english, p.german)).unzip();
                     RawPairs {
+                        lines: (1..=sources.len()).collect(),
                         sources,
                         targets,
                         dropped_empty: 0,
@@ -95,6 +113,8 @@ impl RawCorpus {
                     .transpose()?,
             }),
             CorpusConfig::Text(t) => load_text(t),
+            CorpusConfig::HfDataset(h) => crate::hf_dataset::load(h),
+            CorpusConfig::TokenShards(t) => load_shards(t),
         }
     }
 
@@ -109,7 +129,26 @@ impl RawCorpus {
                 .map(String::as_str)
                 .collect(),
             RawCorpus::Text { train, .. } => train.iter().map(|t| t.text.as_str()).collect(),
+            // Shards come with the tokenizer that wrote them; nothing is trained.
+            RawCorpus::Tokens { .. } => Vec::new(),
         }
+    }
+
+    /// A fingerprint of every split's text, for checking on resume that a run continues on the
+    /// data it was trained on. It hashes the text itself rather than file sizes and times: the
+    /// text is in memory already (hashing Multi30k takes milliseconds next to the seconds of
+    /// reading and tokenising it), a copied or moved corpus with the same content still
+    /// matches, and any edit to any line does not.
+    pub fn fingerprint(&self) -> String {
+        let mut h = ContentHash::new();
+        for g in self.groups() {
+            h.bytes(&(g.len() as u64).to_le_bytes());
+            for s in g {
+                h.str(s);
+            }
+        }
+        let [a, b] = h.finish();
+        format!("{a:016x}{b:016x}")
     }
 
     /// Every text in a fixed order, grouped as the token cache stores them.
@@ -135,6 +174,7 @@ impl RawCorpus {
                 train.iter().map(|t| t.text.as_str()).collect(),
                 valid.iter().map(|t| t.text.as_str()).collect(),
             ],
+            RawCorpus::Tokens { .. } => Vec::new(),
         }
     }
 
@@ -147,6 +187,10 @@ impl RawCorpus {
         max_target_len: usize,
         cache_path: Option<&Path>,
     ) -> Result<(Splits, CacheStatus)> {
+        if let RawCorpus::Tokens { train, valid } = self {
+            // Already ids: no tokenising, so nothing to cache.
+            return Ok((shard_splits(train, valid, tokenizer)?, CacheStatus::Disabled));
+        }
         let groups = self.groups();
         let key = cache_path.map(|_| -> Result<[u64; 2]> {
             let mut h = ContentHash::new();
@@ -212,8 +256,62 @@ impl RawCorpus {
                     stats,
                 }))
             }
+            RawCorpus::Tokens { .. } => unreachable!("token shards are not tokenised"),
         }
     }
+}
+
+/// The token streams of shard splits, after checking every id against the tokenizer.
+fn shard_splits(train: &[TokenShard], valid: &[TokenShard], tokenizer: &Tokenizer) -> Result<Splits> {
+    let vocab = tokenizer.vocab_size();
+    for shard in train.iter().chain(valid) {
+        if let Some((pos, id)) = shard.ids.iter().enumerate().find(|(_, &id)| id as usize >= vocab) {
+            return Err(DataError::config(
+                "data.corpus.tokenizer",
+                format!(
+                    "{} holds id {id} at token {pos}, but the tokenizer has only {vocab} tokens; \
+                     the shards were written with another tokenizer (name the one `ember \
+                     tokenize` used)",
+                    shard.path.display()
+                ),
+            ));
+        }
+    }
+    let concat = |s: &[TokenShard]| -> Vec<u32> { s.iter().flat_map(|s| s.ids.iter().copied()).collect() };
+    let (tr, va) = (concat(train), concat(valid));
+    let count_unk = |v: &[u32]| v.iter().filter(|&&i| i == UNK_ID).count();
+    let stats = TextStats {
+        train_tokens: tr.len(),
+        valid_tokens: va.len(),
+        // No text was read: characters are unknown.
+        train_chars: 0,
+        valid_chars: 0,
+        train_unk_tokens: count_unk(&tr),
+        valid_unk_tokens: count_unk(&va),
+    };
+    Ok(Splits::Text(TextSplits {
+        train: tr,
+        valid: va,
+        stats,
+    }))
+}
+
+fn load_shards(t: &TokenShardsConfig) -> Result<RawCorpus> {
+    let read = |entries: &[PathBuf], key: &str| -> Result<Vec<TokenShard>> {
+        let mut out = Vec::new();
+        for (i, entry) in entries.iter().enumerate() {
+            let k = format!("data.corpus.{key}[{i}]");
+            for path in shards::expand(entry, &k)? {
+                let ids = shards::read_shard(&path, Some(&k))?;
+                out.push(TokenShard { path, ids });
+            }
+        }
+        Ok(out)
+    };
+    Ok(RawCorpus::Tokens {
+        train: read(&t.train_files, "train_files")?,
+        valid: read(&t.val_files, "val_files")?,
+    })
 }
 
 fn encode_groups(raw: &RawCorpus, tokenizer: &Tokenizer, groups: &[Vec<&str>]) -> Result<Groups> {
@@ -221,7 +319,7 @@ fn encode_groups(raw: &RawCorpus, tokenizer: &Tokenizer, groups: &[Vec<&str>]) -
         // Sentences: the HF pipeline encodes them in parallel.
         RawCorpus::Translation { .. } => groups.iter().map(|g| tokenizer.encode_batch(g)).collect(),
         // Whole documents: one call each, so BPE sees the text exactly as it will be decoded.
-        RawCorpus::Text { .. } => groups
+        RawCorpus::Text { .. } | RawCorpus::Tokens { .. } => groups
             .iter()
             .map(|g| g.iter().map(|t| tokenizer.encode(t)).collect::<Result<Vec<_>>>())
             .collect(),
@@ -242,13 +340,14 @@ fn read_pairs(paths: &PairPaths, key: &str) -> Result<RawPairs> {
         });
     }
     let mut out = RawPairs::default();
-    for (s, t) in lines(&src_text).into_iter().zip(lines(&tgt_text)) {
+    for (i, (s, t)) in lines(&src_text).into_iter().zip(lines(&tgt_text)).enumerate() {
         let (s, t) = (s.trim(), t.trim());
         if s.is_empty() || t.is_empty() {
             out.dropped_empty += 1;
         } else {
             out.sources.push(s.to_string());
             out.targets.push(t.to_string());
+            out.lines.push(i + 1);
         }
     }
     if out.sources.is_empty() {
@@ -406,6 +505,8 @@ pub struct PairSplit {
     pub sources: Vec<String>,
     /// Raw target lines: the references for BLEU.
     pub references: Vec<String>,
+    /// The 1-based line of each example in its files (its index + 1 for the embedded task).
+    pub lines: Vec<usize>,
     pub stats: SplitStats,
 }
 
@@ -420,6 +521,7 @@ impl PairSplit {
             examples: Vec::with_capacity(src.len()),
             sources: Vec::with_capacity(src.len()),
             references: Vec::with_capacity(src.len()),
+            lines: Vec::with_capacity(src.len()),
             stats: SplitStats {
                 dropped_empty: raw.dropped_empty,
                 ..SplitStats::default()
@@ -434,10 +536,16 @@ impl PairSplit {
             }
             out.sources.push(raw.sources[i].clone());
             out.references.push(raw.targets[i].clone());
+            out.lines.push(raw.lines.get(i).copied().unwrap_or(i + 1));
             out.examples.push(Example { source: s, target: t });
         }
         out.stats.fill(&out.examples);
         out
+    }
+
+    /// Recomputes the statistics after examples were dropped or cut (counters of drops stay).
+    pub(crate) fn refresh_stats(&mut self) {
+        self.stats.fill(&self.examples);
     }
 }
 
@@ -562,15 +670,25 @@ impl Dataset {
         let read_secs = t0.elapsed().as_secs_f64();
 
         let t1 = Instant::now();
+        let shard_tokenizer = match &cfg.corpus {
+            CorpusConfig::TokenShards(t) => Some(load_shard_tokenizer(&t.tokenizer)?),
+            _ => None,
+        };
         let (tokenizer, origin) = match run_dir {
             Some(dir) => {
                 let path = dir.join(TOKENIZER_FILE);
                 if path.exists() {
                     let tok = Tokenizer::load(&path)?;
-                    check_tokenizer_matches_config(&tok, &cfg.tokenizer, &path)?;
+                    match &shard_tokenizer {
+                        Some(shards) => check_same_tokenizer(&tok, &path, shards)?,
+                        None => check_tokenizer_matches_config(&tok, &cfg.tokenizer, &path)?,
+                    }
                     (tok, TokenizerOrigin::Loaded(path))
                 } else {
-                    let tok = Tokenizer::train(&cfg.tokenizer, raw.tokenizer_texts())?;
+                    let tok = match shard_tokenizer {
+                        Some((tok, _)) => tok,
+                        None => Tokenizer::train(&cfg.tokenizer, raw.tokenizer_texts())?,
+                    };
                     std::fs::create_dir_all(dir).map_err(|e| DataError::Io {
                         path: dir.to_path_buf(),
                         key: None,
@@ -581,10 +699,13 @@ impl Dataset {
                     (tok, TokenizerOrigin::Trained(Some(path)))
                 }
             }
-            None => (
-                Tokenizer::train(&cfg.tokenizer, raw.tokenizer_texts())?,
-                TokenizerOrigin::Trained(None),
-            ),
+            None => match shard_tokenizer {
+                Some((tok, path)) => (tok, TokenizerOrigin::Loaded(path)),
+                None => (
+                    Tokenizer::train(&cfg.tokenizer, raw.tokenizer_texts())?,
+                    TokenizerOrigin::Trained(None),
+                ),
+            },
         };
         let tokenizer_secs = t1.elapsed().as_secs_f64();
 
@@ -661,6 +782,38 @@ impl Dataset {
     }
 }
 
+/// The tokenizer token shards were written with: `path` is a `tokenizer.json` or a run
+/// directory holding one.
+fn load_shard_tokenizer(path: &Path) -> Result<(Tokenizer, PathBuf)> {
+    let file = if path.is_dir() {
+        path.join(TOKENIZER_FILE)
+    } else {
+        path.to_path_buf()
+    };
+    Ok((Tokenizer::load(&file)?, file))
+}
+
+/// A run on token shards must keep the tokenizer it started with: its ids mean nothing under
+/// another vocabulary.
+fn check_same_tokenizer(
+    run_tok: &Tokenizer,
+    run_path: &Path,
+    (shards, path): &(Tokenizer, PathBuf),
+) -> Result<()> {
+    if run_tok.to_json()? != shards.to_json()? {
+        return Err(DataError::tokenizer(
+            Some(run_path),
+            format!(
+                "differs from data.corpus.tokenizer ({}), which the shards were written with; \
+                 train on these shards in a new run directory, or point data.corpus.tokenizer at \
+                 this run's tokenizer",
+                path.display()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// A run directory's tokenizer is authoritative on resume, but it must be the kind the config
 /// asks for; a silent mismatch would train on different ids than the config describes.
 pub fn check_tokenizer_matches_config(tok: &Tokenizer, cfg: &TokenizerConfig, path: &Path) -> Result<()> {
@@ -668,7 +821,9 @@ pub fn check_tokenizer_matches_config(tok: &Tokenizer, cfg: &TokenizerConfig, pa
         TokenizerKind::Bpe => "bpe",
         TokenizerKind::Char => "char",
     };
-    let fix = "delete it to retrain with the new settings, or restore the config the run was started with";
+    let fix = "restore the data.tokenizer settings the run was started with (a run with checkpoints \
+               needs its own tokenizer); only in a run directory without checkpoints, delete it to \
+               train one with the new settings";
     if tok.kind() != cfg.kind {
         return Err(DataError::tokenizer(
             Some(path),

@@ -86,6 +86,24 @@ pub enum DataError {
         max_tokens: usize,
     },
 
+    /// A pair does not fit the model's positions (`data.too_long: error`).
+    #[error(
+        "{location}: the {side} has {tokens} tokens{}, more than model.max_seq_len = {max_seq_len}{}; \
+         set data.too_long: skip (drop such pairs) or truncate (cut them to fit), or raise \
+         model.max_seq_len",
+        if side == "target" { format!(" ({positions} positions with its end-of-sentence token)") } else { String::new() },
+        if *others > 0 { format!(" ({others} more pair(s) of the {split} split are too long as well)") } else { String::new() }
+    )]
+    TooLongForModel {
+        location: String,
+        side: String,
+        tokens: usize,
+        positions: usize,
+        max_seq_len: usize,
+        others: usize,
+        split: String,
+    },
+
     /// A token stream is too short to cut even one window of `block_size + 1` tokens.
     #[error(
         "the {split} token stream has {len} tokens, fewer than block_size + 1 = {}; use a smaller \

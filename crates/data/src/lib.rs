@@ -22,7 +22,9 @@
 //!
 //! Modules: [`config`] (the YAML `data:` section), [`tokenizer`] (HF `tokenizers` BPE / char),
 //! [`corpus`] (reading, tokenising, statistics, the token cache), [`batch`] (token-budget and
-//! window batchers with a resumable [`Cursor`]), [`embedded`] (the built-in translation task).
+//! window batchers with a resumable [`Cursor`]), [`embedded`] (the built-in translation task),
+//! [`hf_dataset`] and [`parquet`] (Hugging Face datasets' parquet files), [`shards`] (llama2.c
+//! token shards).
 
 pub mod batch;
 pub mod cache;
@@ -30,7 +32,13 @@ pub mod config;
 pub mod corpus;
 pub mod embedded;
 pub mod error;
+pub mod hf_dataset;
+#[cfg(feature = "hf-hub")]
+pub mod hub;
 pub mod io;
+pub mod lengths;
+pub mod parquet;
+pub mod shards;
 pub mod tokenizer;
 
 pub use batch::{
@@ -38,14 +46,15 @@ pub use batch::{
     TokenBudgetBatcher, WindowMode,
 };
 pub use config::{
-    CorpusConfig, DataConfig, EmbeddedConfig, PairPaths, ParallelConfig, TextConfig, TokenizerConfig,
-    TokenizerKind,
+    CorpusConfig, DataConfig, EmbeddedConfig, HfColumns, HfDatasetConfig, HfSplits, PairPaths,
+    ParallelConfig, TextConfig, TokenShardsConfig, TokenizerConfig, TokenizerKind, TooLong,
 };
 pub use corpus::{
     CacheStatus, Dataset, Example, LoadReport, PairSplit, RawCorpus, RawPairs, RawText, SplitStats, Splits,
-    TextSplits, TextStats, TokenizerOrigin, TranslationSplits,
+    TextSplits, TextStats, TokenShard, TokenizerOrigin, TranslationSplits,
 };
 pub use error::{DataError, Result};
+pub use lengths::{fit_to_positions, LengthReport};
 pub use tokenizer::{SpecialIds, Tokenizer, BOS_ID, EOS_ID, PAD_ID, TOKENIZER_FILE, UNK_ID};
 
 /// Locates the data folder for data-dependent tests and examples: `$EMBER_SHARED_DATA` when set

@@ -217,7 +217,8 @@ impl Tokenizer {
                     path,
                     format!(
                         "special token {token} has id {found:?}, expected {id}; this is not a \
-                         tokenizer written by Ember (delete it and the run will train a new one)"
+                         tokenizer written by Ember; restore the run's own tokenizer.json (in a run \
+                         directory without checkpoints, deleting it trains a new one)"
                     ),
                 ));
             }
@@ -272,7 +273,11 @@ impl Tokenizer {
         let inner = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| {
             DataError::tokenizer(
                 Some(path),
-                format!("not a valid tokenizer.json ({e}); delete it to have the run train a new one"),
+                format!(
+                    "not a valid tokenizer.json ({e}); restore the run's original file (its model \
+                     knows only those ids: a new tokenizer would give them other meanings). Only \
+                     in a run directory without checkpoints, delete it to train a new one"
+                ),
             )
         })?;
         let kind = match inner.get_decoder() {
@@ -281,14 +286,14 @@ impl Tokenizer {
             _ => {
                 return Err(DataError::tokenizer(
                     Some(path),
-                    "unsupported decoder: Ember reads the BPE (Metaspace) and char (Fuse) tokenizers it writes; delete it to retrain",
+                    "unsupported decoder: Ember reads the BPE (Metaspace) and char (Fuse) tokenizers it writes; restore the run's own tokenizer.json (in a run directory without checkpoints, deleting it trains a new one)",
                 ))
             }
         };
         if !matches!(inner.get_model(), ModelWrapper::BPE(_)) {
             return Err(DataError::tokenizer(
                 Some(path),
-                "unsupported model type (expected BPE); delete it to retrain",
+                "unsupported model type (expected BPE); restore the run's own tokenizer.json (in a run directory without checkpoints, deleting it trains a new one)",
             ));
         }
         Self::finish(inner, kind, Some(path))

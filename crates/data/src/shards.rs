@@ -1,0 +1,145 @@
+//! llama2.c token shards: raw little-endian `u16` token ids, no header (the `.bin` files of
+//! llama2.c's TinyStories pipeline, which candle-datasets' `nlp::tinystories` also reads).
+//!
+//! Ember reads them itself rather than through candle-datasets: its iterator draws windows from
+//! an unseeded global RNG and keeps its position private, so a run could neither be repeated nor
+//! resumed. Here the shards simply become the token stream of [`crate::LmWindowBatcher`], whose
+//! windows derive from the run seed and a two-integer cursor.
+//!
+//! `ember tokenize` writes shards with a run's tokenizer ([`tokenize_file`]): the ids are exactly
+//! those Ember's `kind: text` corpus gives the same file (one `encode` of the whole file, no
+//! bos/eos added), so training on the shards reproduces training on the text.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use crate::error::{DataError, Result};
+use crate::io::read_text;
+use crate::tokenizer::Tokenizer;
+
+/// Bytes per token id in a shard.
+pub const BYTES_PER_TOKEN: usize = 2;
+
+/// The largest vocabulary a shard can hold (ids 0..=65535).
+pub const MAX_SHARD_VOCAB: usize = u16::MAX as usize + 1;
+
+/// The token ids of one shard. `key` names the config entry (for errors).
+pub fn read_shard(path: &Path, key: Option<&str>) -> Result<Vec<u32>> {
+    let bytes = std::fs::read(path).map_err(|e| DataError::Io {
+        path: path.to_path_buf(),
+        key: key.map(str::to_string),
+        source: e,
+        hint: "check the path; `ember tokenize RUN INPUT.txt OUT.bin` writes shards".into(),
+    })?;
+    if bytes.len() % BYTES_PER_TOKEN != 0 {
+        return Err(DataError::config(
+            key.unwrap_or("data.corpus"),
+            format!(
+                "{} has {} bytes, not a whole number of u16 token ids; the file is truncated or \
+                 not a token shard",
+                path.display(),
+                bytes.len()
+            ),
+        ));
+    }
+    Ok(bytes
+        .chunks_exact(BYTES_PER_TOKEN)
+        .map(|b| u16::from_le_bytes([b[0], b[1]]) as u32)
+        .collect())
+}
+
+/// Writes `ids` as a shard (to a temporary file, then renamed into place). Errors if an id does
+/// not fit in 16 bits.
+pub fn write_shard(path: &Path, ids: &[u32]) -> Result<()> {
+    if let Some((i, id)) = ids.iter().enumerate().find(|(_, &id)| id > u16::MAX as u32) {
+        return Err(DataError::arg(
+            "ids",
+            format!(
+                "token {i} has id {id}, which does not fit a u16 shard (ids must be below {MAX_SHARD_VOCAB})"
+            ),
+        ));
+    }
+    let mut bytes = Vec::with_capacity(ids.len() * BYTES_PER_TOKEN);
+    for &id in ids {
+        bytes.extend_from_slice(&(id as u16).to_le_bytes());
+    }
+    let io = |e: std::io::Error| DataError::Io {
+        path: path.to_path_buf(),
+        key: None,
+        source: e,
+        hint: "check that the folder exists and is writable".into(),
+    };
+    let tmp = path.with_extension(format!("bin.tmp{}", std::process::id()));
+    let mut file = std::fs::File::create(&tmp).map_err(io)?;
+    file.write_all(&bytes).map_err(io)?;
+    file.sync_all().map_err(io)?;
+    std::fs::rename(&tmp, path).map_err(io)
+}
+
+/// Tokenises the text file `input` with `tokenizer` and writes the ids to the shard `output`;
+/// returns the number of tokens. Refuses a vocabulary larger than a u16 shard can hold.
+pub fn tokenize_file(tokenizer: &Tokenizer, input: &Path, output: &Path) -> Result<usize> {
+    if tokenizer.vocab_size() > MAX_SHARD_VOCAB {
+        return Err(DataError::tokenizer(
+            None,
+            format!(
+                "has {} tokens; llama2.c shards store u16 ids, so the vocabulary must have at most {MAX_SHARD_VOCAB}",
+                tokenizer.vocab_size()
+            ),
+        ));
+    }
+    let text = read_text(input, None)?;
+    if text.trim().is_empty() {
+        return Err(DataError::EmptyFile {
+            path: input.to_path_buf(),
+            key: None,
+        });
+    }
+    let ids = tokenizer.encode(&text)?;
+    write_shard(output, &ids)?;
+    Ok(ids.len())
+}
+
+/// The shard files a config entry names: the file itself, or a folder's `*.bin` files in name order.
+pub fn expand(entry: &Path, key: &str) -> Result<Vec<PathBuf>> {
+    if !entry.is_dir() {
+        return Ok(vec![entry.to_path_buf()]);
+    }
+    let read = std::fs::read_dir(entry).map_err(|e| DataError::Io {
+        path: entry.to_path_buf(),
+        key: Some(key.to_string()),
+        source: e,
+        hint: "check that the folder is readable".into(),
+    })?;
+    let mut files: Vec<PathBuf> = read
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_file() && p.extension().is_some_and(|e| e == "bin"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(DataError::config(
+            key,
+            format!("{} holds no .bin shard", entry.display()),
+        ));
+    }
+    Ok(files)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_are_raw_little_endian_u16() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.bin");
+        write_shard(&path, &[1, 258, 65535]).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), vec![1, 0, 2, 1, 255, 255]);
+        assert_eq!(read_shard(&path, None).unwrap(), vec![1, 258, 65535]);
+        assert!(write_shard(&path, &[65536]).is_err(), "ids above u16 are refused");
+        std::fs::write(&path, [1u8, 0, 2]).unwrap();
+        let e = read_shard(&path, Some("data.corpus.train_files[0]")).unwrap_err();
+        assert!(e.to_string().contains("not a whole number"), "{e}");
+    }
+}

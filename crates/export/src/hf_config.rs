@@ -1,0 +1,77 @@
+//! The JSON files of a Hugging Face model directory besides the weights and tokenizer.
+//!
+//! Written for transformers 4.x and 5.x alike: RoPE as both the legacy top-level `rope_theta` and
+//! v5's `rope_parameters`, the dtype as both `torch_dtype` and `dtype`, and `head_dim` always
+//! (Qwen3's default is 128). Ember's special ids are fixed: `<pad>` 0, `<s>` 1, `</s>` 2, `<unk>` 3.
+
+use ember_data::tokenizer::{BOS_TOKEN, EOS_TOKEN, PAD_TOKEN, UNK_TOKEN};
+use ember_data::{BOS_ID, EOS_ID, PAD_ID};
+use ember_model::ModelConfig;
+use serde_json::{json, Value};
+
+use crate::HfArch;
+
+/// `config.json`.
+pub fn model_config(arch: HfArch, m: &ModelConfig) -> Value {
+    let mut c = json!({
+        "architectures": [arch.class_name()],
+        "model_type": arch.model_type(),
+        "vocab_size": m.vocab(),
+        "hidden_size": m.d_model,
+        "intermediate_size": m.d_ff,
+        "num_hidden_layers": m.decoder_layers(),
+        "num_attention_heads": m.n_heads,
+        "num_key_value_heads": m.kv_heads(),
+        "head_dim": m.head_dim(),
+        "hidden_act": "silu",
+        "max_position_embeddings": m.max_seq_len,
+        "rms_norm_eps": m.norm_eps,
+        "rope_theta": m.rope_theta,
+        "rope_parameters": { "rope_type": "default", "rope_theta": m.rope_theta },
+        "attention_bias": false,
+        "attention_dropout": 0.0,
+        "initializer_range": m.init_std,
+        "tie_word_embeddings": m.tie_embeddings,
+        "bos_token_id": BOS_ID,
+        "eos_token_id": EOS_ID,
+        "pad_token_id": PAD_ID,
+        "torch_dtype": "float32",
+        "dtype": "float32",
+        "use_cache": true,
+    });
+    if arch == HfArch::Llama {
+        c["mlp_bias"] = json!(false);
+    }
+    c
+}
+
+/// `generation_config.json`: the special ids, and `ember generate`'s default sampling
+/// (temperature 0.8, no top-k or top-p cut).
+pub fn generation_config() -> Value {
+    json!({
+        "bos_token_id": BOS_ID,
+        "eos_token_id": EOS_ID,
+        "pad_token_id": PAD_ID,
+        "do_sample": true,
+        "temperature": 0.8,
+        "top_k": 0,
+        "top_p": 1.0,
+    })
+}
+
+/// `tokenizer_config.json`: without it AutoTokenizer falls back to the model type's own
+/// tokenizer class and special tokens, which are not Ember's.
+pub fn tokenizer_config(m: &ModelConfig) -> Value {
+    json!({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": BOS_TOKEN,
+        "eos_token": EOS_TOKEN,
+        "pad_token": PAD_TOKEN,
+        "unk_token": UNK_TOKEN,
+        "model_max_length": m.max_seq_len,
+        // Ember trains language models on raw token streams: no bos/eos around a text.
+        "add_bos_token": false,
+        "add_eos_token": false,
+        "clean_up_tokenization_spaces": false,
+    })
+}

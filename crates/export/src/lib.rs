@@ -1,0 +1,223 @@
+//! Taking Ember models to where the field runs them: `ember export RUN --format hf OUT/` writes a
+//! decoder-only run as a Hugging Face `transformers` model directory that
+//! `AutoModelForCausalLM.from_pretrained(OUT)` and `AutoTokenizer.from_pretrained(OUT)` load.
+//!
+//! Ember's language model is, block for block, the Llama architecture when its settings are
+//! RMSNorm, SwiGLU and rotary embeddings (rotate-half pairs (i, i + d/2), as transformers' own),
+//! with grouped-query attention and no biases; with `qk_norm: rmsnorm` (per-head RMSNorm, gain
+//! shared across heads, before the rotation) it is Qwen3's. So the export renames tensors and
+//! writes the config; no weight is permuted or changed. A run that does not map is refused with
+//! every blocking setting named ([`architecture`]).
+//!
+//! A separate crate because it is a translation into another project's conventions, not part of
+//! training: it reads a finished run (config, checkpoint, tokenizer) and nothing reads it back.
+
+mod hf_config;
+mod weights;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use candle_core::{Device, Tensor};
+use ember_data::{Tokenizer, TOKENIZER_FILE};
+use ember_model::{Arch, ForwardCtx, MlpKind, Model, ModelConfig, NormKind, QkNorm};
+use ember_trainer::checkpoint;
+use serde::Serialize;
+
+pub use weights::hf_weight_name;
+
+/// The transformers architecture a run maps to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum HfArch {
+    /// `LlamaForCausalLM`: no QK-norm.
+    Llama,
+    /// `Qwen3ForCausalLM`: per-head RMSNorm on queries and keys before RoPE.
+    Qwen3,
+}
+
+impl HfArch {
+    pub fn class_name(self) -> &'static str {
+        match self {
+            HfArch::Llama => "LlamaForCausalLM",
+            HfArch::Qwen3 => "Qwen3ForCausalLM",
+        }
+    }
+    pub fn model_type(self) -> &'static str {
+        match self {
+            HfArch::Llama => "llama",
+            HfArch::Qwen3 => "qwen3",
+        }
+    }
+}
+
+/// The architecture `cfg` maps to, or every setting that keeps it from mapping, each with why.
+pub fn architecture(cfg: &ModelConfig) -> std::result::Result<HfArch, Vec<String>> {
+    let mut blockers = Vec::new();
+    if cfg.arch == Arch::Seq2seq {
+        blockers.push(
+            "model.arch: seq2seq (an encoder-decoder; Llama and Qwen3 are decoder-only language models)"
+                .to_string(),
+        );
+    }
+    if cfg.norm == NormKind::Layernorm {
+        blockers.push("model.norm: layernorm (Llama and Qwen3 use RMSNorm)".to_string());
+    }
+    if cfg.mlp == MlpKind::Gelu {
+        blockers.push("model.mlp: gelu (Llama and Qwen3 use SwiGLU)".to_string());
+    }
+    match cfg.qk_norm {
+        QkNorm::Layernorm => blockers.push(
+            "model.qk_norm: layernorm (Qwen3's q_norm/k_norm are RMSNorm; use rmsnorm or none)".to_string(),
+        ),
+        QkNorm::L2 => blockers.push(
+            "model.qk_norm: l2 (a learnable logit scale in place of 1/sqrt(head_dim), which no transformers \
+             architecture has; use rmsnorm or none)"
+                .to_string(),
+        ),
+        QkNorm::None | QkNorm::Rmsnorm => {}
+    }
+    if !blockers.is_empty() {
+        return Err(blockers);
+    }
+    Ok(match cfg.qk_norm {
+        QkNorm::Rmsnorm => HfArch::Qwen3,
+        _ => HfArch::Llama,
+    })
+}
+
+/// The files of a Hugging Face model directory, as [`export_hf`] writes them.
+pub const HF_FILES: [&str; 5] = [
+    "config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+];
+
+/// What [`export_hf`] wrote.
+#[derive(Debug, Clone, Serialize)]
+pub struct HfExport {
+    pub arch: HfArch,
+    /// The checkpoint the weights came from.
+    pub checkpoint: PathBuf,
+    pub out: PathBuf,
+    pub tensors: usize,
+    pub params: usize,
+}
+
+/// A run's checkpoint, opened for export: its model config, weights and tokenizer. Reads no
+/// corpus, so a run can be exported where its data is not.
+pub struct ExportSource {
+    pub model: ModelConfig,
+    pub checkpoint: checkpoint::Loaded,
+    pub tokenizer: Tokenizer,
+}
+
+impl ExportSource {
+    /// `run` is a run directory (its newest checkpoint) or one checkpoint directory in it.
+    pub fn open(run: &Path) -> Result<Self> {
+        let (run_dir, ckpt_dir) = if run.join("state.json").is_file() {
+            let run_dir = run
+                .parent()
+                .and_then(Path::parent)
+                .context("a checkpoint directory must sit in <run>/checkpoints/")?;
+            (run_dir.to_path_buf(), run.to_path_buf())
+        } else {
+            let newest = checkpoint::list(run)
+                .pop()
+                .with_context(|| format!("{} has no checkpoint (is it a run directory?)", run.display()))?;
+            (run.to_path_buf(), newest.1)
+        };
+        let checkpoint = checkpoint::load(&ckpt_dir, &Device::Cpu)?;
+        let model = checkpoint.state.model_config.clone();
+        let tokenizer = Tokenizer::load_checked(run_dir.join(TOKENIZER_FILE), model.vocab())?;
+        Ok(Self {
+            model,
+            checkpoint,
+            tokenizer,
+        })
+    }
+
+    /// The architecture, or an error naming every setting that blocks the export.
+    pub fn architecture(&self) -> Result<HfArch> {
+        architecture(&self.model).or_else(|blockers| {
+            bail!(
+                "cannot export {} to Hugging Face transformers: its model does not map to Llama or \
+                 Qwen3 because of\n  {}\nOnly decoder-only runs with norm: rmsnorm, mlp: swiglu and \
+                 qk_norm: none (Llama) or rmsnorm (Qwen3) map.",
+                self.checkpoint.dir.display(),
+                blockers.join("\n  ")
+            )
+        })
+    }
+
+    /// Next-token logits (T, V) of the Ember model for `tokens`, in evaluation mode.
+    pub fn logits(&self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+        let model = Model::new(&self.model, &self.checkpoint.params)?;
+        let lm = model
+            .as_lm()
+            .context("only a language model gives next-token logits")?;
+        if tokens.is_empty() || tokens.len() > self.model.max_seq_len {
+            bail!(
+                "need 1 to model.max_seq_len = {} tokens, got {}",
+                self.model.max_seq_len,
+                tokens.len()
+            );
+        }
+        let input = Tensor::new(tokens, &Device::Cpu)?.unsqueeze(0)?;
+        Ok(lm
+            .forward(&input, ForwardCtx::eval())?
+            .squeeze(0)?
+            .to_vec2::<f32>()?)
+    }
+}
+
+/// Writes `source` as a Hugging Face model directory `out` (created if needed; the five
+/// [`HF_FILES`] are overwritten, nothing else there is touched).
+pub fn export_hf(source: &ExportSource, out: &Path) -> Result<HfExport> {
+    let arch = source.architecture()?;
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let write_json = |name: &str, value: &serde_json::Value| -> Result<()> {
+        let path = out.join(name);
+        std::fs::write(&path, serde_json::to_string_pretty(value)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))
+    };
+    let (tensors, params) = weights::write(
+        &source.model,
+        &source.checkpoint.params,
+        &out.join("model.safetensors"),
+    )?;
+    write_json("config.json", &hf_config::model_config(arch, &source.model))?;
+    write_json("generation_config.json", &hf_config::generation_config())?;
+    write_json(
+        "tokenizer_config.json",
+        &hf_config::tokenizer_config(&source.model),
+    )?;
+    source
+        .tokenizer
+        .save(out.join("tokenizer.json"))
+        .context("writing tokenizer.json")?;
+    Ok(HfExport {
+        arch,
+        checkpoint: source.checkpoint.dir.clone(),
+        out: out.to_path_buf(),
+        tensors,
+        params,
+    })
+}
+
+/// Ember's logits for `text`, as JSON `{text, tokens, logits}`: what the exported model must
+/// reproduce (`scripts/check-hf-export.py` compares them with transformers' output).
+pub fn reference_logits(source: &ExportSource, text: &str) -> Result<serde_json::Value> {
+    let mut tokens = source.tokenizer.encode(text)?;
+    tokens.truncate(source.model.max_seq_len);
+    if tokens.is_empty() {
+        bail!("--reference-text encodes to no tokens");
+    }
+    let logits = source.logits(&tokens)?;
+    Ok(serde_json::json!({
+        "text": source.tokenizer.decode(&tokens)?,
+        "tokens": tokens,
+        "logits": logits,
+    }))
+}
