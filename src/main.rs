@@ -6,11 +6,13 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use ember_experiment::ablate::SweepInterrupted;
 use ember_model::{sample, BeamConfig, Model, SampleConfig};
 use ember_sacrebleu::{corpus_bleu, corpus_chrf, BleuConfig, ChrfConfig, Tokenize};
+use ember_trainer::interrupt::{exit_status, Interrupted, OnRepeat, StopRequest};
 use ember_trainer::metrics::Verbosity;
-use ember_trainer::translate::{score_split, translate_lines};
+use ember_trainer::translate::{score_split, translate_source_lines};
 use ember_trainer::{eval_beam, evaluate, open_run, OpenRun, RunConfig, Split, TrainOptions};
 
 #[derive(Parser)]
@@ -44,6 +46,50 @@ enum Command {
     Bench(BenchArgs),
     /// Average the weights of a run's newest checkpoints into a new checkpoint.
     Average(AverageArgs),
+    /// Export a trained language model for other tools (a Hugging Face transformers directory).
+    Export(ExportArgs),
+    /// Tokenise a text file into a llama2.c token shard (raw u16 ids) with a run's tokenizer.
+    Tokenize(TokenizeArgs),
+}
+
+#[derive(Args)]
+struct ExportArgs {
+    /// A run directory (its newest checkpoint) or a checkpoint directory inside it.
+    run: PathBuf,
+    /// The directory to write (created if needed).
+    out: PathBuf,
+    /// hf: config.json, model.safetensors, tokenizer.json, tokenizer_config.json and
+    /// generation_config.json for transformers' AutoModelForCausalLM (Llama or Qwen3).
+    #[arg(long, value_enum, default_value_t = ExportFormat::Hf)]
+    format: ExportFormat,
+    /// Also write Ember's logits for --reference-text to this JSON file, for checking the
+    /// export against transformers (scripts/check-hf-export.py).
+    #[arg(long, value_name = "FILE")]
+    reference_logits: Option<PathBuf>,
+    /// The text of --reference-logits (truncated to model.max_seq_len tokens).
+    #[arg(long, requires = "reference_logits")]
+    reference_text: Option<String>,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ExportFormat {
+    /// Hugging Face transformers.
+    Hf,
+}
+
+/// The reference text when none is given: characters any English-trained tokenizer knows.
+const REFERENCE_TEXT: &str = "First Citizen:\nBefore we proceed any further, hear me speak.\n";
+
+#[derive(Args)]
+struct TokenizeArgs {
+    /// A run directory (its tokenizer.json) or a tokenizer.json file.
+    tokenizer: PathBuf,
+    /// The text file to tokenise (plain or gzip, UTF-8), encoded whole as `kind: text` does.
+    input: PathBuf,
+    /// The shard to write: little-endian u16 token ids, no header (llama2.c's .bin format).
+    output: PathBuf,
 }
 
 #[derive(Args)]
@@ -76,6 +122,13 @@ struct TrainArgs {
     /// Print the final summary as JSON.
     #[arg(long)]
     json: bool,
+    /// With --resume: continue although the data differs from what the checkpoint was trained on.
+    #[arg(long, requires = "resume")]
+    allow_data_change: bool,
+    /// With --resume: continue although tokenizer.json differs from the checkpoint's (or train a
+    /// new one if it is missing).
+    #[arg(long, requires = "resume")]
+    allow_tokenizer_change: bool,
 }
 
 /// A trained run to decode with, and how: the options `eval` and `translate` share.
@@ -83,9 +136,9 @@ struct TrainArgs {
 struct DecodeArgs {
     /// A run directory (its newest checkpoint) or a checkpoint directory inside it.
     run: PathBuf,
-    /// Beam size (1 = greedy).
-    #[arg(long, default_value_t = 5)]
-    beam: usize,
+    /// Beam size (1 = greedy; at most 1024).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=MAX_BEAM))]
+    beam: u32,
     /// GNMT length penalty α.
     #[arg(long, default_value_t = 0.6)]
     length_penalty: f64,
@@ -97,17 +150,32 @@ struct DecodeArgs {
     device: Option<String>,
 }
 
+/// `--beam` bound: the one `eval.beam` has (beam search keeps beam × vocabulary scores per
+/// sentence; beyond a few dozen it stops helping, and a beam of 100,000 needs gigabytes).
+const MAX_BEAM: i64 = ember_trainer::config::MAX_BEAM as i64;
+/// `generate --max-tokens` bound: a million tokens is hours of sampling on a CPU, and the
+/// output buffer is sized from it.
+const MAX_GENERATE_TOKENS: u64 = 1_000_000;
+/// `bench --steps` / `--warmup` bound: a million steps is days of benchmarking.
+const MAX_BENCH_STEPS: u64 = 1_000_000;
+
 impl DecodeArgs {
     fn open(&self) -> Result<OpenRun> {
         open_run(&self.run, self.device.as_deref())
     }
 
     /// The run's evaluation decoder with these options.
-    fn beam_config(&self, run: &OpenRun) -> BeamConfig {
-        let mut beam = eval_beam(&run.cfg, self.beam);
+    fn beam_config(&self, run: &OpenRun) -> Result<BeamConfig> {
+        if !(self.length_penalty.is_finite() && self.length_penalty >= 0.0) {
+            bail!(
+                "--length-penalty must be a number ≥ 0 (0.6 is GNMT's α), got {}",
+                self.length_penalty
+            );
+        }
+        let mut beam = eval_beam(&run.cfg, self.beam as usize);
         beam.length_penalty = self.length_penalty;
         beam.use_cache = !self.no_cache;
-        beam
+        Ok(beam)
     }
 }
 
@@ -153,8 +221,9 @@ struct GenerateArgs {
     /// Text to continue (default: a newline, as nanoGPT's sampler starts).
     #[arg(long, default_value = "\n")]
     prompt: String,
-    #[arg(long, default_value_t = 500)]
-    max_tokens: usize,
+    /// Most tokens to generate (at most 1,000,000).
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(0..=MAX_GENERATE_TOKENS))]
+    max_tokens: u64,
     /// 0 = always the most probable token.
     #[arg(long, default_value_t = 0.8)]
     temperature: f64,
@@ -193,9 +262,61 @@ struct BleuArgs {
 }
 
 #[derive(Args)]
+#[command(
+    group(clap::ArgGroup::new("grid").multiple(true)
+        .args(["set", "variants", "seeds", "lrs", "jobs", "threads", "out", "launcher"])),
+    group(clap::ArgGroup::new("slurm").multiple(true)
+        .args(["partition", "time", "cpus_per_task", "gpus_per_task", "max_parallel", "sbatch_args",
+               "warning_secs", "submit"])),
+)]
 struct AblateArgs {
-    /// The base YAML config (its `ablation:` section gives defaults for the flags below).
+    /// The base YAML config (its `ablation:` section gives defaults for the flags below); with
+    /// --cell or --status, the output directory of a planned sweep.
     config: PathBuf,
+    /// Train only this cell of the sweep planned in the directory given (its number in
+    /// grid.json, or its run name), resuming it from a checkpoint if it has one: what each task
+    /// of a Slurm job array runs.
+    #[arg(long, value_name = "I", conflicts_with_all = ["grid", "slurm", "status"])]
+    cell: Option<String>,
+    /// Show which cells of the sweep planned in the directory given are done, running,
+    /// interrupted, failed or pending.
+    #[arg(long, conflicts_with_all = ["grid", "slurm"])]
+    status: bool,
+    /// Where the runs go: `local` (child processes on this machine) or `slurm` (a job array
+    /// with one task per cell, and a report job after it).
+    #[arg(long, value_enum, default_value_t = Launcher::Local)]
+    launcher: Launcher,
+    /// Slurm: the partition of both jobs.
+    #[arg(long, help_heading = "Slurm (--launcher slurm)")]
+    partition: Option<String>,
+    /// Slurm: the time limit of each cell, e.g. 2:00:00 (the cell is warned, saves a checkpoint
+    /// and is requeued before it).
+    #[arg(long, help_heading = "Slurm (--launcher slurm)")]
+    time: Option<String>,
+    /// Slurm: CPUs per cell; each run trains with as many threads (default 1).
+    #[arg(long, help_heading = "Slurm (--launcher slurm)")]
+    cpus_per_task: Option<usize>,
+    /// Slurm: GPUs per cell.
+    #[arg(long, help_heading = "Slurm (--launcher slurm)")]
+    gpus_per_task: Option<usize>,
+    /// Slurm: cells running at once (default: no limit).
+    #[arg(long, help_heading = "Slurm (--launcher slurm)")]
+    max_parallel: Option<usize>,
+    /// Slurm: one more sbatch option for both jobs, e.g. --sbatch-arg=--account=proj (repeatable).
+    #[arg(
+        long = "sbatch-arg",
+        value_name = "ARG",
+        allow_hyphen_values = true,
+        help_heading = "Slurm (--launcher slurm)"
+    )]
+    sbatch_args: Vec<String>,
+    /// Slurm: seconds before the time limit at which a cell is told to checkpoint and requeue
+    /// (default 120; longer than a step and a checkpoint take).
+    #[arg(long, help_heading = "Slurm (--launcher slurm)")]
+    warning_secs: Option<u64>,
+    /// Slurm: submit the jobs with sbatch (without it, the commands are printed).
+    #[arg(long, help_heading = "Slurm (--launcher slurm)")]
+    submit: bool,
     /// Override a config key for every run, e.g. `--set train.steps=2000` (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
@@ -225,6 +346,12 @@ struct AblateArgs {
     json: bool,
 }
 
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Launcher {
+    Local,
+    Slurm,
+}
+
 #[derive(Args)]
 struct ReportArgs {
     /// An `ember ablate` output directory.
@@ -240,12 +367,12 @@ struct BenchArgs {
     /// Override a config key, e.g. `--set train.threads=1` (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
-    /// Timed steps (after the warm-up).
-    #[arg(long, default_value_t = 30)]
-    steps: usize,
-    /// Untimed warm-up steps.
-    #[arg(long, default_value_t = 3)]
-    warmup: usize,
+    /// Timed steps (after the warm-up; 1 to 1,000,000).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=MAX_BENCH_STEPS))]
+    steps: u64,
+    /// Untimed warm-up steps (at most 1,000,000).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(0..=MAX_BENCH_STEPS))]
+    warmup: u64,
     #[arg(long)]
     json: bool,
 }
@@ -279,6 +406,8 @@ fn main() -> ExitCode {
         Command::Ablate(args) => ablate(args),
         Command::Report(args) => report(args),
         Command::Bench(args) => bench(args),
+        Command::Export(args) => export(args),
+        Command::Tokenize(args) => tokenize(args),
         Command::Average(args) => ember_trainer::checkpoint::average(&args.run, args.last).map(|dir| {
             println!(
                 "averaged the newest {} checkpoints into {}",
@@ -290,6 +419,19 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
+            if let Some(stop) = e.downcast_ref::<Interrupted>() {
+                // The outermost message only: it already says what the Interrupted below it says,
+                // followed by the command that resumes the run.
+                eprintln!("{e}");
+                return ExitCode::from(exit_status(stop.signal));
+            }
+            if let Some(code) = e
+                .downcast_ref::<SweepInterrupted>()
+                .map(|s| exit_status(s.signal))
+            {
+                eprintln!("{e:#}");
+                return ExitCode::from(code);
+            }
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
@@ -298,6 +440,11 @@ fn main() -> ExitCode {
 
 fn train(args: TrainArgs) -> Result<()> {
     let cfg = RunConfig::load(&args.config, &args.set)?;
+    for warning in cfg.warnings() {
+        eprintln!("warning: {warning}");
+    }
+    // Installed once the config loads: from here on SIGINT/SIGTERM/SIGHUP/SIGUSR1 stop at a step boundary.
+    let stop = install_stop_signals(OnRepeat::Abort)?;
     let run_dir = args.run_dir.unwrap_or_else(|| {
         let stem = args
             .config
@@ -315,8 +462,26 @@ fn train(args: TrainArgs) -> Result<()> {
             Verbosity::Normal
         },
         stop_after: None,
+        stop: Some(stop),
+        allow_data_change: args.allow_data_change,
+        allow_tokenizer_change: args.allow_tokenizer_change,
     };
-    let summary = ember_trainer::train(cfg, &opts)?;
+    let summary = ember_trainer::train(cfg, &opts).map_err(|e| match e.downcast::<Interrupted>() {
+        Ok(stop) => {
+            let resume = format!(
+                "ember train {} --run-dir {} --resume{}",
+                shell_word(&args.config.display().to_string()),
+                shell_word(&stop.run_dir.display().to_string()),
+                args.set
+                    .iter()
+                    .map(|s| format!(" --set {}", shell_word(s)))
+                    .collect::<String>()
+            );
+            let message = format!("{stop}\nresume with: {resume}");
+            anyhow::Error::new(stop).context(message)
+        }
+        Err(e) => e,
+    })?;
     if let Some(reason) = &summary.diverged {
         if args.json {
             println!("{}", serde_json::to_string_pretty(&summary)?);
@@ -337,6 +502,66 @@ fn train(args: TrainArgs) -> Result<()> {
             summary.run_dir.display()
         );
     }
+    Ok(())
+}
+
+/// `word`, quoted for a POSIX shell when it needs to be.
+fn shell_word(word: &str) -> String {
+    if !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c))
+    {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
+    }
+}
+
+fn install_stop_signals(on_repeat: OnRepeat) -> Result<StopRequest> {
+    ember_trainer::interrupt::install(on_repeat)
+}
+
+fn export(args: ExportArgs) -> Result<()> {
+    let ExportFormat::Hf = args.format;
+    let source = ember_export::ExportSource::open(&args.run)?;
+    let exported = ember_export::export_hf(&source, &args.out)?;
+    if let Some(path) = &args.reference_logits {
+        let text = args.reference_text.as_deref().unwrap_or(REFERENCE_TEXT);
+        let reference = ember_export::reference_logits(&source, text)?;
+        std::fs::write(path, serde_json::to_string(&reference)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&exported)?);
+    } else {
+        println!(
+            "exported {} as {} ({} tensors, {} parameters) to {}",
+            exported.checkpoint.display(),
+            exported.arch.class_name(),
+            exported.tensors,
+            exported.params,
+            exported.out.display()
+        );
+    }
+    Ok(())
+}
+
+fn tokenize(args: TokenizeArgs) -> Result<()> {
+    let path = if args.tokenizer.is_dir() {
+        args.tokenizer.join(ember_data::TOKENIZER_FILE)
+    } else {
+        args.tokenizer.clone()
+    };
+    let tokenizer = ember_data::Tokenizer::load(&path)?;
+    let n = ember_data::shards::tokenize_file(&tokenizer, &args.input, &args.output)?;
+    println!(
+        "wrote {n} tokens of {} to {} ({} tokenizer, vocabulary {})",
+        args.input.display(),
+        args.output.display(),
+        path.display(),
+        tokenizer.vocab_size()
+    );
     Ok(())
 }
 
@@ -373,7 +598,7 @@ fn eval(args: EvalArgs) -> Result<()> {
                 .as_ref()
                 .context("this run's corpus has no test split")?,
         };
-        let beam = args.decode.beam_config(&run);
+        let beam = args.decode.beam_config(&run)?;
         let scores = score_split(m, &run.data.tokenizer, pairs, &beam, None, &run.device)?;
         if let Some(path) = &args.output {
             std::fs::write(path, scores.hypotheses.join("\n") + "\n")
@@ -415,22 +640,77 @@ fn translate(args: TranslateArgs) -> Result<()> {
             args.decode.run.display()
         );
     };
-    let mut text = String::new();
+    let beam = args.decode.beam_config(&run)?;
+    let mut bytes = Vec::new();
     std::io::stdin()
-        .read_to_string(&mut text)
+        .read_to_end(&mut bytes)
         .context("reading source lines from stdin")?;
-    let lines = split_lines(&text);
-    let beam = args.decode.beam_config(&run);
-    let out = translate_lines(m, &run.data.tokenizer, &lines, &beam, &run.device)?;
+    // Line by line, so that one line that is not UTF-8 costs that line only.
+    let lines: Vec<Result<String, String>> = split_byte_lines(&bytes)
+        .into_iter()
+        .map(|l| {
+            String::from_utf8(l.to_vec()).map_err(|e| {
+                format!(
+                    "not valid UTF-8 (byte {} of the line); re-encode the input as UTF-8",
+                    e.utf8_error().valid_up_to() + 1
+                )
+            })
+        })
+        .collect();
+    let out = translate_source_lines(
+        m,
+        &run.data.tokenizer,
+        &lines,
+        run.cfg.model.max_seq_len,
+        &beam,
+        &run.device,
+    )?;
     let mut stdout = std::io::stdout().lock();
-    for t in out {
-        if args.json {
-            writeln!(stdout, "{}", serde_json::to_string(&t)?)?;
-        } else {
-            writeln!(stdout, "{}", t.text)?;
+    let mut failed = vec![];
+    for (i, t) in out.iter().enumerate() {
+        match t {
+            Ok(t) if args.json => writeln!(stdout, "{}", serde_json::to_string(t)?)?,
+            Ok(t) => writeln!(stdout, "{}", t.text)?,
+            Err(reason) => {
+                eprintln!("stdin:{}: {reason}; its output line is left blank", i + 1);
+                failed.push(i + 1);
+                if args.json {
+                    let line = serde_json::json!({"line": i + 1, "error": reason});
+                    writeln!(stdout, "{line}")?;
+                } else {
+                    writeln!(stdout)?;
+                }
+            }
         }
     }
+    if !failed.is_empty() {
+        bail!(
+            "{} of {} lines could not be translated (line{} {}); their output lines are blank and \
+             every other line was translated",
+            failed.len(),
+            out.len(),
+            if failed.len() == 1 { "" } else { "s" },
+            failed
+                .iter()
+                .take(20)
+                .map(|l| l.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
     Ok(())
+}
+
+/// Lines of raw input as `split_lines` cuts text: on '\n', a trailing newline ends the last
+/// line rather than starting an empty one, and a '\r' before the '\n' is dropped.
+fn split_byte_lines(bytes: &[u8]) -> Vec<&[u8]> {
+    let body = bytes.strip_suffix(b"\n").unwrap_or(bytes);
+    if body.is_empty() {
+        return vec![];
+    }
+    body.split(|&b| b == b'\n')
+        .map(|l| l.strip_suffix(b"\r").unwrap_or(l))
+        .collect()
 }
 
 fn generate(args: GenerateArgs) -> Result<()> {
@@ -447,7 +727,7 @@ fn generate(args: GenerateArgs) -> Result<()> {
         bail!("--prompt encodes to no tokens; give at least one character the tokenizer knows");
     }
     let cfg = SampleConfig {
-        max_new_tokens: args.max_tokens,
+        max_new_tokens: args.max_tokens as usize,
         temperature: args.temperature,
         top_k: args.top_k,
         top_p: args.top_p,
@@ -468,11 +748,11 @@ fn generate(args: GenerateArgs) -> Result<()> {
 }
 
 fn bench(args: BenchArgs) -> Result<()> {
-    if args.steps == 0 {
-        bail!("--steps must be at least 1");
-    }
     let cfg = RunConfig::load(&args.config, &args.set)?;
-    let r = ember_trainer::bench::bench(cfg, args.steps, args.warmup)?;
+    for warning in cfg.warnings() {
+        eprintln!("warning: {warning}");
+    }
+    let r = ember_trainer::bench::bench(cfg, args.steps as usize, args.warmup as usize)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else {
@@ -503,24 +783,60 @@ fn bench(args: BenchArgs) -> Result<()> {
 
 fn ablate(args: AblateArgs) -> Result<()> {
     use ember_experiment::ablate::{parse_variant, AblateOptions, Runner};
+    if let Some(cell) = &args.cell {
+        return ablate_cell(&args, cell);
+    }
+    if args.status {
+        return ablate_status(&args);
+    }
+    let slurm_flag_given = args.partition.is_some()
+        || args.time.is_some()
+        || args.cpus_per_task.is_some()
+        || args.gpus_per_task.is_some()
+        || args.max_parallel.is_some()
+        || !args.sbatch_args.is_empty()
+        || args.warning_secs.is_some()
+        || args.submit;
+    if args.launcher == Launcher::Local && slurm_flag_given {
+        bail!(
+            "--partition, --time, --cpus-per-task, --gpus-per-task, --max-parallel, --sbatch-arg, \
+             --warning-secs and --submit are for a Slurm sweep: add --launcher slurm"
+        );
+    }
+    if args.launcher == Launcher::Slurm && (args.jobs.is_some() || args.threads.is_some()) {
+        bail!(
+            "--jobs and --threads are for a local sweep; on Slurm, --max-parallel limits the cells \
+             running at once and --cpus-per-task sets each one's threads"
+        );
+    }
     let variants = args
         .variants
+        .as_ref()
         .map(|v| v.iter().map(|s| parse_variant(s)).collect::<Result<Vec<_>>>())
         .transpose()
         .context("--variants")?;
     let opts = AblateOptions {
-        config: args.config,
-        overrides: args.set,
+        config: args.config.clone(),
+        overrides: args.set.clone(),
         variants,
         seeds: args.seeds,
-        lrs: args.lrs,
+        lrs: args.lrs.clone(),
         jobs: args.jobs,
         threads: args.threads,
-        out: args.out,
+        out: args.out.clone(),
         runner: Runner::Process {
             exe: std::env::current_exe().context("locating the ember executable")?,
         },
         quiet: args.quiet || args.json,
+        stop: None,
+    };
+    if args.launcher == Launcher::Slurm {
+        return ablate_slurm(&args, &opts);
+    }
+    // Each signal is passed on to the running children, which stop with a checkpoint.
+    let opts = AblateOptions {
+        stop: Some(install_stop_signals(OnRepeat::Count)?),
+        ..opts
     };
     let outcome = ember_experiment::ablate::ablate(&opts)?;
     if args.json {
@@ -543,6 +859,129 @@ fn ablate(args: AblateArgs) -> Result<()> {
                 .out
                 .join(ember_experiment::layout::REPORT_MD)
                 .display()
+        );
+    }
+    Ok(())
+}
+
+/// `ember ablate DIR --cell I`: one cell of a planned sweep (a Slurm array task).
+fn ablate_cell(args: &AblateArgs, cell: &str) -> Result<()> {
+    use ember_experiment::ablate::{ablate_cell, RunStatus, Runner};
+    let runner = Runner::Process {
+        exe: std::env::current_exe().context("locating the ember executable")?,
+    };
+    // Each stop signal (Slurm's USR1 warning included) goes on to `ember train`, which stops
+    // with a checkpoint; the cell then ends in SweepInterrupted, exit status 128 + signal.
+    let stop = install_stop_signals(OnRepeat::Count)?;
+    let outcome = ablate_cell(&args.config, cell, &runner, Some(&stop), args.quiet || args.json)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&outcome)?);
+    }
+    if let RunStatus::Failed { error, .. } = &outcome.status {
+        bail!(
+            "cell {cell} ({}) failed: {error}; status.json records it, {} holds its output, and \
+             `ember ablate {} --cell {cell}` retries it",
+            outcome.name,
+            outcome
+                .run_dir
+                .join(ember_experiment::layout::STDERR_LOG)
+                .display(),
+            shell_word(&args.config.display().to_string())
+        );
+    }
+    Ok(())
+}
+
+/// `ember ablate DIR --status`.
+fn ablate_status(args: &AblateArgs) -> Result<()> {
+    use ember_experiment::ablate::{status_table, sweep_status};
+    let cells = sweep_status(&args.config)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&cells)?);
+    } else {
+        println!("{}", status_table(&cells));
+    }
+    Ok(())
+}
+
+/// `ember ablate CONFIG --launcher slurm [--submit]`.
+fn ablate_slurm(args: &AblateArgs, opts: &ember_experiment::ablate::AblateOptions) -> Result<()> {
+    use ember_experiment::slurm::{prepare, submit, SlurmOptions};
+    let slurm = SlurmOptions {
+        partition: args.partition.clone(),
+        time: args.time.clone(),
+        cpus_per_task: args.cpus_per_task,
+        gpus_per_task: args.gpus_per_task,
+        max_parallel: args.max_parallel,
+        sbatch_args: args.sbatch_args.clone(),
+        warning_secs: args.warning_secs,
+    };
+    let exe = std::env::current_exe().context("locating the ember executable")?;
+    let sp = prepare(opts, &slurm, &exe)?;
+    let out = shell_word(&sp.plan.out.display().to_string());
+    let total = sp.plan.runs.len();
+    if sp.cells.is_empty() {
+        println!(
+            "every one of the {total} cells in {out} is finished: nothing to submit; `ember report {out}` \
+             writes the report"
+        );
+        return Ok(());
+    }
+    let quiet = args.quiet || args.json;
+    if !quiet {
+        println!(
+            "planned {total} cells into {} ({} to run, {} finished earlier); wrote {} and {}",
+            sp.plan.out.join(ember_experiment::layout::GRID).display(),
+            sp.cells.len(),
+            total - sp.cells.len(),
+            sp.cells_script.display(),
+            sp.report_script.display()
+        );
+    }
+    if !args.submit {
+        if args.json {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&serde_json::json!({
+                    "out": sp.plan.out, "array": sp.array, "cells_script": sp.cells_script,
+                    "report_script": sp.report_script, "commands": sp.commands(),
+                }))?
+            );
+        } else {
+            println!("submit with (on a Slurm login node, from this directory):");
+            for c in sp.commands() {
+                println!("  {c}");
+            }
+        }
+        return Ok(());
+    }
+    let ids = submit(&sp)?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "out": sp.plan.out, "array": sp.array, "array_job": ids.array_job, "report_job": ids.report_job,
+            }))?
+        );
+    } else {
+        println!(
+            "submitted the array as job {} (cells {}) and the report as job {} (after the array ends)\n\
+             watch:   squeue -j {},{}\n\
+             cells:   ember ablate {out} --status\n\
+             logs:    {}/\n\
+             report:  {}/report.md once job {} ends (or `ember report {out}` any time)",
+            ids.array_job,
+            sp.array,
+            ids.report_job,
+            ids.array_job,
+            ids.report_job,
+            sp.plan
+                .out
+                .join(ember_experiment::slurm::SLURM_DIR)
+                .join(ember_experiment::slurm::LOGS)
+                .display(),
+            sp.plan.out.display(),
+            ids.report_job
         );
     }
     Ok(())
@@ -603,6 +1042,14 @@ fn bleu(args: BleuArgs) -> Result<()> {
         .tokenize
         .parse()
         .map_err(|e| anyhow::anyhow!("--tokenize: {e}"))?;
+    // Every metric is checked before any is computed: a typo must not print half the output.
+    if let Some(bad) = args
+        .metrics
+        .iter()
+        .find(|m| !["bleu", "chrf"].contains(&m.as_str()))
+    {
+        bail!("--metrics: unknown metric {bad:?}; use bleu, chrf or bleu,chrf");
+    }
     let mut json = serde_json::Map::new();
     for metric in &args.metrics {
         match metric.as_str() {

@@ -179,6 +179,8 @@ fn help_exits_zero_and_every_subcommand_documents_its_arguments() {
         ),
         ("ablate", &["<CONFIG>"]),
         ("bench", &["<CONFIG>", "--steps"]),
+        ("export", &["<RUN>", "<OUT>", "--format", "--reference-logits"]),
+        ("tokenize", &["<TOKENIZER>", "<INPUT>", "<OUTPUT>"]),
     ];
     for (sub, args) in expected {
         assert!(top.contains(sub), "`ember --help` does not list {sub}:\n{top}");
@@ -654,4 +656,143 @@ fn bleu_prints_the_sacrebleu_line_or_json_and_refuses_mismatched_line_counts() {
         "names both line counts: {err}"
     );
     assert!(err.contains("mismatch"), "{err}");
+}
+
+/// An LM config on a Hugging Face dataset's parquet files in a local folder.
+fn hf_lm_yaml(dataset: &Path, qk_norm: &str) -> String {
+    format!(
+        r#"
+model: {{ arch: lm, d_model: 32, n_layers: 1, n_heads: 4, n_kv_heads: 2, d_ff: 48, max_seq_len: 32, qk_norm: {qk_norm} }}
+data:
+  corpus:
+    kind: hf_dataset
+    path: "{}"
+    splits: {{ train: train, valid: validation }}
+    columns: {{ text: text }}
+  tokenizer: {{ kind: char }}
+train: {{ steps: 4, seed: 2, lr: 3.0e-3, batch_size: 4, block_size: 16, log_every: 1, threads: 1 }}
+eval: {{ every: 4 }}
+checkpoint: {{ every: 4 }}
+"#,
+        dataset.display()
+    )
+}
+
+#[test]
+fn a_parquet_dataset_trains_exports_to_hugging_face_and_tokenizes_to_shards() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    // The Hub's parquet-conversion layout: default/{split}/0000.parquet with a text column.
+    let rows: Vec<String> = (0..300)
+        .map(|i| format!("row {i}: the quick brown fox."))
+        .collect();
+    let dataset = dir.join("dataset");
+    for (split, part) in [("train", &rows[..270]), ("validation", &rows[270..])] {
+        std::fs::create_dir_all(dataset.join("default").join(split)).unwrap();
+        let col: Vec<Option<&str>> = part.iter().map(|r| Some(r.as_str())).collect();
+        ember_data::parquet::write_text_columns(
+            &dataset.join(format!("default/{split}/0000.parquet")),
+            &[("text", col)],
+            64,
+        )
+        .unwrap();
+    }
+    let cfg = write_config(dir, "hf.yaml", &hf_lm_yaml(&dataset, "rmsnorm"));
+    let run_dir = dir.join("runs/hf");
+    let summary = json(&ok(
+        dir,
+        &["train", s(&cfg), "--run-dir", s(&run_dir), "--quiet", "--json"],
+    ));
+    assert_eq!(summary["steps"], 4, "{summary}");
+    assert_eq!(
+        metrics(&run_dir).iter().filter(|r| r["kind"] == "train").count(),
+        4
+    );
+
+    let out = dir.join("hf-out");
+    let exported = json(&ok(dir, &["export", s(&run_dir), s(&out), "--json"]));
+    assert_eq!(exported["arch"], "Qwen3", "{exported}");
+    for f in [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    ] {
+        assert!(out.join(f).is_file(), "{f}");
+    }
+
+    // A run that does not map is refused, naming the setting.
+    let gelu = write_config(
+        dir,
+        "gelu.yaml",
+        &hf_lm_yaml(&dataset, "none").replace("qk_norm: none", "qk_norm: none, mlp: gelu"),
+    );
+    ok(
+        dir,
+        &[
+            "train",
+            s(&gelu),
+            "--run-dir",
+            s(&dir.join("runs/gelu")),
+            "--quiet",
+        ],
+    );
+    let err = fails(
+        dir,
+        &["export", s(&dir.join("runs/gelu")), s(&dir.join("gelu-out"))],
+    );
+    assert!(err.contains("model.mlp: gelu"), "{err}");
+
+    // The same rows as text, tokenised to a shard with the run's tokenizer, train an LM too.
+    let train_txt = dir.join("train.txt");
+    std::fs::write(&train_txt, rows[..270].join("\n")).unwrap();
+    let valid_txt = dir.join("valid.txt");
+    std::fs::write(&valid_txt, rows[270..].join("\n")).unwrap();
+    let said = ok(
+        dir,
+        &["tokenize", s(&run_dir), s(&train_txt), s(&dir.join("train.bin"))],
+    );
+    assert!(
+        said.starts_with(&format!(
+            "wrote {} tokens",
+            rows[..270].join("\n").chars().count()
+        )),
+        "{said}"
+    );
+    ok(
+        dir,
+        &[
+            "tokenize",
+            s(&run_dir.join("tokenizer.json")),
+            s(&valid_txt),
+            s(&dir.join("valid.bin")),
+        ],
+    );
+    let shards = hf_lm_yaml(&dataset, "none").replace(
+        &format!(
+            "kind: hf_dataset\n    path: \"{}\"\n    splits: {{ train: train, valid: validation }}\n    columns: {{ text: text }}",
+            dataset.display()
+        ),
+        &format!(
+            "kind: token_shards\n    train_files: [\"{}\"]\n    val_files: [\"{}\"]\n    tokenizer: \"{}\"",
+            dir.join("train.bin").display(),
+            dir.join("valid.bin").display(),
+            run_dir.display()
+        ),
+    );
+    assert!(shards.contains("token_shards"));
+    let cfg = write_config(dir, "shards.yaml", &shards);
+    let summary = json(&ok(
+        dir,
+        &[
+            "train",
+            s(&cfg),
+            "--run-dir",
+            s(&dir.join("runs/shards")),
+            "--quiet",
+            "--json",
+        ],
+    ));
+    assert_eq!(summary["steps"], 4, "{summary}");
 }

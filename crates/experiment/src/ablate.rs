@@ -32,7 +32,9 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use ember_model::QkNorm;
 use ember_trainer::config::RunConfig;
+use ember_trainer::interrupt::{signal_name, Interrupted, StopRequest};
 use ember_trainer::metrics::{self, Verbosity};
+use ember_trainer::run_lock::DirLock;
 use ember_trainer::train::{self, TrainOptions, RUN_CONFIG, SUMMARY};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -43,8 +45,10 @@ use crate::layout::{
 };
 use crate::report::{self, Report};
 
+mod cell;
 mod grid;
 
+pub use cell::{ablate_cell, find_cell, load_plan, status_table, sweep_status, CellState, CellStatus};
 pub use grid::{parse_lrs, parse_variant, parse_variants, plan, run_config};
 
 /// Lines of stderr kept in a failed run's record.
@@ -80,6 +84,23 @@ pub struct AblateOptions {
     pub runner: Runner,
     /// Print nothing (the outcome is returned either way).
     pub quiet: bool,
+    /// Stop signals: forwarded to the running children (each stops with a checkpoint), no
+    /// further run is started, and [`ablate`] ends in [`SweepInterrupted`].
+    pub stop: Option<StopRequest>,
+}
+
+/// How [`ablate`] ends when a stop signal arrived: the runs it stopped are recorded as
+/// interrupted (not failed), and the same command resumes them.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error(
+    "ablation interrupted by {}: {interrupted} run(s) stopped with a checkpoint, {not_started} not \
+     started; run the same command again to resume them (finished runs are skipped)",
+    signal_name(*signal)
+)]
+pub struct SweepInterrupted {
+    pub signal: i32,
+    pub interrupted: usize,
+    pub not_started: usize,
 }
 
 impl AblateOptions {
@@ -96,6 +117,7 @@ impl AblateOptions {
             out: None,
             runner,
             quiet: false,
+            stop: None,
         }
     }
 }
@@ -124,6 +146,8 @@ pub enum RunStatus {
     Diverged { reason: String },
     /// Crashed, or could not be run; `stderr_tail` holds the end of its error output.
     Failed { error: String, stderr_tail: String },
+    /// Stopped by a signal with a checkpoint: the next invocation resumes it.
+    Interrupted { signal: String },
 }
 
 impl RunStatus {
@@ -132,6 +156,7 @@ impl RunStatus {
             RunStatus::Ok => "ok",
             RunStatus::Diverged { .. } => "diverged",
             RunStatus::Failed { .. } => "failed",
+            RunStatus::Interrupted { .. } => "interrupted",
         }
     }
 }
@@ -183,6 +208,8 @@ impl AblateOutcome {
 pub fn ablate(opts: &AblateOptions) -> Result<AblateOutcome> {
     let started = Instant::now();
     let plan = plan(opts)?;
+    // One sweep per output directory: two would train the same runs into the same directories.
+    let _lock = DirLock::acquire(&plan.out, "ablation sweep")?;
     fs::create_dir_all(plan.out.join(RUNS))
         .with_context(|| format!("creating {}", plan.out.join(RUNS).display()))?;
     write_json_atomic(&plan.out.join(GRID), &plan)?;
@@ -192,6 +219,18 @@ pub fn ablate(opts: &AblateOptions) -> Result<AblateOutcome> {
     sweep.train_queued(queue);
     let runs = sweep.finish()?;
     say(opts.quiet, summary_table(&runs, started.elapsed().as_secs_f64()));
+    if let Some(signal) = opts.stop.as_ref().and_then(StopRequest::requested) {
+        let interrupted = runs
+            .iter()
+            .filter(|r| matches!(r.status, RunStatus::Interrupted { .. }))
+            .count();
+        return Err(SweepInterrupted {
+            signal,
+            interrupted,
+            not_started: plan.runs.len() - runs.len(),
+        }
+        .into());
+    }
     let report = report::report(&plan.out)
         .context("writing the report (the runs are saved; `ember report` retries)")?;
     say(
@@ -357,6 +396,9 @@ impl<'a> Sweep<'a> {
     fn train_queued(&self, queue: VecDeque<(usize, Option<u64>)>) {
         let queue = Mutex::new(queue);
         let worker = || loop {
+            if self.stop_requested() {
+                break; // the runs still queued stay as they are: the next invocation starts them
+            }
             let Some((i, resume_from)) = queue.lock().unwrap_or_else(|e| e.into_inner()).pop_front() else {
                 break;
             };
@@ -367,6 +409,10 @@ impl<'a> Sweep<'a> {
                 s.spawn(worker);
             }
         });
+    }
+
+    fn stop_requested(&self) -> bool {
+        self.opts.stop.as_ref().is_some_and(|s| s.requested().is_some())
     }
 
     /// Trains run `i`, recorded as running in `status.json` until its outcome replaces that.
@@ -382,26 +428,17 @@ impl<'a> Sweep<'a> {
         );
         {
             let mut guard = self.lock();
-            guard.0.runs.insert(
-                run.name.clone(),
-                RunRecord {
-                    status: "running".into(),
-                    action: if resume_from.is_some() {
-                        "resumed"
-                    } else {
-                        "started"
-                    }
-                    .into(),
-                    detail: None,
-                    stderr_tail: None,
-                    wall_secs: None,
-                    updated: utc_now(),
-                },
-            );
+            guard.0.runs.insert(run.name.clone(), running_record(resume_from));
             let _ = write_json_atomic(&self.status_path, &guard.0);
         }
         let t0 = Instant::now();
-        let st = execute(self.plan, run, &self.opts.runner, resume_from.is_some());
+        let st = execute(
+            self.plan,
+            run,
+            &self.opts.runner,
+            resume_from.is_some(),
+            self.opts.stop.as_ref(),
+        );
         let action = match resume_from {
             Some(from_step) => RunAction::Resumed { from_step },
             None => RunAction::Started,
@@ -425,8 +462,31 @@ impl<'a> Sweep<'a> {
     }
 }
 
+/// The record of a run being trained (from scratch, or resumed from a step).
+fn running_record(resume_from: Option<u64>) -> RunRecord {
+    RunRecord {
+        status: "running".into(),
+        action: if resume_from.is_some() {
+            "resumed"
+        } else {
+            "started"
+        }
+        .into(),
+        detail: None,
+        stderr_tail: None,
+        wall_secs: None,
+        updated: utc_now(),
+    }
+}
+
 /// Trains one run and judges the result from its summary.json.
-fn execute(plan: &Plan, run: &PlannedRun, runner: &Runner, resume: bool) -> RunStatus {
+fn execute(
+    plan: &Plan,
+    run: &PlannedRun,
+    runner: &Runner,
+    resume: bool,
+    stop: Option<&StopRequest>,
+) -> RunStatus {
     if let Err(e) = fs::create_dir_all(&run.dir) {
         return RunStatus::Failed {
             error: format!("cannot create {}: {e}", run.dir.display()),
@@ -450,12 +510,9 @@ fn execute(plan: &Plan, run: &PlannedRun, runner: &Runner, resume: bool) -> RunS
             let files = fs::File::create(run.dir.join(STDOUT_LOG))
                 .and_then(|o| Ok((o, fs::File::create(run.dir.join(STDERR_LOG))?)));
             let result = files.and_then(|(out, err)| {
-                Command::new(exe)
-                    .args(&args)
-                    .stdin(Stdio::null())
-                    .stdout(out)
-                    .stderr(err)
-                    .status()
+                let mut command = Command::new(exe);
+                command.args(&args).stdin(Stdio::null()).stdout(out).stderr(err);
+                run_child(command, stop)
             });
             let tail = tail_lines(&run.dir.join(STDERR_LOG), TAIL_LINES);
             match result {
@@ -480,7 +537,8 @@ fn execute(plan: &Plan, run: &PlannedRun, runner: &Runner, resume: bool) -> RunS
                     resume,
                     fallback: false,
                     verbosity: Verbosity::Quiet,
-                    stop_after: None,
+                    stop: stop.cloned(),
+                    ..TrainOptions::new(run.dir.clone())
                 };
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| train::train(cfg, &opts)))
                     .unwrap_or_else(|p| {
@@ -497,15 +555,80 @@ fn execute(plan: &Plan, run: &PlannedRun, runner: &Runner, resume: bool) -> RunS
                     "returned without a finished summary.json".to_string(),
                     String::new(),
                 ),
-                Err(e) => ("error".to_string(), format!("error: {e:#}")),
+                Err(e) => match e.downcast_ref::<Interrupted>() {
+                    Some(i) => {
+                        return RunStatus::Interrupted {
+                            signal: signal_name(i.signal),
+                        }
+                    }
+                    None => ("error".to_string(), format!("error: {e:#}")),
+                },
             }
         }
     };
+    if let Some(signal) = summary_interrupted(&run.dir) {
+        return RunStatus::Interrupted { signal };
+    }
+    // A child aborted by a repeated signal wrote no summary, but its last checkpoint stands.
+    if let Some(signal) = stop.and_then(StopRequest::requested) {
+        if !matches!(disk_state(&run.dir), DiskState::Finished | DiskState::Diverged(_)) {
+            return RunStatus::Interrupted {
+                signal: signal_name(signal),
+            };
+        }
+    }
     match disk_state(&run.dir) {
         DiskState::Finished => RunStatus::Ok,
         DiskState::Diverged(reason) => RunStatus::Diverged { reason },
         _ => RunStatus::Failed { error, stderr_tail },
     }
+}
+
+/// Runs a child `ember train` to its end, forwarding every stop signal this process receives to
+/// it. The child runs in a process group of its own, so a Ctrl-C at the terminal reaches only
+/// the sweep, which passes it on once: the child then stops at its next step boundary with a
+/// checkpoint (a second Ctrl-C, passed on again, makes it abort).
+fn run_child(mut command: Command, stop: Option<&StopRequest>) -> std::io::Result<std::process::ExitStatus> {
+    use std::os::unix::process::CommandExt;
+    command.process_group(0);
+    // If the sweep itself dies without forwarding (kill -9), its children get SIGTERM and
+    // stop with a checkpoint instead of training on as orphans. The worker thread that spawns
+    // a child waits for it, so the thread's end (which is what PDEATHSIG watches) is the
+    // sweep's death.
+    #[cfg(target_os = "linux")]
+    // SAFETY: prctl is async-signal-safe and touches only the child's own attributes.
+    unsafe {
+        command.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            Ok(())
+        });
+    }
+    let mut child = command.spawn()?;
+    let mut forwarded = 0;
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(status);
+        }
+        if let Some(stop) = stop {
+            let (count, signal) = (stop.count(), stop.requested());
+            if let (true, Some(signal)) = (count > forwarded, signal) {
+                // SAFETY: kill(2) on our own child's pid, which try_wait has not reaped yet.
+                unsafe {
+                    libc::kill(child.id() as libc::pid_t, signal);
+                }
+                forwarded = count;
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// The stop signal a run's `summary.json` says interrupted it, if any.
+fn summary_interrupted(dir: &Path) -> Option<String> {
+    read_summary(dir)?
+        .get("interrupted")?
+        .as_str()
+        .map(str::to_string)
 }
 
 /// Differences between the config a run directory was trained with and the planned one
@@ -599,6 +722,10 @@ fn describe(o: &RunOutcome) -> String {
                 format!(", {:.1} s", o.wall_secs)
             }
         ),
+        RunStatus::Interrupted { signal } => format!(
+            "{:<8} {}: stopped by {signal} with a checkpoint; the next invocation resumes it",
+            "stopped", o.name
+        ),
         RunStatus::Diverged { reason } => format!(
             "{:<8} {}: {}{reason}",
             "diverged",
@@ -625,10 +752,15 @@ fn describe(o: &RunOutcome) -> String {
     }
 }
 
-fn record(status: &mut SweepStatus, o: &RunOutcome, started: Instant) {
+/// Writes a run's outcome into `status.json`'s record of it.
+fn record_run(status: &mut SweepStatus, o: &RunOutcome) {
     let (detail, tail) = match &o.status {
         RunStatus::Ok => (None, None),
         RunStatus::Diverged { reason } => (Some(reason.clone()), None),
+        RunStatus::Interrupted { signal } => (
+            Some(format!("stopped by {signal}; resumes on the next run")),
+            None,
+        ),
         RunStatus::Failed { error, stderr_tail } => (
             Some(error.clone()),
             (!stderr_tail.is_empty()).then(|| stderr_tail.clone()),
@@ -664,6 +796,11 @@ fn record(status: &mut SweepStatus, o: &RunOutcome, started: Instant) {
             updated: utc_now(),
         },
     );
+}
+
+/// [`record_run`], then the invocation's wall time so far.
+fn record(status: &mut SweepStatus, o: &RunOutcome, started: Instant) {
+    record_run(status, o);
     if let Some(inv) = status.invocations.last_mut() {
         inv.wall_secs = started.elapsed().as_secs_f64();
     }

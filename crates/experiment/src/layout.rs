@@ -7,6 +7,8 @@
 //! OUT/runs/<variant>-lr<lr>-seed<s>/      an ordinary run directory per grid cell
 //!     ablate-stdout.log, ablate-stderr.log    a subprocess run's output
 //! OUT/report.md, report.json, plots/      the report
+//! OUT/status.json.lock                    held while a Slurm array task updates status.json
+//! OUT/slurm/                              a Slurm sweep's batch scripts and logs (crate::slurm)
 //! ```
 //!
 //! Besides the names, this module owns the types of `grid.json` and `status.json` (with the

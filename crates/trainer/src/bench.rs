@@ -104,18 +104,24 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 pub fn bench(mut cfg: RunConfig, steps: usize, warmup: usize) -> Result<BenchReport> {
-    set_threads(&cfg);
+    set_threads(&cfg)?;
     let device = device(&cfg.device)?;
-    let data = Dataset::prepare(&cfg.data, None)?;
+    let mut data = Dataset::prepare(&cfg.data, None)?;
     resolve_model_config(&mut cfg, &data)?;
+    ember_data::fit_to_positions(&mut data.splits, &cfg.data, cfg.model.max_seq_len)?;
+    crate::limits::check_memory(&cfg, &data)?;
+    let total_steps = steps
+        .checked_add(warmup)
+        .filter(|_| steps > 0)
+        .ok_or_else(|| anyhow::anyhow!("bench needs at least 1 timed step and fewer than 2^64 in all"))?;
     let (model, params) = init_model(&cfg.model, cfg.train.seed, DType::F32, &device)?;
     let mut batcher = make_batcher(&cfg, &data)?;
     let mut opt = AdamW::new(params.vars(), &cfg.train)?;
-    let schedule = LrSchedule::new(&cfg.train, (steps + warmup) as u64);
+    let schedule = LrSchedule::new(&cfg.train, total_steps as u64);
     let t = &cfg.train;
     let (mut total, mut fwd, mut bwd, mut optim, mut rates) = (vec![], vec![], vec![], vec![], vec![]);
     let (mut src_tokens, mut tgt_tokens, mut rows) = (0f64, 0f64, 0f64);
-    for step in 0..steps + warmup {
+    for step in 0..total_steps {
         let batches = micro_batches(batcher.as_mut(), t.accumulation);
         let start = Instant::now();
         // The very step `ember train` runs (telemetry off, as on non-logging steps).
@@ -164,7 +170,7 @@ pub fn bench(mut cfg: RunConfig, steps: usize, warmup: usize) -> Result<BenchRep
         steps,
         warmup,
         params: params.num_params(),
-        threads: candle_core::utils::get_num_threads(),
+        threads: ember_kernels::par::threads(),
         ms_per_step_median: median(&mut total),
         ms_per_step_p10: p10,
         ms_per_step_p90: p90,

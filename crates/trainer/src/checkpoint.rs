@@ -70,6 +70,10 @@ pub struct CheckpointState {
     /// Consecutive evaluations so far with validation loss above `initial_val_loss`.
     #[serde(default)]
     pub evals_above_initial: u32,
+    /// Whether a training loss since the last evaluation spiked past
+    /// [`crate::run_state::SPIKE_FACTOR`] × `initial_val_loss`.
+    #[serde(default)]
+    pub spiked_since_eval: bool,
     /// Sums of the training-metrics window open at this step, so a resumed run logs exactly
     /// the records an uninterrupted one would.
     #[serde(default)]
@@ -79,6 +83,13 @@ pub struct CheckpointState {
     pub elapsed_secs: f64,
     pub model_config_hash: String,
     pub model_config: ModelConfig,
+    /// SHA-256 of the run's `tokenizer.json`: `--resume` refuses another one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokenizer_sha256: Option<String>,
+    /// Fingerprint of the training and evaluation text (`RawCorpus::fingerprint`): `--resume`
+    /// refuses other data.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_fingerprint: Option<String>,
     /// SHA-256 of each file in the directory (except this one).
     pub files: BTreeMap<String, String>,
 }

@@ -1,5 +1,5 @@
 //! The run configuration: one YAML file with the sections `model`, `data`, `train`, `eval`,
-//! `checkpoint` and `device`, each a struct field for field.
+//! `checkpoint`, `log` and `device`, each a struct field for field.
 //!
 //! Loading goes YAML text → generic tree → `--set` overrides → typed config → range checks, and
 //! every failure names the file, the key path, and (where the key came from the file) its line.
@@ -23,6 +23,8 @@ pub struct RunConfig {
     pub eval: EvalConfig,
     #[serde(default)]
     pub checkpoint: CheckpointConfig,
+    #[serde(default)]
+    pub log: LogConfig,
     /// `cpu` or `cuda:N` (the latter needs the `cuda` cargo feature).
     #[serde(default = "default_device")]
     pub device: String,
@@ -150,6 +152,10 @@ pub struct TrainConfig {
     pub adam_eps: f64,
     #[serde(default = "default_nonfinite")]
     pub on_nonfinite: NonFinitePolicy,
+    /// With `on_nonfinite: skip`: stop the run as diverged once more than this fraction of its
+    /// steps so far were skipped (judged from the 10th skipped step on).
+    #[serde(default = "default_max_skipped_fraction")]
+    pub max_skipped_fraction: f64,
     /// Log training metrics every this many steps.
     #[serde(default = "default_log_every")]
     pub log_every: u64,
@@ -157,7 +163,8 @@ pub struct TrainConfig {
     /// initialisation for this many evaluations in a row (null: never).
     #[serde(default)]
     pub divergence_evals: Option<u32>,
-    /// CPU threads for candle's elementwise pool in this run (default 1; see `setup::set_threads`).
+    /// CPU threads for Ember's kernels in this run (default: the physical cores; see
+    /// `setup::set_threads`). Results do not depend on it.
     #[serde(default)]
     pub threads: Option<usize>,
 }
@@ -185,6 +192,9 @@ fn default_adam_eps() -> f64 {
 }
 fn default_nonfinite() -> NonFinitePolicy {
     NonFinitePolicy::Stop
+}
+fn default_max_skipped_fraction() -> f64 {
+    0.5
 }
 fn default_log_every() -> u64 {
     10
@@ -282,6 +292,22 @@ impl Default for CheckpointConfig {
     }
 }
 
+/// `log:` — where a run's metrics go besides `metrics.jsonl` (always written).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogConfig {
+    /// Also write TensorBoard event files into the run directory (`tensorboard --logdir runs/`
+    /// then shows every run, and an ablation's runs side by side).
+    #[serde(default = "default_true")]
+    pub tensorboard: bool,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self { tensorboard: true }
+    }
+}
+
 /// A configuration that cannot be used, with everything needed to fix it.
 #[derive(Debug, thiserror::Error)]
 #[error("{}{}: {message}{}", file.display(), line.map(|l| format!(":{l}")).unwrap_or_default(), key.as_ref().map(|k| format!(" (key `{k}`)")).unwrap_or_default())]
@@ -295,12 +321,24 @@ pub struct ConfigFileError {
 impl RunConfig {
     /// Reads `path`, applies `--set KEY=VALUE` overrides, and validates.
     pub fn load(path: &Path, overrides: &[String]) -> Result<Self, ConfigFileError> {
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigFileError {
+        use std::io::Read;
+        let err = |message: String| ConfigFileError {
             file: path.to_path_buf(),
             line: None,
             key: None,
-            message: format!("cannot read the config: {e}"),
-        })?;
+            message,
+        };
+        // At most one byte past the limit is read, so that `/dev/zero` or a 10 GB file given
+        // by mistake is refused by from_yaml's size check instead of filling the memory.
+        let mut text = String::new();
+        std::fs::File::open(path)
+            .and_then(|f| f.take(MAX_CONFIG_BYTES as u64 + 1).read_to_string(&mut text))
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::InvalidData => {
+                    err("cannot read the config: it is not UTF-8 text (is it the YAML file?)".into())
+                }
+                _ => err(format!("cannot read the config: {e}")),
+            })?;
         Self::from_yaml(&text, path, overrides)
     }
 
@@ -312,13 +350,19 @@ impl RunConfig {
             key,
             message,
         };
+        if text.len() > MAX_CONFIG_BYTES {
+            return Err(err(
+                None,
+                None,
+                format!(
+                    "the file has more than {MAX_CONFIG_BYTES} bytes; a config is a few kilobytes, \
+                     so this is probably not the config you meant"
+                ),
+            ));
+        }
         let mut tree: Value = serde_saphyr::from_str(text).map_err(|e| {
             let message = first_line(&e.to_string()).to_string();
-            err(
-                yaml_error_line(&message),
-                None,
-                format!("not valid YAML: {message}"),
-            )
+            err(yaml_error_line(&message), None, yaml_message(&message))
         })?;
         if tree.is_null() {
             return Err(err(
@@ -340,12 +384,20 @@ impl RunConfig {
                 err(
                     None,
                     Some(key.into()),
-                    format!("--set: cannot parse {value:?}: {e}"),
+                    format!(
+                        "--set: cannot parse {}: {}",
+                        clip(&format!("{value:?}")),
+                        first_line(&e.to_string())
+                    ),
                 )
             })?;
             set_path(&mut tree, key, value)
                 .map_err(|m| err(None, Some(key.into()), format!("--set: {m}")))?;
             overridden.push(key.to_string());
+        }
+        if let Some((key, message)) = misshapen_section(&tree) {
+            let line = locate(text, &key);
+            return Err(err(line, (key != ".").then_some(key), message));
         }
         let cfg: RunConfig = serde_path_to_error::deserialize(&tree).map_err(|e| {
             let mut key = e.path().to_string();
@@ -367,7 +419,7 @@ impl RunConfig {
             } else {
                 key.as_deref().and_then(|k| locate(text, k))
             };
-            err(line, key, message)
+            err(line, key, clip(&message))
         })?;
         cfg.validate().map_err(|(key, message)| {
             let message = if overrides.is_empty() {
@@ -410,6 +462,14 @@ impl RunConfig {
         if t.accumulation == 0 {
             return bad("train.accumulation", "must be at least 1".into());
         }
+        if t.accumulation > MAX_ACCUMULATION {
+            // Each step holds its micro-batches at once: an absurd count would exhaust memory
+            // before the first step, and no run needs more than a few hundred.
+            return bad(
+                "train.accumulation",
+                format!("{} micro-batches per step is far more than any run needs; use at most {MAX_ACCUMULATION} (raise train.max_tokens or train.batch_size for bigger steps)", t.accumulation),
+            );
+        }
         if let Some(c) = t.clip_grad_norm {
             if !(c > 0.0 && c.is_finite()) {
                 return bad(
@@ -447,20 +507,33 @@ impl RunConfig {
                 "must be at least 1 (or null to disable)".into(),
             );
         }
+        // Written so that NaN is refused too.
+        if !(t.max_skipped_fraction > 0.0 && t.max_skipped_fraction <= 1.0) {
+            return bad(
+                "train.max_skipped_fraction",
+                format!("must be in (0, 1], got {}", t.max_skipped_fraction),
+            );
+        }
         if t.log_every == 0 {
             return bad("train.log_every", "must be at least 1".into());
         }
         if t.threads == Some(0) {
             return bad(
                 "train.threads",
-                "must be at least 1 (or left out for all cores)".into(),
+                "must be at least 1 (or left out for one thread)".into(),
+            );
+        }
+        if let Some(n) = t.threads.filter(|&n| n > MAX_THREADS) {
+            return bad(
+                "train.threads",
+                format!("{n} threads is more than any machine runs usefully; use at most {MAX_THREADS} (one per core is best)"),
             );
         }
         if self.data.corpus.is_translation() {
             if self.model.arch != ember_model::Arch::Seq2seq {
                 return bad(
                     "model.arch",
-                    "a translation corpus (data.corpus.kind: embedded | parallel) needs model.arch: seq2seq"
+                    "a translation corpus (data.corpus.kind: embedded | parallel, or hf_dataset with source/target columns) needs model.arch: seq2seq"
                         .into(),
                 );
             }
@@ -483,7 +556,7 @@ impl RunConfig {
             if self.model.arch != ember_model::Arch::Lm {
                 return bad(
                     "model.arch",
-                    "a text corpus (data.corpus.kind: text) needs model.arch: lm".into(),
+                    "a text corpus (data.corpus.kind: text | token_shards, or hf_dataset with a text column) needs model.arch: lm".into(),
                 );
             }
             match (t.batch_size, t.block_size) {
@@ -532,6 +605,12 @@ impl RunConfig {
         if self.eval.beam == 0 {
             return bad("eval.beam", "must be at least 1 (1 = greedy)".into());
         }
+        if self.eval.beam > MAX_BEAM {
+            return bad(
+                "eval.beam",
+                format!("{} is far past any useful beam (beyond a few dozen it stops helping, and each sentence keeps beam × vocabulary scores); use at most {MAX_BEAM}", self.eval.beam),
+            );
+        }
         if self.checkpoint.keep_best_by == KeepBestBy::Bleu
             && !(self.data.corpus.is_translation() && self.eval.bleu)
         {
@@ -571,10 +650,150 @@ impl RunConfig {
         Ok(())
     }
 
+    /// Settings that are allowed but probably not meant, in words, for the CLI to print before
+    /// it starts.
+    pub fn warnings(&self) -> Vec<String> {
+        let t = &self.train;
+        let mut out = vec![];
+        if let Some(steps) = t.steps.filter(|&s| t.warmup_steps > s) {
+            out.push(format!(
+                "train.warmup_steps = {} is more than train.steps = {steps}: the learning rate is still \
+                 warming up when the run ends and never reaches train.lr = {} (it peaks at {:.0}% of it)",
+                t.warmup_steps,
+                t.lr,
+                100.0 * steps as f64 / t.warmup_steps as f64
+            ));
+        }
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if let Some(n) = t.threads.filter(|&n| n > cores) {
+            out.push(format!(
+                "train.threads = {n} but this machine has {cores} core(s): threads beyond the cores \
+                 only wait for each other, so training is slower, not faster"
+            ));
+        }
+        out
+    }
+
     /// The resolved configuration as YAML, as saved in run directories.
     pub fn to_yaml(&self) -> String {
         serde_saphyr::to_string(self).unwrap_or_else(|e| format!("# could not serialise the config: {e}\n"))
     }
+}
+
+/// `train.threads` above this is refused: no machine runs that many usefully, and asking the
+/// thread pool for billions aborts the process.
+pub const MAX_THREADS: usize = 1024;
+
+/// `train.accumulation` above this is refused (see `validate`).
+pub const MAX_ACCUMULATION: usize = 1 << 16;
+
+/// The largest beam `eval.beam` (and the CLI's `--beam`) accepts.
+pub const MAX_BEAM: usize = 1024;
+
+/// Configs larger than this are refused before parsing: a real one is a few kilobytes.
+pub const MAX_CONFIG_BYTES: usize = 1 << 20;
+
+/// A serde-saphyr error in the user's words: what is wrong and what to do.
+fn yaml_message(message: &str) -> String {
+    let detail = message
+        .split_once(": ")
+        .filter(|(head, _)| head.starts_with("error"))
+        .map_or(message, |(_, rest)| rest);
+    // Past "line L column C: ", the parser's own words.
+    let what = detail
+        .find(": ")
+        .filter(|_| detail.starts_with("line "))
+        .map_or(detail, |i| &detail[i + 2..]);
+    let at = detail.strip_suffix(what).unwrap_or("").trim_end_matches(": ");
+    let said = if let Some(rest) = what.strip_prefix("duplicate mapping key: ") {
+        let key = rest.split(", set DuplicateKeyPolicy").next().unwrap_or(rest);
+        format!(
+            "the key `{}` is given twice in the same section ({at}); keep one of them",
+            clip(key)
+        )
+    } else if what.starts_with("budget breached") {
+        "the file expands through its anchors and aliases (`&name` … `*name`) into more values \
+         than any config has (an \"alias bomb\"); write the values out instead"
+            .to_string()
+    } else if what.contains("found a tab") {
+        format!("{at}: a tab where YAML needs spaces; indent with spaces only")
+    } else {
+        format!("{at}: {}", clip(what))
+    };
+    format!("not valid YAML: {said}")
+}
+
+/// Shortens any word of a message longer than 60 characters (a 10 MB value is not echoed back).
+fn clip(message: &str) -> String {
+    const KEEP: usize = 40;
+    let mut out = String::new();
+    for (i, word) in message.split(' ').enumerate() {
+        if i > 0 {
+            out.push(' ');
+        }
+        if word.chars().count() > 60 {
+            // The count is of the value itself, without the quotes and commas around it.
+            let tail: Vec<char> = word.chars().rev().take_while(|c| !c.is_alphanumeric()).collect();
+            let head = word.chars().take_while(|c| !c.is_alphanumeric()).count();
+            let n = word.chars().count().saturating_sub(head + tail.len());
+            out.extend(word.chars().take(KEEP));
+            out.push_str(&format!("… ({n} characters)"));
+            out.extend(tail.into_iter().rev());
+        } else {
+            out.push_str(word);
+        }
+    }
+    out
+}
+
+/// The first section (or the whole file) that is not a mapping of keys: serde's account of it
+/// ("invalid type: integer `1`, expected string or map (key `model[0]`)") names neither the
+/// section nor the fix.
+fn misshapen_section(tree: &Value) -> Option<(String, String)> {
+    let kind = |v: &Value| match v {
+        Value::Array(_) => "a list",
+        Value::String(_) => "a string",
+        Value::Number(_) => "a number",
+        Value::Bool(_) => "a boolean",
+        _ => "something else",
+    };
+    if !tree.is_object() {
+        return Some((
+            ".".into(),
+            format!(
+                "the file holds {} where a config needs a mapping of sections (`model:`, `data:`, \
+                 `train:`, ...); see configs/quickstart.yaml",
+                kind(tree)
+            ),
+        ));
+    }
+    let sections = [
+        "model",
+        "data",
+        "data.corpus",
+        "data.tokenizer",
+        "train",
+        "eval",
+        "checkpoint",
+        "ablation",
+    ];
+    for key in sections {
+        let Some(node) = key.split('.').try_fold(tree, |node, part| node.get(part)) else {
+            continue;
+        };
+        if !(node.is_object() || node.is_null()) {
+            return Some((
+                key.to_string(),
+                format!(
+                    "`{key}` must be a mapping of keys (`name: value` lines indented under `{}:`), \
+                     but it is {}",
+                    key.rsplit('.').next().unwrap_or(key),
+                    kind(node)
+                ),
+            ));
+        }
+    }
+    None
 }
 
 /// The line number in a serde-saphyr message ("... line 3 column 7: ...").
@@ -586,7 +805,7 @@ fn yaml_error_line(message: &str) -> Option<usize> {
 /// For a `data.corpus` mapping that fails to deserialise: the offending field and message,
 /// found by deserialising the variant named by `kind` on its own.
 fn corpus_error(corpus: &Value) -> Option<(String, String)> {
-    use ember_data::{EmbeddedConfig, ParallelConfig, TextConfig};
+    use ember_data::{EmbeddedConfig, HfDatasetConfig, ParallelConfig, TextConfig, TokenShardsConfig};
     fn check<T: serde::de::DeserializeOwned>(v: &Value) -> Option<(String, String)> {
         serde_path_to_error::deserialize::<_, T>(v)
             .err()
@@ -599,6 +818,8 @@ fn corpus_error(corpus: &Value) -> Option<(String, String)> {
         "embedded" => check::<EmbeddedConfig>(&rest),
         "parallel" => check::<ParallelConfig>(&rest),
         "text" => check::<TextConfig>(&rest),
+        "hf_dataset" => check::<HfDatasetConfig>(&rest),
+        "token_shards" => check::<TokenShardsConfig>(&rest),
         _ => None,
     }?;
     // An unknown field's path is its parent; name the field itself from serde's message.

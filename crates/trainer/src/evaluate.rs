@@ -120,7 +120,13 @@ pub struct Validation {
 pub fn validate(model: &Model, data: &Dataset, cfg: &RunConfig, device: &Device) -> Result<Validation> {
     let t0 = Instant::now();
     let result = evaluate(model, data, cfg, Split::Valid, device)?;
-    let bleu = validation_bleu(model, data, cfg, device)?;
+    // A model whose loss is not finite has diverged (the training loop stops it as such);
+    // decoding its non-finite outputs would only fail.
+    let bleu = if result.loss.is_finite() {
+        validation_bleu(model, data, cfg, device)?
+    } else {
+        None
+    };
     Ok(Validation {
         result,
         bleu,
@@ -151,13 +157,18 @@ fn validation_bleu(model: &Model, data: &Dataset, cfg: &RunConfig, device: &Devi
         return Ok(None);
     }
     let beam = eval_beam(cfg, cfg.eval.beam);
-    let scores = score_split(
+    match score_split(
         m,
         &data.tokenizer,
         &s.valid,
         &beam,
         cfg.eval.bleu_sentences,
         device,
-    )?;
-    Ok(Some(scores.bleu.score))
+    ) {
+        Ok(scores) => Ok(Some(scores.bleu.score)),
+        // Finite loss but overflowing logits on some decoding path: no BLEU for this evaluation
+        // (logged as absent), rather than the end of the run.
+        Err(e) if format!("{e:#}").contains("non-finite") => Ok(None),
+        Err(e) => Err(e),
+    }
 }

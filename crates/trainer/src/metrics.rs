@@ -34,18 +34,24 @@ impl Record {
 pub struct TrainRecord {
     pub step: u64,
     pub epoch: u64,
-    /// Training objective per target token (label smoothing and z-loss included).
+    /// Training objective per target token (label smoothing and z-loss included); null when
+    /// every step of the window was skipped for non-finite values.
+    #[serde(deserialize_with = "nan_if_null")]
     pub loss: f64,
     /// Unsmoothed negative log-likelihood per target token.
+    #[serde(deserialize_with = "nan_if_null")]
     pub nll: f64,
     pub lr: f64,
     /// Global gradient norm before clipping.
+    #[serde(deserialize_with = "nan_if_null")]
     pub grad_norm: f64,
     pub tokens_per_sec: f64,
     pub elapsed_secs: f64,
     /// Steps skipped so far because of a non-finite loss or gradient.
     pub skipped_steps: u64,
     /// Per attention module (forward order), max |pre-softmax logit| on this step's first micro-batch.
+    /// Empty on a last step that is not a multiple of `train.log_every` (see
+    /// `RunState::is_telemetry_step`).
     pub attn_max_logit: Vec<f32>,
     /// Per attention module, mean attention entropy (nats).
     pub attn_entropy: Vec<f32>,
@@ -56,13 +62,21 @@ pub struct TrainRecord {
 pub struct EvalRecord {
     pub step: u64,
     pub split: String,
+    /// Null when the model's outputs were not finite.
+    #[serde(deserialize_with = "nan_if_null")]
     pub loss: f64,
+    #[serde(deserialize_with = "nan_if_null")]
     pub ppl: f64,
     pub tokens: u64,
     pub elapsed_secs: f64,
     /// Corpus BLEU (sacreBLEU default) of the decoded split, for translation runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bleu: Option<f64>,
+}
+
+/// JSON has no NaN: serde_json writes a non-finite number as null, which reads back as NaN.
+fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
 }
 
 /// Appends records to `metrics.jsonl`, one flushed line each, so a killed run keeps its history.
@@ -73,17 +87,28 @@ pub struct MetricsLog {
 
 impl MetricsLog {
     /// Opens the log of `run_dir`, dropping records after `keep_through_step` (a resumed run
-    /// re-logs the steps after its checkpoint; without this they would appear twice).
+    /// re-logs the steps after its checkpoint; without this they would appear twice) and a line
+    /// torn by a kill. The lines kept are kept byte for byte (numbers are never re-printed), and
+    /// a log with nothing to drop is not rewritten at all.
     pub fn open(run_dir: &Path, keep_through_step: Option<u64>) -> Result<Self> {
         let path = run_dir.join(METRICS);
         if let Some(last) = keep_through_step {
-            let kept: Vec<Record> = read(&path)?.into_iter().filter(|r| r.step() <= last).collect();
-            let mut text = String::new();
-            for r in kept {
-                text.push_str(&serde_json::to_string(&r)?);
-                text.push('\n');
+            let text = match fs::read_to_string(&path) {
+                Ok(t) => t,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+                Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+            };
+            let keep = |line: &str| serde_json::from_str::<Record>(line).is_ok_and(|r| r.step() <= last);
+            let lines: Vec<&str> = text.lines().collect();
+            let kept: Vec<&str> = lines.iter().copied().filter(|l| keep(l)).collect();
+            let complete = text.is_empty() || text.ends_with('\n');
+            if kept.len() != lines.len() || !complete {
+                let mut out = kept.join("\n");
+                if !out.is_empty() {
+                    out.push('\n');
+                }
+                crate::files::write_atomic(&path, out.as_bytes())?;
             }
-            fs::write(&path, text).with_context(|| format!("rewriting {}", path.display()))?;
         }
         let file = OpenOptions::new()
             .create(true)
@@ -200,6 +225,15 @@ impl Progress {
             Some(bar) => bar.println(text),
             None if self.verbosity == Verbosity::Normal => println!("{text}"),
             None => {}
+        }
+    }
+
+    /// Something the user must see even with `--quiet` (on stderr): changed config keys on
+    /// resume, data that was skipped or truncated.
+    pub fn warn(&self, text: &str) {
+        match &self.bar {
+            Some(bar) => bar.suspend(|| eprintln!("note: {text}")),
+            None => eprintln!("note: {text}"),
         }
     }
 

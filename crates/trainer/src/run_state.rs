@@ -16,7 +16,10 @@ use crate::config::{KeepBestBy, RunConfig};
 use crate::evaluate::{EvalResult, Validation};
 use crate::metrics::{EvalRecord, TrainRecord};
 use crate::step::StepOutput;
-use crate::train::Summary;
+use crate::summary::Summary;
+
+/// Skipped steps before the skipped fraction can end a run as diverged.
+const MIN_SKIPPED_TO_JUDGE: u64 = 10;
 
 /// Counters and decisions of one training run.
 pub struct RunState {
@@ -31,6 +34,8 @@ pub struct RunState {
     start_step: u64,
     /// Why the run stops early as diverged.
     diverged: Option<String>,
+    /// The stop signal that ended this invocation early.
+    interrupted: Option<String>,
 }
 
 /// Counters that a checkpoint carries besides weights, moments and the data cursor.
@@ -43,7 +48,15 @@ struct Counters {
     train_secs: f64,
     initial_val_loss: Option<f64>,
     evals_above_initial: u32,
+    spiked_since_eval: bool,
 }
+
+/// A training loss above this multiple of the initial validation loss counts as divergence at
+/// the next evaluation even when the validation loss is back down: a run whose logits exploded
+/// often ends as a dead model predicting the uniform distribution, whose loss (ln V) sits just
+/// below a fresh model's, so the validation loss alone would call it healthy. Ten times ln V is
+/// far beyond any loss a learning run has (a fresh model starts near 1× and falls).
+pub const SPIKE_FACTOR: f64 = 10.0;
 
 impl Counters {
     fn from_state(s: &CheckpointState) -> Self {
@@ -55,6 +68,7 @@ impl Counters {
             train_secs: s.elapsed_secs,
             initial_val_loss: s.initial_val_loss,
             evals_above_initial: s.evals_above_initial,
+            spiked_since_eval: s.spiked_since_eval,
         }
     }
 }
@@ -74,6 +88,7 @@ struct Cadence {
     eval_every: u64,
     checkpoint_every: u64,
     divergence_evals: Option<u32>,
+    max_skipped_fraction: f64,
     keep_best_by: KeepBestBy,
     /// Stop (with a checkpoint) after this many steps of this invocation.
     stop_after: Option<u64>,
@@ -99,11 +114,13 @@ impl RunState {
                 eval_every: cfg.eval.every,
                 checkpoint_every: cfg.checkpoint.every,
                 divergence_evals: cfg.train.divergence_evals,
+                max_skipped_fraction: cfg.train.max_skipped_fraction,
                 keep_best_by: cfg.checkpoint.keep_best_by,
                 stop_after,
             },
             resumed_from_step: resumed.map(|s| s.step),
             diverged: None,
+            interrupted: None,
         }
     }
 
@@ -136,6 +153,14 @@ impl RunState {
         step.is_multiple_of(self.cadence.log_every) || step == self.cadence.total_steps
     }
 
+    /// Whether `step` collects attention telemetry (max logit, entropy): every step that logs,
+    /// the last one included. The attention kernel measures it in the pass that computes the
+    /// output, so measuring changes no value: a 30-step run extended to 60 ends with the weights
+    /// of a 60-step run although its step 30 measured and the other's did not (tested).
+    pub fn is_telemetry_step(&self, step: u64) -> bool {
+        self.is_log_step(step)
+    }
+
     /// Counts a step whose update was skipped; returns how many so far.
     pub fn skip_update(&mut self) -> u64 {
         self.counters.skipped += 1;
@@ -149,6 +174,10 @@ impl RunState {
         c.step += 1;
         c.train_secs += secs;
         c.tokens_seen += out.tokens as u64;
+        if let Some(initial) = c.initial_val_loss {
+            // NaN compares false: a non-finite loss counts as a spike too.
+            c.spiked_since_eval |= !(out.loss <= SPIKE_FACTOR * initial);
+        }
         if out.loss.is_finite() {
             w.loss += out.loss * out.tokens as f64;
             w.nll += out.nll * out.tokens as f64;
@@ -162,15 +191,21 @@ impl RunState {
     /// Closes the logging window into the training record of the step just recorded.
     pub fn train_record(&mut self, epoch: u64, lr: f64, attention: &[AttentionStats]) -> TrainRecord {
         let w = std::mem::take(&mut self.window);
-        let n = w.tokens.max(1) as f64;
+        // A window whose every step was skipped has no loss to report: NaN (null in the JSON),
+        // not the 0 an empty sum would give.
+        let (loss, nll) = if w.tokens == 0 {
+            (f64::NAN, f64::NAN)
+        } else {
+            (w.loss / w.tokens as f64, w.nll / w.tokens as f64)
+        };
         let rate = w.tokens as f64 / w.secs.max(1e-9);
         self.stats.rates.push(rate);
-        self.stats.last_train_loss = Some(w.loss / n);
+        self.stats.last_train_loss = loss.is_finite().then_some(loss);
         TrainRecord {
             step: self.counters.step,
             epoch,
-            loss: w.loss / n,
-            nll: w.nll / n,
+            loss,
+            nll,
             lr,
             grad_norm: w.grad_norm / w.steps.max(1) as f64,
             tokens_per_sec: rate,
@@ -193,18 +228,26 @@ impl RunState {
     pub fn record_eval(&mut self, v: &Validation) -> EvalRecord {
         let (c, r) = (&mut self.counters, v.result);
         self.stats.last_eval = Some(r);
+        if !r.loss.is_finite() {
+            // The model's outputs overflow: no later step can recover from that.
+            self.diverged = Some(format!(
+                "step {}: the validation loss is {} (the model's outputs are not finite)",
+                c.step, r.loss
+            ));
+        }
         if let (Some(limit), Some(initial)) = (self.cadence.divergence_evals, c.initial_val_loss) {
             // NaN compares false, so a NaN validation loss also counts as "above".
-            let healthy = r.loss <= initial;
+            let healthy = r.loss <= initial && !c.spiked_since_eval;
             c.evals_above_initial = if healthy { 0 } else { c.evals_above_initial + 1 };
-            if c.evals_above_initial >= limit {
+            if c.evals_above_initial >= limit && self.diverged.is_none() {
                 self.diverged = Some(format!(
-                    "step {}: validation loss {:.4} has been above its initial value {initial:.4} \
-                     for {limit} evaluation(s)",
+                    "step {}: for {limit} evaluation(s) the validation loss (now {:.4}) has been \
+                     above its initial value {initial:.4} or a training loss above {SPIKE_FACTOR}× it",
                     c.step, r.loss
                 ));
             }
         }
+        c.spiked_since_eval = false;
         let better = match (self.cadence.keep_best_by, c.best) {
             (_, None) => r.loss.is_finite(),
             (KeepBestBy::Loss, Some(b)) => r.loss < b.val_loss,
@@ -249,6 +292,28 @@ impl RunState {
         self.diverged.as_deref()
     }
 
+    /// With `train.on_nonfinite: skip`: stops the run as diverged once more than
+    /// `train.max_skipped_fraction` of its steps so far were skipped (judged from the 10th
+    /// skipped step on, so that a few early skips do not end a run).
+    pub fn check_skipped(&mut self) {
+        let (skipped, step) = (self.counters.skipped, self.counters.step);
+        if self.diverged.is_none()
+            && skipped >= MIN_SKIPPED_TO_JUDGE
+            && skipped as f64 > self.cadence.max_skipped_fraction * step as f64
+        {
+            self.diverged = Some(format!(
+                "step {step}: {skipped} of {step} steps were skipped for non-finite values, more than \
+                 train.max_skipped_fraction = {}; the weights have hardly trained. Lower train.lr",
+                self.cadence.max_skipped_fraction
+            ));
+        }
+    }
+
+    /// Marks this invocation as ended by a stop signal (it resumes with `--resume`).
+    pub fn mark_interrupted(&mut self, signal: String) {
+        self.interrupted = Some(signal);
+    }
+
     /// Marks the run as stopped early as diverged by a non-finite step (`train.on_nonfinite: stop`).
     pub fn mark_diverged(&mut self, reason: String) {
         self.diverged = Some(reason);
@@ -266,12 +331,15 @@ impl RunState {
             best: c.best,
             initial_val_loss: c.initial_val_loss,
             evals_above_initial: c.evals_above_initial,
+            spiked_since_eval: c.spiked_since_eval,
             log_window: self.window.clone(),
             skipped_steps: c.skipped,
             tokens_seen: c.tokens_seen,
             elapsed_secs: c.train_secs,
             model_config_hash: checkpoint::model_config_hash(&cfg.model),
             model_config: cfg.model.clone(),
+            tokenizer_sha256: None,
+            data_fingerprint: None,
             files: Default::default(),
         }
     }
@@ -286,6 +354,7 @@ impl RunState {
             steps: c.step,
             total_steps: self.cadence.total_steps,
             finished: c.step == self.cadence.total_steps && self.diverged.is_none(),
+            interrupted: self.interrupted.clone(),
             params,
             final_train_loss: self.stats.last_train_loss,
             val_loss: self.stats.last_eval.map(|e| e.loss),

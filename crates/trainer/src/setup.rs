@@ -14,9 +14,13 @@ use ember_data::{Batcher, Dataset, LmWindowBatcher, Splits, TokenBudgetBatcher};
 use ember_model::{init_model, Model, ParamStore, QkNorm};
 
 use crate::checkpoint::{self, CheckpointState};
-use crate::config::{RunConfig, TrainConfig};
+use crate::config::{RunConfig, Schedule, TrainConfig};
+use crate::files::write_atomic;
+use crate::limits;
 use crate::optim::{AdamW, LrSchedule};
-use crate::train::TrainOptions;
+use crate::options::TrainOptions;
+use crate::resume_check::{self, Allowed, RunIdentity};
+use crate::run_lock::DirLock;
 
 /// The resolved config a run directory holds (also copied into every checkpoint).
 pub const RUN_CONFIG: &str = "config.yaml";
@@ -35,13 +39,23 @@ pub fn device(spec: &str) -> Result<Device> {
     Device::new_cuda(n).with_context(|| format!("device: cannot open {spec}"))
 }
 
-/// Sizes candle's CPU thread pools from `train.threads` (default 1); call before any tensor work.
-/// Ember's matmuls and fused kernels are single-threaded, so more threads only feed candle's
-/// spinning elementwise pool, which measured 3-4x slower than one thread on 2 cores: one thread
-/// per run, with runs side by side (`ember ablate --jobs`), is the faster way to use cores.
-pub fn set_threads(cfg: &RunConfig) {
-    let n = cfg.train.threads.unwrap_or(1);
-    std::env::set_var("RAYON_NUM_THREADS", n.to_string());
+/// Sizes the CPU thread pools from `train.threads` (default: the physical cores this process
+/// may use); call before any tensor work. Ember's kernels (GEMM, attention, norms, elementwise)
+/// run on their own pool (`ember_kernels::par`), whose results are bit-identical at any thread
+/// count. candle's pools are held at one thread: its elementwise pool spins between ops, and two
+/// pools competing for the same cores measured slower than one.
+pub fn set_threads(cfg: &RunConfig) -> Result<()> {
+    let n = cfg.train.threads.unwrap_or_else(default_threads);
+    std::env::set_var("CANDLE_NUM_THREADS", "1");
+    std::env::set_var("RAYON_NUM_THREADS", "1");
+    ember_kernels::par::set_threads(n).map_err(|e| anyhow::anyhow!("train.threads = {n}: {e}"))
+}
+
+/// Physical cores available to this process: SMT siblings share one core's arithmetic units, and
+/// a second thread on them slowed Ember's compute-bound kernels down rather than up.
+pub fn default_threads() -> usize {
+    let allowed = std::thread::available_parallelism().map_or(1, |n| n.get());
+    allowed.min(num_cpus::get_physical()).max(1)
 }
 
 /// Fills in what the config leaves to the data: the vocabulary size and, for `qk_norm: l2`,
@@ -52,7 +66,7 @@ pub fn resolve_model_config(cfg: &mut RunConfig, data: &Dataset) -> Result<()> {
         None => cfg.model.vocab_size = Some(vocab),
         Some(v) if v != vocab => bail!(
             "model.vocab_size is {v} but the tokenizer has {vocab} tokens; remove model.vocab_size \
-             to take it from the tokenizer"
+                        to take it from the tokenizer"
         ),
         Some(_) => {}
     }
@@ -110,36 +124,100 @@ pub(crate) struct TrainingRun {
     pub resumed: Option<CheckpointState>,
     /// `config.yaml`'s text, stored again in every checkpoint.
     pub config_yaml: String,
+    /// The tokenizer and data this run trains on, recorded in every checkpoint.
+    pub identity: RunIdentity,
+    /// `--resume` of a run that already reached `train.steps`: nothing to train, nothing written.
+    pub already_finished: bool,
+    /// What the set-up has to tell the user (changed config keys, allowed changes, data fitting).
+    pub notes: Vec<String>,
+    /// Held for the whole run: a second writer into the directory is refused.
+    _lock: DirLock,
 }
 
 impl TrainingRun {
     /// Sets up `cfg` in `opts.run_dir`. Nothing in the directory changes before the checks that
-    /// can refuse the run (existing checkpoints without `--resume`) have passed.
+    /// can refuse the run have passed (another writer holding it, existing checkpoints without
+    /// `--resume`, a changed tokenizer, data or model on `--resume`, too little memory);
+    /// `config.yaml` is written last.
     pub fn prepare(mut cfg: RunConfig, opts: &TrainOptions) -> Result<Self> {
-        set_threads(&cfg);
+        set_threads(&cfg)?;
         let device = device(&cfg.device)?;
         let run_dir = opts.run_dir.clone();
+        if opts.resume && checkpoint::list(&run_dir).is_empty() {
+            bail!(
+                "{} has no complete checkpoint to resume from; run without --resume to start training",
+                run_dir.display()
+            );
+        }
+        let lock = DirLock::acquire(&run_dir, "training run")?;
         claim_run_dir(&run_dir, opts.resume)?;
-        let data = Dataset::prepare(&cfg.data, Some(&run_dir)).context("preparing the data")?;
-        resolve_model_config(&mut cfg, &data)?;
+        let allowed = Allowed {
+            data_change: opts.allow_data_change,
+            tokenizer_change: opts.allow_tokenizer_change,
+        };
         let loaded = if opts.resume {
-            Some(load_latest(&run_dir, &device, opts.fallback)?)
+            let l = load_latest(&run_dir, &device, opts.fallback)?;
+            resume_check::check_tokenizer_present(&run_dir, &l.dir, allowed)?;
+            Some(l)
         } else {
             None
         };
+        let mut data = Dataset::prepare(&cfg.data, Some(&run_dir)).context("preparing the data")?;
+        let identity = RunIdentity::of(&data)?;
+        let mut notes = match &loaded {
+            Some(l) => resume_check::check_identity(&l.state, &identity, &l.dir, &run_dir, allowed)?,
+            None => vec![],
+        };
+        resolve_model_config(&mut cfg, &data)?;
+        check_data_fits(&cfg, &mut data, &mut notes)?;
+        limits::check_memory(&cfg, &data)?;
         let (model, params) = match &loaded {
             Some(l) => restore_model(&cfg, l, &run_dir)?,
             None => init_model(&cfg.model, cfg.train.seed, DType::F32, &device)?,
         };
         let config_yaml = cfg.to_yaml();
-        fs::write(run_dir.join(RUN_CONFIG), &config_yaml).context("writing config.yaml")?;
 
         let mut batcher = make_batcher(&cfg, &data)?;
         let total_steps = total_steps(&cfg.train, batcher.as_ref())?;
         let mut opt = AdamW::new(params.vars(), &cfg.train)?;
         let schedule = LrSchedule::new(&cfg.train, total_steps);
+        let mut already_finished = false;
         let resumed = match loaded {
             Some(l) => {
+                if l.state.step > total_steps {
+                    bail!(
+                        "cannot resume: the newest checkpoint {} is at step {}, beyond the {total_steps} \
+                        steps this config asks for; to train longer, raise train.steps above {}. \
+                        Nothing was changed.",
+                        l.dir.display(),
+                        l.state.step,
+                        l.state.step
+                    );
+                }
+                already_finished = l.state.step == total_steps;
+                if !already_finished {
+                    let saved_yaml = fs::read_to_string(l.dir.join(RUN_CONFIG))
+                        .with_context(|| format!("reading {}", l.dir.join(RUN_CONFIG).display()))?;
+                    let changes = resume_check::config_changes(&saved_yaml, &l.dir, &cfg, allowed)?;
+                    if !changes.is_empty() {
+                        let kept = resume_check::keep_config_history(
+                            &run_dir,
+                            &l.dir.join(RUN_CONFIG),
+                            l.state.step,
+                        )?;
+                        notes.push(format!(
+                            "resuming with a changed config: {} (the config of steps 1-{} is kept as {})",
+                            changes
+                                .iter()
+                                .map(|c| c.to_string())
+                                .collect::<Vec<_>>()
+                                .join(", "),
+                            l.state.step,
+                            kept.display()
+                        ));
+                        notes.extend(schedule_note(&cfg, &changes));
+                    }
+                }
                 opt.load_state(l.optimizer, l.state.optimizer_step)
                     .with_context(|| format!("restoring the optimizer from {}", l.dir.display()))?;
                 batcher.restore(l.state.cursor)?;
@@ -147,6 +225,9 @@ impl TrainingRun {
             }
             None => None,
         };
+        if !already_finished {
+            write_atomic(&run_dir.join(RUN_CONFIG), config_yaml.as_bytes())?;
+        }
         Ok(Self {
             cfg,
             run_dir,
@@ -160,6 +241,10 @@ impl TrainingRun {
             total_steps,
             resumed,
             config_yaml,
+            identity,
+            already_finished,
+            notes,
+            _lock: lock,
         })
     }
 
@@ -176,18 +261,72 @@ impl TrainingRun {
     }
 }
 
-/// Refuses to start a fresh run over an earlier run's checkpoints, then creates the directory.
+/// A changed step count under a decaying schedule moves the rest of the learning-rate curve;
+/// say so (under `schedule: constant` after warmup, extending a run is exact).
+fn schedule_note(cfg: &RunConfig, changes: &[resume_check::Change]) -> Option<String> {
+    let steps_changed = changes
+        .iter()
+        .any(|c| c.key == "train.steps" || c.key == "train.epochs");
+    (steps_changed && cfg.train.schedule != Schedule::Constant).then(|| {
+        "train.steps changed under a decaying schedule: the learning rate from here on follows \
+                        the new length, so the result differs from a run of that length from the start (use \
+                        train.schedule: constant to extend runs exactly)"
+            .to_string()
+    })
+}
+
+/// Checks the data against the model's positions and the batch shape at load, before any
+/// training time is spent: over-long pairs by `data.too_long`, and a language model's
+/// validation text long enough for one window.
+fn check_data_fits(cfg: &RunConfig, data: &mut Dataset, notes: &mut Vec<String>) -> Result<()> {
+    let report = ember_data::fit_to_positions(&mut data.splits, &cfg.data, cfg.model.max_seq_len)?;
+    notes.extend(report.describe(cfg.model.max_seq_len));
+    if let Splits::Text(s) = &data.splits {
+        let block = cfg.train.block_size.unwrap_or(1);
+        for (split, len) in [("training", s.train.len()), ("validation", s.valid.len())] {
+            if len <= block {
+                let advice = match &cfg.data.corpus {
+                    ember_data::CorpusConfig::Text(t) if t.path.is_some() && split == "validation" => {
+                        format!(
+                            "raise data.corpus.val_fraction (now {}) so that more of the text is held out, \
+                        or lower train.block_size",
+                            t.val_fraction.unwrap_or(ember_data::config::DEFAULT_VAL_FRACTION)
+                        )
+                    }
+                    ember_data::CorpusConfig::Text(t) if split == "validation" => format!(
+                        "add text to data.corpus.val_files ({}), or lower train.block_size",
+                        t.val_files
+                            .iter()
+                            .map(|p| p.display().to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                    _ => "add training text, or lower train.block_size".to_string(),
+                };
+                bail!(
+                    "the {split} text has {len} tokens, but one window needs train.block_size + 1 = {} \
+                        (the inputs and the next-token targets); {advice}",
+                    block + 1
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Refuses to start a fresh run over an earlier run's checkpoints (the directory exists: the
+/// lock created it).
 fn claim_run_dir(run_dir: &Path, resume: bool) -> Result<()> {
     let existing = checkpoint::list(run_dir);
     if !resume && !existing.is_empty() {
         bail!(
             "{} already holds checkpoints (newest: step {}); pass --resume to continue that run, \
-             or choose another --run-dir. Nothing was changed.",
+                        or choose another --run-dir. Nothing was changed.",
             run_dir.display(),
             existing.last().map_or(0, |(s, _)| *s)
         );
     }
-    fs::create_dir_all(run_dir).with_context(|| format!("creating the run directory {}", run_dir.display()))
+    Ok(())
 }
 
 /// The model of a checkpoint, provided it was trained with this model config.
@@ -199,7 +338,7 @@ fn restore_model(
     if checkpoint::model_config_hash(&cfg.model) != loaded.state.model_config_hash {
         bail!(
             "cannot resume: {} was trained with a different model config:\n  {}\nResume with the \
-             config the run was started with ({}), or start a new run directory.",
+                        config the run was started with ({}), or start a new run directory.",
             loaded.dir.display(),
             checkpoint::config_differences(&loaded.state.model_config, &cfg.model).join("\n  "),
             run_dir.join(RUN_CONFIG).display()
@@ -243,7 +382,7 @@ fn load_latest(run_dir: &Path, device: &Device, fallback: bool) -> Result<checkp
             Err(e) => {
                 return Err(e.context(
                     "the newest checkpoint cannot be used; pass --fallback to resume from the newest \
-                     intact one instead (the corrupt one is left in place for inspection)",
+                        intact one instead (the corrupt one is left in place for inspection)",
                 ))
             }
         }
@@ -300,7 +439,7 @@ pub fn open_run(run: &Path, device_override: Option<&str>) -> Result<OpenRun> {
     if let Some(d) = device_override {
         cfg.device = d.to_string();
     }
-    set_threads(&cfg);
+    set_threads(&cfg)?;
     let device = device(&cfg.device)?;
     let data = Dataset::prepare(&cfg.data, Some(&run_dir)).context("preparing the data")?;
     let loaded = checkpoint::load(&ckpt_dir, &device)?;

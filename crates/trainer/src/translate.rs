@@ -89,6 +89,52 @@ pub fn translate_lines(
     translate_ids(model, tokenizer, &ids, beam, device)
 }
 
+/// Translates lines as a user gives them: a blank line translates to a blank line (a model would
+/// otherwise invent a sentence for it), and a line that cannot be read (`Err`, e.g. not UTF-8)
+/// or is longer than the model's `max_seq_len` positions gets an `Err` saying why, while every
+/// other line is still translated.
+pub fn translate_source_lines(
+    model: &Seq2Seq,
+    tokenizer: &Tokenizer,
+    lines: &[Result<String, String>],
+    max_seq_len: usize,
+    beam: &BeamConfig,
+    device: &Device,
+) -> Result<Vec<Result<Translation, String>>> {
+    let blank = Translation {
+        text: String::new(),
+        tokens: vec![],
+        score: 0.0,
+    };
+    let mut out: Vec<Result<Translation, String>> = Vec::with_capacity(lines.len());
+    let mut todo: Vec<(usize, Vec<u32>)> = vec![];
+    for (i, line) in lines.iter().enumerate() {
+        match line {
+            Err(reason) => out.push(Err(reason.clone())),
+            Ok(text) if text.trim().is_empty() => out.push(Ok(blank.clone())),
+            Ok(text) => {
+                let ids = tokenizer.encode(text)?;
+                if ids.len() > max_seq_len {
+                    out.push(Err(format!(
+                        "the line has {} tokens, more than the model's max_seq_len = {max_seq_len}; \
+                         split it into shorter sentences",
+                        ids.len()
+                    )));
+                } else {
+                    out.push(Ok(blank.clone()));
+                    todo.push((i, ids));
+                }
+            }
+        }
+    }
+    let sources: Vec<Vec<u32>> = todo.iter().map(|(_, ids)| ids.clone()).collect();
+    let translated = translate_ids(model, tokenizer, &sources, beam, device)?;
+    for ((i, _), t) in todo.into_iter().zip(translated) {
+        out[i] = Ok(t);
+    }
+    Ok(out)
+}
+
 /// BLEU and chrF of a decoded split against its references.
 #[derive(Debug, Clone, Serialize)]
 pub struct SplitScores {

@@ -44,7 +44,7 @@ pub fn opts(run_dir: &Path) -> TrainOptions {
         resume: false,
         fallback: false,
         verbosity: Verbosity::Quiet,
-        stop_after: None,
+        ..TrainOptions::new(run_dir)
     }
 }
 

@@ -1,0 +1,240 @@
+//! Sizes checked before anything is allocated: a config whose model, batch or context cannot
+//! fit in this machine's memory is refused with an estimate and the keys that drive it, instead
+//! of aborting inside the allocator minutes (or milliseconds) later.
+//!
+//! The estimate is deliberately rough (within a small factor of the measured peak for the
+//! shipped configs: quickstart ~200 MiB, multi30k-tiny ~1.1 GiB): it only has to separate
+//! "fits" from "cannot possibly fit", and it errs low, so a config that trains today is never
+//! refused. All arithmetic is in f64, so absurd sizes give a huge number, not an overflow.
+
+use anyhow::{bail, Result};
+use ember_data::{Dataset, Splits};
+use ember_model::{Arch, MlpKind, ModelConfig};
+
+use crate::config::RunConfig;
+
+const F32: f64 = 4.0;
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// Where the bytes of a training run go.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MemoryEstimate {
+    /// Weights, gradients and AdamW's two moments: 4 copies of every parameter.
+    pub parameters: f64,
+    /// One micro-batch's activations kept for the backward pass (or an evaluation batch's, if larger).
+    pub activations: f64,
+    /// The rotary position tables (`model.max_seq_len` × head_dim).
+    pub positions: f64,
+}
+
+impl MemoryEstimate {
+    pub fn total(&self) -> f64 {
+        self.parameters + self.activations + self.positions
+    }
+}
+
+/// Parameters of a model config (embedding, blocks, norms; the output head unless tied).
+pub fn parameter_count(m: &ModelConfig) -> f64 {
+    let d = m.d_model as f64;
+    let kv = (m.kv_heads() * m.head_dim()) as f64;
+    let attention = 2.0 * d * d + 2.0 * d * kv;
+    let mlp = match m.mlp {
+        MlpKind::Swiglu => 3.0 * d * m.d_ff as f64,
+        MlpKind::Gelu => 2.0 * d * m.d_ff as f64,
+    };
+    let norms = 4.0 * d;
+    let vocab = m.vocab() as f64;
+    let embeddings = vocab * d * if m.tie_embeddings { 1.0 } else { 2.0 };
+    let encoder = m.encoder_layers() as f64 * (attention + mlp + norms);
+    let cross = if m.arch == Arch::Seq2seq { attention } else { 0.0 };
+    let decoder = m.decoder_layers() as f64 * (attention + cross + mlp + norms);
+    embeddings + encoder + decoder
+}
+
+/// The batch shape that drives activation memory: tokens per micro-batch and the longest row.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BatchShape {
+    pub tokens: f64,
+    pub longest: f64,
+}
+
+/// Training and evaluation batch shapes of `cfg` on `data` (token budgets capped by what the
+/// data can fill, lengths by the longest example and `model.max_seq_len`).
+pub fn batch_shapes(cfg: &RunConfig, data: &Dataset) -> (BatchShape, BatchShape) {
+    let max_len = cfg.model.max_seq_len as f64;
+    match &data.splits {
+        Splits::Translation(s) => {
+            let longest = |st: &ember_data::SplitStats| (st.max_source_len.max(st.max_target_len) + 1) as f64;
+            let corpus_tokens = |st: &ember_data::SplitStats| (st.pairs as f64) * longest(st);
+            let train_budget = cfg.train.max_tokens.unwrap_or(4096) as f64;
+            let train = BatchShape {
+                tokens: train_budget.min(corpus_tokens(&s.train.stats)).max(1.0),
+                longest: longest(&s.train.stats).min(max_len),
+            };
+            let eval = BatchShape {
+                tokens: (cfg.eval.max_tokens as f64)
+                    .min(corpus_tokens(&s.valid.stats))
+                    .max(1.0),
+                longest: longest(&s.valid.stats).min(max_len),
+            };
+            (train, eval)
+        }
+        Splits::Text(_) => {
+            let block = cfg.train.block_size.unwrap_or(1) as f64;
+            let rows = cfg.train.batch_size.unwrap_or(1) as f64;
+            let shape = BatchShape {
+                tokens: rows * block,
+                longest: block,
+            };
+            (shape, shape)
+        }
+    }
+}
+
+/// Estimates the peak memory of training `m` on batches of `train` (and evaluating on `eval`).
+pub fn estimate(m: &ModelConfig, train: BatchShape, eval: BatchShape) -> MemoryEstimate {
+    let d = m.d_model as f64;
+    let layers = (m.encoder_layers() + m.decoder_layers()) as f64;
+    let heads = m.n_heads as f64;
+    let vocab = m.vocab() as f64;
+    let per_batch = |b: BatchShape, kept: f64| {
+        // Per layer and token: the norms', projections' and MLP's inputs and outputs kept for
+        // backward; attention scores per head over the row's length (per token: heads × L).
+        let per_layer_token = kept * (8.0 * d + 3.0 * m.d_ff as f64) + heads * b.longest;
+        let logits = 3.0 * vocab; // logits, their gradient, the softmax
+        b.tokens * (layers * per_layer_token + logits) * F32
+    };
+    MemoryEstimate {
+        parameters: 4.0 * parameter_count(m) * F32,
+        activations: per_batch(train, 1.0).max(per_batch(eval, 0.25)),
+        positions: 2.0 * m.max_seq_len as f64 * m.head_dim() as f64 * F32,
+    }
+}
+
+/// Memory this process can still use: `MemAvailable` from /proc/meminfo (None elsewhere).
+pub fn available_memory() -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib: f64 = text
+        .lines()
+        .find(|l| l.starts_with("MemAvailable:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some(kib * 1024.0)
+}
+
+/// Refuses a run whose estimate exceeds this machine's available memory, naming the keys that
+/// drive the largest part.
+pub fn check_memory(cfg: &RunConfig, data: &Dataset) -> Result<MemoryEstimate> {
+    let (train, eval) = batch_shapes(cfg, data);
+    let e = estimate(&cfg.model, train, eval);
+    let Some(available) = available_memory() else {
+        return Ok(e);
+    };
+    if e.total() <= available {
+        return Ok(e);
+    }
+    let m = &cfg.model;
+    let batch_keys = if data.splits.translation().is_some() {
+        format!(
+            "train.max_tokens = {}, eval.max_tokens = {}",
+            cfg.train.max_tokens.unwrap_or(4096),
+            cfg.eval.max_tokens
+        )
+    } else {
+        format!(
+            "train.batch_size = {}, train.block_size = {}",
+            cfg.train.batch_size.unwrap_or(1),
+            cfg.train.block_size.unwrap_or(1)
+        )
+    };
+    let parts = [
+        (
+            e.parameters,
+            "parameters, gradients and AdamW moments",
+            format!(
+                "model.d_model = {}, model.d_ff = {}, layers = {}, vocabulary = {}",
+                m.d_model,
+                m.d_ff,
+                m.encoder_layers() + m.decoder_layers(),
+                m.vocab()
+            ),
+        ),
+        (
+            e.activations,
+            "activations of one batch",
+            format!(
+                "{batch_keys}, model.d_model = {}, model.d_ff = {}",
+                m.d_model, m.d_ff
+            ),
+        ),
+        (
+            e.positions,
+            "rotary position tables",
+            format!("model.max_seq_len = {}", m.max_seq_len),
+        ),
+    ];
+    let largest = parts
+        .iter()
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .expect("three parts");
+    bail!(
+        "this config needs about {} of memory but this machine has {} available: {}. Most of it \
+         is {} ({}); lower those and try again. Nothing was allocated or written.",
+        human(e.total()),
+        human(available),
+        parts
+            .iter()
+            .map(|(b, what, _)| format!("{what} {}", human(*b)))
+            .collect::<Vec<_>>()
+            .join(", "),
+        largest.1,
+        largest.2
+    )
+}
+
+/// `1.5 GiB`, `3.2e6 GiB` for the absurd.
+pub fn human(bytes: f64) -> String {
+    let gib = bytes / GIB;
+    if gib >= 1e5 {
+        format!("{gib:.1e} GiB")
+    } else if gib >= 1.0 {
+        format!("{gib:.1} GiB")
+    } else {
+        format!("{:.0} MiB", bytes / (1u64 << 20) as f64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parameter_count_matches_the_quickstart_model() {
+        // configs/quickstart.yaml: 915,968 parameters as the trainer reports them.
+        let mut m = ModelConfig::tiny(Arch::Seq2seq);
+        m.d_model = 128;
+        m.n_layers = Some(2);
+        m.n_heads = 4;
+        m.d_ff = 256;
+        m.mlp = MlpKind::Swiglu;
+        m.vocab_size = Some(1000);
+        let n = parameter_count(&m);
+        assert!((n / 915_968.0 - 1.0).abs() < 0.05, "{n}");
+    }
+
+    #[test]
+    fn absurd_sizes_give_finite_huge_estimates() {
+        let mut m = ModelConfig::tiny(Arch::Lm);
+        m.max_seq_len = usize::MAX;
+        m.d_model = usize::MAX;
+        m.vocab_size = Some(usize::MAX);
+        let shape = BatchShape {
+            tokens: 1e30,
+            longest: 1e20,
+        };
+        let e = estimate(&m, shape, shape);
+        assert!(e.total() > 1e20 && !e.total().is_nan());
+    }
+}

@@ -1,0 +1,226 @@
+//! What `--resume` verifies before continuing a run: that the tokenizer and the data are the
+//! ones the checkpoint was trained on, and which config keys changed.
+//!
+//! - **Tokenizer**: the SHA-256 of `tokenizer.json` is stored in every checkpoint's `state.json`.
+//!   A missing or different tokenizer is refused (a new one would give most ids another meaning
+//!   and the model would silently learn from scratch), unless `--allow-tokenizer-change`.
+//! - **Data**: a fingerprint of every split's text ([`ember_data::RawCorpus::fingerprint`]) is
+//!   stored too; a different corpus, or a change of the keys that select examples from it
+//!   (`data.max_source_len`, `data.max_target_len`, `data.too_long`), is refused unless
+//!   `--allow-data-change`.
+//! - **Config**: model keys were never allowed to change (the checkpoint's tensors would not
+//!   fit); every other change is listed, the previous `config.yaml` is kept under
+//!   `config-history/`, and the run goes on.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use ember_data::{Dataset, TOKENIZER_FILE};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::checkpoint::CheckpointState;
+use crate::config::RunConfig;
+
+/// The folder of a run directory that keeps each config a resumed run replaced.
+pub const CONFIG_HISTORY: &str = "config-history";
+
+/// What a run was trained on, as recorded in each checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunIdentity {
+    pub tokenizer_sha256: String,
+    pub data_fingerprint: String,
+}
+
+impl RunIdentity {
+    pub fn of(data: &Dataset) -> Result<Self> {
+        let json = data.tokenizer.to_json()?;
+        Ok(Self {
+            tokenizer_sha256: sha256_hex(json.as_bytes()),
+            data_fingerprint: data.raw.fingerprint(),
+        })
+    }
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The changes `--resume` accepts without refusing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Allowed {
+    pub data_change: bool,
+    pub tokenizer_change: bool,
+}
+
+/// Before the data is prepared: a resumed run's tokenizer must exist, or preparing the data
+/// would train a new one.
+pub fn check_tokenizer_present(run_dir: &Path, checkpoint: &Path, allowed: Allowed) -> Result<()> {
+    let path = run_dir.join(TOKENIZER_FILE);
+    if path.exists() || allowed.tokenizer_change {
+        return Ok(());
+    }
+    bail!(
+        "cannot resume: {} is missing, and the checkpoint {} was trained with it. A new tokenizer \
+         would give most token ids another meaning, so none is trained on resume. Put the run's \
+         tokenizer.json back (from a backup or a copy of the run directory) and resume again; \
+         or pass --allow-tokenizer-change to train a new one anyway (the model then starts over \
+         on ids it has not seen), or start a new run directory.",
+        path.display(),
+        checkpoint.display()
+    )
+}
+
+/// After the data is prepared: the tokenizer and the data must be the checkpoint's.
+/// Returns notes on the changes that were allowed.
+pub fn check_identity(
+    saved: &CheckpointState,
+    now: &RunIdentity,
+    checkpoint: &Path,
+    run_dir: &Path,
+    allowed: Allowed,
+) -> Result<Vec<String>> {
+    let mut notes = vec![];
+    if let Some(old) = &saved.tokenizer_sha256 {
+        if *old != now.tokenizer_sha256 {
+            if !allowed.tokenizer_change {
+                bail!(
+                    "cannot resume: {} is not the tokenizer the checkpoint {} was trained with \
+                     (SHA-256 {} now, {} then), so token ids would change meaning. Restore the \
+                     run's original tokenizer.json, or pass --allow-tokenizer-change to continue \
+                     with this one anyway.",
+                    run_dir.join(TOKENIZER_FILE).display(),
+                    checkpoint.display(),
+                    short(&now.tokenizer_sha256),
+                    short(old)
+                );
+            }
+            notes.push(format!(
+                "the tokenizer differs from the checkpoint's (SHA-256 {} now, {} then): allowed by --allow-tokenizer-change",
+                short(&now.tokenizer_sha256),
+                short(old)
+            ));
+        }
+    }
+    if let Some(old) = &saved.data_fingerprint {
+        if *old != now.data_fingerprint {
+            if !allowed.data_change {
+                bail!(
+                    "cannot resume: the data differs from what the checkpoint {} was trained on \
+                     (fingerprint of every split's text {} now, {} then: a file of data.corpus \
+                     changed, or another one is named). Resume with the original data, or pass \
+                     --allow-data-change to continue on this data.",
+                    checkpoint.display(),
+                    short(&now.data_fingerprint),
+                    short(old)
+                );
+            }
+            notes.push(format!(
+                "the data differs from the checkpoint's (fingerprint {} now, {} then): allowed by --allow-data-change",
+                short(&now.data_fingerprint),
+                short(old)
+            ));
+        }
+    }
+    Ok(notes)
+}
+
+fn short(hash: &str) -> &str {
+    &hash[..hash.len().min(12)]
+}
+
+/// One config key whose value differs from the checkpoint's config.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Change {
+    pub key: String,
+    pub before: Value,
+    pub after: Value,
+}
+
+impl std::fmt::Display for Change {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {} → {}", self.key, self.before, self.after)
+    }
+}
+
+/// Keys that decide which examples the data yields: changing them is a data change.
+const DATA_SELECTION_KEYS: &[&str] = &["data.max_source_len", "data.max_target_len", "data.too_long"];
+
+/// The differences between the checkpoint's config and `now` (`ablation:`, which `train` never
+/// reads, is left out), refusing the ones that need a flag.
+pub fn config_changes(
+    saved_yaml: &str,
+    checkpoint: &Path,
+    now: &RunConfig,
+    allowed: Allowed,
+) -> Result<Vec<Change>> {
+    let mut saved = RunConfig::from_yaml(saved_yaml, &checkpoint.join("config.yaml"), &[])
+        .with_context(|| format!("reading the config stored in {}", checkpoint.display()))?;
+    let mut now = now.clone();
+    saved.ablation = None;
+    now.ablation = None;
+    let (a, b) = (serde_json::to_value(&saved)?, serde_json::to_value(&now)?);
+    let mut changes = vec![];
+    diff("", &a, &b, &mut changes);
+    let selection: Vec<&Change> = changes
+        .iter()
+        .filter(|c| DATA_SELECTION_KEYS.contains(&c.key.as_str()))
+        .collect();
+    if !selection.is_empty() && !allowed.data_change {
+        bail!(
+            "cannot resume: {} select(s) which examples the run trains on, and changing it \
+             mid-run changes the data: {}. Resume with the run's value, or pass \
+             --allow-data-change.",
+            selection
+                .iter()
+                .map(|c| c.key.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            selection
+                .iter()
+                .map(|c| c.to_string())
+                .collect::<Vec<_>>()
+                .join("; ")
+        );
+    }
+    Ok(changes)
+}
+
+fn diff(prefix: &str, a: &Value, b: &Value, out: &mut Vec<Change>) {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            let keys: std::collections::BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+            for k in keys {
+                let key = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                diff(
+                    &key,
+                    x.get(k).unwrap_or(&Value::Null),
+                    y.get(k).unwrap_or(&Value::Null),
+                    out,
+                );
+            }
+        }
+        _ if a != b => out.push(Change {
+            key: prefix.to_string(),
+            before: a.clone(),
+            after: b.clone(),
+        }),
+        _ => {}
+    }
+}
+
+/// Keeps `src` (the config the checkpoint at `step` was trained with) as
+/// `config-history/config.step-NNNNNNNN.yaml` before a resumed run with changed keys replaces
+/// the run's `config.yaml`.
+pub fn keep_config_history(run_dir: &Path, src: &Path, step: u64) -> Result<PathBuf> {
+    let dir = run_dir.join(CONFIG_HISTORY);
+    fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let dest = dir.join(format!("config.step-{step:08}.yaml"));
+    fs::copy(src, &dest).with_context(|| format!("copying {} to {}", src.display(), dest.display()))?;
+    Ok(dest)
+}

@@ -1,0 +1,120 @@
+//! One writer per directory: an advisory lock held for as long as a run (or a sweep) writes
+//! into its directory.
+//!
+//! The lock is `flock(2)` on `DIR/.lock` (through `fs4`). The kernel releases it when the
+//! holder exits for any reason, `kill -9` included, so a stale lock file never blocks anyone:
+//! only a live process holds the lock. The file also records who holds it (pid, start time,
+//! command line), which is what a second writer is told when it is refused. Nothing else
+//! reads that text; the lock itself is the kernel's.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use fs4::fs_std::FileExt;
+
+/// The lock file inside a locked directory.
+pub const LOCK_FILE: &str = ".lock";
+
+/// The held lock of a directory; dropping it (or exiting) releases it.
+#[derive(Debug)]
+pub struct DirLock {
+    path: PathBuf,
+    // Kept open: closing the file would release the lock.
+    _file: File,
+}
+
+impl DirLock {
+    /// Takes the lock of `dir` (created if missing) without waiting. `what` names the writer
+    /// in the refusal a second one gets, e.g. "training run" or "ablation sweep".
+    pub fn acquire(dir: &Path, what: &str) -> Result<Self> {
+        fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let path = dir.join(LOCK_FILE);
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .with_context(|| format!("opening the lock file {}", path.display()))?;
+        let acquired =
+            FileExt::try_lock_exclusive(&file).with_context(|| format!("locking {}", path.display()))?;
+        if !acquired {
+            let mut holder = String::new();
+            let _ = file.read_to_string(&mut holder);
+            bail!(
+                "{} is in use: another {what} is writing into it ({}). Two writers in one \
+                 directory would corrupt each other's checkpoints, so this one stops here and \
+                 nothing was changed. Wait for it to finish, stop it (kill -INT PID saves a \
+                 checkpoint first), or choose another directory.",
+                dir.display(),
+                describe_holder(&holder)
+            );
+        }
+        // Ours now: say who holds it, for the next writer's refusal.
+        let info = format!(
+            "pid {}\nstarted {}\ncommand {}\n",
+            std::process::id(),
+            unix_time(),
+            std::env::args().collect::<Vec<_>>().join(" ")
+        );
+        file.set_len(0)
+            .and_then(|_| file.seek(SeekFrom::Start(0)))
+            .and_then(|_| file.write_all(info.as_bytes()))
+            .with_context(|| format!("writing {}", path.display()))?;
+        Ok(Self { path, _file: file })
+    }
+
+    /// The lock file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// `pid 1234, started 2025-01-31 12:00:00 UTC: ember train ...` from the lock file's text.
+fn describe_holder(text: &str) -> String {
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_string()))
+            .filter(|v| !v.is_empty())
+    };
+    match field("pid ") {
+        Some(pid) => {
+            let mut s = format!("pid {pid}");
+            if let Some(started) = field("started ").and_then(|t| t.parse::<u64>().ok()) {
+                let age = unix_time().saturating_sub(started);
+                s.push_str(&format!(", started {age} s ago"));
+            }
+            if let Some(cmd) = field("command ") {
+                s.push_str(&format!(": `{cmd}`"));
+            }
+            s
+        }
+        None => "a process that has not written its pid yet".into(),
+    }
+}
+
+fn unix_time() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_lock_is_refused_naming_the_holder_and_released_on_drop() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = DirLock::acquire(dir.path(), "training run").unwrap();
+        let err = DirLock::acquire(dir.path(), "training run")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("is in use"), "{err}");
+        assert!(err.contains(&format!("pid {}", std::process::id())), "{err}");
+        drop(first);
+        DirLock::acquire(dir.path(), "training run").expect("released on drop");
+    }
+}
