@@ -2,7 +2,7 @@
 # Ember vs. a PyTorch reference of the same model, batches, loss and optimizer, side by side.
 #
 #   scripts/bench-vs-torch.sh CONFIG [--pairs N] [--steps N] [--warmup N] [--out FILE]
-#                             [--no-build] [--set KEY=VALUE]...
+#                             [--threads N[,N...]] [--no-build] [--set KEY=VALUE]...
 #
 # Runs `ember bench CONFIG --json` and `scripts/reference/ember_ref.py CONFIG --bench --json`
 # alternately (Ember, PyTorch, Ember, PyTorch, ... for N pairs, default 5) so that load from
@@ -10,6 +10,10 @@
 # RSS of each; ratio = Ember tokens/s ÷ PyTorch tokens/s) and the median ratio, and writes every
 # raw JSON result, one per line, to --out (default: a new file under ${TMPDIR:-/tmp}).
 # `--set` overrides go to both sides (e.g. --set train.threads=1).
+# `--threads N` runs both sides at N threads (train.threads on both); a list (`--threads 1,2,4`)
+# is a thread sweep: every pair runs each thread count in turn, and the end prints the scaling
+# table (ms/step of each side per thread count, and the ratio). Without it each side takes its
+# own default (Ember: the physical cores; PyTorch: torch's default).
 #
 # PyTorch lives in a virtual environment outside the repository, created on first use:
 # $EMBER_TORCH_VENV, default ~/.cache/ember/torch-venv (CPU torch, pyyaml, numpy, tokenizers).
@@ -24,7 +28,7 @@ usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-config="" pairs=5 steps=30 warmup=3 out="" build=1
+config="" pairs=5 steps=30 warmup=3 out="" build=1 threads_list="default"
 sets=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -34,6 +38,7 @@ while [[ $# -gt 0 ]]; do
     --warmup) [[ $# -ge 2 ]] || die "--warmup needs a number"; warmup="$2"; shift 2 ;;
     --out) [[ $# -ge 2 ]] || die "--out needs a file name"; out="$2"; shift 2 ;;
     --no-build) build=0; shift ;;
+    --threads) [[ $# -ge 2 ]] || die "--threads needs a number or a list like 1,2,4"; threads_list="$2"; shift 2 ;;
     --set) [[ $# -ge 2 ]] || die "--set needs KEY=VALUE"; sets+=(--set "$2"); shift 2 ;;
     --set=*) sets+=(--set "${1#--set=}"); shift ;;
     -*) echo "bench-vs-torch: unknown option $1" >&2; usage 2 ;;
@@ -46,26 +51,13 @@ for v in pairs steps; do
   [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || die "--$v must be a positive integer, got '${!v}'"
 done
 [[ "$warmup" =~ ^[0-9]+$ ]] || die "--warmup must be a non-negative integer, got '$warmup'"
+if [[ "$threads_list" != default ]]; then
+  [[ "$threads_list" =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] || die "--threads must be positive integers separated by commas, got '$threads_list'"
+fi
+IFS=, read -r -a thread_counts <<< "$threads_list"
 
 # --- the PyTorch environment (outside the repository) ---------------------------------------
-venv="${EMBER_TORCH_VENV:-$HOME/.cache/ember/torch-venv}"
-mkdir -p "$(dirname "$venv")"
-venv="$(cd "$(dirname "$venv")" && pwd)/$(basename "$venv")"
-case "$venv/" in "$ROOT"/*) die "EMBER_TORCH_VENV=$venv is inside the repository; put it outside" ;; esac
-py="$venv/bin/python"
-if ! [[ -x "$py" ]] || ! "$py" -c 'import torch, yaml, numpy, tokenizers' 2>/dev/null; then
-  command -v python3 >/dev/null || die "python3 is needed to create $venv"
-  echo "== creating the PyTorch environment in $venv (once; the download is large)" >&2
-  [[ -x "$py" ]] || python3 -m venv "$venv" || die "python3 -m venv $venv failed (Debian/Ubuntu: apt-get install python3-venv)"
-  # The CPU-only wheel is a fraction of the size; its index is not reachable everywhere, and
-  # the default PyPI wheel (CUDA-enabled) runs on the CPU just as well.
-  if ! "$py" -m pip install --quiet torch --index-url https://download.pytorch.org/whl/cpu; then
-    echo "== the PyTorch CPU index is not reachable; installing torch from the default index" >&2
-    "$py" -m pip install --quiet torch || die "pip install torch failed"
-  fi
-  "$py" -m pip install --quiet pyyaml numpy tokenizers || die "pip install pyyaml numpy tokenizers failed"
-  "$py" -c 'import torch, yaml, numpy, tokenizers' || die "the environment in $venv is broken; delete it and retry"
-fi
+source scripts/torch-venv.sh   # sets $py
 
 # --- Ember -----------------------------------------------------------------------------------
 target="${CARGO_TARGET_DIR:-target}"
@@ -100,28 +92,38 @@ print(json.dumps(dict(kind="meta", config=config, pairs=int(pairs), steps=int(st
                       host=platform.node(), cpus=os.cpu_count(), started=time.strftime("%Y-%m-%dT%H:%M:%S%z"))))
 EOF
 
-# Runs one side and appends its result, tagged with the pair and the load average, to $out.
+# Runs one side and appends its result, tagged with the pair, the thread setting and the load
+# average, to $out.
 run_side() {
-  local impl="$1" pair="$2" json
-  shift 2
+  local impl="$1" pair="$2" threads="$3" json
+  shift 3
   if ! json="$("$@")"; then
     die "$impl run of pair $pair failed: $*"
   fi
   printf '%s' "$json" | "$py" -c '
 import json, sys
 r = json.load(sys.stdin)
-r.update(kind="bench", impl=sys.argv[1], pair=int(sys.argv[2]), loadavg=open("/proc/loadavg").read().split()[:3])
-print(json.dumps(r))' "$impl" "$pair" >> "$out" || die "$impl run of pair $pair printed no JSON"
+r.update(kind="bench", impl=sys.argv[1], pair=int(sys.argv[2]), threads_setting=sys.argv[3],
+         loadavg=open("/proc/loadavg").read().split()[:3])
+print(json.dumps(r))' "$impl" "$pair" "$threads" >> "$out" || die "$impl run of pair $pair printed no JSON"
 }
 
-echo "== $config: $pairs pair(s) of $steps timed steps (+$warmup warm-up), Ember then PyTorch" >&2
+echo "== $config: $pairs pair(s) of $steps timed steps (+$warmup warm-up), Ember then PyTorch, threads: $threads_list" >&2
 "${table[@]}" header
 for ((i = 1; i <= pairs; i++)); do
-  run_side ember "$i" "$ember" bench "$config" --json --steps "$steps" --warmup "$warmup" ${sets[@]+"${sets[@]}"}
-  run_side torch "$i" "$py" "${ref[@]}" --bench --json --steps "$steps" --warmup "$warmup"
-  "${table[@]}" row "$out" "$i"
+  for t in "${thread_counts[@]}"; do
+    at=()
+    [[ "$t" == default ]] || at=(--set "train.threads=$t")
+    run_side ember "$i" "$t" "$ember" bench "$config" --json --steps "$steps" --warmup "$warmup" ${sets[@]+"${sets[@]}"} "${at[@]}"
+    run_side torch "$i" "$t" "$py" "${ref[@]}" "${at[@]}" --bench --json --steps "$steps" --warmup "$warmup"
+    "${table[@]}" row "$out" "$i" "$t"
+  done
 done
-"${table[@]}" summary "$out"
+for t in "${thread_counts[@]}"; do
+  [[ ${#thread_counts[@]} -eq 1 ]] || echo; [[ ${#thread_counts[@]} -eq 1 ]] || echo "-- threads: $t"
+  "${table[@]}" summary "$out" "$t"
+done
+[[ ${#thread_counts[@]} -eq 1 ]] || { echo; "${table[@]}" scaling "$out"; }
 
 ember_params="$("$py" -c 'import json, sys
 rs = [json.loads(l) for l in open(sys.argv[1])]

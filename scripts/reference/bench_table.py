@@ -2,8 +2,9 @@
 """Formats the results file of scripts/bench-vs-torch.sh (one JSON object per line).
 
     bench_table.py header
-    bench_table.py row FILE PAIR      # the table row of one Ember/PyTorch pair
-    bench_table.py summary FILE       # medians over all pairs
+    bench_table.py row FILE PAIR [THREADS]   # the table row of one Ember/PyTorch pair
+    bench_table.py summary FILE [THREADS]    # medians over all pairs (of one thread setting)
+    bench_table.py scaling FILE              # a thread sweep: ms/step per thread count, both sides
     bench_table.py compact            # stdin JSON (pretty or not) → one line on stdout
 
 Standard library only, so it runs under any python3.
@@ -21,15 +22,27 @@ def line(cells) -> str:
     return "  ".join(str(c).rjust(w) for c, w in zip(cells, WIDTHS))
 
 
-def load(path: str) -> dict:
-    """{pair: {"ember": record, "torch": record}}"""
+def load(path: str, threads: str | None = None) -> dict:
+    """{pair: {"ember": record, "torch": record}}, of one thread setting if given."""
     pairs = {}
     with open(path) as f:
         for text in f:
             r = json.loads(text)
-            if r.get("kind") == "bench":
+            if r.get("kind") == "bench" and threads in (None, r.get("threads_setting", "default")):
                 pairs.setdefault(r["pair"], {})[r["impl"]] = r
     return pairs
+
+
+def settings(path: str) -> list:
+    """The thread settings in a results file, in the order they first appear."""
+    seen = []
+    with open(path) as f:
+        for text in f:
+            r = json.loads(text)
+            t = r.get("threads_setting", "default")
+            if r.get("kind") == "bench" and t not in seen:
+                seen.append(t)
+    return seen
 
 
 def row(p: int, e: dict, t: dict) -> str:
@@ -45,10 +58,11 @@ def main() -> None:
         print(line(COLUMNS))
     elif cmd == "row":
         pair = int(sys.argv[3])
-        r = load(sys.argv[2])[pair]
+        r = load(sys.argv[2], sys.argv[4] if len(sys.argv) > 4 else None)[pair]
         print(row(pair, r["ember"], r["torch"]))
     elif cmd == "summary":
-        pairs = [r for _, r in sorted(load(sys.argv[2]).items()) if "ember" in r and "torch" in r]
+        threads = sys.argv[3] if len(sys.argv) > 3 else None
+        pairs = [r for _, r in sorted(load(sys.argv[2], threads).items()) if "ember" in r and "torch" in r]
         if not pairs:
             sys.exit("no complete pair in the results file")
         med = lambda k, impl: statistics.median(r[impl][k] for r in pairs)
@@ -65,6 +79,16 @@ def main() -> None:
             fast = [r["torch"]["ms_per_step_p10"] / r["ember"]["ms_per_step_p10"] for r in pairs]
             print(f"on p10 step times (less sensitive to other load): median ratio {statistics.median(fast):.3f}"
                   f"  (Ember {med('ms_per_step_p10', 'ember'):.1f} ms, PyTorch {med('ms_per_step_p10', 'torch'):.1f} ms)")
+    elif cmd == "scaling":
+        print("threads | Ember ms/step median (p10) | PyTorch ms/step median (p10) | ratio (PyTorch ms ÷ Ember ms), median of pairs")
+        print("---|---|---|---")
+        for t in settings(sys.argv[2]):
+            pairs = [r for _, r in sorted(load(sys.argv[2], t).items()) if "ember" in r and "torch" in r]
+            med = lambda k, impl: statistics.median(r[impl][k] for r in pairs)
+            ratios = [r["torch"]["ms_per_step_median"] / r["ember"]["ms_per_step_median"] for r in pairs]
+            print(f"{t} | {med('ms_per_step_median', 'ember'):.1f} ({med('ms_per_step_p10', 'ember'):.1f}) | "
+                  f"{med('ms_per_step_median', 'torch'):.1f} ({med('ms_per_step_p10', 'torch'):.1f}) | "
+                  f"{statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f}), {len(pairs)} pairs")
     elif cmd == "compact":
         print(json.dumps(json.load(sys.stdin)))
     else:
