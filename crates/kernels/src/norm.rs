@@ -184,6 +184,7 @@ impl NormOp {
 
     /// (dw, db) of the gain columns `cols`: Σ over rows, in row order, of g·x̂ and g.
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)] // the SIMD dispatch macro needs plain slices, not a struct
     fn param_grads(
         &self,
         x: &[f32],
@@ -205,7 +206,7 @@ impl NormOp {
 
     fn forward(&self, x: &[f32], w: &[f32], b: Option<&[f32]>) -> Result<Vec<f32>> {
         let d = w.len();
-        if d == 0 || x.len() % d != 0 {
+        if d == 0 || !x.len().is_multiple_of(d) {
             bail!(
                 "norm: input size {} is not a multiple of the gain size {d}",
                 x.len()

@@ -6,6 +6,9 @@ use candle_core::{DType, Device, Tensor, Var, D};
 use ember_kernels as kernels;
 use ember_kernels::RopeTables;
 
+/// A case's reference: the op applied to its inputs, as a closure.
+type Composition<'a> = Box<dyn Fn(&[Tensor]) -> Tensor + 'a>;
+
 const TOL: f32 = 2e-5;
 
 fn randn(seed: u64, shape: &[usize]) -> Tensor {
@@ -482,7 +485,7 @@ fn kernels_give_the_same_bits_at_any_thread_count() {
     let tables = RopeTables::new(d, t, 10_000.0, DType::F32, &Device::Cpu).unwrap();
     let mask = kernels::attention::causal_mask(t, 0, DType::F32, &Device::Cpu).unwrap();
     let opts = attn_opts(h, h, Some((0.1, 5)));
-    let cases: Vec<(&str, Vec<Tensor>, Box<dyn Fn(&[Tensor]) -> Tensor>)> = vec![
+    let cases: Vec<(&str, Vec<Tensor>, Composition<'_>)> = vec![
         (
             "linear",
             vec![x.clone(), w],

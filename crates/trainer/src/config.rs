@@ -498,7 +498,8 @@ impl RunConfig {
                 return bad(k, format!("must be in [0, 1), got {b}"));
             }
         }
-        if !(t.adam_eps > 0.0) {
+        // Written so that NaN is rejected too.
+        if t.adam_eps.is_nan() || t.adam_eps <= 0.0 {
             return bad("train.adam_eps", format!("must be positive, got {}", t.adam_eps));
         }
         if t.divergence_evals == Some(0) {

@@ -175,8 +175,8 @@ impl RunState {
         c.train_secs += secs;
         c.tokens_seen += out.tokens as u64;
         if let Some(initial) = c.initial_val_loss {
-            // NaN compares false: a non-finite loss counts as a spike too.
-            c.spiked_since_eval |= !(out.loss <= SPIKE_FACTOR * initial);
+            // A NaN loss counts as a spike too.
+            c.spiked_since_eval |= out.loss.is_nan() || out.loss > SPIKE_FACTOR * initial;
         }
         if out.loss.is_finite() {
             w.loss += out.loss * out.tokens as f64;

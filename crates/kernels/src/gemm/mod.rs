@@ -227,14 +227,14 @@ unsafe impl Sync for Operand {}
 
 impl Operand {
     /// The operand from row `r` on.
-    fn from_row(self, r: usize) -> Self {
+    fn skip_rows(self, r: usize) -> Self {
         Self {
             ptr: self.ptr.wrapping_add(r * self.row_stride),
             ..self
         }
     }
     /// The operand from column `c` on.
-    fn from_col(self, c: usize) -> Self {
+    fn skip_cols(self, c: usize) -> Self {
         Self {
             ptr: self.ptr.wrapping_add(c * self.col_stride),
             ..self
@@ -352,7 +352,7 @@ unsafe fn gemm_with(
                     r.len(),
                     k,
                     n,
-                    a.from_row(r.start),
+                    a.skip_rows(r.start),
                     b_ptr.at(0),
                     ldb,
                     beta,
@@ -386,14 +386,14 @@ unsafe fn gemm_with(
         crate::par::for_each(rows.len(), |i| {
             let r = rows[i].clone();
             // SAFETY: each task writes C's rows `r` only.
-            packed(r.len(), n, a.from_row(r.start), b, c.at(r.start * ldc));
+            packed(r.len(), n, a.skip_rows(r.start), b, c.at(r.start * ldc));
         });
     } else {
         let cols = ranges(n, blocks_for(m, k, n, n, 16), 16);
         crate::par::for_each(cols.len(), |i| {
             let r = cols[i].clone();
             // SAFETY: each task writes C's columns `r` only.
-            packed(m, r.len(), a, b.from_col(r.start), c.at(r.start));
+            packed(m, r.len(), a, b.skip_cols(r.start), c.at(r.start));
         });
     }
 }
