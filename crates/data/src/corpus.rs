@@ -1,4 +1,4 @@
-//! From a `data:` config to token ids: raw text ([`RawCorpus`]), a tokenizer (loaded from the
+//! From a `data:` config to token ids: raw text ([`RawCorpus`](crate::RawCorpus)), a tokenizer (loaded from the
 //! run directory or trained there), and tokenised splits ([`Splits`]) with the statistics a run
 //! report needs.
 //!
@@ -19,6 +19,7 @@ use crate::config::{
 use crate::embedded;
 use crate::error::{DataError, Result};
 use crate::io::{lines, read_lines, read_text};
+use crate::raw::{RawCorpus, RawPairs, RawText, TokenShard};
 use crate::shards;
 use crate::tokenizer::{Tokenizer, TOKENIZER_FILE, UNK_ID};
 
@@ -30,51 +31,6 @@ pub const TOKEN_CACHE_FILE: &str = "token-cache.bin";
 pub struct Example {
     pub source: Vec<u32>,
     pub target: Vec<u32>,
-}
-
-/// Line-aligned raw pairs of one split, blank pairs already removed.
-#[derive(Clone, Debug, PartialEq, Default)]
-pub struct RawPairs {
-    pub sources: Vec<String>,
-    pub targets: Vec<String>,
-    /// Pairs skipped because the source or the target line was blank.
-    pub dropped_empty: usize,
-    /// The 1-based line number of each kept pair in its files (for errors that name a line).
-    pub lines: Vec<usize>,
-}
-
-/// A monolingual text file (or the part of one) that becomes one run of the token stream.
-#[derive(Clone, Debug, PartialEq)]
-pub struct RawText {
-    /// Where it came from, for reports (`input.txt[0..90%]`).
-    pub name: String,
-    pub text: String,
-}
-
-/// The ids of one llama2.c shard file.
-#[derive(Clone, Debug, PartialEq)]
-pub struct TokenShard {
-    pub path: PathBuf,
-    pub ids: Vec<u32>,
-}
-
-/// Raw text of every split, before tokenisation (or, for token shards, the ids themselves).
-#[derive(Clone, Debug, PartialEq)]
-pub enum RawCorpus {
-    Translation {
-        train: RawPairs,
-        valid: RawPairs,
-        test: Option<RawPairs>,
-    },
-    Text {
-        train: Vec<RawText>,
-        valid: Vec<RawText>,
-    },
-    /// Already tokenised (`kind: token_shards`): the shards of each split, in order.
-    Tokens {
-        train: Vec<TokenShard>,
-        valid: Vec<TokenShard>,
-    },
 }
 
 impl RawCorpus {

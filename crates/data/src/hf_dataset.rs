@@ -11,9 +11,9 @@
 use std::path::{Path, PathBuf};
 
 use crate::config::{HfColumns, HfDatasetConfig};
-use crate::corpus::{RawCorpus, RawPairs, RawText};
 use crate::error::{DataError, Result};
 use crate::parquet::read_text_columns;
+use crate::raw::{RawCorpus, RawPairs, RawText};
 
 /// The branch of a Hub dataset that holds its parquet conversion (what candle-datasets fetches).
 pub const PARQUET_REVISION: &str = "refs/convert/parquet";

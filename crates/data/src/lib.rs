@@ -21,7 +21,7 @@
 //! ```
 //!
 //! Modules: [`config`] (the YAML `data:` section), [`tokenizer`] (HF `tokenizers` BPE / char),
-//! [`corpus`] (reading, tokenising, statistics, the token cache), [`batch`] (token-budget and
+//! [`raw`] (the corpus as read), [`corpus`] (reading, tokenising, statistics, the token cache), [`batch`] (token-budget and
 //! window batchers with a resumable [`Cursor`]), [`embedded`] (the built-in translation task),
 //! [`hf_dataset`] and [`parquet`] (Hugging Face datasets' parquet files), [`shards`] (llama2.c
 //! token shards).
@@ -38,6 +38,7 @@ pub mod hub;
 pub mod io;
 pub mod lengths;
 pub mod parquet;
+pub mod raw;
 pub mod shards;
 pub mod tokenizer;
 
@@ -50,11 +51,12 @@ pub use config::{
     ParallelConfig, TextConfig, TokenShardsConfig, TokenizerConfig, TokenizerKind, TooLong,
 };
 pub use corpus::{
-    CacheStatus, Dataset, Example, LoadReport, PairSplit, RawCorpus, RawPairs, RawText, SplitStats, Splits,
-    TextSplits, TextStats, TokenShard, TokenizerOrigin, TranslationSplits,
+    CacheStatus, Dataset, Example, LoadReport, PairSplit, SplitStats, Splits, TextSplits, TextStats,
+    TokenizerOrigin, TranslationSplits,
 };
 pub use error::{DataError, Result};
 pub use lengths::{fit_to_positions, LengthReport};
+pub use raw::{RawCorpus, RawPairs, RawText, TokenShard};
 pub use tokenizer::{SpecialIds, Tokenizer, BOS_ID, EOS_ID, PAD_ID, TOKENIZER_FILE, UNK_ID};
 
 /// Locates the data folder for data-dependent tests and examples: `$EMBER_SHARED_DATA` when set
