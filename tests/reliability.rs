@@ -194,6 +194,16 @@ fn a_second_writer_is_refused_at_once_naming_the_holder_and_a_stale_lock_does_no
         tmp.path(),
         &["train", s(&cfg), "--run-dir", s(&run_dir), "--quiet"],
     );
+    // Before its first checkpoint, a second `--resume` names the writer too (not the missing
+    // checkpoint it is about to write).
+    wait_until(&mut first, "the run's config.yaml", || {
+        run_dir.join("config.yaml").exists()
+    });
+    let err = fails(
+        tmp.path(),
+        &["train", s(&cfg), "--run-dir", s(&run_dir), "--resume"],
+    );
+    assert!(err.contains("is in use"), "{err}");
     wait_until(&mut first, "the first checkpoint", || {
         !checkpoints(&run_dir).is_empty()
     });

@@ -143,13 +143,21 @@ impl TrainingRun {
         set_threads(&cfg)?;
         let device = device(&cfg.device)?;
         let run_dir = opts.run_dir.clone();
+        // A missing directory is not created just to find it has nothing to resume; an existing
+        // one is locked first, so that a writer in it is named rather than its half-written state.
+        if opts.resume && !run_dir.is_dir() {
+            bail!(
+                "{} does not exist, so there is nothing to resume; run without --resume to start training",
+                run_dir.display()
+            );
+        }
+        let lock = DirLock::acquire(&run_dir, "training run")?;
         if opts.resume && checkpoint::list(&run_dir).is_empty() {
             bail!(
                 "{} has no complete checkpoint to resume from; run without --resume to start training",
                 run_dir.display()
             );
         }
-        let lock = DirLock::acquire(&run_dir, "training run")?;
         claim_run_dir(&run_dir, opts.resume)?;
         let allowed = Allowed {
             data_change: opts.allow_data_change,
