@@ -318,6 +318,13 @@ pub struct ConfigFileError {
     pub message: String,
 }
 
+/// A failed check: (key path, message).
+pub type Invalid = (String, String);
+
+fn bad(key: &str, message: String) -> Result<(), Invalid> {
+    Err((key.to_string(), message))
+}
+
 impl RunConfig {
     /// Reads `path`, applies `--set KEY=VALUE` overrides, and validates.
     pub fn load(path: &Path, overrides: &[String]) -> Result<Self, ConfigFileError> {
@@ -432,10 +439,29 @@ impl RunConfig {
         Ok(cfg)
     }
 
-    /// Range and consistency checks that serde cannot express. Returns (key path, message).
-    pub fn validate(&self) -> Result<(), (String, String)> {
+    /// Range and consistency checks that serde cannot express, section by section; the first
+    /// failure is returned as (key path, message).
+    pub fn validate(&self) -> Result<(), Invalid> {
+        self.validate_length_and_schedule()?;
+        self.validate_optimizer()?;
+        self.validate_logging_and_threads()?;
+        self.validate_batches()?;
+        self.validate_ablation()?;
+        self.validate_eval_checkpoint_device()?;
+        self.data.validate().map_err(|e| match e {
+            ember_data::DataError::Config { key, message } => (key, message),
+            other => ("data".to_string(), other.to_string()),
+        })?;
+        let mut model = self.model.clone();
+        // The vocabulary comes from the tokenizer when left out; everything else must hold now.
+        model.vocab_size.get_or_insert(2);
+        model.validate().map_err(|e| (e.key.clone(), e.message.clone()))?;
+        Ok(())
+    }
+
+    /// `train.steps`/`train.epochs` and the learning-rate schedule.
+    fn validate_length_and_schedule(&self) -> Result<(), Invalid> {
         let t = &self.train;
-        let bad = |k: &str, m: String| Err((k.to_string(), m));
         match (t.steps, t.epochs) {
             (None, None) => return bad("train.steps", "set train.steps or train.epochs".into()),
             (Some(_), Some(_)) => {
@@ -459,6 +485,12 @@ impl RunConfig {
                 format!("must be in [0, train.lr = {}], got {}", t.lr, t.min_lr),
             );
         }
+        Ok(())
+    }
+
+    /// Accumulation, clipping, the loss's extras and AdamW's hyper-parameters.
+    fn validate_optimizer(&self) -> Result<(), Invalid> {
+        let t = &self.train;
         if t.accumulation == 0 {
             return bad("train.accumulation", "must be at least 1".into());
         }
@@ -515,13 +547,19 @@ impl RunConfig {
                 format!("must be in (0, 1], got {}", t.max_skipped_fraction),
             );
         }
+        Ok(())
+    }
+
+    /// Logging cadence and the thread count.
+    fn validate_logging_and_threads(&self) -> Result<(), Invalid> {
+        let t = &self.train;
         if t.log_every == 0 {
             return bad("train.log_every", "must be at least 1".into());
         }
         if t.threads == Some(0) {
             return bad(
                 "train.threads",
-                "must be at least 1 (or left out for one thread)".into(),
+                "must be at least 1 (or left out for one per physical core)".into(),
             );
         }
         if let Some(n) = t.threads.filter(|&n| n > MAX_THREADS) {
@@ -530,6 +568,12 @@ impl RunConfig {
                 format!("{n} threads is more than any machine runs usefully; use at most {MAX_THREADS} (one per core is best)"),
             );
         }
+        Ok(())
+    }
+
+    /// Batching that fits the corpus: token budgets for translation, windows for language models.
+    fn validate_batches(&self) -> Result<(), Invalid> {
+        let t = &self.train;
         if self.data.corpus.is_translation() {
             if self.model.arch != ember_model::Arch::Seq2seq {
                 return bad(
@@ -583,6 +627,11 @@ impl RunConfig {
                 );
             }
         }
+        Ok(())
+    }
+
+    /// The `ablation:` section, when present.
+    fn validate_ablation(&self) -> Result<(), Invalid> {
         if let Some(a) = &self.ablation {
             if a.variants.is_empty() {
                 return bad(
@@ -603,6 +652,11 @@ impl RunConfig {
                 return bad("ablation.jobs", "jobs and threads must be at least 1".into());
             }
         }
+        Ok(())
+    }
+
+    /// `eval:`, `checkpoint:` and `device`.
+    fn validate_eval_checkpoint_device(&self) -> Result<(), Invalid> {
         if self.eval.beam == 0 {
             return bad("eval.beam", "must be at least 1 (1 = greedy)".into());
         }
@@ -640,14 +694,6 @@ impl RunConfig {
                 format!("must be `cpu` or `cuda:N`, got {:?}", self.device),
             );
         }
-        self.data.validate().map_err(|e| match e {
-            ember_data::DataError::Config { key, message } => (key, message),
-            other => ("data".to_string(), other.to_string()),
-        })?;
-        let mut model = self.model.clone();
-        // The vocabulary comes from the tokenizer when left out; everything else must hold now.
-        model.vocab_size.get_or_insert(2);
-        model.validate().map_err(|e| (e.key.clone(), e.message.clone()))?;
         Ok(())
     }
 
