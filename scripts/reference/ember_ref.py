@@ -217,14 +217,26 @@ def make_batcher(splits, translation: bool, t: Settings):
     return D.LmWindowBatcher(splits.train, int(t.batch_size), int(t.block_size), int(t.seed), t.windows)
 
 
+# Where the model and batches live (--device); the CPU unless asked otherwise.
+DEVICE = torch.device("cpu")
+
+
+def clock() -> float:
+    """time.perf_counter() once the device has finished what was queued: CUDA runs
+    asynchronously, so a timer read without a synchronize would time the launches only."""
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize(DEVICE)
+    return time.perf_counter()
+
+
 def to_tensors(batch) -> dict:
-    """A batch as tensors; targets at padding are -100, which cross_entropy ignores."""
+    """A batch as tensors on DEVICE; targets at padding are -100, which cross_entropy ignores."""
+    dev = lambda a: torch.from_numpy(a).to(DEVICE)
     if isinstance(batch, D.LmBatch):
-        return dict(tokens=torch.from_numpy(batch.input), targets=torch.from_numpy(batch.target),
-                    n_tokens=batch.n_tokens)
-    targets = torch.from_numpy(batch.tgt_out).masked_fill(torch.from_numpy(~batch.tgt_mask), -100)
-    return dict(tokens=torch.from_numpy(batch.tgt_in), src=torch.from_numpy(batch.src),
-                src_mask=torch.from_numpy(batch.src_mask), targets=targets, n_tokens=batch.n_tokens)
+        return dict(tokens=dev(batch.input), targets=dev(batch.target), n_tokens=batch.n_tokens)
+    targets = dev(batch.tgt_out).masked_fill(dev(~batch.tgt_mask), -100)
+    return dict(tokens=dev(batch.tgt_in), src=dev(batch.src), src_mask=dev(batch.src_mask),
+                targets=targets, n_tokens=batch.n_tokens)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -254,7 +266,7 @@ def make_optimizer(model, t: Settings):
         (decay if p.dim() >= 2 and (t.decay_embeddings or not is_embedding) else no_decay).append(p)
     groups = [dict(params=decay, weight_decay=t.weight_decay), dict(params=no_decay, weight_decay=0.0)]
     kw = dict(lr=t.lr, betas=(t.beta1, t.beta2), eps=t.adam_eps)
-    # The fastest CPU implementation available: fused (PyTorch >= 2.4), else multi-tensor.
+    # The fastest implementation available (CPU or CUDA): fused (PyTorch >= 2.4), else multi-tensor.
     try:
         return torch.optim.AdamW(groups, fused=True, **kw), "fused"
     except (RuntimeError, TypeError, ValueError):
@@ -292,23 +304,24 @@ class Trainer:
         """One optimizer update over `batches` (micro-batches), timed like ember bench: from
         tensor creation to the end of the AdamW update. Returns times and losses (and the
         logits, for logging, only when asked: holding them would inflate peak memory)."""
-        t0 = time.perf_counter()
+        t0 = clock()
         tensors = [to_tensors(b) for b in batches]
         total = max(sum(bt["n_tokens"] for bt in tensors), 1)
         self.opt.zero_grad(set_to_none=True)
         fwd = bwd = objective = 0.0
         logits_list = []
         for bt in tensors:
-            t1 = time.perf_counter()
+            t1 = clock()
             loss, logits = objective_sum(self.model, bt, self.t)
-            objective += loss.item()
-            t2 = time.perf_counter()
+            objective = objective + loss.detach()  # read once below: no sync per micro-batch
+            t2 = clock()
             (loss / total).backward()
-            t3 = time.perf_counter()
+            t3 = clock()
             fwd, bwd = fwd + (t2 - t1), bwd + (t3 - t2)
             if keep_logits:
                 logits_list.append(logits.detach())
-        t4 = time.perf_counter()
+        objective = float(objective)
+        t4 = clock()
         norm = clip_and_norm(self.params, self.t.clip_grad_norm)
         self.step_no += 1
         lr = lr_at(self.step_no, self.t, self.total)
@@ -321,7 +334,7 @@ class Trainer:
             for g in self.opt.param_groups:
                 g["lr"] = lr
             self.opt.step()
-        t5 = time.perf_counter()
+        t5 = clock()
         return dict(secs=t5 - t0, forward=fwd, backward=bwd, optimizer=t5 - t4, tokens=total,
                     loss=objective / total, lr=lr, grad_norm=norm, logits=logits_list, tensors=tensors)
 
@@ -421,8 +434,17 @@ def bench(model, cfg, splits, translation, t: Settings, steps: int, warmup: int)
         ms_per_step_p90=s[(len(s) * 9) // 10], forward_ms=median(fwd), backward_ms=median(bwd),
         optimizer_ms=median(opt), tokens_per_sec=tps, tokens_per_step=tgt_tokens / steps,
         peak_rss_mib=peak_rss_mib(), rss_after_import_mib=RSS_AFTER_IMPORT_MIB,
-        flops_per_token=fpt, achieved_gflops=fpt * tps / 1e9,
+        flops_per_token=fpt, achieved_gflops=fpt * tps / 1e9, device=str(DEVICE),
+        **gpu_memory(),
     )
+
+
+def gpu_memory() -> dict:
+    """Peak GPU memory of the tensors PyTorch allocated, and what its caching allocator reserved."""
+    if DEVICE.type != "cuda":
+        return {}
+    return dict(peak_gpu_allocated_mib=torch.cuda.max_memory_allocated(DEVICE) / 2**20,
+                peak_gpu_reserved_mib=torch.cuda.max_memory_reserved(DEVICE) / 2**20)
 
 
 def train(model, cfg, splits, translation, t: Settings, ev: Settings, quiet: bool, trace: bool) -> dict:
@@ -468,6 +490,21 @@ def train(model, cfg, splits, translation, t: Settings, ev: Settings, quiet: boo
                 skipped_steps=trainer.skipped, evals=evals, peak_rss_mib=peak_rss_mib())
 
 
+def set_device(name: str) -> None:
+    """Points DEVICE at `name` (`cpu`, `cuda`, `cuda:N`), or exits saying why it cannot."""
+    global DEVICE
+    if name != "cpu" and not (name == "cuda" or (name.startswith("cuda:") and name[5:].isdigit())):
+        sys.exit(f"error: device: must be cpu or cuda[:N], got {name!r}")
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            sys.exit(f"error: device {name}: this PyTorch ({torch.__version__}) sees no CUDA device; "
+                     "use --device cpu")
+        index = int(name[5:]) if ":" in name else 0
+        if index >= torch.cuda.device_count():
+            sys.exit(f"error: device {name}: only {torch.cuda.device_count()} CUDA device(s) visible")
+    DEVICE = torch.device(name)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("config")
@@ -479,6 +516,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30, help="bench: timed steps (default 30, as ember)")
     ap.add_argument("--warmup", type=int, default=3, help="bench: untimed warm-up steps (default 3)")
     ap.add_argument("--threads", type=int, help="CPU threads (default: train.threads, else all cores)")
+    ap.add_argument("--device", help="cpu or cuda[:N] (default: the config's device); on CUDA every "
+                    "timer read waits for the device (torch.cuda.synchronize)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     ap.add_argument("--quiet", action="store_true", help="train: no progress lines")
     ap.add_argument("--trace", action="store_true", help="train: add every step's loss and grad norm to the JSON")
@@ -490,8 +529,7 @@ def main() -> None:
         sys.exit("error: --steps must be at least 1 and --warmup at least 0")
 
     tree = load_config(args.config, args.set)
-    if str(tree.get("device", "cpu")) != "cpu":
-        sys.exit(f"error: device: the reference runs on the CPU only, got {tree['device']!r}; use --set device=cpu")
+    set_device(args.device or str(tree.get("device", "cpu")))
     t = train_settings(tree)
     ev = Settings(tree.get("eval"), EVAL_DEFAULTS)
     threads = args.threads or t.threads or os.cpu_count() or 1
@@ -506,6 +544,7 @@ def main() -> None:
     cfg = resolve_model(tree, splits, translation, t)
     model = Transformer(cfg)
     init_like_ember(model, int(t.seed))
+    model.to(DEVICE)
     model.train()
 
     if args.params:
@@ -514,6 +553,8 @@ def main() -> None:
         print(json.dumps(out) if args.json else f"{args.config}: {out['params']} parameters "
               f"({out['names']} tensors, vocabulary {cfg.vocab_size})")
     elif args.bench:
+        if DEVICE.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(DEVICE)
         r = bench(model, cfg, splits, translation, t, args.steps, args.warmup)
         if args.json:
             print(json.dumps(r))
