@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use ember_experiment::ablate::SweepInterrupted;
+use ember_experiment::slurm::shell_word;
 use ember_model::{sample, BeamConfig, Model, SampleConfig};
 use ember_sacrebleu::{corpus_bleu, corpus_chrf, BleuConfig, ChrfConfig, Tokenize};
 use ember_trainer::interrupt::{exit_status, Interrupted, OnRepeat, StopRequest};
@@ -503,19 +504,6 @@ fn train(args: TrainArgs) -> Result<()> {
         );
     }
     Ok(())
-}
-
-/// `word`, quoted for a POSIX shell when it needs to be.
-fn shell_word(word: &str) -> String {
-    if !word.is_empty()
-        && word
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c))
-    {
-        word.to_string()
-    } else {
-        format!("'{}'", word.replace('\'', "'\\''"))
-    }
 }
 
 fn install_stop_signals(on_repeat: OnRepeat) -> Result<StopRequest> {

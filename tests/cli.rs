@@ -3,102 +3,13 @@
 //! run killed with SIGKILL that resumes to the bit-identical result of one never interrupted.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-/// A seq2seq run on a small slice of the embedded task (as the trainer's tests use): a few
-/// milliseconds per step. One thread, so that concurrent tests do not oversubscribe the cores.
-fn seq2seq_yaml(steps: u64) -> String {
-    format!(
-        r#"
-model:
-  arch: seq2seq
-  d_model: 32
-  n_layers: 1
-  n_heads: 4
-  d_ff: 64
-  max_seq_len: 64
-  dropout: 0.1
-  attn_dropout: 0.1
-data:
-  corpus: {{ kind: embedded, seed: 7, train_size: 300, val_size: 40, test_size: 40 }}
-  tokenizer: {{ kind: bpe, vocab_size: 200 }}
-train:
-  steps: {steps}
-  seed: 3
-  lr: 3.0e-3
-  warmup_steps: 2
-  max_tokens: 300
-  label_smoothing: 0.1
-  z_loss: 1.0e-4
-  log_every: 1
-  threads: 1
-eval:
-  every: 4
-checkpoint:
-  every: 2
-  keep_last: 2
-"#
-    )
-}
-
-fn ember(dir: &Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_ember"));
-    // Relative default paths (runs/<name>) land in the test's temporary directory.
-    c.current_dir(dir);
-    c
-}
-
-fn run(dir: &Path, args: &[&str]) -> Output {
-    ember(dir)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run ember")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-/// Runs `ember ARGS`, requires exit status 0, and returns stdout.
-fn ok(dir: &Path, args: &[&str]) -> String {
-    let out = run(dir, args);
-    assert!(
-        out.status.success(),
-        "ember {args:?} failed ({}):\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        text(&out.stdout),
-        text(&out.stderr)
-    );
-    text(&out.stdout)
-}
-
-/// Runs `ember ARGS`, requires failure without a panic, and returns stderr.
-fn fails(dir: &Path, args: &[&str]) -> String {
-    let out = run(dir, args);
-    let stderr = text(&out.stderr);
-    assert!(
-        !out.status.success(),
-        "ember {args:?} should fail:\nstdout:\n{}\nstderr:\n{stderr}",
-        text(&out.stdout)
-    );
-    assert!(!stderr.contains("panicked"), "ember {args:?} panicked:\n{stderr}");
-    assert!(!stderr.trim().is_empty(), "ember {args:?} failed silently");
-    stderr
-}
-
-fn write_config(dir: &Path, name: &str, yaml: &str) -> PathBuf {
-    let path = dir.join(name);
-    std::fs::write(&path, yaml).unwrap();
-    path
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
+mod common;
+use common::*;
 
 fn json(stdout: &str) -> Value {
     serde_json::from_str(stdout).unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{stdout}"))
@@ -110,22 +21,6 @@ fn finite(v: &Value, what: &str) -> f64 {
         .unwrap_or_else(|| panic!("{what} is not a number: {v}"));
     assert!(x.is_finite(), "{what} = {x}");
     x
-}
-
-/// Complete checkpoints (directories holding state.json), oldest first.
-fn checkpoints(run_dir: &Path) -> Vec<(u64, PathBuf)> {
-    let mut out: Vec<(u64, PathBuf)> = std::fs::read_dir(run_dir.join("checkpoints"))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().to_string();
-            let step = name.strip_prefix("step-")?.parse().ok()?;
-            e.path().join("state.json").is_file().then(|| (step, e.path()))
-        })
-        .collect();
-    out.sort();
-    out
 }
 
 fn metrics(run_dir: &Path) -> Vec<Value> {
@@ -215,7 +110,7 @@ fn help_exits_zero_and_every_subcommand_documents_its_arguments() {
 #[test]
 fn train_writes_a_complete_run_directory_and_a_json_summary() {
     let tmp = tempfile::tempdir().unwrap();
-    let cfg = write_config(tmp.path(), "tiny.yaml", &seq2seq_yaml(6));
+    let cfg = write(tmp.path(), "tiny.yaml", seq2seq_yaml(6, 4, 2));
     let run_dir = tmp.path().join("run");
     let out = ok(
         tmp.path(),
@@ -288,7 +183,7 @@ fn train_writes_a_complete_run_directory_and_a_json_summary() {
 #[test]
 fn set_overrides_the_config_and_the_default_run_dir_is_runs_slash_the_config_name() {
     let tmp = tempfile::tempdir().unwrap();
-    let cfg = write_config(tmp.path(), "tiny.yaml", &seq2seq_yaml(50));
+    let cfg = write(tmp.path(), "tiny.yaml", seq2seq_yaml(50, 4, 2));
     let out = ok(
         tmp.path(),
         &[
@@ -319,9 +214,9 @@ fn set_overrides_the_config_and_the_default_run_dir_is_runs_slash_the_config_nam
 #[test]
 fn a_bad_config_fails_with_file_line_and_key_on_stderr_and_no_panic() {
     let tmp = tempfile::tempdir().unwrap();
-    let yaml = seq2seq_yaml(4).replace("lr: 3.0e-3", "lr: fast");
+    let yaml = seq2seq_yaml(4, 4, 2).replace("lr: 3.0e-3", "lr: fast");
     let line = yaml.lines().position(|l| l.contains("lr: fast")).unwrap() + 1;
-    let cfg = write_config(tmp.path(), "bad.yaml", &yaml);
+    let cfg = write(tmp.path(), "bad.yaml", &yaml);
     let run_dir = tmp.path().join("run");
     let err = fails(
         tmp.path(),
@@ -351,7 +246,7 @@ fn a_bad_config_fails_with_file_line_and_key_on_stderr_and_no_panic() {
     );
 
     // --set mistakes, a missing file, and an out-of-range value.
-    let good = write_config(tmp.path(), "good.yaml", &seq2seq_yaml(2));
+    let good = write(tmp.path(), "good.yaml", seq2seq_yaml(2, 4, 2));
     let err = fails(tmp.path(), &["train", s(&good), "--set", "train.lrr=1"]);
     assert!(err.contains("good.yaml") && err.contains("lrr"), "{err}");
     let err = fails(tmp.path(), &["train", s(&good), "--set", "train.lr"]);
@@ -371,7 +266,7 @@ fn a_bad_config_fails_with_file_line_and_key_on_stderr_and_no_panic() {
 /// A run of `steps` steps that checkpoints every `ckpt_every` steps and evaluates only at the
 /// end, logging every `log_every` steps.
 fn kill_yaml(steps: u64, ckpt_every: u64, log_every: u64) -> String {
-    seq2seq_yaml(steps)
+    seq2seq_yaml(steps, 4, 2)
         .replace("  every: 4\n", "  every: 0\n")
         .replace("  every: 2\n", &format!("  every: {ckpt_every}\n"))
         .replace("  log_every: 1\n", &format!("  log_every: {log_every}\n"))
@@ -418,7 +313,7 @@ fn a_run_killed_with_sigkill_resumes_to_the_bit_identical_result_of_an_uninterru
     let tmp = tempfile::tempdir().unwrap();
     const STEPS: u64 = 80;
     // Frequent checkpoints (keep_last 2, so older ones are pruned) and no intermediate evaluation.
-    let cfg = write_config(tmp.path(), "kill.yaml", &kill_yaml(STEPS, 5, 1));
+    let cfg = write(tmp.path(), "kill.yaml", kill_yaml(STEPS, 5, 1));
     let (killed, straight) = (tmp.path().join("killed"), tmp.path().join("straight"));
 
     // Kill mid-run: a few checkpoints are complete and training has gone past the newest.
@@ -506,7 +401,7 @@ fn starting_over_after_a_kill_before_the_first_checkpoint_logs_each_step_once() 
     let tmp = tempfile::tempdir().unwrap();
     const STEPS: u64 = 40;
     // Only the final checkpoint: a kill mid-run leaves none, so starting over is allowed.
-    let cfg = write_config(tmp.path(), "early.yaml", &kill_yaml(STEPS, 0, 1));
+    let cfg = write(tmp.path(), "early.yaml", kill_yaml(STEPS, 0, 1));
     let run_dir = tmp.path().join("run");
     train_and_kill(tmp.path(), &cfg, &run_dir, |c, l| {
         c.is_none() && l.is_some_and(|l| l >= 3)
@@ -530,7 +425,7 @@ fn starting_over_after_a_kill_before_the_first_checkpoint_logs_each_step_once() 
 fn a_resumed_run_logs_the_same_losses_when_log_every_does_not_divide_the_checkpoint_step() {
     let tmp = tempfile::tempdir().unwrap();
     const STEPS: u64 = 60;
-    let cfg = write_config(tmp.path(), "window.yaml", &kill_yaml(STEPS, 5, 7));
+    let cfg = write(tmp.path(), "window.yaml", kill_yaml(STEPS, 5, 7));
     let (killed, straight) = (tmp.path().join("killed"), tmp.path().join("straight"));
     train_and_kill(
         tmp.path(),
@@ -558,7 +453,7 @@ fn a_resumed_run_logs_the_same_losses_when_log_every_does_not_divide_the_checkpo
 #[test]
 fn eval_reports_loss_and_perplexity_on_valid_and_test_splits() {
     let tmp = tempfile::tempdir().unwrap();
-    let cfg = write_config(tmp.path(), "tiny.yaml", &seq2seq_yaml(4));
+    let cfg = write(tmp.path(), "tiny.yaml", seq2seq_yaml(4, 4, 2));
     let run_dir = tmp.path().join("run");
     let summary = json(&ok(
         tmp.path(),
@@ -605,12 +500,12 @@ fn eval_reports_loss_and_perplexity_on_valid_and_test_splits() {
 #[test]
 fn bleu_prints_the_sacrebleu_line_or_json_and_refuses_mismatched_line_counts() {
     let tmp = tempfile::tempdir().unwrap();
-    let r = write_config(
+    let r = write(
         tmp.path(),
         "ref.txt",
         "The cat sat on the mat.\nA quick brown fox jumps over the lazy dog.\nHello world!\n",
     );
-    let h = write_config(
+    let h = write(
         tmp.path(),
         "hyp.txt",
         "The cat sat on a mat.\nA fast brown fox jumps over the lazy dog.\nHello world!\n",
@@ -649,7 +544,7 @@ fn bleu_prints_the_sacrebleu_line_or_json_and_refuses_mismatched_line_counts() {
         text(&piped.stdout)
     );
 
-    let short = write_config(tmp.path(), "short.txt", "The cat sat on a mat.\nHello world!\n");
+    let short = write(tmp.path(), "short.txt", "The cat sat on a mat.\nHello world!\n");
     let err = fails(tmp.path(), &["bleu", "-r", s(&r), "-i", s(&short)]);
     assert!(
         err.contains('2') && err.contains('3'),
@@ -697,7 +592,7 @@ fn a_parquet_dataset_trains_exports_to_hugging_face_and_tokenizes_to_shards() {
         )
         .unwrap();
     }
-    let cfg = write_config(dir, "hf.yaml", &hf_lm_yaml(&dataset, "rmsnorm"));
+    let cfg = write(dir, "hf.yaml", hf_lm_yaml(&dataset, "rmsnorm"));
     let run_dir = dir.join("runs/hf");
     let summary = json(&ok(
         dir,
@@ -723,10 +618,10 @@ fn a_parquet_dataset_trains_exports_to_hugging_face_and_tokenizes_to_shards() {
     }
 
     // A run that does not map is refused, naming the setting.
-    let gelu = write_config(
+    let gelu = write(
         dir,
         "gelu.yaml",
-        &hf_lm_yaml(&dataset, "none").replace("qk_norm: none", "qk_norm: none, mlp: gelu"),
+        hf_lm_yaml(&dataset, "none").replace("qk_norm: none", "qk_norm: none, mlp: gelu"),
     );
     ok(
         dir,
@@ -782,7 +677,7 @@ fn a_parquet_dataset_trains_exports_to_hugging_face_and_tokenizes_to_shards() {
         ),
     );
     assert!(shards.contains("token_shards"));
-    let cfg = write_config(dir, "shards.yaml", &shards);
+    let cfg = write(dir, "shards.yaml", &shards);
     let summary = json(&ok(
         dir,
         &[

@@ -4,46 +4,14 @@
 //! `translate` input and unclear messages. Every case ends in a clear error or a correct
 //! result; none panics, aborts, or loses what was saved.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-/// The tiny seq2seq run of tests/cli.rs: a few milliseconds per step, one thread.
-fn seq2seq_yaml(steps: u64) -> String {
-    format!(
-        r#"
-model:
-  arch: seq2seq
-  d_model: 32
-  n_layers: 1
-  n_heads: 4
-  d_ff: 64
-  max_seq_len: 64
-  dropout: 0.1
-  attn_dropout: 0.1
-data:
-  corpus: {{ kind: embedded, seed: 7, train_size: 300, val_size: 40, test_size: 40 }}
-  tokenizer: {{ kind: bpe, vocab_size: 200 }}
-train:
-  steps: {steps}
-  seed: 3
-  lr: 3.0e-3
-  warmup_steps: 2
-  max_tokens: 300
-  label_smoothing: 0.1
-  z_loss: 1.0e-4
-  log_every: 1
-  threads: 1
-eval:
-  every: 0
-checkpoint:
-  every: 5
-  keep_last: 2
-"#
-    )
-}
+mod common;
+use common::*;
 
 /// A tiny character-level language model on `text.txt` in `dir`.
 fn lm_yaml(dir: &Path, steps: u64) -> String {
@@ -61,91 +29,6 @@ eval: {{ every: 0 }}
 "#,
         dir.join("text.txt").display()
     )
-}
-
-fn ember(dir: &Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_ember"));
-    c.current_dir(dir);
-    c
-}
-
-fn run(dir: &Path, args: &[&str]) -> Output {
-    ember(dir)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run ember")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-fn ok(dir: &Path, args: &[&str]) -> Output {
-    let out = run(dir, args);
-    assert!(
-        out.status.success(),
-        "ember {args:?} failed ({}):\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        text(&out.stdout),
-        text(&out.stderr)
-    );
-    out
-}
-
-/// Runs `ember ARGS`, requires a failure that is not a crash (exit status 1 or 2, no panic,
-/// something said on stderr), and returns stderr.
-fn fails(dir: &Path, args: &[&str]) -> String {
-    let out = run(dir, args);
-    assert_clear_failure(&out, &format!("{args:?}"))
-}
-
-fn assert_clear_failure(out: &Output, what: &str) -> String {
-    let stderr = text(&out.stderr);
-    assert!(
-        matches!(out.status.code(), Some(1 | 2)),
-        "ember {what} should fail with status 1 or 2, got {}:\nstdout:\n{}\nstderr:\n{stderr}",
-        out.status,
-        text(&out.stdout)
-    );
-    assert!(!stderr.contains("panicked"), "ember {what} panicked:\n{stderr}");
-    assert!(!stderr.trim().is_empty(), "ember {what} failed silently");
-    stderr
-}
-
-fn write(dir: &Path, name: &str, content: impl AsRef<[u8]>) -> PathBuf {
-    let path = dir.join(name);
-    std::fs::write(&path, content).unwrap();
-    path
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-fn checkpoints(run_dir: &Path) -> Vec<(u64, PathBuf)> {
-    let mut out: Vec<(u64, PathBuf)> = std::fs::read_dir(run_dir.join("checkpoints"))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().to_string();
-            let step = name.strip_prefix("step-")?.parse().ok()?;
-            e.path().join("state.json").is_file().then(|| (step, e.path()))
-        })
-        .collect();
-    out.sort();
-    out
-}
-
-fn logged_steps(run_dir: &Path) -> Vec<u64> {
-    std::fs::read_to_string(run_dir.join("metrics.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|r| r["kind"] == "train")
-        .filter_map(|r| r["step"].as_u64())
-        .collect()
 }
 
 fn summary(run_dir: &Path) -> Value {
@@ -188,7 +71,7 @@ fn signal(child: &Child, sig: i32) {
 #[test]
 fn a_second_writer_is_refused_at_once_naming_the_holder_and_a_stale_lock_does_not_block() {
     let tmp = tempfile::tempdir().unwrap();
-    let cfg = write(tmp.path(), "tiny.yaml", seq2seq_yaml(100_000));
+    let cfg = write(tmp.path(), "tiny.yaml", seq2seq_yaml(100_000, 0, 5));
     let run_dir = tmp.path().join("run");
     let mut first = spawn(
         tmp.path(),
@@ -227,7 +110,7 @@ fn a_second_writer_is_refused_at_once_naming_the_holder_and_a_stale_lock_does_no
     first.kill().unwrap();
     first.wait().unwrap();
     assert!(run_dir.join(".lock").exists());
-    let out = ok(
+    let out = ok_output(
         tmp.path(),
         &[
             "train",
@@ -254,7 +137,7 @@ fn sigint_stops_at_a_step_boundary_and_the_resumed_run_is_bit_identical() {
     let cfg = write(
         tmp.path(),
         "tiny.yaml",
-        seq2seq_yaml(STEPS).replace("every: 5", "every: 50"),
+        seq2seq_yaml(STEPS, 0, 5).replace("every: 5", "every: 50"),
     );
     let (stopped, straight) = (tmp.path().join("stopped"), tmp.path().join("straight"));
     let mut child = spawn(
@@ -287,11 +170,11 @@ fn sigint_stops_at_a_step_boundary_and_the_resumed_run_is_bit_identical() {
     assert_eq!(sum["interrupted"], "SIGINT", "{sum}");
     assert_eq!(sum["finished"], false, "{sum}");
 
-    ok(
+    ok_output(
         tmp.path(),
         &["train", s(&cfg), "--run-dir", s(&stopped), "--resume", "--quiet"],
     );
-    ok(
+    ok_output(
         tmp.path(),
         &["train", s(&cfg), "--run-dir", s(&straight), "--quiet"],
     );
@@ -317,7 +200,7 @@ fn sigint_stops_at_a_step_boundary_and_the_resumed_run_is_bit_identical() {
 #[test]
 fn sigint_to_ablate_stops_its_children_with_checkpoints_and_a_rerun_resumes_them() {
     let tmp = tempfile::tempdir().unwrap();
-    let cfg = write(tmp.path(), "tiny.yaml", seq2seq_yaml(400));
+    let cfg = write(tmp.path(), "tiny.yaml", seq2seq_yaml(400, 0, 5));
     let out_dir = tmp.path().join("sweep");
     let args = [
         "ablate",
@@ -356,7 +239,7 @@ fn sigint_to_ablate_stops_its_children_with_checkpoints_and_a_rerun_resumes_them
         "{status}"
     );
 
-    let rerun = ok(tmp.path(), &args[..args.len() - 1]);
+    let rerun = ok_output(tmp.path(), &args[..args.len() - 1]);
     assert!(text(&rerun.stdout).contains("resume"), "{}", text(&rerun.stdout));
     assert_eq!(summary(&run_dir)["finished"], true);
 }
@@ -364,9 +247,9 @@ fn sigint_to_ablate_stops_its_children_with_checkpoints_and_a_rerun_resumes_them
 #[test]
 fn resume_refuses_a_missing_or_other_tokenizer_and_other_data_and_records_config_changes() {
     let tmp = tempfile::tempdir().unwrap();
-    let cfg = write(tmp.path(), "tiny.yaml", seq2seq_yaml(5));
+    let cfg = write(tmp.path(), "tiny.yaml", seq2seq_yaml(5, 0, 5));
     let run_dir = tmp.path().join("run");
-    ok(
+    ok_output(
         tmp.path(),
         &["train", s(&cfg), "--run-dir", s(&run_dir), "--quiet"],
     );
@@ -399,10 +282,10 @@ fn resume_refuses_a_missing_or_other_tokenizer_and_other_data_and_records_config
     let other_cfg = write(
         tmp.path(),
         "other.yaml",
-        seq2seq_yaml(1).replace("seed: 7", "seed: 8"),
+        seq2seq_yaml(1, 0, 5).replace("seed: 7", "seed: 8"),
     );
     let other = tmp.path().join("other");
-    ok(
+    ok_output(
         tmp.path(),
         &["train", s(&other_cfg), "--run-dir", s(&other), "--quiet"],
     );
@@ -444,7 +327,7 @@ fn resume_refuses_a_missing_or_other_tokenizer_and_other_data_and_records_config
     // Other keys are listed, the old config kept, and the run goes on.
     let mut changed = extend.to_vec();
     changed.extend(["--set", "train.lr=1e-3"]);
-    let out = ok(tmp.path(), &changed);
+    let out = ok_output(tmp.path(), &changed);
     let stderr = text(&out.stderr);
     assert!(stderr.contains("train.lr: 0.003 → 0.001"), "{stderr}");
     assert!(stderr.contains("train.steps: 5 → 10"), "{stderr}");
@@ -464,12 +347,12 @@ fn resuming_a_finished_run_changes_nothing_and_extending_it_is_exact_under_a_con
     let tmp = tempfile::tempdir().unwrap();
     // Logged every 4 steps and at the last: the 6-step run logs (and measures attention) at
     // step 6, the 12-step one does not, and the two must still agree to the bit.
-    let yaml = seq2seq_yaml(6)
+    let yaml = seq2seq_yaml(6, 0, 5)
         .replace("warmup_steps: 2", "warmup_steps: 0\n  schedule: constant")
         .replace("log_every: 1", "log_every: 4");
     let cfg = write(tmp.path(), "tiny.yaml", yaml);
     let (extended, straight) = (tmp.path().join("extended"), tmp.path().join("straight"));
-    ok(
+    ok_output(
         tmp.path(),
         &["train", s(&cfg), "--run-dir", s(&extended), "--quiet"],
     );
@@ -477,7 +360,7 @@ fn resuming_a_finished_run_changes_nothing_and_extending_it_is_exact_under_a_con
     let files = ["metrics.jsonl", "metrics.csv", "summary.json", "config.yaml"];
     let read_all = |d: &Path| files.map(|f| std::fs::read(d.join(f)).unwrap());
     let before = read_all(&extended);
-    let out = ok(
+    let out = ok_output(
         tmp.path(),
         &["train", s(&cfg), "--run-dir", s(&extended), "--resume"],
     );
@@ -492,7 +375,7 @@ fn resuming_a_finished_run_changes_nothing_and_extending_it_is_exact_under_a_con
     );
     assert!(summary(&extended)["final_train_loss"].is_number());
 
-    ok(
+    ok_output(
         tmp.path(),
         &[
             "train",
@@ -505,7 +388,7 @@ fn resuming_a_finished_run_changes_nothing_and_extending_it_is_exact_under_a_con
             "train.steps=12",
         ],
     );
-    ok(
+    ok_output(
         tmp.path(),
         &[
             "train",
@@ -531,7 +414,7 @@ fn resuming_a_finished_run_changes_nothing_and_extending_it_is_exact_under_a_con
 #[test]
 fn a_skip_mode_run_that_mostly_skips_fails_as_diverged_with_a_clear_summary() {
     let tmp = tempfile::tempdir().unwrap();
-    let yaml = seq2seq_yaml(60)
+    let yaml = seq2seq_yaml(60, 0, 5)
         .replace("lr: 3.0e-3", "lr: 1.0e4\n  on_nonfinite: skip")
         .replace("eval:\n  every: 0", "eval:\n  every: 20");
     let cfg = write(tmp.path(), "hot.yaml", yaml);
@@ -558,7 +441,7 @@ fn sizes_are_checked_before_anything_is_allocated() {
     let tmp = tempfile::tempdir().unwrap();
     let lm = write(tmp.path(), "lm.yaml", lm_yaml(tmp.path(), 2));
     let lm_run = tmp.path().join("lm");
-    ok(tmp.path(), &["train", s(&lm), "--run-dir", s(&lm_run), "--quiet"]);
+    ok_output(tmp.path(), &["train", s(&lm), "--run-dir", s(&lm_run), "--quiet"]);
     let max = u64::MAX.to_string();
     let err = fails(tmp.path(), &["generate", s(&lm_run), "--max-tokens", &max]);
     assert!(err.contains("--max-tokens") && err.contains("1000000"), "{err}");
@@ -567,9 +450,9 @@ fn sizes_are_checked_before_anything_is_allocated() {
     let err = fails(tmp.path(), &["bench", s(&lm), "--warmup", &max]);
     assert!(err.contains("--warmup"), "{err}");
 
-    let tiny = write(tmp.path(), "tiny.yaml", seq2seq_yaml(2));
+    let tiny = write(tmp.path(), "tiny.yaml", seq2seq_yaml(2, 0, 5));
     let run_dir = tmp.path().join("run");
-    ok(
+    ok_output(
         tmp.path(),
         &["train", s(&tiny), "--run-dir", s(&run_dir), "--quiet"],
     );
@@ -592,7 +475,7 @@ fn sizes_are_checked_before_anything_is_allocated() {
     // A token budget larger than the corpus is harmless (a batch holds at most the corpus),
     // so it is accepted.
     let budget = tmp.path().join("budget");
-    ok(
+    ok_output(
         tmp.path(),
         &[
             "train",
@@ -637,7 +520,7 @@ fn data_that_does_not_fit_the_model_is_refused_at_load_naming_file_and_line() {
         format!("{sentence}\n{sentence}\n{long}\n{sentence}\n"),
     );
     write(tmp.path(), "valid.tgt", lines(4));
-    let yaml = seq2seq_yaml(2).replace(
+    let yaml = seq2seq_yaml(2, 0, 5).replace(
         "corpus: { kind: embedded, seed: 7, train_size: 300, val_size: 40, test_size: 40 }",
         "corpus:\n    kind: parallel\n    train: { source: train.src, target: train.tgt }\n    valid: { source: valid.src, target: valid.tgt }",
     );
@@ -652,7 +535,7 @@ fn data_that_does_not_fit_the_model_is_refused_at_load_naming_file_and_line() {
     assert!(err.contains("data.too_long"), "{err}");
     assert!(t0.elapsed() < Duration::from_secs(30), "refused at load");
     assert!(checkpoints(&run_dir).is_empty());
-    let out = ok(
+    let out = ok_output(
         tmp.path(),
         &[
             "train",
@@ -689,9 +572,9 @@ fn data_that_does_not_fit_the_model_is_refused_at_load_naming_file_and_line() {
 #[test]
 fn translate_keeps_one_output_line_per_input_line_and_names_the_lines_it_cannot_translate() {
     let tmp = tempfile::tempdir().unwrap();
-    let cfg = write(tmp.path(), "tiny.yaml", seq2seq_yaml(40));
+    let cfg = write(tmp.path(), "tiny.yaml", seq2seq_yaml(40, 0, 5));
     let run_dir = tmp.path().join("run");
-    ok(
+    ok_output(
         tmp.path(),
         &["train", s(&cfg), "--run-dir", s(&run_dir), "--quiet"],
     );
@@ -738,9 +621,9 @@ fn unclear_inputs_get_messages_in_user_words() {
     let cfg = write(
         tmp.path(),
         "warm.yaml",
-        seq2seq_yaml(2).replace("warmup_steps: 2", "warmup_steps: 10"),
+        seq2seq_yaml(2, 0, 5).replace("warmup_steps: 2", "warmup_steps: 10"),
     );
-    let out = ok(
+    let out = ok_output(
         tmp.path(),
         &["train", s(&cfg), "--run-dir", s(&tmp.path().join("w")), "--quiet"],
     );
@@ -749,7 +632,7 @@ fn unclear_inputs_get_messages_in_user_words() {
     let dup = write(
         tmp.path(),
         "dup.yaml",
-        seq2seq_yaml(2).replace("  lr: 3.0e-3\n", "  lr: 3.0e-3\n  lr: 1.0e-3\n"),
+        seq2seq_yaml(2, 0, 5).replace("  lr: 3.0e-3\n", "  lr: 3.0e-3\n  lr: 1.0e-3\n"),
     );
     let err = fails(tmp.path(), &["train", s(&dup)]);
     assert!(
@@ -758,7 +641,7 @@ fn unclear_inputs_get_messages_in_user_words() {
     );
 
     // A list where a section's mapping belongs.
-    let list = seq2seq_yaml(2).replace("checkpoint:\n  every: 5\n  keep_last: 2", "checkpoint: [5, 2]");
+    let list = seq2seq_yaml(2, 0, 5).replace("checkpoint:\n  every: 5\n  keep_last: 2", "checkpoint: [5, 2]");
     let err = fails(tmp.path(), &["train", s(&write(tmp.path(), "list.yaml", list))]);
     assert!(
         err.contains("`checkpoint` must be a mapping of keys") && err.contains("a list"),
@@ -783,11 +666,12 @@ fn unclear_inputs_get_messages_in_user_words() {
         "{err}"
     );
     // A 10 MB value is refused with its size, not echoed back.
-    let huge = seq2seq_yaml(2).replace("threads: 1", &format!("threads: {}", "9".repeat(10 << 20)));
+    let huge = seq2seq_yaml(2, 0, 5).replace("threads: 1", &format!("threads: {}", "9".repeat(10 << 20)));
     let err = fails(tmp.path(), &["train", s(&write(tmp.path(), "huge.yaml", huge))]);
     assert!(err.len() < 2000, "the message is short: {} bytes", err.len());
     assert!(err.contains("huge.yaml") && err.contains("bytes"), "{err}");
-    let long = seq2seq_yaml(2).replace("  dropout: 0.1", &format!("  qk_norm: {}", "n".repeat(100_000)));
+    let long =
+        seq2seq_yaml(2, 0, 5).replace("  dropout: 0.1", &format!("  qk_norm: {}", "n".repeat(100_000)));
     let err = fails(tmp.path(), &["train", s(&write(tmp.path(), "long.yaml", long))]);
     assert!(
         err.len() < 2000 && err.contains("(100000 characters)"),

@@ -12,36 +12,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-/// A tiny seq2seq run (a few milliseconds per step, one thread), as tests/cli.rs trains.
-fn tiny_yaml(steps: u64) -> String {
-    format!(
-        r#"
-model:
-  arch: seq2seq
-  d_model: 32
-  n_layers: 1
-  n_heads: 4
-  d_ff: 64
-  max_seq_len: 64
-data:
-  corpus: {{ kind: embedded, seed: 7, train_size: 300, val_size: 40, test_size: 40 }}
-  tokenizer: {{ kind: bpe, vocab_size: 200 }}
-train:
-  steps: {steps}
-  seed: 3
-  lr: 3.0e-3
-  warmup_steps: 2
-  max_tokens: 300
-  log_every: 1
-  threads: 1
-eval:
-  every: 0
-checkpoint:
-  every: 2
-  keep_last: 2
-"#
-    )
-}
+mod common;
+use common::*;
 
 /// A tiny character-level language model reading `text.txt` in `dir`.
 fn lm_yaml(dir: &Path) -> String {
@@ -57,53 +29,6 @@ fn lm_yaml(dir: &Path) -> String {
          eval: {{ every: 0 }}\n",
         dir.join("text.txt").display()
     )
-}
-
-fn ember(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ember"))
-        .current_dir(dir)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run ember")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-fn ok(dir: &Path, args: &[&str]) -> String {
-    let out = ember(dir, args);
-    assert!(
-        out.status.success(),
-        "ember {args:?} failed ({}):\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        text(&out.stdout),
-        text(&out.stderr)
-    );
-    text(&out.stdout)
-}
-
-/// Runs `ember ARGS`, requires a clear failure (status 1 or 2, no panic, a message) and
-/// returns stderr.
-fn fails(dir: &Path, args: &[&str]) -> String {
-    let out = ember(dir, args);
-    let stderr = text(&out.stderr);
-    assert!(
-        matches!(out.status.code(), Some(1 | 2)),
-        "ember {args:?} should fail with 1 or 2, got {}:\n{}\n{stderr}",
-        out.status,
-        text(&out.stdout)
-    );
-    assert!(
-        !stderr.contains("panicked") && !stderr.trim().is_empty(),
-        "{stderr}"
-    );
-    stderr
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
 }
 
 fn read_json(path: &Path) -> Value {
@@ -126,7 +51,7 @@ fn states(cells: &[Value]) -> Vec<String> {
 #[test]
 fn a_slurm_plan_is_an_array_of_the_unfinished_cells_with_a_warning_signal_and_an_afterany_report() {
     let tmp = tempfile::tempdir().unwrap();
-    std::fs::write(tmp.path().join("tiny.yaml"), tiny_yaml(4)).unwrap();
+    std::fs::write(tmp.path().join("tiny.yaml"), seq2seq_yaml(4, 0, 2)).unwrap();
     let plan = [
         "ablate",
         "tiny.yaml",
@@ -199,7 +124,7 @@ fn a_slurm_plan_is_an_array_of_the_unfinished_cells_with_a_warning_signal_and_an
 fn sigusr1_stops_a_cell_with_a_checkpoint_and_exit_status_138_and_the_next_attempt_resumes_it() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    std::fs::write(dir.join("tiny.yaml"), tiny_yaml(1000)).unwrap();
+    std::fs::write(dir.join("tiny.yaml"), seq2seq_yaml(1000, 0, 2)).unwrap();
     ok(
         dir,
         &[
@@ -313,7 +238,7 @@ fn a_cell_that_fails_is_recorded_as_failed_in_the_status_and_the_report() {
 fn bad_cluster_flags_and_directories_get_errors_naming_the_flag_or_file() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    std::fs::write(dir.join("tiny.yaml"), tiny_yaml(2)).unwrap();
+    std::fs::write(dir.join("tiny.yaml"), seq2seq_yaml(2, 0, 2)).unwrap();
     let base = [
         "ablate",
         "tiny.yaml",
@@ -428,16 +353,6 @@ fn all_logs(dir: &Path) -> String {
         );
     }
     s
-}
-
-fn logged_steps(run_dir: &Path) -> Vec<u64> {
-    std::fs::read_to_string(run_dir.join("metrics.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|r| r["kind"] == "train")
-        .filter_map(|r| r["step"].as_u64())
-        .collect()
 }
 
 fn final_weights(run_dir: &Path) -> Vec<u8> {

@@ -197,20 +197,8 @@ impl RawCorpus {
             RawCorpus::Text { train, valid } => {
                 let tr: Vec<u32> = next().concat();
                 let va: Vec<u32> = next().concat();
-                let count_unk = |v: &[u32]| v.iter().filter(|&&i| i == UNK_ID).count();
-                let stats = TextStats {
-                    train_tokens: tr.len(),
-                    valid_tokens: va.len(),
-                    train_chars: train.iter().map(|t| t.text.chars().count()).sum(),
-                    valid_chars: valid.iter().map(|t| t.text.chars().count()).sum(),
-                    train_unk_tokens: count_unk(&tr),
-                    valid_unk_tokens: count_unk(&va),
-                };
-                Ok(Splits::Text(TextSplits {
-                    train: tr,
-                    valid: va,
-                    stats,
-                }))
+                let chars = |s: &[RawText]| s.iter().map(|t| t.text.chars().count()).sum();
+                Ok(text_splits(tr, va, chars(train), chars(valid)))
             }
             RawCorpus::Tokens { .. } => unreachable!("token shards are not tokenised"),
         }
@@ -235,21 +223,22 @@ fn shard_splits(train: &[TokenShard], valid: &[TokenShard], tokenizer: &Tokenize
     }
     let concat = |s: &[TokenShard]| -> Vec<u32> { s.iter().flat_map(|s| s.ids.iter().copied()).collect() };
     let (tr, va) = (concat(train), concat(valid));
+    // No text was read: characters are unknown (0).
+    Ok(text_splits(tr, va, 0, 0))
+}
+
+/// Token streams of a language-model corpus with their statistics.
+fn text_splits(train: Vec<u32>, valid: Vec<u32>, train_chars: usize, valid_chars: usize) -> Splits {
     let count_unk = |v: &[u32]| v.iter().filter(|&&i| i == UNK_ID).count();
     let stats = TextStats {
-        train_tokens: tr.len(),
-        valid_tokens: va.len(),
-        // No text was read: characters are unknown.
-        train_chars: 0,
-        valid_chars: 0,
-        train_unk_tokens: count_unk(&tr),
-        valid_unk_tokens: count_unk(&va),
+        train_tokens: train.len(),
+        valid_tokens: valid.len(),
+        train_chars,
+        valid_chars,
+        train_unk_tokens: count_unk(&train),
+        valid_unk_tokens: count_unk(&valid),
     };
-    Ok(Splits::Text(TextSplits {
-        train: tr,
-        valid: va,
-        stats,
-    }))
+    Splits::Text(TextSplits { train, valid, stats })
 }
 
 fn load_shards(t: &TokenShardsConfig) -> Result<RawCorpus> {

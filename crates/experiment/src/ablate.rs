@@ -34,10 +34,10 @@ use ember_model::QkNorm;
 use ember_trainer::config::RunConfig;
 use ember_trainer::interrupt::{signal_name, Interrupted, StopRequest};
 use ember_trainer::metrics::{self, Verbosity};
+use ember_trainer::resume_check::json_changes;
 use ember_trainer::run_lock::DirLock;
 use ember_trainer::train::{self, TrainOptions, RUN_CONFIG, SUMMARY};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use crate::layout::{
     disk_state, read_summary, utc_now, DiskState, Invocation, Plan, PlannedRun, RunRecord, SweepStatus, GRID,
@@ -661,32 +661,11 @@ fn config_mismatch(plan: &Plan, run: &PlannedRun) -> Option<Vec<String>> {
         serde_json::to_value(&stored).ok()?,
         serde_json::to_value(&planned).ok()?,
     );
-    let mut diffs = vec![];
-    json_diff("", &a, &b, &mut diffs);
+    let diffs: Vec<String> = json_changes(&a, &b)
+        .into_iter()
+        .map(|c| format!("{}: {} there, {} planned", c.key, c.before, c.after))
+        .collect();
     (!diffs.is_empty()).then_some(diffs)
-}
-
-fn json_diff(prefix: &str, a: &Value, b: &Value, out: &mut Vec<String>) {
-    match (a, b) {
-        (Value::Object(x), Value::Object(y)) => {
-            let keys: std::collections::BTreeSet<&String> = x.keys().chain(y.keys()).collect();
-            for k in keys {
-                let key = if prefix.is_empty() {
-                    k.clone()
-                } else {
-                    format!("{prefix}.{k}")
-                };
-                json_diff(
-                    &key,
-                    x.get(k).unwrap_or(&Value::Null),
-                    y.get(k).unwrap_or(&Value::Null),
-                    out,
-                );
-            }
-        }
-        _ if a != b => out.push(format!("{prefix}: {a} there, {b} planned")),
-        _ => {}
-    }
 }
 
 fn outcome(run: &PlannedRun, action: RunAction, status: RunStatus, wall_secs: f64) -> RunOutcome {

@@ -116,18 +116,7 @@ pub struct ExportSource {
 impl ExportSource {
     /// `run` is a run directory (its newest checkpoint) or one checkpoint directory in it.
     pub fn open(run: &Path) -> Result<Self> {
-        let (run_dir, ckpt_dir) = if run.join("state.json").is_file() {
-            let run_dir = run
-                .parent()
-                .and_then(Path::parent)
-                .context("a checkpoint directory must sit in <run>/checkpoints/")?;
-            (run_dir.to_path_buf(), run.to_path_buf())
-        } else {
-            let newest = checkpoint::list(run)
-                .pop()
-                .with_context(|| format!("{} has no checkpoint (is it a run directory?)", run.display()))?;
-            (run.to_path_buf(), newest.1)
-        };
+        let (run_dir, ckpt_dir) = checkpoint::run_and_checkpoint(run)?;
         let checkpoint = checkpoint::load(&ckpt_dir, &Device::Cpu)?;
         let model = checkpoint.state.model_config.clone();
         let tokenizer = Tokenizer::load_checked(run_dir.join(TOKENIZER_FILE), model.vocab())?;

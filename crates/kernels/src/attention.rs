@@ -372,22 +372,20 @@ struct Forward<'a> {
 
 simd_dispatch!(forward_task => forward_task_generic(f: &Forward<'_>, bi: usize, kh: usize) -> Measured);
 
+/// A task's (probabilities, dropped probabilities) buffers of `len` each: the first only where
+/// the kept probabilities are not stored for backward, the second only under dropout.
+fn task_buffers(kept_stored: bool, dropout: bool, len: usize) -> (Vec<f32>, Vec<f32>) {
+    let buffer = |needed: bool| if needed { vec![0f32; len] } else { Vec::new() };
+    (buffer(!kept_stored), buffer(dropout))
+}
+
 /// The output rows of the query heads of KV head `kh` in batch `bi`.
 #[inline(always)]
 fn forward_task_generic(f: &Forward<'_>, bi: usize, kh: usize) -> Measured {
     let dims = f.dims;
     let (t, s, d) = (dims.t, dims.s, dims.d);
     let mut measured = Measured::default();
-    let mut scratch = if f.kept.is_some() {
-        Vec::new()
-    } else {
-        vec![0f32; t * s]
-    };
-    let mut dropped = if f.dropout.is_some() {
-        vec![0f32; t * s]
-    } else {
-        Vec::new()
-    };
+    let (mut scratch, mut dropped) = task_buffers(f.kept.is_some(), f.dropout.is_some(), t * s);
     let (k, v) = (kv_mat(dims, f.k, bi, kh), kv_mat(dims, f.v, bi, kh));
     for hq in kh * dims.group()..(kh + 1) * dims.group() {
         let q = q_mat(dims, f.q, bi, hq);
@@ -441,16 +439,7 @@ simd_dispatch!(backward_task => backward_task_generic(f: &Backward<'_>, bi: usiz
 fn backward_task_generic(f: &Backward<'_>, bi: usize, kh: usize) {
     let dims = f.dims;
     let (t, s, d) = (dims.t, dims.s, dims.d);
-    let mut scratch = if f.kept.is_some() {
-        Vec::new()
-    } else {
-        vec![0f32; t * s]
-    };
-    let mut dropped = if f.dropout.is_some() {
-        vec![0f32; t * s]
-    } else {
-        Vec::new()
-    };
+    let (mut scratch, mut dropped) = task_buffers(f.kept.is_some(), f.dropout.is_some(), t * s);
     let mut ds = vec![0f32; t * s];
     let (k, v) = (kv_mat(dims, f.k, bi, kh), kv_mat(dims, f.v, bi, kh));
     let kv_at = dims.kv_row(bi, 0, kh);

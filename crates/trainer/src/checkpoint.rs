@@ -121,6 +121,23 @@ fn step_dir_name(step: u64) -> String {
     format!("step-{step:08}")
 }
 
+/// `run` as (run directory, checkpoint directory): a checkpoint directory names itself and sits
+/// in `<run>/checkpoints/`; a run directory stands for its newest checkpoint.
+pub fn run_and_checkpoint(run: &Path) -> Result<(PathBuf, PathBuf)> {
+    if run.join("state.json").is_file() {
+        let run_dir = run
+            .parent()
+            .and_then(Path::parent)
+            .context("a checkpoint directory must sit in <run>/checkpoints/")?;
+        Ok((run_dir.to_path_buf(), run.to_path_buf()))
+    } else {
+        let newest = list(run)
+            .pop()
+            .with_context(|| format!("{} has no checkpoint (is it a run directory?)", run.display()))?;
+        Ok((run.to_path_buf(), newest.1))
+    }
+}
+
 /// Completed checkpoints of a run, oldest first (a directory without `state.json` is not one).
 pub fn list(run_dir: &Path) -> Vec<(u64, PathBuf)> {
     let mut out: Vec<(u64, PathBuf)> = fs::read_dir(run_dir.join(CHECKPOINTS))

@@ -161,8 +161,7 @@ pub fn config_changes(
     saved.ablation = None;
     now.ablation = None;
     let (a, b) = (serde_json::to_value(&saved)?, serde_json::to_value(&now)?);
-    let mut changes = vec![];
-    diff("", &a, &b, &mut changes);
+    let changes = json_changes(&a, &b);
     let selection: Vec<&Change> = changes
         .iter()
         .filter(|c| DATA_SELECTION_KEYS.contains(&c.key.as_str()))
@@ -185,6 +184,14 @@ pub fn config_changes(
         );
     }
     Ok(changes)
+}
+
+/// Every leaf where two JSON documents differ, keyed by its dotted path (`train.lr`), in key
+/// order; a key missing on one side counts as `null` there.
+pub fn json_changes(a: &Value, b: &Value) -> Vec<Change> {
+    let mut out = vec![];
+    diff("", a, b, &mut out);
+    out
 }
 
 fn diff(prefix: &str, a: &Value, b: &Value, out: &mut Vec<Change>) {

@@ -431,18 +431,7 @@ pub struct OpenRun {
 /// Opens a run (its newest checkpoint) or one checkpoint for evaluation or decoding, on the
 /// run's own device or on `device` when given (a run trained on a GPU, evaluated on a CPU).
 pub fn open_run(run: &Path, device_override: Option<&str>) -> Result<OpenRun> {
-    let (run_dir, ckpt_dir) = if run.join("state.json").is_file() {
-        let run_dir = run
-            .parent()
-            .and_then(|p| p.parent())
-            .context("a checkpoint directory must sit in <run>/checkpoints/")?;
-        (run_dir.to_path_buf(), run.to_path_buf())
-    } else {
-        let newest = checkpoint::list(run)
-            .pop()
-            .with_context(|| format!("{} has no checkpoint (is it a run directory?)", run.display()))?;
-        (run.to_path_buf(), newest.1)
-    };
+    let (run_dir, ckpt_dir) = checkpoint::run_and_checkpoint(run)?;
     let mut cfg = RunConfig::load(&run_dir.join(RUN_CONFIG), &[])?;
     if let Some(d) = device_override {
         cfg.device = d.to_string();
