@@ -2,7 +2,7 @@
 //! the trainer crate; no training logic lives here.
 
 use std::io::{Read, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
@@ -11,6 +11,7 @@ use ember_experiment::ablate::SweepInterrupted;
 use ember_experiment::slurm::shell_word;
 use ember_model::{sample, BeamConfig, Model, SampleConfig};
 use ember_sacrebleu::{corpus_bleu, corpus_chrf, BleuConfig, ChrfConfig, Tokenize};
+use ember_trainer::context::{evaluate_context, ContextEval, ContextOptions};
 use ember_trainer::interrupt::{exit_status, Interrupted, OnRepeat, StopRequest};
 use ember_trainer::metrics::Verbosity;
 use ember_trainer::translate::{score_split, translate_source_lines};
@@ -43,6 +44,9 @@ enum Command {
     Ablate(AblateArgs),
     /// Regenerate an ablation's report.md, report.json and plots from its run directories.
     Report(ReportArgs),
+    /// Report a length-generalisation study (scripts/length-study.sh): loss by context and
+    /// position, per QK-norm variant, with log-n scaling off and on.
+    LengthReport(ReportArgs),
     /// Measure training throughput of a config.
     Bench(BenchArgs),
     /// Average the weights of a run's newest checkpoints into a new checkpoint.
@@ -157,6 +161,9 @@ const MAX_BEAM: i64 = ember_trainer::config::MAX_BEAM as i64;
 /// `generate --max-tokens` bound: a million tokens is hours of sampling on a CPU, and the
 /// output buffer is sized from it.
 const MAX_GENERATE_TOKENS: u64 = 1_000_000;
+/// `eval --context` bound: attention at N positions holds N² probabilities per head, so a
+/// context of 65,536 is already gigabytes per window on a small model.
+const MAX_CONTEXT: u64 = 65_536;
 /// `bench --steps` / `--warmup` bound: a million steps is days of benchmarking.
 const MAX_BENCH_STEPS: u64 = 1_000_000;
 
@@ -202,6 +209,16 @@ struct EvalArgs {
     /// Translation: write the detokenised hypotheses to this file.
     #[arg(long)]
     output: Option<PathBuf>,
+    /// Language models: evaluate windows of N tokens of the validation split (past the training
+    /// length too) and report loss and attention entropy by position.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=MAX_CONTEXT))]
+    context: Option<u64>,
+    /// With --context: log-n attention scaling on or off for this evaluation (default: as trained).
+    #[arg(long, requires = "context", value_parser = ["on", "off"])]
+    logn: Option<String>,
+    /// With --context: at most this many windows (default: every whole window of the split).
+    #[arg(long, requires = "context", value_parser = clap::value_parser!(u64).range(1..))]
+    max_windows: Option<u64>,
     #[arg(long)]
     json: bool,
 }
@@ -258,6 +275,13 @@ struct BleuArgs {
     /// Case-insensitive scoring.
     #[arg(long)]
     lowercase: bool,
+    /// The source side, one segment per line: also score the segments grouped by source length
+    /// (whitespace-separated words) into the buckets of --length-buckets.
+    #[arg(long)]
+    source: Option<PathBuf>,
+    /// With --source: the last length of every bucket but the open-ended last one.
+    #[arg(long, requires = "source", value_delimiter = ',', default_value = "10,15,20")]
+    length_buckets: Vec<usize>,
     #[arg(long)]
     json: bool,
 }
@@ -355,7 +379,7 @@ enum Launcher {
 
 #[derive(Args)]
 struct ReportArgs {
-    /// An `ember ablate` output directory.
+    /// An `ember ablate` output directory (for length-report: a scripts/length-study.sh directory).
     dir: PathBuf,
     /// Print the report as JSON.
     #[arg(long)]
@@ -406,6 +430,7 @@ fn main() -> ExitCode {
         Command::Generate(args) => generate(args),
         Command::Ablate(args) => ablate(args),
         Command::Report(args) => report(args),
+        Command::LengthReport(args) => length_report(args),
         Command::Bench(args) => bench(args),
         Command::Export(args) => export(args),
         Command::Tokenize(args) => tokenize(args),
@@ -559,6 +584,26 @@ fn fmt_opt(x: Option<f64>) -> String {
 
 fn eval(args: EvalArgs) -> Result<()> {
     let split: Split = args.split.parse()?;
+    if let Some(context) = args.context {
+        if split != Split::Valid {
+            bail!("--context evaluates the validation split (text corpora have no test split)");
+        }
+        let mut run = args.decode.open()?;
+        let opts = ContextOptions {
+            context: context as usize,
+            logn: args.logn.as_deref().map(|v| v == "on"),
+            max_windows: args.max_windows.map(|w| w as usize),
+        };
+        let r = evaluate_context(&mut run, opts)?;
+        if args.json {
+            let mut out = serde_json::to_value(&r)?;
+            out["checkpoint"] = serde_json::to_value(&run.checkpoint)?;
+            println!("{}", serde_json::to_string_pretty(&out)?);
+        } else {
+            println!("{}", context_lines(&run.checkpoint, &r).join("\n"));
+        }
+        return Ok(());
+    }
     let run = args.decode.open()?;
     let r = evaluate(&run.model, &run.data, &run.cfg, split, &run.device)?;
     let mut out = serde_json::json!({
@@ -618,6 +663,39 @@ fn eval(args: EvalArgs) -> Result<()> {
         println!("{}", lines.join("\n"));
     }
     Ok(())
+}
+
+/// `ember eval --context` as text: the headline, then a line per position bucket.
+fn context_lines(checkpoint: &Path, r: &ContextEval) -> Vec<String> {
+    let logn = match r.logn_length {
+        Some(m) => format!("log-n scaling on (m = {m})"),
+        None => "log-n scaling off".to_string(),
+    };
+    let beyond = if r.beyond_training {
+        format!(
+            "{:.1}x the training length {}: positions past it were never trained on",
+            r.context as f64 / r.train_length as f64,
+            r.train_length
+        )
+    } else {
+        format!("within the training length {}", r.train_length)
+    };
+    let mut lines = vec![format!(
+        "{} | valid | context {} ({beyond}) | {logn} | loss {:.4} | ppl {:.3} | {} windows, {} tokens",
+        checkpoint.display(),
+        r.context,
+        r.loss,
+        r.ppl,
+        r.windows,
+        r.tokens
+    )];
+    for b in &r.buckets {
+        lines.push(format!(
+            "  positions {:>5}..{:<5} loss {:.4}  attention entropy {:.3} nats",
+            b.first, b.last, b.loss, b.entropy
+        ));
+    }
+    lines
 }
 
 fn translate(args: TranslateArgs) -> Result<()> {
@@ -975,6 +1053,25 @@ fn ablate_slurm(args: &AblateArgs, opts: &ember_experiment::ablate::AblateOption
     Ok(())
 }
 
+fn length_report(args: ReportArgs) -> Result<()> {
+    let r = ember_experiment::length::length_report(&args.dir)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        println!(
+            "{} variants x {} seeds x log-n off/on at contexts {:?} (trained at {}): wrote {}, {} and {} plots",
+            r.variants.len(),
+            r.seeds.len(),
+            r.contexts,
+            r.train_length,
+            args.dir.join("report.md").display(),
+            args.dir.join("report.json").display(),
+            r.plots.len() / 2
+        );
+    }
+    Ok(())
+}
+
 fn report(args: ReportArgs) -> Result<()> {
     let r = ember_experiment::report::report(&args.dir)?;
     if args.json {
@@ -992,6 +1089,57 @@ fn report(args: ReportArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Segments whose source has `first..=last` words (`last` = `None`: no upper bound).
+struct LengthBucket {
+    first: usize,
+    last: Option<usize>,
+    rows: Vec<usize>,
+}
+
+impl LengthBucket {
+    fn label(&self) -> String {
+        match self.last {
+            Some(last) => format!("{}-{last}", self.first),
+            None => format!("{}+", self.first),
+        }
+    }
+}
+
+/// The segments of each source-length bucket; `ends` are the buckets' last lengths, ascending.
+fn source_length_buckets(
+    sources: &[String],
+    path: &Path,
+    segments: usize,
+    ends: &[usize],
+) -> Result<Vec<LengthBucket>> {
+    if sources.len() != segments {
+        bail!(
+            "--source {} has {} lines but the hypothesis has {segments}; they must be line-aligned",
+            path.display(),
+            sources.len()
+        );
+    }
+    if ends.is_empty() || ends[0] == 0 || ends.windows(2).any(|w| w[0] >= w[1]) {
+        bail!("--length-buckets must be ascending word counts above 0, e.g. 10,15,20; got {ends:?}");
+    }
+    let mut buckets: Vec<LengthBucket> = std::iter::once(0)
+        .chain(ends.iter().map(|e| e + 1))
+        .zip(ends.iter().map(|&e| Some(e)).chain([None]))
+        .map(|(first, last)| LengthBucket {
+            first,
+            last,
+            rows: Vec::new(),
+        })
+        .collect();
+    for (i, line) in sources.iter().enumerate() {
+        let words = line.split_whitespace().count();
+        let b = ends.iter().position(|&e| words <= e).unwrap_or(ends.len());
+        buckets[b].rows.push(i);
+    }
+    buckets.retain(|b| !b.rows.is_empty());
+    Ok(buckets)
 }
 
 fn read_lines(path: &PathBuf) -> Result<Vec<String>> {
@@ -1038,35 +1186,65 @@ fn bleu(args: BleuArgs) -> Result<()> {
     {
         bail!("--metrics: unknown metric {bad:?}; use bleu, chrf or bleu,chrf");
     }
+    let buckets = match &args.source {
+        Some(path) => source_length_buckets(&read_lines(path)?, path, hyps.len(), &args.length_buckets)?,
+        None => Vec::new(),
+    };
     let mut json = serde_json::Map::new();
     for metric in &args.metrics {
-        match metric.as_str() {
-            "bleu" => {
-                let cfg = BleuConfig {
-                    tokenize,
-                    lowercase: args.lowercase,
-                    ..BleuConfig::default()
-                };
-                let score = corpus_bleu(&hyps, &refs, &cfg)?;
-                if args.json {
-                    json.insert("bleu".into(), serde_json::to_value(&score)?);
-                } else {
-                    println!("{}", score.format());
+        // The whole corpus, then each source-length bucket.
+        let score = |hyps: &[String], refs: &[Vec<String>]| -> Result<(String, serde_json::Value)> {
+            Ok(match metric.as_str() {
+                "bleu" => {
+                    let cfg = BleuConfig {
+                        tokenize,
+                        lowercase: args.lowercase,
+                        ..BleuConfig::default()
+                    };
+                    let score = corpus_bleu(hyps, refs, &cfg)?;
+                    (score.format(), serde_json::to_value(&score)?)
                 }
-            }
-            "chrf" => {
-                let cfg = ChrfConfig {
-                    lowercase: args.lowercase,
-                    ..ChrfConfig::default()
-                };
-                let score = corpus_chrf(&hyps, &refs, &cfg)?;
-                if args.json {
-                    json.insert("chrf".into(), serde_json::to_value(&score)?);
-                } else {
-                    println!("{}", score.format());
+                "chrf" => {
+                    let cfg = ChrfConfig {
+                        lowercase: args.lowercase,
+                        ..ChrfConfig::default()
+                    };
+                    let score = corpus_chrf(hyps, refs, &cfg)?;
+                    (score.format(), serde_json::to_value(&score)?)
                 }
+                other => bail!("--metrics: unknown metric {other:?}; use bleu, chrf or bleu,chrf"),
+            })
+        };
+        let (line, value) = score(&hyps, &refs)?;
+        let mut by_length = Vec::new();
+        for b in &buckets {
+            let pick = |lines: &[String]| b.rows.iter().map(|&i| lines[i].clone()).collect::<Vec<_>>();
+            let sub_refs: Vec<Vec<String>> = refs.iter().map(|r| pick(r)).collect();
+            let (sub_line, sub_value) = score(&pick(&hyps), &sub_refs)?;
+            by_length.push((b, sub_line, sub_value));
+        }
+        if args.json {
+            json.insert(metric.clone(), value);
+            if !buckets.is_empty() {
+                let rows: Vec<serde_json::Value> = by_length
+                    .into_iter()
+                    .map(|(b, _, v)| {
+                        serde_json::json!({
+                            "first": b.first, "last": b.last, "sentences": b.rows.len(), "score": v,
+                        })
+                    })
+                    .collect();
+                json.insert(format!("{metric}_by_source_length"), rows.into());
             }
-            other => bail!("--metrics: unknown metric {other:?}; use bleu, chrf or bleu,chrf"),
+        } else {
+            println!("{line}");
+            for (b, sub_line, _) in by_length {
+                println!(
+                    "  source words {}: {} sentences | {sub_line}",
+                    b.label(),
+                    b.rows.len()
+                );
+            }
         }
     }
     if args.json {

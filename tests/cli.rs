@@ -691,3 +691,177 @@ fn a_parquet_dataset_trains_exports_to_hugging_face_and_tokenizes_to_shards() {
     ));
     assert_eq!(summary["steps"], 4, "{summary}");
 }
+
+/// A character LM trained at block 16 on a text file.
+fn text_lm_yaml(corpus: &Path) -> String {
+    format!(
+        r#"
+model: {{ arch: lm, d_model: 32, n_layers: 2, n_heads: 4, d_ff: 64, max_seq_len: 16 }}
+data:
+  corpus: {{ kind: text, path: "{}", val_fraction: 0.2 }}
+  tokenizer: {{ kind: char }}
+train: {{ steps: 6, seed: 3, lr: 3.0e-3, batch_size: 4, block_size: 16, threads: 1 }}
+eval: {{ every: 6 }}
+checkpoint: {{ every: 6 }}
+"#,
+        corpus.display()
+    )
+}
+
+#[test]
+fn eval_context_reports_loss_and_attention_entropy_by_position_past_the_training_length() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let lines: String = (0..400)
+        .map(|i| format!("line {i}: to be or not to be.\n"))
+        .collect();
+    let corpus = write(dir, "corpus.txt", lines);
+    let cfg = write(dir, "lm.yaml", text_lm_yaml(&corpus));
+    let run_dir = dir.join("runs/lm");
+    ok(dir, &["train", s(&cfg), "--run-dir", s(&run_dir), "--quiet"]);
+
+    let eval = |args: &[&str]| {
+        let mut all = vec!["eval", s(&run_dir), "--json"];
+        all.extend_from_slice(args);
+        json(&ok(dir, &all))
+    };
+    let long = eval(&["--context", "64"]);
+    assert_eq!(long["train_length"], 16, "{long}");
+    assert_eq!(long["beyond_training"], true);
+    assert_eq!(long["logn_attention"], false);
+    let windows = long["windows"].as_u64().unwrap();
+    assert!(windows > 0);
+    assert_eq!(long["tokens"].as_u64().unwrap(), windows * 64);
+    let edges: Vec<(u64, u64)> = long["buckets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| (b["first"].as_u64().unwrap(), b["last"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(edges, vec![(1, 16), (17, 32), (33, 64)]);
+    for key in ["loss_by_position", "entropy_by_position"] {
+        let v = long[key].as_array().unwrap();
+        assert_eq!(v.len(), 64, "{key}");
+        assert!(v.iter().all(|x| x.as_f64().unwrap().is_finite()), "{key}");
+    }
+    // The first query sees one key: its attention has zero entropy.
+    assert!(long["entropy_by_position"][0].as_f64().unwrap().abs() < 1e-6);
+
+    // Log-n scaling with m = the block size: the same numbers within the training length, lower
+    // attention entropy past it.
+    let scaled = eval(&["--context", "64", "--logn", "on"]);
+    assert_eq!(scaled["logn_length"], 16, "{scaled}");
+    let bucket = |r: &Value, i: usize, key: &str| r["buckets"][i][key].as_f64().unwrap();
+    assert_eq!(bucket(&scaled, 0, "loss"), bucket(&long, 0, "loss"));
+    assert!(
+        bucket(&scaled, 2, "entropy") < bucket(&long, 2, "entropy"),
+        "{scaled}"
+    );
+    let within = eval(&["--context", "16"]);
+    assert_eq!(within["beyond_training"], false);
+    assert_eq!(within["loss"], eval(&["--context", "16", "--logn", "on"])["loss"]);
+
+    // Text output states that the context is past the training length.
+    let text_out = ok(dir, &["eval", s(&run_dir), "--context", "64"]);
+    assert!(text_out.contains("4.0x the training length 16"), "{text_out}");
+    assert!(text_out.contains("positions    33..64"), "{text_out}");
+
+    // What cannot be evaluated is an error naming why.
+    let err = fails(dir, &["eval", s(&run_dir), "--context", "100000"]);
+    assert!(err.contains("--context"), "{err}");
+    let err = fails(dir, &["eval", s(&run_dir), "--context", "60000"]);
+    assert!(err.contains("fewer than one window"), "{err}");
+    let err = fails(dir, &["eval", s(&run_dir), "--logn", "on"]);
+    assert!(err.contains("--context"), "{err}");
+    let err = fails(dir, &["eval", s(&run_dir), "--context", "32", "--split", "test"]);
+    assert!(err.contains("validation split"), "{err}");
+    let seq2seq = write(dir, "s2s.yaml", seq2seq_yaml(2, 2, 2));
+    let s2s_dir = dir.join("runs/s2s");
+    ok(dir, &["train", s(&seq2seq), "--run-dir", s(&s2s_dir), "--quiet"]);
+    let err = fails(dir, &["eval", s(&s2s_dir), "--context", "8"]);
+    assert!(err.contains("translation run"), "{err}");
+}
+
+#[test]
+fn bleu_by_source_length_scores_each_bucket_of_line_aligned_segments() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let src = write(
+        dir,
+        "src.txt",
+        "a b\nc d e f g h\na b c\none two three four five six seven\n",
+    );
+    let reference = write(
+        dir,
+        "ref.txt",
+        "the cat sat down\nthe dog ran far away today\nhello there you all\nit was a long day at work\n",
+    );
+    // Short sources translated perfectly, long ones not at all.
+    let hyp = write(
+        dir,
+        "hyp.txt",
+        "the cat sat down\nzz yy xx ww vv uu\nhello there you all\nqq rr ss tt uu vv\n",
+    );
+    let out = json(&ok(
+        dir,
+        &[
+            "bleu",
+            "-r",
+            s(&reference),
+            "-i",
+            s(&hyp),
+            "--source",
+            s(&src),
+            "--length-buckets",
+            "3",
+            "--json",
+        ],
+    ));
+    let buckets = out["bleu_by_source_length"].as_array().unwrap();
+    assert_eq!(buckets.len(), 2, "{out}");
+    assert_eq!(
+        (buckets[0]["first"].as_u64(), buckets[0]["last"].as_u64()),
+        (Some(0), Some(3))
+    );
+    assert_eq!(buckets[0]["sentences"], 2);
+    assert!((buckets[0]["score"]["score"].as_f64().unwrap() - 100.0).abs() < 1e-9, "{out}");
+    assert!(buckets[1]["last"].is_null());
+    assert_eq!(buckets[1]["score"]["score"].as_f64().unwrap(), 0.0, "{out}");
+    let text_out = ok(
+        dir,
+        &[
+            "bleu",
+            "-r",
+            s(&reference),
+            "-i",
+            s(&hyp),
+            "--source",
+            s(&src),
+            "--length-buckets",
+            "3",
+        ],
+    );
+    assert!(text_out.contains("source words 4+: 2 sentences"), "{text_out}");
+
+    let short = write(dir, "short.txt", "a b\n");
+    let err = fails(
+        dir,
+        &["bleu", "-r", s(&reference), "-i", s(&hyp), "--source", s(&short)],
+    );
+    assert!(err.contains("line-aligned"), "{err}");
+    let err = fails(
+        dir,
+        &[
+            "bleu",
+            "-r",
+            s(&reference),
+            "-i",
+            s(&hyp),
+            "--source",
+            s(&src),
+            "--length-buckets",
+            "5,3",
+        ],
+    );
+    assert!(err.contains("ascending"), "{err}");
+}

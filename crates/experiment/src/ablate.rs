@@ -653,6 +653,9 @@ fn config_mismatch(plan: &Plan, run: &PlannedRun) -> Option<Vec<String>> {
     {
         planned.model.qk_norm_length = stored.model.qk_norm_length;
     }
+    if planned.model.logn_attention && planned.model.logn_length.is_none() {
+        planned.model.logn_length = stored.model.logn_length;
+    }
     planned.train.threads = None;
     stored.train.threads = None;
     planned.ablation = None;

@@ -5,5 +5,6 @@
 
 pub mod ablate;
 pub mod layout;
+pub mod length;
 pub mod report;
 pub mod slurm;

@@ -194,6 +194,8 @@ fn model(arch: Arch, norm: NormKind, mlp: MlpKind, qk_norm: QkNorm) -> ModelConf
         qk_norm,
         qk_norm_init_scale: None,
         qk_norm_length: None,
+        logn_attention: false,
+        logn_length: None,
         dropout: 0.0,
         attn_dropout: 0.0,
         tie_embeddings: true,

@@ -57,12 +57,15 @@ pub struct AttentionOptions {
 }
 
 /// What one attention call measured (with [`AttentionOptions::telemetry`]).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct AttentionTelemetry {
     /// Largest |q·kᵀ| over unmasked query–key pairs (q already scaled).
     pub max_logit: f32,
     /// Mean entropy (nats) of the attention distributions (before dropout).
     pub entropy: f32,
+    /// The mean entropy of each query position's distributions (over batch rows and heads): T
+    /// values, for seeing how focused attention stays as the context grows.
+    pub entropy_by_position: Vec<f32>,
 }
 
 /// Inverted-dropout mask of the probabilities.
@@ -150,16 +153,18 @@ fn telemetry_unfused(logits: &Tensor, mask: Option<&Tensor>, probs: &Tensor) -> 
         None => abs,
     };
     let probs = probs.detach().to_dtype(DType::F32)?;
-    let entropy = probs
+    // (B, H, T): the entropy of every row.
+    let rows = probs
         .clamp(1e-30f32, 1f32)?
         .log()?
         .mul(&probs)?
         .sum(D::Minus1)?
-        .neg()?
-        .mean_all()?;
+        .neg()?;
+    let (b, h, t) = rows.dims3()?;
     Ok(AttentionTelemetry {
         max_logit: abs.max_all()?.to_scalar::<f32>()?,
-        entropy: entropy.to_scalar::<f32>()?,
+        entropy: rows.mean_all()?.to_scalar::<f32>()?,
+        entropy_by_position: rows.reshape((b * h, t))?.mean(0)?.to_vec1::<f32>()?,
     })
 }
 
@@ -202,7 +207,7 @@ pub fn attention(
     let out = q
         .contiguous()?
         .apply_op3(&k.contiguous()?, &v.contiguous()?, op)?;
-    let telemetry = telemetry.and_then(|t| *t.lock().unwrap_or_else(|e| e.into_inner()));
+    let telemetry = telemetry.and_then(|t| t.lock().unwrap_or_else(|e| e.into_inner()).take());
     Ok((out, telemetry))
 }
 
@@ -282,11 +287,13 @@ impl AttnOp {
     }
 }
 
-/// Per-task telemetry: the largest unmasked |logit|, and the entropy summed over rows.
-#[derive(Clone, Copy, Default)]
+/// Per-task telemetry: the largest unmasked |logit|, and the entropy summed over rows, in all
+/// and per query position (`by_position`: T sums over the task's heads).
+#[derive(Clone, Default)]
 struct Measured {
     max_abs: f32,
     entropy_sum: f64,
+    by_position: Vec<f64>,
 }
 
 /// Head `hq`'s probabilities of batch `bi` in `p` (T×S, holding q·kᵀ): adds the mask and takes
@@ -326,6 +333,7 @@ fn softmax_head(
         if let Some(m) = measure.as_deref_mut() {
             let h: f32 = row.iter().map(|&p| -p * p.max(1e-30).ln()).sum();
             m.entropy_sum += h as f64;
+            m.by_position[ti] += h as f64;
         }
     }
 }
@@ -384,7 +392,10 @@ fn task_buffers(kept_stored: bool, dropout: bool, len: usize) -> (Vec<f32>, Vec<
 fn forward_task_generic(f: &Forward<'_>, bi: usize, kh: usize) -> Measured {
     let dims = f.dims;
     let (t, s, d) = (dims.t, dims.s, dims.d);
-    let mut measured = Measured::default();
+    let mut measured = Measured {
+        by_position: if f.measure { vec![0.0; t] } else { Vec::new() },
+        ..Measured::default()
+    };
     let (mut scratch, mut dropped) = task_buffers(f.kept.is_some(), f.dropout.is_some(), t * s);
     let (k, v) = (kv_mat(dims, f.k, bi, kh), kv_mat(dims, f.v, bi, kh));
     for hq in kh * dims.group()..(kh + 1) * dims.group() {
@@ -539,15 +550,26 @@ impl CustomOp3 for AttnOp {
         let measured = per_task
             .into_iter()
             .map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner()))
-            .fold(Measured::default(), |acc, m| Measured {
-                max_abs: acc.max_abs.max(m.max_abs),
-                entropy_sum: acc.entropy_sum + m.entropy_sum,
+            .fold(Measured::default(), |mut acc, m| {
+                acc.max_abs = acc.max_abs.max(m.max_abs);
+                acc.entropy_sum += m.entropy_sum;
+                acc.by_position.resize(m.by_position.len(), 0.0);
+                for (a, x) in acc.by_position.iter_mut().zip(&m.by_position) {
+                    *a += x;
+                }
+                acc
             });
         if let Some(slot) = &self.telemetry {
             let rows = (dims.b * dims.h * dims.t).max(1) as f64;
+            let per_position = (dims.b * dims.h).max(1) as f64;
             *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(AttentionTelemetry {
                 max_logit: measured.max_abs,
                 entropy: (measured.entropy_sum / rows) as f32,
+                entropy_by_position: measured
+                    .by_position
+                    .iter()
+                    .map(|&h| (h / per_position) as f32)
+                    .collect(),
             });
         }
         if let (Some(slot), Some(kept)) = (&self.probs, kept) {

@@ -9,7 +9,7 @@
 //! |---|---|
 //! | [`linear`] | `x·Wᵀ` through [`gemm`] (Ember's in-place AVX-512 kernel or matrixmultiply) |
 //! | [`norm`] | RMSNorm and LayerNorm over the last dimension |
-//! | [`rope`] | rotary position embeddings with a folded-in output scale |
+//! | [`rope`] | rotary position embeddings with a folded-in output scale (constant, or grown per position by log-n scaling) |
 //! | [`softmax`] | softmax over the last dimension |
 //! | [`activation`] | GELU (erf form) and SwiGLU |
 //! | [`dropout`] | inverted dropout from a counter-based SplitMix64 mask |
@@ -47,5 +47,5 @@ pub use cross_entropy::{cross_entropy, cross_entropy_unfused};
 pub use dropout::{dropout, dropout_unfused};
 pub use linear::{linear, linear_unfused};
 pub use norm::{layer_norm, layer_norm_unfused, rms_norm, rms_norm_unfused};
-pub use rope::{rope, rope_unfused, RopeTables};
+pub use rope::{logn_factor, rope, rope_unfused, PositionScale, RopeTables};
 pub use softmax::{softmax_rows, softmax_rows_unfused};

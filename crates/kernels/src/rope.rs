@@ -2,7 +2,8 @@
 //! dimension i is paired with dimension i + d/2 and the pair is rotated by the angle
 //! `position · θ^(−2i/d)`, which makes ⟨rot(q, m), rot(k, n)⟩ a function of m − n alone.
 //! candle's `rotary_emb::rope` has no backward pass; this one does, and folds an output scale
-//! (the attention logit scale of the queries) into the same pass.
+//! into the same pass: the attention logit scale of the queries, optionally grown per position
+//! by log-n scaling ([`PositionScale`]).
 //!
 //! Inputs are the projections as they come, (B, T, H·head_dim): every consecutive run of
 //! head_dim elements is one head's vector at its row's position. Rotating them in place of a
@@ -74,6 +75,64 @@ impl RopeTables {
     }
 }
 
+/// The factor a rotated vector is multiplied by: a constant `scale` (the queries' 1/√d), times,
+/// with `logn_length` = m, the log-n factor max(1, ln n / ln m) of a query that sees
+/// n = position + 1 keys (entropy-invariant attention; Qwen's `use_logn_attn`). Up to position m − 1 the
+/// factor is exactly 1, so a model trained at length m computes the same bits with or without it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PositionScale {
+    pub scale: f64,
+    pub logn_length: Option<usize>,
+}
+
+impl From<f64> for PositionScale {
+    fn from(scale: f64) -> Self {
+        Self {
+            scale,
+            logn_length: None,
+        }
+    }
+}
+
+impl PositionScale {
+    /// The factor at (0-based) `position`.
+    pub fn at(&self, position: usize) -> f64 {
+        self.scale * logn_factor(position, self.logn_length)
+    }
+
+    /// The factor shared by positions `offset..offset + t`, if they all have the same one.
+    fn constant(&self, offset: usize, t: usize) -> Option<f64> {
+        match self.logn_length {
+            Some(m) if offset + t > m => None,
+            _ => Some(self.scale),
+        }
+    }
+
+    /// `x` (B, T, W) whose first position is `offset`, multiplied by each position's factor, from
+    /// candle ops (every device and dtype).
+    fn apply_unfused(&self, x: &Tensor, offset: usize) -> Result<Tensor> {
+        let t = x.dim(1)?;
+        match self.constant(offset, t) {
+            Some(1.0) => Ok(x.clone()),
+            Some(s) => x.affine(s, 0.0),
+            None => {
+                let factors: Vec<f32> = (offset..offset + t).map(|p| self.at(p) as f32).collect();
+                let factors = Tensor::from_vec(factors, (1, t, 1), x.device())?.to_dtype(x.dtype())?;
+                x.broadcast_mul(&factors)
+            }
+        }
+    }
+}
+
+/// max(1, ln n / ln m) for a query at 0-based `position` (n = position + 1 keys in view) and
+/// training length m = `logn_length`; 1 without log-n scaling.
+pub fn logn_factor(position: usize, logn_length: Option<usize>) -> f64 {
+    match logn_length {
+        Some(m) if position + 1 > m && m >= 2 => ((position + 1) as f64).ln() / (m as f64).ln(),
+        _ => 1.0,
+    }
+}
+
 /// The rotation of x (B, T, H·head_dim) whose first position is `offset`, from narrow, cat and
 /// multiply (every device and dtype; the reference for the kernel).
 pub fn rope_unfused(x: &Tensor, tables: &RopeTables, offset: usize) -> Result<Tensor> {
@@ -90,26 +149,27 @@ pub fn rope_unfused(x: &Tensor, tables: &RopeTables, offset: usize) -> Result<Te
         .reshape((b, t, width))
 }
 
-/// `scale · rotated(x)` for x (B, T, H·head_dim) whose first position is `offset`; fused on CPU
-/// f32, [`rope_unfused`] (then the scale) elsewhere.
-pub fn rope(x: &Tensor, tables: &RopeTables, offset: usize, scale: f64) -> Result<Tensor> {
+/// `scale · rotated(x)` for x (B, T, H·head_dim) whose first position is `offset` (`scale` an
+/// `f64` or a [`PositionScale`]); fused on CPU f32, [`rope_unfused`] (then the scale) elsewhere.
+pub fn rope(
+    x: &Tensor,
+    tables: &RopeTables,
+    offset: usize,
+    scale: impl Into<PositionScale>,
+) -> Result<Tensor> {
+    let scale = scale.into();
     let (_, t, width) = x.dims3()?;
     let d = 2 * tables.half;
     if d == 0 || width % d != 0 {
         candle_core::bail!("rope: the last dimension {width} is not a multiple of head_dim {d}");
     }
     if !is_host_f32(x) || offset + t > tables.max_len {
-        let rotated = rope_unfused(x, tables, offset)?;
-        return if scale == 1.0 {
-            Ok(rotated)
-        } else {
-            rotated.affine(scale, 0.0)
-        };
+        return scale.apply_unfused(&rope_unfused(x, tables, offset)?, offset);
     }
     let op = RopeOp {
         tables: tables.clone(),
         offset,
-        scale: scale as f32,
+        scale,
         inverse: false,
     };
     x.contiguous()?.apply_op1(op)
@@ -119,7 +179,7 @@ pub fn rope(x: &Tensor, tables: &RopeTables, offset: usize, scale: f64) -> Resul
 struct RopeOp {
     tables: RopeTables,
     offset: usize,
-    scale: f32,
+    scale: PositionScale,
     /// Rotate by the negative angles (the transpose: the backward pass).
     inverse: bool,
 }
@@ -148,6 +208,8 @@ impl RopeOp {
                     .zip(y.chunks_exact_mut(width)),
             ) {
                 let pos = self.offset + r % t;
+                // The scale is linear in x, so the backward pass applies the same factor.
+                let scale = self.scale.at(pos) as f32;
                 let cos = &self.tables.cos_half[pos * half..(pos + 1) * half];
                 let sin = &self.tables.sin_half[pos * half..(pos + 1) * half];
                 for (xh, yh) in xr.chunks_exact(d).zip(yr.chunks_exact_mut(d)) {
@@ -155,8 +217,8 @@ impl RopeOp {
                     let (y1, y2) = yh.split_at_mut(half);
                     for i in 0..half {
                         let s = sin[i] * sign;
-                        y1[i] = (x1[i] * cos[i] - x2[i] * s) * self.scale;
-                        y2[i] = (x2[i] * cos[i] + x1[i] * s) * self.scale;
+                        y1[i] = (x1[i] * cos[i] - x2[i] * s) * scale;
+                        y2[i] = (x2[i] * cos[i] + x1[i] * s) * scale;
                     }
                 }
             }

@@ -218,6 +218,101 @@ fn rope_matches_the_unfused_rotation() {
     }
 }
 
+/// The log-n factor written out: a query at 0-based position p sees n = p + 1 keys and is
+/// scaled by ln n / ln m once n > m.
+fn logn_by_hand(position: usize, m: usize) -> f64 {
+    let n = (position + 1) as f64;
+    if n > m as f64 {
+        n.ln() / (m as f64).ln()
+    } else {
+        1.0
+    }
+}
+
+#[test]
+fn rope_with_logn_scaling_matches_rotation_times_the_per_position_factor() {
+    // Positions 0..12 after `offset`, training length m = 4 or 7: both sides of m, and a window
+    // entirely past it.
+    for (i, (b, h, t, d, offset, m)) in [(2, 3, 12, 8, 0, 4), (1, 2, 5, 6, 7, 4), (2, 1, 9, 4, 3, 7)]
+        .into_iter()
+        .enumerate()
+    {
+        let tables = RopeTables::new(d, 32, 10_000.0, DType::F32, &Device::Cpu).unwrap();
+        let x = randn(130 + i as u64, &[b, t, h * d]);
+        let scale = kernels::PositionScale {
+            scale: 0.25,
+            logn_length: Some(m),
+        };
+        let factors: Vec<f32> = (offset..offset + t)
+            .map(|p| (0.25 * logn_by_hand(p, m)) as f32)
+            .collect();
+        let factors = Tensor::from_vec(factors, (1, t, 1), &Device::Cpu).unwrap();
+        for (label, x) in [("contiguous", x.clone()), ("strided", strided(&x))] {
+            compare(
+                &format!("rope logn {:?} {label}", (b, h, t, d, offset, m)),
+                std::slice::from_ref(&x),
+                &|v| kernels::rope(&v[0], &tables, offset, scale).unwrap(),
+                &|v| {
+                    kernels::rope_unfused(&v[0], &tables, offset)
+                        .unwrap()
+                        .broadcast_mul(&factors)
+                        .unwrap()
+                },
+            );
+        }
+        // The unfused path (what CUDA takes) applies the same factors.
+        let unfused = kernels::rope(&x.to_dtype(DType::F64).unwrap(), &tables_f64(d), offset, scale).unwrap();
+        let by_hand = kernels::rope_unfused(&x, &tables, offset)
+            .unwrap()
+            .broadcast_mul(&factors)
+            .unwrap();
+        assert_close(
+            "rope logn, unfused path",
+            &unfused.to_dtype(DType::F32).unwrap(),
+            &by_hand,
+        );
+    }
+}
+
+fn tables_f64(d: usize) -> RopeTables {
+    RopeTables::new(d, 32, 10_000.0, DType::F64, &Device::Cpu).unwrap()
+}
+
+#[test]
+fn logn_scaling_is_exactly_a_no_op_up_to_the_training_length() {
+    let m = 16;
+    assert_eq!(kernels::logn_factor(m - 1, Some(m)), 1.0);
+    assert!(kernels::logn_factor(m, Some(m)) > 1.0);
+    assert_eq!(kernels::logn_factor(10_000, None), 1.0);
+    assert!(
+        (kernels::logn_factor(255, Some(16)) - 2.0).abs() < 1e-12,
+        "ln 256 / ln 16 = 2"
+    );
+    let tables = RopeTables::new(8, 64, 10_000.0, DType::F32, &Device::Cpu).unwrap();
+    let x = randn(140, &[2, m, 3 * 8]);
+    let plain = kernels::rope(&x, &tables, 0, 0.125).unwrap();
+    let scaled = kernels::rope(
+        &x,
+        &tables,
+        0,
+        kernels::PositionScale {
+            scale: 0.125,
+            logn_length: Some(m),
+        },
+    )
+    .unwrap();
+    let bits = |t: &Tensor| -> Vec<u32> {
+        t.flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()
+            .iter()
+            .map(|v| v.to_bits())
+            .collect()
+    };
+    assert_eq!(bits(&plain), bits(&scaled), "positions 0..m: the same bits");
+}
+
 #[test]
 fn softmax_matches_the_unfused_composition() {
     for (i, shape) in [vec![4, 9], vec![2, 3, 64], vec![5, 1]].into_iter().enumerate() {

@@ -170,10 +170,12 @@ impl Attention {
         // norm's gains act on position-mixed coordinates.
         let scale = 1.0 / (self.head_dim as f64).sqrt();
         match (&self.qk_norm, &self.rotary) {
-            (QkNormLayer::L2 { g, .. }, Some(rotary)) => rotary.apply(&q, offset)?.broadcast_mul(g),
+            (QkNormLayer::L2 { g, .. }, Some(rotary)) => {
+                rotary.apply_query(&q, offset, 1.0)?.broadcast_mul(g)
+            }
             (QkNormLayer::L2 { g, .. }, None) => q.broadcast_mul(g),
-            // Rotation and logit scale in one pass.
-            (_, Some(rotary)) => rotary.apply_scaled(&q, offset, scale),
+            // Rotation, logit scale and log-n factor in one pass.
+            (_, Some(rotary)) => rotary.apply_query(&q, offset, scale),
             (_, None) => q.affine(scale, 0.0),
         }
     }
@@ -250,12 +252,20 @@ impl Attention {
             telemetry: ctx.telemetry.is_some(),
         };
         let (out, measured) = ember_kernels::attention(q, k, v, mask, &opts)?;
-        if let (Some(telemetry), Some(AttentionTelemetry { max_logit, entropy })) = (ctx.telemetry, measured)
+        if let (
+            Some(telemetry),
+            Some(AttentionTelemetry {
+                max_logit,
+                entropy,
+                entropy_by_position,
+            }),
+        ) = (ctx.telemetry, measured)
         {
             telemetry.record(AttentionStats {
                 module: self.name.clone(),
                 max_logit,
                 entropy,
+                entropy_by_position,
             });
         }
         dropout(&self.o_proj.forward(&out)?, self.dropout, ctx)

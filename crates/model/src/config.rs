@@ -92,6 +92,16 @@ pub struct ModelConfig {
     /// training sequence lengths, which the trainer measures and fills in when left out.
     #[serde(default)]
     pub qk_norm_length: Option<usize>,
+    /// Log-n attention scaling (entropy-invariant attention; Qwen's `use_logn_attn`): in causal
+    /// self-attention a query that sees n > m keys has its logits scaled by ln n / ln m on top
+    /// of 1/√d (for `l2`, on top of g), with m = `logn_length`. A no-op up to length m, so it
+    /// changes nothing in training at length m and only acts when evaluating past it.
+    #[serde(default)]
+    pub logn_attention: bool,
+    /// The training length m of `logn_attention` (default `max_seq_len`). Evaluating past the
+    /// training length raises `max_seq_len`, so `ember eval --context` pins m here first.
+    #[serde(default)]
+    pub logn_length: Option<usize>,
     /// Dropout on embeddings and on each residual branch's output.
     #[serde(default)]
     pub dropout: f64,
@@ -168,6 +178,8 @@ impl ModelConfig {
             qk_norm: default_qk_norm(),
             qk_norm_init_scale: None,
             qk_norm_length: None,
+            logn_attention: false,
+            logn_length: None,
             dropout: 0.0,
             attn_dropout: 0.0,
             tie_embeddings: true,
@@ -299,6 +311,26 @@ impl ModelConfig {
                 return Err(bad("qk_norm_length", format!("must be at least 2, got {l}")));
             }
         }
+        if let Some(m) = self.logn_length {
+            if m < 2 {
+                return Err(bad(
+                    "logn_length",
+                    format!("must be at least 2 (ln m divides), got {m}"),
+                ));
+            }
+            if !self.logn_attention {
+                return Err(bad(
+                    "logn_length",
+                    "applies to logn_attention: true only; set logn_attention: true or leave logn_length out",
+                ));
+            }
+        }
+        if self.logn_attention && self.logn_length.is_none() && self.max_seq_len < 2 {
+            return Err(bad(
+                "logn_attention",
+                "needs a training length of at least 2: set logn_length (or max_seq_len ≥ 2)",
+            ));
+        }
         if self.qk_norm != QkNorm::L2 && (self.qk_norm_init_scale.is_some() || self.qk_norm_length.is_some())
         {
             return Err(bad(
@@ -332,6 +364,11 @@ impl ModelConfig {
             Arch::Lm => self.n_layers.unwrap_or(0),
             Arch::Seq2seq => self.n_decoder_layers.or(self.n_layers).unwrap_or(0),
         }
+    }
+    /// The training length m of log-n scaling, when it is on.
+    pub fn logn_train_length(&self) -> Option<usize> {
+        self.logn_attention
+            .then(|| self.logn_length.unwrap_or(self.max_seq_len))
     }
     /// Initial value of the `l2` logit scale g: explicit, or log2(L² − L) (Henry et al. 2020).
     pub fn l2_init_scale(&self) -> f64 {

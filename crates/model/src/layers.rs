@@ -86,6 +86,10 @@ pub struct AttentionStats {
     pub max_logit: f32,
     /// Mean entropy (nats) of the attention distributions; collapse towards 0 is the other symptom.
     pub entropy: f32,
+    /// Mean entropy of each query position's distributions (T values), for evaluation by
+    /// context length; not logged.
+    #[serde(skip)]
+    pub entropy_by_position: Vec<f32>,
 }
 
 /// Collects [`AttentionStats`] from every attention module during a forward pass.

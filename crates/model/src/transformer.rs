@@ -216,8 +216,11 @@ impl Decoder {
     fn new(vb: VarBuilder, cfg: &ModelConfig, rotary: &Rotary, cross: bool) -> Result<Self> {
         let n = cfg.decoder_layers();
         let out_std = residual_std(cfg, n, if cross { 3 } else { 2 });
+        // Self-attention here is causal: a query at position i sees i + 1 keys, which is what
+        // log-n scaling grows the logits by. (The encoder's queries see the whole source.)
+        let rotary = rotary.with_logn(cfg.logn_train_length());
         let layers = (0..n)
-            .map(|i| Layer::new(vb.pp(format!("layers.{i}")), cfg, rotary, out_std, cross))
+            .map(|i| Layer::new(vb.pp(format!("layers.{i}")), cfg, &rotary, out_std, cross))
             .collect::<Result<_>>()?;
         Ok(Self {
             layers,

@@ -134,6 +134,65 @@ fn kv_cache_decoding_equals_the_full_forward_pass() {
 }
 
 #[test]
+fn logn_scaling_changes_nothing_up_to_its_length_and_cached_decoding_past_it_equals_the_full_pass() {
+    for arch in ALL_ARCHS {
+        for qk in ALL_QK {
+            let plain = cfg(arch, qk, NormKind::Rmsnorm, MlpKind::Swiglu);
+            let mut logn = plain.clone();
+            logn.logn_attention = true;
+            logn.logn_length = Some(4);
+            let (model, params) = build(&plain, DType::F32);
+            perturb(&params, 0.05, 4);
+            let scaled = Model::new(&logn, &params).unwrap();
+            let forward = |model: &Model, ids: &Tensor, src: &Tensor| match model {
+                Model::Lm(m) => m.forward(ids, eval()).unwrap(),
+                Model::Seq2seq(m) => m.forward(src, None, ids, eval()).unwrap(),
+            };
+            let src = tokens(2, 9, plain.vocab(), 12);
+            // Up to m positions: the same bits, encoder included (it is never scaled).
+            let short = tokens(2, 4, plain.vocab(), 11);
+            assert_eq!(
+                max_abs_diff(&forward(&model, &short, &src), &forward(&scaled, &short, &src)),
+                0.0,
+                "{arch:?}/{qk:?}: log-n changed positions within its length"
+            );
+            // Past m it acts, and the cache agrees with the full pass.
+            let ids = tokens(2, 9, plain.vocab(), 13);
+            let full = forward(&scaled, &ids, &src);
+            assert!(
+                max_abs_diff(&forward(&model, &ids, &src), &full) > 1e-4,
+                "{arch:?}/{qk:?}: log-n did nothing past its length"
+            );
+            let src = (arch == Arch::Seq2seq).then_some(&src);
+            for chunks in [vec![1; 9], vec![4, 1, 1, 3], vec![6, 3]] {
+                let inc = incremental(&scaled, src, &ids, &chunks);
+                let diff = max_abs_diff(&full, &inc);
+                assert!(
+                    diff <= 1e-5,
+                    "{arch:?}/{qk:?}/{chunks:?}: cache differs by {diff} with log-n"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn logn_settings_that_cannot_work_are_config_errors() {
+    let mut c = cfg(Arch::Lm, QkNorm::None, NormKind::Rmsnorm, MlpKind::Swiglu);
+    c.logn_length = Some(8);
+    let e = c.validate().unwrap_err();
+    assert_eq!(e.key, "model.logn_length");
+    assert!(e.message.contains("logn_attention: true"), "{e}");
+    c.logn_attention = true;
+    c.logn_length = Some(1);
+    let e = c.validate().unwrap_err();
+    assert!(e.message.contains("at least 2"), "{e}");
+    c.logn_length = None;
+    assert_eq!(c.logn_train_length(), Some(c.max_seq_len));
+    c.validate().unwrap();
+}
+
+#[test]
 fn reordering_the_cache_follows_the_selected_rows() {
     let c = cfg(Arch::Lm, QkNorm::Rmsnorm, NormKind::Rmsnorm, MlpKind::Swiglu);
     let (model, _) = build(&c, DType::F32);

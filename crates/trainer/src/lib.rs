@@ -7,6 +7,7 @@
 pub mod bench;
 pub mod checkpoint;
 pub mod config;
+pub mod context;
 pub mod evaluate;
 mod files;
 pub mod interrupt;

@@ -58,8 +58,9 @@ pub fn default_threads() -> usize {
     allowed.min(num_cpus::get_physical()).max(1)
 }
 
-/// Fills in what the config leaves to the data: the vocabulary size and, for `qk_norm: l2`,
-/// the length L of g₀ = log2(L² − L) (the 97.5th-percentile training length, as Henry et al.).
+/// Fills in what the config leaves to the data: the vocabulary size; for `qk_norm: l2`, the
+/// length L of g₀ = log2(L² − L) (the 97.5th-percentile training length, as Henry et al.); and
+/// for `logn_attention` on a text corpus, the training length m = `train.block_size`.
 pub fn resolve_model_config(cfg: &mut RunConfig, data: &Dataset) -> Result<()> {
     let vocab = data.tokenizer.vocab_size();
     match cfg.model.vocab_size {
@@ -82,6 +83,11 @@ pub fn resolve_model_config(cfg: &mut RunConfig, data: &Dataset) -> Result<()> {
             Splits::Text(_) => cfg.train.block_size.unwrap_or(m.max_seq_len),
         };
         m.qk_norm_length = Some(length.max(2));
+    }
+    if m.logn_attention && m.logn_length.is_none() {
+        if let (Splits::Text(_), Some(block)) = (&data.splits, cfg.train.block_size) {
+            m.logn_length = Some(block.max(2));
+        }
     }
     m.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok(())
@@ -424,6 +430,9 @@ pub struct OpenRun {
     pub cfg: RunConfig,
     pub data: Dataset,
     pub model: Model,
+    /// The checkpoint's parameters, for rebuilding the model with another configuration
+    /// ([`OpenRun::rebuild`]).
+    pub params: ParamStore,
     pub device: Device,
     pub checkpoint: PathBuf,
 }
@@ -445,7 +454,18 @@ pub fn open_run(run: &Path, device_override: Option<&str>) -> Result<OpenRun> {
         cfg,
         data,
         model,
+        params: loaded.params,
         device,
         checkpoint: ckpt_dir,
     })
+}
+
+impl OpenRun {
+    /// Rebuilds the model from the same parameters under `model` (e.g. rotary tables past the
+    /// training length, log-n scaling switched); `model` must name the same parameters.
+    pub fn rebuild(&mut self, model: ember_model::ModelConfig) -> Result<()> {
+        self.model = Model::new(&model, &self.params)?;
+        self.cfg.model = model;
+        Ok(())
+    }
 }

@@ -24,7 +24,7 @@ use crate::layout::{lr_label, PLOTS};
 const FAMILY: &str = "sans-serif";
 const SIZE: (u32, u32) = (960, 600);
 
-fn register_font() -> Result<()> {
+pub(crate) fn register_font() -> Result<()> {
     static DONE: OnceLock<bool> = OnceLock::new();
     let ok = *DONE.get_or_init(|| {
         plotters::style::register_font(FAMILY, FontStyle::Normal, dejavu::sans::regular()).is_ok()
@@ -37,29 +37,29 @@ fn register_font() -> Result<()> {
 }
 
 /// One variant's line: (x, mean, min, max) over seeds, plus individual markers (x, y, diverged).
-struct Series {
-    label: String,
-    color: RGBColor,
-    points: Vec<(f64, f64, f64, f64)>,
-    markers: Vec<(f64, f64, bool)>,
+pub(crate) struct Series {
+    pub(crate) label: String,
+    pub(crate) color: RGBColor,
+    pub(crate) points: Vec<(f64, f64, f64, f64)>,
+    pub(crate) markers: Vec<(f64, f64, bool)>,
 }
 
-struct Figure {
-    stem: String,
-    title: String,
-    x_label: String,
-    y_label: String,
-    x_log: bool,
-    y_log: bool,
+pub(crate) struct Figure {
+    pub(crate) stem: String,
+    pub(crate) title: String,
+    pub(crate) x_label: String,
+    pub(crate) y_label: String,
+    pub(crate) x_log: bool,
+    pub(crate) y_log: bool,
     /// The x-axis counts steps: integer ticks.
-    x_steps: bool,
-    series: Vec<Series>,
+    pub(crate) x_steps: bool,
+    pub(crate) series: Vec<Series>,
     /// Values above this are drawn at it (a diverged run's loss would flatten every other line).
-    y_cap: Option<f64>,
+    pub(crate) y_cap: Option<f64>,
 }
 
 /// Fixed colours per variant (colour-blind-safe Tableau hues), so every plot agrees.
-fn color(variant: &str, i: usize) -> RGBColor {
+pub(crate) fn color(variant: &str, i: usize) -> RGBColor {
     match variant {
         "none" => RGBColor(64, 64, 64),
         "rmsnorm" => RGBColor(31, 119, 180),
@@ -263,7 +263,7 @@ fn final_losses(v: &str, i: usize, lrs: &[f64], runs: &[&RunResult]) -> Option<S
 }
 
 /// Draws `fig` as `DIR/<stem>.png` and `.svg`; returns their paths relative to the output directory.
-fn write_figure(dir: &Path, fig: &Figure) -> Result<[String; 2]> {
+pub(crate) fn write_figure(dir: &Path, fig: &Figure) -> Result<[String; 2]> {
     let png_path = dir.join(format!("{}.png", fig.stem));
     let mut buf = vec![0u8; (SIZE.0 * SIZE.1 * 3) as usize];
     {

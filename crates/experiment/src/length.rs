@@ -1,0 +1,568 @@
+//! The length-generalisation study's report (`ember length-report DIR`): how the loss of
+//! language models trained at one length behaves at longer contexts, per QK-norm variant, with
+//! log-n attention scaling off and on.
+//!
+//! `scripts/length-study.sh` fills `DIR`: `DIR/sweep` is an `ember ablate` sweep (variants ×
+//! seeds at one learning rate), and `DIR/evals/<run>/context-<N>-logn-<on|off>.json` holds
+//! `ember eval <run> --context N --logn on|off --json` of every run. Log-n scaling is a no-op at
+//! the training length, so one trained model serves both arms. This module pairs the
+//! evaluations by seed and writes `report.md`, `report.json` and `plots/`:
+//! - validation loss at every context, mean and 95% t interval over seeds, per arm;
+//! - the paired effect of log-n (on − off) and of each QK-norm variant (− none) per context;
+//! - the reach: loss at each longer context minus loss at the training length, per seed;
+//! - attention entropy by position bucket at the longest context, against what entropy
+//!   invariance predicts (flat past the training length with log-n);
+//! - plots of loss vs context, and of loss and attention entropy by position.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use ember_trainer::context::ContextEval;
+use ember_trainer::RunConfig;
+use serde::Serialize;
+
+use crate::layout::PLOTS;
+use crate::report::plots::{color, register_font, write_figure, Figure, Series};
+use crate::report::stats::{mean_std, paired_diff, t_quantile, PairedDiff};
+
+/// Where the evaluations live inside the study directory.
+pub const EVALS: &str = "evals";
+/// Where the sweep of trained runs lives inside the study directory.
+pub const SWEEP: &str = "sweep";
+
+/// One evaluation of one run.
+#[derive(Debug, Clone)]
+struct Eval {
+    variant: String,
+    seed: u64,
+    logn: bool,
+    result: ContextEval,
+}
+
+/// One arm's validation loss at one context: mean over seeds and the 95% t interval half-width.
+#[derive(Debug, Clone, Serialize)]
+pub struct ArmLoss {
+    pub variant: String,
+    pub logn: bool,
+    pub context: usize,
+    pub mean: f64,
+    /// Half-width of the 95% t interval (`None` with one seed).
+    pub ci95: Option<f64>,
+    pub seeds: usize,
+}
+
+/// A paired difference at one context.
+#[derive(Debug, Clone, Serialize)]
+pub struct Effect {
+    /// What is compared, e.g. "rmsnorm: log-n on − off" or "rmsnorm − none (log-n on)".
+    pub what: String,
+    pub context: usize,
+    pub diff: PairedDiff,
+}
+
+/// Attention entropy of one arm in one position bucket at the longest context.
+#[derive(Debug, Clone, Serialize)]
+pub struct BucketEntropy {
+    pub variant: String,
+    pub logn: bool,
+    pub first: usize,
+    pub last: usize,
+    pub entropy: f64,
+    pub loss: f64,
+}
+
+/// Everything the report says, as `report.json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct LengthReport {
+    pub train_length: usize,
+    pub contexts: Vec<usize>,
+    pub variants: Vec<String>,
+    pub seeds: Vec<u64>,
+    pub losses: Vec<ArmLoss>,
+    pub logn_effects: Vec<Effect>,
+    pub qk_norm_effects: Vec<Effect>,
+    /// Loss at each context minus loss at the training length, per arm.
+    pub reach: Vec<Effect>,
+    pub entropy_buckets: Vec<BucketEntropy>,
+    pub plots: Vec<String>,
+}
+
+/// Reads the study in `dir` and writes `report.md`, `report.json` and the plots there.
+pub fn length_report(dir: &Path) -> Result<LengthReport> {
+    let evals = read_evals(dir)?;
+    let train_length = evals[0].result.train_length;
+    if let Some(e) = evals.iter().find(|e| e.result.train_length != train_length) {
+        bail!(
+            "the runs were trained at different lengths ({} and {train_length}, e.g. {} seed {}); \
+             a length study compares one training length",
+            e.result.train_length,
+            e.variant,
+            e.seed
+        );
+    }
+    let contexts: Vec<usize> = evals
+        .iter()
+        .map(|e| e.result.context)
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let seeds: Vec<u64> = evals
+        .iter()
+        .map(|e| e.seed)
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let variants = variant_order(evals.iter().map(|e| e.variant.clone()));
+    let by_key: BTreeMap<(String, bool, usize, u64), &ContextEval> = evals
+        .iter()
+        .map(|e| ((e.variant.clone(), e.logn, e.result.context, e.seed), &e.result))
+        .collect();
+    let per_seed = |variant: &str, logn: bool, context: usize| -> Vec<Option<f64>> {
+        seeds
+            .iter()
+            .map(|&s| {
+                by_key
+                    .get(&(variant.to_string(), logn, context, s))
+                    .map(|r| r.loss)
+            })
+            .collect()
+    };
+
+    let mut losses = Vec::new();
+    let mut logn_effects = Vec::new();
+    let mut qk_norm_effects = Vec::new();
+    let mut reach = Vec::new();
+    for &context in &contexts {
+        for v in &variants {
+            for logn in [false, true] {
+                let xs: Vec<f64> = per_seed(v, logn, context).into_iter().flatten().collect();
+                if let Some(ms) = mean_std(&xs) {
+                    let ci95 = (ms.n >= 2)
+                        .then(|| t_quantile(0.975, (ms.n - 1) as f64) * ms.std / (ms.n as f64).sqrt());
+                    losses.push(ArmLoss {
+                        variant: v.clone(),
+                        logn,
+                        context,
+                        mean: ms.mean,
+                        ci95,
+                        seeds: ms.n,
+                    });
+                }
+                if context != train_length {
+                    let at = per_seed(v, logn, context);
+                    let base = per_seed(v, logn, train_length);
+                    if let Some(diff) = paired_diff(&at, &base, 0.95) {
+                        reach.push(Effect {
+                            what: format!(
+                                "{v}, log-n {}: loss at {context} − at {train_length}",
+                                on_off(logn)
+                            ),
+                            context,
+                            diff,
+                        });
+                    }
+                }
+            }
+            if let Some(diff) = paired_diff(&per_seed(v, true, context), &per_seed(v, false, context), 0.95) {
+                logn_effects.push(Effect {
+                    what: format!("{v}: log-n on − off"),
+                    context,
+                    diff,
+                });
+            }
+            if v != "none" {
+                for logn in [false, true] {
+                    if let Some(diff) = paired_diff(
+                        &per_seed(v, logn, context),
+                        &per_seed("none", logn, context),
+                        0.95,
+                    ) {
+                        qk_norm_effects.push(Effect {
+                            what: format!("{v} − none (log-n {})", on_off(logn)),
+                            context,
+                            diff,
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    let longest = *contexts.last().context("no evaluations")?;
+    let mut entropy_buckets = Vec::new();
+    for v in &variants {
+        for logn in [false, true] {
+            let runs: Vec<&ContextEval> = seeds
+                .iter()
+                .filter_map(|&s| by_key.get(&(v.clone(), logn, longest, s)).copied())
+                .collect();
+            let Some(first) = runs.first() else { continue };
+            for (i, b) in first.buckets.iter().enumerate() {
+                let mean = |f: &dyn Fn(&ContextEval) -> f64| {
+                    runs.iter().map(|r| f(r)).sum::<f64>() / runs.len() as f64
+                };
+                entropy_buckets.push(BucketEntropy {
+                    variant: v.clone(),
+                    logn,
+                    first: b.first,
+                    last: b.last,
+                    entropy: mean(&|r| r.buckets[i].entropy),
+                    loss: mean(&|r| r.buckets[i].loss),
+                });
+            }
+        }
+    }
+
+    let plots = write_length_plots(dir, &variants, &contexts, &evals, longest)?;
+    let report = LengthReport {
+        train_length,
+        contexts,
+        variants,
+        seeds,
+        losses,
+        logn_effects,
+        qk_norm_effects,
+        reach,
+        entropy_buckets,
+        plots,
+    };
+    let json = serde_json::to_string_pretty(&report)?;
+    fs::write(dir.join("report.json"), json + "\n").context("writing report.json")?;
+    fs::write(dir.join("report.md"), markdown(&report)).context("writing report.md")?;
+    Ok(report)
+}
+
+fn on_off(logn: bool) -> &'static str {
+    if logn {
+        "on"
+    } else {
+        "off"
+    }
+}
+
+/// Variants in the order of the seed's table: none first, then the norms.
+fn variant_order(names: impl Iterator<Item = String>) -> Vec<String> {
+    let set: BTreeSet<String> = names.collect();
+    let rank = |v: &str| {
+        ["none", "layernorm", "rmsnorm", "l2"]
+            .iter()
+            .position(|x| *x == v)
+            .unwrap_or(4)
+    };
+    let mut v: Vec<String> = set.into_iter().collect();
+    v.sort_by_key(|x| (rank(x), x.clone()));
+    v
+}
+
+/// Every `DIR/evals/<run>/context-<N>-logn-<on|off>.json`, with the run's variant and seed from
+/// `DIR/sweep/runs/<run>/config.yaml`.
+fn read_evals(dir: &Path) -> Result<Vec<Eval>> {
+    let evals_dir = dir.join(EVALS);
+    let runs = fs::read_dir(&evals_dir).with_context(|| {
+        format!(
+            "reading {} (run scripts/length-study.sh first: it trains the sweep and evaluates it there)",
+            evals_dir.display()
+        )
+    })?;
+    let mut out = Vec::new();
+    for run in runs {
+        let run = run?.path();
+        let Some(name) = run.file_name().and_then(|n| n.to_str()).map(str::to_string) else {
+            continue;
+        };
+        if !run.is_dir() {
+            continue;
+        }
+        let config = dir.join(SWEEP).join("runs").join(&name).join("config.yaml");
+        let cfg = RunConfig::load(&config, &[]).with_context(|| format!("reading {}", config.display()))?;
+        let variant = serde_json::to_value(cfg.model.qk_norm)?
+            .as_str()
+            .unwrap_or("?")
+            .to_string();
+        let mut files: Vec<PathBuf> = fs::read_dir(&run)?
+            .filter_map(|f| f.ok().map(|f| f.path()))
+            .filter(|p| p.extension().is_some_and(|e| e == "json"))
+            .collect();
+        files.sort();
+        for file in files {
+            let text = fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+            let result: ContextEval = serde_json::from_str(&text).with_context(|| {
+                format!(
+                    "{} is not an `ember eval --context --json` result",
+                    file.display()
+                )
+            })?;
+            out.push(Eval {
+                variant: variant.clone(),
+                seed: cfg.train.seed,
+                logn: result.logn_attention,
+                result,
+            });
+        }
+    }
+    if out.is_empty() {
+        bail!("{} holds no evaluations", evals_dir.display());
+    }
+    Ok(out)
+}
+
+fn fmt_effect(d: &PairedDiff) -> String {
+    match (d.ci_low, d.ci_high) {
+        (Some(lo), Some(hi)) => format!("{:+.3} [{lo:+.3}, {hi:+.3}]", d.mean),
+        _ => format!("{:+.3}", d.mean),
+    }
+}
+
+fn markdown(r: &LengthReport) -> String {
+    let mut md = String::new();
+    let m = r.train_length;
+    let _ = writeln!(
+        md,
+        "# Length generalisation: loss past the training length, by QK-norm variant and log-n scaling\n"
+    );
+    let _ = writeln!(
+        md,
+        "Language models trained at length m = {m}, evaluated on the validation split in windows of N \
+         tokens (`ember eval RUN --context N --logn on|off`); {} seed{} per variant (paired: the same \
+         seeds across variants). Log-n scaling multiplies a query that sees n > m keys by ln n / ln m; \
+         it is a no-op at n ≤ m, so both arms of a variant are the same trained model. Intervals are \
+         95% t intervals over seeds.\n",
+        r.seeds.len(),
+        if r.seeds.len() == 1 { "" } else { "s" }
+    );
+    let _ = writeln!(md, "## Validation loss by context (mean ± 95% CI half-width)\n");
+    let header: Vec<String> = r.contexts.iter().map(|c| format!("N = {c}")).collect();
+    let _ = writeln!(md, "| variant | log-n | {} |", header.join(" | "));
+    let _ = writeln!(md, "|---|---|{}", "---|".repeat(r.contexts.len()));
+    for v in &r.variants {
+        for logn in [false, true] {
+            let cells: Vec<String> = r
+                .contexts
+                .iter()
+                .map(|&c| {
+                    r.losses
+                        .iter()
+                        .find(|a| &a.variant == v && a.logn == logn && a.context == c)
+                        .map_or("–".into(), |a| match a.ci95 {
+                            Some(h) => format!("{:.3} ± {h:.3}", a.mean),
+                            None => format!("{:.3}", a.mean),
+                        })
+                })
+                .collect();
+            let _ = writeln!(md, "| {v} | {} | {} |", on_off(logn), cells.join(" | "));
+        }
+    }
+    let effect_table = |md: &mut String, title: &str, effects: &[Effect], contexts: &[usize]| {
+        let _ = writeln!(md, "\n## {title}\n");
+        let header: Vec<String> = contexts.iter().map(|c| format!("N = {c}")).collect();
+        let _ = writeln!(md, "| comparison | {} |", header.join(" | "));
+        let _ = writeln!(md, "|---|{}", "---|".repeat(contexts.len()));
+        let whats: Vec<String> = {
+            let mut seen = Vec::new();
+            for e in effects {
+                let key = e.what.split(": loss at").next().unwrap_or(&e.what).to_string();
+                if !seen.contains(&key) {
+                    seen.push(key);
+                }
+            }
+            seen
+        };
+        for w in whats {
+            let cells: Vec<String> = contexts
+                .iter()
+                .map(|&c| {
+                    effects
+                        .iter()
+                        .find(|e| e.context == c && e.what.split(": loss at").next() == Some(w.as_str()))
+                        .map_or("–".into(), |e| fmt_effect(&e.diff))
+                })
+                .collect();
+            let _ = writeln!(md, "| {w} | {} |", cells.join(" | "));
+        }
+    };
+    effect_table(
+        &mut md,
+        "Log-n scaling: loss with it on minus off (paired by seed; negative = log-n helps)",
+        &r.logn_effects,
+        &r.contexts,
+    );
+    effect_table(
+        &mut md,
+        "QK-norm: loss of each variant minus none (paired by seed; negative = the norm helps)",
+        &r.qk_norm_effects,
+        &r.contexts,
+    );
+    let longer: Vec<usize> = r.contexts.iter().copied().filter(|&c| c != m).collect();
+    effect_table(
+        &mut md,
+        &format!(
+            "Reach: loss at context N minus loss at the training length {m} (paired by seed; 0 = no worse)"
+        ),
+        &r.reach,
+        &longer,
+    );
+    if let Some(&longest) = r.contexts.last() {
+        let _ = writeln!(
+            md,
+            "\n## Attention entropy by position at N = {longest} (nats, mean over layers, heads, windows and seeds)\n"
+        );
+        let _ = writeln!(
+            md,
+            "Entropy invariance (the design behind log-n scaling) predicts that with log-n on the \
+             entropy past position {m} stays at its level within 1..{m}; without it, attention \
+             spreads over the longer context and its entropy grows with ln n.\n"
+        );
+        let buckets: Vec<(usize, usize)> = r
+            .entropy_buckets
+            .iter()
+            .map(|b| (b.first, b.last))
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let header: Vec<String> = buckets.iter().map(|(f, l)| format!("{f}..{l}")).collect();
+        let _ = writeln!(md, "| variant | log-n | {} |", header.join(" | "));
+        let _ = writeln!(md, "|---|---|{}", "---|".repeat(buckets.len()));
+        for v in &r.variants {
+            for logn in [false, true] {
+                let cells: Vec<String> = buckets
+                    .iter()
+                    .map(|&(f, l)| {
+                        r.entropy_buckets
+                            .iter()
+                            .find(|b| &b.variant == v && b.logn == logn && b.first == f && b.last == l)
+                            .map_or("–".into(), |b| format!("{:.3}", b.entropy))
+                    })
+                    .collect();
+                let _ = writeln!(md, "| {v} | {} | {} |", on_off(logn), cells.join(" | "));
+            }
+        }
+    }
+    let _ = writeln!(md, "\n## Plots\n");
+    for p in r.plots.iter().filter(|p| p.ends_with(".png")) {
+        let _ = writeln!(md, "![{p}]({p})");
+    }
+    md
+}
+
+/// Loss vs context per variant, and loss and attention entropy by position at the longest
+/// context, each for log-n off and on; mean over seeds, shaded min–max.
+fn write_length_plots(
+    dir: &Path,
+    variants: &[String],
+    contexts: &[usize],
+    evals: &[Eval],
+    longest: usize,
+) -> Result<Vec<String>> {
+    register_font()?;
+    let plots = dir.join(PLOTS);
+    fs::create_dir_all(&plots).with_context(|| format!("creating {}", plots.display()))?;
+    let band = |xs: &[f64]| -> Option<(f64, f64, f64)> {
+        let ms = mean_std(xs)?;
+        let lo = xs.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = xs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        Some((ms.mean, lo, hi))
+    };
+    let mut files = Vec::new();
+    for logn in [false, true] {
+        let runs_of = |v: &str, c: usize| -> Vec<&ContextEval> {
+            evals
+                .iter()
+                .filter(|e| e.variant == v && e.logn == logn && e.result.context == c)
+                .map(|e| &e.result)
+                .collect()
+        };
+        let mut vs_context = Vec::new();
+        let mut loss_pos = Vec::new();
+        let mut entropy_pos = Vec::new();
+        for (i, v) in variants.iter().enumerate() {
+            let points: Vec<(f64, f64, f64, f64)> = contexts
+                .iter()
+                .filter_map(|&c| {
+                    let xs: Vec<f64> = runs_of(v, c).iter().map(|r| r.loss).collect();
+                    band(&xs).map(|(m, lo, hi)| (c as f64, m, lo, hi))
+                })
+                .collect();
+            vs_context.push(Series {
+                label: v.clone(),
+                color: color(v, i),
+                markers: points.iter().map(|p| (p.0, p.1, false)).collect(),
+                points,
+            });
+            let long = runs_of(v, longest);
+            let by_position = |f: fn(&ContextEval) -> &[f64]| -> Vec<(f64, f64, f64, f64)> {
+                (0..longest)
+                    .filter_map(|p| {
+                        let xs: Vec<f64> = long.iter().filter_map(|r| f(r).get(p).copied()).collect();
+                        band(&xs).map(|(m, lo, hi)| ((p + 1) as f64, m, lo, hi))
+                    })
+                    .collect()
+            };
+            for (series, f) in [
+                (&mut loss_pos, loss_of as fn(&ContextEval) -> &[f64]),
+                (&mut entropy_pos, entropy_of),
+            ] {
+                series.push(Series {
+                    label: v.clone(),
+                    color: color(v, i),
+                    points: by_position(f),
+                    markers: Vec::new(),
+                });
+            }
+        }
+        let suffix = if logn { "logn_on" } else { "logn_off" };
+        let title = if logn {
+            "log-n scaling on"
+        } else {
+            "log-n scaling off"
+        };
+        for fig in [
+            Figure {
+                stem: format!("loss_vs_context_{suffix}"),
+                title: format!("Validation loss vs context ({title})"),
+                x_label: "context N (tokens)".into(),
+                y_label: "validation loss (nats)".into(),
+                x_log: true,
+                y_log: false,
+                x_steps: true,
+                series: vs_context,
+                y_cap: None,
+            },
+            Figure {
+                stem: format!("loss_by_position_{suffix}"),
+                title: format!("Loss by position at N = {longest} ({title})"),
+                x_label: "position in window".into(),
+                y_label: "loss (nats)".into(),
+                x_log: true,
+                y_log: false,
+                x_steps: true,
+                series: loss_pos,
+                y_cap: None,
+            },
+            Figure {
+                stem: format!("entropy_by_position_{suffix}"),
+                title: format!("Attention entropy by position at N = {longest} ({title})"),
+                x_label: "query position".into(),
+                y_label: "entropy (nats)".into(),
+                x_log: true,
+                y_log: false,
+                x_steps: true,
+                series: entropy_pos,
+                y_cap: None,
+            },
+        ] {
+            files.extend(write_figure(&plots, &fig)?);
+        }
+    }
+    Ok(files)
+}
+
+fn loss_of(r: &ContextEval) -> &[f64] {
+    &r.loss_by_position
+}
+
+fn entropy_of(r: &ContextEval) -> &[f64] {
+    &r.entropy_by_position
+}
