@@ -824,7 +824,10 @@ fn bleu_by_source_length_scores_each_bucket_of_line_aligned_segments() {
         (Some(0), Some(3))
     );
     assert_eq!(buckets[0]["sentences"], 2);
-    assert!((buckets[0]["score"]["score"].as_f64().unwrap() - 100.0).abs() < 1e-9, "{out}");
+    assert!(
+        (buckets[0]["score"]["score"].as_f64().unwrap() - 100.0).abs() < 1e-9,
+        "{out}"
+    );
     assert!(buckets[1]["last"].is_null());
     assert_eq!(buckets[1]["score"]["score"].as_f64().unwrap(), 0.0, "{out}");
     let text_out = ok(

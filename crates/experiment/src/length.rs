@@ -32,6 +32,9 @@ use crate::report::stats::{mean_std, paired_diff, t_quantile, PairedDiff};
 pub const EVALS: &str = "evals";
 /// Where the sweep of trained runs lives inside the study directory.
 pub const SWEEP: &str = "sweep";
+/// Where `ember bleu --source --json` of translation runs lives inside the study directory
+/// (`<variant>-lr<LR>-seed<S>.json`, one per run).
+pub const MULTI30K: &str = "multi30k";
 
 /// One evaluation of one run.
 #[derive(Debug, Clone)]
@@ -74,6 +77,20 @@ pub struct BucketEntropy {
     pub loss: f64,
 }
 
+/// BLEU of one translation variant in one source-length bucket: mean over seeds, and the
+/// paired difference to `none`.
+#[derive(Debug, Clone, Serialize)]
+pub struct BleuBucket {
+    pub variant: String,
+    /// Source words, inclusive; `last` = `None`: open-ended.
+    pub first: usize,
+    pub last: Option<usize>,
+    pub sentences: usize,
+    pub bleu: f64,
+    pub seeds: usize,
+    pub vs_none: Option<PairedDiff>,
+}
+
 /// Everything the report says, as `report.json`.
 #[derive(Debug, Clone, Serialize)]
 pub struct LengthReport {
@@ -87,6 +104,8 @@ pub struct LengthReport {
     /// Loss at each context minus loss at the training length, per arm.
     pub reach: Vec<Effect>,
     pub entropy_buckets: Vec<BucketEntropy>,
+    /// BLEU by source length of translation runs, when `DIR/multi30k` holds them.
+    pub bleu_by_source_length: Vec<BleuBucket>,
     pub plots: Vec<String>,
 }
 
@@ -216,6 +235,7 @@ pub fn length_report(dir: &Path) -> Result<LengthReport> {
         }
     }
 
+    let bleu_by_source_length = bleu_buckets(&dir.join(MULTI30K))?;
     let plots = write_length_plots(dir, &variants, &contexts, &evals, longest)?;
     let report = LengthReport {
         train_length,
@@ -227,12 +247,95 @@ pub fn length_report(dir: &Path) -> Result<LengthReport> {
         qk_norm_effects,
         reach,
         entropy_buckets,
+        bleu_by_source_length,
         plots,
     };
     let json = serde_json::to_string_pretty(&report)?;
     fs::write(dir.join("report.json"), json + "\n").context("writing report.json")?;
     fs::write(dir.join("report.md"), markdown(&report)).context("writing report.md")?;
     Ok(report)
+}
+
+/// BLEU per variant and source-length bucket from `ember bleu --source --json` files named after
+/// their runs (`none-lr5e-3-seed1.json`); empty when `dir` does not exist.
+fn bleu_buckets(dir: &Path) -> Result<Vec<BleuBucket>> {
+    if !dir.is_dir() {
+        return Ok(Vec::new());
+    }
+    // (variant, (first, last)) -> seed -> (BLEU, sentences)
+    type Scores = BTreeMap<(String, (usize, Option<usize>)), BTreeMap<u64, (f64, usize)>>;
+    let mut scores: Scores = BTreeMap::new();
+    let mut files: Vec<PathBuf> = fs::read_dir(dir)?
+        .filter_map(|f| f.ok().map(|f| f.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    files.sort();
+    for file in files {
+        let stem = file.file_stem().and_then(|s| s.to_str()).unwrap_or_default();
+        let (Some(variant), Some(seed)) = (
+            stem.split("-lr").next(),
+            stem.rsplit("-seed").next().and_then(|s| s.parse::<u64>().ok()),
+        ) else {
+            bail!("{}: expected a run name like none-lr5e-3-seed1", file.display());
+        };
+        let text = fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+        let json: serde_json::Value = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not `ember bleu --json` output", file.display()))?;
+        let buckets = json["bleu_by_source_length"].as_array().with_context(|| {
+            format!(
+                "{} has no bleu_by_source_length (run ember bleu with --source)",
+                file.display()
+            )
+        })?;
+        for b in buckets {
+            let (Some(first), Some(bleu), Some(sentences)) = (
+                b["first"].as_u64(),
+                b["score"]["score"].as_f64(),
+                b["sentences"].as_u64(),
+            ) else {
+                bail!("{}: a bucket without first, score or sentences", file.display());
+            };
+            let key = (
+                variant.to_string(),
+                (first as usize, b["last"].as_u64().map(|l| l as usize)),
+            );
+            scores
+                .entry(key)
+                .or_default()
+                .insert(seed, (bleu, sentences as usize));
+        }
+    }
+    let variants = variant_order(scores.keys().map(|(v, _)| v.clone()));
+    let ranges: BTreeSet<(usize, Option<usize>)> = scores.keys().map(|(_, r)| *r).collect();
+    let mut out = Vec::new();
+    for v in &variants {
+        for &range in &ranges {
+            let Some(by_seed) = scores.get(&(v.clone(), range)) else {
+                continue;
+            };
+            let xs: Vec<f64> = by_seed.values().map(|x| x.0).collect();
+            let Some(ms) = mean_std(&xs) else { continue };
+            let vs_none = match scores.get(&("none".to_string(), range)) {
+                Some(base) if v != "none" => {
+                    let seeds: BTreeSet<u64> = by_seed.keys().chain(base.keys()).copied().collect();
+                    let a: Vec<Option<f64>> = seeds.iter().map(|s| by_seed.get(s).map(|x| x.0)).collect();
+                    let b: Vec<Option<f64>> = seeds.iter().map(|s| base.get(s).map(|x| x.0)).collect();
+                    paired_diff(&a, &b, 0.95)
+                }
+                _ => None,
+            };
+            out.push(BleuBucket {
+                variant: v.clone(),
+                first: range.0,
+                last: range.1,
+                sentences: by_seed.values().next().map_or(0, |x| x.1),
+                bleu: ms.mean,
+                seeds: ms.n,
+                vs_none,
+            });
+        }
+    }
+    Ok(out)
 }
 
 fn on_off(logn: bool) -> &'static str {
@@ -438,6 +541,32 @@ fn markdown(r: &LengthReport) -> String {
                     .collect();
                 let _ = writeln!(md, "| {v} | {} | {} |", on_off(logn), cells.join(" | "));
             }
+        }
+    }
+    if !r.bleu_by_source_length.is_empty() {
+        let _ = writeln!(
+            md,
+            "\n## Translation: test BLEU by source length (Multi30k En→De test2016, the released runs of docs/results/multi30k-tiny)\n"
+        );
+        let _ = writeln!(
+            md,
+            "Source length in whitespace-separated words of the raw English source; `ember bleu --source` \
+             scores each bucket's segments as a corpus (sacreBLEU's default signature). Mean over seeds; \
+             the difference to none is paired by seed, with its 95% t interval.\n"
+        );
+        let _ = writeln!(md, "| variant | source words | sentences | BLEU | − none |");
+        let _ = writeln!(md, "|---|---|---|---|---|");
+        for b in &r.bleu_by_source_length {
+            let range = match b.last {
+                Some(l) => format!("{}–{l}", b.first),
+                None => format!("{}+", b.first),
+            };
+            let diff = b.vs_none.as_ref().map_or("–".into(), fmt_effect);
+            let _ = writeln!(
+                md,
+                "| {} | {range} | {} | {:.2} | {diff} |",
+                b.variant, b.sentences, b.bleu
+            );
         }
     }
     let _ = writeln!(md, "\n## Plots\n");
