@@ -11,7 +11,10 @@
 #    length, so one trained model serves both log-n arms.
 # 2. `ember eval RUN --context N --logn off|on --json` for every run, context and arm, into
 #    DIR/evals/<run>/context-<N>-logn-<off|on>.json.
-# 3. `ember length-report DIR` writes DIR/report.md, report.json and plots/.
+# 3. BLEU by source length of the released Multi30k runs (docs/results/multi30k-tiny: their
+#    test-set hypotheses against the test references): `ember bleu --source`, into
+#    DIR/multi30k/<run>.json (skipped when the data or the results are not there).
+# 4. `ember length-report DIR` writes DIR/report.md, report.json and plots/.
 # Every step skips what is already there, so an interrupted study resumes where it stopped.
 # Default DIR: runs/length-study. Needs the data: scripts/get-data.sh. Not part of CI.
 set -euo pipefail
@@ -66,5 +69,17 @@ for run in "$out"/sweep/runs/*/; do
     done
   done
 done
+
+m30k=docs/results/multi30k-tiny/runs
+if [[ -d "$m30k" && -f data/multi30k/test_2016_flickr.en.gz ]]; then
+  echo "== BLEU by source length of the released Multi30k runs ($m30k)" >&2
+  mkdir -p "$out/multi30k"
+  for hyp in "$m30k"/*/test-beam5.hyp; do
+    name="$(basename "$(dirname "$hyp")")"
+    "$ember" bleu -r <(zcat data/multi30k/test_2016_flickr.de.gz) -i "$hyp" \
+      --source <(zcat data/multi30k/test_2016_flickr.en.gz) --json > "$out/multi30k/$name.json" \
+      || die "ember bleu --source failed for $hyp"
+  done
+fi
 
 "$ember" length-report "$out"
