@@ -614,11 +614,16 @@ fn write_length_plots(
                     band(&xs).map(|(m, lo, hi)| (c as f64, m, lo, hi))
                 })
                 .collect();
+            // A marker per seed, on top of the mean line and its min–max band.
+            let markers = contexts
+                .iter()
+                .flat_map(|&c| runs_of(v, c).into_iter().map(move |r| (c as f64, r.loss, false)))
+                .collect();
             vs_context.push(Series {
                 label: v.clone(),
                 color: color(v, i),
-                markers: points.iter().map(|p| (p.0, p.1, false)).collect(),
                 points,
+                markers,
             });
             let long = runs_of(v, longest);
             let by_position = |f: fn(&ContextEval) -> &[f64]| -> Vec<(f64, f64, f64, f64)> {
