@@ -647,45 +647,45 @@ fn write_length_plots(
             }
         }
         let suffix = if logn { "logn_on" } else { "logn_off" };
-        let title = if logn {
+        let mode = if logn {
             "log-n scaling on"
         } else {
             "log-n scaling off"
         };
+        // Every figure here has lengths or positions on a log x axis and a linear y axis.
+        let figure = |stem: &str, title: String, x_label: &str, y_label: &str, series| Figure {
+            stem: format!("{stem}_{suffix}"),
+            title: format!("{title} ({mode})"),
+            x_label: x_label.into(),
+            y_label: y_label.into(),
+            x_log: true,
+            y_log: false,
+            x_steps: true,
+            series,
+            y_cap: None,
+        };
         for fig in [
-            Figure {
-                stem: format!("loss_vs_context_{suffix}"),
-                title: format!("Validation loss vs context ({title})"),
-                x_label: "context N (tokens)".into(),
-                y_label: "validation loss (nats)".into(),
-                x_log: true,
-                y_log: false,
-                x_steps: true,
-                series: vs_context,
-                y_cap: None,
-            },
-            Figure {
-                stem: format!("loss_by_position_{suffix}"),
-                title: format!("Loss by position at N = {longest} ({title})"),
-                x_label: "position in window".into(),
-                y_label: "loss (nats)".into(),
-                x_log: true,
-                y_log: false,
-                x_steps: true,
-                series: loss_pos,
-                y_cap: None,
-            },
-            Figure {
-                stem: format!("entropy_by_position_{suffix}"),
-                title: format!("Attention entropy by position at N = {longest} ({title})"),
-                x_label: "query position".into(),
-                y_label: "entropy (nats)".into(),
-                x_log: true,
-                y_log: false,
-                x_steps: true,
-                series: entropy_pos,
-                y_cap: None,
-            },
+            figure(
+                "loss_vs_context",
+                "Validation loss vs context".into(),
+                "context N (tokens)",
+                "validation loss (nats)",
+                vs_context,
+            ),
+            figure(
+                "loss_by_position",
+                format!("Loss by position at N = {longest}"),
+                "position in window",
+                "loss (nats)",
+                loss_pos,
+            ),
+            figure(
+                "entropy_by_position",
+                format!("Attention entropy by position at N = {longest}"),
+                "query position",
+                "entropy (nats)",
+                entropy_pos,
+            ),
         ] {
             files.extend(write_figure(&plots, &fig)?);
         }
