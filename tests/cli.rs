@@ -775,6 +775,24 @@ fn eval_context_reports_loss_and_attention_entropy_by_position_past_the_training
     assert!(err.contains("--context"), "{err}");
     let err = fails(dir, &["eval", s(&run_dir), "--context", "32", "--split", "test"]);
     assert!(err.contains("validation split"), "{err}");
+    // Learned positions end at max_seq_len: evaluation past it is refused, naming why, and so
+    // is export to an architecture with rotary positions.
+    let learned = write(
+        dir,
+        "learned.yaml",
+        text_lm_yaml(&corpus).replace("max_seq_len: 16", "max_seq_len: 16, positions: learned"),
+    );
+    let learned_dir = dir.join("runs/learned");
+    ok(
+        dir,
+        &["train", s(&learned), "--run-dir", s(&learned_dir), "--quiet"],
+    );
+    let within = json(&ok(dir, &["eval", s(&learned_dir), "--context", "16", "--json"]));
+    assert!(within["loss"].as_f64().unwrap().is_finite());
+    let err = fails(dir, &["eval", s(&learned_dir), "--context", "32"]);
+    assert!(err.contains("learned position table"), "{err}");
+    let err = fails(dir, &["export", s(&learned_dir), s(&dir.join("learned-hf"))]);
+    assert!(err.contains("model.positions: learned"), "{err}");
     let seq2seq = write(dir, "s2s.yaml", seq2seq_yaml(2, 2, 2));
     let s2s_dir = dir.join("runs/s2s");
     ok(dir, &["train", s(&seq2seq), "--run-dir", s(&s2s_dir), "--quiet"]);

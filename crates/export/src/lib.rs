@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use candle_core::{Device, Tensor};
 use ember_data::{Tokenizer, TOKENIZER_FILE};
-use ember_model::{Arch, ForwardCtx, MlpKind, Model, ModelConfig, NormKind, QkNorm};
+use ember_model::{Arch, ForwardCtx, MlpKind, Model, ModelConfig, NormKind, Positions, QkNorm};
 use ember_trainer::checkpoint;
 use serde::Serialize;
 
@@ -75,6 +75,15 @@ pub fn architecture(cfg: &ModelConfig) -> std::result::Result<HfArch, Vec<String
                 .to_string(),
         ),
         QkNorm::None | QkNorm::Rmsnorm => {}
+    }
+    if cfg.positions != Positions::Rope {
+        blockers.push(format!(
+            "model.positions: {} (Llama and Qwen3 use rotary positions)",
+            serde_json::to_value(cfg.positions)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default()
+        ));
     }
     if cfg.logn_attention {
         blockers.push(

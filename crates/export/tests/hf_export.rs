@@ -191,6 +191,7 @@ fn model(arch: Arch, norm: NormKind, mlp: MlpKind, qk_norm: QkNorm) -> ModelConf
         norm_eps: 1e-5,
         rope_theta: 10000.0,
         max_seq_len: 32,
+        positions: ember_model::Positions::Rope,
         qk_norm,
         qk_norm_init_scale: None,
         qk_norm_length: None,

@@ -109,8 +109,8 @@ impl PositionScale {
     }
 
     /// `x` (B, T, W) whose first position is `offset`, multiplied by each position's factor, from
-    /// candle ops (every device and dtype).
-    fn apply_unfused(&self, x: &Tensor, offset: usize) -> Result<Tensor> {
+    /// candle ops (every device and dtype): the scale of queries that are not rotated.
+    pub fn apply_unfused(&self, x: &Tensor, offset: usize) -> Result<Tensor> {
         let t = x.dim(1)?;
         match self.constant(offset, t) {
             Some(1.0) => Ok(x.clone()),

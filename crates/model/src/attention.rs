@@ -7,7 +7,7 @@
 
 use candle_core::{Result, Tensor};
 use candle_nn::{Init, VarBuilder};
-use ember_kernels::{AttentionOptions, AttentionTelemetry};
+use ember_kernels::{AttentionOptions, AttentionTelemetry, PositionScale};
 
 use crate::config::{ModelConfig, NormKind, QkNorm};
 use crate::layers::{dropout, l2_normalize, AttentionStats, ForwardCtx, Linear, Norm};
@@ -87,7 +87,8 @@ enum Side {
     Key,
 }
 
-/// One attention module: self-attention (with rotary positions) or cross-attention (without).
+/// One attention module: self-attention (with rotary positions unless the model uses learned or
+/// no positions) or cross-attention (never rotated).
 #[derive(Clone)]
 pub struct Attention {
     q_proj: Linear,
@@ -96,6 +97,8 @@ pub struct Attention {
     o_proj: Linear,
     qk_norm: QkNormLayer,
     rotary: Option<Rotary>,
+    /// m of log-n scaling, in causal self-attention with `logn_attention` on.
+    logn_length: Option<usize>,
     n_heads: usize,
     n_kv_heads: usize,
     head_dim: usize,
@@ -106,10 +109,17 @@ pub struct Attention {
 }
 
 impl Attention {
-    /// `rotary` is `Some` for self-attention; cross-attention compares positions of two
-    /// different sequences, where relative position has no meaning. `out_std` is the init std of
-    /// the output projection (scaled down for the residual stream).
-    pub fn new(vb: VarBuilder, cfg: &ModelConfig, rotary: Option<Rotary>, out_std: f64) -> Result<Self> {
+    /// `rotary` is `Some` for self-attention with rotary positions; cross-attention compares
+    /// positions of two different sequences, where relative position has no meaning.
+    /// `logn_length` is m of log-n scaling for causal self-attention (`None`: no log-n).
+    /// `out_std` is the init std of the output projection (scaled down for the residual stream).
+    pub fn new(
+        vb: VarBuilder,
+        cfg: &ModelConfig,
+        rotary: Option<Rotary>,
+        logn_length: Option<usize>,
+        out_std: f64,
+    ) -> Result<Self> {
         let (d, hd, h, kv) = (cfg.d_model, cfg.head_dim(), cfg.n_heads, cfg.kv_heads());
         let std = cfg.init_std;
         let qk_norm = match cfg.qk_norm {
@@ -143,6 +153,7 @@ impl Attention {
             o_proj: Linear::new(vb.pp("o_proj"), h * hd, d, out_std)?,
             qk_norm,
             rotary,
+            logn_length,
             n_heads: h,
             n_kv_heads: kv,
             head_dim: hd,
@@ -168,15 +179,22 @@ impl Attention {
         let q = self.normalize(&self.q_proj.forward(x)?, Side::Query)?;
         // QK-norm comes before the rotation (Qwen3, OLMo 2): rotating first would let the
         // norm's gains act on position-mixed coordinates.
-        let scale = 1.0 / (self.head_dim as f64).sqrt();
-        match (&self.qk_norm, &self.rotary) {
-            (QkNormLayer::L2 { g, .. }, Some(rotary)) => {
-                rotary.apply_query(&q, offset, 1.0)?.broadcast_mul(g)
-            }
-            (QkNormLayer::L2 { g, .. }, None) => q.broadcast_mul(g),
-            // Rotation, logit scale and log-n factor in one pass.
-            (_, Some(rotary)) => rotary.apply_query(&q, offset, scale),
-            (_, None) => q.affine(scale, 0.0),
+        // The logit scale (1/√d; for `l2`, g afterwards) and the log-n factor of each position.
+        let scale = PositionScale {
+            scale: match self.qk_norm {
+                QkNormLayer::L2 { .. } => 1.0,
+                _ => 1.0 / (self.head_dim as f64).sqrt(),
+            },
+            logn_length: self.logn_length,
+        };
+        // Rotation and scale in one pass where there is a rotation.
+        let q = match &self.rotary {
+            Some(rotary) => rotary.apply_query(&q, offset, scale)?,
+            None => scale.apply_unfused(&q, offset)?,
+        };
+        match &self.qk_norm {
+            QkNormLayer::L2 { g, .. } => q.broadcast_mul(g),
+            _ => Ok(q),
         }
     }
 

@@ -32,6 +32,19 @@ pub enum NormKind {
     Layernorm,
 }
 
+/// How the model knows where a token is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Positions {
+    /// Rotary embeddings on self-attention's queries and keys (LLaMA, Qwen, OLMo).
+    Rope,
+    /// A learned `max_seq_len` × d table added to the token embeddings (GPT-2, nanoGPT, fairseq),
+    /// one per stack; initialised and decayed like the token embedding.
+    Learned,
+    /// No position information at all (causal attention alone; NoPE).
+    None,
+}
+
 /// How queries and keys are normalised per head before their dot product.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -79,9 +92,12 @@ pub struct ModelConfig {
     pub norm_eps: f64,
     #[serde(default = "default_rope_theta")]
     pub rope_theta: f64,
-    /// Longest sequence (source or target) the rotary tables cover.
+    /// Longest sequence (source or target) the rotary tables or learned positions cover.
     #[serde(default = "default_max_seq_len")]
     pub max_seq_len: usize,
+    /// Position information: `rope` (default), `learned` or `none`.
+    #[serde(default = "default_positions")]
+    pub positions: Positions,
     #[serde(default = "default_qk_norm")]
     pub qk_norm: QkNorm,
     /// `l2` only: the initial value g₀ of the learnable logit scale. Leave it out for Henry et
@@ -132,6 +148,9 @@ fn default_rope_theta() -> f64 {
 fn default_max_seq_len() -> usize {
     512
 }
+fn default_positions() -> Positions {
+    Positions::Rope
+}
 fn default_qk_norm() -> QkNorm {
     QkNorm::None
 }
@@ -175,6 +194,7 @@ impl ModelConfig {
             norm_eps: default_norm_eps(),
             rope_theta: default_rope_theta(),
             max_seq_len: 64,
+            positions: default_positions(),
             qk_norm: default_qk_norm(),
             qk_norm_init_scale: None,
             qk_norm_length: None,
@@ -253,7 +273,7 @@ impl ModelConfig {
                 ),
             ));
         }
-        if !self.head_dim().is_multiple_of(2) {
+        if self.positions == Positions::Rope && !self.head_dim().is_multiple_of(2) {
             return Err(bad(
                 "n_heads",
                 format!(

@@ -109,6 +109,42 @@ impl Telemetry {
     }
 }
 
+/// A learned table of position embeddings (GPT-2's `wpe`), added to a stack's token embeddings.
+#[derive(Clone)]
+pub struct LearnedPositions {
+    table: Tensor,
+    max_len: usize,
+}
+
+impl LearnedPositions {
+    /// A `max_len` × `dim` table, initialised like the token embedding.
+    pub fn new(vb: VarBuilder, max_len: usize, dim: usize, std: f64) -> Result<Self> {
+        let table = vb.get_with_hints(
+            (max_len, dim),
+            "weight",
+            Init::Randn {
+                mean: 0.0,
+                stdev: std,
+            },
+        )?;
+        Ok(Self { table, max_len })
+    }
+
+    /// `x` (B, T, D) plus the embeddings of positions `offset..offset + T`.
+    pub fn add(&self, x: &Tensor, offset: usize) -> Result<Tensor> {
+        let t = x.dim(1)?;
+        if offset + t > self.max_len {
+            candle_core::bail!(
+                "sequence position {} is beyond model.max_seq_len = {}, the length of the learned \
+                 position table; raise max_seq_len (and retrain) or shorten the input",
+                offset + t,
+                self.max_len
+            );
+        }
+        x.broadcast_add(&self.table.narrow(0, offset, t)?)
+    }
+}
+
 /// `y = x Wᵀ`, no bias (as in most modern LMs).
 #[derive(Clone)]
 pub struct Linear {

@@ -25,7 +25,7 @@ pub mod rope;
 pub mod transformer;
 
 pub use attention::{CrossKv, KvCache};
-pub use config::{Arch, ConfigError, MlpKind, ModelConfig, NormKind, QkNorm};
+pub use config::{Arch, ConfigError, MlpKind, ModelConfig, NormKind, Positions, QkNorm};
 pub use decoding::{beam_search, greedy, sample, BeamConfig, Hypothesis, SampleConfig};
 pub use layers::{AttentionStats, DropoutRng, ForwardCtx, Telemetry};
 pub use params::ParamStore;

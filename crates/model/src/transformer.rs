@@ -12,8 +12,10 @@
 //! encoder.layers.{i}.self_attn.qk_scale         qk_norm: l2 (the learnable g)
 //! encoder.layers.{i}.mlp_norm.*, encoder.layers.{i}.mlp.{gate,up,down}_proj.weight
 //! encoder.norm.*
+//! encoder.embed_positions.weight                positions: learned (max_seq_len × d_model)
 //! decoder.layers.{i}.{attn_norm,self_attn,cross_attn_norm,cross_attn,mlp_norm,mlp}.*
 //! decoder.norm.*
+//! decoder.embed_positions.weight                positions: learned
 //! ```
 //! A language model has the `decoder.*` stack only, without cross-attention.
 //!
@@ -28,8 +30,9 @@ use candle_nn::VarBuilder;
 use ember_kernels::attention::{causal_mask, padding_mask};
 
 use crate::attention::{Attention, CrossKv, KvCache};
+use crate::config::Positions;
 use crate::config::{Arch, ConfigError, ModelConfig};
-use crate::layers::{dropout, Embedding, ForwardCtx, Linear, Mlp, Norm};
+use crate::layers::{dropout, Embedding, ForwardCtx, LearnedPositions, Linear, Mlp, Norm};
 use crate::params::ParamStore;
 use crate::rope::Rotary;
 
@@ -112,19 +115,26 @@ struct Layer {
 }
 
 impl Layer {
-    fn new(vb: VarBuilder, cfg: &ModelConfig, rotary: &Rotary, out_std: f64, cross: bool) -> Result<Self> {
+    fn new(
+        vb: VarBuilder,
+        cfg: &ModelConfig,
+        rotary: Option<&Rotary>,
+        logn_length: Option<usize>,
+        out_std: f64,
+        cross: bool,
+    ) -> Result<Self> {
         let norm = |name: &str| Norm::new(vb.pp(name), cfg.norm, cfg.d_model, cfg.norm_eps, true);
         let cross = if cross {
             Some((
                 norm("cross_attn_norm")?,
-                Attention::new(vb.pp("cross_attn"), cfg, None, out_std)?,
+                Attention::new(vb.pp("cross_attn"), cfg, None, None, out_std)?,
             ))
         } else {
             None
         };
         Ok(Self {
             attn_norm: norm("attn_norm")?,
-            self_attn: Attention::new(vb.pp("self_attn"), cfg, Some(rotary.clone()), out_std)?,
+            self_attn: Attention::new(vb.pp("self_attn"), cfg, rotary.cloned(), logn_length, out_std)?,
             cross,
             mlp_norm: norm("mlp_norm")?,
             mlp: Mlp::new(
@@ -178,20 +188,36 @@ impl Layer {
     }
 }
 
+/// The learned position table of a stack, when the model uses learned positions.
+fn learned_positions(vb: &VarBuilder, cfg: &ModelConfig) -> Result<Option<LearnedPositions>> {
+    match cfg.positions {
+        Positions::Learned => Ok(Some(LearnedPositions::new(
+            vb.pp("embed_positions"),
+            cfg.max_seq_len,
+            cfg.d_model,
+            cfg.init_std,
+        )?)),
+        Positions::Rope | Positions::None => Ok(None),
+    }
+}
+
 /// The encoder stack of a seq2seq model.
 struct Encoder {
+    positions: Option<LearnedPositions>,
     layers: Vec<Layer>,
     norm: Norm,
 }
 
 impl Encoder {
-    fn new(vb: VarBuilder, cfg: &ModelConfig, rotary: &Rotary) -> Result<Self> {
+    fn new(vb: VarBuilder, cfg: &ModelConfig, rotary: Option<&Rotary>) -> Result<Self> {
         let n = cfg.encoder_layers();
         let out_std = residual_std(cfg, n, 2);
+        // The encoder's queries see the whole source: no log-n scaling.
         let layers = (0..n)
-            .map(|i| Layer::new(vb.pp(format!("layers.{i}")), cfg, rotary, out_std, false))
+            .map(|i| Layer::new(vb.pp(format!("layers.{i}")), cfg, rotary, None, out_std, false))
             .collect::<Result<_>>()?;
         Ok(Self {
+            positions: learned_positions(&vb, cfg)?,
             layers,
             norm: Norm::new(vb.pp("norm"), cfg.norm, cfg.d_model, cfg.norm_eps, true)?,
         })
@@ -208,21 +234,23 @@ impl Encoder {
 
 /// The decoder stack: the whole of a language model, the target side of a seq2seq model.
 struct Decoder {
+    positions: Option<LearnedPositions>,
     layers: Vec<Layer>,
     norm: Norm,
 }
 
 impl Decoder {
-    fn new(vb: VarBuilder, cfg: &ModelConfig, rotary: &Rotary, cross: bool) -> Result<Self> {
+    fn new(vb: VarBuilder, cfg: &ModelConfig, rotary: Option<&Rotary>, cross: bool) -> Result<Self> {
         let n = cfg.decoder_layers();
         let out_std = residual_std(cfg, n, if cross { 3 } else { 2 });
         // Self-attention here is causal: a query at position i sees i + 1 keys, which is what
         // log-n scaling grows the logits by. (The encoder's queries see the whole source.)
-        let rotary = rotary.with_logn(cfg.logn_train_length());
+        let logn = cfg.logn_train_length();
         let layers = (0..n)
-            .map(|i| Layer::new(vb.pp(format!("layers.{i}")), cfg, &rotary, out_std, cross))
+            .map(|i| Layer::new(vb.pp(format!("layers.{i}")), cfg, rotary, logn, out_std, cross))
             .collect::<Result<_>>()?;
         Ok(Self {
+            positions: learned_positions(&vb, cfg)?,
             layers,
             norm: Norm::new(vb.pp("norm"), cfg.norm, cfg.d_model, cfg.norm_eps, true)?,
         })
@@ -284,8 +312,21 @@ impl TokenIo {
             dropout: cfg.dropout,
         })
     }
-    fn embed(&self, ids: &Tensor, ctx: ForwardCtx) -> Result<Tensor> {
-        dropout(&self.embed.forward(ids)?, self.dropout, ctx)
+    /// Token embeddings of `ids` (B, T), plus the learned positions `offset..offset + T` of the
+    /// stack they feed when it has them, then dropout.
+    fn embed(
+        &self,
+        ids: &Tensor,
+        positions: Option<&LearnedPositions>,
+        offset: usize,
+        ctx: ForwardCtx,
+    ) -> Result<Tensor> {
+        let x = self.embed.forward(ids)?;
+        let x = match positions {
+            Some(p) => p.add(&x, offset)?,
+            None => x,
+        };
+        dropout(&x, self.dropout, ctx)
     }
 }
 
@@ -296,7 +337,7 @@ pub struct LanguageModel {
 }
 
 impl LanguageModel {
-    fn new(vb: VarBuilder, cfg: &ModelConfig, rotary: &Rotary) -> Result<Self> {
+    fn new(vb: VarBuilder, cfg: &ModelConfig, rotary: Option<&Rotary>) -> Result<Self> {
         Ok(Self {
             io: TokenIo::new(&vb, cfg)?,
             decoder: Decoder::new(vb.pp("decoder"), cfg, rotary, false)?,
@@ -306,7 +347,7 @@ impl LanguageModel {
     /// Final hidden states (B, T, D) for token ids (B, T).
     pub fn hidden(&self, tokens: &Tensor, ctx: ForwardCtx) -> Result<Tensor> {
         self.decoder
-            .forward(&self.io.embed(tokens, ctx)?, None, None, ctx)
+            .forward(&self.embed(tokens, 0, ctx)?, None, None, ctx)
     }
 
     /// Next-token logits (B, T, V) for token ids (B, T).
@@ -318,8 +359,13 @@ impl LanguageModel {
     pub fn forward_step(&self, tokens: &Tensor, cache: &mut DecoderCache, ctx: ForwardCtx) -> Result<Tensor> {
         let h = self
             .decoder
-            .forward(&self.io.embed(tokens, ctx)?, None, Some(cache), ctx)?;
+            .forward(&self.embed(tokens, cache.len(), ctx)?, None, Some(cache), ctx)?;
         self.io.lm_head.forward(&h)
+    }
+
+    fn embed(&self, tokens: &Tensor, offset: usize, ctx: ForwardCtx) -> Result<Tensor> {
+        self.io
+            .embed(tokens, self.decoder.positions.as_ref(), offset, ctx)
     }
 }
 
@@ -331,7 +377,7 @@ pub struct Seq2Seq {
 }
 
 impl Seq2Seq {
-    fn new(vb: VarBuilder, cfg: &ModelConfig, rotary: &Rotary) -> Result<Self> {
+    fn new(vb: VarBuilder, cfg: &ModelConfig, rotary: Option<&Rotary>) -> Result<Self> {
         Ok(Self {
             io: TokenIo::new(&vb, cfg)?,
             encoder: Encoder::new(vb.pp("encoder"), cfg, rotary)?,
@@ -341,7 +387,7 @@ impl Seq2Seq {
 
     /// Encodes source ids (B, S); `src_mask` (B, S) is 1 at real tokens, 0 at padding.
     pub fn encode(&self, src: &Tensor, src_mask: Option<&Tensor>, ctx: ForwardCtx) -> Result<Memory> {
-        let x = self.io.embed(src, ctx)?;
+        let x = self.io.embed(src, self.encoder.positions.as_ref(), 0, ctx)?;
         let mask = src_mask.map(|m| padding_mask(m, x.dtype())).transpose()?;
         let hidden = self.encoder.forward(&x, mask.as_ref(), ctx)?;
         Ok(Memory { hidden, mask })
@@ -350,7 +396,7 @@ impl Seq2Seq {
     /// Final decoder hidden states (B, T, D) for teacher-forced target inputs (B, T).
     pub fn decode_hidden(&self, tgt_in: &Tensor, memory: &Memory, ctx: ForwardCtx) -> Result<Tensor> {
         self.decoder
-            .forward(&self.io.embed(tgt_in, ctx)?, Some(memory), None, ctx)
+            .forward(&self.target_embed(tgt_in, 0, ctx)?, Some(memory), None, ctx)
     }
 
     /// Logits (B, T, V) for teacher-forced target inputs (B, T).
@@ -378,10 +424,18 @@ impl Seq2Seq {
         cache: &mut DecoderCache,
         ctx: ForwardCtx,
     ) -> Result<Tensor> {
-        let h = self
-            .decoder
-            .forward(&self.io.embed(tokens, ctx)?, Some(memory), Some(cache), ctx)?;
+        let h = self.decoder.forward(
+            &self.target_embed(tokens, cache.len(), ctx)?,
+            Some(memory),
+            Some(cache),
+            ctx,
+        )?;
         self.io.lm_head.forward(&h)
+    }
+
+    fn target_embed(&self, tokens: &Tensor, offset: usize, ctx: ForwardCtx) -> Result<Tensor> {
+        self.io
+            .embed(tokens, self.decoder.positions.as_ref(), offset, ctx)
     }
 }
 
@@ -397,16 +451,19 @@ impl Model {
     pub fn new(cfg: &ModelConfig, params: &ParamStore) -> std::result::Result<Self, ModelError> {
         cfg.validate()?;
         let vb = params.var_builder();
-        let rotary = Rotary::new(
-            cfg.head_dim(),
-            cfg.max_seq_len,
-            cfg.rope_theta,
-            params.dtype(),
-            params.device(),
-        )?;
+        let rotary = match cfg.positions {
+            Positions::Rope => Some(Rotary::new(
+                cfg.head_dim(),
+                cfg.max_seq_len,
+                cfg.rope_theta,
+                params.dtype(),
+                params.device(),
+            )?),
+            Positions::Learned | Positions::None => None,
+        };
         Ok(match cfg.arch {
-            Arch::Lm => Model::Lm(LanguageModel::new(vb, cfg, &rotary)?),
-            Arch::Seq2seq => Model::Seq2seq(Seq2Seq::new(vb, cfg, &rotary)?),
+            Arch::Lm => Model::Lm(LanguageModel::new(vb, cfg, rotary.as_ref())?),
+            Arch::Seq2seq => Model::Seq2seq(Seq2Seq::new(vb, cfg, rotary.as_ref())?),
         })
     }
 

@@ -177,6 +177,59 @@ fn logn_scaling_changes_nothing_up_to_its_length_and_cached_decoding_past_it_equ
 }
 
 #[test]
+fn learned_and_no_positions_decode_with_the_cache_as_the_full_pass_and_stay_causal() {
+    use ember_model::Positions;
+    for positions in [Positions::Learned, Positions::None] {
+        for arch in ALL_ARCHS {
+            for logn in [false, true] {
+                let mut c = cfg(arch, QkNorm::Rmsnorm, NormKind::Rmsnorm, MlpKind::Swiglu);
+                c.positions = positions;
+                c.logn_attention = logn;
+                c.logn_length = logn.then_some(4);
+                let (model, params) = build(&c, DType::F32);
+                perturb(&params, 0.05, 5);
+                let ids = tokens(2, 9, c.vocab(), 21);
+                let src = tokens(2, 6, c.vocab(), 22);
+                let full = match &model {
+                    Model::Lm(m) => m.forward(&ids, eval()).unwrap(),
+                    Model::Seq2seq(m) => m.forward(&src, None, &ids, eval()).unwrap(),
+                };
+                let src_opt = (arch == Arch::Seq2seq).then_some(&src);
+                for chunks in [vec![1; 9], vec![4, 1, 1, 3]] {
+                    let inc = incremental(&model, src_opt, &ids, &chunks);
+                    let diff = max_abs_diff(&full, &inc);
+                    assert!(
+                        diff <= 1e-5,
+                        "{positions:?}/{arch:?}/logn={logn}/{chunks:?}: {diff}"
+                    );
+                }
+                // Changing token 6 leaves the outputs at positions 0..=5 as they were.
+                let mut changed: Vec<u32> = ids.flatten_all().unwrap().to_vec1().unwrap();
+                changed[6] = if changed[6] == 5 { 6 } else { 5 };
+                let changed = Tensor::from_vec(changed, (2, 9), &Device::Cpu).unwrap();
+                let other = match &model {
+                    Model::Lm(m) => m.forward(&changed, eval()).unwrap(),
+                    Model::Seq2seq(m) => m.forward(&src, None, &changed, eval()).unwrap(),
+                };
+                let prefix = |t: &Tensor| t.narrow(1, 0, 6).unwrap();
+                assert_eq!(max_abs_diff(&prefix(&full), &prefix(&other)), 0.0);
+            }
+        }
+    }
+    // A learned table ends at max_seq_len; rotary and no positions go on.
+    let mut c = cfg(Arch::Lm, QkNorm::None, NormKind::Rmsnorm, MlpKind::Swiglu);
+    c.positions = Positions::Learned;
+    c.max_seq_len = 8;
+    let (model, _) = build(&c, DType::F32);
+    let err = model
+        .as_lm()
+        .unwrap()
+        .forward(&tokens(1, 9, c.vocab(), 3), eval())
+        .expect_err("9 positions do not fit a table of 8");
+    assert!(err.to_string().contains("model.max_seq_len = 8"), "{err}");
+}
+
+#[test]
 fn logn_settings_that_cannot_work_are_config_errors() {
     let mut c = cfg(Arch::Lm, QkNorm::None, NormKind::Rmsnorm, MlpKind::Swiglu);
     c.logn_length = Some(8);
@@ -263,7 +316,7 @@ fn attention_module(qk: QkNorm) -> (Attention, ModelConfig) {
     let mut c = ModelConfig::tiny(Arch::Lm);
     c.qk_norm = qk;
     let params = ParamStore::new(5, DType::F32, &Device::Cpu);
-    let attn = Attention::new(params.var_builder().pp("attn"), &c, None, c.init_std).unwrap();
+    let attn = Attention::new(params.var_builder().pp("attn"), &c, None, None, c.init_std).unwrap();
     (attn, c)
 }
 

@@ -118,3 +118,41 @@ fn gradients_match_finite_differences_for_every_qk_norm() {
         check_against_finite_differences(&lm);
     }
 }
+
+#[test]
+fn learned_and_no_positions_train_every_parameter_and_match_finite_differences() {
+    for positions in [ember_model::Positions::Learned, ember_model::Positions::None] {
+        for arch in ALL_ARCHS {
+            for qk in [ember_model::QkNorm::None, ember_model::QkNorm::Rmsnorm] {
+                let mut c = cfg(
+                    arch,
+                    qk,
+                    ember_model::NormKind::Layernorm,
+                    ember_model::MlpKind::Gelu,
+                );
+                c.positions = positions;
+                let (model, params) = build(&c, DType::F32);
+                let names: Vec<String> = params.vars().into_iter().map(|(n, _)| n).collect();
+                let tables = names
+                    .iter()
+                    .filter(|n| n.ends_with("embed_positions.weight"))
+                    .count();
+                let expected = match (positions, arch) {
+                    (ember_model::Positions::Learned, ember_model::Arch::Seq2seq) => 2,
+                    (ember_model::Positions::Learned, ember_model::Arch::Lm) => 1,
+                    _ => 0,
+                };
+                assert_eq!(tables, expected, "{positions:?}/{arch:?}: {names:?}");
+                let grads = loss(&model, c.vocab()).unwrap().backward().unwrap();
+                for (name, var) in params.vars() {
+                    let g = grads
+                        .get(var.as_tensor())
+                        .unwrap_or_else(|| panic!("{positions:?}/{arch:?}/{qk:?}: {name} has no gradient"));
+                    let norm2 = g.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap();
+                    assert!(norm2 > 0.0 && norm2.is_finite(), "{positions:?}/{arch:?}: {name}");
+                }
+                check_against_finite_differences(&c);
+            }
+        }
+    }
+}

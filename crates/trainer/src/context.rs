@@ -13,7 +13,7 @@
 use anyhow::{bail, Context, Result};
 use candle_core::{Tensor, D};
 use ember_data::Splits;
-use ember_model::{ForwardCtx, Telemetry};
+use ember_model::{ForwardCtx, Positions, Telemetry};
 use serde::{Deserialize, Serialize};
 
 use crate::setup::OpenRun;
@@ -80,6 +80,13 @@ pub fn evaluate_context(run: &mut OpenRun, opts: ContextOptions) -> Result<Conte
         );
     }
     let train_length = run.cfg.train.block_size.unwrap_or(run.cfg.model.max_seq_len);
+    if run.cfg.model.positions == Positions::Learned && n > run.cfg.model.max_seq_len {
+        bail!(
+            "--context {n} is beyond model.max_seq_len = {}: this model's learned position table \
+             has no rows past it (rotary or no positions extend to any length)",
+            run.cfg.model.max_seq_len
+        );
+    }
     let mut model_cfg = run.cfg.model.clone();
     if let Some(on) = opts.logn {
         model_cfg.logn_attention = on;

@@ -74,7 +74,9 @@ pub struct AdamW {
 
 /// Whether a parameter gets weight decay, from its name and shape.
 pub fn decays(name: &str, var: &Var, decay_embeddings: bool) -> bool {
-    let is_embedding = name.starts_with("embed.") || name.starts_with("lm_head.");
+    // Learned position tables (`*.embed_positions.weight`) count as embeddings, as in GPT-2.
+    let is_embedding =
+        name.starts_with("embed.") || name.starts_with("lm_head.") || name.contains("embed_positions.");
     var.rank() >= 2 && (decay_embeddings || !is_embedding)
 }
 
@@ -224,6 +226,23 @@ pub fn clip_grad_norm(
 mod tests {
     use super::*;
     use candle_core::Device;
+
+    #[test]
+    fn matrices_decay_but_embeddings_and_learned_positions_only_when_asked() {
+        let matrix = Var::zeros((4, 4), candle_core::DType::F32, &Device::Cpu).unwrap();
+        let gain = Var::zeros(4, candle_core::DType::F32, &Device::Cpu).unwrap();
+        assert!(decays("decoder.layers.0.mlp.up_proj.weight", &matrix, false));
+        assert!(!decays("decoder.layers.0.mlp_norm.weight", &gain, true));
+        for name in [
+            "embed.weight",
+            "lm_head.weight",
+            "decoder.embed_positions.weight",
+            "encoder.embed_positions.weight",
+        ] {
+            assert!(!decays(name, &matrix, false), "{name}");
+            assert!(decays(name, &matrix, true), "{name}");
+        }
+    }
 
     fn sched(kind: Schedule) -> LrSchedule {
         LrSchedule {
