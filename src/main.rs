@@ -1,6 +1,9 @@
 //! `ember`: the command-line front end. Each subcommand parses its arguments and hands over to
 //! the trainer crate; no training logic lives here.
 
+mod ablate;
+mod bleu;
+
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -10,7 +13,6 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use ember_experiment::ablate::SweepInterrupted;
 use ember_experiment::slurm::shell_word;
 use ember_model::{sample, BeamConfig, Model, SampleConfig};
-use ember_sacrebleu::{corpus_bleu, corpus_chrf, BleuConfig, ChrfConfig, Tokenize};
 use ember_trainer::context::{evaluate_context, ContextEval, ContextOptions};
 use ember_trainer::interrupt::{exit_status, Interrupted, OnRepeat, StopRequest};
 use ember_trainer::metrics::Verbosity;
@@ -39,9 +41,9 @@ enum Command {
     /// Sample text from a trained language-model run.
     Generate(GenerateArgs),
     /// Score a hypothesis file against references exactly as sacreBLEU 2.x does.
-    Bleu(BleuArgs),
+    Bleu(bleu::BleuArgs),
     /// Run the QK-norm ablation grid (variants × seeds × learning rates) of a config.
-    Ablate(AblateArgs),
+    Ablate(ablate::AblateArgs),
     /// Regenerate an ablation's report.md, report.json and plots from its run directories.
     Report(ReportArgs),
     /// Report a length-generalisation study (scripts/length-study.sh): loss by context and
@@ -259,125 +261,6 @@ struct GenerateArgs {
 }
 
 #[derive(Args)]
-struct BleuArgs {
-    /// Reference file(s), one segment per line (repeat for multiple references).
-    #[arg(short = 'r', long = "reference", required = true)]
-    references: Vec<PathBuf>,
-    /// Hypothesis file (default: standard input).
-    #[arg(short = 'i', long = "input")]
-    input: Option<PathBuf>,
-    /// Metrics to compute: bleu, chrf, or both separated by commas.
-    #[arg(short = 'm', long, default_value = "bleu", value_delimiter = ',')]
-    metrics: Vec<String>,
-    /// Tokenisation for BLEU: none, 13a or intl.
-    #[arg(long, default_value = "13a")]
-    tokenize: String,
-    /// Case-insensitive scoring.
-    #[arg(long)]
-    lowercase: bool,
-    /// The source side, one segment per line: also score the segments grouped by source length
-    /// (whitespace-separated words) into the buckets of --length-buckets.
-    #[arg(long)]
-    source: Option<PathBuf>,
-    /// With --source: the last length of every bucket but the open-ended last one.
-    #[arg(long, requires = "source", value_delimiter = ',', default_value = "10,15,20")]
-    length_buckets: Vec<usize>,
-    #[arg(long)]
-    json: bool,
-}
-
-#[derive(Args)]
-#[command(
-    group(clap::ArgGroup::new("grid").multiple(true)
-        .args(["set", "variants", "seeds", "lrs", "jobs", "threads", "out", "launcher"])),
-    group(clap::ArgGroup::new("slurm").multiple(true)
-        .args(["partition", "time", "cpus_per_task", "gpus_per_task", "max_parallel", "sbatch_args",
-               "warning_secs", "submit"])),
-)]
-struct AblateArgs {
-    /// The base YAML config (its `ablation:` section gives defaults for the flags below); with
-    /// --cell or --status, the output directory of a planned sweep.
-    config: PathBuf,
-    /// Train only this cell of the sweep planned in the directory given (its number in
-    /// grid.json, or its run name), resuming it from a checkpoint if it has one: what each task
-    /// of a Slurm job array runs.
-    #[arg(long, value_name = "I", conflicts_with_all = ["grid", "slurm", "status"])]
-    cell: Option<String>,
-    /// Show which cells of the sweep planned in the directory given are done, running,
-    /// interrupted, failed or pending.
-    #[arg(long, conflicts_with_all = ["grid", "slurm"])]
-    status: bool,
-    /// Where the runs go: `local` (child processes on this machine) or `slurm` (a job array
-    /// with one task per cell, and a report job after it).
-    #[arg(long, value_enum, default_value_t = Launcher::Local)]
-    launcher: Launcher,
-    /// Slurm: the partition of both jobs.
-    #[arg(long, help_heading = "Slurm (--launcher slurm)")]
-    partition: Option<String>,
-    /// Slurm: the time limit of each cell, e.g. 2:00:00 (the cell is warned, saves a checkpoint
-    /// and is requeued before it).
-    #[arg(long, help_heading = "Slurm (--launcher slurm)")]
-    time: Option<String>,
-    /// Slurm: CPUs per cell; each run trains with as many threads (default 1).
-    #[arg(long, help_heading = "Slurm (--launcher slurm)")]
-    cpus_per_task: Option<usize>,
-    /// Slurm: GPUs per cell.
-    #[arg(long, help_heading = "Slurm (--launcher slurm)")]
-    gpus_per_task: Option<usize>,
-    /// Slurm: cells running at once (default: no limit).
-    #[arg(long, help_heading = "Slurm (--launcher slurm)")]
-    max_parallel: Option<usize>,
-    /// Slurm: one more sbatch option for both jobs, e.g. --sbatch-arg=--account=proj (repeatable).
-    #[arg(
-        long = "sbatch-arg",
-        value_name = "ARG",
-        allow_hyphen_values = true,
-        help_heading = "Slurm (--launcher slurm)"
-    )]
-    sbatch_args: Vec<String>,
-    /// Slurm: seconds before the time limit at which a cell is told to checkpoint and requeue
-    /// (default 120; longer than a step and a checkpoint take).
-    #[arg(long, help_heading = "Slurm (--launcher slurm)")]
-    warning_secs: Option<u64>,
-    /// Slurm: submit the jobs with sbatch (without it, the commands are printed).
-    #[arg(long, help_heading = "Slurm (--launcher slurm)")]
-    submit: bool,
-    /// Override a config key for every run, e.g. `--set train.steps=2000` (repeatable).
-    #[arg(long = "set", value_name = "KEY=VALUE")]
-    set: Vec<String>,
-    /// QK-norm variants, comma-separated: none,layernorm,rmsnorm,l2 (default: all four).
-    #[arg(long, value_delimiter = ',')]
-    variants: Option<Vec<String>>,
-    /// Seeds per cell: seeds 1..=N (default 3).
-    #[arg(long)]
-    seeds: Option<usize>,
-    /// Peak learning rates, comma-separated, e.g. 1e-3,3e-3,1e-2 (default: train.lr).
-    #[arg(long, value_delimiter = ',')]
-    lrs: Option<Vec<f64>>,
-    /// Runs at a time, each a separate `ember train` process (default 1).
-    #[arg(long)]
-    jobs: Option<usize>,
-    /// CPU threads per run (default: cores / jobs).
-    #[arg(long)]
-    threads: Option<usize>,
-    /// Output directory (default: runs/<config name>-ablation).
-    #[arg(long)]
-    out: Option<PathBuf>,
-    /// Print only errors.
-    #[arg(long)]
-    quiet: bool,
-    /// Print the outcome (every run and the report) as JSON.
-    #[arg(long)]
-    json: bool,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum Launcher {
-    Local,
-    Slurm,
-}
-
-#[derive(Args)]
 struct ReportArgs {
     /// An `ember ablate` output directory (for length-report: a scripts/length-study.sh directory).
     dir: PathBuf,
@@ -423,12 +306,12 @@ fn main() -> ExitCode {
     keep_freed_memory();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Bleu(args) => bleu(args),
+        Command::Bleu(args) => bleu::run(args),
         Command::Train(args) => train(args),
         Command::Eval(args) => eval(args),
         Command::Translate(args) => translate(args),
         Command::Generate(args) => generate(args),
-        Command::Ablate(args) => ablate(args),
+        Command::Ablate(args) => ablate::run(args),
         Command::Report(args) => report(args),
         Command::LengthReport(args) => length_report(args),
         Command::Bench(args) => bench(args),
@@ -847,212 +730,6 @@ fn bench(args: BenchArgs) -> Result<()> {
     Ok(())
 }
 
-fn ablate(args: AblateArgs) -> Result<()> {
-    use ember_experiment::ablate::{parse_variant, AblateOptions, Runner};
-    if let Some(cell) = &args.cell {
-        return ablate_cell(&args, cell);
-    }
-    if args.status {
-        return ablate_status(&args);
-    }
-    let slurm_flag_given = args.partition.is_some()
-        || args.time.is_some()
-        || args.cpus_per_task.is_some()
-        || args.gpus_per_task.is_some()
-        || args.max_parallel.is_some()
-        || !args.sbatch_args.is_empty()
-        || args.warning_secs.is_some()
-        || args.submit;
-    if args.launcher == Launcher::Local && slurm_flag_given {
-        bail!(
-            "--partition, --time, --cpus-per-task, --gpus-per-task, --max-parallel, --sbatch-arg, \
-             --warning-secs and --submit are for a Slurm sweep: add --launcher slurm"
-        );
-    }
-    if args.launcher == Launcher::Slurm && (args.jobs.is_some() || args.threads.is_some()) {
-        bail!(
-            "--jobs and --threads are for a local sweep; on Slurm, --max-parallel limits the cells \
-             running at once and --cpus-per-task sets each one's threads"
-        );
-    }
-    let variants = args
-        .variants
-        .as_ref()
-        .map(|v| v.iter().map(|s| parse_variant(s)).collect::<Result<Vec<_>>>())
-        .transpose()
-        .context("--variants")?;
-    let opts = AblateOptions {
-        config: args.config.clone(),
-        overrides: args.set.clone(),
-        variants,
-        seeds: args.seeds,
-        lrs: args.lrs.clone(),
-        jobs: args.jobs,
-        threads: args.threads,
-        out: args.out.clone(),
-        runner: Runner::Process {
-            exe: std::env::current_exe().context("locating the ember executable")?,
-        },
-        quiet: args.quiet || args.json,
-        stop: None,
-    };
-    if args.launcher == Launcher::Slurm {
-        return ablate_slurm(&args, &opts);
-    }
-    // Each signal is passed on to the running children, which stop with a checkpoint.
-    let opts = AblateOptions {
-        stop: Some(install_stop_signals(OnRepeat::Count)?),
-        ..opts
-    };
-    let outcome = ember_experiment::ablate::ablate(&opts)?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&outcome)?);
-    }
-    let failed = outcome.failed();
-    if !failed.is_empty() {
-        bail!(
-            "{} of {} runs failed ({}); their errors are in {} and each run directory's ablate-stderr.log. \
-             Re-running the same command retries them and skips the finished runs.",
-            failed.len(),
-            outcome.runs.len(),
-            failed
-                .iter()
-                .map(|r| r.name.as_str())
-                .collect::<Vec<_>>()
-                .join(", "),
-            outcome
-                .plan
-                .out
-                .join(ember_experiment::layout::REPORT_MD)
-                .display()
-        );
-    }
-    Ok(())
-}
-
-/// `ember ablate DIR --cell I`: one cell of a planned sweep (a Slurm array task).
-fn ablate_cell(args: &AblateArgs, cell: &str) -> Result<()> {
-    use ember_experiment::ablate::{ablate_cell, RunStatus, Runner};
-    let runner = Runner::Process {
-        exe: std::env::current_exe().context("locating the ember executable")?,
-    };
-    // Each stop signal (Slurm's USR1 warning included) goes on to `ember train`, which stops
-    // with a checkpoint; the cell then ends in SweepInterrupted, exit status 128 + signal.
-    let stop = install_stop_signals(OnRepeat::Count)?;
-    let outcome = ablate_cell(&args.config, cell, &runner, Some(&stop), args.quiet || args.json)?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&outcome)?);
-    }
-    if let RunStatus::Failed { error, .. } = &outcome.status {
-        bail!(
-            "cell {cell} ({}) failed: {error}; status.json records it, {} holds its output, and \
-             `ember ablate {} --cell {cell}` retries it",
-            outcome.name,
-            outcome
-                .run_dir
-                .join(ember_experiment::layout::STDERR_LOG)
-                .display(),
-            shell_word(&args.config.display().to_string())
-        );
-    }
-    Ok(())
-}
-
-/// `ember ablate DIR --status`.
-fn ablate_status(args: &AblateArgs) -> Result<()> {
-    use ember_experiment::ablate::{status_table, sweep_status};
-    let cells = sweep_status(&args.config)?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&cells)?);
-    } else {
-        println!("{}", status_table(&cells));
-    }
-    Ok(())
-}
-
-/// `ember ablate CONFIG --launcher slurm [--submit]`.
-fn ablate_slurm(args: &AblateArgs, opts: &ember_experiment::ablate::AblateOptions) -> Result<()> {
-    use ember_experiment::slurm::{prepare, submit, SlurmOptions};
-    let slurm = SlurmOptions {
-        partition: args.partition.clone(),
-        time: args.time.clone(),
-        cpus_per_task: args.cpus_per_task,
-        gpus_per_task: args.gpus_per_task,
-        max_parallel: args.max_parallel,
-        sbatch_args: args.sbatch_args.clone(),
-        warning_secs: args.warning_secs,
-    };
-    let exe = std::env::current_exe().context("locating the ember executable")?;
-    let sp = prepare(opts, &slurm, &exe)?;
-    let out = shell_word(&sp.plan.out.display().to_string());
-    let total = sp.plan.runs.len();
-    if sp.cells.is_empty() {
-        println!(
-            "every one of the {total} cells in {out} is finished: nothing to submit; `ember report {out}` \
-             writes the report"
-        );
-        return Ok(());
-    }
-    let quiet = args.quiet || args.json;
-    if !quiet {
-        println!(
-            "planned {total} cells into {} ({} to run, {} finished earlier); wrote {} and {}",
-            sp.plan.out.join(ember_experiment::layout::GRID).display(),
-            sp.cells.len(),
-            total - sp.cells.len(),
-            sp.cells_script.display(),
-            sp.report_script.display()
-        );
-    }
-    if !args.submit {
-        if args.json {
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&serde_json::json!({
-                    "out": sp.plan.out, "array": sp.array, "cells_script": sp.cells_script,
-                    "report_script": sp.report_script, "commands": sp.commands(),
-                }))?
-            );
-        } else {
-            println!("submit with (on a Slurm login node, from this directory):");
-            for c in sp.commands() {
-                println!("  {c}");
-            }
-        }
-        return Ok(());
-    }
-    let ids = submit(&sp)?;
-    if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&serde_json::json!({
-                "out": sp.plan.out, "array": sp.array, "array_job": ids.array_job, "report_job": ids.report_job,
-            }))?
-        );
-    } else {
-        println!(
-            "submitted the array as job {} (cells {}) and the report as job {} (after the array ends)\n\
-             watch:   squeue -j {},{}\n\
-             cells:   ember ablate {out} --status\n\
-             logs:    {}/\n\
-             report:  {}/report.md once job {} ends (or `ember report {out}` any time)",
-            ids.array_job,
-            sp.array,
-            ids.report_job,
-            ids.array_job,
-            ids.report_job,
-            sp.plan
-                .out
-                .join(ember_experiment::slurm::SLURM_DIR)
-                .join(ember_experiment::slurm::LOGS)
-                .display(),
-            sp.plan.out.display(),
-            ids.report_job
-        );
-    }
-    Ok(())
-}
-
 fn length_report(args: ReportArgs) -> Result<()> {
     let r = ember_experiment::length::length_report(&args.dir)?;
     if args.json {
@@ -1087,168 +764,6 @@ fn report(args: ReportArgs) -> Result<()> {
             args.dir.join(ember_experiment::layout::REPORT_JSON).display(),
             r.plots.len() / 2
         );
-    }
-    Ok(())
-}
-
-/// Segments whose source has `first..=last` words (`last` = `None`: no upper bound).
-struct LengthBucket {
-    first: usize,
-    last: Option<usize>,
-    rows: Vec<usize>,
-}
-
-impl LengthBucket {
-    fn label(&self) -> String {
-        match self.last {
-            Some(last) => format!("{}-{last}", self.first),
-            None => format!("{}+", self.first),
-        }
-    }
-}
-
-/// The segments of each source-length bucket; `ends` are the buckets' last lengths, ascending.
-fn source_length_buckets(
-    sources: &[String],
-    path: &Path,
-    segments: usize,
-    ends: &[usize],
-) -> Result<Vec<LengthBucket>> {
-    if sources.len() != segments {
-        bail!(
-            "--source {} has {} lines but the hypothesis has {segments}; they must be line-aligned",
-            path.display(),
-            sources.len()
-        );
-    }
-    if ends.is_empty() || ends[0] == 0 || ends.windows(2).any(|w| w[0] >= w[1]) {
-        bail!("--length-buckets must be ascending word counts above 0, e.g. 10,15,20; got {ends:?}");
-    }
-    let mut buckets: Vec<LengthBucket> = std::iter::once(0)
-        .chain(ends.iter().map(|e| e + 1))
-        .zip(ends.iter().map(|&e| Some(e)).chain([None]))
-        .map(|(first, last)| LengthBucket {
-            first,
-            last,
-            rows: Vec::new(),
-        })
-        .collect();
-    for (i, line) in sources.iter().enumerate() {
-        let words = line.split_whitespace().count();
-        let b = ends.iter().position(|&e| words <= e).unwrap_or(ends.len());
-        buckets[b].rows.push(i);
-    }
-    buckets.retain(|b| !b.rows.is_empty());
-    Ok(buckets)
-}
-
-fn read_lines(path: &PathBuf) -> Result<Vec<String>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    Ok(split_lines(&text))
-}
-
-/// Lines as sacreBLEU reads them: split on '\n', a trailing newline does not make an empty segment.
-fn split_lines(text: &str) -> Vec<String> {
-    let text = text.strip_suffix('\n').unwrap_or(text);
-    if text.is_empty() {
-        return vec![];
-    }
-    text.split('\n')
-        .map(|l| l.strip_suffix('\r').unwrap_or(l).to_string())
-        .collect()
-}
-
-fn bleu(args: BleuArgs) -> Result<()> {
-    let hyps = match &args.input {
-        Some(path) => read_lines(path)?,
-        None => {
-            let mut text = String::new();
-            std::io::stdin()
-                .read_to_string(&mut text)
-                .context("reading the hypothesis from stdin")?;
-            split_lines(&text)
-        }
-    };
-    let refs = args
-        .references
-        .iter()
-        .map(read_lines)
-        .collect::<Result<Vec<_>>>()?;
-    let tokenize: Tokenize = args
-        .tokenize
-        .parse()
-        .map_err(|e| anyhow::anyhow!("--tokenize: {e}"))?;
-    // Every metric is checked before any is computed: a typo must not print half the output.
-    if let Some(bad) = args
-        .metrics
-        .iter()
-        .find(|m| !["bleu", "chrf"].contains(&m.as_str()))
-    {
-        bail!("--metrics: unknown metric {bad:?}; use bleu, chrf or bleu,chrf");
-    }
-    let buckets = match &args.source {
-        Some(path) => source_length_buckets(&read_lines(path)?, path, hyps.len(), &args.length_buckets)?,
-        None => Vec::new(),
-    };
-    let mut json = serde_json::Map::new();
-    for metric in &args.metrics {
-        // The whole corpus, then each source-length bucket.
-        let score = |hyps: &[String], refs: &[Vec<String>]| -> Result<(String, serde_json::Value)> {
-            Ok(match metric.as_str() {
-                "bleu" => {
-                    let cfg = BleuConfig {
-                        tokenize,
-                        lowercase: args.lowercase,
-                        ..BleuConfig::default()
-                    };
-                    let score = corpus_bleu(hyps, refs, &cfg)?;
-                    (score.format(), serde_json::to_value(&score)?)
-                }
-                "chrf" => {
-                    let cfg = ChrfConfig {
-                        lowercase: args.lowercase,
-                        ..ChrfConfig::default()
-                    };
-                    let score = corpus_chrf(hyps, refs, &cfg)?;
-                    (score.format(), serde_json::to_value(&score)?)
-                }
-                other => bail!("--metrics: unknown metric {other:?}; use bleu, chrf or bleu,chrf"),
-            })
-        };
-        let (line, value) = score(&hyps, &refs)?;
-        let mut by_length = Vec::new();
-        for b in &buckets {
-            let pick = |lines: &[String]| b.rows.iter().map(|&i| lines[i].clone()).collect::<Vec<_>>();
-            let sub_refs: Vec<Vec<String>> = refs.iter().map(|r| pick(r)).collect();
-            let (sub_line, sub_value) = score(&pick(&hyps), &sub_refs)?;
-            by_length.push((b, sub_line, sub_value));
-        }
-        if args.json {
-            json.insert(metric.clone(), value);
-            if !buckets.is_empty() {
-                let rows: Vec<serde_json::Value> = by_length
-                    .into_iter()
-                    .map(|(b, _, v)| {
-                        serde_json::json!({
-                            "first": b.first, "last": b.last, "sentences": b.rows.len(), "score": v,
-                        })
-                    })
-                    .collect();
-                json.insert(format!("{metric}_by_source_length"), rows.into());
-            }
-        } else {
-            println!("{line}");
-            for (b, sub_line, _) in by_length {
-                println!(
-                    "  source words {}: {} sentences | {sub_line}",
-                    b.label(),
-                    b.rows.len()
-                );
-            }
-        }
-    }
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&json)?);
     }
     Ok(())
 }
