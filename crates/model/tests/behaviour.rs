@@ -104,6 +104,22 @@ fn incremental(model: &Model, src: Option<&Tensor>, ids: &Tensor, chunks: &[usiz
     Tensor::cat(&outs, 1).unwrap()
 }
 
+/// Decoding `ids` in each of the `chunkings` with the KV cache gives `full` (the one-pass logits)
+/// to float rounding.
+fn assert_cache_equals_full(
+    model: &Model,
+    src: Option<&Tensor>,
+    ids: &Tensor,
+    full: &Tensor,
+    chunkings: &[&[usize]],
+    what: &str,
+) {
+    for chunks in chunkings {
+        let diff = max_abs_diff(full, &incremental(model, src, ids, chunks));
+        assert!(diff <= 1e-5, "{what}/{chunks:?}: cache differs by {diff}");
+    }
+}
+
 #[test]
 fn kv_cache_decoding_equals_the_full_forward_pass() {
     for arch in ALL_ARCHS {
@@ -120,14 +136,14 @@ fn kv_cache_decoding_equals_the_full_forward_pass() {
                     Model::Seq2seq(m) => m.forward(&src, None, &ids, eval()).unwrap(),
                 };
                 let src = (arch == Arch::Seq2seq).then_some(&src);
-                for chunks in [vec![1; 9], vec![4, 1, 1, 3]] {
-                    let inc = incremental(&model, src, &ids, &chunks);
-                    let diff = max_abs_diff(&full, &inc);
-                    assert!(
-                        diff <= 1e-5,
-                        "{arch:?}/{qk:?}/kv={kv_heads}/{chunks:?}: cache differs by {diff}"
-                    );
-                }
+                assert_cache_equals_full(
+                    &model,
+                    src,
+                    &ids,
+                    &full,
+                    &[&[1; 9], &[4, 1, 1, 3]],
+                    &format!("{arch:?}/{qk:?}/kv={kv_heads}"),
+                );
             }
         }
     }
@@ -164,14 +180,14 @@ fn logn_scaling_changes_nothing_up_to_its_length_and_cached_decoding_past_it_equ
                 "{arch:?}/{qk:?}: log-n did nothing past its length"
             );
             let src = (arch == Arch::Seq2seq).then_some(&src);
-            for chunks in [vec![1; 9], vec![4, 1, 1, 3], vec![6, 3]] {
-                let inc = incremental(&scaled, src, &ids, &chunks);
-                let diff = max_abs_diff(&full, &inc);
-                assert!(
-                    diff <= 1e-5,
-                    "{arch:?}/{qk:?}/{chunks:?}: cache differs by {diff} with log-n"
-                );
-            }
+            assert_cache_equals_full(
+                &scaled,
+                src,
+                &ids,
+                &full,
+                &[&[1; 9], &[4, 1, 1, 3], &[6, 3]],
+                &format!("{arch:?}/{qk:?} with log-n"),
+            );
         }
     }
 }
@@ -195,14 +211,14 @@ fn learned_and_no_positions_decode_with_the_cache_as_the_full_pass_and_stay_caus
                     Model::Seq2seq(m) => m.forward(&src, None, &ids, eval()).unwrap(),
                 };
                 let src_opt = (arch == Arch::Seq2seq).then_some(&src);
-                for chunks in [vec![1; 9], vec![4, 1, 1, 3]] {
-                    let inc = incremental(&model, src_opt, &ids, &chunks);
-                    let diff = max_abs_diff(&full, &inc);
-                    assert!(
-                        diff <= 1e-5,
-                        "{positions:?}/{arch:?}/logn={logn}/{chunks:?}: {diff}"
-                    );
-                }
+                assert_cache_equals_full(
+                    &model,
+                    src_opt,
+                    &ids,
+                    &full,
+                    &[&[1; 9], &[4, 1, 1, 3]],
+                    &format!("{positions:?}/{arch:?}/logn={logn}"),
+                );
                 // Changing token 6 leaves the outputs at positions 0..=5 as they were.
                 let mut changed: Vec<u32> = ids.flatten_all().unwrap().to_vec1().unwrap();
                 changed[6] = if changed[6] == 5 { 6 } else { 5 };
