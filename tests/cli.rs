@@ -886,3 +886,37 @@ fn bleu_by_source_length_scores_each_bucket_of_line_aligned_segments() {
     );
     assert!(err.contains("ascending"), "{err}");
 }
+
+/// The thread count is a speed setting in every pool a process has — Ember's kernels and
+/// candle's elementwise ops alike, which are sized once per process (so this runs `ember` as
+/// separate processes; crates/trainer/tests/threads.rs covers resume across counts in one).
+#[test]
+fn separate_processes_at_one_and_three_threads_train_the_same_weights() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let cfg = write(dir, "tiny.yaml", seq2seq_yaml(6, 6, 6));
+    let weights = |threads: &str| {
+        let run_dir = dir.join(format!("runs/t{threads}"));
+        ok(
+            dir,
+            &[
+                "train",
+                s(&cfg),
+                "--run-dir",
+                s(&run_dir),
+                "--quiet",
+                "--set",
+                &format!("train.threads={threads}"),
+                // Large enough that candle splits its elementwise ops (64 Ki elements and up).
+                "--set",
+                "model.d_model=128",
+                "--set",
+                "train.max_tokens=1024",
+            ],
+        );
+        let (_, last) = checkpoints(&run_dir).pop().expect("a checkpoint");
+        std::fs::read(last.join("model.safetensors")).unwrap()
+    };
+    let one = weights("1");
+    assert!(one == weights("3"), "weights differ between 1 and 3 threads");
+}

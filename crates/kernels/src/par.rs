@@ -8,8 +8,9 @@
 //!
 //! The pool is rayon's (candle already depends on it): idle workers sleep on a condition
 //! variable after a short spin, so a process whose other work is serial does not burn the
-//! cores it does not use. candle's own elementwise pool is held at one thread by the trainer
-//! (`CANDLE_NUM_THREADS=1`): two pools fighting over the same cores measured slower than one.
+//! cores it does not use. candle's own elementwise pool (its ops outside Ember's kernels) gets
+//! the same thread count from the trainer, but parked between ops instead of spinning
+//! (`CANDLE_BARRIER_POOL_SPIN_LIMIT=0`): spinning, it fought this pool for the cores.
 
 use std::sync::{Arc, RwLock};
 

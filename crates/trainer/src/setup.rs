@@ -42,11 +42,19 @@ pub fn device(spec: &str) -> Result<Device> {
 /// Sizes the CPU thread pools from `train.threads` (default: the physical cores this process
 /// may use); call before any tensor work. Ember's kernels (GEMM, attention, norms, elementwise)
 /// run on their own pool (`ember_kernels::par`), whose results are bit-identical at any thread
-/// count. candle's pools are held at one thread: its elementwise pool spins between ops, and two
-/// pools competing for the same cores measured slower than one.
+/// count. candle's elementwise ops outside them (residual adds, the backward pass's gradient
+/// sums) get the same number of threads, parked between ops: with candle's default spinning its
+/// pool fought Ember's for the cores and two threads were slower than one, parked
+/// (`CANDLE_BARRIER_POOL_SPIN_LIMIT=0`; an explicit setting in the environment wins) two threads
+/// measured 3–7% faster per step than one (docs/performance.md). Those ops are elementwise, so
+/// the thread count changes no bit. candle's own matmul (unused: Ember's GEMM replaces it) stays
+/// at one thread.
 pub fn set_threads(cfg: &RunConfig) -> Result<()> {
     let n = cfg.train.threads.unwrap_or_else(default_threads);
-    std::env::set_var("CANDLE_NUM_THREADS", "1");
+    std::env::set_var("CANDLE_NUM_THREADS", n.to_string());
+    if std::env::var_os("CANDLE_BARRIER_POOL_SPIN_LIMIT").is_none() {
+        std::env::set_var("CANDLE_BARRIER_POOL_SPIN_LIMIT", "0");
+    }
     std::env::set_var("RAYON_NUM_THREADS", "1");
     ember_kernels::par::set_threads(n).map_err(|e| anyhow::anyhow!("train.threads = {n}: {e}"))
 }
