@@ -97,11 +97,18 @@ impl RawCorpus {
     /// matches, and any edit to any line does not.
     pub fn fingerprint(&self) -> String {
         let mut h = ContentHash::new();
-        for g in self.groups() {
-            h.bytes(&(g.len() as u64).to_le_bytes());
-            for s in g {
-                h.str(s);
+        match self {
+            // Token shards have no text: their ids are the content.
+            RawCorpus::Tokens { train, valid } => {
+                for split in [train, valid] {
+                    h.bytes(&(split.len() as u64).to_le_bytes());
+                    for shard in split {
+                        let bytes: Vec<u8> = shard.ids.iter().flat_map(|i| i.to_le_bytes()).collect();
+                        h.bytes(&bytes);
+                    }
+                }
             }
+            _ => hash_groups(&mut h, &self.groups()),
         }
         let [a, b] = h.finish();
         format!("{a:016x}{b:016x}")
@@ -151,12 +158,7 @@ impl RawCorpus {
         let key = cache_path.map(|_| -> Result<[u64; 2]> {
             let mut h = ContentHash::new();
             h.str(&tokenizer.to_json()?);
-            for g in &groups {
-                h.bytes(&(g.len() as u64).to_le_bytes());
-                for s in g {
-                    h.str(s);
-                }
-            }
+            hash_groups(&mut h, &groups);
             Ok(h.finish())
         });
         let key = key.transpose()?;
@@ -800,6 +802,17 @@ pub fn check_tokenizer_matches_config(tok: &Tokenizer, cfg: &TokenizerConfig, pa
         ));
     }
     Ok(())
+}
+
+/// Feeds text groups to `h`: each group's length, then its texts (the fingerprint's and the
+/// token cache key's common part).
+fn hash_groups(h: &mut ContentHash, groups: &[Vec<&str>]) {
+    for g in groups {
+        h.bytes(&(g.len() as u64).to_le_bytes());
+        for s in g {
+            h.str(s);
+        }
+    }
 }
 
 #[cfg(test)]

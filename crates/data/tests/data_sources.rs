@@ -418,3 +418,27 @@ fn hf_dataset_settings_are_checked_before_any_file_is_read() {
     );
     assert!(check(none).unwrap_err().starts_with("data.corpus.columns: "));
 }
+
+#[test]
+fn the_fingerprint_of_token_shards_follows_their_ids() {
+    // What `train --resume` compares: a changed shard must not pass for the one trained on.
+    let shard = |ids: Vec<u32>| ember_data::TokenShard {
+        path: PathBuf::from("x.bin"),
+        ids,
+    };
+    let corpus = |train: Vec<u32>| RawCorpus::Tokens {
+        train: vec![shard(train)],
+        valid: vec![shard(vec![7, 8, 9])],
+    };
+    let a = corpus(vec![1, 2, 3, 4]);
+    assert_eq!(a.fingerprint(), corpus(vec![1, 2, 3, 4]).fingerprint());
+    assert_ne!(a.fingerprint(), corpus(vec![1, 2, 3, 5]).fingerprint());
+    assert_ne!(
+        a.fingerprint(),
+        RawCorpus::Tokens {
+            train: vec![],
+            valid: vec![]
+        }
+        .fingerprint()
+    );
+}

@@ -40,8 +40,8 @@ use ember_trainer::train::{self, TrainOptions, RUN_CONFIG, SUMMARY};
 use serde::{Deserialize, Serialize};
 
 use crate::layout::{
-    disk_state, read_summary, utc_now, DiskState, Invocation, Plan, PlannedRun, RunRecord, SweepStatus, GRID,
-    REPORT_MD, RUNS, STATUS, STDERR_LOG, STDOUT_LOG,
+    disk_state, read_status, read_summary, utc_now, DiskState, Invocation, Plan, PlannedRun, RunRecord,
+    SweepStatus, GRID, REPORT_MD, RUNS, STATUS, STDERR_LOG, STDOUT_LOG,
 };
 use crate::report::{self, Report};
 
@@ -328,10 +328,7 @@ impl<'a> Sweep<'a> {
     /// Reads `status.json` (or starts one) and records this invocation in it.
     fn start(plan: &'a Plan, opts: &'a AblateOptions, started: Instant) -> Result<Self> {
         let status_path = plan.out.join(STATUS);
-        let mut status: SweepStatus = fs::read_to_string(&status_path)
-            .ok()
-            .and_then(|t| serde_json::from_str(&t).ok())
-            .unwrap_or_default();
+        let mut status = read_status(&plan.out);
         status.invocations.push(Invocation {
             started: utc_now(),
             wall_secs: 0.0,
@@ -533,7 +530,6 @@ fn execute(
         Runner::InProcess => {
             let result = run_config(plan, run).and_then(|cfg| {
                 let opts = TrainOptions {
-                    run_dir: run.dir.clone(),
                     resume,
                     fallback: false,
                     verbosity: Verbosity::Quiet,

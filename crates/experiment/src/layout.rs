@@ -217,6 +217,17 @@ pub fn disk_state(dir: &Path) -> DiskState {
     }
 }
 
+/// `out/status.json`, or an empty one when it is missing or unreadable.
+pub fn read_status(out: &Path) -> SweepStatus {
+    fs::read_to_string(out.join(STATUS))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or_default()
+}
+
+/// The QK-norm variants in the report's order: the baseline first, then the norms.
+pub const VARIANT_ORDER: [&str; 4] = ["none", "layernorm", "rmsnorm", "l2"];
+
 /// `summary.json` as JSON (read loosely, so older or partial summaries still count).
 pub fn read_summary(dir: &Path) -> Option<Value> {
     let text = fs::read_to_string(dir.join(SUMMARY)).ok()?;

@@ -21,12 +21,12 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use ember_trainer::context::ContextEval;
-use ember_trainer::RunConfig;
+use ember_trainer::{RunConfig, RUN_CONFIG};
 use serde::Serialize;
 
-use crate::layout::PLOTS;
-use crate::report::plots::{color, register_font, write_figure, Figure, Series};
-use crate::report::stats::{mean_std, paired_diff, t_quantile, PairedDiff};
+use crate::layout::{variant_name, PLOTS, REPORT_JSON, REPORT_MD, RUNS, VARIANT_ORDER};
+use crate::report::plots::{band, color, register_font, write_figure, Figure, Series};
+use crate::report::stats::{mean_std, paired_diff, t_half_width, PairedDiff};
 
 /// Where the evaluations live inside the study directory.
 pub const EVALS: &str = "evals";
@@ -159,8 +159,7 @@ pub fn length_report(dir: &Path) -> Result<LengthReport> {
             for logn in [false, true] {
                 let xs: Vec<f64> = per_seed(v, logn, context).into_iter().flatten().collect();
                 if let Some(ms) = mean_std(&xs) {
-                    let ci95 = (ms.n >= 2)
-                        .then(|| t_quantile(0.975, (ms.n - 1) as f64) * ms.std / (ms.n as f64).sqrt());
+                    let ci95 = t_half_width(&ms, 0.95);
                     losses.push(ArmLoss {
                         variant: v.clone(),
                         logn,
@@ -251,8 +250,8 @@ pub fn length_report(dir: &Path) -> Result<LengthReport> {
         plots,
     };
     let json = serde_json::to_string_pretty(&report)?;
-    fs::write(dir.join("report.json"), json + "\n").context("writing report.json")?;
-    fs::write(dir.join("report.md"), markdown(&report)).context("writing report.md")?;
+    fs::write(dir.join(REPORT_JSON), json + "\n").context("writing report.json")?;
+    fs::write(dir.join(REPORT_MD), markdown(&report)).context("writing report.md")?;
     Ok(report)
 }
 
@@ -350,10 +349,10 @@ fn on_off(logn: bool) -> &'static str {
 fn variant_order(names: impl Iterator<Item = String>) -> Vec<String> {
     let set: BTreeSet<String> = names.collect();
     let rank = |v: &str| {
-        ["none", "layernorm", "rmsnorm", "l2"]
+        VARIANT_ORDER
             .iter()
             .position(|x| *x == v)
-            .unwrap_or(4)
+            .unwrap_or(VARIANT_ORDER.len())
     };
     let mut v: Vec<String> = set.into_iter().collect();
     v.sort_by_key(|x| (rank(x), x.clone()));
@@ -379,12 +378,9 @@ fn read_evals(dir: &Path) -> Result<Vec<Eval>> {
         if !run.is_dir() {
             continue;
         }
-        let config = dir.join(SWEEP).join("runs").join(&name).join("config.yaml");
+        let config = dir.join(SWEEP).join(RUNS).join(&name).join(RUN_CONFIG);
         let cfg = RunConfig::load(&config, &[]).with_context(|| format!("reading {}", config.display()))?;
-        let variant = serde_json::to_value(cfg.model.qk_norm)?
-            .as_str()
-            .unwrap_or("?")
-            .to_string();
+        let variant = variant_name(cfg.model.qk_norm);
         let mut files: Vec<PathBuf> = fs::read_dir(&run)?
             .filter_map(|f| f.ok().map(|f| f.path()))
             .filter(|p| p.extension().is_some_and(|e| e == "json"))
@@ -588,12 +584,6 @@ fn write_length_plots(
     register_font()?;
     let plots = dir.join(PLOTS);
     fs::create_dir_all(&plots).with_context(|| format!("creating {}", plots.display()))?;
-    let band = |xs: &[f64]| -> Option<(f64, f64, f64)> {
-        let ms = mean_std(xs)?;
-        let lo = xs.iter().copied().fold(f64::INFINITY, f64::min);
-        let hi = xs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        Some((ms.mean, lo, hi))
-    };
     let mut files = Vec::new();
     for logn in [false, true] {
         let runs_of = |v: &str, c: usize| -> Vec<&ContextEval> {

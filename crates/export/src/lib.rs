@@ -87,7 +87,7 @@ pub fn architecture(cfg: &ModelConfig) -> std::result::Result<HfArch, Vec<String
     }
     if cfg.logn_attention {
         blockers.push(
-            "model.logn_attention: true (log-n query scaling past the training length, which              Llama and Qwen3 do not have; the exported model would differ beyond logn_length)"
+            "model.logn_attention: true (log-n query scaling past the training length, which Llama and Qwen3 do not have; the exported model would differ beyond logn_length)"
                 .to_string(),
         );
     }

@@ -235,6 +235,31 @@ fn a_run_that_does_not_map_is_refused_with_every_blocking_setting_named() {
         blockers[0].starts_with("model.qk_norm: layernorm"),
         "{blockers:?}"
     );
+    // Learned or no positions, and log-n scaling, have no Llama/Qwen3 counterpart either.
+    for (cfg, key) in [
+        (
+            ModelConfig {
+                positions: ember_model::Positions::Learned,
+                ..ok.clone()
+            },
+            "model.positions: learned (",
+        ),
+        (
+            ModelConfig {
+                logn_attention: true,
+                ..ok.clone()
+            },
+            "model.logn_attention: true (",
+        ),
+    ] {
+        let blockers = architecture(&cfg).unwrap_err();
+        assert_eq!(blockers.len(), 1, "{blockers:?}");
+        assert!(blockers[0].starts_with(key), "{blockers:?}");
+        assert!(
+            !blockers[0].contains("  "),
+            "one space between words: {blockers:?}"
+        );
+    }
 
     // Through a real run: the error names the run and the settings, and nothing is written.
     let tmp = tempfile::tempdir().unwrap();

@@ -15,9 +15,8 @@
 use std::sync::{Arc, Mutex};
 
 use candle_core::{bail, CpuStorage, CustomOp3, DType, Device, Layout, Result, Shape, Tensor, D};
-use ember_rng::draw_at;
 
-use crate::dropout::dropout_unfused;
+use crate::dropout::{dropout_unfused, DropoutOp};
 use crate::gemm::{sgemm, Blocks, Mat};
 use crate::host::{cpu_slice, cpu_storage, cpu_tensor, is_host_f32, with_data};
 use crate::simd::{dot, simd_dispatch};
@@ -66,35 +65,6 @@ pub struct AttentionTelemetry {
     /// The mean entropy of each query position's distributions (over batch rows and heads): T
     /// values, for seeing how focused attention stays as the context grows.
     pub entropy_by_position: Vec<f32>,
-}
-
-/// Inverted-dropout mask of the probabilities.
-#[derive(Debug, Clone, Copy)]
-struct ProbDropout {
-    state: u64,
-    /// Draw i zeroes its element when (draw >> 11) < threshold, i.e. its uniform is below p.
-    threshold: u64,
-    keep: f32,
-}
-
-impl ProbDropout {
-    fn new(p: f64, state: u64) -> Option<Self> {
-        (p > 0.0).then(|| Self {
-            state,
-            threshold: (p * (1u64 << 53) as f64).ceil() as u64,
-            keep: (1.0 / (1.0 - p)) as f32,
-        })
-    }
-
-    /// The mask's factor (0 or 1/(1 − p)) of the element with row-major index `i`.
-    #[inline(always)]
-    fn factor(&self, i: usize) -> f32 {
-        if (draw_at(self.state, i as u64 + 1) >> 11) < self.threshold {
-            0.0
-        } else {
-            self.keep
-        }
-    }
 }
 
 /// softmax(q·kᵀ + mask)·v (with dropout on the probabilities) from candle primitives, for q
@@ -200,7 +170,7 @@ pub fn attention(
     let op = AttnOp {
         dims,
         mask,
-        dropout: opts.dropout.and_then(|(p, state)| ProbDropout::new(p, state)),
+        dropout: opts.dropout.and_then(|(p, state)| DropoutOp::new(p, state)),
         telemetry: telemetry.clone(),
         probs: keep.then(|| Mutex::new(None)),
     };
@@ -261,7 +231,7 @@ struct AttnOp {
     dims: AttnDims,
     /// The additive mask broadcast (by strides) to (B, H, T, S).
     mask: Option<Tensor>,
-    dropout: Option<ProbDropout>,
+    dropout: Option<DropoutOp>,
     /// Filled by the forward pass when telemetry was asked for (the caller holds a clone).
     telemetry: Option<Arc<Mutex<Option<AttentionTelemetry>>>>,
     /// The forward pass's probabilities (B, H, T, S), taken by the backward pass (`None`: not
@@ -340,7 +310,7 @@ fn softmax_head(
 
 /// The dropped-out probabilities of head `hq` of batch `bi` into `out`.
 #[inline(always)]
-fn drop_head(dims: AttnDims, drop: &ProbDropout, p: &[f32], out: &mut [f32], bi: usize, hq: usize) {
+fn drop_head(dims: AttnDims, drop: &DropoutOp, p: &[f32], out: &mut [f32], bi: usize, hq: usize) {
     let first = dims.probs_block(bi, hq);
     for (i, (o, &x)) in out.iter_mut().zip(p).enumerate() {
         *o = x * drop.factor(first + i);
@@ -372,7 +342,7 @@ struct Forward<'a> {
     k: &'a [f32],
     v: &'a [f32],
     mask: MaskView<'a>,
-    dropout: Option<ProbDropout>,
+    dropout: Option<DropoutOp>,
     out: &'a Blocks,
     kept: Option<&'a Blocks>,
     measure: bool,
@@ -434,7 +404,7 @@ struct Backward<'a> {
     o: &'a [f32],
     go: &'a [f32],
     mask: MaskView<'a>,
-    dropout: Option<ProbDropout>,
+    dropout: Option<DropoutOp>,
     kept: Option<&'a [f32]>,
     dq: &'a Blocks,
     dk: &'a Blocks,
@@ -465,13 +435,6 @@ fn backward_task_generic(f: &Backward<'_>, bi: usize, kh: usize) {
                 &scratch
             }
         };
-        let p_used: &[f32] = match &f.dropout {
-            Some(drop) => {
-                drop_head(dims, drop, p, &mut dropped, bi, hq);
-                &dropped
-            }
-            None => p,
-        };
         sgemm(t, d, s, go, v.t(), 0.0, &mut ds);
         let first = dims.probs_block(bi, hq);
         for ti in 0..t {
@@ -480,8 +443,13 @@ fn backward_task_generic(f: &Backward<'_>, bi: usize, kh: usize) {
             let (pr, dr) = (&p[ti * s..(ti + 1) * s], &mut ds[ti * s..(ti + 1) * s]);
             match &f.dropout {
                 Some(drop) => {
-                    for (si, (x, &pv)) in dr.iter_mut().zip(pr).enumerate() {
-                        *x = pv * (*x * drop.factor(first + ti * s + si) - delta);
+                    // One mask draw per element serves both the dropped probabilities (for dv)
+                    // and dS.
+                    let dropped_row = &mut dropped[ti * s..(ti + 1) * s];
+                    for (si, ((x, &pv), dp)) in dr.iter_mut().zip(pr).zip(dropped_row).enumerate() {
+                        let factor = drop.factor(first + ti * s + si);
+                        *dp = pv * factor;
+                        *x = pv * (*x * factor - delta);
                     }
                 }
                 None => {
@@ -491,6 +459,7 @@ fn backward_task_generic(f: &Backward<'_>, bi: usize, kh: usize) {
                 }
             }
         }
+        let p_used: &[f32] = if f.dropout.is_some() { &dropped } else { p };
         // SAFETY: head hq's rows of dq, and KV head kh's rows of dk and dv, in batch bi belong to
         // this task alone.
         unsafe {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use candle_core::{bail, CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor, D};
 
 use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
-use crate::par::{for_each_chunk, SharedMut, ELEMENTS_PER_TASK};
+use crate::par::{for_each_chunk, rows_per_task, SharedMut};
 use crate::simd::{exp_fast, max_of, simd_dispatch, sum};
 
 /// Per-token losses of logits (N, V) as a (2, N) tensor: row 0 is the training objective
@@ -92,11 +92,6 @@ fn ce_row_stats(row: &[f32], scratch: &mut [f32]) -> (f32, f32) {
         *e = exp_fast(x - max);
     }
     (max, sum(scratch).ln())
-}
-
-/// Rows of the logits per parallel task.
-fn rows_per_task(v: usize) -> usize {
-    (ELEMENTS_PER_TASK / v.max(1)).max(1)
 }
 
 simd_dispatch!(ce_forward_rows => ce_forward_rows_generic(

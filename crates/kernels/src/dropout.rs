@@ -34,32 +34,55 @@ pub fn dropout(x: &Tensor, p: f64, state: u64) -> Result<Tensor> {
     if !is_host_f32(x) {
         return dropout_unfused(x, p, state);
     }
-    let op = DropoutOp {
-        state,
-        // uniform = (z >> 11)·2⁻⁵³ < p  ⟺  z >> 11 < ⌈p·2⁵³⌉ (an exact integer comparison).
-        threshold: (p * (1u64 << 53) as f64).ceil() as u64,
-        keep: (1.0 / (1.0 - p)) as f32,
+    let Some(op) = DropoutOp::new(p, state) else {
+        return Ok(x.clone());
     };
     x.contiguous()?.apply_op1(op)
 }
 
-#[derive(Clone, Copy)]
-struct DropoutOp {
+/// The inverted-dropout mask of the generator at `state`: element i is dropped when draw i + 1
+/// is, otherwise scaled by `keep` = 1/(1 − p). Also the mask of attention-probability dropout.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DropoutOp {
     state: u64,
     threshold: u64,
     keep: f32,
+}
+
+impl DropoutOp {
+    /// `None` for p ≤ 0 (the identity).
+    pub(crate) fn new(p: f64, state: u64) -> Option<Self> {
+        (p > 0.0).then(|| Self {
+            state,
+            // uniform = (z >> 11)·2⁻⁵³ < p  ⟺  z >> 11 < ⌈p·2⁵³⌉ (an exact integer comparison).
+            threshold: (p * (1u64 << 53) as f64).ceil() as u64,
+            keep: (1.0 / (1.0 - p)) as f32,
+        })
+    }
+
+    /// Whether the element with row-major index `i` is dropped.
+    #[inline(always)]
+    pub(crate) fn dropped(&self, i: usize) -> bool {
+        (draw_at(self.state, i as u64 + 1) >> 11) < self.threshold
+    }
+
+    /// The mask's factor (0 or 1/(1 − p)) of element `i`.
+    #[inline(always)]
+    pub(crate) fn factor(&self, i: usize) -> f32 {
+        if self.dropped(i) {
+            0.0
+        } else {
+            self.keep
+        }
+    }
 }
 
 /// `x[i] · mask[first + i]` for the mask of [`dropout`], into `y`.
 #[inline(always)]
 fn dropout_generic(op: DropoutOp, x: &[f32], first: usize, y: &mut [MaybeUninit<f32>]) {
     for (i, (y, &v)) in y.iter_mut().zip(x).enumerate() {
-        let z = draw_at(op.state, (first + i) as u64 + 1);
-        y.write(if (z >> 11) < op.threshold {
-            0.0
-        } else {
-            v * op.keep
-        });
+        // A select, not v · factor: 0 · v would keep −0.0 and NaN of dropped elements.
+        y.write(if op.dropped(first + i) { 0.0 } else { v * op.keep });
     }
 }
 simd_dispatch!(dropout_into => dropout_generic(op: DropoutOp, x: &[f32], first: usize, y: &mut [MaybeUninit<f32>]) -> ());

@@ -89,6 +89,11 @@ impl<T> SharedMut<T> {
 /// balance two to sixteen threads on the activations of small models.
 pub(crate) const ELEMENTS_PER_TASK: usize = 1 << 14;
 
+/// Rows of `row_len` elements per task of a row-wise op: about [`ELEMENTS_PER_TASK`], at least one.
+pub(crate) fn rows_per_task(row_len: usize) -> usize {
+    (ELEMENTS_PER_TASK / row_len.max(1)).max(1)
+}
+
 /// A new vector of `len` elements whose pieces of `chunk` elements `fill(range, piece)` writes
 /// in full, in parallel.
 pub(crate) fn fill(

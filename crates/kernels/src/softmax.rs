@@ -5,7 +5,7 @@ use std::mem::MaybeUninit;
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor, D};
 
 use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
-use crate::par::{fill, ELEMENTS_PER_TASK};
+use crate::par::{fill, rows_per_task};
 use crate::simd::{dot, exp_fast, max_of, sum};
 
 /// Softmax over the last dimension from differentiable primitives (the max is detached: softmax
@@ -38,11 +38,6 @@ pub(crate) fn softmax_in_place(row: &mut [f32]) {
 }
 
 struct SoftmaxOp;
-
-/// Rows of `n` elements per parallel task.
-fn rows_per_task(n: usize) -> usize {
-    (ELEMENTS_PER_TASK / n.max(1)).max(1)
-}
 
 impl CustomOp1 for SoftmaxOp {
     fn name(&self) -> &'static str {

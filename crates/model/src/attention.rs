@@ -189,7 +189,7 @@ impl Attention {
         };
         // Rotation and scale in one pass where there is a rotation.
         let q = match &self.rotary {
-            Some(rotary) => rotary.apply_query(&q, offset, scale)?,
+            Some(rotary) => rotary.apply_scaled(&q, offset, scale)?,
             None => scale.apply_unfused(&q, offset)?,
         };
         match &self.qk_norm {

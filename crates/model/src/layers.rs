@@ -117,16 +117,9 @@ pub struct LearnedPositions {
 }
 
 impl LearnedPositions {
-    /// A `max_len` × `dim` table, initialised like the token embedding.
+    /// A `max_len` × `dim` table, initialised (and named `weight`) like the token embedding.
     pub fn new(vb: VarBuilder, max_len: usize, dim: usize, std: f64) -> Result<Self> {
-        let table = vb.get_with_hints(
-            (max_len, dim),
-            "weight",
-            Init::Randn {
-                mean: 0.0,
-                stdev: std,
-            },
-        )?;
+        let table = Embedding::new(vb, max_len, dim, std)?.weight().clone();
         Ok(Self { table, max_len })
     }
 

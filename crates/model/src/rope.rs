@@ -19,16 +19,12 @@ impl Rotary {
 
     /// Rotates keys `x` of shape (B, T, H·head_dim) whose first position is `offset`.
     pub fn apply(&self, x: &Tensor, offset: usize) -> Result<Tensor> {
-        self.rotate(x, offset, 1.0.into())
+        self.apply_scaled(x, offset, 1.0.into())
     }
 
     /// Rotates queries and multiplies them by their position's factor (the logit scale, times
     /// the log-n factor where that is on), in one pass.
-    pub fn apply_query(&self, x: &Tensor, offset: usize, scale: PositionScale) -> Result<Tensor> {
-        self.rotate(x, offset, scale)
-    }
-
-    fn rotate(&self, x: &Tensor, offset: usize, scale: PositionScale) -> Result<Tensor> {
+    pub fn apply_scaled(&self, x: &Tensor, offset: usize, scale: PositionScale) -> Result<Tensor> {
         let t = x.dim(1)?;
         if offset + t > self.tables.max_len() {
             candle_core::bail!(

@@ -240,6 +240,12 @@ struct Decoder {
 }
 
 impl Decoder {
+    /// Target embeddings of `ids` whose first position is `offset` (with this stack's learned
+    /// positions, when it has them).
+    fn embed(&self, io: &TokenIo, ids: &Tensor, offset: usize, ctx: ForwardCtx) -> Result<Tensor> {
+        io.embed(ids, self.positions.as_ref(), offset, ctx)
+    }
+
     fn new(vb: VarBuilder, cfg: &ModelConfig, rotary: Option<&Rotary>, cross: bool) -> Result<Self> {
         let n = cfg.decoder_layers();
         let out_std = residual_std(cfg, n, if cross { 3 } else { 2 });
@@ -364,8 +370,7 @@ impl LanguageModel {
     }
 
     fn embed(&self, tokens: &Tensor, offset: usize, ctx: ForwardCtx) -> Result<Tensor> {
-        self.io
-            .embed(tokens, self.decoder.positions.as_ref(), offset, ctx)
+        self.decoder.embed(&self.io, tokens, offset, ctx)
     }
 }
 
@@ -434,8 +439,7 @@ impl Seq2Seq {
     }
 
     fn target_embed(&self, tokens: &Tensor, offset: usize, ctx: ForwardCtx) -> Result<Tensor> {
-        self.io
-            .embed(tokens, self.decoder.positions.as_ref(), offset, ctx)
+        self.decoder.embed(&self.io, tokens, offset, ctx)
     }
 }
 

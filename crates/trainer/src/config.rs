@@ -326,6 +326,11 @@ fn bad(key: &str, message: String) -> Result<(), Invalid> {
 }
 
 impl RunConfig {
+    /// The length a language model trains at: `train.block_size`, else `model.max_seq_len`.
+    pub fn text_training_length(&self) -> usize {
+        self.train.block_size.unwrap_or(self.model.max_seq_len)
+    }
+
     /// Reads `path`, applies `--set KEY=VALUE` overrides, and validates.
     pub fn load(path: &Path, overrides: &[String]) -> Result<Self, ConfigFileError> {
         use std::io::Read;

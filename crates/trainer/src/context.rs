@@ -12,7 +12,7 @@
 
 use anyhow::{bail, Context, Result};
 use candle_core::{Tensor, D};
-use ember_data::Splits;
+use ember_data::{LmEvalBatches, Splits};
 use ember_model::{ForwardCtx, Positions, Telemetry};
 use serde::{Deserialize, Serialize};
 
@@ -79,7 +79,7 @@ pub fn evaluate_context(run: &mut OpenRun, opts: ContextOptions) -> Result<Conte
              evaluated whole: use --split test for BLEU, or `ember bleu --source` for BLEU by source length)"
         );
     }
-    let train_length = run.cfg.train.block_size.unwrap_or(run.cfg.model.max_seq_len);
+    let train_length = run.cfg.text_training_length();
     if run.cfg.model.positions == Positions::Learned && n > run.cfg.model.max_seq_len {
         bail!(
             "--context {n} is beyond model.max_seq_len = {}: this model's learned position table \
@@ -118,17 +118,11 @@ pub fn evaluate_context(run: &mut OpenRun, opts: ContextOptions) -> Result<Conte
     let per_batch = (BATCH_TOKENS / n).max(1);
     let mut nll = vec![0f64; n];
     let mut entropy = vec![0f64; n];
-    let mut start = 0;
-    while start < windows {
-        let count = per_batch.min(windows - start);
-        let (mut inputs, mut targets) = (Vec::with_capacity(count * n), Vec::with_capacity(count * n));
-        for w in start..start + count {
-            let window = &valid[w * n..w * n + n + 1];
-            inputs.extend_from_slice(&window[..n]);
-            targets.extend_from_slice(&window[1..]);
-        }
-        let inputs = Tensor::from_vec(inputs, (count, n), &run.device)?;
-        let targets = Tensor::from_vec(targets, (count, n, 1), &run.device)?;
+    // Exactly `windows` windows of the stream, `per_batch` at a time.
+    for batch in LmEvalBatches::new(&valid[..windows * n + 1], per_batch, n, None)? {
+        let count = batch.batch_size;
+        let inputs = Tensor::from_vec(batch.input, (count, n), &run.device)?;
+        let targets = Tensor::from_vec(batch.target, (count, n, 1), &run.device)?;
         let telemetry = Telemetry::new();
         let logits = lm.forward(&inputs, ForwardCtx::eval().with_telemetry(&telemetry))?;
         let log_probs = candle_nn::ops::log_softmax(&logits.to_dtype(candle_core::DType::F32)?, D::Minus1)?;
@@ -144,7 +138,6 @@ pub fn evaluate_context(run: &mut OpenRun, opts: ContextOptions) -> Result<Conte
                 *sum += *h as f64 * count as f64 / modules.len() as f64;
             }
         }
-        start += count;
     }
     let loss_by_position: Vec<f64> = nll.iter().map(|s| s / windows as f64).collect();
     let entropy_by_position: Vec<f64> = entropy.iter().map(|s| s / windows as f64).collect();

@@ -9,7 +9,7 @@
 
 use anyhow::{bail, Result};
 use ember_data::{Dataset, Splits};
-use ember_model::{Arch, MlpKind, ModelConfig};
+use ember_model::{Arch, MlpKind, ModelConfig, Positions};
 
 use crate::config::RunConfig;
 
@@ -48,7 +48,13 @@ pub fn parameter_count(m: &ModelConfig) -> f64 {
     let encoder = m.encoder_layers() as f64 * (attention + mlp + norms);
     let cross = if m.arch == Arch::Seq2seq { attention } else { 0.0 };
     let decoder = m.decoder_layers() as f64 * (attention + cross + mlp + norms);
-    embeddings + encoder + decoder
+    // A learned position table per stack.
+    let stacks = if m.arch == Arch::Seq2seq { 2.0 } else { 1.0 };
+    let learned = match m.positions {
+        Positions::Learned => stacks * m.max_seq_len as f64 * d,
+        Positions::Rope | Positions::None => 0.0,
+    };
+    embeddings + learned + encoder + decoder
 }
 
 /// The batch shape that drives activation memory: tokens per micro-batch and the longest row.
@@ -107,7 +113,11 @@ pub fn estimate(m: &ModelConfig, train: BatchShape, eval: BatchShape) -> MemoryE
     MemoryEstimate {
         parameters: 4.0 * parameter_count(m) * F32,
         activations: per_batch(train, 1.0).max(per_batch(eval, 0.25)),
-        positions: 2.0 * m.max_seq_len as f64 * m.head_dim() as f64 * F32,
+        // The rotary cos/sin tables (learned tables are parameters, counted above).
+        positions: match m.positions {
+            Positions::Rope => 2.0 * m.max_seq_len as f64 * m.head_dim() as f64 * F32,
+            Positions::Learned | Positions::None => 0.0,
+        },
     }
 }
 
@@ -222,6 +232,19 @@ mod tests {
         m.vocab_size = Some(1000);
         let n = parameter_count(&m);
         assert!((n / 915_968.0 - 1.0).abs() < 0.05, "{n}");
+    }
+
+    #[test]
+    fn learned_positions_count_one_table_per_stack() {
+        for (arch, stacks) in [(Arch::Lm, 1.0), (Arch::Seq2seq, 2.0)] {
+            let rope = ModelConfig::tiny(arch);
+            let learned = ModelConfig {
+                positions: Positions::Learned,
+                ..rope.clone()
+            };
+            let table = (rope.max_seq_len * rope.d_model) as f64;
+            assert_eq!(parameter_count(&learned) - parameter_count(&rope), stacks * table);
+        }
     }
 
     #[test]

@@ -50,8 +50,6 @@ pub struct TrainRecord {
     /// Steps skipped so far because of a non-finite loss or gradient.
     pub skipped_steps: u64,
     /// Per attention module (forward order), max |pre-softmax logit| on this step's first micro-batch.
-    /// Empty on a last step that is not a multiple of `train.log_every` (see
-    /// `RunState::is_telemetry_step`).
     pub attn_max_logit: Vec<f32>,
     /// Per attention module, mean attention entropy (nats).
     pub attn_entropy: Vec<f32>,

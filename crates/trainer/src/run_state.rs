@@ -153,14 +153,6 @@ impl RunState {
         step.is_multiple_of(self.cadence.log_every) || step == self.cadence.total_steps
     }
 
-    /// Whether `step` collects attention telemetry (max logit, entropy): every step that logs,
-    /// the last one included. The attention kernel measures it in the pass that computes the
-    /// output, so measuring changes no value: a 30-step run extended to 60 ends with the weights
-    /// of a 60-step run although its step 30 measured and the other's did not (tested).
-    pub fn is_telemetry_step(&self, step: u64) -> bool {
-        self.is_log_step(step)
-    }
-
     /// Counts a step whose update was skipped; returns how many so far.
     pub fn skip_update(&mut self) -> u64 {
         self.counters.skipped += 1;

@@ -79,6 +79,7 @@ pub fn resolve_model_config(cfg: &mut RunConfig, data: &Dataset) -> Result<()> {
         ),
         Some(_) => {}
     }
+    let text_length = cfg.text_training_length();
     let m = &mut cfg.model;
     if m.qk_norm == QkNorm::L2 && m.qk_norm_init_scale.is_none() && m.qk_norm_length.is_none() {
         let length = match &data.splits {
@@ -88,13 +89,13 @@ pub fn resolve_model_config(cfg: &mut RunConfig, data: &Dataset) -> Result<()> {
                 .stats
                 .p975_source_len
                 .max(s.train.stats.p975_target_len + 1),
-            Splits::Text(_) => cfg.train.block_size.unwrap_or(m.max_seq_len),
+            Splits::Text(_) => text_length,
         };
         m.qk_norm_length = Some(length.max(2));
     }
     if m.logn_attention && m.logn_length.is_none() {
-        if let (Splits::Text(_), Some(block)) = (&data.splits, cfg.train.block_size) {
-            m.logn_length = Some(block.max(2));
+        if let Splits::Text(_) = &data.splits {
+            m.logn_length = Some(text_length.max(2));
         }
     }
     m.validate().map_err(|e| anyhow::anyhow!("{e}"))?;

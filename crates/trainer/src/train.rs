@@ -71,7 +71,10 @@ pub fn train(cfg: RunConfig, opts: &TrainOptions) -> Result<Summary> {
             &run.cfg.train,
             &run.device,
             step,
-            state.is_telemetry_step(step),
+            // Attention telemetry on every step that logs, the last one included. The kernel
+            // measures it in the pass that computes the output, so measuring changes no value: a
+            // 30-step run extended to 60 ends with the weights of a 60-step run (tested).
+            log_now,
         )?;
         let grads = clip_grad_norm(run.opt.params(), &out.grads, run.cfg.train.clip_grad_norm)?;
         let lr = run.schedule.at(step);

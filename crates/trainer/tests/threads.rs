@@ -11,6 +11,10 @@ use common::*;
 use ember_trainer::train;
 
 fn assert_threads_change_nothing(yaml: &str) {
+    // The kernels' pool is process-wide and `train` resizes it: the two tests of this binary
+    // take turns, or one would resize it under the other.
+    static POOL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = POOL.lock().unwrap_or_else(|e| e.into_inner());
     let tmp = tempdir();
     let (a, b) = (tmp.path().join("one-thread"), tmp.path().join("three-then-two"));
     // Wide enough that products, attention and elementwise ops all split into several tasks.

@@ -22,7 +22,9 @@ use super::{
     describe, execute, next, outcome, record_run, running_record, say, write_json_atomic, Next, RunAction,
     RunOutcome, RunStatus, Runner, SweepInterrupted,
 };
-use crate::layout::{disk_state, read_summary, DiskState, Plan, PlannedRun, SweepStatus, GRID, STATUS};
+use crate::layout::{
+    disk_state, read_status, read_summary, DiskState, Plan, PlannedRun, SweepStatus, GRID, STATUS,
+};
 
 /// The plan in `out/grid.json`, with an error that says what to do when there is none.
 pub fn load_plan(out: &Path) -> Result<Plan> {
@@ -135,10 +137,7 @@ fn update_status(out: &Path, change: impl FnOnce(&mut SweepStatus)) -> Result<()
         .with_context(|| format!("opening {}", lock_path.display()))?;
     FileExt::lock_exclusive(&lock).with_context(|| format!("locking {}", lock_path.display()))?;
     let path = out.join(STATUS);
-    let mut status: SweepStatus = fs::read_to_string(&path)
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or_default();
+    let mut status = read_status(out);
     change(&mut status);
     write_json_atomic(&path, &status)
     // The lock is released when `lock` is closed.
@@ -179,10 +178,7 @@ pub struct CellStatus {
 /// Every cell of the sweep planned in `out`, in plan order.
 pub fn sweep_status(out: &Path) -> Result<Vec<CellStatus>> {
     let plan = load_plan(out)?;
-    let status: SweepStatus = fs::read_to_string(out.join(STATUS))
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or_default();
+    let status = read_status(out);
     Ok(plan
         .runs
         .iter()

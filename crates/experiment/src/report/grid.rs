@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 
 use super::runs::{LoadedRun, RunResult};
-use crate::layout::{lr_label, variant_name, Plan};
+use crate::layout::{lr_label, variant_name, Plan, VARIANT_ORDER};
 
 /// The loaded runs on their axes.
 pub(crate) struct Grid<'a> {
@@ -29,8 +29,12 @@ impl<'a> Grid<'a> {
         }
         if plan.is_none() {
             // No plan: the baseline first, then the variants' config order.
-            let order = ["none", "layernorm", "rmsnorm", "l2"];
-            variants.sort_by_key(|v| order.iter().position(|o| o == v).unwrap_or(order.len()));
+            variants.sort_by_key(|v| {
+                VARIANT_ORDER
+                    .iter()
+                    .position(|o| o == v)
+                    .unwrap_or(VARIANT_ORDER.len())
+            });
         }
         let mut lrs: Vec<f64> = vec![];
         for r in runs {

@@ -85,12 +85,7 @@ fn aggregate<'a>(curves: impl Iterator<Item = &'a Vec<(u64, f64)>>) -> Vec<(f64,
     }
     by_step
         .into_iter()
-        .map(|(s, v)| {
-            let mean = v.iter().sum::<f64>() / v.len() as f64;
-            let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
-            let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            (s as f64, mean, lo, hi)
-        })
+        .filter_map(|(s, v)| band(&v).map(|(mean, lo, hi)| (s as f64, mean, lo, hi)))
         .collect()
 }
 
@@ -247,10 +242,7 @@ fn final_losses(v: &str, i: usize, lrs: &[f64], runs: &[&RunResult]) -> Option<S
             vals.push(y);
             markers.push((lr, y, diverged));
         }
-        if !vals.is_empty() {
-            let mean = vals.iter().sum::<f64>() / vals.len() as f64;
-            let lo = vals.iter().copied().fold(f64::INFINITY, f64::min);
-            let hi = vals.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        if let Some((mean, lo, hi)) = band(&vals) {
             points.push((lr, mean, lo, hi));
         }
     }
@@ -260,6 +252,17 @@ fn final_losses(v: &str, i: usize, lrs: &[f64], runs: &[&RunResult]) -> Option<S
         points,
         markers,
     })
+}
+
+/// (mean, min, max) of `xs`, the line and shaded band of a series; `None` when empty.
+pub(crate) fn band(xs: &[f64]) -> Option<(f64, f64, f64)> {
+    if xs.is_empty() {
+        return None;
+    }
+    let mean = xs.iter().sum::<f64>() / xs.len() as f64;
+    let lo = xs.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = xs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    Some((mean, lo, hi))
 }
 
 /// Draws `fig` as `DIR/<stem>.png` and `.svg`; returns their paths relative to the output directory.

@@ -32,6 +32,12 @@ pub fn mean_std(xs: &[f64]) -> Option<MeanStd> {
     Some(MeanStd { mean, std, n })
 }
 
+/// Half-width of the two-sided `level` t interval of a mean, t_{(1+level)/2, n−1} · std/√n;
+/// `None` for n < 2.
+pub fn t_half_width(ms: &MeanStd, level: f64) -> Option<f64> {
+    (ms.n >= 2).then(|| t_quantile((1.0 + level) / 2.0, (ms.n - 1) as f64) * ms.std / (ms.n as f64).sqrt())
+}
+
 /// The paired difference a − b over seeds, with a two-sided t confidence interval.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct PairedDiff {
@@ -60,11 +66,9 @@ pub fn paired_diff(a: &[Option<f64>], b: &[Option<f64>], level: f64) -> Option<P
         })
         .collect();
     let ms = mean_std(&d)?;
-    let (ci_low, ci_high) = if ms.n >= 2 {
-        let half = t_quantile((1.0 + level) / 2.0, (ms.n - 1) as f64) * ms.std / (ms.n as f64).sqrt();
-        (Some(ms.mean - half), Some(ms.mean + half))
-    } else {
-        (None, None)
+    let (ci_low, ci_high) = match t_half_width(&ms, level) {
+        Some(half) => (Some(ms.mean - half), Some(ms.mean + half)),
+        None => (None, None),
     };
     Some(PairedDiff {
         mean: ms.mean,

@@ -118,6 +118,15 @@ impl Blocks {
         }
     }
 
+    /// Panics unless A (m×k), B (k×n) and the m rows of n elements at `at`, `ldc` apart, fit.
+    #[allow(clippy::too_many_arguments)]
+    fn check(&self, at: usize, ldc: usize, m: usize, k: usize, n: usize, a: &Mat<'_>, b: &Mat<'_>) {
+        assert!(
+            a.fits(m, k) && b.fits(k, n) && n <= ldc && (m == 0 || at + (m - 1) * ldc + n <= self.len),
+            "sgemm: operand out of bounds"
+        );
+    }
+
     /// `A·B` (m×k times k×n) into rows of n elements starting at `at`, `ldc` apart.
     ///
     /// # Safety
@@ -133,10 +142,7 @@ impl Blocks {
         a: Mat<'_>,
         b: Mat<'_>,
     ) {
-        assert!(
-            a.fits(m, k) && b.fits(k, n) && n <= ldc && (m == 0 || at + (m - 1) * ldc + n <= self.len),
-            "sgemm: operand out of bounds"
-        );
+        self.check(at, ldc, m, k, n, &a, &b);
         if m == 0 || n == 0 {
             return;
         }
@@ -171,10 +177,7 @@ impl Blocks {
         a: Mat<'_>,
         b: Mat<'_>,
     ) {
-        assert!(
-            a.fits(m, k) && b.fits(k, n) && n <= ldc && (m == 0 || at + (m - 1) * ldc + n <= self.len),
-            "sgemm: operand out of bounds"
-        );
+        self.check(at, ldc, m, k, n, &a, &b);
         if m > 0 && n > 0 && k > 0 {
             gemm(m, k, n, a.operand(), b.operand(), 1.0, self.ptr.0.add(at), ldc);
         }
