@@ -14,7 +14,7 @@ use crate::install_stop_signals;
 #[derive(Args)]
 #[command(
     group(clap::ArgGroup::new("grid").multiple(true)
-        .args(["set", "variants", "seeds", "lrs", "jobs", "threads", "out", "launcher"])),
+        .args(["set", "variants", "seeds", "lrs", "grid_axes", "jobs", "threads", "out", "launcher"])),
     group(clap::ArgGroup::new("slurm").multiple(true)
         .args(["partition", "time", "cpus_per_task", "gpus_per_task", "max_parallel", "sbatch_args",
                "warning_secs", "submit"])),
@@ -79,6 +79,11 @@ pub(crate) struct AblateArgs {
     /// Peak learning rates, comma-separated, e.g. 1e-3,3e-3,1e-2 (default: train.lr).
     #[arg(long, value_delimiter = ',')]
     lrs: Option<Vec<f64>>,
+    /// A factorial axis: a config key and its values, e.g. `--grid model.positions=rope,learned`
+    /// (repeatable; every combination is crossed with the variants, learning rates and seeds,
+    /// and the report gives the QK-norm effect per level). Replaces the config's `ablation.grid`.
+    #[arg(long = "grid", value_name = "KEY=V1,V2")]
+    grid_axes: Vec<String>,
     /// Runs at a time, each a separate `ember train` process (default 1).
     #[arg(long)]
     jobs: Option<usize>,
@@ -142,6 +147,7 @@ pub(crate) fn run(args: AblateArgs) -> Result<()> {
         variants,
         seeds: args.seeds,
         lrs: args.lrs.clone(),
+        grid: (!args.grid_axes.is_empty()).then(|| args.grid_axes.clone()),
         jobs: args.jobs,
         threads: args.threads,
         out: args.out.clone(),

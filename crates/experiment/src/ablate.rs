@@ -49,7 +49,7 @@ mod cell;
 mod grid;
 
 pub use cell::{ablate_cell, find_cell, load_plan, status_table, sweep_status, CellState, CellStatus};
-pub use grid::{parse_lrs, parse_variant, parse_variants, plan, run_config};
+pub use grid::{parse_axis, parse_lrs, parse_variant, parse_variants, plan, run_config};
 
 /// Lines of stderr kept in a failed run's record.
 const TAIL_LINES: usize = 20;
@@ -77,6 +77,8 @@ pub struct AblateOptions {
     /// Seeds 1..=n.
     pub seeds: Option<usize>,
     pub lrs: Option<Vec<f64>>,
+    /// Factorial axes, each `KEY=V1,V2,...`; given, they replace the config's `ablation.grid`.
+    pub grid: Option<Vec<String>>,
     pub jobs: Option<usize>,
     /// Threads per run.
     pub threads: Option<usize>,
@@ -112,6 +114,7 @@ impl AblateOptions {
             variants: None,
             seeds: None,
             lrs: None,
+            grid: None,
             jobs: None,
             threads: None,
             out: None,
@@ -256,11 +259,15 @@ fn say(quiet: bool, line: String) {
 /// The first progress line: what runs, where, and how many at a time.
 fn header(plan: &Plan) -> String {
     format!(
-        "ablation: {} runs ({} variants × {} seeds × {} learning rates) of {} into {}; {} at a time{}",
+        "ablation: {} runs ({} variants × {} seeds × {} learning rates{}) of {} into {}; {} at a time{}",
         plan.runs.len(),
         plan.variants.len(),
         plan.seeds.len(),
         plan.lrs.len(),
+        plan.axes
+            .iter()
+            .map(|a| format!(" × {} {}", a.values.len(), a.label(&plan.axes)))
+            .collect::<String>(),
         plan.config.display(),
         plan.out.display(),
         plan.jobs,

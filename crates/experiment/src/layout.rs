@@ -4,7 +4,7 @@
 //! ```text
 //! OUT/grid.json                           the plan: every run, its overrides, its command
 //! OUT/status.json                         each run's latest outcome, each invocation's wall time
-//! OUT/runs/<variant>-lr<lr>-seed<s>/      an ordinary run directory per grid cell
+//! OUT/runs/[<levels>_]<variant>-lr<lr>-seed<s>/  an ordinary run directory per grid cell
 //!     ablate-stdout.log, ablate-stderr.log    a subprocess run's output
 //! OUT/report.md, report.json, plots/      the report
 //! OUT/status.json.lock                    held while a Slurm array task updates status.json
@@ -48,6 +48,10 @@ pub struct Plan {
     pub variants: Vec<QkNorm>,
     pub seeds: Vec<u64>,
     pub lrs: Vec<f64>,
+    /// Factorial axes beside variant, learning rate and seed (`--grid KEY=V1,V2`), in the order
+    /// given; empty when there are none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub axes: Vec<Axis>,
     /// Runs at a time (1 in-process).
     pub jobs: usize,
     /// `train.threads` given to each run (`None` in-process: the config's own).
@@ -58,8 +62,51 @@ pub struct Plan {
     /// How the grid's keys are set, in words (min_lr scaling, l2-only keys).
     pub notes: Vec<String>,
     pub hardware: Hardware,
-    /// In the order they are run: seed, then learning rate, then variant.
+    /// In the order they are run: seed, then the axes' levels, then learning rate, then variant.
     pub runs: Vec<PlannedRun>,
+}
+
+/// One factorial axis of a sweep: a config key and the values it takes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Axis {
+    pub key: String,
+    pub values: Vec<String>,
+}
+
+impl Axis {
+    /// How the axis appears in run names and tables: the key's last part (`positions` for
+    /// `model.positions`), or the whole key when another axis ends the same way.
+    pub fn label(&self, axes: &[Axis]) -> String {
+        let short = |k: &str| k.rsplit('.').next().unwrap_or(k).to_string();
+        let mine = short(&self.key);
+        if axes.iter().filter(|a| short(&a.key) == mine).count() > 1 {
+            self.key.clone()
+        } else {
+            mine
+        }
+    }
+}
+
+/// The part of a run name that names its levels on the axes: `positions-learned_decay_embeddings-true`
+/// (empty without axes). Characters a file name should not hold become `-`.
+pub fn levels_label(axes: &[Axis], levels: &[String]) -> String {
+    axes.iter()
+        .zip(levels)
+        .map(|(a, v)| {
+            let v: String = v
+                .chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || "._+-".contains(c) {
+                        c
+                    } else {
+                        '-'
+                    }
+                })
+                .collect();
+            format!("{}-{v}", a.label(axes))
+        })
+        .collect::<Vec<_>>()
+        .join("_")
 }
 
 /// One cell of the grid.
@@ -70,8 +117,11 @@ pub struct PlannedRun {
     pub variant: QkNorm,
     pub seed: u64,
     pub lr: f64,
+    /// Its value on each of the plan's axes, in their order (empty without axes).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub levels: Vec<String>,
     pub dir: PathBuf,
-    /// Every `--set` of this run: the user's, then the grid's.
+    /// Every `--set` of this run: the user's, then its levels, then the grid's.
     pub overrides: Vec<String>,
     /// The exact command (without `--resume`, which is added when resuming).
     pub command: Vec<String>,
@@ -183,9 +233,15 @@ pub(crate) fn round_sig(x: f64) -> f64 {
     format!("{x:.11e}").parse().unwrap_or(x)
 }
 
-/// The run name of a grid cell.
-pub fn run_name(variant: QkNorm, lr: f64, seed: u64) -> String {
-    format!("{}-lr{}-seed{seed}", variant_name(variant), lr_label(lr))
+/// The run name of a grid cell: `<variant>-lr<lr>-seed<s>`, after its levels' label when the
+/// sweep has axes (`positions-learned_none-lr1e-3-seed1`).
+pub fn run_name(levels: &str, variant: QkNorm, lr: f64, seed: u64) -> String {
+    let name = format!("{}-lr{}-seed{seed}", variant_name(variant), lr_label(lr));
+    if levels.is_empty() {
+        name
+    } else {
+        format!("{levels}_{name}")
+    }
 }
 
 /// What a run directory holds, judged from its files.

@@ -9,11 +9,16 @@
 //! on the same seed with a two-sided 95% t interval (df = n − 1); and per variant the LR
 //! sensitivity of Wortsman et al. (2023).
 //!
-//! One submodule per step: `runs` reads the run directories, `grid` lays them out by variant ×
-//! learning rate × seed, `cells` and `sensitivity` compute the statistics, `markdown` writes
-//! report.md section by section, and [`plots`] draws the figures.
+//! With factorial axes (`--grid`), every combination of their levels (a setting) is reported as
+//! a grid of its own, and `effects` gives the QK-norm effect on LR sensitivity per level of each
+//! axis, pooled over the other axes.
+//!
+//! One submodule per step: `runs` reads the run directories, `grid` lays them out by setting ×
+//! variant × learning rate × seed, `cells`, `sensitivity` and `effects` compute the statistics,
+//! `markdown` writes report.md section by section, and [`plots`] draws the figures.
 
 mod cells;
+mod effects;
 mod grid;
 mod markdown;
 pub mod plots;
@@ -28,10 +33,11 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
 pub use cells::{Cell, Counts};
+pub use effects::AxisEffect;
 pub use runs::RunResult;
 pub use sensitivity::Sensitivity;
 
-use crate::layout::{Hardware, Plan, SweepStatus, GRID, REPORT_JSON, REPORT_MD, RUNS, STATUS};
+use crate::layout::{Axis, Hardware, Plan, SweepStatus, GRID, REPORT_JSON, REPORT_MD, RUNS, STATUS};
 use grid::Grid;
 use runs::{load_runs, LoadedRun};
 
@@ -55,6 +61,9 @@ pub struct Report {
     pub variants: Vec<String>,
     pub lrs: Vec<f64>,
     pub seeds: Vec<u64>,
+    /// Factorial axes of the sweep (empty without).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub axes: Vec<Axis>,
     /// Planned optimizer steps per run.
     pub steps: Option<u64>,
     pub hardware: Option<Hardware>,
@@ -66,10 +75,13 @@ pub struct Report {
     /// Training time summed over runs.
     pub train_secs: f64,
     pub counts: Counts,
-    /// One per variant × learning rate.
+    /// One per setting × variant × learning rate.
     pub cells: Vec<Cell>,
-    /// One per variant (empty with a single learning rate).
+    /// One per setting × variant (empty with a single learning rate).
     pub lr_sensitivity: Vec<Sensitivity>,
+    /// The QK-norm effect on LR sensitivity per level of each axis (empty without axes).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub axis_effects: Vec<AxisEffect>,
     /// Where ℓ₀ (loss at initialisation) in the LR sensitivity came from.
     pub init_loss_source: String,
     pub runs: Vec<RunResult>,
@@ -93,12 +105,30 @@ pub fn report(out_dir: &Path) -> Result<Report> {
     }
     let grid = Grid::new(plan.as_ref(), &runs);
     let quality = quality(&runs);
-    let cells = cells::cells(&grid);
+    let cells: Vec<Cell> = grid
+        .settings
+        .iter()
+        .flat_map(|levels| cells::cells(&grid.setting(levels), levels))
+        .collect();
     let (lr_sensitivity, init_loss_source) = sensitivity::lr_sensitivities(&grid, &cells);
-    let results: Vec<&RunResult> = runs.iter().map(|r| &r.result).collect();
-    let plots = plots::write_plots(out_dir, &grid.variants, &grid.lrs, &results, &quality)?;
+    let axis_effects = effects::axis_effects(&grid.axes, &grid.variants, &lr_sensitivity);
+    let results = grid.results();
+    let groups: Vec<plots::PlotGroup> = grid
+        .settings
+        .iter()
+        .map(|levels| plots::PlotGroup {
+            label: grid.label(levels),
+            title: setting_words(&grid.axes, levels),
+            runs: grid.setting(levels).results(),
+        })
+        .collect();
+    let plots = plots::write_plots(out_dir, &grid.variants, &grid.lrs, &groups, &quality)?;
     let Grid {
-        variants, lrs, seeds, ..
+        variants,
+        lrs,
+        seeds,
+        axes,
+        ..
     } = grid;
     let report = Report {
         out_dir: out_dir.to_path_buf(),
@@ -110,6 +140,7 @@ pub fn report(out_dir: &Path) -> Result<Report> {
         variants,
         lrs,
         seeds,
+        axes,
         steps: runs.iter().find_map(|r| r.total_steps.or(r.planned_steps)),
         hardware: hardware(plan.as_ref(), status.as_ref()),
         jobs: plan.as_ref().map(|p| p.jobs),
@@ -120,6 +151,7 @@ pub fn report(out_dir: &Path) -> Result<Report> {
         counts: cells::count(results.into_iter()),
         cells,
         lr_sensitivity,
+        axis_effects,
         init_loss_source,
         runs: runs.iter().map(|r| r.result.clone()).collect(),
         plots,
@@ -127,6 +159,15 @@ pub fn report(out_dir: &Path) -> Result<Report> {
     };
     write(out_dir, &report)?;
     Ok(report)
+}
+
+/// `positions=learned, decay_embeddings=true`: a setting in words (empty without axes).
+pub(crate) fn setting_words(axes: &[Axis], levels: &[String]) -> String {
+    axes.iter()
+        .zip(levels)
+        .map(|(a, v)| format!("{}={v}", a.label(axes)))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The quality column: `bleu` when eval records carry BLEU, else `ppl`.

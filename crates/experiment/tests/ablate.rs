@@ -82,7 +82,13 @@ fn for_a_seed_every_variant_starts_from_the_same_shared_weights_and_batches() {
         outcome.runs
     );
 
-    let dir = |v: QkNorm, s: u64| outcome.plan.out.join("runs").join(layout::run_name(v, 3e-3, s));
+    let dir = |v: QkNorm, s: u64| {
+        outcome
+            .plan
+            .out
+            .join("runs")
+            .join(layout::run_name("", v, 3e-3, s))
+    };
     let mut first_params = vec![];
     for seed in [1u64, 2] {
         let base_cfg = stored_config(&dir(QkNorm::None, seed));

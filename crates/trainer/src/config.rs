@@ -33,7 +33,8 @@ pub struct RunConfig {
     pub ablation: Option<AblationConfig>,
 }
 
-/// `ablation:` — the grid `ember ablate` runs: every variant × seed × learning rate.
+/// `ablation:` — the grid `ember ablate` runs: every variant × seed × learning rate, crossed with
+/// the levels of any `grid` axes.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AblationConfig {
@@ -59,6 +60,10 @@ pub struct AblationConfig {
     /// (e.g. `train.steps=300`: a shorter sweep than the config's own training run).
     #[serde(default)]
     pub set: Vec<String>,
+    /// Factorial axes, each `KEY=V1,V2,...` (e.g. `model.positions=rope,learned`): every
+    /// combination of their values is crossed with the variants, learning rates and seeds.
+    #[serde(default)]
+    pub grid: Vec<String>,
 }
 
 fn default_variants() -> Vec<ember_model::QkNorm> {

@@ -9,7 +9,9 @@ use ember_trainer::config::{AblationConfig, RunConfig};
 use serde_json::Value;
 
 use super::{AblateOptions, Runner};
-use crate::layout::{hardware, lr_label, round_sig, run_name, variant_name, Plan, PlannedRun, RUNS};
+use crate::layout::{
+    hardware, levels_label, lr_label, round_sig, run_name, variant_name, Axis, Plan, PlannedRun, RUNS,
+};
 
 /// A QK-norm variant from its config name (`none`, `layernorm`, `rmsnorm`, `l2`).
 pub fn parse_variant(s: &str) -> Result<QkNorm> {
@@ -43,6 +45,76 @@ pub fn parse_lrs(s: &str) -> Result<Vec<f64>> {
         .collect()
 }
 
+/// Keys the sweep sets itself, so they cannot be axes.
+const GRID_OWNED_KEYS: [(&str, &str); 5] = [
+    ("model.qk_norm", "--variants"),
+    ("train.lr", "--lrs"),
+    ("train.min_lr", "--lrs (it scales with the learning rate)"),
+    ("train.seed", "--seeds"),
+    ("train.threads", "--threads"),
+];
+
+/// `model.positions=rope,learned` → an axis (values trimmed, each once, in the order given).
+/// Values cannot contain commas.
+pub fn parse_axis(s: &str) -> Result<Axis> {
+    let Some((key, values)) = s.split_once('=') else {
+        bail!("--grid {s:?}: expected KEY=V1,V2,... (e.g. model.positions=rope,learned)");
+    };
+    let key = key.trim();
+    if key.is_empty() {
+        bail!("--grid {s:?}: the key before '=' is empty");
+    }
+    if let Some((_, flag)) = GRID_OWNED_KEYS.iter().find(|(k, _)| *k == key) {
+        bail!("--grid {key}: the sweep sets {key} itself; use {flag} instead");
+    }
+    let mut unique: Vec<String> = vec![];
+    for v in values.split(',').map(str::trim) {
+        if v.is_empty() {
+            bail!("--grid {s:?}: an empty value (values are separated by commas, none may be empty)");
+        }
+        if !unique.iter().any(|u| u == v) {
+            unique.push(v.to_string());
+        }
+    }
+    Ok(Axis {
+        key: key.to_string(),
+        values: unique,
+    })
+}
+
+/// The axes given on the command line, else the config's `ablation.grid`; each key once.
+fn axes(opts: &AblateOptions, section: &AblationConfig) -> Result<Vec<Axis>> {
+    let given = opts.grid.clone().unwrap_or_else(|| section.grid.clone());
+    let mut axes: Vec<Axis> = vec![];
+    for s in &given {
+        let axis = parse_axis(s)?;
+        if axes.iter().any(|a| a.key == axis.key) {
+            bail!(
+                "--grid {}: the key is given twice; list all its values in one KEY=V1,V2",
+                axis.key
+            );
+        }
+        axes.push(axis);
+    }
+    Ok(axes)
+}
+
+/// Every combination of the axes' values, the first axis varying slowest (one empty combination
+/// without axes).
+fn combinations(axes: &[Axis]) -> Vec<Vec<String>> {
+    axes.iter().fold(vec![vec![]], |acc, axis| {
+        acc.iter()
+            .flat_map(|prefix| {
+                axis.values.iter().map(move |v| {
+                    let mut c = prefix.clone();
+                    c.push(v.clone());
+                    c
+                })
+            })
+            .collect()
+    })
+}
+
 /// A YAML float that every YAML reader takes as a float (`3.0e-3`).
 fn yaml_float(x: f64) -> String {
     let s = format!("{:e}", round_sig(x));
@@ -62,15 +134,41 @@ pub fn plan(opts: &AblateOptions) -> Result<Plan> {
     let lrs = lrs(opts, &section, cfg.train.lr)?;
     let (jobs, threads) = jobs_and_threads(opts, &section)?;
     let out = out_dir(opts, &section);
+    let axes = axes(opts, &section)?;
+    let settings = combinations(&axes);
     let keys = GridKeys::new(&cfg, &lrs);
     let base_command = base_command(opts, &user_overrides);
-    let mut runs = vec![];
+    let mut runs: Vec<PlannedRun> = vec![];
+    for levels in &settings {
+        // Each combination must make a valid config on its own (a bad value names its key).
+        check_setting(opts, &user_overrides, &level_overrides(&axes, levels))?;
+    }
     for seed in 1..=n_seeds as u64 {
-        for &lr in &lrs {
-            for &variant in &variants {
-                let mut overrides = user_overrides.clone();
-                overrides.extend(keys.overrides(variant, seed, lr, threads));
-                runs.push(planned_run(variant, seed, lr, &out, overrides, &base_command));
+        for levels in &settings {
+            for &lr in &lrs {
+                for &variant in &variants {
+                    let mut overrides = user_overrides.clone();
+                    overrides.extend(level_overrides(&axes, levels));
+                    overrides.extend(keys.overrides(variant, seed, lr, threads));
+                    let cell = Cell {
+                        levels: levels.clone(),
+                        label: levels_label(&axes, levels),
+                        variant,
+                        seed,
+                        lr,
+                    };
+                    let run = planned_run(cell, &out, overrides, &base_command);
+                    if let Some(other) = runs.iter().find(|r| r.name == run.name) {
+                        bail!(
+                            "--grid: levels {:?} and {:?} give the same run name {} (their values differ only in \
+                             characters a file name cannot hold); choose values that differ in letters or digits",
+                            other.levels,
+                            run.levels,
+                            run.name
+                        );
+                    }
+                    runs.push(run);
+                }
             }
         }
     }
@@ -81,6 +179,7 @@ pub fn plan(opts: &AblateOptions) -> Result<Plan> {
         variants,
         seeds: (1..=n_seeds as u64).collect(),
         lrs,
+        axes,
         jobs,
         threads,
         out,
@@ -253,16 +352,49 @@ impl GridKeys {
     }
 }
 
-/// One cell of the grid with its directory and exact command.
-fn planned_run(
+/// `KEY=VALUE` for each axis's level.
+fn level_overrides(axes: &[Axis], levels: &[String]) -> Vec<String> {
+    axes.iter()
+        .zip(levels)
+        .map(|(a, v)| format!("{}={v}", a.key))
+        .collect()
+}
+
+/// Loads the config as one combination of levels sets it, so that a key that does not exist or
+/// a value it cannot take is reported before anything runs.
+fn check_setting(opts: &AblateOptions, user_overrides: &[String], levels: &[String]) -> Result<()> {
+    if levels.is_empty() {
+        return Ok(());
+    }
+    let overrides: Vec<String> = user_overrides.iter().chain(levels).cloned().collect();
+    RunConfig::load(&opts.config, &overrides).with_context(|| {
+        format!(
+            "--grid: the combination {} is not a valid config",
+            levels.join(", ")
+        )
+    })?;
+    Ok(())
+}
+
+/// Where one run sits in the grid.
+struct Cell {
+    levels: Vec<String>,
+    label: String,
     variant: QkNorm,
     seed: u64,
     lr: f64,
-    out: &Path,
-    overrides: Vec<String>,
-    base_command: &[String],
-) -> PlannedRun {
-    let name = run_name(variant, lr, seed);
+}
+
+/// One cell of the grid with its directory and exact command.
+fn planned_run(cell: Cell, out: &Path, overrides: Vec<String>, base_command: &[String]) -> PlannedRun {
+    let Cell {
+        levels,
+        label,
+        variant,
+        seed,
+        lr,
+    } = cell;
+    let name = run_name(&label, variant, lr, seed);
     let dir = out.join(RUNS).join(&name);
     let mut command = base_command[..3].to_vec();
     for o in &overrides {
@@ -279,6 +411,7 @@ fn planned_run(
         variant,
         seed,
         lr,
+        levels,
         dir,
         overrides,
         command,

@@ -25,6 +25,9 @@ pub struct Counts {
 /// One variant at one learning rate, over seeds.
 #[derive(Debug, Clone, Serialize)]
 pub struct Cell {
+    /// Its setting's value on each axis of the sweep (empty without axes).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub levels: Vec<String>,
     pub variant: String,
     pub lr: f64,
     pub counts: Counts,
@@ -56,8 +59,8 @@ const METRICS: [(&str, Getter); 7] = [
     ("tokens_per_sec", |r| r.tokens_per_sec),
 ];
 
-/// The cells of the grid that hold runs, variant by variant, learning rates ascending.
-pub(crate) fn cells(grid: &Grid) -> Vec<Cell> {
+/// The cells of one setting's grid that hold runs, variant by variant, learning rates ascending.
+pub(crate) fn cells(grid: &Grid, levels: &[String]) -> Vec<Cell> {
     let has_baseline = grid.variants.iter().any(|v| v == BASELINE);
     let mut cells = vec![];
     for v in &grid.variants {
@@ -71,16 +74,23 @@ pub(crate) fn cells(grid: &Grid) -> Vec<Cell> {
             } else {
                 BTreeMap::new()
             };
-            cells.push(cell(v, lr, &runs, vs_none));
+            cells.push(cell(levels, v, lr, &runs, vs_none));
         }
     }
     cells
 }
 
-fn cell(variant: &str, lr: f64, runs: &[&RunResult], vs_none: BTreeMap<String, PairedDiff>) -> Cell {
+fn cell(
+    levels: &[String],
+    variant: &str,
+    lr: f64,
+    runs: &[&RunResult],
+    vs_none: BTreeMap<String, PairedDiff>,
+) -> Cell {
     let ok: Vec<&RunResult> = runs.iter().copied().filter(|r| r.status == "ok").collect();
     let stat = |f: Getter| mean_std(&ok.iter().filter_map(|r| f(r)).collect::<Vec<_>>());
     Cell {
+        levels: levels.to_vec(),
         variant: variant.to_string(),
         lr,
         counts: count(runs.iter().copied()),

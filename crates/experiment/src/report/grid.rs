@@ -1,19 +1,24 @@
 //! The grid the report is laid out on: its variants, learning rates and seeds (the plan's, then
-//! whatever else is on disk), and which run sits in which cell.
+//! whatever else is on disk), its factorial axes and their combinations (settings), and which
+//! run sits in which cell.
 
 use std::collections::BTreeSet;
 
 use super::runs::{LoadedRun, RunResult};
-use crate::layout::{lr_label, variant_name, Plan, VARIANT_ORDER};
+use crate::layout::{levels_label, lr_label, variant_name, Axis, Plan, VARIANT_ORDER};
 
 /// The loaded runs on their axes.
 pub(crate) struct Grid<'a> {
-    pub runs: &'a [LoadedRun],
+    pub runs: Vec<&'a LoadedRun>,
     pub variants: Vec<String>,
     /// Ascending.
     pub lrs: Vec<f64>,
     /// Ascending.
     pub seeds: Vec<u64>,
+    /// The plan's factorial axes (empty without; then there is one setting, with no levels).
+    pub axes: Vec<Axis>,
+    /// Every combination of levels that holds a run: the plan's order, then any found on disk.
+    pub settings: Vec<Vec<String>>,
 }
 
 impl<'a> Grid<'a> {
@@ -49,12 +54,41 @@ impl<'a> Grid<'a> {
             .collect::<BTreeSet<_>>()
             .into_iter()
             .collect();
+        let mut settings: Vec<Vec<String>> = vec![];
+        for levels in plan
+            .into_iter()
+            .flat_map(|p| p.runs.iter().map(|r| &r.levels))
+            .chain(runs.iter().map(|r| &r.levels))
+        {
+            if !settings.contains(levels) {
+                settings.push(levels.clone());
+            }
+        }
         Self {
-            runs,
+            runs: runs.iter().collect(),
             variants,
             lrs,
             seeds,
+            axes: plan.map(|p| p.axes.clone()).unwrap_or_default(),
+            settings,
         }
+    }
+
+    /// The grid of one setting: its runs only, on the same variants, learning rates and seeds.
+    pub fn setting(&self, levels: &[String]) -> Grid<'a> {
+        Grid {
+            runs: self.runs.iter().copied().filter(|r| r.levels == levels).collect(),
+            variants: self.variants.clone(),
+            lrs: self.lrs.clone(),
+            seeds: self.seeds.clone(),
+            axes: vec![],
+            settings: vec![levels.to_vec()],
+        }
+    }
+
+    /// How a setting is named in plot files and run names (empty without axes).
+    pub fn label(&self, levels: &[String]) -> String {
+        levels_label(&self.axes, levels)
     }
 
     /// The run of variant `v` at learning rate `lr` with seed `s`.
@@ -77,6 +111,11 @@ impl<'a> Grid<'a> {
             .map(|r| &r.result)
             .filter(|r| r.variant == v && same_lr(r.lr, lr))
             .collect()
+    }
+
+    /// Every run, in load order.
+    pub fn results(&self) -> Vec<&'a RunResult> {
+        self.runs.iter().map(|r| &r.result).collect()
     }
 }
 

@@ -7,7 +7,7 @@ use super::cells::Counts;
 use super::runs::RunResult;
 use super::stats::{MeanStd, PairedDiff};
 use super::{Report, BASELINE};
-use crate::layout::lr_label;
+use crate::layout::{lr_label, Axis};
 
 /// The quality column: BLEU for translation runs that decode, else validation perplexity.
 struct Quality {
@@ -48,6 +48,7 @@ pub(crate) fn markdown(r: &Report) -> String {
         results(r, &q),
         paired_differences(r, &q),
         lr_sensitivity(r),
+        axis_effects(r),
         unfinished_runs(r),
         every_run(r, &q),
         plots(r),
@@ -79,10 +80,18 @@ fn what_was_run(r: &Report) -> String {
         // The base command ends with `--quiet --json`; the grid's keys go before them.
         let head = &cmd[..cmd.len().saturating_sub(2)];
         md.push_str(&format!(
-            "Each run: `{} --set model.qk_norm=V --set train.seed=S --set train.lr=LR{} --run-dir {}/runs/V-lrLR-seedS --quiet --json`.\n",
+            "Each run: `{}{} --set model.qk_norm=V --set train.seed=S --set train.lr=LR{} --run-dir {}/runs/{}V-lrLR-seedS --quiet --json`.\n",
             head.join(" "),
+            r.axes
+                .iter()
+                .map(|a| format!(" --set {}={}", a.key, a.label(&r.axes).to_uppercase()))
+                .collect::<String>(),
             r.threads.map_or(String::new(), |t| format!(" --set train.threads={t}")),
-            r.out_dir.display()
+            r.out_dir.display(),
+            r.axes
+                .iter()
+                .map(|a| format!("{0}-{1}_", a.label(&r.axes), a.label(&r.axes).to_uppercase()))
+                .collect::<String>(),
         ));
     }
     for n in &r.notes {
@@ -109,13 +118,17 @@ fn grid_sentence(r: &Report) -> String {
         .or(r.cells.first())
         .and_then(|c| c.params);
     p.push_str(&format!(
-        " ({}{}{}) for every QK-norm variant ({}) × seed ({}) × peak learning rate ({}): {} runs — {} finished, {} diverged, {} failed",
+        " ({}{}{}) for every QK-norm variant ({}) × seed ({}) × peak learning rate ({}){}: {} runs — {} finished, {} diverged, {} failed",
         r.arch.as_deref().unwrap_or("unknown architecture"),
         params.map_or(String::new(), |n| format!(", {n} parameters")),
         r.steps.map_or(String::new(), |s| format!(", {s} steps")),
         r.variants.join(", "),
         r.seeds.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(", "),
         r.lrs.iter().map(|&l| lr_label(l)).collect::<Vec<_>>().join(", "),
+        r.axes
+            .iter()
+            .map(|a| format!(" × `{}` ({})", a.key, a.values.join(", ")))
+            .collect::<String>(),
         r.counts.runs,
         r.counts.ok,
         r.counts.diverged,
@@ -182,14 +195,17 @@ fn results(r: &Report, q: &Quality) -> String {
         "Final values per variant and peak learning rate, mean ± std (n seeds). Losses are per target \
          token in nats; the train loss is the training objective over the last logging window; max attn \
          logit is the largest |pre-softmax attention logit| over all attention modules and logged steps.\n\n\
-         | variant | peak LR | finished | train loss | val loss | Δ val loss vs none [95% CI] | {q_name} | Δ {q_name} vs none [95% CI] | max attn logit | tokens/s |\n\
-         |---|---|---|---|---|---|---|---|---|---|\n",
+         |{} variant | peak LR | finished | train loss | val loss | Δ val loss vs none [95% CI] | {q_name} | Δ {q_name} vs none [95% CI] | max attn logit | tokens/s |\n\
+         |{}---|---|---|---|---|---|---|---|---|---|\n",
+        axis_heads(&r.axes),
+        axis_rule(&r.axes),
         q_name = q.name
     ));
     for c in &r.cells {
         let quality = if q.is_bleu() { &c.bleu } else { &c.ppl };
         md.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "|{} {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            level_cells(&c.levels),
             c.variant,
             lr_label(c.lr),
             fmt_count(&c.counts),
@@ -223,15 +239,18 @@ fn paired_differences(r: &Report, q: &Quality) -> String {
         "## Paired differences vs `none`\n\n\
          Δ = variant − none on the same seed and learning rate: mean [95% CI] (n seeds with both runs \
          finished); two-sided t interval, df = n − 1. Lower is better for losses and {}; higher for {}.\n\n\
-         | variant | peak LR | Δ train loss | Δ val loss | Δ {q_name} | Δ max attn logit | Δ final attn logit | Δ tokens/s |\n\
-         |---|---|---|---|---|---|---|---|\n",
+         |{} variant | peak LR | Δ train loss | Δ val loss | Δ {q_name} | Δ max attn logit | Δ final attn logit | Δ tokens/s |\n\
+         |{}---|---|---|---|---|---|---|---|\n",
         if q.is_bleu() { "attention logits" } else { "perplexity" },
         if q.is_bleu() { "BLEU" } else { "tokens/s" },
+        axis_heads(&r.axes),
+        axis_rule(&r.axes),
         q_name = q.name
     );
     for c in r.cells.iter().filter(|c| c.variant != BASELINE) {
         md.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "|{} {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            level_cells(&c.levels),
             c.variant,
             lr_label(c.lr),
             fmt_diff(c.vs_none.get("train_loss"), 4),
@@ -258,14 +277,17 @@ fn lr_sensitivity(r: &Report) -> String {
          best of them, and ℓ₀ the loss at initialisation — here {}. A diverged run counts as \
          min(its final loss, ℓ₀). Computed per seed (seeds with a finished or diverged run at every \
          learning rate), then mean ± std over seeds; lower means less sensitive.\n\n\
-         | variant | LR sensitivity | Δ vs none [95% CI] | best peak LR (mean val loss) |\n\
-         |---|---|---|---|\n",
+         |{} variant | LR sensitivity | Δ vs none [95% CI] | best peak LR (mean val loss) |\n\
+         |{}---|---|---|---|\n",
         r.lrs.len(),
-        r.init_loss_source
+        r.init_loss_source,
+        axis_heads(&r.axes),
+        axis_rule(&r.axes),
     ));
     for s in &r.lr_sensitivity {
         md.push_str(&format!(
-            "| {} | {} | {} | {} |\n",
+            "|{} {} | {} | {} | {} |\n",
+            level_cells(&s.levels),
             s.variant,
             fmt_ms(&s.value, 4),
             if s.variant == BASELINE {
@@ -281,6 +303,57 @@ fn lr_sensitivity(r: &Report) -> String {
     }
     md.push('\n');
     md
+}
+
+/// The QK-norm effect on LR sensitivity per level of each axis (left out without axes).
+fn axis_effects(r: &Report) -> String {
+    if r.axis_effects.is_empty() {
+        return String::new();
+    }
+    let mut md = String::from(
+        "## QK-norm effect by axis\n\n\
+         Which factor carries the stability effect: for each level of each axis, the LR sensitivity of \
+         `none` and of the variant, and the paired difference variant − none with a 95% t interval. \
+         Every setting at that level and every seed gives one pair, so the effect is pooled over the \
+         other axes' levels (a main effect); the per-setting table above shows where it interacts. \
+         The ratio is none ÷ variant of the mean sensitivities (how many times less sensitive).\n\n\
+         | axis | level | variant | pairs (settings) | LR sensitivity, none | LR sensitivity, variant | Δ vs none [95% CI] | ratio |\n\
+         |---|---|---|---|---|---|---|---|\n",
+    );
+    for e in &r.axis_effects {
+        let ratio = match (&e.none, &e.value) {
+            (Some(n), Some(v)) if v.mean > 0.0 => format!("{:.1}×", n.mean / v.mean),
+            _ => "–".into(),
+        };
+        md.push_str(&format!(
+            "| `{}` | {} | {} | {} ({}) | {} | {} | {} | {} |\n",
+            e.axis,
+            e.level,
+            e.variant,
+            e.vs_none.as_ref().map_or(0, |d| d.n),
+            e.settings,
+            fmt_ms(&e.none, 4),
+            fmt_ms(&e.value, 4),
+            fmt_diff(e.vs_none.as_ref(), 4),
+            ratio
+        ));
+    }
+    md.push('\n');
+    md
+}
+
+/// A table's leading header cells for the axes (` positions | decay_embeddings |`).
+fn axis_heads(axes: &[Axis]) -> String {
+    axes.iter().map(|a| format!(" {} |", a.label(axes))).collect()
+}
+
+fn axis_rule(axes: &[Axis]) -> String {
+    "---|".repeat(axes.len())
+}
+
+/// A row's leading cells for its levels.
+fn level_cells(levels: &[String]) -> String {
+    levels.iter().map(|v| format!(" {v} |")).collect()
 }
 
 /// Runs that diverged, failed or have not finished, with why (left out when there are none).
@@ -358,12 +431,33 @@ fn plots(r: &Report) -> String {
     let mut md = String::from(
         "## Plots\n\nEach also as SVG beside the PNG. Lines: mean over seeds; shading: min–max over seeds.\n\n",
     );
-    for p in r.plots.iter().filter(|p| p.ends_with(".png")) {
-        let stem = Path::new(p)
+    let stem = |p: &str| {
+        Path::new(p)
             .file_stem()
-            .map_or(String::new(), |s| s.to_string_lossy().to_string());
-        md.push_str(&format!("![{stem}]({p})\n\n"));
+            .map_or(String::new(), |s| s.to_string_lossy().to_string())
+    };
+    let pngs = r.plots.iter().filter(|p| p.ends_with(".png"));
+    if r.axes.is_empty() {
+        for p in pngs {
+            md.push_str(&format!("![{}]({p})\n\n", stem(p)));
+        }
+        return md;
     }
+    // One set of figures per setting: the final-loss figures inline, the per-step ones linked.
+    let (inline, linked): (Vec<&String>, Vec<&String>) =
+        pngs.partition(|p| p.ends_with("val_loss_vs_lr.png"));
+    for p in inline {
+        md.push_str(&format!("![{}]({p})\n\n", stem(p)));
+    }
+    md.push_str("Per-step curves (training loss, max attention logit) of each setting and peak LR: ");
+    md.push_str(
+        &linked
+            .iter()
+            .map(|p| format!("[{}]({p})", stem(p)))
+            .collect::<Vec<_>>()
+            .join(", "),
+    );
+    md.push_str(".\n\n");
     md
 }
 

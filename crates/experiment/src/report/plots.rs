@@ -90,16 +90,41 @@ fn aggregate<'a>(curves: impl Iterator<Item = &'a Vec<(u64, f64)>>) -> Vec<(f64,
 }
 
 /// Writes every plot; returns their paths relative to `out_dir` (PNG, then SVG, per plot).
+/// The runs of one setting of a sweep with factorial axes (or all runs, without axes), and how
+/// its figures are named: `<label>_<stem>` files, `(<title>)` after their titles.
+pub(crate) struct PlotGroup<'a> {
+    pub label: String,
+    pub title: String,
+    pub runs: Vec<&'a RunResult>,
+}
+
+/// Draws every group's figures into `OUT/plots/`; returns their paths relative to `out_dir`.
 pub(crate) fn write_plots(
     out_dir: &Path,
     variants: &[String],
     lrs: &[f64],
-    runs: &[&RunResult],
+    groups: &[PlotGroup],
     quality: &str,
 ) -> Result<Vec<String>> {
     register_font()?;
     let dir = out_dir.join(PLOTS);
     fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut files = vec![];
+    for group in groups {
+        for mut fig in figures(variants, lrs, &group.runs, quality) {
+            if !group.label.is_empty() {
+                fig.stem = format!("{}_{}", group.label, fig.stem);
+                fig.title = format!("{} ({})", fig.title, group.title);
+            }
+            files.extend(write_figure(&dir, &fig)?);
+        }
+    }
+    Ok(files)
+}
+
+/// The figures of one group of runs: per-step curves at each peak learning rate, and final
+/// validation loss against it.
+fn figures(variants: &[String], lrs: &[f64], runs: &[&RunResult], quality: &str) -> Vec<Figure> {
     let n_seeds = runs
         .iter()
         .map(|r| r.seed)
@@ -114,11 +139,7 @@ pub(crate) fn write_plots(
         figures.extend(curves_at(lr, variants, runs, quality, &band));
     }
     figures.extend(val_loss_vs_lr(variants, lrs, runs, &band));
-    let mut files = vec![];
-    for fig in &figures {
-        files.extend(write_figure(&dir, fig)?);
-    }
-    Ok(files)
+    figures
 }
 
 /// The per-step figures of one peak learning rate: training loss, max attention logit and (for

@@ -13,7 +13,9 @@ use ember_trainer::train::RUN_CONFIG;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::layout::{disk_state, read_summary, variant_name, DiskState, Plan, RunRecord, SweepStatus, RUNS};
+use crate::layout::{
+    disk_state, read_summary, variant_name, Axis, DiskState, Plan, RunRecord, SweepStatus, RUNS,
+};
 
 /// One run, as the report reads it.
 #[derive(Debug, Clone, Serialize)]
@@ -22,6 +24,9 @@ pub struct RunResult {
     pub variant: String,
     pub seed: u64,
     pub lr: f64,
+    /// Its value on each of the sweep's axes, in their order (empty without axes).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub levels: Vec<String>,
     /// `ok`, `diverged`, `failed`, `incomplete` or `not_run`.
     pub status: String,
     /// Why it diverged or failed.
@@ -84,12 +89,13 @@ pub(crate) fn load_runs(
         for p in &plan.runs {
             let dir = out_dir.join(RUNS).join(&p.name);
             seen.insert(p.name.clone());
-            let mut run = load_run(&dir, &p.name, status)?;
+            let mut run = load_run(&dir, &p.name, status, &[])?;
             if run.result.status == "not_run" || run.result.variant.is_empty() {
                 run.result.variant = variant_name(p.variant);
                 run.result.seed = p.seed;
                 run.result.lr = p.lr;
             }
+            run.result.levels = p.levels.clone();
             out.push(run);
         }
     }
@@ -107,7 +113,8 @@ pub(crate) fn load_runs(
             .map(|n| n.to_string_lossy().to_string())
             .unwrap_or_default();
         if seen.insert(name.clone()) {
-            let run = load_run(&dir, &name, status)?;
+            let axes: &[Axis] = plan.map_or(&[], |p| &p.axes);
+            let run = load_run(&dir, &name, status, axes)?;
             if !run.result.variant.is_empty() {
                 out.push(run);
             }
@@ -116,7 +123,9 @@ pub(crate) fn load_runs(
     Ok(out)
 }
 
-fn load_run(dir: &Path, name: &str, status: Option<&SweepStatus>) -> Result<LoadedRun> {
+/// One run directory; `axes` are the keys whose values the run's own config gives as its levels
+/// (a run the plan does not list).
+fn load_run(dir: &Path, name: &str, status: Option<&SweepStatus>, axes: &[Axis]) -> Result<LoadedRun> {
     let cfg: Option<Value> = fs::read_to_string(dir.join(RUN_CONFIG))
         .ok()
         .and_then(|t| serde_saphyr::from_str(&t).ok());
@@ -148,6 +157,17 @@ fn load_run(dir: &Path, name: &str, status: Option<&SweepStatus>) -> Result<Load
             .unwrap_or_default(),
         seed: at(&["train", "seed"]).and_then(|v| v.as_u64()).unwrap_or(0),
         lr: f(at(&["train", "lr"])).unwrap_or(f64::NAN),
+        levels: axes
+            .iter()
+            .map(|a| {
+                let path: Vec<&str> = a.key.split('.').collect();
+                match at(&path) {
+                    Some(Value::String(s)) => s,
+                    Some(v) => v.to_string(),
+                    None => "?".into(),
+                }
+            })
+            .collect(),
         status: state_label.to_string(),
         detail,
         stderr_tail,

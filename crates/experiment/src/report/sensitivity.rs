@@ -15,6 +15,9 @@ use super::{BASELINE, LEVEL};
 /// LR sensitivity of one variant.
 #[derive(Debug, Clone, Serialize)]
 pub struct Sensitivity {
+    /// Its setting's value on each axis of the sweep (empty without axes).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub levels: Vec<String>,
     pub variant: String,
     /// Over seeds whose runs at every learning rate finished or diverged.
     pub value: Option<MeanStd>,
@@ -25,22 +28,27 @@ pub struct Sensitivity {
     pub best_val_loss: Option<f64>,
 }
 
-/// Every variant's LR sensitivity (none with a single learning rate), and where ℓ₀ came from.
+/// Every variant's LR sensitivity in every setting (none with a single learning rate), and where
+/// ℓ₀ came from.
 pub(crate) fn lr_sensitivities(grid: &Grid, cells: &[Cell]) -> (Vec<Sensitivity>, String) {
     let mut init = InitLosses::default();
     if grid.lrs.len() < 2 {
         return (vec![], init.source(grid.lrs.len()));
     }
-    let per_variant: BTreeMap<&str, BTreeMap<u64, f64>> = grid
-        .variants
-        .iter()
-        .map(|v| (v.as_str(), per_seed(grid, v, &mut init)))
-        .collect();
-    let sensitivities = grid
-        .variants
-        .iter()
-        .map(|v| summarise(v, &per_variant, &grid.seeds, cells))
-        .collect();
+    let mut sensitivities = vec![];
+    for levels in &grid.settings {
+        let setting = grid.setting(levels);
+        let cells: Vec<Cell> = cells.iter().filter(|c| &c.levels == levels).cloned().collect();
+        let per_variant: BTreeMap<&str, BTreeMap<u64, f64>> = setting
+            .variants
+            .iter()
+            .map(|v| (v.as_str(), per_seed(&setting, v, &mut init)))
+            .collect();
+        sensitivities.extend(setting.variants.iter().map(|v| Sensitivity {
+            levels: levels.clone(),
+            ..summarise(v, &per_variant, &setting.seeds, &cells)
+        }));
+    }
     (sensitivities, init.source(grid.lrs.len()))
 }
 
@@ -94,6 +102,7 @@ fn summarise(
         .filter_map(|c| c.val_loss.map(|m| (c.lr, m.mean)))
         .min_by(|a, b| a.1.total_cmp(&b.1));
     Sensitivity {
+        levels: vec![],
         variant: v.to_string(),
         value,
         per_seed,

@@ -1,4 +1,6 @@
 //! Tiny runs for the ablation specification tests (what they need of the trainer's tests/common).
+// Each test file uses its own part of these helpers.
+#![allow(dead_code)]
 
 use std::path::Path;
 
