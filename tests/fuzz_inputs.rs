@@ -120,6 +120,7 @@ const KEYS: &[&str] = &[
     "model.qk_norm",
     "model.n_kv_heads",
     "model.positions",
+    "model.norm_bias",
     "model.logn_attention",
     "model.logn_length",
     "data.corpus",

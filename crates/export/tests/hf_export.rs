@@ -188,6 +188,7 @@ fn model(arch: Arch, norm: NormKind, mlp: MlpKind, qk_norm: QkNorm) -> ModelConf
         d_ff: 64,
         mlp,
         norm,
+        norm_bias: true,
         norm_eps: 1e-5,
         rope_theta: 10000.0,
         max_seq_len: 32,

@@ -88,6 +88,12 @@ pub struct ModelConfig {
     pub mlp: MlpKind,
     #[serde(default = "default_norm")]
     pub norm: NormKind,
+    /// `norm: layernorm` only: give the residual-stream LayerNorms (each block's pre-norms and
+    /// the final norm) a learned bias. nanoGPT's default (`bias=False`) and OLMo drop it, the
+    /// original GPT-2 keeps it; `false` matches the former. RMSNorm never has a bias, and the
+    /// qk-norm LayerNorms keep their own (see `qk_norm`).
+    #[serde(default = "default_true")]
+    pub norm_bias: bool,
     #[serde(default = "default_norm_eps")]
     pub norm_eps: f64,
     #[serde(default = "default_rope_theta")]
@@ -191,6 +197,7 @@ impl ModelConfig {
             d_ff: 32,
             mlp: default_mlp(),
             norm: default_norm(),
+            norm_bias: true,
             norm_eps: default_norm_eps(),
             rope_theta: default_rope_theta(),
             max_seq_len: 64,

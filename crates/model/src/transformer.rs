@@ -6,7 +6,7 @@
 //! ```text
 //! embed.weight                                  token embedding (shared by encoder and decoder)
 //! lm_head.weight                                output projection, only when tie_embeddings: false
-//! encoder.layers.{i}.attn_norm.{weight,bias}    bias only for norm: layernorm
+//! encoder.layers.{i}.attn_norm.{weight,bias}    bias only for norm: layernorm with norm_bias
 //! encoder.layers.{i}.self_attn.{q,k,v,o}_proj.weight
 //! encoder.layers.{i}.self_attn.{q,k}_norm.{weight,bias}   qk_norm: rmsnorm | layernorm
 //! encoder.layers.{i}.self_attn.qk_scale         qk_norm: l2 (the learnable g)
@@ -123,7 +123,7 @@ impl Layer {
         out_std: f64,
         cross: bool,
     ) -> Result<Self> {
-        let norm = |name: &str| Norm::new(vb.pp(name), cfg.norm, cfg.d_model, cfg.norm_eps, true);
+        let norm = |name: &str| Norm::new(vb.pp(name), cfg.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias);
         let cross = if cross {
             Some((
                 norm("cross_attn_norm")?,
@@ -219,7 +219,7 @@ impl Encoder {
         Ok(Self {
             positions: learned_positions(&vb, cfg)?,
             layers,
-            norm: Norm::new(vb.pp("norm"), cfg.norm, cfg.d_model, cfg.norm_eps, true)?,
+            norm: Norm::new(vb.pp("norm"), cfg.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias)?,
         })
     }
 
@@ -258,7 +258,7 @@ impl Decoder {
         Ok(Self {
             positions: learned_positions(&vb, cfg)?,
             layers,
-            norm: Norm::new(vb.pp("norm"), cfg.norm, cfg.d_model, cfg.norm_eps, true)?,
+            norm: Norm::new(vb.pp("norm"), cfg.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias)?,
         })
     }
 

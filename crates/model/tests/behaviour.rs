@@ -8,7 +8,8 @@ use common::*;
 use ember_model::attention::Attention;
 use ember_model::rope::Rotary;
 use ember_model::{
-    Arch, DecoderCache, ForwardCtx, MlpKind, Model, ModelConfig, NormKind, ParamStore, QkNorm, Telemetry,
+    Arch, DecoderCache, ForwardCtx, MlpKind, Model, ModelConfig, NormKind, ParamStore, Positions, QkNorm,
+    Telemetry,
 };
 
 fn eval() -> ForwardCtx<'static> {
@@ -488,6 +489,105 @@ fn initialisation_follows_the_documented_scales() {
     assert!((std("decoder.layers.3.self_attn.o_proj.weight") - 0.05 / 8f64.sqrt()).abs() < 0.001);
     assert_eq!(std("decoder.layers.0.attn_norm.weight"), 1.0);
     assert_eq!(std("decoder.layers.0.attn_norm.bias"), 0.0);
+}
+
+/// Root mean square of a parameter's entries (its standard deviation when the mean is 0).
+fn rms(params: &ParamStore, name: &str) -> f64 {
+    let t = params.get(name).unwrap().as_tensor().flatten_all().unwrap();
+    t.sqr()
+        .unwrap()
+        .mean_all()
+        .unwrap()
+        .sqrt()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap() as f64
+}
+
+/// configs/shakespeare-char-nanogpt.yaml's model starts where nanoGPT's `GPT._init_weights`
+/// starts (model.py at 3adf61e): every Linear and Embedding (tokens and positions) normal(0,
+/// 0.02), the residual projections named `c_proj` (attention output, MLP down) 0.02/√(2·n_layer),
+/// LayerNorm gains 1 and, with `bias=False`, no biases anywhere.
+#[test]
+fn the_nanogpt_shape_starts_from_nanogpts_initialisation() {
+    let mut c = cfg(Arch::Lm, QkNorm::None, NormKind::Layernorm, MlpKind::Gelu);
+    (c.d_model, c.n_layers, c.n_heads, c.d_ff) = (128, Some(4), 4, 512);
+    (c.vocab_size, c.max_seq_len) = (Some(65), 64);
+    c.positions = Positions::Learned;
+    c.norm_bias = false;
+    let (_, params) = build(&c, DType::F32);
+    let residual = 0.02 / (2.0 * 4.0f64).sqrt();
+    for (name, _) in params.vars() {
+        let expected = if name.ends_with("norm.weight") {
+            1.0
+        } else if name.ends_with("o_proj.weight") || name.ends_with("down_proj.weight") {
+            residual
+        } else {
+            0.02
+        };
+        let got = rms(&params, &name);
+        assert!(
+            (got / expected - 1.0).abs() < 0.03,
+            "{name}: rms {got}, nanoGPT's init has std {expected}"
+        );
+        assert!(
+            !name.ends_with(".bias"),
+            "{name}: nanoGPT (bias=False) has no biases"
+        );
+    }
+    assert!(params.get("decoder.embed_positions.weight").is_some());
+    assert!(
+        params.get("lm_head.weight").is_none(),
+        "tied, as nanoGPT's wte/lm_head"
+    );
+}
+
+#[test]
+fn a_layernorm_without_bias_is_one_whose_bias_stays_at_zero() {
+    for arch in ALL_ARCHS {
+        let with = cfg(arch, QkNorm::Layernorm, NormKind::Layernorm, MlpKind::Gelu);
+        let without = ModelConfig {
+            norm_bias: false,
+            ..with.clone()
+        };
+        let (a, with_params) = build(&with, DType::F32);
+        let (b, without_params) = build(&without, DType::F32);
+        let names = |p: &ParamStore| p.vars().into_iter().map(|(n, _)| n).collect::<Vec<_>>();
+        let kept = names(&without_params);
+        let dropped: Vec<String> = names(&with_params)
+            .into_iter()
+            .filter(|n| !kept.contains(n))
+            .collect();
+        // Each block's pre-norms and each stack's final norm lose their bias; qk-norm keeps its own.
+        let blocks = match arch {
+            Arch::Lm => 2 * 2,
+            Arch::Seq2seq => 2 * 2 + 2 * 3,
+        };
+        let stacks = if arch == Arch::Lm { 1 } else { 2 };
+        assert_eq!(dropped.len(), blocks + stacks, "{arch:?}: {dropped:?}");
+        assert!(dropped
+            .iter()
+            .all(|n| n.ends_with("norm.bias") && !n.contains("q_norm")));
+        assert!(kept.iter().any(|n| n.ends_with("q_norm.bias")));
+        // Everything else is drawn alike (parameters are keyed by seed and name) and the biases
+        // start at 0, so the two models compute the same function at initialisation.
+        let diff = max_abs_diff(
+            &logits(&a, with.vocab(), eval()).unwrap(),
+            &logits(&b, with.vocab(), eval()).unwrap(),
+        );
+        assert_eq!(diff, 0.0, "{arch:?}");
+    }
+    // RMSNorm has no bias either way.
+    let rms_cfg = cfg(Arch::Lm, QkNorm::None, NormKind::Rmsnorm, MlpKind::Gelu);
+    let (_, a) = build(&rms_cfg, DType::F32);
+    let (_, b) = build(
+        &ModelConfig {
+            norm_bias: false,
+            ..rms_cfg
+        },
+        DType::F32,
+    );
+    assert_eq!(a.num_params(), b.num_params());
 }
 
 #[test]

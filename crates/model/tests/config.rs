@@ -112,3 +112,14 @@ fn yaml_style_config_rejects_unknown_fields() {
         serde_json::from_str(&json.replace(r#","qk_nrom":"l2""#, r#","qk_norm":"l2""#)).unwrap();
     assert_eq!(ok.qk_norm, ember_model::QkNorm::L2);
 }
+
+#[test]
+fn norm_bias_defaults_to_on_and_reads_from_json() {
+    let mut v = serde_json::to_value(ModelConfig::tiny(Arch::Lm)).unwrap();
+    v.as_object_mut().unwrap().remove("norm_bias");
+    let c: ModelConfig = serde_json::from_value(v.clone()).unwrap();
+    assert!(c.norm_bias, "existing configs keep their LayerNorm biases");
+    v["norm_bias"] = false.into();
+    let c: ModelConfig = serde_json::from_value(v).unwrap();
+    assert!(!c.norm_bias);
+}

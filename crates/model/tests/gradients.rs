@@ -156,3 +156,19 @@ fn learned_and_no_positions_train_every_parameter_and_match_finite_differences()
         }
     }
 }
+
+#[test]
+fn bias_free_layernorm_models_match_finite_differences() {
+    // nanoGPT's block (bias-free LayerNorm, GELU, learned positions), in both architectures.
+    for arch in ALL_ARCHS {
+        let mut c = cfg(
+            arch,
+            ember_model::QkNorm::None,
+            ember_model::NormKind::Layernorm,
+            ember_model::MlpKind::Gelu,
+        );
+        c.norm_bias = false;
+        c.positions = ember_model::Positions::Learned;
+        check_against_finite_differences(&c);
+    }
+}
