@@ -30,10 +30,7 @@ usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-# karpathy/nanoGPT master as of this script (train.py and model.py unchanged since 2023).
-NANOGPT_COMMIT=3adf61e154c3fe3fca428ad6bc3818b27a3b8291
-pairs=3 iters=40 warmup=5 threads_list=default out="" build=1
-nanogpt="${NANOGPT_DIR:-$HOME/.cache/ember/nanoGPT}"
+pairs=3 iters=40 warmup=5 threads_list=default out="" build=1 nanogpt=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     -h|--help) usage 0 ;;
@@ -57,22 +54,11 @@ fi
 IFS=, read -r -a thread_counts <<< "$threads_list"
 
 source scripts/torch-venv.sh   # sets $py
+source scripts/nanogpt.sh      # nanogpt_prepare, $NANOGPT_DEFAULT_DIR
 
 # --- nanoGPT and its data ---------------------------------------------------------------------
-if [[ ! -f "$nanogpt/train.py" ]]; then
-  echo "== cloning nanoGPT into $nanogpt" >&2
-  git clone --quiet https://github.com/karpathy/nanoGPT "$nanogpt" || die "git clone of nanoGPT failed"
-  git -C "$nanogpt" checkout --quiet "$NANOGPT_COMMIT" || die "nanoGPT commit $NANOGPT_COMMIT not found"
-fi
-text=data/tinyshakespeare/input.txt
-[[ -f "$text" ]] || die "$text not found; run scripts/get-data.sh"
-char_dir="$nanogpt/data/shakespeare_char"
-if [[ ! -f "$char_dir/train.bin" ]] || ! cmp -s "$text" "$char_dir/input.txt"; then
-  cp "$text" "$char_dir/input.txt"
-  # prepare.py imports requests only to download input.txt, which is already there.
-  (cd "$char_dir" && "$py" -c 'import sys, types; sys.modules.setdefault("requests", types.ModuleType("requests")); __file__ = "prepare.py"; exec(open("prepare.py").read())' >/dev/null) \
-    || die "nanoGPT's data/shakespeare_char/prepare.py failed"
-fi
+nanogpt="${nanogpt:-$NANOGPT_DEFAULT_DIR}"
+nanogpt_prepare "$nanogpt"
 
 # --- Ember ------------------------------------------------------------------------------------
 target="${CARGO_TARGET_DIR:-target}"
