@@ -84,7 +84,8 @@ def plot(rows: list[dict], path: Path) -> bool:
         return False
     lrs = sorted({r["lr"] for r in rows})
     fig, axes = plt.subplots(1, len(lrs), figsize=(6 * len(lrs), 4.5), squeeze=False)
-    groups = grouped(rows)
+    # Step 0 is left out: nanoGPT logs its evaluation at initialisation (~4.2), Ember does not.
+    groups = {k: v for k, v in grouped(rows).items() if k[2] > 0}
     for ax, lr in zip(axes[0], lrs):
         for side in dict.fromkeys(r["side"] for r in rows):
             points = [(step, list(v.values())) for (s, l, step), v in groups.items() if s == side and l == lr]
@@ -96,8 +97,6 @@ def plot(rows: list[dict], path: Path) -> bool:
             ax.fill_between(steps, [min(v) for _, v in points], [max(v) for _, v in points],
                             color=line.get_color(), alpha=0.2)
         ax.set(title=f"peak lr {lr:g}", xlabel="step", ylabel="validation loss (nats/char)")
-        low = min(r["val_loss"] for r in rows if r["lr"] == lr)
-        ax.set_ylim(low - 0.05, low + 1.0)  # the step-0 loss (~4.2) would flatten the rest
         ax.grid(alpha=0.3)
         ax.legend()
     fig.suptitle("Tiny Shakespeare char LM: mean over seeds, band = min–max")
