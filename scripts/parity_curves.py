@@ -73,6 +73,10 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def seeds(n: int) -> str:
+    return f"{n} seed" + ("s" if n != 1 else "")
+
+
 def plot(rows: list[dict], path: Path) -> bool:
     try:
         import matplotlib
@@ -83,7 +87,7 @@ def plot(rows: list[dict], path: Path) -> bool:
               "(pip install matplotlib into the torch venv)", file=sys.stderr)
         return False
     lrs = sorted({r["lr"] for r in rows})
-    fig, axes = plt.subplots(1, len(lrs), figsize=(6 * len(lrs), 4.5), squeeze=False)
+    fig, axes = plt.subplots(1, len(lrs), figsize=(6 * len(lrs) + 3, 4.5), squeeze=False)
     # Step 0 is left out: nanoGPT logs its evaluation at initialisation (~4.2), Ember does not.
     groups = {k: v for k, v in grouped(rows).items() if k[2] > 0}
     for ax, lr in zip(axes[0], lrs):
@@ -93,12 +97,13 @@ def plot(rows: list[dict], path: Path) -> bool:
                 continue
             steps = [p for p, _ in points]
             line, = ax.plot(steps, [statistics.mean(v) for _, v in points], marker="o", ms=3,
-                            label=f"{side} ({max(len(v) for _, v in points)} seeds)")
+                            label=f"{side} ({seeds(max(len(v) for _, v in points))})")
             ax.fill_between(steps, [min(v) for _, v in points], [max(v) for _, v in points],
                             color=line.get_color(), alpha=0.2)
         ax.set(title=f"peak lr {lr:g}", xlabel="step", ylabel="validation loss (nats/char)")
         ax.grid(alpha=0.3)
-        ax.legend()
+    # Outside the last panel: with a few variants a legend inside covers the curves.
+    axes[0][-1].legend(loc="upper left", bbox_to_anchor=(1.02, 1), fontsize="small")
     fig.suptitle("Tiny Shakespeare char LM: mean over seeds, band = min–max")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
