@@ -6,14 +6,16 @@
 #   scripts/nanogpt-parity.sh [--seeds 1,2,3] [--lrs 1e-3[,3e-3...]] [--steps 1000]
 #       [--eval-every 250] [--eval-iters 100] [--threads 1] [--nanogpt DIR] [--out DIR]
 #       [--ember-config FILE] [--set KEY=VALUE]... [--nanogpt-set KEY=VALUE]...
-#       [--label NAME] [--skip-nanogpt] [--skip-ember] [--no-build]
+#       [--nanogpt-positions learned|rope] [--label NAME] [--skip-nanogpt] [--skip-ember] [--no-build]
 #
 # nanoGPT: `train.py config/train_shakespeare_char.py` with its README's CPU overrides (block 64,
 # batch 12, 4 layers, 4 heads, d=128, dropout 0, float32, no compile), max_iters and
 # lr_decay_iters = --steps, min_lr = lr/10, evaluating every --eval-every steps on --eval-iters
 # random batches per split (its estimator; default 100). Seeds: train.py always seeds 1337; seed
 # S runs it through scripts/nanogpt_seeded.py, which makes that 1337 + S - 1 (seed 1 = nanoGPT as
-# published). --nanogpt-set KEY=VALUE adds --KEY=VALUE (e.g. dropout=0.2) to every nanoGPT run.
+# published). --nanogpt-set KEY=VALUE adds --KEY=VALUE (e.g. dropout=0.2) to every nanoGPT run;
+# --nanogpt-positions rope swaps its learned position table for rotary embeddings applied by the
+# same wrapper (see its docstring; nanoGPT's files stay untouched).
 #
 # Ember: `ember train --ember-config` (default configs/shakespeare-char-nanogpt.yaml, the same
 # recipe in Ember's terms) with train.steps, train.seed, train.lr, train.min_lr = lr/10,
@@ -43,7 +45,7 @@ cd "$ROOT"
 
 seeds=1,2,3 lrs=1e-3 steps=1000 eval_every=250 eval_iters=100 threads=1 nanogpt="" out=runs/nanogpt-parity
 ember_config=configs/shakespeare-char-nanogpt.yaml label="" run_nanogpt=1 run_ember=1 build=1
-ember_sets=() nanogpt_sets=()
+ember_sets=() nanogpt_sets=() nanogpt_positions=learned
 while [[ $# -gt 0 ]]; do
   case "$1" in
     -h|--help) usage 0 ;;
@@ -58,6 +60,7 @@ while [[ $# -gt 0 ]]; do
     --ember-config) ember_config="${2:?--ember-config needs a file}"; shift 2 ;;
     --set) ember_sets+=(--set "${2:?--set needs KEY=VALUE}"); shift 2 ;;
     --nanogpt-set) nanogpt_sets+=("--${2:?--nanogpt-set needs KEY=VALUE}"); shift 2 ;;
+    --nanogpt-positions) nanogpt_positions="${2:?--nanogpt-positions needs learned or rope}"; shift 2 ;;
     --label) label="${2:?--label needs a name}"; shift 2 ;;
     --skip-nanogpt) run_nanogpt=0; shift ;;
     --skip-ember) run_ember=0; shift ;;
@@ -76,6 +79,7 @@ if [[ -n "$label" ]] && (( run_nanogpt + run_ember > 1 )); then
   die "--label names one side: add --skip-nanogpt or --skip-ember"
 fi
 [[ "$label" =~ ^[A-Za-z0-9._+-]*$ ]] || die "--label may hold letters, digits and . _ + - only, got '$label'"
+[[ "$nanogpt_positions" =~ ^(learned|rope)$ ]] || die "--nanogpt-positions must be learned or rope, got '$nanogpt_positions'"
 [[ -f "$ember_config" ]] || die "$ember_config not found"
 IFS=, read -r -a seed_list <<< "$seeds"
 IFS=, read -r -a lr_list <<< "$lrs"
@@ -111,7 +115,7 @@ nanogpt_run() { # side-dir lr seed
   rm -rf "$run" && mkdir -p "$run"
   echo "== nanoGPT lr $2 seed $3 -> $run" >&2
   # out_dir only receives ckpt.pt, which nobody reads: it goes away with the run.
-  (cd "$nanogpt" && OMP_NUM_THREADS="$threads" MKL_NUM_THREADS="$threads" "$py" "$ROOT/scripts/nanogpt_seeded.py" "$3" \
+  (cd "$nanogpt" && OMP_NUM_THREADS="$threads" MKL_NUM_THREADS="$threads" "$py" "$ROOT/scripts/nanogpt_seeded.py" --positions "$nanogpt_positions" "$3" \
       train.py "${nanogpt_args[@]}" --learning_rate="$2" --min_lr="$(min_lr_of "$2")" --out_dir="$run/out" \
       >"$run/train.log" 2>&1) || { tail -20 "$run/train.log" >&2; die "nanoGPT's train.py failed (log: $run/train.log)"; }
   rm -rf "$run/out"
@@ -130,7 +134,7 @@ if (( run_nanogpt )); then
   side="$out/${label:-nanogpt}"
   commit="$(git -C "$nanogpt" rev-parse --verify --quiet HEAD 2>/dev/null || echo "unknown (pinned: $NANOGPT_COMMIT)")"
   write_side "$side" nanogpt "{\"nanogpt_dir\": \"$nanogpt\", \"nanogpt_commit\": \"$commit\"}" \
-    "$py" scripts/nanogpt_seeded.py SEED train.py "${nanogpt_args[@]}" --learning_rate=LR --min_lr=LR/10
+    "$py" scripts/nanogpt_seeded.py --positions "$nanogpt_positions" SEED train.py "${nanogpt_args[@]}" --learning_rate=LR --min_lr=LR/10
   for lr in "${lr_list[@]}"; do
     for seed in "${seed_list[@]}"; do nanogpt_run "$side" "$lr" "$seed"; done
   done
