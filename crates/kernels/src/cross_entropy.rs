@@ -49,36 +49,83 @@ pub fn cross_entropy(
         return cross_entropy_unfused(logits, targets, mask, label_smoothing, z_loss);
     }
     let (n, vocab) = logits.dims2()?;
-    let targets: Vec<u32> = targets.to_dtype(DType::U32)?.to_vec1()?;
-    let mask: Vec<f32> = mask.to_dtype(DType::F32)?.to_vec1()?;
-    if targets.len() != n || mask.len() != n {
-        bail!(
-            "cross_entropy: {n} rows but {} targets and {} mask entries",
-            targets.len(),
-            mask.len()
-        );
-    }
-    if let Some(&bad) = targets.iter().find(|&&t| t as usize >= vocab) {
-        bail!("cross_entropy: target {bad} is outside the vocabulary of {vocab}");
-    }
     let op = CrossEntropyOp {
-        targets: Arc::new(targets),
-        mask: Arc::new(mask),
-        smoothing: label_smoothing as f32,
-        z: z_loss as f32,
+        loss: LossRows::new("cross_entropy", n, vocab, targets, mask, label_smoothing, z_loss)?,
         row_stats: std::sync::Mutex::new(None),
     };
     logits.contiguous()?.apply_op1(op)
 }
 
 /// (max, log Σ exp(x − max)) of every row of the logits.
-type RowStats = Arc<Vec<(f32, f32)>>;
+pub(crate) type RowStats = Arc<Vec<(f32, f32)>>;
+
+/// What turns a row of logits into its losses and their gradient: the row's target, its mask
+/// entry (0 at padding), label smoothing ε and the z-loss weight. Shared by [`cross_entropy`] and
+/// [`crate::linear_cross_entropy`], which make their logits differently.
+pub(crate) struct LossRows {
+    pub targets: Arc<Vec<u32>>,
+    pub mask: Arc<Vec<f32>>,
+    pub smoothing: f32,
+    pub z: f32,
+}
+
+impl LossRows {
+    /// Checks that `targets` and `mask` have `n` entries and every target is below `vocab`;
+    /// `op` names the caller in the error.
+    pub fn new(
+        op: &str,
+        n: usize,
+        vocab: usize,
+        targets: &Tensor,
+        mask: &Tensor,
+        label_smoothing: f64,
+        z_loss: f64,
+    ) -> Result<Self> {
+        let targets: Vec<u32> = targets.to_dtype(DType::U32)?.to_vec1()?;
+        let mask: Vec<f32> = mask.to_dtype(DType::F32)?.to_vec1()?;
+        if targets.len() != n || mask.len() != n {
+            bail!(
+                "{op}: {n} rows but {} targets and {} mask entries",
+                targets.len(),
+                mask.len()
+            );
+        }
+        if let Some(&bad) = targets.iter().find(|&&t| t as usize >= vocab) {
+            bail!("{op}: target {bad} is outside the vocabulary of {vocab}");
+        }
+        Ok(Self {
+            targets: Arc::new(targets),
+            mask: Arc::new(mask),
+            smoothing: label_smoothing as f32,
+            z: z_loss as f32,
+        })
+    }
+
+    /// (objective, NLL, max, lse) of every row of `x` (N × v) into `out`, in parallel.
+    pub fn forward(&self, x: &[f32], v: usize, first: usize, out: &mut [(f32, f32, f32, f32)]) {
+        let ptr = SharedMut(out.as_mut_ptr());
+        for_each_chunk(out.len(), rows_per_task(v), |r| {
+            // SAFETY: the rows `r` belong to this task alone.
+            let out = unsafe { ptr.slice(r.start, r.len()) };
+            ce_forward_rows(self, &x[r.start * v..r.end * v], v, first + r.start, out);
+        });
+    }
+
+    /// Replaces every row of `x` (logits of rows `first..`, N × v) by its gradient under the
+    /// upstream gradient `g` (2 × all rows: objective, then NLL), in parallel; `stats` are every
+    /// row's (max, lse).
+    pub fn gradient_in_place(&self, x: &mut [f32], g: &[f32], v: usize, first: usize, stats: &[(f32, f32)]) {
+        let ptr = SharedMut(x.as_mut_ptr());
+        for_each_chunk(x.len() / v.max(1), rows_per_task(v), |r| {
+            // SAFETY: the rows `r` belong to this task alone.
+            let rows = unsafe { ptr.slice(r.start * v, r.len() * v) };
+            ce_gradient_rows(self, rows, g, v, first + r.start, stats);
+        });
+    }
+}
 
 struct CrossEntropyOp {
-    targets: Arc<Vec<u32>>,
-    mask: Arc<Vec<f32>>,
-    smoothing: f32,
-    z: f32,
+    loss: LossRows,
     /// (max, log Σ exp(x − max)) of every row, saved by the forward pass for the backward.
     row_stats: std::sync::Mutex<Option<RowStats>>,
 }
@@ -94,13 +141,29 @@ fn ce_row_stats(row: &[f32], scratch: &mut [f32]) -> (f32, f32) {
     (max, sum(scratch).ln())
 }
 
+/// (max, lse) of every row of `x` (N × v), in parallel.
+fn row_stats(x: &[f32], v: usize) -> Vec<(f32, f32)> {
+    let n = x.len() / v.max(1);
+    let mut stats = vec![(0f32, 0f32); n];
+    let ptr = SharedMut(stats.as_mut_ptr());
+    for_each_chunk(n, rows_per_task(v), |r| {
+        // SAFETY: the rows `r` belong to this task alone.
+        let out = unsafe { ptr.slice(r.start, r.len()) };
+        let mut scratch = vec![0f32; v];
+        for (o, row) in out.iter_mut().zip(x[r.start * v..r.end * v].chunks_exact(v)) {
+            *o = ce_row_stats(row, &mut scratch);
+        }
+    });
+    stats
+}
+
 simd_dispatch!(ce_forward_rows => ce_forward_rows_generic(
-    op: &CrossEntropyOp, x: &[f32], v: usize, first: usize, out: &mut [(f32, f32, f32, f32)]) -> ());
+    op: &LossRows, x: &[f32], v: usize, first: usize, out: &mut [(f32, f32, f32, f32)]) -> ());
 
 /// For the rows of `x` (the first being row `first`): (objective, NLL, max, lse) of each.
 #[inline(always)]
 fn ce_forward_rows_generic(
-    op: &CrossEntropyOp,
+    op: &LossRows,
     x: &[f32],
     v: usize,
     first: usize,
@@ -125,33 +188,29 @@ fn ce_forward_rows_generic(
     }
 }
 
-simd_dispatch!(ce_backward_rows => ce_backward_rows_generic(
-    op: &CrossEntropyOp, x: &[f32], g: &[f32], v: usize, first: usize, stats: Option<&[(f32, f32)]>,
-    dx: &mut [f32]) -> ());
+simd_dispatch!(ce_gradient_rows => ce_gradient_rows_generic(
+    op: &LossRows, rows: &mut [f32], g: &[f32], v: usize, first: usize, stats: &[(f32, f32)]) -> ());
 
-/// The gradient of the rows of `x` (the first being row `first`) into `dx`.
+/// Replaces the logits in `rows` (the first being row `first`) by their gradient.
 #[inline(always)]
-fn ce_backward_rows_generic(
-    op: &CrossEntropyOp,
-    x: &[f32],
+fn ce_gradient_rows_generic(
+    op: &LossRows,
+    rows: &mut [f32],
     g: &[f32],
     v: usize,
     first: usize,
-    stats: Option<&[(f32, f32)]>,
-    dx: &mut [f32],
+    stats: &[(f32, f32)],
 ) {
     let n = g.len() / 2;
     let uniform = 1.0 / v as f32;
-    for (r, (row, drow)) in x.chunks_exact(v).zip(dx.chunks_exact_mut(v)).enumerate() {
+    for (r, row) in rows.chunks_exact_mut(v).enumerate() {
         let i = first + r;
         let (g_obj, g_nll) = (g[i] * op.mask[i], g[n + i] * op.mask[i]);
         if g_obj == 0.0 && g_nll == 0.0 {
-            continue; // dx starts at zero
+            row.fill(0.0);
+            continue;
         }
-        let (max, lse) = match stats {
-            Some(s) => s[i],
-            None => ce_row_stats(row, drow),
-        };
+        let (max, lse) = stats[i];
         // d/dl of each term: nll → p − onehot; mean(−log p) → p − 1/V; log²Z → 2·logZ·p.
         let w_nll = g_obj * (1.0 - op.smoothing.max(0.0)) + g_nll;
         let w_unif = if op.smoothing > 0.0 {
@@ -167,11 +226,23 @@ fn ce_backward_rows_generic(
         let w_p = w_nll + w_unif + w_z;
         let shift = max + lse;
         let offset = w_unif * uniform;
-        for (d, &x) in drow.iter_mut().zip(row) {
-            *d = exp_fast(x - shift) * w_p - offset;
+        for x in row.iter_mut() {
+            *x = exp_fast(*x - shift) * w_p - offset;
         }
-        drow[op.targets[i] as usize] -= w_nll;
+        row[op.targets[i] as usize] -= w_nll;
     }
+}
+
+/// The (2, n) output of the per-row losses: objectives, then NLLs.
+pub(crate) fn loss_output(rows: &[(f32, f32, f32, f32)]) -> Vec<f32> {
+    let n = rows.len();
+    let mut out = vec![0f32; 2 * n];
+    let (objective, nll) = out.split_at_mut(n);
+    for ((o, l), &(obj, row_nll, _, _)) in objective.iter_mut().zip(nll.iter_mut()).zip(rows) {
+        *o = obj;
+        *l = row_nll;
+    }
+    out
 }
 
 impl CustomOp1 for CrossEntropyOp {
@@ -182,35 +253,23 @@ impl CustomOp1 for CrossEntropyOp {
         let x = cpu_slice(st, l)?;
         let (n, v) = l.shape().dims2()?;
         let mut rows = vec![(0f32, 0f32, 0f32, 0f32); n];
-        let ptr = SharedMut(rows.as_mut_ptr());
-        for_each_chunk(n, rows_per_task(v), |r| {
-            // SAFETY: the rows `r` belong to this task alone.
-            let out = unsafe { ptr.slice(r.start, r.len()) };
-            ce_forward_rows(self, &x[r.start * v..r.end * v], v, r.start, out);
-        });
-        let mut out = vec![0f32; 2 * n];
-        let (objective, nll) = out.split_at_mut(n);
-        for ((o, l), &(obj, row_nll, _, _)) in objective.iter_mut().zip(nll.iter_mut()).zip(&rows) {
-            *o = obj;
-            *l = row_nll;
-        }
+        self.loss.forward(x, v, 0, &mut rows);
         let stats = rows.iter().map(|&(_, _, max, lse)| (max, lse)).collect();
         *self.row_stats.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(stats));
-        Ok((CpuStorage::F32(out), Shape::from((2, n))))
+        Ok((CpuStorage::F32(loss_output(&rows)), Shape::from((2, n))))
     }
     fn bwd(&self, x: &Tensor, _res: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
         let (n, v) = x.dims2()?;
         let stats = self.row_stats.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let stats = stats.filter(|s| s.len() == n);
         let dx = with_data([x, g], |[x, g]| {
-            let mut dx = vec![0f32; x.len()];
-            let ptr = SharedMut(dx.as_mut_ptr());
-            for_each_chunk(n, rows_per_task(v), |r| {
-                // SAFETY: the rows `r` belong to this task alone.
-                let out = unsafe { ptr.slice(r.start * v, r.len() * v) };
-                let x = &x[r.start * v..r.end * v];
-                ce_backward_rows(self, x, g, v, r.start, stats.as_ref().map(|s| s.as_slice()), out);
-            });
+            let stats = match stats.filter(|s| s.len() == n) {
+                Some(s) => s,
+                None => Arc::new(row_stats(x, v)),
+            };
+            // The gradient overwrites a copy of the logits row by row (the copy replaces the
+            // zero-filled buffer a separate output would need).
+            let mut dx = x.to_vec();
+            self.loss.gradient_in_place(&mut dx, g, v, 0, &stats);
             Ok(dx)
         })?;
         Ok(Some(cpu_tensor(dx, x.shape())?))

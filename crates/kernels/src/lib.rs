@@ -15,6 +15,7 @@
 //! | [`dropout`] | inverted dropout from a counter-based SplitMix64 mask |
 //! | [`attention`] | softmax(q·kᵀ + mask)·v with grouped-query heads |
 //! | [`cross_entropy`] | log-softmax, label smoothing, z-loss and padding in one pass |
+//! | [`linear_cross_entropy`] | the output projection and that loss, a block of rows at a time (the logits are never stored whole) |
 //! | [`adamw`] | the AdamW update of one parameter, and the gradient's sum of squares |
 //!
 //! **One convention.** Every public op takes and returns tensors and decides by itself which
@@ -37,6 +38,7 @@ pub mod attention;
 pub mod cross_entropy;
 pub mod dropout;
 pub mod linear;
+pub mod linear_cross_entropy;
 pub mod norm;
 pub mod rope;
 pub mod softmax;
@@ -46,6 +48,7 @@ pub use attention::{attention, attention_unfused, AttentionOptions, AttentionTel
 pub use cross_entropy::{cross_entropy, cross_entropy_unfused};
 pub use dropout::{dropout, dropout_unfused};
 pub use linear::{linear, linear_unfused};
+pub use linear_cross_entropy::{linear_cross_entropy, linear_cross_entropy_unfused};
 pub use norm::{layer_norm, layer_norm_unfused, rms_norm, rms_norm_unfused};
 pub use rope::{logn_factor, rope, rope_unfused, PositionScale, RopeTables};
 pub use softmax::{softmax_rows, softmax_rows_unfused};

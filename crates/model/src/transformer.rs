@@ -356,6 +356,11 @@ impl LanguageModel {
             .forward(&self.embed(tokens, 0, ctx)?, None, None, ctx)
     }
 
+    /// The output projection's weight (V, D): logits are `hidden · Wᵀ`.
+    pub fn output_weight(&self) -> &Tensor {
+        self.io.lm_head.weight()
+    }
+
     /// Next-token logits (B, T, V) for token ids (B, T).
     pub fn forward(&self, tokens: &Tensor, ctx: ForwardCtx) -> Result<Tensor> {
         self.io.lm_head.forward(&self.hidden(tokens, ctx)?)
@@ -402,6 +407,11 @@ impl Seq2Seq {
     pub fn decode_hidden(&self, tgt_in: &Tensor, memory: &Memory, ctx: ForwardCtx) -> Result<Tensor> {
         self.decoder
             .forward(&self.target_embed(tgt_in, 0, ctx)?, Some(memory), None, ctx)
+    }
+
+    /// The output projection's weight (V, D): logits are `hidden · Wᵀ`.
+    pub fn output_weight(&self) -> &Tensor {
+        self.io.lm_head.weight()
     }
 
     /// Logits (B, T, V) for teacher-forced target inputs (B, T).

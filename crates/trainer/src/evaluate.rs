@@ -57,7 +57,7 @@ pub fn evaluate(
     let mut run = |batch: Batch| -> Result<()> {
         let bt = BatchTensors::new(&batch, device)?;
         nll += bt
-            .loss(model, ForwardCtx::eval(), 0.0, 0.0)?
+            .loss(model, ForwardCtx::eval(), 0.0, 0.0, false)?
             .nll
             .to_scalar::<f32>()? as f64;
         tokens += bt.tokens as u64;

@@ -1,5 +1,6 @@
 //! Cross-entropy with label smoothing, padding ignored, and optional z-loss — none of which
-//! candle provides.
+//! candle provides — of the logits of the output projection, which on CPU are never stored
+//! whole (`ember_kernels::linear_cross_entropy`).
 
 use candle_core::{DType, Result, Tensor};
 
@@ -13,20 +14,30 @@ pub struct TokenLoss {
     pub nll: Tensor,
 }
 
-/// `logits` (N, V), `targets` (N) u32, `mask` (N) with 1 at real tokens and 0 at padding.
-pub fn cross_entropy(
-    logits: &Tensor,
+/// The losses of the logits `hidden · Wᵀ` for hidden states (N, D) and the output weight (V, D);
+/// `targets` (N) u32, `mask` (N) with 1 at real tokens and 0 at padding. `grads`: a backward
+/// pass of `objective` times a constant follows (training), which the forward pass prepares.
+pub fn linear_cross_entropy(
+    hidden: &Tensor,
+    output_weight: &Tensor,
     targets: &Tensor,
     mask: &Tensor,
     label_smoothing: f64,
     z_loss: f64,
+    grads: bool,
 ) -> Result<TokenLoss> {
-    let logits = logits.to_dtype(DType::F32)?;
+    let hidden = hidden.to_dtype(DType::F32)?;
+    let output_weight = output_weight.to_dtype(DType::F32)?;
     let mask = mask.to_dtype(DType::F32)?;
-    // One fused pass on CPU (log-softmax, smoothing, z-loss, masking, and a hand-written
-    // backward); the same composition of candle primitives elsewhere. Row 0: objective per
-    // token, row 1: NLL per token, both masked.
-    let per_token = ember_kernels::cross_entropy(&logits, targets, &mask, label_smoothing, z_loss)?;
+    let per_token = ember_kernels::linear_cross_entropy(
+        &hidden,
+        &output_weight,
+        targets,
+        &mask,
+        label_smoothing,
+        z_loss,
+        grads,
+    )?;
     Ok(TokenLoss {
         objective: per_token.get(0)?.sum_all()?,
         nll: per_token.get(1)?.detach().sum_all()?,
@@ -40,6 +51,19 @@ mod tests {
 
     fn t(v: &[f32], shape: (usize, usize)) -> Tensor {
         Tensor::from_vec(v.to_vec(), shape, &Device::Cpu).unwrap()
+    }
+
+    /// The losses of `logits` themselves: hidden states through an identity output weight.
+    fn cross_entropy(
+        logits: &Tensor,
+        targets: &Tensor,
+        mask: &Tensor,
+        smoothing: f64,
+        z: f64,
+    ) -> Result<TokenLoss> {
+        let v = logits.dim(1)?;
+        let identity = Tensor::eye(v, DType::F32, &Device::Cpu)?;
+        linear_cross_entropy(logits, &identity, targets, mask, smoothing, z, true)
     }
 
     #[test]

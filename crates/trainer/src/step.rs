@@ -15,7 +15,7 @@ use ember_model::{AttentionStats, DropoutRng, ForwardCtx, Model, Telemetry};
 use ember_rng::SplitMix64;
 
 use crate::config::TrainConfig;
-use crate::loss::{cross_entropy, TokenLoss};
+use crate::loss::{linear_cross_entropy, TokenLoss};
 use crate::optim::{GradCheck, Param};
 
 /// A batch as tensors, with targets flattened to one row per token.
@@ -68,27 +68,32 @@ impl BatchTensors {
         })
     }
 
-    /// Summed losses over the batch's real target tokens; `ctx` says train (dropout) or eval.
+    /// Summed losses over the batch's real target tokens; `ctx` says train (dropout) or eval,
+    /// `grads` whether a backward pass of the objective follows.
     pub fn loss(
         &self,
         model: &Model,
         ctx: ForwardCtx,
         label_smoothing: f64,
         z_loss: f64,
+        grads: bool,
     ) -> Result<TokenLoss> {
-        let logits = self.logits(model, ctx)?;
-        Ok(cross_entropy(
-            &logits,
+        let (hidden, output_weight) = self.hidden(model, ctx)?;
+        Ok(linear_cross_entropy(
+            &hidden,
+            output_weight,
             &self.targets,
             &self.mask,
             label_smoothing,
             z_loss,
+            grads,
         )?)
     }
 
-    /// Logits (N, V), one row per target position.
-    fn logits(&self, model: &Model, ctx: ForwardCtx) -> Result<Tensor> {
-        let logits = match (&self.inputs, model) {
+    /// Final hidden states (N, D), one row per target position, and the output projection's
+    /// weight that turns them into logits.
+    fn hidden<'m>(&self, model: &'m Model, ctx: ForwardCtx) -> Result<(Tensor, &'m Tensor)> {
+        let (hidden, output_weight) = match (&self.inputs, model) {
             (
                 Inputs::Seq2seq {
                     src,
@@ -96,12 +101,15 @@ impl BatchTensors {
                     tgt_in,
                 },
                 Model::Seq2seq(m),
-            ) => m.forward(src, Some(src_mask), tgt_in, ctx)?,
-            (Inputs::Lm { input }, Model::Lm(m)) => m.forward(input, ctx)?,
+            ) => {
+                let memory = m.encode(src, Some(src_mask), ctx)?;
+                (m.decode_hidden(tgt_in, &memory, ctx)?, m.output_weight())
+            }
+            (Inputs::Lm { input }, Model::Lm(m)) => (m.hidden(input, ctx)?, m.output_weight()),
             _ => bail!("the batch does not fit the model architecture"),
         };
-        let v = logits.dim(2)?;
-        Ok(logits.reshape(((), v))?)
+        let d = hidden.dim(2)?;
+        Ok((hidden.reshape(((), d))?, output_weight))
     }
 }
 
@@ -167,7 +175,7 @@ pub fn forward_backward(
         if telemetry && i == 0 {
             ctx = ctx.with_telemetry(&collector);
         }
-        let loss = bt.loss(model, ctx, cfg.label_smoothing, cfg.z_loss)?;
+        let loss = bt.loss(model, ctx, cfg.label_smoothing, cfg.z_loss, true)?;
         objective += loss.objective.to_scalar::<f32>()? as f64;
         nll += loss.nll.to_scalar::<f32>()? as f64;
         forward_secs += t0.elapsed().as_secs_f64();

@@ -1,0 +1,258 @@
+//! The output projection and the loss in one op: the logits `h·Wᵀ` are made a block of rows at a
+//! time, turned into losses (and, in training, gradients) while the block is in cache, and never
+//! stored whole.
+//!
+//! Why: with multi30k-tiny's 10k vocabulary and ~3,600 target tokens a step, the logits are a
+//! 144 MB tensor that the projection writes and the loss reads; in the backward pass the loss
+//! writes a gradient as large, candle's autograd zero-fills another and adds the two into a third
+//! before the projection's backward reads it twice. That traffic, not the products, was most of
+//! what a step spends outside its GEMMs. Here the memory a step touches for the loss is one
+//! block of logits, dh (N × d) and dW (V × d).
+//!
+//! Gradients are computed in the forward pass, in training (`grads: true`), for the upstream
+//! gradient the trainer's loss sends back: the same constant c on every token's objective (the
+//! objective summed, divided by the batch's tokens) and none on the NLL row (reported, detached).
+//! The forward pass keeps dh and dW for c = 1 and the backward pass scales them by c. Any other
+//! upstream gradient — per-token weights, a gradient through the NLL row, or a forward pass
+//! without `grads` — is handled exactly by recomputing the logits block by block in the backward
+//! pass: the op's gradient is always the unfused composition's, only the cost differs.
+//!
+//! Blocks have a fixed number of rows for a given vocabulary size, and every product and row
+//! op inside a block splits its work as the other kernels do ([`crate::par`]): the bits do not
+//! depend on the thread count. They do differ from the unfused composition's in the last place
+//! (dW is summed block by block).
+
+use std::sync::{Arc, Mutex};
+
+use candle_core::{bail, CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
+
+use crate::cross_entropy::{cross_entropy_unfused, loss_output, LossRows};
+use crate::gemm::{sgemm, Mat};
+use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
+use crate::linear::linear_unfused;
+
+/// Logits a block holds: 4 Mi floats (16 MiB), so that a block of a 10k vocabulary has ~400 rows
+/// (enough for the products to run at full speed) and a small vocabulary takes every row at once.
+const BLOCK_FLOATS: usize = 1 << 22;
+
+/// Rows per block for a vocabulary of `v`: a multiple of 8 (the GEMM's row tile), at least 8.
+fn block_rows(v: usize) -> usize {
+    (BLOCK_FLOATS / v.max(1)) / 8 * 8
+}
+
+/// The unfused composition [`linear_cross_entropy`] equals: [`crate::cross_entropy`]'s
+/// (2, N) per-token losses of the logits `h·Wᵀ`, h (…, d) folded into N rows.
+pub fn linear_cross_entropy_unfused(
+    h: &Tensor,
+    w: &Tensor,
+    targets: &Tensor,
+    mask: &Tensor,
+    label_smoothing: f64,
+    z_loss: f64,
+) -> Result<Tensor> {
+    let (_, d) = w.dims2()?;
+    let h = h.reshape(((), d))?;
+    cross_entropy_unfused(&linear_unfused(&h, w)?, targets, mask, label_smoothing, z_loss)
+}
+
+/// Per-token losses (2, N) — row 0 the training objective, row 1 the NLL, both masked, as
+/// [`crate::cross_entropy`] gives them — of the logits `h·Wᵀ` for hidden states h (…, d) folded
+/// into N rows and an output weight W (V, d). `grads`: the caller will call backward with the
+/// trainer's upstream gradient (see the module docs); without it the forward pass computes the
+/// losses only. On anything but f32 CPU tensors this is [`linear_cross_entropy_unfused`].
+pub fn linear_cross_entropy(
+    h: &Tensor,
+    w: &Tensor,
+    targets: &Tensor,
+    mask: &Tensor,
+    label_smoothing: f64,
+    z_loss: f64,
+    grads: bool,
+) -> Result<Tensor> {
+    let (v, d) = w.dims2()?;
+    if h.dims().last() != Some(&d) {
+        bail!(
+            "linear_cross_entropy: hidden states {:?} do not fit an output weight {:?}",
+            h.shape(),
+            w.shape()
+        );
+    }
+    if !(is_host_f32(h) && is_host_f32(w)) {
+        return linear_cross_entropy_unfused(h, w, targets, mask, label_smoothing, z_loss);
+    }
+    let n = h.elem_count() / d.max(1);
+    let op = LinearCrossEntropyOp {
+        loss: LossRows::new(
+            "linear_cross_entropy",
+            n,
+            v,
+            targets,
+            mask,
+            label_smoothing,
+            z_loss,
+        )?,
+        grads,
+        saved: Mutex::new(None),
+    };
+    h.reshape((n, d))?.contiguous()?.apply_op2(&w.contiguous()?, op)
+}
+
+struct LinearCrossEntropyOp {
+    loss: LossRows,
+    grads: bool,
+    saved: Mutex<Option<Arc<Saved>>>,
+}
+
+/// What the forward pass leaves for the backward pass.
+struct Saved {
+    /// (max, lse) of every row of the logits.
+    stats: Vec<(f32, f32)>,
+    /// dh and dW for an upstream gradient of 1 on every objective and 0 on every NLL.
+    unit: Option<(Vec<f32>, Vec<f32>)>,
+}
+
+/// Where the block loop puts a gradient: the upstream gradient (2N), dh (N × d), dW (V × d).
+struct GradOut<'a> {
+    g: &'a [f32],
+    dh: &'a mut [f32],
+    dw: &'a mut [f32],
+}
+
+impl LinearCrossEntropyOp {
+    /// For each block of rows of h (n × d): its logits against w (v × d); with `losses`, each
+    /// row's (objective, NLL, max, lse) into it (and `stats` from them); with `grad`, the block's
+    /// gradient under `grad.g` into dh and added into dW (the first block overwrites it).
+    #[allow(clippy::too_many_arguments)]
+    fn run_blocks(
+        &self,
+        h: &[f32],
+        w: &[f32],
+        (n, d, v): (usize, usize, usize),
+        mut losses: Option<&mut [(f32, f32, f32, f32)]>,
+        stats: &mut [(f32, f32)],
+        mut grad: Option<GradOut<'_>>,
+    ) {
+        let rows = block_rows(v).max(8);
+        let mut logits = vec![0f32; rows.min(n) * v];
+        for (b, start) in (0..n).step_by(rows).enumerate() {
+            let m = rows.min(n - start);
+            let block = &mut logits[..m * v];
+            let hb = &h[start * d..(start + m) * d];
+            sgemm(m, d, v, Mat::rows(hb, d), Mat::rows(w, d).t(), 0.0, block);
+            if let Some(losses) = losses.as_deref_mut() {
+                let out = &mut losses[start..start + m];
+                self.loss.forward(block, v, start, out);
+                for (s, &(_, _, max, lse)) in stats[start..start + m].iter_mut().zip(out.iter()) {
+                    *s = (max, lse);
+                }
+            }
+            if let Some(GradOut { g, dh, dw }) = grad.as_mut() {
+                self.loss.gradient_in_place(block, g, v, start, stats);
+                let block: &[f32] = block;
+                // dh of the block's rows = dlogits · W; dW (+)= dlogitsᵀ · h_block.
+                sgemm(
+                    m,
+                    v,
+                    d,
+                    Mat::rows(block, v),
+                    Mat::rows(w, d),
+                    0.0,
+                    &mut dh[start * d..(start + m) * d],
+                );
+                let beta = if b == 0 { 0.0 } else { 1.0 };
+                sgemm(v, m, d, Mat::rows(block, v).t(), Mat::rows(hb, d), beta, dw);
+            }
+        }
+        if n == 0 {
+            if let Some(GradOut { dw, .. }) = grad {
+                dw.fill(0.0);
+            }
+        }
+    }
+}
+
+/// The common value of the objective's upstream gradient over the rows that count (mask ≠ 0),
+/// when the NLL row gets none: the case the forward pass prepared for.
+fn uniform_objective_gradient(g: &[f32], mask: &[f32]) -> Option<f32> {
+    let n = mask.len();
+    if g[n..].iter().any(|&x| x != 0.0) {
+        return None;
+    }
+    let mut counted = g[..n]
+        .iter()
+        .zip(mask)
+        .filter(|&(_, &m)| m != 0.0)
+        .map(|(&x, _)| x);
+    let first = counted.next().unwrap_or(0.0);
+    counted.all(|x| x == first).then_some(first)
+}
+
+impl CustomOp2 for LinearCrossEntropyOp {
+    fn name(&self) -> &'static str {
+        "ember-linear-cross-entropy"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (n, d) = l1.shape().dims2()?;
+        let (v, _) = l2.shape().dims2()?;
+        let (h, w) = (cpu_slice(s1, l1)?, cpu_slice(s2, l2)?);
+        let mut rows = vec![(0f32, 0f32, 0f32, 0f32); n];
+        let mut stats = vec![(0f32, 0f32); n];
+        let unit = if self.grads {
+            let mut g = vec![1f32; n];
+            g.resize(2 * n, 0.0);
+            let (mut dh, mut dw) = (vec![0f32; n * d], vec![0f32; v * d]);
+            let grad = GradOut {
+                g: &g,
+                dh: &mut dh,
+                dw: &mut dw,
+            };
+            self.run_blocks(h, w, (n, d, v), Some(&mut rows), &mut stats, Some(grad));
+            Some((dh, dw))
+        } else {
+            self.run_blocks(h, w, (n, d, v), Some(&mut rows), &mut stats, None);
+            None
+        };
+        *self.saved.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(Saved { stats, unit }));
+        Ok((CpuStorage::F32(loss_output(&rows)), Shape::from((2, n))))
+    }
+
+    fn bwd(
+        &self,
+        h: &Tensor,
+        w: &Tensor,
+        _res: &Tensor,
+        g: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let (n, d) = h.dims2()?;
+        let (v, _) = w.dims2()?;
+        let saved = self.saved.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let Some(saved) = saved.filter(|s| s.stats.len() == n) else {
+            bail!("linear_cross_entropy: backward without the forward pass's row statistics");
+        };
+        let (dh, dw) = with_data([h, w, g], |[h, w, g]| {
+            if let (Some(c), Some((dh, dw))) = (uniform_objective_gradient(g, &self.loss.mask), &saved.unit) {
+                return Ok((
+                    dh.iter().map(|x| x * c).collect(),
+                    dw.iter().map(|x| x * c).collect(),
+                ));
+            }
+            let (mut dh, mut dw) = (vec![0f32; n * d], vec![0f32; v * d]);
+            let mut stats = saved.stats.clone();
+            let grad = GradOut {
+                g,
+                dh: &mut dh,
+                dw: &mut dw,
+            };
+            self.run_blocks(h, w, (n, d, v), None, &mut stats, Some(grad));
+            Ok((dh, dw))
+        })?;
+        Ok((Some(cpu_tensor(dh, h.shape())?), Some(cpu_tensor(dw, w.shape())?)))
+    }
+}
