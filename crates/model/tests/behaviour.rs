@@ -105,18 +105,28 @@ fn incremental(model: &Model, src: Option<&Tensor>, ids: &Tensor, chunks: &[usiz
     Tensor::cat(&outs, 1).unwrap()
 }
 
-/// Decoding `ids` in each of the `chunkings` with the KV cache gives `full` (the one-pass logits)
-/// to float rounding.
+/// The logits of `ids` in one pass (a seq2seq model encodes `src` first).
+fn full_pass(model: &Model, ids: &Tensor, src: Option<&Tensor>) -> Tensor {
+    match model {
+        Model::Lm(m) => m.forward(ids, eval()).unwrap(),
+        Model::Seq2seq(m) => m
+            .forward(src.expect("a seq2seq model needs a source"), None, ids, eval())
+            .unwrap(),
+    }
+}
+
+/// Decoding `ids` in each of the `chunkings` with the KV cache gives the one-pass logits to
+/// float rounding.
 fn assert_cache_equals_full(
     model: &Model,
     src: Option<&Tensor>,
     ids: &Tensor,
-    full: &Tensor,
     chunkings: &[&[usize]],
     what: &str,
 ) {
+    let full = full_pass(model, ids, src);
     for chunks in chunkings {
-        let diff = max_abs_diff(full, &incremental(model, src, ids, chunks));
+        let diff = max_abs_diff(&full, &incremental(model, src, ids, chunks));
         assert!(diff <= 1e-5, "{what}/{chunks:?}: cache differs by {diff}");
     }
 }
@@ -132,16 +142,11 @@ fn kv_cache_decoding_equals_the_full_forward_pass() {
                 perturb(&params, 0.05, 4);
                 let ids = tokens(2, 9, c.vocab(), 11);
                 let src = tokens(2, 6, c.vocab(), 12);
-                let full = match &model {
-                    Model::Lm(m) => m.forward(&ids, eval()).unwrap(),
-                    Model::Seq2seq(m) => m.forward(&src, None, &ids, eval()).unwrap(),
-                };
                 let src = (arch == Arch::Seq2seq).then_some(&src);
                 assert_cache_equals_full(
                     &model,
                     src,
                     &ids,
-                    &full,
                     &[&[1; 9], &[4, 1, 1, 3]],
                     &format!("{arch:?}/{qk:?}/kv={kv_heads}"),
                 );
@@ -161,31 +166,25 @@ fn logn_scaling_changes_nothing_up_to_its_length_and_cached_decoding_past_it_equ
             let (model, params) = build(&plain, DType::F32);
             perturb(&params, 0.05, 4);
             let scaled = Model::new(&logn, &params).unwrap();
-            let forward = |model: &Model, ids: &Tensor, src: &Tensor| match model {
-                Model::Lm(m) => m.forward(ids, eval()).unwrap(),
-                Model::Seq2seq(m) => m.forward(src, None, ids, eval()).unwrap(),
-            };
             let src = tokens(2, 9, plain.vocab(), 12);
+            let src = (arch == Arch::Seq2seq).then_some(&src);
             // Up to m positions: the same bits, encoder included (it is never scaled).
             let short = tokens(2, 4, plain.vocab(), 11);
             assert_eq!(
-                max_abs_diff(&forward(&model, &short, &src), &forward(&scaled, &short, &src)),
+                max_abs_diff(&full_pass(&model, &short, src), &full_pass(&scaled, &short, src)),
                 0.0,
                 "{arch:?}/{qk:?}: log-n changed positions within its length"
             );
             // Past m it acts, and the cache agrees with the full pass.
             let ids = tokens(2, 9, plain.vocab(), 13);
-            let full = forward(&scaled, &ids, &src);
             assert!(
-                max_abs_diff(&forward(&model, &ids, &src), &full) > 1e-4,
+                max_abs_diff(&full_pass(&model, &ids, src), &full_pass(&scaled, &ids, src)) > 1e-4,
                 "{arch:?}/{qk:?}: log-n did nothing past its length"
             );
-            let src = (arch == Arch::Seq2seq).then_some(&src);
             assert_cache_equals_full(
                 &scaled,
                 src,
                 &ids,
-                &full,
                 &[&[1; 9], &[4, 1, 1, 3], &[6, 3]],
                 &format!("{arch:?}/{qk:?} with log-n"),
             );
@@ -207,16 +206,11 @@ fn learned_and_no_positions_decode_with_the_cache_as_the_full_pass_and_stay_caus
                 perturb(&params, 0.05, 5);
                 let ids = tokens(2, 9, c.vocab(), 21);
                 let src = tokens(2, 6, c.vocab(), 22);
-                let full = match &model {
-                    Model::Lm(m) => m.forward(&ids, eval()).unwrap(),
-                    Model::Seq2seq(m) => m.forward(&src, None, &ids, eval()).unwrap(),
-                };
-                let src_opt = (arch == Arch::Seq2seq).then_some(&src);
+                let src = (arch == Arch::Seq2seq).then_some(&src);
                 assert_cache_equals_full(
                     &model,
-                    src_opt,
+                    src,
                     &ids,
-                    &full,
                     &[&[1; 9], &[4, 1, 1, 3]],
                     &format!("{positions:?}/{arch:?}/logn={logn}"),
                 );
@@ -224,12 +218,8 @@ fn learned_and_no_positions_decode_with_the_cache_as_the_full_pass_and_stay_caus
                 let mut changed: Vec<u32> = ids.flatten_all().unwrap().to_vec1().unwrap();
                 changed[6] = if changed[6] == 5 { 6 } else { 5 };
                 let changed = Tensor::from_vec(changed, (2, 9), &Device::Cpu).unwrap();
-                let other = match &model {
-                    Model::Lm(m) => m.forward(&changed, eval()).unwrap(),
-                    Model::Seq2seq(m) => m.forward(&src, None, &changed, eval()).unwrap(),
-                };
-                let prefix = |t: &Tensor| t.narrow(1, 0, 6).unwrap();
-                assert_eq!(max_abs_diff(&prefix(&full), &prefix(&other)), 0.0);
+                let prefix = |ids: &Tensor| full_pass(&model, ids, src).narrow(1, 0, 6).unwrap();
+                assert_eq!(max_abs_diff(&prefix(&ids), &prefix(&changed)), 0.0);
             }
         }
     }
