@@ -1,10 +1,11 @@
-//! The loss: log-softmax, label-smoothed cross-entropy, z-loss and padding in one pass.
+//! The loss: log-softmax, label-smoothed cross-entropy, z-loss and padding, row by row.
+//!
+//! [`LossRows`] is the per-row math of the fused [`crate::linear_cross_entropy`] (which makes the
+//! logits itself, a block at a time); [`cross_entropy_unfused`] is the composition of candle
+//! primitives it equals.
 
-use std::sync::Arc;
+use candle_core::{bail, DType, Result, Tensor, D};
 
-use candle_core::{bail, CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor, D};
-
-use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
 use crate::par::{for_each_chunk, rows_per_task, SharedMut};
 use crate::simd::{exp_fast, max_of, simd_dispatch, sum};
 
@@ -36,44 +37,18 @@ pub fn cross_entropy_unfused(
     Tensor::stack(&[(per_token * mask)?, (nll * mask)?], 0)
 }
 
-/// Fused [`cross_entropy_unfused`] for f32 CPU logits; `targets` (N) integer ids and `mask` (N)
-/// are constants (no gradient).
-pub fn cross_entropy(
-    logits: &Tensor,
-    targets: &Tensor,
-    mask: &Tensor,
-    label_smoothing: f64,
-    z_loss: f64,
-) -> Result<Tensor> {
-    if !is_host_f32(logits) {
-        return cross_entropy_unfused(logits, targets, mask, label_smoothing, z_loss);
-    }
-    let (n, vocab) = logits.dims2()?;
-    let op = CrossEntropyOp {
-        loss: LossRows::new("cross_entropy", n, vocab, targets, mask, label_smoothing, z_loss)?,
-        row_stats: std::sync::Mutex::new(None),
-    };
-    logits.contiguous()?.apply_op1(op)
-}
-
-/// (max, log Σ exp(x − max)) of every row of the logits.
-pub(crate) type RowStats = Arc<Vec<(f32, f32)>>;
-
 /// What turns a row of logits into its losses and their gradient: the row's target, its mask
-/// entry (0 at padding), label smoothing ε and the z-loss weight. Shared by [`cross_entropy`] and
-/// [`crate::linear_cross_entropy`], which make their logits differently.
+/// entry (0 at padding), label smoothing ε and the z-loss weight.
 pub(crate) struct LossRows {
-    pub targets: Arc<Vec<u32>>,
-    pub mask: Arc<Vec<f32>>,
+    pub targets: Vec<u32>,
+    pub mask: Vec<f32>,
     pub smoothing: f32,
     pub z: f32,
 }
 
 impl LossRows {
-    /// Checks that `targets` and `mask` have `n` entries and every target is below `vocab`;
-    /// `op` names the caller in the error.
+    /// Checks that `targets` and `mask` have `n` entries and every target is below `vocab`.
     pub fn new(
-        op: &str,
         n: usize,
         vocab: usize,
         targets: &Tensor,
@@ -85,17 +60,17 @@ impl LossRows {
         let mask: Vec<f32> = mask.to_dtype(DType::F32)?.to_vec1()?;
         if targets.len() != n || mask.len() != n {
             bail!(
-                "{op}: {n} rows but {} targets and {} mask entries",
+                "linear_cross_entropy: {n} rows but {} targets and {} mask entries",
                 targets.len(),
                 mask.len()
             );
         }
         if let Some(&bad) = targets.iter().find(|&&t| t as usize >= vocab) {
-            bail!("{op}: target {bad} is outside the vocabulary of {vocab}");
+            bail!("linear_cross_entropy: target {bad} is outside the vocabulary of {vocab}");
         }
         Ok(Self {
-            targets: Arc::new(targets),
-            mask: Arc::new(mask),
+            targets,
+            mask,
             smoothing: label_smoothing as f32,
             z: z_loss as f32,
         })
@@ -124,12 +99,6 @@ impl LossRows {
     }
 }
 
-struct CrossEntropyOp {
-    loss: LossRows,
-    /// (max, log Σ exp(x − max)) of every row, saved by the forward pass for the backward.
-    row_stats: std::sync::Mutex<Option<RowStats>>,
-}
-
 /// (max, lse of shifted logits) of one row; `scratch` (same length) receives exp(row − max).
 #[inline(always)]
 fn ce_row_stats(row: &[f32], scratch: &mut [f32]) -> (f32, f32) {
@@ -139,22 +108,6 @@ fn ce_row_stats(row: &[f32], scratch: &mut [f32]) -> (f32, f32) {
         *e = exp_fast(x - max);
     }
     (max, sum(scratch).ln())
-}
-
-/// (max, lse) of every row of `x` (N × v), in parallel.
-fn row_stats(x: &[f32], v: usize) -> Vec<(f32, f32)> {
-    let n = x.len() / v.max(1);
-    let mut stats = vec![(0f32, 0f32); n];
-    let ptr = SharedMut(stats.as_mut_ptr());
-    for_each_chunk(n, rows_per_task(v), |r| {
-        // SAFETY: the rows `r` belong to this task alone.
-        let out = unsafe { ptr.slice(r.start, r.len()) };
-        let mut scratch = vec![0f32; v];
-        for (o, row) in out.iter_mut().zip(x[r.start * v..r.end * v].chunks_exact(v)) {
-            *o = ce_row_stats(row, &mut scratch);
-        }
-    });
-    stats
 }
 
 simd_dispatch!(ce_forward_rows => ce_forward_rows_generic(
@@ -243,35 +196,4 @@ pub(crate) fn loss_output(rows: &[(f32, f32, f32, f32)]) -> Vec<f32> {
         *l = row_nll;
     }
     out
-}
-
-impl CustomOp1 for CrossEntropyOp {
-    fn name(&self) -> &'static str {
-        "ember-cross-entropy"
-    }
-    fn cpu_fwd(&self, st: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let x = cpu_slice(st, l)?;
-        let (n, v) = l.shape().dims2()?;
-        let mut rows = vec![(0f32, 0f32, 0f32, 0f32); n];
-        self.loss.forward(x, v, 0, &mut rows);
-        let stats = rows.iter().map(|&(_, _, max, lse)| (max, lse)).collect();
-        *self.row_stats.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(stats));
-        Ok((CpuStorage::F32(loss_output(&rows)), Shape::from((2, n))))
-    }
-    fn bwd(&self, x: &Tensor, _res: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
-        let (n, v) = x.dims2()?;
-        let stats = self.row_stats.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let dx = with_data([x, g], |[x, g]| {
-            let stats = match stats.filter(|s| s.len() == n) {
-                Some(s) => s,
-                None => Arc::new(row_stats(x, v)),
-            };
-            // The gradient overwrites a copy of the logits row by row (the copy replaces the
-            // zero-filled buffer a separate output would need).
-            let mut dx = x.to_vec();
-            self.loss.gradient_in_place(&mut dx, g, v, 0, &stats);
-            Ok(dx)
-        })?;
-        Ok(Some(cpu_tensor(dx, x.shape())?))
-    }
 }

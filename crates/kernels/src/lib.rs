@@ -14,7 +14,7 @@
 //! | [`activation`] | GELU (erf form) and SwiGLU |
 //! | [`dropout`] | inverted dropout from a counter-based SplitMix64 mask |
 //! | [`attention`] | softmax(q·kᵀ + mask)·v with grouped-query heads |
-//! | [`cross_entropy`] | log-softmax, label smoothing, z-loss and padding in one pass |
+//! | [`cross_entropy`] | log-softmax, label smoothing, z-loss and padding: the per-row math, and its unfused reference |
 //! | [`linear_cross_entropy`] | the output projection and that loss, a block of rows at a time (the logits are never stored whole) |
 //! | [`adamw`] | the AdamW update of one parameter, and the gradient's sum of squares |
 //!
@@ -45,7 +45,7 @@ pub mod softmax;
 
 pub use activation::{gelu_erf, swiglu, swiglu_unfused};
 pub use attention::{attention, attention_unfused, AttentionOptions, AttentionTelemetry};
-pub use cross_entropy::{cross_entropy, cross_entropy_unfused};
+pub use cross_entropy::cross_entropy_unfused;
 pub use dropout::{dropout, dropout_unfused};
 pub use linear::{linear, linear_unfused};
 pub use linear_cross_entropy::{linear_cross_entropy, linear_cross_entropy_unfused};

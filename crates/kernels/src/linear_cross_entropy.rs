@@ -37,7 +37,7 @@ const BLOCK_FLOATS: usize = 1 << 22;
 
 /// Rows per block for a vocabulary of `v`: a multiple of 8 (the GEMM's row tile), at least 8.
 fn block_rows(v: usize) -> usize {
-    (BLOCK_FLOATS / v.max(1)) / 8 * 8
+    ((BLOCK_FLOATS / v.max(1)) / 8 * 8).max(8)
 }
 
 /// The unfused composition [`linear_cross_entropy`] equals: [`crate::cross_entropy`]'s
@@ -82,15 +82,7 @@ pub fn linear_cross_entropy(
     }
     let n = h.elem_count() / d.max(1);
     let op = LinearCrossEntropyOp {
-        loss: LossRows::new(
-            "linear_cross_entropy",
-            n,
-            v,
-            targets,
-            mask,
-            label_smoothing,
-            z_loss,
-        )?,
+        loss: LossRows::new(n, v, targets, mask, label_smoothing, z_loss)?,
         grads,
         saved: Mutex::new(None),
     };
@@ -121,8 +113,8 @@ struct GradOut<'a> {
 impl LinearCrossEntropyOp {
     /// For each block of rows of h (n × d): its logits against w (v × d); with `losses`, each
     /// row's (objective, NLL, max, lse) into it (and `stats` from them); with `grad`, the block's
-    /// gradient under `grad.g` into dh and added into dW (the first block overwrites it).
-    #[allow(clippy::too_many_arguments)]
+    /// gradient under `grad.g` into dh and added into dW (the first block overwrites it; dW
+    /// starts at zero for n = 0).
     fn run_blocks(
         &self,
         h: &[f32],
@@ -132,7 +124,7 @@ impl LinearCrossEntropyOp {
         stats: &mut [(f32, f32)],
         mut grad: Option<GradOut<'_>>,
     ) {
-        let rows = block_rows(v).max(8);
+        let rows = block_rows(v);
         let mut logits = vec![0f32; rows.min(n) * v];
         for (b, start) in (0..n).step_by(rows).enumerate() {
             let m = rows.min(n - start);
@@ -161,11 +153,6 @@ impl LinearCrossEntropyOp {
                 );
                 let beta = if b == 0 { 0.0 } else { 1.0 };
                 sgemm(v, m, d, Mat::rows(block, v).t(), Mat::rows(hb, d), beta, dw);
-            }
-        }
-        if n == 0 {
-            if let Some(GradOut { dw, .. }) = grad {
-                dw.fill(0.0);
             }
         }
     }

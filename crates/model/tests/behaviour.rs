@@ -462,17 +462,7 @@ fn initialisation_follows_the_documented_scales() {
     c.n_layers = Some(4);
     c.init_std = 0.05;
     let (_, params) = build(&c, DType::F32);
-    let std = |name: &str| {
-        let t = params.get(name).unwrap().as_tensor().flatten_all().unwrap();
-        t.sqr()
-            .unwrap()
-            .mean_all()
-            .unwrap()
-            .sqrt()
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap() as f64
-    };
+    let std = |name: &str| rms(&params, name);
     assert!((std("decoder.layers.0.mlp.up_proj.weight") - 0.05).abs() < 0.002);
     // Residual projections: init_std / sqrt(2 · n_layers).
     assert!((std("decoder.layers.0.mlp.down_proj.weight") - 0.05 / 8f64.sqrt()).abs() < 0.001);
