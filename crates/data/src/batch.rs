@@ -104,6 +104,50 @@ impl Seq2SeqBatch {
     }
 }
 
+impl Seq2SeqBatch {
+    /// Rows `rows` of this batch, padded to their own longest source and target.
+    fn rows(&self, rows: std::ops::Range<usize>) -> Self {
+        let row_len = |mask: &[u8], len: usize, r: usize| {
+            mask[r * len..(r + 1) * len].iter().filter(|&&m| m != 0).count()
+        };
+        let src_len = rows
+            .clone()
+            .map(|r| row_len(&self.src_mask, self.src_len, r))
+            .max()
+            .unwrap_or(0);
+        let tgt_len = rows
+            .clone()
+            .map(|r| row_len(&self.tgt_mask, self.tgt_len, r))
+            .max()
+            .unwrap_or(1);
+        let take = |v: &[u32], len: usize, keep: usize| -> Vec<u32> {
+            rows.clone()
+                .flat_map(|r| v[r * len..r * len + keep].iter().copied())
+                .collect()
+        };
+        let take_mask = |v: &[u8], len: usize, keep: usize| -> Vec<u8> {
+            rows.clone()
+                .flat_map(|r| v[r * len..r * len + keep].iter().copied())
+                .collect()
+        };
+        let src_mask = take_mask(&self.src_mask, self.src_len, src_len);
+        let tgt_mask = take_mask(&self.tgt_mask, self.tgt_len, tgt_len);
+        Seq2SeqBatch {
+            batch_size: rows.len(),
+            src_len,
+            tgt_len,
+            src: take(&self.src, self.src_len, src_len),
+            n_src_tokens: src_mask.iter().filter(|&&m| m != 0).count(),
+            n_tgt_tokens: tgt_mask.iter().filter(|&&m| m != 0).count(),
+            src_mask,
+            tgt_in: take(&self.tgt_in, self.tgt_len, tgt_len),
+            tgt_out: take(&self.tgt_out, self.tgt_len, tgt_len),
+            tgt_mask,
+            indices: self.indices[rows].to_vec(),
+        }
+    }
+}
+
 /// A language-modelling batch: `target` is `input` shifted left by one token.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LmBatch {
@@ -140,6 +184,50 @@ impl LmBatch {
 pub enum Batch {
     Seq2Seq(Seq2SeqBatch),
     Lm(LmBatch),
+}
+
+impl Batch {
+    /// Rows in the batch (sentences or windows).
+    pub fn batch_size(&self) -> usize {
+        match self {
+            Batch::Seq2Seq(b) => b.batch_size,
+            Batch::Lm(b) => b.batch_size,
+        }
+    }
+
+    /// Real target tokens: what the loss is normalised by.
+    pub fn target_tokens(&self) -> usize {
+        match self {
+            Batch::Seq2Seq(b) => b.n_tgt_tokens,
+            Batch::Lm(b) => b.target.len(),
+        }
+    }
+
+    /// Share `share` of `shares` for data-parallel training: a contiguous block of rows, the
+    /// blocks' sizes differing by at most one, so the shares in order are the batch row for
+    /// row. A translation share is padded to its own longest sentence (padding is masked, so the
+    /// loss is the same). `None` when the share has no rows (fewer rows than shares).
+    pub fn share(&self, share: usize, shares: usize) -> Option<Batch> {
+        assert!(shares > 0 && share < shares, "share {share} of {shares}");
+        let n = self.batch_size();
+        let rows = share * n / shares..(share + 1) * n / shares;
+        if rows.is_empty() {
+            return None;
+        }
+        Some(match self {
+            Batch::Seq2Seq(b) => Batch::Seq2Seq(b.rows(rows)),
+            Batch::Lm(b) => {
+                let t = b.block_size;
+                Batch::Lm(LmBatch {
+                    batch_size: rows.len(),
+                    block_size: t,
+                    input: b.input[rows.start * t..rows.end * t].to_vec(),
+                    target: b.target[rows.start * t..rows.end * t].to_vec(),
+                    offsets: b.offsets[rows].to_vec(),
+                })
+            }
+        })
+    }
 }
 
 /// Where a batcher stands: the next batch it will produce is number `position` (0-based) of

@@ -377,3 +377,98 @@ fn multi30k_padding_efficiency_is_at_least_0_9_at_4096_tokens() {
     );
     assert!(b.padding_efficiency() >= 0.9, "{}", b.padding_efficiency());
 }
+
+/// Unpadded rows of a translation batch: (source, decoder input, labels) per sentence.
+fn unpadded_rows(b: &Seq2SeqBatch) -> Vec<(Vec<u32>, Vec<u32>, Vec<u32>)> {
+    let real = |v: &[u32], m: &[u8]| {
+        v.iter()
+            .zip(m)
+            .filter(|(_, &m)| m != 0)
+            .map(|(&t, _)| t)
+            .collect::<Vec<_>>()
+    };
+    (0..b.batch_size)
+        .map(|r| {
+            let (s, t) = (
+                r * b.src_len..(r + 1) * b.src_len,
+                r * b.tgt_len..(r + 1) * b.tgt_len,
+            );
+            (
+                real(&b.src[s.clone()], &b.src_mask[s]),
+                real(&b.tgt_in[t.clone()], &b.tgt_mask[t.clone()]),
+                real(&b.tgt_out[t.clone()], &b.tgt_mask[t]),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn the_shares_of_a_batch_are_its_rows_in_order_each_padded_to_its_own_longest() {
+    let mut batcher =
+        TokenBudgetBatcher::new(random_examples(500, 3), 600, SpecialIds::default(), 5).unwrap();
+    for _ in 0..20 {
+        let batch = batcher.next_seq2seq();
+        for shares in [1, 2, 3, 5] {
+            let parts: Vec<Seq2SeqBatch> = (0..shares)
+                .filter_map(|s| Batch::Seq2Seq(batch.clone()).share(s, shares).map(seq))
+                .collect();
+            let sizes: Vec<usize> = parts.iter().map(|p| p.batch_size).collect();
+            assert!(
+                sizes.iter().max().unwrap() - sizes.iter().min().unwrap() <= 1,
+                "{sizes:?}"
+            );
+            assert_eq!(
+                parts.iter().map(|p| p.n_tgt_tokens).sum::<usize>(),
+                batch.n_tgt_tokens
+            );
+            assert_eq!(
+                parts.iter().map(|p| p.n_src_tokens).sum::<usize>(),
+                batch.n_src_tokens
+            );
+            let indices: Vec<usize> = parts.iter().flat_map(|p| p.indices.clone()).collect();
+            assert_eq!(indices, batch.indices);
+            let rows: Vec<_> = parts.iter().flat_map(unpadded_rows).collect();
+            assert_eq!(rows, unpadded_rows(&batch));
+            for p in &parts {
+                // No column of padding only: each share is as short as its longest sentence.
+                let longest_src = (0..p.batch_size)
+                    .map(|r| {
+                        p.src_mask[r * p.src_len..(r + 1) * p.src_len]
+                            .iter()
+                            .filter(|&&m| m != 0)
+                            .count()
+                    })
+                    .max()
+                    .unwrap();
+                assert_eq!(longest_src, p.src_len);
+                assert_eq!(p.tgt_in.len(), p.batch_size * p.tgt_len);
+            }
+        }
+    }
+}
+
+#[test]
+fn lm_shares_are_contiguous_windows_and_a_share_without_rows_is_none() {
+    let stream: Vec<u32> = (0..5000).map(|i| (i * 7 % 61) as u32).collect();
+    let mut batcher = LmWindowBatcher::new(stream, 5, 16, 9, WindowMode::Sampled).unwrap();
+    let batch = batcher.next_batch();
+    let whole = lm(batch.clone());
+    let parts: Vec<LmBatch> = (0..3).map(|s| lm(batch.share(s, 3).unwrap())).collect();
+    assert_eq!(parts.iter().map(|p| p.batch_size).collect::<Vec<_>>(), [1, 2, 2]);
+    assert_eq!(
+        parts.iter().flat_map(|p| p.input.clone()).collect::<Vec<_>>(),
+        whole.input
+    );
+    assert_eq!(
+        parts.iter().flat_map(|p| p.target.clone()).collect::<Vec<_>>(),
+        whole.target
+    );
+    assert_eq!(
+        parts.iter().flat_map(|p| p.offsets.clone()).collect::<Vec<_>>(),
+        whole.offsets
+    );
+    assert_eq!(batch.target_tokens(), 5 * 16);
+    // Five windows over eight shares: three shares are empty.
+    let empty = (0..8).filter(|&s| batch.share(s, 8).is_none()).count();
+    assert_eq!(empty, 3);
+}
