@@ -7,15 +7,18 @@ mod bleu;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::rc::Rc;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use ember_distributed::World;
 use ember_experiment::ablate::SweepInterrupted;
 use ember_experiment::slurm::shell_word;
 use ember_model::{sample, BeamConfig, Model, SampleConfig};
 use ember_trainer::context::{evaluate_context, ContextEval, ContextOptions};
 use ember_trainer::interrupt::{exit_status, Interrupted, OnRepeat, StopRequest};
 use ember_trainer::metrics::Verbosity;
+use ember_trainer::train::RankFailed;
 use ember_trainer::translate::{score_split, translate_source_lines};
 use ember_trainer::{eval_beam, evaluate, open_run, OpenRun, RunConfig, Split, TrainOptions};
 
@@ -136,6 +139,10 @@ struct TrainArgs {
     /// new one if it is missing).
     #[arg(long, requires = "resume")]
     allow_tokenizer_change: bool,
+    /// Train in this one process exactly as N data-parallel ranks would (each batch split into N
+    /// shares, their gradients summed in rank order): a job's arithmetic without a launcher.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    emulate_ranks: u32,
 }
 
 /// A trained run to decode with, and how: the options `eval` and `translate` share.
@@ -328,6 +335,9 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
+            if let Some(quiet) = e.downcast_ref::<QuietExit>() {
+                return ExitCode::from(quiet.0);
+            }
             if let Some(stop) = e.downcast_ref::<Interrupted>() {
                 // The outermost message only: it already says what the Interrupted below it says,
                 // followed by the command that resumes the run.
@@ -349,12 +359,17 @@ fn main() -> ExitCode {
 
 fn train(args: TrainArgs) -> Result<()> {
     let cfg = RunConfig::load(&args.config, &args.set)?;
-    for warning in cfg.warnings() {
-        eprintln!("warning: {warning}");
+    // Joined before anything else runs: a rank of a job started by mpirun or srun.
+    let timeout = std::time::Duration::from_secs(cfg.distributed.timeout_secs);
+    let world = Rc::new(World::from_launcher(timeout)?);
+    if world.is_leader() {
+        for warning in cfg.warnings() {
+            eprintln!("warning: {warning}");
+        }
     }
     // Installed once the config loads: from here on SIGINT/SIGTERM/SIGHUP/SIGUSR1 stop at a step boundary.
     let stop = install_stop_signals(OnRepeat::Abort)?;
-    let run_dir = args.run_dir.unwrap_or_else(|| {
+    let run_dir = args.run_dir.clone().unwrap_or_else(|| {
         let stem = args
             .config
             .file_stem()
@@ -374,19 +389,16 @@ fn train(args: TrainArgs) -> Result<()> {
         stop: Some(stop),
         allow_data_change: args.allow_data_change,
         allow_tokenizer_change: args.allow_tokenizer_change,
+        world: world.clone(),
+        emulate_ranks: args.emulate_ranks as usize,
     };
-    let summary = ember_trainer::train(cfg, &opts).map_err(|e| match e.downcast::<Interrupted>() {
+    let result = ember_trainer::train(cfg, &opts);
+    if world.size() > 1 {
+        return finish_rank(&world, result, &args);
+    }
+    let summary = result.map_err(|e| match e.downcast::<Interrupted>() {
         Ok(stop) => {
-            let resume = format!(
-                "ember train {} --run-dir {} --resume{}",
-                shell_word(&args.config.display().to_string()),
-                shell_word(&stop.run_dir.display().to_string()),
-                args.set
-                    .iter()
-                    .map(|s| format!(" --set {}", shell_word(s)))
-                    .collect::<String>()
-            );
-            let message = format!("{stop}\nresume with: {resume}");
+            let message = format!("{stop}\nresume with: {}", resume_command(&args, &stop.run_dir));
             anyhow::Error::new(stop).context(message)
         }
         Err(e) => e,
@@ -412,6 +424,81 @@ fn train(args: TrainArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The command that resumes this run (a job is resumed by the same launcher line).
+fn resume_command(args: &TrainArgs, run_dir: &std::path::Path) -> String {
+    format!(
+        "ember train {} --run-dir {} --resume{}",
+        shell_word(&args.config.display().to_string()),
+        shell_word(&run_dir.display().to_string()),
+        args.set
+            .iter()
+            .map(|s| format!(" --set {}", shell_word(s)))
+            .collect::<String>()
+    )
+}
+
+/// An exit status whose reason was already printed (or is printed by another rank). Returned,
+/// not `process::exit`ed, so that MPI shuts down cleanly on every rank first.
+#[derive(Debug)]
+struct QuietExit(u8);
+
+impl std::fmt::Display for QuietExit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "exit status {}", self.0)
+    }
+}
+
+impl std::error::Error for QuietExit {}
+
+/// How a rank of a job ends. Rank 0 reports as a lone process does. An error the ranks agreed
+/// on (a stop signal, a failed set-up) ends each rank quietly with the same status; any other
+/// error happened on this rank alone, and the others would wait for it in their next
+/// collective, so it ends the whole job (MPI_Abort) after saying which rank failed and why.
+fn finish_rank(world: &World, result: Result<ember_trainer::Summary>, args: &TrainArgs) -> Result<()> {
+    let rank = world.rank();
+    match result {
+        Ok(summary) => {
+            if world.is_leader() {
+                match &summary.diverged {
+                    Some(reason) => eprintln!("error: training diverged ({reason}); the run directory holds its checkpoints and summary.json"),
+                    None if args.json => println!("{}", serde_json::to_string_pretty(&summary)?),
+                    None => println!(
+                        "done: {} steps on {} ranks in {:.1}s | final train loss {} | val loss {} | {:.0} tok/s | weights {} on every rank | {}",
+                        summary.steps,
+                        world.size(),
+                        summary.wall_secs,
+                        fmt_opt(summary.final_train_loss),
+                        fmt_opt(summary.val_loss),
+                        summary.tokens_per_sec,
+                        summary.weights_sha256.as_deref().map_or("?", |h| &h[..12]),
+                        summary.run_dir.display()
+                    ),
+                }
+            }
+            if summary.diverged.is_some() {
+                bail!(QuietExit(1));
+            }
+            Ok(())
+        }
+        Err(e) => {
+            if let Some(stop) = e.downcast_ref::<Interrupted>() {
+                if world.is_leader() {
+                    eprintln!(
+                        "{stop}\nresume with the same launcher line, ending in: {}",
+                        resume_command(args, &stop.run_dir)
+                    );
+                }
+                bail!(QuietExit(exit_status(stop.signal)));
+            }
+            if e.downcast_ref::<RankFailed>().is_some() {
+                bail!(QuietExit(1));
+            }
+            eprintln!("rank {rank} of {}: error: {e:#}", world.size());
+            world.abort(1)
+        }
+    }
 }
 
 fn install_stop_signals(on_repeat: OnRepeat) -> Result<StopRequest> {
@@ -698,19 +785,27 @@ fn generate(args: GenerateArgs) -> Result<()> {
 
 fn bench(args: BenchArgs) -> Result<()> {
     let cfg = RunConfig::load(&args.config, &args.set)?;
-    for warning in cfg.warnings() {
-        eprintln!("warning: {warning}");
+    let timeout = std::time::Duration::from_secs(cfg.distributed.timeout_secs);
+    let world = Rc::new(World::from_launcher(timeout)?);
+    if world.is_leader() {
+        for warning in cfg.warnings() {
+            eprintln!("warning: {warning}");
+        }
     }
-    let r = ember_trainer::bench::bench(cfg, args.steps as usize, args.warmup as usize)?;
+    let r = ember_trainer::bench::bench(cfg, args.steps as usize, args.warmup as usize, world.clone())?;
+    if !world.is_leader() {
+        return Ok(());
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else {
         println!(
-            "{}: {} params, {} threads, {:.0} tokens/step\n\
-             step {:.1} ms median (p10 {:.1}, p90 {:.1}) = forward {:.1} + backward {:.1} + optimizer {:.1}\n\
+            "{}: {} params, {}{} threads, {:.0} tokens/step\n\
+             step {:.1} ms median (p10 {:.1}, p90 {:.1}) = forward {:.1} + backward {:.1} + optimizer {:.1}{}\n\
              {:.0} tokens/s | peak RSS {:.0} MiB | {:.0} FLOPs/token → {:.1} GFLOP/s of a {:.1} GFLOP/s matmul peak ({:.0}%)",
             args.config.display(),
             r.params,
+            if r.ranks > 1 { format!("{} ranks x ", r.ranks) } else { String::new() },
             r.threads,
             r.tokens_per_step,
             r.ms_per_step_median,
@@ -719,6 +814,7 @@ fn bench(args: BenchArgs) -> Result<()> {
             r.forward_ms,
             r.backward_ms,
             r.optimizer_ms,
+            if r.ranks > 1 { format!(" (waiting for the slowest rank {:.1}, gradient all-reduce {:.1})", r.wait_ms, r.comm_ms) } else { String::new() },
             r.tokens_per_sec,
             r.peak_rss_mib,
             r.flops_per_token,

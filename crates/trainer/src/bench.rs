@@ -6,18 +6,21 @@
 //! peak RSS, model FLOPs per token and the achieved GFLOP/s against a matmul peak measured on
 //! the spot.
 
+use std::rc::Rc;
 use std::time::Instant;
 
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
 use ember_data::{Batch, Dataset};
+use ember_distributed::World;
 use ember_model::{init_model, Arch, ModelConfig};
 use serde::Serialize;
 
 use crate::config::RunConfig;
+use crate::data_parallel::DataParallel;
 use crate::optim::{clip_grad_norm, AdamW, LrSchedule};
 use crate::setup::{device, make_batcher, resolve_model_config, set_threads};
-use crate::step::{forward_backward, micro_batches};
+use crate::step::micro_batches;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct BenchReport {
@@ -25,15 +28,22 @@ pub struct BenchReport {
     pub warmup: usize,
     pub params: usize,
     pub threads: usize,
+    /// Ranks of the data-parallel job that ran the benchmark (1: one process); `threads` is per rank.
+    pub ranks: usize,
     pub ms_per_step_median: f64,
     pub ms_per_step_p10: f64,
     pub ms_per_step_p90: f64,
     pub forward_ms: f64,
     pub backward_ms: f64,
     pub optimizer_ms: f64,
+    /// Waiting for the slowest rank, then summing the gradients across ranks (0 for one
+    /// process), medians per step.
+    pub wait_ms: f64,
+    pub comm_ms: f64,
     /// Median over steps of tokens per second; tokens are target tokens (LM: batch × block).
     pub tokens_per_sec: f64,
     pub tokens_per_step: f64,
+    /// Peak resident memory, summed over the ranks of a job.
     pub peak_rss_mib: f64,
     /// Forward+backward FLOPs per target token (6 × matmul parameters + attention), analytic.
     pub flops_per_token: f64,
@@ -103,7 +113,9 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
-pub fn bench(mut cfg: RunConfig, steps: usize, warmup: usize) -> Result<BenchReport> {
+/// Benchmarks `cfg`'s training step; as a rank of a job (`world`), its share of the job's step,
+/// whose gradients the ranks sum as `ember train` does. Every rank returns the report.
+pub fn bench(mut cfg: RunConfig, steps: usize, warmup: usize, world: Rc<World>) -> Result<BenchReport> {
     set_threads(&cfg)?;
     let device = device(&cfg.device)?;
     let mut data = Dataset::prepare(&cfg.data, None)?;
@@ -117,16 +129,30 @@ pub fn bench(mut cfg: RunConfig, steps: usize, warmup: usize) -> Result<BenchRep
     let (model, params) = init_model(&cfg.model, cfg.train.seed, DType::F32, &device)?;
     let mut batcher = make_batcher(&cfg, &data)?;
     let mut opt = AdamW::new(params.vars(), &cfg.train)?;
+    let dp = DataParallel::new(world, 1, cfg.distributed.bucket_mib)?;
     let schedule = LrSchedule::new(&cfg.train, total_steps as u64);
     let t = &cfg.train;
-    let (mut total, mut fwd, mut bwd, mut optim, mut rates) = (vec![], vec![], vec![], vec![], vec![]);
+    let (mut total, mut fwd, mut bwd, mut optim) = (vec![], vec![], vec![], vec![]);
+    let (mut wait, mut comm, mut rates) = (vec![], vec![], vec![]);
     let (mut src_tokens, mut tgt_tokens, mut rows) = (0f64, 0f64, 0f64);
     for step in 0..total_steps {
         let batches = micro_batches(batcher.as_mut(), t.accumulation);
         let start = Instant::now();
         // The very step `ember train` runs (telemetry off, as on non-logging steps).
-        let mut out = forward_backward(&model, opt.params(), &batches, t, &device, step as u64 + 1, false)?;
+        let mut out = dp
+            .forward_backward(
+                &model,
+                opt.params(),
+                &batches,
+                t,
+                &device,
+                step as u64 + 1,
+                false,
+                None,
+            )?
+            .out;
         let (n_tokens, f, b) = (out.tokens, out.forward_secs, out.backward_secs);
+        let (w, c) = (out.wait_secs, out.comm_secs);
         let grads = std::mem::take(&mut out.grads);
         let t2 = Instant::now();
         let check = clip_grad_norm(opt.params(), &grads, t.clip_grad_norm)?;
@@ -139,6 +165,8 @@ pub fn bench(mut cfg: RunConfig, steps: usize, warmup: usize) -> Result<BenchRep
             fwd.push(f * 1e3);
             bwd.push(b * 1e3);
             optim.push(o * 1e3);
+            wait.push(w * 1e3);
+            comm.push(c * 1e3);
             rates.push(n_tokens as f64 / secs);
             for batch in &batches {
                 match batch {
@@ -161,6 +189,10 @@ pub fn bench(mut cfg: RunConfig, steps: usize, warmup: usize) -> Result<BenchRep
     let tokens_per_sec = median(&mut rates);
     let achieved = fpt * tokens_per_sec / 1e9;
     let peak = matmul_gflops(1024, &device)?.max(matmul_gflops(cfg.model.d_model.max(64) * 4, &device)?);
+    let mut rss = [peak_rss_mib()];
+    dp.world()
+        .all_reduce_sum_f64(&mut rss, "the benchmark's memory report");
+    let rss = rss[0];
     let (p10, p90) = {
         let mut v = total.clone();
         v.sort_by(|a, b| a.total_cmp(b));
@@ -171,15 +203,18 @@ pub fn bench(mut cfg: RunConfig, steps: usize, warmup: usize) -> Result<BenchRep
         warmup,
         params: params.num_params(),
         threads: ember_kernels::par::threads(),
+        ranks: dp.world().size(),
         ms_per_step_median: median(&mut total),
         ms_per_step_p10: p10,
         ms_per_step_p90: p90,
         forward_ms: median(&mut fwd),
         backward_ms: median(&mut bwd),
         optimizer_ms: median(&mut optim),
+        wait_ms: median(&mut wait),
+        comm_ms: median(&mut comm),
         tokens_per_sec,
         tokens_per_step,
-        peak_rss_mib: peak_rss_mib(),
+        peak_rss_mib: rss,
         flops_per_token: fpt,
         achieved_gflops: achieved,
         matmul_peak_gflops: peak,

@@ -90,6 +90,11 @@ pub struct CheckpointState {
     /// refuses other data.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_fingerprint: Option<String>,
+    /// Ranks of the data-parallel job that wrote this checkpoint (absent: one process). A job
+    /// may resume at another size: every rank runs the whole batcher, so the data position is
+    /// global and only the split of each batch (and its dropout masks) changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub world_size: Option<usize>,
     /// SHA-256 of each file in the directory (except this one).
     pub files: BTreeMap<String, String>,
 }
@@ -119,6 +124,11 @@ fn file_hash(path: &Path) -> Result<String> {
 
 fn step_dir_name(step: u64) -> String {
     format!("step-{step:08}")
+}
+
+/// Where the checkpoint of `step` is (or will be) in `run_dir`.
+pub fn dir_for(run_dir: &Path, step: u64) -> PathBuf {
+    run_dir.join(CHECKPOINTS).join(step_dir_name(step))
 }
 
 /// `run` as (run directory, checkpoint directory): a checkpoint directory names itself and sits

@@ -25,6 +25,8 @@ pub struct RunConfig {
     pub checkpoint: CheckpointConfig,
     #[serde(default)]
     pub log: LogConfig,
+    #[serde(default)]
+    pub distributed: DistributedConfig,
     /// `cpu` or `cuda:N` (the latter needs the `cuda` cargo feature).
     #[serde(default = "default_device")]
     pub device: String,
@@ -261,6 +263,37 @@ pub enum KeepBestBy {
     Loss,
     /// Highest validation BLEU (translation with `eval.bleu: true`).
     Bleu,
+}
+
+/// `distributed:` — how the ranks of a data-parallel job (`mpirun -np N ember train …`) talk.
+/// Ignored by a process started without a launcher; free to change on `--resume`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DistributedConfig {
+    /// Gradients are summed across ranks in buckets of about this many MiB: one all-reduce per
+    /// bucket, not one per tensor.
+    #[serde(default = "default_bucket_mib")]
+    pub bucket_mib: f64,
+    /// How long a rank waits for the others in any collective before it ends the job (a rank
+    /// that died or hangs). Must cover the slowest rank's step and evaluation.
+    #[serde(default = "default_timeout_secs")]
+    pub timeout_secs: u64,
+}
+
+fn default_bucket_mib() -> f64 {
+    25.0
+}
+fn default_timeout_secs() -> u64 {
+    600
+}
+
+impl Default for DistributedConfig {
+    fn default() -> Self {
+        Self {
+            bucket_mib: default_bucket_mib(),
+            timeout_secs: default_timeout_secs(),
+        }
+    }
 }
 
 /// `checkpoint:` — when to save and what to keep.
@@ -665,7 +698,7 @@ impl RunConfig {
         Ok(())
     }
 
-    /// `eval:`, `checkpoint:` and `device`.
+    /// `eval:`, `checkpoint:`, `distributed:` and `device`.
     fn validate_eval_checkpoint_device(&self) -> Result<(), Invalid> {
         if self.eval.beam == 0 {
             return bad("eval.beam", "must be at least 1 (1 = greedy)".into());
@@ -686,6 +719,19 @@ impl RunConfig {
         }
         if self.eval.max_tokens == 0 {
             return bad("eval.max_tokens", "must be at least 1".into());
+        }
+        let d = &self.distributed;
+        if !(d.bucket_mib.is_finite() && d.bucket_mib > 0.0 && d.bucket_mib <= 4096.0) {
+            return bad(
+                "distributed.bucket_mib",
+                format!("must be in (0, 4096], got {}", d.bucket_mib),
+            );
+        }
+        if d.timeout_secs == 0 || d.timeout_secs > 7 * 24 * 3600 {
+            return bad(
+                "distributed.timeout_secs",
+                format!("must be 1 to 604800 (a week), got {}", d.timeout_secs),
+            );
         }
         if self.checkpoint.keep_last == 0 {
             return bad(

@@ -14,6 +14,7 @@ use ember_model::{BeamConfig, ForwardCtx, Model};
 use serde::Serialize;
 
 use crate::config::RunConfig;
+use crate::data_parallel::DataParallel;
 use crate::step::BatchTensors;
 use crate::translate::score_split;
 
@@ -44,6 +45,18 @@ impl std::str::FromStr for Split {
     }
 }
 
+impl EvalResult {
+    /// From summed NLL and target tokens.
+    pub fn from_sums(nll: f64, tokens: u64) -> Self {
+        let loss = nll / tokens.max(1) as f64;
+        EvalResult {
+            loss,
+            ppl: loss.exp(),
+            tokens,
+        }
+    }
+}
+
 /// Mean NLL per target token over a held-out split, without dropout.
 pub fn evaluate(
     model: &Model,
@@ -52,9 +65,29 @@ pub fn evaluate(
     split: Split,
     device: &Device,
 ) -> Result<EvalResult> {
+    let (nll, tokens) = evaluate_share(model, data, cfg, split, device, 0, 1)?;
+    Ok(EvalResult::from_sums(nll, tokens))
+}
+
+/// Summed NLL and target tokens of share `share` of `shares` of a split's batches (batch k
+/// belongs to share k mod `shares`): how the ranks of a job divide an evaluation.
+pub fn evaluate_share(
+    model: &Model,
+    data: &Dataset,
+    cfg: &RunConfig,
+    split: Split,
+    device: &Device,
+    share: usize,
+    shares: usize,
+) -> Result<(f64, u64)> {
     let mut nll = 0f64;
     let mut tokens = 0u64;
+    let mut k = 0usize;
     let mut run = |batch: Batch| -> Result<()> {
+        k += 1;
+        if (k - 1) % shares != share {
+            return Ok(());
+        }
         let bt = BatchTensors::new(&batch, device)?;
         nll += bt
             .loss(model, ForwardCtx::eval(), 0.0, 0.0, false)?
@@ -89,12 +122,7 @@ pub fn evaluate(
             }
         }
     }
-    let loss = nll / tokens.max(1) as f64;
-    Ok(EvalResult {
-        loss,
-        ppl: loss.exp(),
-        tokens,
-    })
+    Ok((nll, tokens))
 }
 
 /// The decoder settings for evaluation: `eval.beam`, capped by the model's positions.
@@ -116,13 +144,39 @@ pub struct Validation {
     pub secs: f64,
 }
 
-/// Evaluates the validation split as the training loop does every `eval.every` steps.
-pub fn validate(model: &Model, data: &Dataset, cfg: &RunConfig, device: &Device) -> Result<Validation> {
+/// Validation loss as the training loop measures it: divided between the ranks of a job (or
+/// the shares of an emulated one) and summed.
+pub fn validation_loss(
+    model: &Model,
+    data: &Dataset,
+    cfg: &RunConfig,
+    device: &Device,
+    dp: &DataParallel,
+    step: u64,
+) -> Result<EvalResult> {
+    let (nll, tokens) = dp.evaluate(
+        &format!("the validation loss after step {step}"),
+        |share, shares| evaluate_share(model, data, cfg, Split::Valid, device, share, shares),
+    )?;
+    Ok(EvalResult::from_sums(nll, tokens))
+}
+
+/// Evaluates the validation split as the training loop does every `eval.every` steps. The loss
+/// is divided between the ranks of a job; BLEU is decoded by rank 0 alone (the others go on to
+/// the next step and wait for it there).
+pub fn validate(
+    model: &Model,
+    data: &Dataset,
+    cfg: &RunConfig,
+    device: &Device,
+    dp: &DataParallel,
+    step: u64,
+) -> Result<Validation> {
     let t0 = Instant::now();
-    let result = evaluate(model, data, cfg, Split::Valid, device)?;
+    let result = validation_loss(model, data, cfg, device, dp, step)?;
     // A model whose loss is not finite has diverged (the training loop stops it as such);
     // decoding its non-finite outputs would only fail.
-    let bleu = if result.loss.is_finite() {
+    let bleu = if result.loss.is_finite() && dp.is_leader() {
         validation_bleu(model, data, cfg, device)?
     } else {
         None

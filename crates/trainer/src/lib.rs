@@ -8,6 +8,7 @@ pub mod bench;
 pub mod checkpoint;
 pub mod config;
 pub mod context;
+pub mod data_parallel;
 pub mod evaluate;
 mod files;
 pub mod interrupt;

@@ -200,6 +200,12 @@ impl Progress {
         Self { bar, verbosity }
     }
 
+    /// Plain lines even on a terminal: for rank 0 of a job, whose stdout `mpirun` makes a
+    /// terminal while stderr, where a bar draws, is a pipe.
+    pub fn plain(verbosity: Verbosity) -> Self {
+        Self { bar: None, verbosity }
+    }
+
     pub fn train(&self, r: &TrainRecord, total: u64) {
         let max_logit = r.attn_max_logit.iter().cloned().fold(0f32, f32::max);
         match &self.bar {

@@ -332,6 +332,7 @@ impl RunState {
             model_config: cfg.model.clone(),
             tokenizer_sha256: None,
             data_fingerprint: None,
+            world_size: None,
             files: Default::default(),
         }
     }
@@ -358,6 +359,8 @@ impl RunState {
             train_secs: c.train_secs,
             resumed_from_step: self.resumed_from_step,
             diverged: self.diverged.clone(),
+            world_size: None,
+            weights_sha256: None,
         }
     }
 }

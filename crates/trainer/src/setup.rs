@@ -145,8 +145,9 @@ pub(crate) struct TrainingRun {
     pub already_finished: bool,
     /// What the set-up has to tell the user (changed config keys, allowed changes, data fitting).
     pub notes: Vec<String>,
-    /// Held for the whole run: a second writer into the directory is refused.
-    _lock: DirLock,
+    /// Held for the whole run by the writer (rank 0): a second writer into the directory is
+    /// refused.
+    _lock: Option<DirLock>,
 }
 
 impl TrainingRun {
@@ -166,14 +167,22 @@ impl TrainingRun {
                 run_dir.display()
             );
         }
-        let lock = DirLock::acquire(&run_dir, "training run")?;
+        // Only rank 0 writes the run directory; the other ranks of a job read what it prepared.
+        let leader = opts.world.is_leader();
+        let lock = if leader {
+            Some(DirLock::acquire(&run_dir, "training run")?)
+        } else {
+            None
+        };
         if opts.resume && checkpoint::list(&run_dir).is_empty() {
             bail!(
                 "{} has no complete checkpoint to resume from; run without --resume to start training",
                 run_dir.display()
             );
         }
-        claim_run_dir(&run_dir, opts.resume)?;
+        if leader {
+            claim_run_dir(&run_dir, opts.resume)?;
+        }
         let allowed = Allowed {
             data_change: opts.allow_data_change,
             tokenizer_change: opts.allow_tokenizer_change,
@@ -222,7 +231,7 @@ impl TrainingRun {
                     let saved_yaml = fs::read_to_string(l.dir.join(RUN_CONFIG))
                         .with_context(|| format!("reading {}", l.dir.join(RUN_CONFIG).display()))?;
                     let changes = resume_check::config_changes(&saved_yaml, &l.dir, &cfg, allowed)?;
-                    if !changes.is_empty() {
+                    if !changes.is_empty() && leader {
                         let kept = resume_check::keep_config_history(
                             &run_dir,
                             &l.dir.join(RUN_CONFIG),
@@ -241,6 +250,14 @@ impl TrainingRun {
                         notes.extend(schedule_note(&cfg, &changes));
                     }
                 }
+                let (saved, now) = (l.state.world_size.unwrap_or(1), opts.world_size());
+                if saved != now && !already_finished {
+                    notes.push(format!(
+                        "the checkpoint was written by {saved} rank(s), this run has {now}: it continues \
+                         with the same batches from the same data position, each split {now} ways \
+                         (so its dropout masks, and the bits of every sum, differ from a run at {saved})"
+                    ));
+                }
                 opt.load_state(l.optimizer, l.state.optimizer_step)
                     .with_context(|| format!("restoring the optimizer from {}", l.dir.display()))?;
                 batcher.restore(l.state.cursor)?;
@@ -248,7 +265,7 @@ impl TrainingRun {
             }
             None => None,
         };
-        if !already_finished {
+        if !already_finished && leader {
             write_atomic(&run_dir.join(RUN_CONFIG), config_yaml.as_bytes())?;
         }
         Ok(Self {

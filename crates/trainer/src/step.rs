@@ -125,6 +125,10 @@ pub struct StepOutput {
     /// Wall time of the forward passes (loss included) and of the backward passes.
     pub forward_secs: f64,
     pub backward_secs: f64,
+    /// Wall time of waiting for the slowest rank before the gradients can be summed, and of
+    /// summing them (both 0 in a single process).
+    pub wait_secs: f64,
+    pub comm_secs: f64,
 }
 
 impl StepOutput {
@@ -158,48 +162,144 @@ pub fn forward_backward(
     step: u64,
     telemetry: bool,
 ) -> Result<StepOutput> {
+    let total_tokens = batches.iter().map(Batch::target_tokens).sum();
+    let indexed: Vec<(usize, &Batch)> = batches.iter().enumerate().collect();
+    let sums = gradient_sums(
+        model,
+        params,
+        &indexed,
+        total_tokens,
+        cfg,
+        device,
+        step,
+        telemetry,
+        Share::Whole,
+    )?;
+    Ok(sums.into_output(total_tokens))
+}
+
+/// Which part of each micro-batch a process computes: all of it, or one share of a
+/// data-parallel step (whose dropout masks then come from a stream of the share's own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Share {
+    Whole,
+    Of { share: usize, shares: usize },
+}
+
+impl Share {
+    /// The seed of micro-batch `i`'s dropout masks at `step`.
+    fn dropout_seed(self, seed: u64, step: u64, i: usize) -> u64 {
+        let stream = match self {
+            Share::Whole => format!("dropout/{step}/{i}"),
+            Share::Of { share, shares } => format!("dropout/{step}/{i}/share-{share}-of-{shares}"),
+        };
+        SplitMix64::for_stream(seed, &stream).next_u64()
+    }
+}
+
+/// Gradients and summed losses of some micro-batches (or shares of them), each loss divided by
+/// `total_tokens`: the target tokens of the whole step, so that sums of these over shares and
+/// ranks are the step's gradient.
+pub struct GradientSums {
+    pub grads: Vec<Option<Tensor>>,
+    /// Summed training objective and NLL (not yet divided by the tokens).
+    pub objective: f64,
+    pub nll: f64,
+    pub attention: Vec<AttentionStats>,
+    pub forward_secs: f64,
+    pub backward_secs: f64,
+}
+
+impl GradientSums {
+    pub fn empty(params: usize) -> Self {
+        Self {
+            grads: vec![None; params],
+            objective: 0.0,
+            nll: 0.0,
+            attention: vec![],
+            forward_secs: 0.0,
+            backward_secs: 0.0,
+        }
+    }
+
+    /// Adds `other`'s gradients and losses to these (telemetry stays this one's, if any).
+    pub fn add(&mut self, other: GradientSums) -> Result<()> {
+        for (slot, g) in self.grads.iter_mut().zip(other.grads) {
+            *slot = add_grad(slot.take(), g)?;
+        }
+        self.objective += other.objective;
+        self.nll += other.nll;
+        if self.attention.is_empty() {
+            self.attention = other.attention;
+        }
+        self.forward_secs += other.forward_secs;
+        self.backward_secs += other.backward_secs;
+        Ok(())
+    }
+
+    pub fn into_output(self, total_tokens: usize) -> StepOutput {
+        let n = total_tokens.max(1) as f64;
+        StepOutput {
+            grads: self.grads,
+            loss: self.objective / n,
+            nll: self.nll / n,
+            tokens: total_tokens,
+            attention: self.attention,
+            forward_secs: self.forward_secs,
+            backward_secs: self.backward_secs,
+            wait_secs: 0.0,
+            comm_secs: 0.0,
+        }
+    }
+}
+
+fn add_grad(acc: Option<Tensor>, g: Option<Tensor>) -> Result<Option<Tensor>> {
+    Ok(match (acc, g) {
+        (Some(a), Some(g)) => Some((a + g)?),
+        (a, None) => a,
+        (None, g) => g,
+    })
+}
+
+/// Forward and backward over `batches` (each with its micro-batch index, for its dropout
+/// stream), summing the gradients in order.
+#[allow(clippy::too_many_arguments)]
+pub fn gradient_sums(
+    model: &Model,
+    params: &[Param],
+    batches: &[(usize, &Batch)],
+    total_tokens: usize,
+    cfg: &TrainConfig,
+    device: &Device,
+    step: u64,
+    telemetry: bool,
+    share: Share,
+) -> Result<GradientSums> {
     let tensors = batches
         .iter()
-        .map(|b| BatchTensors::new(b, device))
+        .map(|(i, b)| Ok((*i, BatchTensors::new(b, device)?)))
         .collect::<Result<Vec<_>>>()?;
-    let total_tokens: usize = tensors.iter().map(|t| t.tokens).sum();
-    let mut grads: Vec<Option<Tensor>> = vec![None; params.len()];
-    let (mut objective, mut nll) = (0f64, 0f64);
+    let mut sums = GradientSums::empty(params.len());
     let collector = Telemetry::new();
-    let (mut forward_secs, mut backward_secs) = (0f64, 0f64);
-    for (i, bt) in tensors.iter().enumerate() {
+    for (n, (i, bt)) in tensors.iter().enumerate() {
         let t0 = Instant::now();
-        let seed = SplitMix64::for_stream(cfg.seed, &format!("dropout/{step}/{i}")).next_u64();
-        let rng = DropoutRng::new(seed);
+        let rng = DropoutRng::new(share.dropout_seed(cfg.seed, step, *i));
         let mut ctx = ForwardCtx::train(&rng);
-        if telemetry && i == 0 {
+        if telemetry && n == 0 {
             ctx = ctx.with_telemetry(&collector);
         }
         let loss = bt.loss(model, ctx, cfg.label_smoothing, cfg.z_loss, true)?;
-        objective += loss.objective.to_scalar::<f32>()? as f64;
-        nll += loss.nll.to_scalar::<f32>()? as f64;
-        forward_secs += t0.elapsed().as_secs_f64();
+        sums.objective += loss.objective.to_scalar::<f32>()? as f64;
+        sums.nll += loss.nll.to_scalar::<f32>()? as f64;
+        sums.forward_secs += t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
         let store = (loss.objective / total_tokens.max(1) as f64)?.backward()?;
-        for (slot, p) in grads.iter_mut().zip(params) {
-            if let Some(g) = store.get(p.var.as_tensor()) {
-                *slot = Some(match slot.take() {
-                    Some(acc) => (acc + g)?,
-                    None => g.clone(),
-                });
-            }
+        for (slot, p) in sums.grads.iter_mut().zip(params) {
+            *slot = add_grad(slot.take(), store.get(p.var.as_tensor()).cloned())?;
         }
         device.synchronize()?;
-        backward_secs += t1.elapsed().as_secs_f64();
+        sums.backward_secs += t1.elapsed().as_secs_f64();
     }
-    let n = total_tokens.max(1) as f64;
-    Ok(StepOutput {
-        grads,
-        loss: objective / n,
-        nll: nll / n,
-        tokens: total_tokens,
-        attention: collector.take(),
-        forward_secs,
-        backward_secs,
-    })
+    sums.attention = collector.take();
+    Ok(sums)
 }

@@ -37,4 +37,10 @@ pub struct Summary {
     /// Why the run stopped early as diverged (non-finite values, validation loss stuck above its
     /// initial value, or most steps skipped); `None` for a healthy run.
     pub diverged: Option<String>,
+    /// Ranks of the data-parallel job that trained this invocation (absent for one process).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub world_size: Option<usize>,
+    /// SHA-256 of the final weights, checked to be the same on every rank (jobs only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weights_sha256: Option<String>,
 }

@@ -15,15 +15,19 @@ use std::time::Instant;
 
 use anyhow::{anyhow, Context, Result};
 
+use ember_distributed::World;
+use ember_model::AttentionStats;
+
 use crate::checkpoint;
 use crate::config::{NonFinitePolicy, RunConfig};
-use crate::evaluate::{evaluate, validate, Split, Validation};
+use crate::data_parallel::DataParallel;
+use crate::evaluate::{validate, validation_loss, Validation};
 use crate::interrupt::{signal_name, Interrupted, StopRequest};
-use crate::metrics::{self, MetricsLog, Progress, Record, Verbosity};
+use crate::metrics::{self, EvalRecord, MetricsLog, Progress, Record, TrainRecord, Verbosity};
 use crate::optim::clip_grad_norm;
 use crate::run_state::RunState;
 use crate::setup::TrainingRun;
-use crate::step::{forward_backward, micro_batches};
+use crate::step::micro_batches;
 use crate::tensorboard::RunEvents;
 
 // The ablation runner, its report and their tests import these through `train::`.
@@ -32,31 +36,38 @@ pub use crate::setup::{make_batcher, RUN_CONFIG};
 pub use crate::options::TrainOptions;
 pub use crate::summary::{Summary, SUMMARY};
 
-/// Trains `cfg` into `opts.run_dir`: fresh, or resumed from its newest checkpoint.
+/// Trains `cfg` into `opts.run_dir`: fresh, or resumed from its newest checkpoint. As one rank
+/// of a data-parallel job (`opts.world`), it trains its share of every batch; rank 0 alone
+/// writes the run directory and prints.
 pub fn train(cfg: RunConfig, opts: &TrainOptions) -> Result<Summary> {
     let started = Instant::now();
-    let mut run = TrainingRun::prepare(cfg, opts)?;
+    let dp = DataParallel::new(opts.world.clone(), opts.emulate_ranks, cfg.distributed.bucket_mib)?;
+    let leader = dp.is_leader();
+    let mut run = prepare_in_turn(&dp, cfg, opts)?;
     if run.already_finished {
         return already_finished(&run, opts.verbosity);
     }
     let mut state = RunState::new(&run.cfg, run.total_steps, run.resumed.as_ref(), opts.stop_after);
-    // A fresh run starts a fresh log (a run killed before its first checkpoint may have left one).
-    let mut log = MetricsLog::open(&run.run_dir, Some(state.resumed_from_step().unwrap_or(0)))?;
-    let mut events = RunEvents::open(&run.run_dir, run.cfg.log.tensorboard, state.resumed_from_step())?;
-    let progress = Progress::new(run.total_steps, state.step(), opts.verbosity);
-    announce(&run, &state, &progress);
+    let mut out = Outputs::open(&run, &state, opts, leader)?;
+    if leader {
+        announce(&run, &state, &out.progress, dp.world());
+    }
     if state.needs_initial_val_loss() {
-        let initial = evaluate(&run.model, &run.data, &run.cfg, Split::Valid, &run.device)?;
+        let initial = validation_loss(&run.model, &run.data, &run.cfg, &run.device, &dp, state.step())?;
         state.set_initial_val_loss(initial.loss);
     }
+    // A job agrees on its stop signal inside each step (any rank's signal stops all of them after
+    // that step); a lone process checks before each step.
+    let mut agreed_stop = None;
 
     while state.step() < run.total_steps {
-        if let Some(signal) = opts.stop.as_ref().and_then(StopRequest::requested) {
-            progress.finish();
-            return Err(interrupted(&run, &mut state, signal, started));
+        let local_stop = opts.stop.as_ref().and_then(StopRequest::requested);
+        if let Some(signal) = agreed_stop.or(local_stop.filter(|_| dp.world().size() == 1)) {
+            out.progress.finish();
+            return Err(interrupted(&run, &mut state, &dp, signal, started));
         }
         if state.stop_requested() {
-            save_unless_saved(&run, &state)?;
+            save_unless_saved(&run, &state, &dp)?;
             break;
         }
         let step = state.step() + 1;
@@ -64,7 +75,7 @@ pub fn train(cfg: RunConfig, opts: &TrainOptions) -> Result<Summary> {
         let batches = micro_batches(run.batcher.as_mut(), run.cfg.train.accumulation);
         let log_now = state.is_log_step(step);
         let t0 = Instant::now();
-        let out = forward_backward(
+        let reduced = dp.forward_backward(
             &run.model,
             run.opt.params(),
             &batches,
@@ -75,52 +86,162 @@ pub fn train(cfg: RunConfig, opts: &TrainOptions) -> Result<Summary> {
             // measures it in the pass that computes the output, so measuring changes no value: a
             // 30-step run extended to 60 ends with the weights of a 60-step run (tested).
             log_now,
+            local_stop,
         )?;
-        let grads = clip_grad_norm(run.opt.params(), &out.grads, run.cfg.train.clip_grad_norm)?;
+        agreed_stop = reduced.stop;
+        let step_out = reduced.out;
+        let grads = clip_grad_norm(run.opt.params(), &step_out.grads, run.cfg.train.clip_grad_norm)?;
         let lr = run.schedule.at(step);
-        match (out.non_finite(&grads), run.cfg.train.on_nonfinite) {
-            (None, _) => run.opt.step(&out.grads, lr, grads.scale)?,
+        match (step_out.non_finite(&grads), run.cfg.train.on_nonfinite) {
+            (None, _) => run.opt.step(&step_out.grads, lr, grads.scale)?,
             (Some(what), NonFinitePolicy::Skip) => {
                 let skipped = state.skip_update();
-                progress.line(&format!("step {step}: {what}; update skipped ({skipped} so far)"));
+                out.progress
+                    .line(&format!("step {step}: {what}; update skipped ({skipped} so far)"));
             }
             (Some(what), NonFinitePolicy::Stop) => {
-                progress.finish();
+                out.progress.finish();
                 let reason = format!("step {step}: {what}");
-                return Err(stop_non_finite(&run, &mut state, reason, started));
+                return Err(stop_non_finite(&run, &mut state, &dp, reason, started));
             }
         }
-        state.record(&out, grads.norm, t0.elapsed().as_secs_f64());
+        state.record(&step_out, grads.norm, t0.elapsed().as_secs_f64());
 
         if log_now {
-            let record = state.train_record(epoch, lr, &out.attention);
-            progress.train(&record, run.total_steps);
-            events.train(&record, &out.attention)?;
-            log.write(&Record::Train(record))?;
+            let record = state.train_record(epoch, lr, &step_out.attention);
+            out.train(record, &step_out.attention, run.total_steps)?;
         }
         if state.is_eval_step() {
-            let validation = validate_keeping_the_step(&run, &state, &progress)?;
-            progress.line(&format!("step {step}: {validation}"));
+            let validation = validate_keeping_the_step(&run, &state, &dp, &out.progress)?;
+            out.progress.line(&format!("step {step}: {validation}"));
             let record = state.record_eval(&validation);
-            events.eval(&record)?;
-            log.write(&Record::Eval(record))?;
+            out.eval(record)?;
         }
         state.check_skipped();
         if state.checkpoint_due() {
-            save_checkpoint(&run, &state)?;
+            save_checkpoint(&run, &state, &dp)?;
         }
         if let Some(reason) = state.diverged() {
-            progress.line(&format!("stopping: diverged at {reason}"));
+            out.progress.line(&format!("stopping: diverged at {reason}"));
             break;
         }
     }
-    progress.finish();
-    write_summary(&run, &state, started)
+    out.progress.finish();
+    write_summary(&run, &state, &dp, started)
+}
+
+/// Sets the run up on rank 0 first (it writes the run directory: tokenizer, token cache,
+/// config), then on the others, which read what it wrote. Every rank learns whether all
+/// succeeded, so a failure on one ends the job instead of leaving the others waiting.
+fn prepare_in_turn(dp: &DataParallel, cfg: RunConfig, opts: &TrainOptions) -> Result<TrainingRun> {
+    let world = dp.world();
+    if world.size() == 1 {
+        return TrainingRun::prepare(cfg, opts);
+    }
+    let agree = |ok: bool, what: &str| -> Option<usize> {
+        let mut failed = [if ok { 0 } else { world.rank() as i64 + 1 }];
+        world.all_reduce_max_i64(&mut failed, what);
+        (failed[0] > 0).then(|| failed[0] as usize - 1)
+    };
+    let mut run = None;
+    if world.is_leader() {
+        run = Some(TrainingRun::prepare(cfg.clone(), opts));
+    }
+    if agree(run.as_ref().is_none_or(|r| r.is_ok()), "the set-up of rank 0") == Some(0) {
+        return run.unwrap_or_else(|| bail_rank_failed(0));
+    }
+    if !world.is_leader() {
+        run = Some(TrainingRun::prepare(cfg, opts));
+    }
+    let ok = run.as_ref().is_some_and(|r| r.is_ok());
+    match agree(ok, "the set-up of every rank") {
+        Some(_) if !ok => run.unwrap_or_else(|| bail_rank_failed(world.rank())),
+        Some(rank) => bail_rank_failed(rank),
+        None => run.unwrap_or_else(|| bail_rank_failed(world.rank())),
+    }
+}
+
+fn bail_rank_failed(rank: usize) -> Result<TrainingRun> {
+    Err(anyhow!(RankFailed(rank)))
+}
+
+/// Another rank failed (it prints why); this one stops with it.
+#[derive(Debug)]
+pub struct RankFailed(pub usize);
+
+impl std::fmt::Display for RankFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "rank {} could not set the run up (its message says why); every rank stops",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for RankFailed {}
+
+/// Where the run reports: the progress display, `metrics.jsonl` and TensorBoard events, all
+/// on rank 0 only (the other ranks' display is silent and they write nothing).
+struct Outputs {
+    progress: Progress,
+    log: Option<MetricsLog>,
+    events: Option<RunEvents>,
+}
+
+impl Outputs {
+    fn open(run: &TrainingRun, state: &RunState, opts: &TrainOptions, leader: bool) -> Result<Self> {
+        if !leader {
+            return Ok(Outputs {
+                progress: Progress::plain(Verbosity::Quiet),
+                log: None,
+                events: None,
+            });
+        }
+        // A fresh run starts a fresh log (a run killed before its first checkpoint may have left one).
+        let log = MetricsLog::open(&run.run_dir, Some(state.resumed_from_step().unwrap_or(0)))?;
+        let events = RunEvents::open(&run.run_dir, run.cfg.log.tensorboard, state.resumed_from_step())?;
+        let progress = if opts.world.size() > 1 {
+            Progress::plain(opts.verbosity)
+        } else {
+            Progress::new(run.total_steps, state.step(), opts.verbosity)
+        };
+        Ok(Outputs {
+            progress,
+            log: Some(log),
+            events: Some(events),
+        })
+    }
+
+    fn train(&mut self, record: TrainRecord, attention: &[AttentionStats], total: u64) -> Result<()> {
+        self.progress.train(&record, total);
+        if let (Some(log), Some(events)) = (&mut self.log, &mut self.events) {
+            events.train(&record, attention)?;
+            log.write(&Record::Train(record))?;
+        }
+        Ok(())
+    }
+
+    fn eval(&mut self, record: EvalRecord) -> Result<()> {
+        if let (Some(log), Some(events)) = (&mut self.log, &mut self.events) {
+            events.eval(&record)?;
+            log.write(&Record::Eval(record))?;
+        }
+        Ok(())
+    }
 }
 
 /// The run's opening lines: what trains, the config's warnings, where it resumes.
-fn announce(run: &TrainingRun, state: &RunState, progress: &Progress) {
+fn announce(run: &TrainingRun, state: &RunState, progress: &Progress, world: &World) {
     progress.line(&run.describe());
+    if world.size() > 1 {
+        progress.line(&format!(
+            "data parallel: {} ranks (started by {}), each training 1/{} of every batch",
+            world.size(),
+            world.launcher().unwrap_or("a launcher"),
+            world.size()
+        ));
+    }
     for note in &run.notes {
         progress.warn(note);
     }
@@ -130,23 +251,28 @@ fn announce(run: &TrainingRun, state: &RunState, progress: &Progress) {
 }
 
 /// Stops as an interruption would, with the newest state on disk (saved only once).
-fn save_unless_saved(run: &TrainingRun, state: &RunState) -> Result<()> {
+fn save_unless_saved(run: &TrainingRun, state: &RunState, dp: &DataParallel) -> Result<()> {
     if checkpoint::list(&run.run_dir).last().map(|(s, _)| *s) != Some(state.step()) {
-        save_checkpoint(run, state)?;
+        save_checkpoint(run, state, dp)?;
     }
     Ok(())
 }
 
 /// Validates after the step just recorded; if validation fails, the step's training is done
 /// and is saved before the failure is reported.
-fn validate_keeping_the_step(run: &TrainingRun, state: &RunState, progress: &Progress) -> Result<Validation> {
-    let e = match validate(&run.model, &run.data, &run.cfg, &run.device) {
+fn validate_keeping_the_step(
+    run: &TrainingRun,
+    state: &RunState,
+    dp: &DataParallel,
+    progress: &Progress,
+) -> Result<Validation> {
+    let e = match validate(&run.model, &run.data, &run.cfg, &run.device, dp, state.step()) {
         Ok(v) => return Ok(v),
         Err(e) => e,
     };
     progress.finish();
     let step = state.step();
-    Err(e.context(match save_checkpoint(run, state) {
+    Err(e.context(match save_checkpoint(run, state, dp) {
         Ok(dir) => format!(
             "validating after step {step} (the step is saved in {}; fix the cause and resume with --resume)",
             dir.display()
@@ -179,13 +305,19 @@ fn already_finished(run: &TrainingRun, verbosity: Verbosity) -> Result<Summary> 
 /// Ends the run at a stop signal: the step in progress has completed, so checkpoint it (unless
 /// the newest checkpoint already holds it), write a summary marked interrupted, and return the
 /// error that tells the user how to resume.
-fn interrupted(run: &TrainingRun, state: &mut RunState, signal: i32, started: Instant) -> anyhow::Error {
+fn interrupted(
+    run: &TrainingRun,
+    state: &mut RunState,
+    dp: &DataParallel,
+    signal: i32,
+    started: Instant,
+) -> anyhow::Error {
     let step = state.step();
     let newest = checkpoint::list(&run.run_dir).last().cloned();
     let checkpoint = match newest {
         Some((s, dir)) if s == step => Some(dir),
         _ if step == 0 => None,
-        _ => match save_checkpoint(run, state) {
+        _ => match save_checkpoint(run, state, dp) {
             Ok(dir) => Some(dir),
             Err(e) => {
                 return e.context(format!(
@@ -196,7 +328,7 @@ fn interrupted(run: &TrainingRun, state: &mut RunState, signal: i32, started: In
         },
     };
     state.mark_interrupted(signal_name(signal));
-    if let Err(e) = write_summary(run, state, started) {
+    if let Err(e) = write_summary(run, state, dp, started) {
         return e;
     }
     anyhow::Error::new(Interrupted {
@@ -208,11 +340,20 @@ fn interrupted(run: &TrainingRun, state: &mut RunState, signal: i32, started: In
 }
 
 /// Checkpoints the run as it stands, prunes older checkpoints (keeping the best) and refreshes
-/// `metrics.csv`, so the CSV is current whenever a checkpoint is.
-fn save_checkpoint(run: &TrainingRun, state: &RunState) -> Result<PathBuf> {
+/// `metrics.csv`, so the CSV is current whenever a checkpoint is. In a job every rank first
+/// checks that all hold the same weights; rank 0 writes.
+fn save_checkpoint(run: &TrainingRun, state: &RunState, dp: &DataParallel) -> Result<PathBuf> {
+    if dp.world().size() > 1 {
+        dp.agreed_weights_sha256(run.opt.params(), state.step())?;
+    }
+    let dir = checkpoint::dir_for(&run.run_dir, state.step());
+    if !dp.is_leader() {
+        return Ok(dir);
+    }
     let mut ckpt = state.checkpoint_state(&run.cfg, run.batcher.cursor(), run.opt.step);
     ckpt.tokenizer_sha256 = Some(run.identity.tokenizer_sha256.clone());
     ckpt.data_fingerprint = Some(run.identity.data_fingerprint.clone());
+    ckpt.world_size = dp.shares_per_batch();
     let dir = checkpoint::save(
         &run.run_dir,
         ckpt,
@@ -225,13 +366,26 @@ fn save_checkpoint(run: &TrainingRun, state: &RunState) -> Result<PathBuf> {
     Ok(dir)
 }
 
-/// Writes `summary.json` (and `metrics.csv`) and returns the summary.
-fn write_summary(run: &TrainingRun, state: &RunState, started: Instant) -> Result<Summary> {
-    let summary = state.summary(
+/// Writes `summary.json` (and `metrics.csv`) and returns the summary; in a job, with the
+/// world size and the weights' SHA-256 all ranks agreed on. Rank 0 writes.
+fn write_summary(
+    run: &TrainingRun,
+    state: &RunState,
+    dp: &DataParallel,
+    started: Instant,
+) -> Result<Summary> {
+    let mut summary = state.summary(
         &run.run_dir,
         run.params.num_params(),
         started.elapsed().as_secs_f64(),
     );
+    if dp.world().size() > 1 {
+        summary.world_size = Some(dp.world().size());
+        summary.weights_sha256 = Some(dp.agreed_weights_sha256(run.opt.params(), state.step())?);
+    }
+    if !dp.is_leader() {
+        return Ok(summary);
+    }
     metrics::export_csv(&run.run_dir)?;
     let path = run.run_dir.join(SUMMARY);
     crate::files::write_atomic(&path, serde_json::to_string_pretty(&summary)?.as_bytes())
@@ -244,11 +398,12 @@ fn write_summary(run: &TrainingRun, state: &RunState, started: Instant) -> Resul
 fn stop_non_finite(
     run: &TrainingRun,
     state: &mut RunState,
+    dp: &DataParallel,
     reason: String,
     started: Instant,
 ) -> anyhow::Error {
     state.mark_diverged(reason.clone());
-    if let Err(e) = write_summary(run, state, started) {
+    if let Err(e) = write_summary(run, state, dp, started) {
         return e;
     }
     anyhow!(

@@ -1,0 +1,271 @@
+//! Data-parallel training: every rank computes the gradient of its share of each batch, and the
+//! ranks sum them.
+//!
+//! Every rank runs the same batcher, so each draws the step's whole micro-batches and keeps
+//! share `rank` of `world` of each ([`Batch::share`]): the union over ranks is the batch one
+//! process would take, and the token budget and learning rate mean the same at any world size.
+//! Each rank divides its losses by the step's global target-token count (known to every rank:
+//! it sees the whole batch), so the sum of the ranks' gradients is the step's gradient exactly as
+//! one process accumulates it. The sum is one `MPI_Allreduce` per bucket of parameters
+//! (`distributed.bucket_mib`), after the backward pass: candle's backward returns all gradients
+//! at once, with no hook to start a bucket early. Clipping, the non-finite check and AdamW then
+//! see the same gradients on every rank, so the weights stay identical; the ranks compare a
+//! SHA-256 of them at every checkpoint and refuse to go on if they differ.
+//!
+//! `ember train --emulate-ranks N` computes all N shares in one process, in rank order, and sums
+//! them as the ranks would: the arithmetic of an N-rank job without a launcher. With two ranks
+//! the job's sum is the same two-term sum, so the two agree bit for bit (tested).
+
+use std::ops::Range;
+use std::rc::Rc;
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use candle_core::{Device, Tensor};
+use ember_data::Batch;
+use ember_distributed::World;
+use ember_model::Model;
+use sha2::{Digest, Sha256};
+
+use crate::config::TrainConfig;
+use crate::optim::Param;
+use crate::step::{forward_backward, gradient_sums, GradientSums, Share, StepOutput};
+
+/// How this process takes part in training: alone, as one rank of a job, or emulating a job.
+pub struct DataParallel {
+    world: Rc<World>,
+    /// The shares of each batch this process computes: its rank's, or all of them when it
+    /// emulates a job.
+    shares: Range<usize>,
+    /// Shares per batch: the world size (or the emulated one).
+    n_shares: usize,
+    bucket_floats: usize,
+}
+
+/// A step's gradients summed over the ranks, and the stop signal any rank received during it.
+pub struct ReducedStep {
+    pub out: StepOutput,
+    /// Some rank's stop signal (the highest number, if several): every rank stops after this step.
+    pub stop: Option<i32>,
+}
+
+impl DataParallel {
+    /// `emulate`: compute this many shares in this one process (only in a world of one).
+    pub fn new(world: Rc<World>, emulate: usize, bucket_mib: f64) -> Result<Self> {
+        let (shares, n_shares) = match (world.size(), emulate) {
+            (1, n) => (0..n.max(1), n.max(1)),
+            (w, 1) => (world.rank()..world.rank() + 1, w),
+            (w, n) => bail!(
+                "--emulate-ranks {n} emulates a job in one process, but this process is one of {w} ranks"
+            ),
+        };
+        Ok(Self {
+            world,
+            shares,
+            n_shares,
+            bucket_floats: ((bucket_mib * 1024.0 * 1024.0 / 4.0) as usize).max(1),
+        })
+    }
+
+    pub fn world(&self) -> &World {
+        &self.world
+    }
+
+    /// Whether this process writes the run directory and prints: rank 0, or a lone process.
+    pub fn is_leader(&self) -> bool {
+        self.world.is_leader()
+    }
+
+    /// Shares per batch when a step is split (a job, or an emulated one): what a checkpoint
+    /// records as its world size.
+    pub fn shares_per_batch(&self) -> Option<usize> {
+        self.is_sharded().then_some(self.n_shares)
+    }
+
+    /// Whether a step is split into shares at all (a job, or an emulated one).
+    pub fn is_sharded(&self) -> bool {
+        self.n_shares > 1
+    }
+
+    /// One step's gradient: this process's shares of `batches`, summed over the ranks.
+    /// `stop`: a stop signal this rank received, agreed on by all ranks in the same collective.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_backward(
+        &self,
+        model: &Model,
+        params: &[Param],
+        batches: &[Batch],
+        cfg: &TrainConfig,
+        device: &Device,
+        step: u64,
+        telemetry: bool,
+        stop: Option<i32>,
+    ) -> Result<ReducedStep> {
+        if !self.is_sharded() {
+            let out = forward_backward(model, params, batches, cfg, device, step, telemetry)?;
+            return Ok(ReducedStep { out, stop });
+        }
+        let total_tokens: usize = batches.iter().map(Batch::target_tokens).sum();
+        let mut sums = GradientSums::empty(params.len());
+        for share in self.shares.clone() {
+            let parts: Vec<(usize, Batch)> = batches
+                .iter()
+                .enumerate()
+                .filter_map(|(i, b)| b.share(share, self.n_shares).map(|s| (i, s)))
+                .collect();
+            let parts: Vec<(usize, &Batch)> = parts.iter().map(|(i, b)| (*i, b)).collect();
+            let share_sums = gradient_sums(
+                model,
+                params,
+                &parts,
+                total_tokens,
+                cfg,
+                device,
+                step,
+                telemetry && share == 0,
+                Share::Of {
+                    share,
+                    shares: self.n_shares,
+                },
+            )?;
+            sums.add(share_sums)?;
+        }
+        let (stop, wait_secs, comm_secs) = self.reduce(&mut sums, params, device, step, stop)?;
+        let mut out = sums.into_output(total_tokens);
+        out.wait_secs = wait_secs;
+        out.comm_secs = comm_secs;
+        Ok(ReducedStep { out, stop })
+    }
+
+    /// Sums the gradients and losses over the ranks (nothing to do in one process), and agrees
+    /// on a stop signal. Also returns the seconds spent waiting for the slowest rank (the first,
+    /// small collective ends when the last rank arrives) and then summing the gradients.
+    fn reduce(
+        &self,
+        sums: &mut GradientSums,
+        params: &[Param],
+        device: &Device,
+        step: u64,
+        stop: Option<i32>,
+    ) -> Result<(Option<i32>, f64, f64)> {
+        let world = &self.world;
+        if world.size() == 1 {
+            return Ok((stop, 0.0, 0.0));
+        }
+        let t0 = Instant::now();
+        // Losses, and which parameters have a gradient on any rank (a rank whose shares were all
+        // empty has none).
+        let mut scalars = vec![sums.objective, sums.nll];
+        scalars.extend(sums.grads.iter().map(|g| g.is_some() as u8 as f64));
+        world.all_reduce_sum_f64(&mut scalars, &format!("the losses of step {step}"));
+        sums.objective = scalars[0];
+        sums.nll = scalars[1];
+        let present: Vec<bool> = scalars[2..].iter().map(|&n| n > 0.0).collect();
+
+        let mut signal = [stop.map_or(0, i64::from)];
+        world.all_reduce_max_i64(&mut signal, &format!("the stop check of step {step}"));
+        let t1 = Instant::now();
+
+        let buckets = buckets(params, self.bucket_floats);
+        for (b, range) in buckets.iter().enumerate() {
+            let mut flat = Vec::with_capacity(range.clone().map(|i| params[i].var.elem_count()).sum());
+            for i in range.clone() {
+                match &sums.grads[i] {
+                    Some(g) => flat.extend(g.flatten_all()?.to_vec1::<f32>()?),
+                    None => flat.extend(std::iter::repeat_n(0f32, params[i].var.elem_count())),
+                }
+            }
+            world.all_reduce_sum_f32(
+                &mut flat,
+                &format!(
+                    "the gradients of step {step} (bucket {} of {})",
+                    b + 1,
+                    buckets.len()
+                ),
+            );
+            let mut offset = 0;
+            for i in range.clone() {
+                let n = params[i].var.elem_count();
+                sums.grads[i] = if present[i] {
+                    let dims = params[i].var.dims().to_vec();
+                    Some(Tensor::from_slice(&flat[offset..offset + n], dims, device)?)
+                } else {
+                    None
+                };
+                offset += n;
+            }
+        }
+        let stop = (signal[0] > 0).then_some(signal[0] as i32);
+        Ok((stop, (t1 - t0).as_secs_f64(), t1.elapsed().as_secs_f64()))
+    }
+
+    /// Sums per-share partial results (`(nll, tokens)`) of an evaluation in share order, then
+    /// over the ranks. `partial(share, shares)` evaluates one share.
+    pub fn evaluate(
+        &self,
+        what: &str,
+        mut partial: impl FnMut(usize, usize) -> Result<(f64, u64)>,
+    ) -> Result<(f64, u64)> {
+        let mut nll = 0f64;
+        let mut tokens = 0u64;
+        for share in self.shares.clone() {
+            let (n, t) = partial(share, self.n_shares)?;
+            nll += n;
+            tokens += t;
+        }
+        let mut sums = [nll, tokens as f64];
+        self.world.all_reduce_sum_f64(&mut sums, what);
+        Ok((sums[0], sums[1] as u64))
+    }
+
+    /// SHA-256 of all weights, checked to be the same on every rank. An error names the ranks
+    /// whose weights differ from rank 0's.
+    pub fn agreed_weights_sha256(&self, params: &[Param], step: u64) -> Result<String> {
+        let digest = weights_sha256(params)?;
+        let mut head = [0u8; 8];
+        head.copy_from_slice(&digest[..8]);
+        let mine = u64::from_le_bytes(head);
+        let all = self
+            .world
+            .all_gather_u64(mine, &format!("the weight check of step {step}"));
+        let differ: Vec<usize> = (0..all.len()).filter(|&r| all[r] != all[0]).collect();
+        if !differ.is_empty() {
+            bail!(
+                "after step {step} the weights of rank(s) {differ:?} differ from rank 0's: the ranks no longer \
+                 train the same model (a rank read another checkpoint or config?). Nothing of this step was \
+                 saved; resume from the newest checkpoint with the same config on every rank."
+            );
+        }
+        Ok(digest.iter().map(|b| format!("{b:02x}")).collect())
+    }
+}
+
+/// SHA-256 over every parameter's f32 values in order.
+pub fn weights_sha256(params: &[Param]) -> Result<[u8; 32]> {
+    let mut h = Sha256::new();
+    for p in params {
+        for v in p.var.flatten_all()?.to_vec1::<f32>()? {
+            h.update(v.to_le_bytes());
+        }
+    }
+    Ok(h.finalize().into())
+}
+
+/// Consecutive parameter ranges of about `floats` values each: one all-reduce per range. A
+/// tensor is never split; one larger than a bucket gets a bucket of its own.
+pub fn buckets(params: &[Param], floats: usize) -> Vec<Range<usize>> {
+    let mut out = vec![];
+    let (mut start, mut filled) = (0, 0usize);
+    for (i, p) in params.iter().enumerate() {
+        let n = p.var.elem_count();
+        if filled > 0 && filled + n > floats {
+            out.push(start..i);
+            (start, filled) = (i, 0);
+        }
+        filled += n;
+    }
+    if start < params.len() {
+        out.push(start..params.len());
+    }
+    out
+}
