@@ -53,6 +53,8 @@ fn job_ok(dir: &Path, ranks: usize, args: &[&str]) -> Output {
     out
 }
 
+/// Starts a job in the background. Give it `--quiet`: nothing reads its output until
+/// [`finish`], and a job whose output pipe is full stalls (its ranks block writing).
 fn spawn_job(dir: &Path, ranks: usize, args: &[&str]) -> Child {
     mpirun(dir, ranks, args)
         .stdout(Stdio::piped())
@@ -376,7 +378,11 @@ fn a_stop_signal_to_one_rank_stops_every_rank_after_the_same_step_and_the_job_re
         &["train", s(&cfg), "--run-dir", s(&whole), "--quiet"],
     );
 
-    let mut job = spawn_job(tmp.path(), 2, &["train", s(&cfg), "--run-dir", s(&stopped)]);
+    let mut job = spawn_job(
+        tmp.path(),
+        2,
+        &["train", s(&cfg), "--run-dir", s(&stopped), "--quiet"],
+    );
     let pids = rank_pids(job.id(), 2);
     wait_until(&mut job, "step 5", || logged_steps(&stopped).len() >= 5);
     // SIGTERM to rank 1 alone: rank 0 hears of it in the step's collective.
@@ -554,8 +560,43 @@ fn srun_starts_a_job_that_trains_as_mpirun_does() {
         text(&out.stdout),
         text(&out.stderr)
     );
-    assert!(text(&out.stdout).contains("data parallel: 2 ranks (started by PMIx)"), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stdout).contains("data parallel: 2 ranks (started by PMIx)"),
+        "{}",
+        text(&out.stdout)
+    );
     job_ok(tmp.path(), 2, &["train", s(&cfg), "--run-dir", s(&by_mpirun)]);
     assert_eq!(newest_weights(&by_srun), newest_weights(&by_mpirun));
     assert_eq!(records(&by_srun), records(&by_mpirun));
+}
+
+#[test]
+fn ctrl_c_on_mpirun_stops_the_job_after_a_step_with_a_checkpoint() {
+    let _job = one_job();
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write(tmp.path(), "run.yaml", seq2seq_yaml(100_000, 0, 1000));
+    let run_dir = tmp.path().join("run");
+    let mut job = spawn_job(
+        tmp.path(),
+        2,
+        &["train", s(&cfg), "--run-dir", s(&run_dir), "--quiet"],
+    );
+    wait_until(&mut job, "step 5", || logged_steps(&run_dir).len() >= 5);
+    signal(job.id() as i32, libc::SIGINT);
+    let (out, _) = finish(job, Duration::from_secs(60));
+    assert!(!out.status.success());
+    assert!(
+        run_dir.join("summary.json").exists(),
+        "{}\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let done = summary(&run_dir);
+    assert!(
+        done["interrupted"].as_str().is_some_and(|s| s.starts_with("SIG")),
+        "{done}"
+    );
+    let step = done["steps"].as_u64().unwrap();
+    assert_eq!(checkpoints(&run_dir).last().unwrap().0, step);
+    assert!(text(&out.stderr).contains("--resume"), "{}", text(&out.stderr));
 }

@@ -208,6 +208,18 @@ impl World {
         out
     }
 
+    /// Every rank's `bytes` (of any length), in rank order, on every rank. Ranks beyond 2³¹
+    /// bytes in all are not supported (MPI counts are 32-bit).
+    pub fn all_gather_bytes(&self, bytes: &[u8], what: &str) -> Vec<Vec<u8>> {
+        #[cfg_attr(not(feature = "mpi"), allow(unused_mut))]
+        let mut out = vec![bytes.to_vec()];
+        #[cfg(feature = "mpi")]
+        self.collective(what, |m| out = m.all_gather_bytes(bytes));
+        #[cfg(not(feature = "mpi"))]
+        let _ = what;
+        out
+    }
+
     /// Ends the whole job at once (`MPI_Abort`): for an error on one rank that the others cannot
     /// know about and would otherwise wait for. In a world of one, exits with `code`.
     pub fn abort(&self, code: i32) -> ! {

@@ -1,10 +1,11 @@
 //! The MPI side of [`crate::World`]: rsmpi over the world communicator.
 
 use mpi::collective::SystemOperation;
+use mpi::datatype::PartitionMut;
 use mpi::environment::Universe;
 use mpi::topology::{Communicator, SimpleCommunicator};
 use mpi::traits::*;
-use mpi::Threading;
+use mpi::{Count, Threading};
 
 use crate::Error;
 
@@ -58,6 +59,32 @@ impl MpiWorld {
 
     pub(crate) fn all_gather_u64(&self, value: u64, out: &mut [u64]) {
         self.world.all_gather_into(&value, out);
+    }
+
+    /// Every rank's bytes, in rank order: the lengths first, then MPI_Allgatherv.
+    pub(crate) fn all_gather_bytes(&self, bytes: &[u8]) -> Vec<Vec<u8>> {
+        let mut lengths = vec![0u64; self.size()];
+        self.world
+            .all_gather_into(&(bytes.len() as u64), &mut lengths[..]);
+        let counts: Vec<Count> = lengths.iter().map(|&n| n as Count).collect();
+        let displs: Vec<Count> = counts
+            .iter()
+            .scan(0, |at, &n| {
+                let start = *at;
+                *at += n;
+                Some(start)
+            })
+            .collect();
+        let mut all = vec![0u8; lengths.iter().sum::<u64>() as usize];
+        {
+            let mut parts = PartitionMut::new(&mut all[..], &counts[..], &displs[..]);
+            self.world.all_gather_varcount_into(bytes, &mut parts);
+        }
+        counts
+            .iter()
+            .zip(&displs)
+            .map(|(&n, &d)| all[d as usize..(d + n) as usize].to_vec())
+            .collect()
     }
 
     pub(crate) fn abort(&self, code: i32) -> ! {

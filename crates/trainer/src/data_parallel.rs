@@ -25,6 +25,8 @@ use candle_core::{Device, Tensor};
 use ember_data::Batch;
 use ember_distributed::World;
 use ember_model::Model;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::config::TrainConfig;
@@ -216,6 +218,27 @@ impl DataParallel {
         let mut sums = [nll, tokens as f64];
         self.world.all_reduce_sum_f64(&mut sums, what);
         Ok((sums[0], sums[1] as u64))
+    }
+
+    /// `f(share, shares)` for every share of the job, in share order, on every rank: each rank
+    /// computes its own shares and the ranks exchange the results (serialised as JSON).
+    pub fn gather_shares<T: Serialize + DeserializeOwned>(
+        &self,
+        what: &str,
+        mut f: impl FnMut(usize, usize) -> T,
+    ) -> Result<Vec<T>> {
+        let mine: Vec<T> = self.shares.clone().map(|share| f(share, self.n_shares)).collect();
+        if self.world.size() == 1 {
+            return Ok(mine);
+        }
+        let bytes = serde_json::to_vec(&mine)?;
+        let mut all = Vec::with_capacity(self.n_shares);
+        for (rank, theirs) in self.world.all_gather_bytes(&bytes, what).iter().enumerate() {
+            let theirs: Vec<T> = serde_json::from_slice(theirs)
+                .map_err(|e| anyhow::anyhow!("{what}: rank {rank} sent what this rank cannot read ({e})"))?;
+            all.extend(theirs);
+        }
+        Ok(all)
     }
 
     /// SHA-256 of all weights, checked to be the same on every rank. An error names the ranks

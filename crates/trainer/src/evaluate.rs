@@ -11,12 +11,13 @@ use anyhow::{bail, Context, Result};
 use candle_core::Device;
 use ember_data::{Batch, Dataset, EvalBatches, LmEvalBatches, Splits};
 use ember_model::{BeamConfig, ForwardCtx, Model};
-use serde::Serialize;
+use ember_sacrebleu::{corpus_bleu, BleuConfig};
+use serde::{Deserialize, Serialize};
 
 use crate::config::RunConfig;
 use crate::data_parallel::DataParallel;
 use crate::step::BatchTensors;
-use crate::translate::score_split;
+use crate::translate::translate_ids;
 
 /// Validation loss of a split.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -69,8 +70,9 @@ pub fn evaluate(
     Ok(EvalResult::from_sums(nll, tokens))
 }
 
-/// Summed NLL and target tokens of share `share` of `shares` of a split's batches (batch k
-/// belongs to share k mod `shares`): how the ranks of a job divide an evaluation.
+/// Summed NLL and target tokens of share `share` of `shares` of every batch of a split
+/// ([`Batch::share`]): how the ranks of a job divide an evaluation. (Whole batches dealt out in
+/// turn would leave a rank idle: a validation split is often only a batch or two.)
 pub fn evaluate_share(
     model: &Model,
     data: &Dataset,
@@ -82,12 +84,10 @@ pub fn evaluate_share(
 ) -> Result<(f64, u64)> {
     let mut nll = 0f64;
     let mut tokens = 0u64;
-    let mut k = 0usize;
     let mut run = |batch: Batch| -> Result<()> {
-        k += 1;
-        if (k - 1) % shares != share {
+        let Some(batch) = batch.share(share, shares) else {
             return Ok(());
-        }
+        };
         let bt = BatchTensors::new(&batch, device)?;
         nll += bt
             .loss(model, ForwardCtx::eval(), 0.0, 0.0, false)?
@@ -161,9 +161,8 @@ pub fn validation_loss(
     Ok(EvalResult::from_sums(nll, tokens))
 }
 
-/// Evaluates the validation split as the training loop does every `eval.every` steps. The loss
-/// is divided between the ranks of a job; BLEU is decoded by rank 0 alone (the others go on to
-/// the next step and wait for it there).
+/// Evaluates the validation split as the training loop does every `eval.every` steps; the ranks
+/// of a job divide the loss and the decoding for BLEU between them.
 pub fn validate(
     model: &Model,
     data: &Dataset,
@@ -176,8 +175,8 @@ pub fn validate(
     let result = validation_loss(model, data, cfg, device, dp, step)?;
     // A model whose loss is not finite has diverged (the training loop stops it as such);
     // decoding its non-finite outputs would only fail.
-    let bleu = if result.loss.is_finite() && dp.is_leader() {
-        validation_bleu(model, data, cfg, device)?
+    let bleu = if result.loss.is_finite() {
+        validation_bleu(model, data, cfg, device, dp, step)?
     } else {
         None
     };
@@ -202,8 +201,17 @@ impl fmt::Display for Validation {
     }
 }
 
-/// Validation BLEU for translation runs with `eval.bleu` (None otherwise).
-fn validation_bleu(model: &Model, data: &Dataset, cfg: &RunConfig, device: &Device) -> Result<Option<f64>> {
+/// Validation BLEU for translation runs with `eval.bleu` (None otherwise). The ranks of a job
+/// each decode a contiguous share of the sentences and gather the hypotheses, and every rank
+/// scores them (so all keep the same best checkpoint).
+fn validation_bleu(
+    model: &Model,
+    data: &Dataset,
+    cfg: &RunConfig,
+    device: &Device,
+    dp: &DataParallel,
+    step: u64,
+) -> Result<Option<f64>> {
     let (Model::Seq2seq(m), Splits::Translation(s)) = (model, &data.splits) else {
         return Ok(None);
     };
@@ -211,18 +219,46 @@ fn validation_bleu(model: &Model, data: &Dataset, cfg: &RunConfig, device: &Devi
         return Ok(None);
     }
     let beam = eval_beam(cfg, cfg.eval.beam);
-    match score_split(
-        m,
-        &data.tokenizer,
-        &s.valid,
-        &beam,
-        cfg.eval.bleu_sentences,
-        device,
-    ) {
-        Ok(scores) => Ok(Some(scores.bleu.score)),
-        // Finite loss but overflowing logits on some decoding path: no BLEU for this evaluation
-        // (logged as absent), rather than the end of the run.
-        Err(e) if format!("{e:#}").contains("non-finite") => Ok(None),
-        Err(e) => Err(e),
+    let n = cfg
+        .eval
+        .bleu_sentences
+        .unwrap_or(usize::MAX)
+        .min(s.valid.examples.len());
+    let shares = dp.gather_shares(
+        &format!("the validation translations after step {step}"),
+        |share, shares| {
+            let sources: Vec<Vec<u32>> = s.valid.examples[share * n / shares..(share + 1) * n / shares]
+                .iter()
+                .map(|e| e.source.clone())
+                .collect();
+            match translate_ids(m, &data.tokenizer, &sources, &beam, device) {
+                Ok(t) => Decoded::Hypotheses(t.into_iter().map(|t| t.text).collect()),
+                // Finite loss but overflowing logits on some decoding path: no BLEU for this
+                // evaluation (logged as absent), rather than the end of the run.
+                Err(e) if format!("{e:#}").contains("non-finite") => Decoded::NonFinite,
+                Err(e) => Decoded::Failed(format!("{e:#}")),
+            }
+        },
+    )?;
+    let mut hyps = Vec::with_capacity(n);
+    for (share, decoded) in shares.into_iter().enumerate() {
+        match decoded {
+            Decoded::Hypotheses(h) => hyps.extend(h),
+            Decoded::NonFinite => return Ok(None),
+            Decoded::Failed(e) if dp.is_sharded() => {
+                bail!("decoding share {share} of the validation split: {e}")
+            }
+            Decoded::Failed(e) => bail!("{e}"),
+        }
     }
+    let refs = [s.valid.references[..n].to_vec()];
+    Ok(Some(corpus_bleu(&hyps, &refs, &BleuConfig::default())?.score))
+}
+
+/// What decoding one share of the validation sentences gave.
+#[derive(Serialize, Deserialize)]
+enum Decoded {
+    Hypotheses(Vec<String>),
+    NonFinite,
+    Failed(String),
 }
