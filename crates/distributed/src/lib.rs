@@ -220,6 +220,18 @@ impl World {
         out
     }
 
+    /// Runs `f` (which waits on the other ranks some other way: a device synchronisation after an
+    /// NCCL collective) under the watchdog.
+    pub fn watch<T>(&self, what: &str, f: impl FnOnce() -> T) -> T {
+        match &self.watchdog {
+            Some(dog) => {
+                let _armed = dog.arm(what);
+                f()
+            }
+            None => f(),
+        }
+    }
+
     /// Ends the whole job at once (`MPI_Abort`): for an error on one rank that the others cannot
     /// know about and would otherwise wait for. In a world of one, exits with `code`.
     pub fn abort(&self, code: i32) -> ! {

@@ -42,6 +42,9 @@ pub struct DataParallel {
     /// Shares per batch: the world size (or the emulated one).
     n_shares: usize,
     bucket_floats: usize,
+    /// The NCCL communicator of a CUDA job, made at its first step.
+    #[cfg(feature = "nccl")]
+    nccl: std::cell::OnceCell<crate::nccl::NcclSum>,
 }
 
 /// A step's gradients summed over the ranks, and the stop signal any rank received during it.
@@ -66,6 +69,8 @@ impl DataParallel {
             shares,
             n_shares,
             bucket_floats: ((bucket_mib * 1024.0 * 1024.0 / 4.0) as usize).max(1),
+            #[cfg(feature = "nccl")]
+            nccl: std::cell::OnceCell::new(),
         })
     }
 
@@ -168,6 +173,28 @@ impl DataParallel {
         world.all_reduce_max_i64(&mut signal, &format!("the stop check of step {step}"));
         let t1 = Instant::now();
 
+        #[cfg(feature = "nccl")]
+        if device.is_cuda() {
+            self.sum_buckets_nccl(sums, params, device, step, &present)?;
+        } else {
+            self.sum_buckets_mpi(sums, params, device, step, &present)?;
+        }
+        #[cfg(not(feature = "nccl"))]
+        self.sum_buckets_mpi(sums, params, device, step, &present)?;
+        let stop = (signal[0] > 0).then_some(signal[0] as i32);
+        Ok((stop, (t1 - t0).as_secs_f64(), t1.elapsed().as_secs_f64()))
+    }
+
+    /// Sums the gradients bucket by bucket through host memory with MPI (any device; on CUDA
+    /// without the `nccl` feature every bucket is copied to the host and back).
+    fn sum_buckets_mpi(
+        &self,
+        sums: &mut GradientSums,
+        params: &[Param],
+        device: &Device,
+        step: u64,
+        present: &[bool],
+    ) -> Result<()> {
         let buckets = buckets(params, self.bucket_floats);
         for (b, range) in buckets.iter().enumerate() {
             let mut flat = Vec::with_capacity(range.clone().map(|i| params[i].var.elem_count()).sum());
@@ -177,7 +204,7 @@ impl DataParallel {
                     None => flat.extend(std::iter::repeat_n(0f32, params[i].var.elem_count())),
                 }
             }
-            world.all_reduce_sum_f32(
+            self.world.all_reduce_sum_f32(
                 &mut flat,
                 &format!(
                     "the gradients of step {step} (bucket {} of {})",
@@ -197,8 +224,55 @@ impl DataParallel {
                 offset += n;
             }
         }
-        let stop = (signal[0] > 0).then_some(signal[0] as i32);
-        Ok((stop, (t1 - t0).as_secs_f64(), t1.elapsed().as_secs_f64()))
+        Ok(())
+    }
+
+    /// Sums the gradients bucket by bucket on the device with NCCL (CUDA). The communicator is
+    /// set up at the first step (every rank reaches it together).
+    #[cfg(feature = "nccl")]
+    fn sum_buckets_nccl(
+        &self,
+        sums: &mut GradientSums,
+        params: &[Param],
+        device: &Device,
+        step: u64,
+        present: &[bool],
+    ) -> Result<()> {
+        let nccl = match self.nccl.get() {
+            Some(n) => n,
+            None => {
+                let n = crate::nccl::NcclSum::new(&self.world, device)?;
+                self.nccl.get_or_init(|| n)
+            }
+        };
+        let buckets = buckets(params, self.bucket_floats);
+        for (b, range) in buckets.iter().enumerate() {
+            let parts = range
+                .clone()
+                .map(|i| match &sums.grads[i] {
+                    Some(g) => g.flatten_all(),
+                    None => Tensor::zeros(params[i].var.elem_count(), candle_core::DType::F32, device),
+                })
+                .collect::<candle_core::Result<Vec<_>>>()?;
+            let summed = nccl.sum(&Tensor::cat(&parts, 0)?)?;
+            let what = format!(
+                "the gradients of step {step} (NCCL, bucket {} of {})",
+                b + 1,
+                buckets.len()
+            );
+            self.world.watch(&what, || device.synchronize())?;
+            let mut offset = 0;
+            for i in range.clone() {
+                let n = params[i].var.elem_count();
+                sums.grads[i] = if present[i] {
+                    Some(summed.narrow(0, offset, n)?.reshape(params[i].var.dims())?)
+                } else {
+                    None
+                };
+                offset += n;
+            }
+        }
+        Ok(())
     }
 
     /// Sums per-share partial results (`(nll, tokens)`) of an evaluation in share order, then

@@ -15,6 +15,8 @@ pub mod interrupt;
 pub mod limits;
 pub mod loss;
 pub mod metrics;
+#[cfg(feature = "nccl")]
+pub mod nccl;
 pub mod optim;
 pub mod options;
 pub mod resume_check;
