@@ -492,7 +492,11 @@ fn finish_rank(world: &World, result: Result<ember_trainer::Summary>, args: &Tra
                 }
                 bail!(QuietExit(exit_status(stop.signal)));
             }
-            if e.downcast_ref::<RankFailed>().is_some() {
+            if let Some(RankFailed(failed)) = e.downcast_ref::<RankFailed>() {
+                // Agreed by every rank, so no abort: the failing rank says why, the others nothing.
+                if *failed == rank {
+                    eprintln!("rank {rank} of {}: error: {e:#}", world.size());
+                }
                 bail!(QuietExit(1));
             }
             eprintln!("rank {rank} of {}: error: {e:#}", world.size());

@@ -321,92 +321,106 @@ fn finish(job: Child, limit: Duration) -> (Output, Duration) {
     }
 }
 
+/// A 2-rank job trained to the end (`whole`), and the same job started again in the background
+/// (`cut`) for a test to interrupt, with its ranks' PIDs.
+struct InterruptedJob {
+    tmp: tempfile::TempDir,
+    cfg: PathBuf,
+    whole: PathBuf,
+    cut: PathBuf,
+    pids: Vec<u32>,
+}
+
+impl InterruptedJob {
+    /// The finished job, and the running one's mpirun.
+    fn start(yaml: &str) -> (Self, Child) {
+        let tmp = tempfile::tempdir().unwrap();
+        let cfg = write(tmp.path(), "run.yaml", yaml);
+        let (whole, cut) = (tmp.path().join("whole"), tmp.path().join("cut"));
+        job_ok(
+            tmp.path(),
+            2,
+            &["train", s(&cfg), "--run-dir", s(&whole), "--quiet"],
+        );
+        let job = spawn_job(
+            tmp.path(),
+            2,
+            &["train", s(&cfg), "--run-dir", s(&cut), "--quiet"],
+        );
+        let pids = rank_pids(job.id(), 2);
+        let finished = InterruptedJob {
+            tmp,
+            cfg,
+            whole,
+            cut,
+            pids,
+        };
+        (finished, job)
+    }
+
+    /// Resumes the interrupted job and requires the bits of the one never interrupted.
+    fn resume_to_the_whole_jobs_bits(&self) {
+        job_ok(
+            self.tmp.path(),
+            2,
+            &[
+                "train",
+                s(&self.cfg),
+                "--run-dir",
+                s(&self.cut),
+                "--resume",
+                "--quiet",
+            ],
+        );
+        assert_eq!(newest_weights(&self.cut), newest_weights(&self.whole));
+        assert_eq!(records(&self.cut), records(&self.whole));
+        assert_eq!(
+            summary(&self.cut)["weights_sha256"],
+            summary(&self.whole)["weights_sha256"]
+        );
+    }
+}
+
 #[test]
 fn a_job_killed_with_kill_9_resumes_to_the_bits_of_one_never_stopped() {
     let _job = one_job();
-    let tmp = tempfile::tempdir().unwrap();
-    let cfg = write(tmp.path(), "run.yaml", seq2seq_yaml(120, 10, 5));
-    let (whole, killed) = (tmp.path().join("whole"), tmp.path().join("killed"));
-    job_ok(
-        tmp.path(),
-        2,
-        &["train", s(&cfg), "--run-dir", s(&whole), "--quiet"],
-    );
-
-    let mut job = spawn_job(
-        tmp.path(),
-        2,
-        &["train", s(&cfg), "--run-dir", s(&killed), "--quiet"],
-    );
-    let pids = rank_pids(job.id(), 2);
+    let (j, mut job) = InterruptedJob::start(&seq2seq_yaml(120, 10, 5));
     wait_until(&mut job, "the checkpoint of step 10", || {
-        checkpoints(&killed).iter().any(|(s, _)| *s >= 10)
+        checkpoints(&j.cut).iter().any(|(s, _)| *s >= 10)
     });
     // The whole job at once, mid-step, as a node failure or `scancel -s KILL` would: the
     // ranks (each in a process group of its own) and mpirun.
-    for &pid in &pids {
+    for &pid in &j.pids {
         signal(pid as i32, libc::SIGKILL);
     }
     signal(-(job.id() as i32), libc::SIGKILL);
     let _ = job.wait();
-    wait_gone(&pids);
-    let (step, _) = checkpoints(&killed).pop().unwrap();
+    wait_gone(&j.pids);
+    let (step, _) = checkpoints(&j.cut).pop().unwrap();
     assert!(step < 120, "killed before the end (at checkpoint {step})");
-
-    job_ok(
-        tmp.path(),
-        2,
-        &["train", s(&cfg), "--run-dir", s(&killed), "--resume", "--quiet"],
-    );
-    assert_eq!(newest_weights(&killed), newest_weights(&whole));
-    assert_eq!(records(&killed), records(&whole));
-    assert_eq!(
-        summary(&killed)["weights_sha256"],
-        summary(&whole)["weights_sha256"]
-    );
+    j.resume_to_the_whole_jobs_bits();
 }
 
 #[test]
 fn a_stop_signal_to_one_rank_stops_every_rank_after_the_same_step_and_the_job_resumes_exactly() {
     let _job = one_job();
-    let tmp = tempfile::tempdir().unwrap();
-    let cfg = write(tmp.path(), "run.yaml", seq2seq_yaml(300, 0, 1000));
-    let (whole, stopped) = (tmp.path().join("whole"), tmp.path().join("stopped"));
-    job_ok(
-        tmp.path(),
-        2,
-        &["train", s(&cfg), "--run-dir", s(&whole), "--quiet"],
-    );
-
-    let mut job = spawn_job(
-        tmp.path(),
-        2,
-        &["train", s(&cfg), "--run-dir", s(&stopped), "--quiet"],
-    );
-    let pids = rank_pids(job.id(), 2);
-    wait_until(&mut job, "step 5", || logged_steps(&stopped).len() >= 5);
+    let (j, mut job) = InterruptedJob::start(&seq2seq_yaml(300, 0, 1000));
+    wait_until(&mut job, "step 5", || logged_steps(&j.cut).len() >= 5);
     // SIGTERM to rank 1 alone: rank 0 hears of it in the step's collective.
-    signal(pids[1] as i32, libc::SIGTERM);
+    signal(j.pids[1] as i32, libc::SIGTERM);
     let (out, _) = finish(job, Duration::from_secs(120));
     let stderr = text(&out.stderr);
     assert!(!out.status.success());
     assert!(stderr.contains("SIGTERM"), "{stderr}");
     assert!(stderr.contains("--resume"), "says how to resume: {stderr}");
-    let s1 = summary(&stopped);
-    assert_eq!(s1["interrupted"], "SIGTERM");
-    let step = s1["steps"].as_u64().unwrap();
+    let stopped = summary(&j.cut);
+    assert_eq!(stopped["interrupted"], "SIGTERM");
+    let step = stopped["steps"].as_u64().unwrap();
     assert!(step < 300, "stopped early (after step {step})");
     // Rank 0 checkpointed the step both ranks finished, and the weights were checked equal.
-    assert_eq!(checkpoints(&stopped).last().unwrap().0, step);
-    assert_eq!(s1["world_size"], 2);
-
-    job_ok(
-        tmp.path(),
-        2,
-        &["train", s(&cfg), "--run-dir", s(&stopped), "--resume", "--quiet"],
-    );
-    assert_eq!(newest_weights(&stopped), newest_weights(&whole));
-    assert_eq!(records(&stopped), records(&whole));
+    assert_eq!(checkpoints(&j.cut).last().unwrap().0, step);
+    assert_eq!(stopped["world_size"], 2);
+    j.resume_to_the_whole_jobs_bits();
 }
 
 #[test]
@@ -599,4 +613,25 @@ fn ctrl_c_on_mpirun_stops_the_job_after_a_step_with_a_checkpoint() {
     let step = done["steps"].as_u64().unwrap();
     assert_eq!(checkpoints(&run_dir).last().unwrap().0, step);
     assert!(text(&out.stderr).contains("--resume"), "{}", text(&out.stderr));
+}
+
+#[test]
+fn a_set_up_error_ends_every_rank_and_is_said_once() {
+    let _job = one_job();
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write(tmp.path(), "run.yaml", seq2seq_yaml(10, 0, 5));
+    let missing = tmp.path().join("missing");
+    let out = mpirun(
+        tmp.path(),
+        2,
+        &["train", s(&cfg), "--run-dir", s(&missing), "--resume"],
+    )
+    .output()
+    .unwrap();
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert_eq!(stderr.matches("nothing to resume").count(), 1, "{stderr}");
+    assert!(stderr.contains("rank 0 of 2: error"), "{stderr}");
+    // Every rank knew, so none had to abort the job.
+    assert!(!stderr.contains("MPI_ABORT"), "{stderr}");
 }

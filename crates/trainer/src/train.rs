@@ -138,44 +138,40 @@ fn prepare_in_turn(dp: &DataParallel, cfg: RunConfig, opts: &TrainOptions) -> Re
     if world.size() == 1 {
         return TrainingRun::prepare(cfg, opts);
     }
-    let agree = |ok: bool, what: &str| -> Option<usize> {
-        let mut failed = [if ok { 0 } else { world.rank() as i64 + 1 }];
+    // The lowest failing rank, agreed by all (each proposes itself if it failed).
+    let first_failure = |ok: bool, what: &str| -> Option<usize> {
+        let mut failed = [if ok { 0 } else { -(world.rank() as i64) - 1 }];
         world.all_reduce_max_i64(&mut failed, what);
-        (failed[0] > 0).then(|| failed[0] as usize - 1)
+        (failed[0] < 0).then(|| (-failed[0] - 1) as usize)
     };
-    let mut run = None;
-    if world.is_leader() {
-        run = Some(TrainingRun::prepare(cfg.clone(), opts));
-    }
-    if agree(run.as_ref().is_none_or(|r| r.is_ok()), "the set-up of rank 0") == Some(0) {
-        return run.unwrap_or_else(|| bail_rank_failed(0));
-    }
-    if !world.is_leader() {
-        run = Some(TrainingRun::prepare(cfg, opts));
-    }
-    let ok = run.as_ref().is_some_and(|r| r.is_ok());
-    match agree(ok, "the set-up of every rank") {
-        Some(_) if !ok => run.unwrap_or_else(|| bail_rank_failed(world.rank())),
-        Some(rank) => bail_rank_failed(rank),
-        None => run.unwrap_or_else(|| bail_rank_failed(world.rank())),
+    let leader_run = world.is_leader().then(|| TrainingRun::prepare(cfg.clone(), opts));
+    let leader_ok = leader_run.as_ref().is_none_or(|r| r.is_ok());
+    let leader_failed = first_failure(leader_ok, "the set-up of rank 0");
+    let run = match leader_failed {
+        Some(_) => leader_run.unwrap_or_else(|| Err(anyhow!("rank 0 could not set the run up"))),
+        None => leader_run.unwrap_or_else(|| TrainingRun::prepare(cfg, opts)),
+    };
+    let failed = match leader_failed {
+        Some(rank) => Some(rank),
+        None => first_failure(run.is_ok(), "the set-up of every rank"),
+    };
+    match (run, failed) {
+        (run, None) => run,
+        // Every rank ends: the one that failed with its own error, marked as agreed, the others
+        // quietly with a RankFailed.
+        (Err(e), Some(rank)) if rank == world.rank() => Err(e.context(RankFailed(rank))),
+        (_, Some(rank)) => Err(anyhow!(RankFailed(rank))),
     }
 }
 
-fn bail_rank_failed(rank: usize) -> Result<TrainingRun> {
-    Err(anyhow!(RankFailed(rank)))
-}
-
-/// Another rank failed (it prints why); this one stops with it.
+/// A rank could not set the run up, and every rank knows: the failing rank's own error carries
+/// it as context (and is printed), the others end quietly with it.
 #[derive(Debug)]
 pub struct RankFailed(pub usize);
 
 impl std::fmt::Display for RankFailed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "rank {} could not set the run up (its message says why); every rank stops",
-            self.0
-        )
+        write!(f, "rank {} could not set the run up; every rank stops", self.0)
     }
 }
 
