@@ -10,9 +10,14 @@ set -euo pipefail
 
 die() { echo "mpi-local.sh: $*" >&2; exit 1; }
 
+# bindgen loads libclang.so (the -dev package's link, or where LIBCLANG_PATH points); clang's
+# own runtime libraries (libclang_rt.*, libclang-cpp) are not it.
 have() {
     command -v mpirun >/dev/null && command -v mpicc >/dev/null \
-        && [ -n "$(find /usr/lib /usr/lib64 -name 'libclang*.so*' -print -quit 2>/dev/null)" ]
+        && { [ -n "${LIBCLANG_PATH:-}" ] \
+             || compgen -G '/usr/lib/llvm-*/lib/libclang.so' >/dev/null \
+             || compgen -G '/usr/lib*/libclang.so' >/dev/null \
+             || compgen -G '/usr/lib/*-linux-gnu/libclang.so' >/dev/null; }
 }
 
 if ! have; then
