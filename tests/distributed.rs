@@ -635,3 +635,20 @@ fn a_set_up_error_ends_every_rank_and_is_said_once() {
     // Every rank knew, so none had to abort the job.
     assert!(!stderr.contains("MPI_ABORT"), "{stderr}");
 }
+
+#[test]
+fn a_job_of_one_rank_trains_the_bits_of_a_process_started_alone() {
+    let _job = one_job();
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write(tmp.path(), "run.yaml", seq2seq_yaml(12, 6, 6));
+    let (job, alone) = (tmp.path().join("job"), tmp.path().join("alone"));
+    // mpirun -np 1 runs a rank's whole path: shares, MPI's sums (of one), the stop check.
+    job_ok(
+        tmp.path(),
+        1,
+        &["train", s(&cfg), "--run-dir", s(&job), "--quiet"],
+    );
+    ok(tmp.path(), &["train", s(&cfg), "--run-dir", s(&alone), "--quiet"]);
+    assert_eq!(records(&job), records(&alone));
+    assert_eq!(newest_weights(&job), newest_weights(&alone));
+}

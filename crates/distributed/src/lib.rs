@@ -84,7 +84,7 @@ pub struct World {
     launcher: Option<&'static str>,
     #[cfg(feature = "mpi")]
     mpi: Option<mpi_world::MpiWorld>,
-    /// None in a world of one, which has no collectives to watch.
+    /// None without a launcher: no collectives to watch.
     watchdog: Option<Watchdog>,
 }
 
@@ -128,7 +128,7 @@ impl World {
                 size,
                 launcher: Some(launcher),
                 mpi: Some(mpi),
-                watchdog: (size > 1).then(|| Watchdog::new(timeout, rank)),
+                watchdog: Some(Watchdog::new(timeout, rank)),
             })
         }
         #[cfg(not(feature = "mpi"))]
@@ -154,12 +154,18 @@ impl World {
         self.rank == 0
     }
 
+    /// Whether a launcher started this process (then even a world of one takes part in MPI's
+    /// collectives, which lets `mpirun -np 1` run every rank's code path).
+    pub fn is_launched(&self) -> bool {
+        self.launcher.is_some()
+    }
+
     /// What started the job (`mpirun`, `PMIx`, `PMI`), if anything.
     pub fn launcher(&self) -> Option<&'static str> {
         self.launcher
     }
 
-    /// How long a collective may wait for the other ranks (None in a world of one).
+    /// How long a collective may wait for the other ranks (None without a launcher).
     pub fn timeout(&self) -> Option<Duration> {
         self.watchdog.as_ref().map(Watchdog::timeout)
     }

@@ -89,9 +89,10 @@ impl DataParallel {
         self.is_sharded().then_some(self.n_shares)
     }
 
-    /// Whether a step is split into shares at all (a job, or an emulated one).
+    /// Whether a step goes through shares and the sum over ranks: in a job (even of one rank,
+    /// so that `mpirun -np 1` runs a rank's whole code path) or an emulated one.
     pub fn is_sharded(&self) -> bool {
-        self.n_shares > 1
+        self.n_shares > 1 || self.world.is_launched()
     }
 
     /// One step's gradient: this process's shares of `batches`, summed over the ranks.
@@ -156,7 +157,7 @@ impl DataParallel {
         stop: Option<i32>,
     ) -> Result<(Option<i32>, f64, f64)> {
         let world = &self.world;
-        if world.size() == 1 {
+        if !world.is_launched() {
             return Ok((stop, 0.0, 0.0));
         }
         let t0 = Instant::now();

@@ -190,7 +190,8 @@ impl Share {
     /// The seed of micro-batch `i`'s dropout masks at `step`.
     fn dropout_seed(self, seed: u64, step: u64, i: usize) -> u64 {
         let stream = match self {
-            Share::Whole => format!("dropout/{step}/{i}"),
+            // The only share of a job of one is the whole micro-batch, with its masks.
+            Share::Whole | Share::Of { shares: 1, .. } => format!("dropout/{step}/{i}"),
             Share::Of { share, shares } => format!("dropout/{step}/{i}/share-{share}-of-{shares}"),
         };
         SplitMix64::for_stream(seed, &stream).next_u64()

@@ -62,7 +62,7 @@ pub fn train(cfg: RunConfig, opts: &TrainOptions) -> Result<Summary> {
 
     while state.step() < run.total_steps {
         let local_stop = opts.stop.as_ref().and_then(StopRequest::requested);
-        if let Some(signal) = agreed_stop.or(local_stop.filter(|_| dp.world().size() == 1)) {
+        if let Some(signal) = agreed_stop.or(local_stop.filter(|_| !dp.world().is_launched())) {
             out.progress.finish();
             return Err(interrupted(&run, &mut state, &dp, signal, started));
         }
