@@ -139,10 +139,6 @@ struct TrainArgs {
     /// new one if it is missing).
     #[arg(long, requires = "resume")]
     allow_tokenizer_change: bool,
-    /// Train in this one process exactly as N data-parallel ranks would (each batch split into N
-    /// shares, their gradients summed in rank order): a job's arithmetic without a launcher.
-    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
-    emulate_ranks: u32,
 }
 
 /// A trained run to decode with, and how: the options `eval` and `translate` share.
@@ -390,7 +386,6 @@ fn train(args: TrainArgs) -> Result<()> {
         allow_data_change: args.allow_data_change,
         allow_tokenizer_change: args.allow_tokenizer_change,
         world: world.clone(),
-        emulate_ranks: args.emulate_ranks as usize,
     };
     let result = ember_trainer::train(cfg, &opts);
     if world.size() > 1 {

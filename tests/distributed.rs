@@ -134,8 +134,8 @@ struct Pair {
     alone: PathBuf,
 }
 
-/// The same config trained by an N-rank job and by one process emulating N ranks.
-fn job_and_emulation(yaml: &str, ranks: usize) -> Pair {
+/// The same config trained by an N-rank job and by one process computing N shares.
+fn job_and_shares(yaml: &str, ranks: usize) -> Pair {
     let tmp = tempfile::tempdir().unwrap();
     let cfg = write(tmp.path(), "run.yaml", yaml);
     let (job, alone) = (tmp.path().join("job"), tmp.path().join("alone"));
@@ -154,8 +154,8 @@ fn job_and_emulation(yaml: &str, ranks: usize) -> Pair {
             s(&cfg),
             "--run-dir",
             s(&alone),
-            "--emulate-ranks",
-            &ranks.to_string(),
+            "--set",
+            &format!("train.shares={ranks}"),
         ],
     );
     Pair {
@@ -166,11 +166,11 @@ fn job_and_emulation(yaml: &str, ranks: usize) -> Pair {
 }
 
 #[test]
-fn two_ranks_give_the_bits_of_one_process_summing_the_same_two_shares() {
+fn two_ranks_give_the_bits_of_one_process_computing_the_same_two_shares() {
     let _job = one_job();
     let text_dir = tempfile::tempdir().unwrap();
     for yaml in [seq2seq_yaml(12, 6, 6), lm_yaml(text_dir.path(), 12, 6)] {
-        let pair = job_and_emulation(&yaml, 2);
+        let pair = job_and_shares(&yaml, 2);
         // Losses, gradient norms, attention telemetry and validation losses, record for record.
         let (job, alone) = (records(&pair.job), records(&pair.alone));
         assert_eq!(job.len(), alone.len());
@@ -182,7 +182,7 @@ fn two_ranks_give_the_bits_of_one_process_summing_the_same_two_shares() {
         let summary = summary(&pair.job);
         assert_eq!(summary["world_size"], 2);
         assert_eq!(summary["weights_sha256"].as_str().unwrap().len(), 64);
-        // Rank 0 alone writes the run directory: the emulating process writes the same files.
+        // Rank 0 alone writes the run directory: the same files as the process alone.
         let names = |d: &Path| {
             let mut v: Vec<String> = std::fs::read_dir(d)
                 .unwrap()
@@ -199,7 +199,7 @@ fn two_ranks_give_the_bits_of_one_process_summing_the_same_two_shares() {
 #[test]
 fn three_ranks_agree_with_one_process_within_1e_6() {
     let _job = one_job();
-    let pair = job_and_emulation(&seq2seq_yaml(10, 5, 5), 3);
+    let pair = job_and_shares(&seq2seq_yaml(10, 5, 5), 3);
     let (job, alone) = (records(&pair.job), records(&pair.alone));
     assert_eq!(job.len(), alone.len());
     for (a, b) in job.iter().zip(&alone) {
@@ -218,7 +218,7 @@ fn three_ranks_agree_with_one_process_within_1e_6() {
     let (_, alone_weights) = newest_weights(&pair.alone);
     assert_eq!(step, 10);
     let d = relative_difference(&floats(&job_weights), &floats(&alone_weights));
-    // Three terms may be summed in another order by MPI than by the emulation ((g0+g1)+g2):
+    // Three terms may be summed in another order by MPI than by one process ((g0+g1)+g2):
     // a rounding apart per step, which AdamW then carries.
     eprintln!("3 ranks vs one process: weights differ by {d:e} (relative, as vectors)");
     assert!(d <= 1e-6, "weights differ by {d:e} (relative, as vectors)");
@@ -490,7 +490,7 @@ fn a_rank_that_hangs_ends_the_job_after_the_collective_timeout() {
             ],
         );
         assert!(
-            text(&out.stderr).contains("written by 2 rank(s), this run has 1"),
+            text(&out.stderr).contains("split 2 way(s) (ranks x train.shares), this run splits them 1"),
             "{}",
             text(&out.stderr)
         );
@@ -521,7 +521,7 @@ fn a_job_resumes_a_single_process_checkpoint_and_continues_the_same_data() {
         &["train", s(&cfg), "--run-dir", s(&run_dir), "--resume"],
     );
     assert!(
-        text(&out.stderr).contains("written by 1 rank(s), this run has 2"),
+        text(&out.stderr).contains("split 1 way(s) (ranks x train.shares), this run splits them 2"),
         "{}",
         text(&out.stderr)
     );
@@ -535,7 +535,7 @@ fn a_job_resumes_a_single_process_checkpoint_and_continues_the_same_data() {
         &std::fs::read_to_string(checkpoints(&run_dir).pop().unwrap().1.join("state.json")).unwrap(),
     )
     .unwrap();
-    assert_eq!(state["world_size"], 2);
+    assert_eq!(state["shares"], 2);
     let tmp2 = tempfile::tempdir().unwrap();
     let alone = tmp2.path().join("alone");
     ok(

@@ -139,3 +139,21 @@ pub(crate) fn fill2(
     }
     (a, b)
 }
+
+/// Runs every task at once on the pool's threads (in turn on the caller's without a pool) and
+/// returns their results in task order. A task's own kernels then run on the worker that runs
+/// it, other workers joining in only when idle.
+pub fn join_all<T: Send>(tasks: Vec<Box<dyn FnOnce() -> T + Send + '_>>) -> Vec<T> {
+    match pool() {
+        Some(pool) if tasks.len() > 1 => {
+            let mut out: Vec<Option<T>> = (0..tasks.len()).map(|_| None).collect();
+            pool.scope(|s| {
+                for (task, slot) in tasks.into_iter().zip(out.iter_mut()) {
+                    s.spawn(move |_| *slot = Some(task()));
+                }
+            });
+            out.into_iter().map(|r| r.expect("every task ran")).collect()
+        }
+        _ => tasks.into_iter().map(|t| t()).collect(),
+    }
+}

@@ -826,3 +826,18 @@ fn dropout_kernel_draws_the_generators_mask() {
         assert_eq!(*a as f64, *b, "the two masks differ");
     }
 }
+
+#[test]
+fn join_all_returns_every_tasks_result_in_task_order_with_or_without_a_pool() {
+    let squares = || -> Vec<Box<dyn FnOnce() -> usize + Send>> {
+        (0..7usize)
+            .map(|i| Box::new(move || i * i) as Box<dyn FnOnce() -> usize + Send>)
+            .collect()
+    };
+    let expected: Vec<usize> = (0..7).map(|i| i * i).collect();
+    // (Another test of this binary may resize the pool meanwhile: the order holds at any size.)
+    for threads in [3, 1] {
+        kernels::par::set_threads(threads).unwrap();
+        assert_eq!(kernels::par::join_all(squares()), expected, "{threads} threads");
+    }
+}

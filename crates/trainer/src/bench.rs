@@ -129,7 +129,7 @@ pub fn bench(mut cfg: RunConfig, steps: usize, warmup: usize, world: Rc<World>) 
     let (model, params) = init_model(&cfg.model, cfg.train.seed, DType::F32, &device)?;
     let mut batcher = make_batcher(&cfg, &data)?;
     let mut opt = AdamW::new(params.vars(), &cfg.train)?;
-    let dp = DataParallel::new(world, 1, cfg.distributed.bucket_mib)?;
+    let dp = DataParallel::new(world, cfg.train.shares, cfg.distributed.bucket_mib);
     let schedule = LrSchedule::new(&cfg.train, total_steps as u64);
     let t = &cfg.train;
     let (mut total, mut fwd, mut bwd, mut optim) = (vec![], vec![], vec![], vec![]);

@@ -90,11 +90,11 @@ pub struct CheckpointState {
     /// refuses other data.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_fingerprint: Option<String>,
-    /// Ranks of the data-parallel job that wrote this checkpoint (absent: one process). A job
-    /// may resume at another size: every rank runs the whole batcher, so the data position is
+    /// Shares each batch was split into (ranks × `train.shares`; absent: whole batches). A run
+    /// may resume with another split: every rank runs the whole batcher, so the data position is
     /// global and only the split of each batch (and its dropout masks) changes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub world_size: Option<usize>,
+    pub shares: Option<usize>,
     /// SHA-256 of each file in the directory (except this one).
     pub files: BTreeMap<String, String>,
 }

@@ -174,6 +174,14 @@ pub struct TrainConfig {
     /// `setup::set_threads`). Results do not depend on it.
     #[serde(default)]
     pub threads: Option<usize>,
+    /// Split every micro-batch into this many shares by rows, computed at once on the threads
+    /// (each share's forward and backward on a thread of its own) and their gradients summed in
+    /// order. Faster than splitting each op over the threads (1.2–1.4× at 2 threads, see
+    /// docs/performance.md); the results depend on the shares (dropout masks are drawn per share,
+    /// sums are grouped by share) but still not on the threads. In a data-parallel job each rank
+    /// splits its share this many ways. 2 shares in one process give the bits of a 2-rank job.
+    #[serde(default = "default_one")]
+    pub shares: usize,
 }
 
 fn default_schedule() -> Schedule {
@@ -603,6 +611,15 @@ impl RunConfig {
             return bad(
                 "train.threads",
                 "must be at least 1 (or left out for one per physical core)".into(),
+            );
+        }
+        if t.shares == 0 || t.shares > MAX_THREADS {
+            return bad(
+                "train.shares",
+                format!(
+                    "must be 1 to {MAX_THREADS} (1: each micro-batch whole), got {}",
+                    t.shares
+                ),
             );
         }
         if let Some(n) = t.threads.filter(|&n| n > MAX_THREADS) {

@@ -145,7 +145,7 @@ pub struct Validation {
 }
 
 /// Validation loss as the training loop measures it: divided between the ranks of a job (or
-/// the shares of an emulated one) and summed.
+/// the shares of `train.shares`) and summed.
 pub fn validation_loss(
     model: &Model,
     data: &Dataset,

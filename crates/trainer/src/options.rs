@@ -28,20 +28,9 @@ pub struct TrainOptions {
     /// The job this process is a rank of (a world of one without a launcher). Rc: MPI is called
     /// from the main thread only.
     pub world: Rc<World>,
-    /// Compute this many ranks' shares of every step in this one process (1: off).
-    pub emulate_ranks: usize,
 }
 
 impl TrainOptions {
-    /// Shares each batch is split into: the world size of a job, or the emulated one.
-    pub fn world_size(&self) -> usize {
-        if self.world.size() > 1 {
-            self.world.size()
-        } else {
-            self.emulate_ranks.max(1)
-        }
-    }
-
     /// A fresh run into `run_dir`, printing progress, no stop signals connected.
     pub fn new(run_dir: impl Into<PathBuf>) -> Self {
         Self {
@@ -54,7 +43,6 @@ impl TrainOptions {
             allow_data_change: false,
             allow_tokenizer_change: false,
             world: Rc::new(World::single()),
-            emulate_ranks: 1,
         }
     }
 }

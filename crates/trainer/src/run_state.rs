@@ -332,7 +332,7 @@ impl RunState {
             model_config: cfg.model.clone(),
             tokenizer_sha256: None,
             data_fingerprint: None,
-            world_size: None,
+            shares: None,
             files: Default::default(),
         }
     }

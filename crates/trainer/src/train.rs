@@ -41,7 +41,7 @@ pub use crate::summary::{Summary, SUMMARY};
 /// writes the run directory and prints.
 pub fn train(cfg: RunConfig, opts: &TrainOptions) -> Result<Summary> {
     let started = Instant::now();
-    let dp = DataParallel::new(opts.world.clone(), opts.emulate_ranks, cfg.distributed.bucket_mib)?;
+    let dp = DataParallel::new(opts.world.clone(), cfg.train.shares, cfg.distributed.bucket_mib);
     let leader = dp.is_leader();
     let mut run = prepare_in_turn(&dp, cfg, opts)?;
     if run.already_finished {
@@ -349,7 +349,7 @@ fn save_checkpoint(run: &TrainingRun, state: &RunState, dp: &DataParallel) -> Re
     let mut ckpt = state.checkpoint_state(&run.cfg, run.batcher.cursor(), run.opt.step);
     ckpt.tokenizer_sha256 = Some(run.identity.tokenizer_sha256.clone());
     ckpt.data_fingerprint = Some(run.identity.data_fingerprint.clone());
-    ckpt.world_size = dp.shares_per_batch();
+    ckpt.shares = dp.shares_per_batch();
     let dir = checkpoint::save(
         &run.run_dir,
         ckpt,
