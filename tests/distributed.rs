@@ -423,20 +423,40 @@ fn a_stop_signal_to_one_rank_stops_every_rank_after_the_same_step_and_the_job_re
     j.resume_to_the_whole_jobs_bits();
 }
 
+/// A 2-rank job that would train for ever (a checkpoint every `checkpoint_every` steps), started
+/// in the background with `extra` arguments and past its third step, with its ranks' PIDs.
+struct EndlessJob {
+    tmp: tempfile::TempDir,
+    cfg: PathBuf,
+    run_dir: PathBuf,
+    pids: Vec<u32>,
+}
+
+impl EndlessJob {
+    fn start(checkpoint_every: u64, extra: &[&str]) -> (Self, Child) {
+        let tmp = tempfile::tempdir().unwrap();
+        let cfg = write(tmp.path(), "run.yaml", seq2seq_yaml(100_000, 0, checkpoint_every));
+        let run_dir = tmp.path().join("run");
+        let mut args = vec!["train", s(&cfg), "--run-dir", s(&run_dir), "--quiet"];
+        args.extend_from_slice(extra);
+        let mut job = spawn_job(tmp.path(), 2, &args);
+        let pids = rank_pids(job.id(), 2);
+        wait_until(&mut job, "step 3", || logged_steps(&run_dir).len() >= 3);
+        let started = EndlessJob {
+            tmp,
+            cfg,
+            run_dir,
+            pids,
+        };
+        (started, job)
+    }
+}
+
 #[test]
 fn a_rank_killed_mid_run_ends_the_job_at_once_with_a_message_naming_it() {
     let _job = one_job();
-    let tmp = tempfile::tempdir().unwrap();
-    let cfg = write(tmp.path(), "run.yaml", seq2seq_yaml(100_000, 0, 1000));
-    let run_dir = tmp.path().join("run");
-    let mut job = spawn_job(
-        tmp.path(),
-        2,
-        &["train", s(&cfg), "--run-dir", s(&run_dir), "--quiet"],
-    );
-    let pids = rank_pids(job.id(), 2);
-    wait_until(&mut job, "step 3", || logged_steps(&run_dir).len() >= 3);
-    signal(pids[1] as i32, libc::SIGKILL);
+    let (j, job) = EndlessJob::start(1000, &[]);
+    signal(j.pids[1] as i32, libc::SIGKILL);
     // mpirun sees the rank die and ends the job (well within distributed.timeout_secs).
     let (out, took) = finish(job, Duration::from_secs(60));
     assert!(!out.status.success());
@@ -448,53 +468,39 @@ fn a_rank_killed_mid_run_ends_the_job_at_once_with_a_message_naming_it() {
 #[test]
 fn a_rank_that_hangs_ends_the_job_after_the_collective_timeout() {
     let _job = one_job();
-    let tmp = tempfile::tempdir().unwrap();
-    let cfg = write(tmp.path(), "run.yaml", seq2seq_yaml(100_000, 0, 1000));
-    let run_dir = tmp.path().join("run");
-    let mut job = spawn_job(
-        tmp.path(),
-        2,
-        &[
-            "train",
-            s(&cfg),
-            "--run-dir",
-            s(&run_dir),
-            "--quiet",
-            "--set",
-            "distributed.timeout_secs=3",
-        ],
-    );
-    let pids = rank_pids(job.id(), 2);
-    wait_until(&mut job, "step 3", || logged_steps(&run_dir).len() >= 3);
+    let (j, job) = EndlessJob::start(2, &["--set", "distributed.timeout_secs=3"]);
     // A rank that stops responding (SIGSTOP: alive, so the launcher sees nothing wrong).
-    signal(pids[1] as i32, libc::SIGSTOP);
+    signal(j.pids[1] as i32, libc::SIGSTOP);
     let (out, took) = finish(job, Duration::from_secs(90));
     assert!(!out.status.success());
     let stderr = text(&out.stderr);
     assert!(stderr.contains("rank 0:"), "{stderr}");
     assert!(stderr.contains("did not take part within 3 s"), "{stderr}");
     assert!(took < Duration::from_secs(60), "ended in {took:?}");
-    // What was saved is intact: the run resumes (alone, with another world size).
-    if !checkpoints(&run_dir).is_empty() {
-        let out = ok_output(
-            tmp.path(),
-            &[
-                "train",
-                s(&cfg),
-                "--run-dir",
-                s(&run_dir),
-                "--resume",
-                "--set",
-                "train.steps=30",
-                "--quiet",
-            ],
-        );
-        assert!(
-            text(&out.stderr).contains("split 2 way(s) (ranks x train.shares), this run splits them 1"),
-            "{}",
-            text(&out.stderr)
-        );
-    }
+    // What was saved is intact: the run resumes, alone (so split another way), for 2 more steps.
+    let (saved, _) = checkpoints(&j.run_dir)
+        .pop()
+        .expect("a checkpoint before the hang");
+    let steps = format!("train.steps={}", saved + 2);
+    let out = ok_output(
+        j.tmp.path(),
+        &[
+            "train",
+            s(&j.cfg),
+            "--run-dir",
+            s(&j.run_dir),
+            "--resume",
+            "--set",
+            &steps,
+            "--quiet",
+        ],
+    );
+    assert!(
+        text(&out.stderr).contains("split 2 way(s) (ranks x train.shares), this run splits them 1"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(summary(&j.run_dir)["steps"].as_u64(), Some(saved + 2));
 }
 
 #[test]
@@ -587,31 +593,15 @@ fn srun_starts_a_job_that_trains_as_mpirun_does() {
 #[test]
 fn ctrl_c_on_mpirun_stops_the_job_after_a_step_with_a_checkpoint() {
     let _job = one_job();
-    let tmp = tempfile::tempdir().unwrap();
-    let cfg = write(tmp.path(), "run.yaml", seq2seq_yaml(100_000, 0, 1000));
-    let run_dir = tmp.path().join("run");
-    let mut job = spawn_job(
-        tmp.path(),
-        2,
-        &["train", s(&cfg), "--run-dir", s(&run_dir), "--quiet"],
-    );
-    wait_until(&mut job, "step 5", || logged_steps(&run_dir).len() >= 5);
+    let (j, job) = EndlessJob::start(1000, &[]);
+    // mpirun passes SIGINT on to the ranks as SIGTERM.
     signal(job.id() as i32, libc::SIGINT);
     let (out, _) = finish(job, Duration::from_secs(60));
     assert!(!out.status.success());
-    assert!(
-        run_dir.join("summary.json").exists(),
-        "{}\n{}",
-        text(&out.stdout),
-        text(&out.stderr)
-    );
-    let done = summary(&run_dir);
-    assert!(
-        done["interrupted"].as_str().is_some_and(|s| s.starts_with("SIG")),
-        "{done}"
-    );
+    let done = summary(&j.run_dir);
+    assert_eq!(done["interrupted"], "SIGTERM", "{done}");
     let step = done["steps"].as_u64().unwrap();
-    assert_eq!(checkpoints(&run_dir).last().unwrap().0, step);
+    assert_eq!(checkpoints(&j.run_dir).last().unwrap().0, step);
     assert!(text(&out.stderr).contains("--resume"), "{}", text(&out.stderr));
 }
 
