@@ -144,8 +144,14 @@ impl DataParallel {
             .clone()
             .map(|share| Box::new(move || one_share(share)) as Box<dyn FnOnce() -> _ + Send>)
             .collect();
+        // On a GPU the shares would only queue on the same stream from several threads: in turn.
+        let results = if device.is_cuda() {
+            tasks.into_iter().map(|task| task()).collect()
+        } else {
+            ember_kernels::par::join_all(tasks)
+        };
         let mut sums = GradientSums::empty(params.len());
-        for share_sums in ember_kernels::par::join_all(tasks) {
+        for share_sums in results {
             sums.add(share_sums?)?;
         }
         let (stop, wait_secs, comm_secs) = self.reduce(&mut sums, params, device, step, stop)?;

@@ -122,7 +122,8 @@ pub struct StepOutput {
     pub nll: f64,
     pub tokens: usize,
     pub attention: Vec<AttentionStats>,
-    /// Wall time of the forward passes (loss included) and of the backward passes.
+    /// Wall time of the forward passes (loss included) and of the backward passes, summed over
+    /// shares (which may run at once, so the two can add up to more than the step).
     pub forward_secs: f64,
     pub backward_secs: f64,
     /// Wall time of waiting for the slowest rank before the gradients can be summed, and of
