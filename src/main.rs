@@ -354,15 +354,7 @@ fn main() -> ExitCode {
 }
 
 fn train(args: TrainArgs) -> Result<()> {
-    let cfg = RunConfig::load(&args.config, &args.set)?;
-    // Joined before anything else runs: a rank of a job started by mpirun or srun.
-    let timeout = std::time::Duration::from_secs(cfg.distributed.timeout_secs);
-    let world = Rc::new(World::from_launcher(timeout)?);
-    if world.is_leader() {
-        for warning in cfg.warnings() {
-            eprintln!("warning: {warning}");
-        }
-    }
+    let (cfg, world) = load_and_join(&args.config, &args.set)?;
     // Installed once the config loads: from here on SIGINT/SIGTERM/SIGHUP/SIGUSR1 stop at a step boundary.
     let stop = install_stop_signals(OnRepeat::Abort)?;
     let run_dir = args.run_dir.clone().unwrap_or_else(|| {
@@ -498,6 +490,20 @@ fn finish_rank(world: &World, result: Result<ember_trainer::Summary>, args: &Tra
             world.abort(1)
         }
     }
+}
+
+/// Loads a config and joins the job the launcher started (a world of one without one), before
+/// anything else runs; rank 0 alone prints the config's warnings.
+fn load_and_join(config: &Path, set: &[String]) -> Result<(RunConfig, Rc<World>)> {
+    let cfg = RunConfig::load(config, set)?;
+    let timeout = std::time::Duration::from_secs(cfg.distributed.timeout_secs);
+    let world = Rc::new(World::from_launcher(timeout)?);
+    if world.is_leader() {
+        for warning in cfg.warnings() {
+            eprintln!("warning: {warning}");
+        }
+    }
+    Ok((cfg, world))
 }
 
 fn install_stop_signals(on_repeat: OnRepeat) -> Result<StopRequest> {
@@ -783,14 +789,7 @@ fn generate(args: GenerateArgs) -> Result<()> {
 }
 
 fn bench(args: BenchArgs) -> Result<()> {
-    let cfg = RunConfig::load(&args.config, &args.set)?;
-    let timeout = std::time::Duration::from_secs(cfg.distributed.timeout_secs);
-    let world = Rc::new(World::from_launcher(timeout)?);
-    if world.is_leader() {
-        for warning in cfg.warnings() {
-            eprintln!("warning: {warning}");
-        }
-    }
+    let (cfg, world) = load_and_join(&args.config, &args.set)?;
     let r = ember_trainer::bench::bench(cfg, args.steps as usize, args.warmup as usize, world.clone())?;
     if !world.is_leader() {
         return Ok(());

@@ -165,19 +165,6 @@ impl World {
         self.launcher
     }
 
-    /// How long a collective may wait for the other ranks (None without a launcher).
-    pub fn timeout(&self) -> Option<Duration> {
-        self.watchdog.as_ref().map(Watchdog::timeout)
-    }
-
-    /// Sets how long a collective may wait (the config's `distributed.timeout_secs`, known only
-    /// once the config is read).
-    pub fn set_timeout(&mut self, timeout: Duration) {
-        if let Some(dog) = &mut self.watchdog {
-            dog.timeout = timeout;
-        }
-    }
-
     /// Sums `buf` element-wise over all ranks, in place. `what` names the collective in the
     /// watchdog's message (`"the gradients of step 12 (bucket 2 of 3)"`).
     pub fn all_reduce_sum_f32(&self, buf: &mut [f32], what: &str) {
@@ -288,10 +275,6 @@ impl Watchdog {
             eprintln!("rank {rank}: warning: cannot start the collective watchdog ({e}); a dead peer may hang this rank");
         }
         Watchdog { timeout, shared }
-    }
-
-    pub fn timeout(&self) -> Duration {
-        self.timeout
     }
 
     /// Starts the clock for one collective; it stops when the guard drops.

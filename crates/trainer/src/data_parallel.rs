@@ -27,7 +27,7 @@ use std::rc::Rc;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 use ember_data::Batch;
 use ember_distributed::World;
 use ember_model::Model;
@@ -190,21 +190,14 @@ impl DataParallel {
         world.all_reduce_max_i64(&mut signal, &format!("the stop check of step {step}"));
         let t1 = Instant::now();
 
-        #[cfg(feature = "nccl")]
-        if device.is_cuda() {
-            self.sum_buckets_nccl(sums, params, device, step, &present)?;
-        } else {
-            self.sum_buckets_mpi(sums, params, device, step, &present)?;
-        }
-        #[cfg(not(feature = "nccl"))]
-        self.sum_buckets_mpi(sums, params, device, step, &present)?;
+        self.sum_buckets(sums, params, device, step, &present)?;
         let stop = (signal[0] > 0).then_some(signal[0] as i32);
         Ok((stop, (t1 - t0).as_secs_f64(), t1.elapsed().as_secs_f64()))
     }
 
-    /// Sums the gradients bucket by bucket through host memory with MPI (any device; on CUDA
-    /// without the `nccl` feature every bucket is copied to the host and back).
-    fn sum_buckets_mpi(
+    /// Sums the gradients over the ranks, one collective per bucket of consecutive parameters
+    /// (a parameter no rank has a gradient for stays without one).
+    fn sum_buckets(
         &self,
         sums: &mut GradientSums,
         params: &[Param],
@@ -212,72 +205,21 @@ impl DataParallel {
         step: u64,
         present: &[bool],
     ) -> Result<()> {
-        let buckets = buckets(params, self.bucket_floats);
-        for (b, range) in buckets.iter().enumerate() {
-            let mut flat = Vec::with_capacity(range.clone().map(|i| params[i].var.elem_count()).sum());
-            for i in range.clone() {
-                match &sums.grads[i] {
-                    Some(g) => flat.extend(g.flatten_all()?.to_vec1::<f32>()?),
-                    None => flat.extend(std::iter::repeat_n(0f32, params[i].var.elem_count())),
-                }
-            }
-            self.world.all_reduce_sum_f32(
-                &mut flat,
-                &format!(
-                    "the gradients of step {step} (bucket {} of {})",
-                    b + 1,
-                    buckets.len()
-                ),
-            );
-            let mut offset = 0;
-            for i in range.clone() {
-                let n = params[i].var.elem_count();
-                sums.grads[i] = if present[i] {
-                    let dims = params[i].var.dims().to_vec();
-                    Some(Tensor::from_slice(&flat[offset..offset + n], dims, device)?)
-                } else {
-                    None
-                };
-                offset += n;
-            }
-        }
-        Ok(())
-    }
-
-    /// Sums the gradients bucket by bucket on the device with NCCL (CUDA). The communicator is
-    /// set up at the first step (every rank reaches it together).
-    #[cfg(feature = "nccl")]
-    fn sum_buckets_nccl(
-        &self,
-        sums: &mut GradientSums,
-        params: &[Param],
-        device: &Device,
-        step: u64,
-        present: &[bool],
-    ) -> Result<()> {
-        let nccl = match self.nccl.get() {
-            Some(n) => n,
-            None => {
-                let n = crate::nccl::NcclSum::new(&self.world, device)?;
-                self.nccl.get_or_init(|| n)
-            }
-        };
         let buckets = buckets(params, self.bucket_floats);
         for (b, range) in buckets.iter().enumerate() {
             let parts = range
                 .clone()
                 .map(|i| match &sums.grads[i] {
                     Some(g) => g.flatten_all(),
-                    None => Tensor::zeros(params[i].var.elem_count(), candle_core::DType::F32, device),
+                    None => Tensor::zeros(params[i].var.elem_count(), DType::F32, device),
                 })
                 .collect::<candle_core::Result<Vec<_>>>()?;
-            let summed = nccl.sum(&Tensor::cat(&parts, 0)?)?;
             let what = format!(
-                "the gradients of step {step} (NCCL, bucket {} of {})",
+                "the gradients of step {step} (bucket {} of {})",
                 b + 1,
                 buckets.len()
             );
-            self.world.watch(&what, || device.synchronize())?;
+            let summed = self.sum_bucket(&Tensor::cat(&parts, 0)?, device, &what)?;
             let mut offset = 0;
             for i in range.clone() {
                 let n = params[i].var.elem_count();
@@ -290,6 +232,28 @@ impl DataParallel {
             }
         }
         Ok(())
+    }
+
+    /// One bucket (a 1-D f32 tensor) summed over the ranks: on the device with NCCL for a CUDA
+    /// job built with `nccl` (the communicator is set up at the first step, which every rank
+    /// reaches together), else through host memory with MPI.
+    fn sum_bucket(&self, flat: &Tensor, device: &Device, what: &str) -> Result<Tensor> {
+        #[cfg(feature = "nccl")]
+        if device.is_cuda() {
+            let nccl = match self.nccl.get() {
+                Some(n) => n,
+                None => {
+                    let n = crate::nccl::NcclSum::new(&self.world, device)?;
+                    self.nccl.get_or_init(|| n)
+                }
+            };
+            let summed = nccl.sum(flat)?;
+            self.world.watch(what, || device.synchronize())?;
+            return Ok(summed);
+        }
+        let mut host = flat.to_vec1::<f32>()?;
+        self.world.all_reduce_sum_f32(&mut host, what);
+        Ok(Tensor::from_vec(host, flat.elem_count(), device)?)
     }
 
     /// Sums per-share partial results (`(nll, tokens)`) of an evaluation in share order, then
