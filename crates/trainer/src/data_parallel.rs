@@ -322,9 +322,8 @@ impl DataParallel {
 pub fn weights_sha256(params: &[Param]) -> Result<[u8; 32]> {
     let mut h = Sha256::new();
     for p in params {
-        for v in p.var.flatten_all()?.to_vec1::<f32>()? {
-            h.update(v.to_le_bytes());
-        }
+        let values = p.var.flatten_all()?.to_vec1::<f32>()?;
+        h.update(values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>());
     }
     Ok(h.finalize().into())
 }
