@@ -1,5 +1,4 @@
-//! The AdamW update of one parameter (Loshchilov & Hutter 2019, with bias correction), and the
-//! sum of squares that global-norm clipping needs.
+//! The AdamW update of one parameter (Loshchilov & Hutter 2019, with bias correction).
 //!
 //! On the CPU the moments of an f32 parameter are plain buffers and the update is one in-place
 //! pass over (θ, g, m, v); the tensor form ([`adamw_step_unfused`], the reference) is a dozen
@@ -8,7 +7,7 @@
 
 use std::sync::Mutex;
 
-use candle_core::{CpuStorage, DType, Device, InplaceOp2, Layout, Result, Shape, Storage, Tensor, Var};
+use candle_core::{CpuStorage, Device, InplaceOp2, Layout, Result, Shape, Tensor, Var};
 
 use crate::host::is_host_f32;
 use crate::par::{self, SharedMut};
@@ -198,26 +197,4 @@ fn update(theta: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], c: UpdateC
         let denom = (*v * c.inv_bc2).sqrt() + c.eps;
         *t = *t * c.decay - (*m * c.inv_bc1) / denom * c.lr;
     }
-}
-
-/// Σ x² of a tensor, in one pass with eight f32 lanes on the CPU (f64 tensor ops elsewhere).
-pub fn sum_of_squares(t: &Tensor) -> Result<f64> {
-    if !is_host_f32(t) {
-        return t.sqr()?.sum_all()?.to_dtype(DType::F64)?.to_scalar::<f64>();
-    }
-    let t = t.contiguous()?;
-    let (storage, layout) = t.storage_and_layout();
-    let (Storage::Cpu(CpuStorage::F32(data)), Some((a, b))) = (&*storage, layout.contiguous_offsets()) else {
-        candle_core::bail!("sum_of_squares: expected a contiguous f32 CPU tensor");
-    };
-    let data = &data[a..b];
-    let mut lanes = [0f32; 8];
-    let chunks = data.chunks_exact(8);
-    let tail: f64 = chunks.remainder().iter().map(|&x| (x * x) as f64).sum();
-    for chunk in chunks {
-        for i in 0..8 {
-            lanes[i] += chunk[i] * chunk[i];
-        }
-    }
-    Ok(lanes.iter().map(|&x| x as f64).sum::<f64>() + tail)
 }

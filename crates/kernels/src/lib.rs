@@ -16,7 +16,8 @@
 //! | [`attention`] | softmax(q·kᵀ + mask)·v with grouped-query heads |
 //! | [`cross_entropy`] | log-softmax, label smoothing, z-loss and padding: the per-row math, and its unfused reference |
 //! | [`linear_cross_entropy`] | the output projection and that loss, a block of rows at a time (the logits are never stored whole) |
-//! | [`adamw`] | the AdamW update of one parameter, and the gradient's sum of squares |
+//! | [`adamw`] | the AdamW update of one parameter |
+//! | [`sum`] | the shares' gradients summed in order, and a gradient's sum of squares |
 //!
 //! **One convention.** Every public op takes and returns tensors and decides by itself which
 //! path to take: the fused CPU kernel for f32 CPU tensors, the unfused reference (`*_unfused`,
@@ -42,6 +43,7 @@ pub mod linear_cross_entropy;
 pub mod norm;
 pub mod rope;
 pub mod softmax;
+pub mod sum;
 
 pub use activation::{gelu_erf, swiglu, swiglu_unfused};
 pub use attention::{attention, attention_unfused, AttentionOptions, AttentionTelemetry};
@@ -52,3 +54,4 @@ pub use linear_cross_entropy::{linear_cross_entropy, linear_cross_entropy_unfuse
 pub use norm::{layer_norm, layer_norm_unfused, rms_norm, rms_norm_unfused};
 pub use rope::{logn_factor, rope, rope_unfused, PositionScale, RopeTables};
 pub use softmax::{softmax_rows, softmax_rows_unfused};
+pub use sum::{sum_in_order, sum_in_order_unfused, sum_of_squares};

@@ -150,10 +150,8 @@ impl DataParallel {
         } else {
             ember_kernels::par::join_all(tasks)
         };
-        let mut sums = GradientSums::empty(params.len());
-        for share_sums in results {
-            sums.add(share_sums?)?;
-        }
+        let results = results.into_iter().collect::<Result<Vec<_>>>()?;
+        let mut sums = GradientSums::total(results, params.len())?;
         let (stop, wait_secs, comm_secs) = self.reduce(&mut sums, params, device, step, stop)?;
         let mut out = sums.into_output(total_tokens);
         out.wait_secs = wait_secs;

@@ -6,7 +6,8 @@
 use std::collections::HashMap;
 
 use candle_core::{Result, Tensor, Var};
-use ember_kernels::adamw::{adamw_step, adamw_step_unfused, sum_of_squares, AdamWStep, Moments};
+use ember_kernels::adamw::{adamw_step, adamw_step_unfused, AdamWStep, Moments};
+use ember_kernels::sum_of_squares;
 
 use crate::config::{Schedule, TrainConfig};
 

@@ -224,19 +224,30 @@ impl GradientSums {
         }
     }
 
-    /// Adds `other`'s gradients and losses to these (telemetry stays this one's, if any).
-    pub fn add(&mut self, other: GradientSums) -> Result<()> {
-        for (slot, g) in self.grads.iter_mut().zip(other.grads) {
-            *slot = add_grad(slot.take(), g)?;
+    /// The shares' sums added up in share order: every parameter's gradients in one pass
+    /// ([`ember_kernels::sum_in_order`], the bits of adding them in turn), the losses and times
+    /// summed, the telemetry the first share's that has any.
+    pub fn total(shares: Vec<GradientSums>, params: usize) -> Result<Self> {
+        let mut total = Self::empty(params);
+        let mut grads: Vec<Vec<Tensor>> = vec![vec![]; params];
+        for share in shares {
+            for (slot, g) in grads.iter_mut().zip(share.grads) {
+                slot.extend(g);
+            }
+            total.objective += share.objective;
+            total.nll += share.nll;
+            if total.attention.is_empty() {
+                total.attention = share.attention;
+            }
+            total.forward_secs += share.forward_secs;
+            total.backward_secs += share.backward_secs;
         }
-        self.objective += other.objective;
-        self.nll += other.nll;
-        if self.attention.is_empty() {
-            self.attention = other.attention;
+        for (slot, parts) in total.grads.iter_mut().zip(grads) {
+            if !parts.is_empty() {
+                *slot = Some(ember_kernels::sum_in_order(&parts)?);
+            }
         }
-        self.forward_secs += other.forward_secs;
-        self.backward_secs += other.backward_secs;
-        Ok(())
+        Ok(total)
     }
 
     pub fn into_output(self, total_tokens: usize) -> StepOutput {
