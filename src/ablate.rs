@@ -2,6 +2,7 @@
 //! here, one cell (`--cell`, what each Slurm array task runs), or as a Slurm job array — and
 //! `--status` of a planned sweep. The sweep itself lives in the experiment crate.
 
+use ember_trainer::say;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
@@ -167,7 +168,7 @@ pub(crate) fn run(args: AblateArgs) -> Result<()> {
     };
     let outcome = ember_experiment::ablate::ablate(&opts)?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&outcome)?);
+        say!("{}", serde_json::to_string_pretty(&outcome)?);
     }
     let failed = outcome.failed();
     if !failed.is_empty() {
@@ -202,7 +203,7 @@ fn ablate_cell(args: &AblateArgs, cell: &str) -> Result<()> {
     let stop = install_stop_signals(OnRepeat::Count)?;
     let outcome = ablate_cell(&args.config, cell, &runner, Some(&stop), args.quiet || args.json)?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&outcome)?);
+        say!("{}", serde_json::to_string_pretty(&outcome)?);
     }
     if let RunStatus::Failed { error, .. } = &outcome.status {
         bail!(
@@ -224,9 +225,9 @@ fn ablate_status(args: &AblateArgs) -> Result<()> {
     use ember_experiment::ablate::{status_table, sweep_status};
     let cells = sweep_status(&args.config)?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&cells)?);
+        say!("{}", serde_json::to_string_pretty(&cells)?);
     } else {
-        println!("{}", status_table(&cells));
+        say!("{}", status_table(&cells));
     }
     Ok(())
 }
@@ -248,7 +249,7 @@ fn ablate_slurm(args: &AblateArgs, opts: &ember_experiment::ablate::AblateOption
     let out = shell_word(&sp.plan.out.display().to_string());
     let total = sp.plan.runs.len();
     if sp.cells.is_empty() {
-        println!(
+        say!(
             "every one of the {total} cells in {out} is finished: nothing to submit; `ember report {out}` \
              writes the report"
         );
@@ -256,7 +257,7 @@ fn ablate_slurm(args: &AblateArgs, opts: &ember_experiment::ablate::AblateOption
     }
     let quiet = args.quiet || args.json;
     if !quiet {
-        println!(
+        say!(
             "planned {total} cells into {} ({} to run, {} finished earlier); wrote {} and {}",
             sp.plan.out.join(ember_experiment::layout::GRID).display(),
             sp.cells.len(),
@@ -267,7 +268,7 @@ fn ablate_slurm(args: &AblateArgs, opts: &ember_experiment::ablate::AblateOption
     }
     if !args.submit {
         if args.json {
-            println!(
+            say!(
                 "{}",
                 serde_json::to_string_pretty(&serde_json::json!({
                     "out": sp.plan.out, "array": sp.array, "cells_script": sp.cells_script,
@@ -275,23 +276,23 @@ fn ablate_slurm(args: &AblateArgs, opts: &ember_experiment::ablate::AblateOption
                 }))?
             );
         } else {
-            println!("submit with (on a Slurm login node, from this directory):");
+            say!("submit with (on a Slurm login node, from this directory):");
             for c in sp.commands() {
-                println!("  {c}");
+                say!("  {c}");
             }
         }
         return Ok(());
     }
     let ids = submit(&sp)?;
     if args.json {
-        println!(
+        say!(
             "{}",
             serde_json::to_string_pretty(&serde_json::json!({
                 "out": sp.plan.out, "array": sp.array, "array_job": ids.array_job, "report_job": ids.report_job,
             }))?
         );
     } else {
-        println!(
+        say!(
             "submitted the array as job {} (cells {}) and the report as job {} (after the array ends)\n\
              watch:   squeue -j {},{}\n\
              cells:   ember ablate {out} --status\n\

@@ -1,6 +1,7 @@
 //! `ember bleu`: BLEU and chrF of a hypothesis file exactly as sacreBLEU 2.x scores them, for the
 //! whole corpus and, with `--source`, per source-length bucket.
 
+use ember_trainer::say;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
@@ -182,9 +183,9 @@ pub(crate) fn run(args: BleuArgs) -> Result<()> {
                 json.insert(format!("{metric}_by_source_length"), rows.into());
             }
         } else {
-            println!("{line}");
+            say!("{line}");
             for (b, sub_line, _) in by_length {
-                println!(
+                say!(
                     "  source words {}: {} sentences | {sub_line}",
                     b.label(),
                     b.rows.len()
@@ -193,7 +194,7 @@ pub(crate) fn run(args: BleuArgs) -> Result<()> {
         }
     }
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&json)?);
+        say!("{}", serde_json::to_string_pretty(&json)?);
     }
     Ok(())
 }

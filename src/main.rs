@@ -4,6 +4,7 @@
 mod ablate;
 mod bleu;
 
+use ember_trainer::{say, tell};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -321,7 +322,7 @@ fn main() -> ExitCode {
         Command::Export(args) => export(args),
         Command::Tokenize(args) => tokenize(args),
         Command::Average(args) => ember_trainer::checkpoint::average(&args.run, args.last).map(|dir| {
-            println!(
+            say!(
                 "averaged the newest {} checkpoints into {}",
                 args.last,
                 dir.display()
@@ -330,6 +331,9 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader of our output went away (`ember translate < in | head`): nothing is wrong,
+        // and nothing more is wanted.
+        Err(e) if ember_trainer::console::is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             if let Some(quiet) = e.downcast_ref::<QuietExit>() {
                 return ExitCode::from(quiet.0);
@@ -337,17 +341,17 @@ fn main() -> ExitCode {
             if let Some(stop) = e.downcast_ref::<Interrupted>() {
                 // The outermost message only: it already says what the Interrupted below it says,
                 // followed by the command that resumes the run.
-                eprintln!("{e}");
+                tell!("{e}");
                 return ExitCode::from(exit_status(stop.signal));
             }
             if let Some(code) = e
                 .downcast_ref::<SweepInterrupted>()
                 .map(|s| exit_status(s.signal))
             {
-                eprintln!("{e:#}");
+                tell!("{e:#}");
                 return ExitCode::from(code);
             }
-            eprintln!("error: {e:#}");
+            tell!("error: {e:#}");
             ExitCode::FAILURE
         }
     }
@@ -392,14 +396,14 @@ fn train(args: TrainArgs) -> Result<()> {
     })?;
     if let Some(reason) = &summary.diverged {
         if args.json {
-            println!("{}", serde_json::to_string_pretty(&summary)?);
+            say!("{}", serde_json::to_string_pretty(&summary)?);
         }
         bail!("training diverged ({reason}); the run directory holds its checkpoints and summary.json");
     }
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&summary)?);
+        say!("{}", serde_json::to_string_pretty(&summary)?);
     } else {
-        println!(
+        say!(
             "done: {} steps in {:.1}s | final train loss {} | val loss {} | val ppl {} | {:.0} tok/s | {}",
             summary.steps,
             summary.wall_secs,
@@ -449,9 +453,9 @@ fn finish_rank(world: &World, result: Result<ember_trainer::Summary>, args: &Tra
         Ok(summary) => {
             if world.is_leader() {
                 match &summary.diverged {
-                    Some(reason) => eprintln!("error: training diverged ({reason}); the run directory holds its checkpoints and summary.json"),
-                    None if args.json => println!("{}", serde_json::to_string_pretty(&summary)?),
-                    None => println!(
+                    Some(reason) => tell!("error: training diverged ({reason}); the run directory holds its checkpoints and summary.json"),
+                    None if args.json => say!("{}", serde_json::to_string_pretty(&summary)?),
+                    None => say!(
                         "done: {} steps on {} ranks in {:.1}s | final train loss {} | val loss {} | {:.0} tok/s | weights {} on every rank | {}",
                         summary.steps,
                         world.size(),
@@ -472,7 +476,7 @@ fn finish_rank(world: &World, result: Result<ember_trainer::Summary>, args: &Tra
         Err(e) => {
             if let Some(stop) = e.downcast_ref::<Interrupted>() {
                 if world.is_leader() {
-                    eprintln!(
+                    tell!(
                         "{stop}\nresume with the same launcher line, ending in: {}",
                         resume_command(args, &stop.run_dir)
                     );
@@ -482,11 +486,11 @@ fn finish_rank(world: &World, result: Result<ember_trainer::Summary>, args: &Tra
             if let Some(RankFailed(failed)) = e.downcast_ref::<RankFailed>() {
                 // Agreed by every rank, so no abort: the failing rank says why, the others nothing.
                 if *failed == rank {
-                    eprintln!("rank {rank} of {}: error: {e:#}", world.size());
+                    tell!("rank {rank} of {}: error: {e:#}", world.size());
                 }
                 bail!(QuietExit(1));
             }
-            eprintln!("rank {rank} of {}: error: {e:#}", world.size());
+            tell!("rank {rank} of {}: error: {e:#}", world.size());
             world.abort(1)
         }
     }
@@ -500,7 +504,7 @@ fn load_and_join(config: &Path, set: &[String]) -> Result<(RunConfig, Rc<World>)
     let world = Rc::new(World::from_launcher(timeout)?);
     if world.is_leader() {
         for warning in cfg.warnings() {
-            eprintln!("warning: {warning}");
+            tell!("warning: {warning}");
         }
     }
     Ok((cfg, world))
@@ -521,9 +525,9 @@ fn export(args: ExportArgs) -> Result<()> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&exported)?);
+        say!("{}", serde_json::to_string_pretty(&exported)?);
     } else {
-        println!(
+        say!(
             "exported {} as {} ({} tensors, {} parameters) to {}",
             exported.checkpoint.display(),
             exported.arch.class_name(),
@@ -543,7 +547,7 @@ fn tokenize(args: TokenizeArgs) -> Result<()> {
     };
     let tokenizer = ember_data::Tokenizer::load(&path)?;
     let n = ember_data::shards::tokenize_file(&tokenizer, &args.input, &args.output)?;
-    println!(
+    say!(
         "wrote {n} tokens of {} to {} ({} tokenizer, vocabulary {})",
         args.input.display(),
         args.output.display(),
@@ -573,9 +577,9 @@ fn eval(args: EvalArgs) -> Result<()> {
         if args.json {
             let mut out = serde_json::to_value(&r)?;
             out["checkpoint"] = serde_json::to_value(&run.checkpoint)?;
-            println!("{}", serde_json::to_string_pretty(&out)?);
+            say!("{}", serde_json::to_string_pretty(&out)?);
         } else {
-            println!("{}", context_lines(&run.checkpoint, &r).join("\n"));
+            say!("{}", context_lines(&run.checkpoint, &r).join("\n"));
         }
         return Ok(());
     }
@@ -633,9 +637,9 @@ fn eval(args: EvalArgs) -> Result<()> {
         out["sentences_per_sec"] = (scores.sentences as f64 / scores.secs.max(1e-9)).into();
     }
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        say!("{}", serde_json::to_string_pretty(&out)?);
     } else {
-        println!("{}", lines.join("\n"));
+        say!("{}", lines.join("\n"));
     }
     Ok(())
 }
@@ -713,7 +717,7 @@ fn translate(args: TranslateArgs) -> Result<()> {
             Ok(t) if args.json => writeln!(stdout, "{}", serde_json::to_string(t)?)?,
             Ok(t) => writeln!(stdout, "{}", t.text)?,
             Err(reason) => {
-                eprintln!("stdin:{}: {reason}; its output line is left blank", i + 1);
+                tell!("stdin:{}: {reason}; its output line is left blank", i + 1);
                 failed.push(i + 1);
                 if args.json {
                     let line = serde_json::json!({"line": i + 1, "error": reason});
@@ -781,9 +785,9 @@ fn generate(args: GenerateArgs) -> Result<()> {
     let text = tok.decode(&tokens)?;
     if args.json {
         let out = serde_json::json!({"prompt": args.prompt, "text": text, "tokens": tokens.len(), "seed": args.seed});
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        say!("{}", serde_json::to_string_pretty(&out)?);
     } else {
-        println!("{}{}", args.prompt, text);
+        say!("{}{}", args.prompt, text);
     }
     Ok(())
 }
@@ -795,9 +799,9 @@ fn bench(args: BenchArgs) -> Result<()> {
         return Ok(());
     }
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&r)?);
+        say!("{}", serde_json::to_string_pretty(&r)?);
     } else {
-        println!(
+        say!(
             "{}: {} params, {}{} threads, {:.0} tokens/step\n\
              step {:.1} ms median (p10 {:.1}, p90 {:.1}) = forward {:.1} + backward {:.1} + optimizer {:.1}{}\n\
              {:.0} tokens/s | peak RSS {:.0} MiB | {:.0} FLOPs/token → {:.1} GFLOP/s of a {:.1} GFLOP/s matmul peak ({:.0}%)",
@@ -827,9 +831,9 @@ fn bench(args: BenchArgs) -> Result<()> {
 fn length_report(args: ReportArgs) -> Result<()> {
     let r = ember_experiment::length::length_report(&args.dir)?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&r)?);
+        say!("{}", serde_json::to_string_pretty(&r)?);
     } else {
-        println!(
+        say!(
             "{} variants x {} seeds x log-n off/on at contexts {:?} (trained at {}): wrote {}, {} and {} plots",
             r.variants.len(),
             r.seeds.len(),
@@ -846,9 +850,9 @@ fn length_report(args: ReportArgs) -> Result<()> {
 fn report(args: ReportArgs) -> Result<()> {
     let r = ember_experiment::report::report(&args.dir)?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&r)?);
+        say!("{}", serde_json::to_string_pretty(&r)?);
     } else {
-        println!(
+        say!(
             "{} runs ({} finished, {} diverged, {} failed): wrote {}, {} and {} plots",
             r.counts.runs,
             r.counts.ok,

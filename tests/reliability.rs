@@ -714,3 +714,50 @@ fn unclear_inputs_get_messages_in_user_words() {
     let err = fails(tmp.path(), &["train", s(tmp.path())]);
     assert!(err.contains(s(tmp.path())), "names the path: {err}");
 }
+
+/// `ember ARGS` with its stdout a pipe whose reader has already gone (as `ember … | head` once
+/// head has exited): returns how it ended.
+fn with_reader_gone(dir: &Path, args: &[&str], stdin: &[u8]) -> std::process::Output {
+    let mut child = ember(dir)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    // The process may end before reading all of it: a failed write here is expected.
+    let _ = std::io::Write::write_all(&mut child.stdin.take().unwrap(), stdin);
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn a_reader_that_goes_away_neither_stops_training_nor_crashes_a_command() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write(tmp.path(), "tiny.yaml", seq2seq_yaml(6, 3, 3));
+    let run_dir = tmp.path().join("run");
+    // Training prints a line per step and per evaluation into the dead pipe: it goes on to the
+    // end as if quiet, and everything it saves is there.
+    let out = with_reader_gone(tmp.path(), &["train", s(&cfg), "--run-dir", s(&run_dir)], b"");
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "train ended with {}: {err}", out.status);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(summary(&run_dir)["steps"], 6);
+    assert_eq!(logged_steps(&run_dir), (1..=6).collect::<Vec<_>>());
+
+    // Commands whose product is their output stop at once, quietly, with status 0.
+    let input = "three dogs\n".repeat(2_000);
+    for args in [
+        vec!["translate", s(&run_dir), "--beam", "1"],
+        vec!["eval", s(&run_dir)],
+        vec!["bench", s(&cfg), "--steps", "2", "--warmup", "0"],
+    ] {
+        let out = with_reader_gone(tmp.path(), &args, input.as_bytes());
+        let err = text(&out.stderr);
+        assert!(out.status.success(), "{args:?} ended with {}: {err}", out.status);
+        assert!(
+            !err.contains("panicked") && !err.contains("error"),
+            "{args:?}: {err}"
+        );
+    }
+}

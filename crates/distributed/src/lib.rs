@@ -15,6 +15,7 @@
 //! then ends the job (`mpirun` at once; Slurm with `srun --kill-on-bad-exit=1`). A rank that
 //! dies outright is reported by the launcher itself, which names it.
 
+use std::io::Write;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -272,7 +273,7 @@ impl Watchdog {
             .spawn(move || Self::watch(&watched, rank));
         // Without the thread there is no timeout, but the collectives still work.
         if let Err(e) = spawned {
-            eprintln!("rank {rank}: warning: cannot start the collective watchdog ({e}); a dead peer may hang this rank");
+            let _ = writeln!(std::io::stderr(), "rank {rank}: warning: cannot start the collective watchdog ({e}); a dead peer may hang this rank");
         }
         Watchdog { timeout, shared }
     }
@@ -302,7 +303,10 @@ impl Watchdog {
                 Some((deadline, timeout, what)) => {
                     let now = Instant::now();
                     if now >= deadline {
-                        eprintln!(
+                        // A write that fails (stderr gone) must not keep this thread from ending
+                        // the rank: no panicking eprintln!.
+                        let _ = writeln!(
+                            std::io::stderr(),
                             "rank {rank}: {what}: the other ranks did not take part within {} s (distributed.timeout_secs); \
                              a rank has died or hangs. Ending this rank so that the launcher ends the job; \
                              resume from the newest checkpoint with --resume.",

@@ -9,6 +9,7 @@
 //! asks for before its time limit or a pre-emption (`#SBATCH --signal=B:USR1@120`): it stops
 //! the run the same way, and the exit status (138) tells the job script to requeue the cell.
 
+use crate::tell;
 use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -103,7 +104,7 @@ pub fn install(on_repeat: OnRepeat) -> Result<StopRequest> {
             for signal in signals.forever() {
                 seen.request(signal);
                 if on_repeat == OnRepeat::Abort && seen.count() >= 2 {
-                    eprintln!(
+                    tell!(
                         "\n{} again: aborting now without saving; the newest checkpoint on disk is intact",
                         signal_name(signal)
                     );

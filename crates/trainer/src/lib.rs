@@ -7,6 +7,7 @@
 pub mod bench;
 pub mod checkpoint;
 pub mod config;
+pub mod console;
 pub mod context;
 pub mod data_parallel;
 pub mod evaluate;

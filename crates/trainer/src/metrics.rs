@@ -1,6 +1,7 @@
 //! `metrics.jsonl` (one JSON object per logged step or evaluation), its CSV export, and what
 //! the user sees while a run trains: a progress bar on a terminal, plain lines otherwise.
 
+use crate::{say, tell};
 use std::fs::{self, File, OpenOptions};
 use std::io::{BufRead, BufReader, IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -216,7 +217,7 @@ impl Progress {
                     r.loss, r.tokens_per_sec, r.lr, max_logit
                 ));
             }
-            None if self.verbosity == Verbosity::Normal => println!(
+            None if self.verbosity == Verbosity::Normal => say!(
                 "step {:>6}/{total} | loss {:.4} | nll {:.4} | lr {:.3e} | grad {:.3} | {:.0} tok/s | max logit {:.2} | {:.1}s",
                 r.step, r.loss, r.nll, r.lr, r.grad_norm, r.tokens_per_sec, max_logit, r.elapsed_secs
             ),
@@ -227,7 +228,7 @@ impl Progress {
     pub fn line(&self, text: &str) {
         match &self.bar {
             Some(bar) => bar.println(text),
-            None if self.verbosity == Verbosity::Normal => println!("{text}"),
+            None if self.verbosity == Verbosity::Normal => say!("{text}"),
             None => {}
         }
     }
@@ -236,8 +237,8 @@ impl Progress {
     /// resume, data that was skipped or truncated.
     pub fn warn(&self, text: &str) {
         match &self.bar {
-            Some(bar) => bar.suspend(|| eprintln!("note: {text}")),
-            None => eprintln!("note: {text}"),
+            Some(bar) => bar.suspend(|| tell!("note: {text}")),
+            None => tell!("note: {text}"),
         }
     }
 

@@ -5,6 +5,7 @@
 //! run's checkpoints), and the model, optimizer and data position — fresh, or restored from the
 //! newest checkpoint. For evaluation and decoding: [`open_run`].
 
+use crate::tell;
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -418,7 +419,7 @@ fn load_latest(run_dir: &Path, device: &Device, fallback: bool) -> Result<checkp
         match checkpoint::load(dir, device) {
             Ok(l) => {
                 for p in &problems {
-                    eprintln!("warning: skipped corrupt checkpoint: {p}");
+                    tell!("warning: skipped corrupt checkpoint: {p}");
                 }
                 return Ok(l);
             }

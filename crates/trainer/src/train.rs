@@ -9,6 +9,7 @@
 //! the bookkeeping (what to log, when to evaluate and checkpoint, best and divergence) in
 //! `run_state`.
 
+use crate::say;
 use std::fs;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -282,7 +283,7 @@ fn validate_keeping_the_step(
 fn already_finished(run: &TrainingRun, verbosity: Verbosity) -> Result<Summary> {
     let step = run.total_steps;
     if verbosity == Verbosity::Normal {
-        println!(
+        say!(
             "{} already finished its {step} steps; nothing to do (nothing was changed). To train \
              longer, resume with --set train.steps=N for N > {step}.",
             run.run_dir.display()
