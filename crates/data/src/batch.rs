@@ -64,8 +64,9 @@ impl Seq2SeqBatch {
         )
     }
 
-    /// `shares` contiguous blocks of rows (trailing ones possibly empty) whose largest padded
-    /// size — rows × (longest source + longest target) — is the least possible.
+    /// At most `shares` contiguous blocks of rows, in order and covering the batch, whose
+    /// largest padded size — rows × (longest source + longest target) — is the least possible
+    /// (any shares beyond them get no rows).
     ///
     /// A block's padded size only grows as it takes in another row, so the least feasible
     /// largest size is found by bisection, testing each candidate greedily: fill a block while
@@ -73,7 +74,7 @@ impl Seq2SeqBatch {
     fn balanced_shares(&self, shares: usize) -> Vec<std::ops::Range<usize>> {
         let lens: Vec<(usize, usize)> = (0..self.batch_size).map(|r| self.row_lens(r)).collect();
         let greedy = |limit: usize| -> Option<Vec<std::ops::Range<usize>>> {
-            let mut blocks = Vec::with_capacity(shares);
+            let mut blocks = Vec::new();
             let mut start = 0;
             while start < lens.len() {
                 let (mut src, mut tgt, mut end) = (0, 0, start);
@@ -102,10 +103,7 @@ impl Seq2SeqBatch {
                 lo = mid + 1;
             }
         }
-        let mut blocks = greedy(lo).expect("the whole batch in one block always fits");
-        let n = lens.len();
-        blocks.resize(shares, n..n);
-        blocks
+        greedy(lo).expect("the whole batch in one block always fits")
     }
 
     /// Padded tokens of the larger side: the quantity `max_tokens` bounds.
@@ -258,7 +256,7 @@ impl Batch {
         assert!(shares > 0 && share < shares, "share {share} of {shares}");
         let n = self.batch_size();
         let rows = match self {
-            Batch::Seq2Seq(b) => b.balanced_shares(shares).swap_remove(share),
+            Batch::Seq2Seq(b) => b.balanced_shares(shares).get(share).cloned().unwrap_or(n..n),
             Batch::Lm(_) => share * n / shares..(share + 1) * n / shares,
         };
         if rows.is_empty() {
