@@ -461,16 +461,23 @@ fn sizes_are_checked_before_anything_is_allocated() {
         let err = fails(tmp.path(), &["translate", s(&run_dir), beam]);
         assert!(err.contains("--beam"), "{err}");
     }
-    for (set, key) in [
-        ("model.max_seq_len=4000000000", "model.max_seq_len"),
-        ("model.d_model=1048576", "model.d_model"),
+    for (sets, key) in [
+        (&["model.max_seq_len=4000000000"][..], "model.max_seq_len"),
+        (&["model.d_model=1048576"], "model.d_model"),
+        // Every share's gradients are held until they are summed: 1,024 copies of a model that
+        // trains alone in under a GiB.
+        (
+            &["model.d_model=2048", "train.shares=1024"],
+            "train.shares = 1024",
+        ),
     ] {
-        let dir = tmp.path().join(key);
-        let err = fails(
-            tmp.path(),
-            &["train", s(&tiny), "--run-dir", s(&dir), "--set", set],
-        );
-        assert!(err.contains("of memory") && err.contains(key), "{set}: {err}");
+        let dir = tmp.path().join(sets[0]);
+        let mut args = vec!["train", s(&tiny), "--run-dir", s(&dir)];
+        for set in sets {
+            args.extend(["--set", set]);
+        }
+        let err = fails(tmp.path(), &args);
+        assert!(err.contains("of memory") && err.contains(key), "{sets:?}: {err}");
         assert!(checkpoints(&dir).is_empty());
     }
     // A token budget larger than the corpus is harmless (a batch holds at most the corpus),

@@ -19,7 +19,8 @@ const GIB: f64 = (1u64 << 30) as f64;
 /// Where the bytes of a training run go.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MemoryEstimate {
-    /// Weights, gradients and AdamW's two moments: 4 copies of every parameter.
+    /// Weights, AdamW's two moments and the gradients: 3 + `train.shares` copies of every
+    /// parameter (each share's gradients are held until they are summed).
     pub parameters: f64,
     /// One micro-batch's activations kept for the backward pass (or an evaluation batch's, if larger).
     pub activations: f64,
@@ -97,8 +98,9 @@ pub fn batch_shapes(cfg: &RunConfig, data: &Dataset) -> (BatchShape, BatchShape)
     }
 }
 
-/// Estimates the peak memory of training `m` on batches of `train` (and evaluating on `eval`).
-pub fn estimate(m: &ModelConfig, train: BatchShape, eval: BatchShape) -> MemoryEstimate {
+/// Estimates the peak memory of training `m` on batches of `train` split into `shares` (and
+/// evaluating on `eval`).
+pub fn estimate(m: &ModelConfig, train: BatchShape, eval: BatchShape, shares: usize) -> MemoryEstimate {
     let d = m.d_model as f64;
     let layers = (m.encoder_layers() + m.decoder_layers()) as f64;
     let heads = m.n_heads as f64;
@@ -111,7 +113,7 @@ pub fn estimate(m: &ModelConfig, train: BatchShape, eval: BatchShape) -> MemoryE
         b.tokens * (layers * per_layer_token + logits) * F32
     };
     MemoryEstimate {
-        parameters: 4.0 * parameter_count(m) * F32,
+        parameters: (3.0 + shares.max(1) as f64) * parameter_count(m) * F32,
         activations: per_batch(train, 1.0).max(per_batch(eval, 0.25)),
         // The rotary cos/sin tables (learned tables are parameters, counted above).
         positions: match m.positions {
@@ -138,7 +140,7 @@ pub fn available_memory() -> Option<f64> {
 /// drive the largest part.
 pub fn check_memory(cfg: &RunConfig, data: &Dataset) -> Result<MemoryEstimate> {
     let (train, eval) = batch_shapes(cfg, data);
-    let e = estimate(&cfg.model, train, eval);
+    let e = estimate(&cfg.model, train, eval, cfg.train.shares);
     let Some(available) = available_memory() else {
         return Ok(e);
     };
@@ -164,11 +166,16 @@ pub fn check_memory(cfg: &RunConfig, data: &Dataset) -> Result<MemoryEstimate> {
             e.parameters,
             "parameters, gradients and AdamW moments",
             format!(
-                "model.d_model = {}, model.d_ff = {}, layers = {}, vocabulary = {}",
+                "model.d_model = {}, model.d_ff = {}, layers = {}, vocabulary = {}{}",
                 m.d_model,
                 m.d_ff,
                 m.encoder_layers() + m.decoder_layers(),
-                m.vocab()
+                m.vocab(),
+                if cfg.train.shares > 1 {
+                    format!(", train.shares = {}", cfg.train.shares)
+                } else {
+                    String::new()
+                }
             ),
         ),
         (
@@ -257,7 +264,7 @@ mod tests {
             tokens: 1e30,
             longest: 1e20,
         };
-        let e = estimate(&m, shape, shape);
+        let e = estimate(&m, shape, shape, 1);
         assert!(e.total() > 1e20 && !e.total().is_nan());
     }
 }
