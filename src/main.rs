@@ -329,6 +329,14 @@ fn main() -> ExitCode {
             );
         }),
     };
+    // Output that could not be written (a full disk under `> file`) is an error of its own.
+    let result = result.and_then(|()| match ember_trainer::console::write_error() {
+        Some(e) => Err(anyhow::anyhow!(
+            "writing to stdout failed ({e}): the output above is incomplete (files the command \
+             wrote, such as a run directory, are not affected)"
+        )),
+        None => Ok(()),
+    });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         // The reader of our output went away (`ember translate < in | head`): nothing is wrong,

@@ -768,3 +768,34 @@ fn a_reader_that_goes_away_neither_stops_training_nor_crashes_a_command() {
         );
     }
 }
+
+#[test]
+fn output_that_cannot_be_written_is_an_error_and_training_still_saves_everything() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write(tmp.path(), "tiny.yaml", seq2seq_yaml(4, 2, 2));
+    let run_dir = tmp.path().join("run");
+    // stdout on a full disk (/dev/full: every write fails with ENOSPC).
+    let full = |args: &[&str]| {
+        let dev_full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+        let out = ember(tmp.path())
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(dev_full)
+            .output()
+            .unwrap();
+        assert_clear_failure(&out, &args.join(" "))
+    };
+    let err = full(&["train", s(&cfg), "--run-dir", s(&run_dir)]);
+    assert!(
+        err.contains("writing to stdout failed") && err.contains("No space left"),
+        "{err}"
+    );
+    assert_eq!(summary(&run_dir)["steps"], 4, "the run itself went on to the end");
+    for args in [
+        vec!["bench", s(&cfg), "--steps", "1", "--warmup", "0", "--json"],
+        vec!["eval", s(&run_dir), "--json"],
+    ] {
+        let err = full(&args);
+        assert!(err.contains("writing to stdout failed"), "{args:?}: {err}");
+    }
+}
