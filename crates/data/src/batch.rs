@@ -243,6 +243,16 @@ impl Batch {
         }
     }
 
+    /// The rows of share `share` of `shares` (see [`share`](Self::share)), without copying them.
+    pub fn share_rows(&self, share: usize, shares: usize) -> std::ops::Range<usize> {
+        assert!(shares > 0 && share < shares, "share {share} of {shares}");
+        let n = self.batch_size();
+        match self {
+            Batch::Seq2Seq(b) => b.balanced_shares(shares).get(share).cloned().unwrap_or(n..n),
+            Batch::Lm(_) => share * n / shares..(share + 1) * n / shares,
+        }
+    }
+
     /// Share `share` of `shares` for data-parallel training: a contiguous block of rows, so the
     /// shares in order are the batch row for row. A language-model batch's blocks differ in size
     /// by at most one window. A translation batch is split so that the largest share's padded
@@ -253,12 +263,7 @@ impl Batch {
     /// the cost on Multi30k, which every other share then waited for. `None` when the share has
     /// no rows (fewer rows than shares, or sentences too uneven to give every share some).
     pub fn share(&self, share: usize, shares: usize) -> Option<Batch> {
-        assert!(shares > 0 && share < shares, "share {share} of {shares}");
-        let n = self.batch_size();
-        let rows = match self {
-            Batch::Seq2Seq(b) => b.balanced_shares(shares).get(share).cloned().unwrap_or(n..n),
-            Batch::Lm(_) => share * n / shares..(share + 1) * n / shares,
-        };
+        let rows = self.share_rows(share, shares);
         if rows.is_empty() {
             return None;
         }

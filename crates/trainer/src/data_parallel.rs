@@ -117,6 +117,14 @@ impl DataParallel {
         }
         let total_tokens: usize = batches.iter().map(Batch::target_tokens).sum();
         let n_shares = self.n_shares;
+        // Attention telemetry is measured on one share, by the process that reports it: its
+        // first share with rows (its first may have none when a batch has fewer rows than there
+        // are shares).
+        let measured = self
+            .shares
+            .clone()
+            .filter(|_| self.is_leader())
+            .find(|&s| batches.iter().any(|b| !b.share_rows(s, n_shares).is_empty()));
         let one_share = move |share: usize| -> Result<GradientSums> {
             let parts: Vec<(usize, Batch)> = batches
                 .iter()
@@ -132,7 +140,7 @@ impl DataParallel {
                 cfg,
                 device,
                 step,
-                telemetry && share == 0,
+                telemetry && Some(share) == measured,
                 Share::Of {
                     share,
                     shares: n_shares,

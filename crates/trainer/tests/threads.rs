@@ -10,6 +10,7 @@
 mod common;
 
 use common::*;
+use ember_trainer::metrics::{self, Record};
 use ember_trainer::train;
 
 /// The kernels' pool is process-wide and `train` resizes it: the tests of this binary take
@@ -94,4 +95,35 @@ fn shares_group_the_sums_differently_but_compute_the_same_gradient() {
         a, b,
         "the shares' sums are grouped differently, so some bits differ"
     );
+}
+
+#[test]
+fn attention_is_measured_when_a_batch_has_fewer_rows_than_shares() {
+    let _one_at_a_time = one_at_a_time();
+    let tmp = tempdir();
+    let text = write_text(tmp.path());
+    let run = tmp.path().join("run");
+    // 4 windows a micro-batch in 8 shares: shares 0, 2, 4 and 6 have no rows.
+    train(
+        config(&lm_yaml(&text), &["train.shares=8", "train.threads=2"]),
+        &opts(&run),
+    )
+    .unwrap();
+    let records = metrics::read(&run.join(metrics::METRICS)).unwrap();
+    let logged: Vec<_> = records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Train(t) => Some(t),
+            Record::Eval(_) => None,
+        })
+        .collect();
+    assert_eq!(logged.len(), 8);
+    for t in logged {
+        assert!(
+            !t.attn_max_logit.is_empty() && t.attn_max_logit.iter().all(|x| x.is_finite() && *x > 0.0),
+            "step {}: {:?}",
+            t.step,
+            t.attn_max_logit
+        );
+    }
 }
