@@ -737,6 +737,18 @@ impl RunConfig {
         if self.eval.max_tokens == 0 {
             return bad("eval.max_tokens", "must be at least 1".into());
         }
+        if self.eval.max_batches == Some(0) {
+            return bad(
+                "eval.max_batches",
+                "must be at least 1 (null evaluates the whole split)".into(),
+            );
+        }
+        if self.eval.bleu_sentences == Some(0) {
+            return bad(
+                "eval.bleu_sentences",
+                "must be at least 1 (null decodes every sentence; to skip BLEU set eval.bleu: false)".into(),
+            );
+        }
         let d = &self.distributed;
         if !(d.bucket_mib.is_finite() && d.bucket_mib > 0.0 && d.bucket_mib <= 4096.0) {
             return bad(

@@ -299,6 +299,19 @@ fn out_of_range_values_are_named_with_their_line_and_the_valid_range() {
         Some("model.d_model"),
         &["100", "3", "divisible", "n_heads"],
     );
+
+    // Zero of a count whose null means "all": refused, not taken for an empty evaluation.
+    for (set, key, hint) in [
+        (
+            "eval.max_batches=0",
+            "eval.max_batches",
+            "null evaluates the whole split",
+        ),
+        ("eval.bleu_sentences=0", "eval.bleu_sentences", "eval.bleu: false"),
+    ] {
+        let e = error(BASE, &[set]);
+        assert_error(&e, None, Some(key), &["at least 1", hint]);
+    }
 }
 
 #[test]
