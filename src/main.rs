@@ -810,13 +810,14 @@ fn bench(args: BenchArgs) -> Result<()> {
         say!("{}", serde_json::to_string_pretty(&r)?);
     } else {
         say!(
-            "{}: {} params, {}{} threads, {:.0} tokens/step\n\
+            "{}: {} params, {}{} threads, {} shares, {:.0} tokens/step\n\
              step {:.1} ms median (p10 {:.1}, p90 {:.1}) = forward {:.1} + backward {:.1} + optimizer {:.1}{}\n\
              {:.0} tokens/s | peak RSS {:.0} MiB | {:.0} FLOPs/token → {:.1} GFLOP/s of a {:.1} GFLOP/s matmul peak ({:.0}%)",
             args.config.display(),
             r.params,
             if r.ranks > 1 { format!("{} ranks x ", r.ranks) } else { String::new() },
             r.threads,
+            r.shares,
             r.tokens_per_step,
             r.ms_per_step_median,
             r.ms_per_step_p10,

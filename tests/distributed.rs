@@ -134,12 +134,17 @@ struct Pair {
     alone: PathBuf,
 }
 
-/// The same config trained by an N-rank job and by one process computing N shares.
+/// The same config trained by an N-rank job of one share per rank and by one process computing
+/// N shares.
 fn job_and_shares(yaml: &str, ranks: usize) -> Pair {
     let tmp = tempfile::tempdir().unwrap();
     let cfg = write(tmp.path(), "run.yaml", yaml);
     let (job, alone) = (tmp.path().join("job"), tmp.path().join("alone"));
-    let out = job_ok(tmp.path(), ranks, &["train", s(&cfg), "--run-dir", s(&job)]);
+    let out = job_ok(
+        tmp.path(),
+        ranks,
+        &["train", s(&cfg), "--run-dir", s(&job), "--set", "train.shares=1"],
+    );
     let stdout = text(&out.stdout);
     assert!(
         stdout.contains(&format!("data parallel: {ranks} ranks")),
@@ -496,7 +501,8 @@ fn a_rank_that_hangs_ends_the_job_after_the_collective_timeout() {
         ],
     );
     assert!(
-        text(&out.stderr).contains("split 2 way(s) (ranks x train.shares), this run splits them 1"),
+        // 2 ranks of the default 2 shares; alone, the default 2.
+        text(&out.stderr).contains("split 4 way(s) (ranks x train.shares), this run splits them 2"),
         "{}",
         text(&out.stderr)
     );
@@ -527,7 +533,8 @@ fn a_job_resumes_a_single_process_checkpoint_and_continues_the_same_data() {
         &["train", s(&cfg), "--run-dir", s(&run_dir), "--resume"],
     );
     assert!(
-        text(&out.stderr).contains("split 1 way(s) (ranks x train.shares), this run splits them 2"),
+        // Alone, the default 2 shares; 2 ranks of 2 shares each.
+        text(&out.stderr).contains("split 2 way(s) (ranks x train.shares), this run splits them 4"),
         "{}",
         text(&out.stderr)
     );
@@ -541,7 +548,7 @@ fn a_job_resumes_a_single_process_checkpoint_and_continues_the_same_data() {
         &std::fs::read_to_string(checkpoints(&run_dir).pop().unwrap().1.join("state.json")).unwrap(),
     )
     .unwrap();
-    assert_eq!(state["shares"], 2);
+    assert_eq!(state["shares"], 4);
     let tmp2 = tempfile::tempdir().unwrap();
     let alone = tmp2.path().join("alone");
     ok(
@@ -632,13 +639,13 @@ fn a_job_of_one_rank_trains_the_bits_of_a_process_started_alone() {
     let tmp = tempfile::tempdir().unwrap();
     let cfg = write(tmp.path(), "run.yaml", seq2seq_yaml(12, 6, 6));
     let (job, alone) = (tmp.path().join("job"), tmp.path().join("alone"));
-    // mpirun -np 1 runs a rank's whole path: shares, MPI's sums (of one), the stop check.
-    job_ok(
-        tmp.path(),
-        1,
-        &["train", s(&cfg), "--run-dir", s(&job), "--quiet"],
-    );
-    ok(tmp.path(), &["train", s(&cfg), "--run-dir", s(&alone), "--quiet"]);
+    // mpirun -np 1 runs a rank's whole path: shares, MPI's sums (of one), the stop check; even
+    // with one share, which a process started alone computes without any of it.
+    let one = ["--quiet", "--set", "train.shares=1"];
+    let job_args = [&["train", s(&cfg), "--run-dir", s(&job)][..], &one].concat();
+    job_ok(tmp.path(), 1, &job_args);
+    let alone_args = [&["train", s(&cfg), "--run-dir", s(&alone)][..], &one].concat();
+    ok(tmp.path(), &alone_args);
     assert_eq!(records(&job), records(&alone));
     assert_eq!(newest_weights(&job), newest_weights(&alone));
 }

@@ -28,6 +28,8 @@ pub struct BenchReport {
     pub warmup: usize,
     pub params: usize,
     pub threads: usize,
+    /// Shares each micro-batch is split into in this process (`train.shares` resolved).
+    pub shares: usize,
     /// Ranks of the data-parallel job that ran the benchmark (1: one process); `threads` is per rank.
     pub ranks: usize,
     pub ms_per_step_median: f64,
@@ -129,7 +131,7 @@ pub fn bench(mut cfg: RunConfig, steps: usize, warmup: usize, world: Rc<World>) 
     let (model, params) = init_model(&cfg.model, cfg.train.seed, DType::F32, &device)?;
     let mut batcher = make_batcher(&cfg, &data)?;
     let mut opt = AdamW::new(params.vars(), &cfg.train)?;
-    let dp = DataParallel::new(world, cfg.train.shares, cfg.distributed.bucket_mib);
+    let dp = DataParallel::new(world, cfg.shares(), cfg.distributed.bucket_mib);
     let schedule = LrSchedule::new(&cfg.train, total_steps as u64);
     let t = &cfg.train;
     let (mut total, mut fwd, mut bwd, mut optim) = (vec![], vec![], vec![], vec![]);
@@ -203,6 +205,7 @@ pub fn bench(mut cfg: RunConfig, steps: usize, warmup: usize, world: Rc<World>) 
         warmup,
         params: params.num_params(),
         threads: ember_kernels::par::threads(),
+        shares: cfg.shares(),
         ranks: dp.world().size(),
         ms_per_step_median: median(&mut total),
         ms_per_step_p10: p10,

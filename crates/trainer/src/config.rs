@@ -176,12 +176,16 @@ pub struct TrainConfig {
     pub threads: Option<usize>,
     /// Split every micro-batch into this many shares by rows, computed at once on the threads
     /// (each share's forward and backward on a thread of its own) and their gradients summed in
-    /// order. Faster than splitting each op over the threads (1.2–1.4× at 2 threads, see
-    /// docs/performance.md); the results depend on the shares (dropout masks are drawn per share,
-    /// sums are grouped by share) but still not on the threads. In a data-parallel job each rank
-    /// splits its share this many ways. 2 shares in one process give the bits of a 2-rank job.
-    #[serde(default = "default_one")]
-    pub shares: usize,
+    /// order. Faster than splitting each op over the threads (1.3–1.4× at 2 threads), and no
+    /// slower on one (the shares then run in turn, each with half the activations: lower peak
+    /// memory); see docs/performance.md. The results depend on the shares (dropout masks are
+    /// drawn per share, sums are grouped by share) but never on the threads, so the default is
+    /// a fixed number, the same on every machine: 2 on the CPU ([`DEFAULT_CPU_SHARES`]), 1 on a
+    /// GPU (where shares run in turn on one stream and would only halve each kernel's work);
+    /// [`RunConfig::shares`] resolves it. In a data-parallel job each rank splits its part this
+    /// many ways: W ranks of S shares give the bits of one process computing W·S shares.
+    #[serde(default)]
+    pub shares: Option<usize>,
 }
 
 fn default_schedule() -> Schedule {
@@ -371,7 +375,21 @@ fn bad(key: &str, message: String) -> Result<(), Invalid> {
     Err((key.to_string(), message))
 }
 
+/// `train.shares` left out, on the CPU: two shares computed at once use two cores better than
+/// each op split over both, and on one core they cost nothing (measured, docs/performance.md).
+pub const DEFAULT_CPU_SHARES: usize = 2;
+
 impl RunConfig {
+    /// Shares each micro-batch is split into: `train.shares`, or its default ([`DEFAULT_CPU_SHARES`]
+    /// on the CPU, 1 on a GPU).
+    pub fn shares(&self) -> usize {
+        self.train.shares.unwrap_or(if self.device.starts_with("cuda") {
+            1
+        } else {
+            DEFAULT_CPU_SHARES
+        })
+    }
+
     /// The length a language model trains at: `train.block_size`, else `model.max_seq_len`.
     pub fn text_training_length(&self) -> usize {
         self.train.block_size.unwrap_or(self.model.max_seq_len)
@@ -613,12 +631,12 @@ impl RunConfig {
                 "must be at least 1 (or left out for one per physical core)".into(),
             );
         }
-        if t.shares == 0 || t.shares > MAX_THREADS {
+        if let Some(shares) = t.shares.filter(|&s| s == 0 || s > MAX_THREADS) {
             return bad(
                 "train.shares",
                 format!(
-                    "must be 1 to {MAX_THREADS} (1: each micro-batch whole), got {}",
-                    t.shares
+                    "must be 1 to {MAX_THREADS} (1: each micro-batch whole; null: \
+                     {DEFAULT_CPU_SHARES} on the CPU, 1 on a GPU), got {shares}"
                 ),
             );
         }

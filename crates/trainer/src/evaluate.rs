@@ -58,7 +58,9 @@ impl EvalResult {
     }
 }
 
-/// Mean NLL per target token over a held-out split, without dropout.
+/// Mean NLL per target token over a held-out split, without dropout. Every batch is split into
+/// the run's shares ([`RunConfig::shares`]) and summed in share order, as training evaluates
+/// in one process, so the loss is the one its validation logged, to the last bit.
 pub fn evaluate(
     model: &Model,
     data: &Dataset,
@@ -66,7 +68,13 @@ pub fn evaluate(
     split: Split,
     device: &Device,
 ) -> Result<EvalResult> {
-    let (nll, tokens) = evaluate_share(model, data, cfg, split, device, 0, 1)?;
+    let shares = cfg.shares();
+    let (mut nll, mut tokens) = (0f64, 0u64);
+    for share in 0..shares {
+        let (n, t) = evaluate_share(model, data, cfg, split, device, share, shares)?;
+        nll += n;
+        tokens += t;
+    }
     Ok(EvalResult::from_sums(nll, tokens))
 }
 

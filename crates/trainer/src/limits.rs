@@ -140,7 +140,7 @@ pub fn available_memory() -> Option<f64> {
 /// drive the largest part.
 pub fn check_memory(cfg: &RunConfig, data: &Dataset) -> Result<MemoryEstimate> {
     let (train, eval) = batch_shapes(cfg, data);
-    let e = estimate(&cfg.model, train, eval, cfg.train.shares);
+    let e = estimate(&cfg.model, train, eval, cfg.shares());
     let Some(available) = available_memory() else {
         return Ok(e);
     };
@@ -171,8 +171,8 @@ pub fn check_memory(cfg: &RunConfig, data: &Dataset) -> Result<MemoryEstimate> {
                 m.d_ff,
                 m.encoder_layers() + m.decoder_layers(),
                 m.vocab(),
-                if cfg.train.shares > 1 {
-                    format!(", train.shares = {}", cfg.train.shares)
+                if cfg.shares() > 1 {
+                    format!(", train.shares = {}", cfg.shares())
                 } else {
                     String::new()
                 }

@@ -54,7 +54,7 @@ pub fn set_threads(cfg: &RunConfig) -> Result<()> {
     let n = cfg.train.threads.unwrap_or_else(default_threads);
     // With several shares each thread computes a share of its own, and candle's ops are best
     // run on it too (measured: 1.1x faster than handing them to candle's pool).
-    let candle_threads = if cfg.train.shares > 1 { 1 } else { n };
+    let candle_threads = if cfg.shares() > 1 { 1 } else { n };
     std::env::set_var("CANDLE_NUM_THREADS", candle_threads.to_string());
     if std::env::var_os("CANDLE_BARRIER_POOL_SPIN_LIMIT").is_none() {
         std::env::set_var("CANDLE_BARRIER_POOL_SPIN_LIMIT", "0");
@@ -254,7 +254,7 @@ impl TrainingRun {
                         notes.extend(schedule_note(&cfg, &changes));
                     }
                 }
-                let (saved, now) = (l.state.shares.unwrap_or(1), opts.world.size() * cfg.train.shares);
+                let (saved, now) = (l.state.shares.unwrap_or(1), opts.world.size() * cfg.shares());
                 if saved != now && !already_finished {
                     notes.push(format!(
                         "the checkpoint's batches were split {saved} way(s) (ranks x train.shares), this \

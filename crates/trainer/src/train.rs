@@ -42,7 +42,7 @@ pub use crate::summary::{Summary, SUMMARY};
 /// writes the run directory and prints.
 pub fn train(cfg: RunConfig, opts: &TrainOptions) -> Result<Summary> {
     let started = Instant::now();
-    let dp = DataParallel::new(opts.world.clone(), cfg.train.shares, cfg.distributed.bucket_mib);
+    let dp = DataParallel::new(opts.world.clone(), cfg.shares(), cfg.distributed.bucket_mib);
     let leader = dp.is_leader();
     let mut run = prepare_in_turn(&dp, cfg, opts)?;
     if run.already_finished {
