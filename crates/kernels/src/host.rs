@@ -34,6 +34,11 @@ pub(crate) fn with_data<const N: usize, R>(
     tensors: [&Tensor; N],
     f: impl FnOnce([&[f32]; N]) -> Result<R>,
 ) -> Result<R> {
+    with_all_data(&tensors, |slices| f(std::array::from_fn(|i| slices[i])))
+}
+
+/// [`with_data`] for any number of tensors.
+pub(crate) fn with_all_data<R>(tensors: &[&Tensor], f: impl FnOnce(&[&[f32]]) -> Result<R>) -> Result<R> {
     let contiguous = tensors
         .iter()
         .map(|t| t.contiguous())
@@ -46,7 +51,7 @@ pub(crate) fn with_data<const N: usize, R>(
             _ => bail!("ember kernels: expected a CPU tensor"),
         })
         .collect::<Result<Vec<_>>>()?;
-    f(std::array::from_fn(|i| slices[i]))
+    f(&slices)
 }
 
 /// A CPU tensor over `v`.

@@ -11,7 +11,7 @@
 
 use candle_core::{DType, Result, Tensor};
 
-use crate::host::{cpu_slice, cpu_tensor, is_host_f32};
+use crate::host::{cpu_tensor, is_host_f32, with_all_data, with_data};
 use crate::par::{self, fill, ELEMENTS_PER_TASK};
 
 /// `parts[0] + parts[1] + …`, added left to right for every element. All parts must have one
@@ -35,27 +35,21 @@ pub fn sum_in_order(parts: &[Tensor]) -> Result<Tensor> {
     if !parts.iter().all(is_host_f32) {
         return sum_in_order_unfused(parts);
     }
-    let contiguous = parts.iter().map(Tensor::contiguous).collect::<Result<Vec<_>>>()?;
-    let guards: Vec<_> = contiguous.iter().map(|t| t.storage_and_layout()).collect();
-    let slices = guards
-        .iter()
-        .map(|(s, l)| match &**s {
-            candle_core::Storage::Cpu(c) => cpu_slice(c, l),
-            _ => candle_core::bail!("sum_in_order: expected CPU tensors"),
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let out = fill(first.elem_count(), ELEMENTS_PER_TASK, |r, out| {
-        for (o, &x) in out.iter_mut().zip(&slices[0][r.clone()]) {
-            o.write(x);
-        }
-        // SAFETY: every element was written just above, and MaybeUninit<f32> has f32's layout.
-        let acc = unsafe { &mut *(out as *mut [std::mem::MaybeUninit<f32>] as *mut [f32]) };
-        for s in &slices[1..] {
-            for (a, &x) in acc.iter_mut().zip(&s[r.clone()]) {
-                *a += x;
+    let parts: Vec<&Tensor> = parts.iter().collect();
+    let out = with_all_data(&parts, |slices| {
+        Ok(fill(first.elem_count(), ELEMENTS_PER_TASK, |r, out| {
+            for (o, &x) in out.iter_mut().zip(&slices[0][r.clone()]) {
+                o.write(x);
             }
-        }
-    });
+            // SAFETY: every element was written just above, and MaybeUninit<f32> has f32's layout.
+            let acc = unsafe { &mut *(out as *mut [std::mem::MaybeUninit<f32>] as *mut [f32]) };
+            for s in &slices[1..] {
+                for (a, &x) in acc.iter_mut().zip(&s[r.clone()]) {
+                    *a += x;
+                }
+            }
+        }))
+    })?;
     cpu_tensor(out, first.shape())
 }
 
@@ -75,17 +69,13 @@ pub fn sum_of_squares(t: &Tensor) -> Result<f64> {
     if !is_host_f32(t) {
         return t.sqr()?.sum_all()?.to_dtype(DType::F64)?.to_scalar::<f64>();
     }
-    let t = t.contiguous()?;
-    let (storage, layout) = t.storage_and_layout();
-    let data = match &*storage {
-        candle_core::Storage::Cpu(c) => cpu_slice(c, layout)?,
-        _ => candle_core::bail!("sum_of_squares: expected a CPU tensor"),
-    };
-    let blocks = data.len().div_ceil(SQUARES_PER_BLOCK);
-    let sums = fill_f64(blocks, |b| {
-        block_sum_of_squares(&data[b * SQUARES_PER_BLOCK..data.len().min((b + 1) * SQUARES_PER_BLOCK)])
-    });
-    Ok(sums.iter().sum())
+    with_data([t], |[data]| {
+        let blocks = data.len().div_ceil(SQUARES_PER_BLOCK);
+        let sums = fill_f64(blocks, |b| {
+            block_sum_of_squares(&data[b * SQUARES_PER_BLOCK..data.len().min((b + 1) * SQUARES_PER_BLOCK)])
+        });
+        Ok(sums.iter().sum())
+    })
 }
 
 /// Elements per block of [`sum_of_squares`]: a fixed size, so that the sum's rounding never

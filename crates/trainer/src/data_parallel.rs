@@ -120,11 +120,13 @@ impl DataParallel {
         // Attention telemetry is measured on one share, by the process that reports it: its
         // first share with rows (its first may have none when a batch has fewer rows than there
         // are shares).
-        let measured = self
-            .shares
-            .clone()
-            .filter(|_| self.is_leader())
-            .find(|&s| batches.iter().any(|b| !b.share_rows(s, n_shares).is_empty()));
+        let measured = if self.is_leader() {
+            self.shares
+                .clone()
+                .find(|&s| batches.iter().any(|b| !b.share_rows(s, n_shares).is_empty()))
+        } else {
+            None
+        };
         let one_share = move |share: usize| -> Result<GradientSums> {
             let parts: Vec<(usize, Batch)> = batches
                 .iter()
@@ -269,13 +271,8 @@ impl DataParallel {
         what: &str,
         mut partial: impl FnMut(usize, usize) -> Result<(f64, u64)>,
     ) -> Result<(f64, u64)> {
-        let mut nll = 0f64;
-        let mut tokens = 0u64;
-        for share in self.shares.clone() {
-            let (n, t) = partial(share, self.n_shares)?;
-            nll += n;
-            tokens += t;
-        }
+        let (nll, tokens) =
+            crate::evaluate::sum_shares(self.shares.clone(), |share| partial(share, self.n_shares))?;
         let mut sums = [nll, tokens as f64];
         self.world.all_reduce_sum_f64(&mut sums, what);
         Ok((sums[0], sums[1] as u64))

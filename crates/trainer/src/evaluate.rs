@@ -69,13 +69,25 @@ pub fn evaluate(
     device: &Device,
 ) -> Result<EvalResult> {
     let shares = cfg.shares();
+    let (nll, tokens) = sum_shares(0..shares, |share| {
+        evaluate_share(model, data, cfg, split, device, share, shares)
+    })?;
+    Ok(EvalResult::from_sums(nll, tokens))
+}
+
+/// `(nll, tokens)` of `shares`, evaluated one after another and summed in share order: one
+/// order for `ember eval` and for training's validation, so both give the same bits.
+pub fn sum_shares(
+    shares: std::ops::Range<usize>,
+    mut partial: impl FnMut(usize) -> Result<(f64, u64)>,
+) -> Result<(f64, u64)> {
     let (mut nll, mut tokens) = (0f64, 0u64);
-    for share in 0..shares {
-        let (n, t) = evaluate_share(model, data, cfg, split, device, share, shares)?;
+    for share in shares {
+        let (n, t) = partial(share)?;
         nll += n;
         tokens += t;
     }
-    Ok(EvalResult::from_sums(nll, tokens))
+    Ok((nll, tokens))
 }
 
 /// Summed NLL and target tokens of share `share` of `shares` of every batch of a split
