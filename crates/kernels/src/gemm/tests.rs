@@ -158,3 +158,46 @@ fn gemm_is_bitwise_repeatable() {
     };
     assert_eq!(run(), run());
 }
+
+/// From [`STRIPS_MIN_ROWS`] rows, B is packed into zero-padded strips first: every layout,
+/// ragged edge and β gives the same bits as the kernel reading B where it lies, and nothing
+/// outside C's view is written.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn packed_strips_give_the_bits_of_the_unpacked_kernel() {
+    if !std::is_x86_feature_detected!("avx512f") {
+        return;
+    }
+    let m = STRIPS_MIN_ROWS + 9;
+    for &k in &[1usize, 5, 129] {
+        for &n in &[1usize, 20, 32, 33, 70] {
+            for (b_t, beta) in [(false, 0.0f32), (true, 0.0), (false, 0.5), (true, 1.0)] {
+                let ldc = n + 3;
+                let a = values(m * k, (k * 3 + n) as u64);
+                let b = values(k * n, (k + n * 5) as u64);
+                let c0 = values(m * ldc + 8, 11);
+                let (ao, bo) = operands(&a, &b, (m, k, n), false, b_t);
+                let mut strips = c0.clone();
+                unsafe { gemm(m, k, n, ao, bo, beta, strips.as_mut_ptr(), ldc) };
+                // The unpacked kernel on a row-major copy of B.
+                let rows: Vec<f32> = (0..k * n)
+                    .map(|i| if b_t { b[(i % n) * k + i / n] } else { b[i] })
+                    .collect();
+                let mut direct = c0.clone();
+                unsafe { x86::avx512::gemm(m, k, n, ao, rows.as_ptr(), n, beta, direct.as_mut_ptr(), ldc) };
+                assert!(
+                    strips
+                        .iter()
+                        .zip(&direct)
+                        .all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "k={k} n={n} b_t={b_t} beta={beta}: packed strips changed the bits"
+                );
+                for (idx, (&got, &before)) in strips.iter().zip(&c0).enumerate() {
+                    if idx / ldc >= m || idx % ldc >= n {
+                        assert_eq!(got.to_bits(), before.to_bits(), "wrote outside the view at {idx}");
+                    }
+                }
+            }
+        }
+    }
+}

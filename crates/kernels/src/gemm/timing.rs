@@ -9,6 +9,17 @@ use super::*;
 fn print_gflops_at_model_shapes() {
     // (m, k, n, A transposed, B transposed, what)
     let shapes = [
+        (400, 128, 10000, false, true, "lce logits"),
+        (400, 10000, 128, false, false, "lce dh"),
+        (10000, 400, 128, true, false, "lce dW"),
+        (1856, 128, 128, false, true, "m30 fwd q"),
+        (1856, 128, 256, false, true, "m30 fwd fc"),
+        (1856, 256, 128, false, true, "m30 fwd fc2"),
+        (1856, 128, 128, false, false, "m30 dX q"),
+        (1856, 256, 128, false, false, "m30 dX fc"),
+        (128, 1856, 128, true, false, "m30 dW q"),
+        (256, 1856, 128, true, false, "m30 dW fc"),
+        (128, 1856, 256, true, false, "m30 dW fc2"),
         (768, 128, 384, false, true, "fwd x·Wᵀ qkv"),
         (768, 128, 512, false, true, "fwd x·Wᵀ fc"),
         (768, 512, 128, false, true, "fwd x·Wᵀ fc2"),

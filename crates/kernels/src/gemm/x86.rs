@@ -91,19 +91,77 @@ pub(super) mod avx512 {
                     hi,
                     beta,
                 };
-                match rows {
-                    8 => tile::<8>(t),
-                    7 => tile::<7>(t),
-                    6 => tile::<6>(t),
-                    5 => tile::<5>(t),
-                    4 => tile::<4>(t),
-                    3 => tile::<3>(t),
-                    2 => tile::<2>(t),
-                    _ => tile::<1>(t),
-                }
+                run_tile(rows, cols == NR, t);
             }
         }
     }
+
+    /// [`gemm`] with B packed by [`super::super::pack_strips`]: strip `s` (columns `32s..32s+32`,
+    /// zero beyond n) holds its k rows of 32 contiguously. Strips outer, row tiles inner: a strip
+    /// (k·128 bytes) stays in L1 while A's rows pass by it, and every load of B is sequential.
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::gemm) unsafe fn gemm_strips(
+        m: usize,
+        k: usize,
+        n: usize,
+        a: Operand,
+        strips: *const f32,
+        beta: f32,
+        c: *mut f32,
+        ldc: usize,
+    ) {
+        let (rsa, csa) = (a.row_stride, a.col_stride);
+        for j0 in (0..n).step_by(NR) {
+            let cols = NR.min(n - j0);
+            let lo = lane_mask(cols);
+            let hi = lane_mask(cols.saturating_sub(16));
+            let b_strip = strips.add((j0 / NR) * k * NR);
+            for i0 in (0..m).step_by(MR) {
+                let t = Tile {
+                    k,
+                    a: a.ptr.wrapping_add(i0 * rsa),
+                    rsa,
+                    csa,
+                    b: b_strip,
+                    ldb: NR,
+                    c: c.add(i0 * ldc + j0),
+                    ldc,
+                    lo,
+                    hi,
+                    beta,
+                };
+                run_tile(MR.min(m - i0), true, t);
+            }
+        }
+    }
+
+    /// [`tile`] for a tile of `rows` (1..=8) rows; `full_b`: B's rows have all 32 columns.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn run_tile(rows: usize, full_b: bool, t: Tile) {
+        match (rows, full_b) {
+            (8, true) => tile::<8, true>(t),
+            (7, true) => tile::<7, true>(t),
+            (6, true) => tile::<6, true>(t),
+            (5, true) => tile::<5, true>(t),
+            (4, true) => tile::<4, true>(t),
+            (3, true) => tile::<3, true>(t),
+            (2, true) => tile::<2, true>(t),
+            (_, true) => tile::<1, true>(t),
+            (8, false) => tile::<8, false>(t),
+            (7, false) => tile::<7, false>(t),
+            (6, false) => tile::<6, false>(t),
+            (5, false) => tile::<5, false>(t),
+            (4, false) => tile::<4, false>(t),
+            (3, false) => tile::<3, false>(t),
+            (2, false) => tile::<2, false>(t),
+            (_, false) => tile::<1, false>(t),
+        }
+    }
+
+    /// Columns per strip of [`gemm_strips`]' packed B.
+    pub(in crate::gemm) const STRIP: usize = NR;
 
     /// The first `lanes` (≤ 16) lanes.
     #[inline(always)]
@@ -133,10 +191,11 @@ pub(super) mod avx512 {
 
     /// C[0..R, 0..32] = A[0..R, :]·B[:, 0..32] + beta·C, masked to the columns that exist.
     /// Masked-off lanes are neither loaded nor stored (AVX-512 masks suppress the access), so a
-    /// strip at the right edge never touches memory past it.
+    /// strip at the right edge never touches memory past it. `FULL_B`: B's rows have all 32
+    /// columns (packed strips are zero-padded), so its loads need no mask.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn tile<const R: usize>(t: Tile) {
+    unsafe fn tile<const R: usize, const FULL_B: bool>(t: Tile) {
         let mut lo = [_mm512_setzero_ps(); R];
         let mut hi = [_mm512_setzero_ps(); R];
         // One base pointer per row and a shared offset: the broadcasts' addresses then do not
@@ -146,8 +205,14 @@ pub(super) mod avx512 {
         let mut b = t.b;
         let mut offset = 0;
         for _ in 0..t.k {
-            let b_lo = _mm512_maskz_loadu_ps(t.lo, b);
-            let b_hi = _mm512_maskz_loadu_ps(t.hi, b.wrapping_add(16));
+            let (b_lo, b_hi) = if FULL_B {
+                (_mm512_loadu_ps(b), _mm512_loadu_ps(b.wrapping_add(16)))
+            } else {
+                (
+                    _mm512_maskz_loadu_ps(t.lo, b),
+                    _mm512_maskz_loadu_ps(t.hi, b.wrapping_add(16)),
+                )
+            };
             for i in 0..R {
                 let av = _mm512_set1_ps(*rows[i].add(offset));
                 lo[i] = _mm512_fmadd_ps(av, b_lo, lo[i]);
