@@ -99,6 +99,89 @@ impl LossRows {
     }
 }
 
+impl LossRows {
+    /// [`forward`](Self::forward) and then [`gradient_in_place`](Self::gradient_in_place) under
+    /// the unit upstream gradient (1 on every objective, 0 on every NLL), a row at a time: the
+    /// gradient is written while the row is still in L1 and from the exponentials the losses
+    /// already took, instead of reading the block again and taking them a second time.
+    pub fn forward_and_unit_gradient_in_place(
+        &self,
+        x: &mut [f32],
+        v: usize,
+        first: usize,
+        out: &mut [(f32, f32, f32, f32)],
+    ) {
+        let (rows, outs) = (SharedMut(x.as_mut_ptr()), SharedMut(out.as_mut_ptr()));
+        for_each_chunk(out.len(), rows_per_task(v), |r| {
+            // SAFETY: the rows `r` (of logits and of `out`) belong to this task alone.
+            let (x, out) = unsafe { (rows.slice(r.start * v, r.len() * v), outs.slice(r.start, r.len())) };
+            ce_forward_unit_gradient_rows(self, x, v, first + r.start, out);
+        });
+    }
+}
+
+simd_dispatch!(ce_forward_unit_gradient_rows => ce_forward_unit_gradient_rows_generic(
+    op: &LossRows, x: &mut [f32], v: usize, first: usize, out: &mut [(f32, f32, f32, f32)]) -> ());
+
+/// For the rows of `x` (the first being row `first`): (objective, NLL, max, lse) of each, then
+/// the row replaced by its gradient under a unit objective gradient: p·w_p − w_unif/V, minus
+/// w_nll at the target, with p = exp(x − max)/Σ from the losses' own exponentials.
+#[inline(always)]
+fn ce_forward_unit_gradient_rows_generic(
+    op: &LossRows,
+    x: &mut [f32],
+    v: usize,
+    first: usize,
+    out: &mut [(f32, f32, f32, f32)],
+) {
+    let mut scratch = vec![0f32; v];
+    let uniform = 1.0 / v as f32;
+    for (r, (row, o)) in x.chunks_exact_mut(v).zip(out.iter_mut()).enumerate() {
+        let i = first + r;
+        let max = max_of(row);
+        for (e, &x) in scratch.iter_mut().zip(row.iter()) {
+            *e = exp_fast(x - max);
+        }
+        let total = sum(&scratch);
+        let lse = total.ln();
+        let target = op.targets[i] as usize;
+        let nll = -((row[target] - max) - lse);
+        let mut obj = nll;
+        if op.smoothing > 0.0 {
+            let mean_lp = (sum(row) / v as f32 - max) - lse;
+            obj = nll * (1.0 - op.smoothing) + (-mean_lp) * op.smoothing;
+        }
+        if op.z > 0.0 {
+            let log_z = lse + max;
+            obj += log_z * log_z * op.z;
+        }
+        let mask = op.mask[i];
+        *o = (obj * mask, nll * mask, max, lse);
+        if mask == 0.0 {
+            row.fill(0.0);
+            continue;
+        }
+        // As in the gradient pass, for g_obj = mask and g_nll = 0.
+        let w_nll = mask * (1.0 - op.smoothing.max(0.0));
+        let w_unif = if op.smoothing > 0.0 {
+            mask * op.smoothing
+        } else {
+            0.0
+        };
+        let w_z = if op.z > 0.0 {
+            mask * 2.0 * op.z * (lse + max)
+        } else {
+            0.0
+        };
+        let scale = (w_nll + w_unif + w_z) / total;
+        let offset = w_unif * uniform;
+        for (x, &e) in row.iter_mut().zip(scratch.iter()) {
+            *x = e * scale - offset;
+        }
+        row[target] -= w_nll;
+    }
+}
+
 /// (max, lse of shifted logits) of one row; `scratch` (same length) receives exp(row − max).
 #[inline(always)]
 fn ce_row_stats(row: &[f32], scratch: &mut [f32]) -> (f32, f32) {

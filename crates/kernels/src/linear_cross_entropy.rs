@@ -103,9 +103,10 @@ struct Saved {
     unit: Option<(Vec<f32>, Vec<f32>)>,
 }
 
-/// Where the block loop puts a gradient: the upstream gradient (2N), dh (N × d), dW (V × d).
+/// Where the block loop puts a gradient: the upstream gradient (2N; `None`: the unit gradient,
+/// 1 on every objective and 0 on every NLL), dh (N × d), dW (V × d).
 struct GradOut<'a> {
-    g: &'a [f32],
+    g: Option<&'a [f32]>,
     dh: &'a mut [f32],
     dw: &'a mut [f32],
 }
@@ -114,7 +115,8 @@ impl LinearCrossEntropyOp {
     /// For each block of rows of h (n × d): its logits against w (v × d); with `losses`, each
     /// row's (objective, NLL, max, lse) into it (and `stats` from them); with `grad`, the block's
     /// gradient under `grad.g` into dh and added into dW (the first block overwrites it; dW
-    /// starts at zero for n = 0).
+    /// starts at zero for n = 0). The unit gradient is made with the losses, row by row, so it
+    /// needs `losses`; any other needs the `stats` of an earlier pass.
     fn run_blocks(
         &self,
         h: &[f32],
@@ -133,13 +135,21 @@ impl LinearCrossEntropyOp {
             sgemm(m, d, v, Mat::rows(hb, d), Mat::rows(w, d).t(), 0.0, block);
             if let Some(losses) = losses.as_deref_mut() {
                 let out = &mut losses[start..start + m];
-                self.loss.forward(block, v, start, out);
+                if matches!(grad, Some(GradOut { g: None, .. })) {
+                    self.loss.forward_and_unit_gradient_in_place(block, v, start, out);
+                } else {
+                    self.loss.forward(block, v, start, out);
+                }
                 for (s, &(_, _, max, lse)) in stats[start..start + m].iter_mut().zip(out.iter()) {
                     *s = (max, lse);
                 }
             }
             if let Some(GradOut { g, dh, dw }) = grad.as_mut() {
-                self.loss.gradient_in_place(block, g, v, start, stats);
+                match (*g, losses.is_some()) {
+                    (Some(g), _) => self.loss.gradient_in_place(block, g, v, start, stats),
+                    (None, true) => {} // made with the losses above
+                    (None, false) => unreachable!("the unit gradient is made with the losses"),
+                }
                 let block: &[f32] = block;
                 // dh of the block's rows = dlogits · W; dW (+)= dlogitsᵀ · h_block.
                 sgemm(
@@ -192,11 +202,9 @@ impl CustomOp2 for LinearCrossEntropyOp {
         let mut rows = vec![(0f32, 0f32, 0f32, 0f32); n];
         let mut stats = vec![(0f32, 0f32); n];
         let unit = if self.grads {
-            let mut g = vec![1f32; n];
-            g.resize(2 * n, 0.0);
             let (mut dh, mut dw) = (vec![0f32; n * d], vec![0f32; v * d]);
             let grad = GradOut {
-                g: &g,
+                g: None,
                 dh: &mut dh,
                 dw: &mut dw,
             };
@@ -233,7 +241,7 @@ impl CustomOp2 for LinearCrossEntropyOp {
             let (mut dh, mut dw) = (vec![0f32; n * d], vec![0f32; v * d]);
             let mut stats = saved.stats.clone();
             let grad = GradOut {
-                g,
+                g: Some(g),
                 dh: &mut dh,
                 dw: &mut dw,
             };
