@@ -91,6 +91,64 @@ pub(crate) fn sgemm(m: usize, k: usize, n: usize, a: Mat<'_>, b: Mat<'_>, beta: 
     unsafe { gemm(m, k, n, a.operand(), b.operand(), beta, c.as_mut_ptr(), n) }
 }
 
+/// B (k×n) packed once into the in-place kernel's strips, for several products with it: the
+/// output layer multiplies every block of rows by the same weight, and matrixmultiply would pack
+/// that weight again for each block.
+pub(crate) struct PackedB {
+    #[cfg(target_arch = "x86_64")]
+    strips: Strips,
+    k: usize,
+    n: usize,
+}
+
+impl PackedB {
+    /// `None` where the in-place kernel does not run (no AVX-512); then use [`sgemm`].
+    pub fn new(k: usize, n: usize, b: Mat<'_>) -> Option<Self> {
+        assert!(b.fits(k, n), "sgemm: operand out of bounds");
+        #[cfg(target_arch = "x86_64")]
+        if k > 0 && n > 0 && std::is_x86_feature_detected!("avx512f") {
+            // SAFETY: B's k×n view is in bounds (asserted).
+            let strips = unsafe { pack_strips(k, n, b.operand()) };
+            return Some(Self { strips, k, n });
+        }
+        None
+    }
+}
+
+/// [`sgemm`] with B packed beforehand: `C = A·B + beta·C` for a row-major A (m×k) and C (m×n).
+/// The same bits as [`sgemm`]'s in-place kernel (each element one chain of multiply-adds in k's
+/// order).
+pub(crate) fn sgemm_packed(m: usize, a: Mat<'_>, b: &PackedB, beta: f32, c: &mut [f32]) {
+    let (k, n) = (b.k, b.n);
+    assert!(
+        a.col_stride == 1 && a.fits(m, k) && c.len() >= m * n,
+        "sgemm: operand out of bounds"
+    );
+    #[cfg(target_arch = "x86_64")]
+    {
+        let (a, c) = (a.operand(), SharedMut(c.as_mut_ptr()));
+        let strips = SharedMut(b.strips.as_ptr().cast_mut());
+        let rows = ranges(m, blocks_for(m, k, n, m, 8), 8);
+        crate::par::for_each(rows.len(), |i| {
+            let r = rows[i].clone();
+            // SAFETY: operands in bounds (asserted; the strips hold B's k×n); each task writes
+            // C's rows `r` only, and C is exclusively borrowed.
+            unsafe {
+                x86::avx512::gemm_strips(
+                    r.len(),
+                    k,
+                    n,
+                    a.skip_rows(r.start),
+                    strips.at(0),
+                    beta,
+                    c.at(r.start * n),
+                    n,
+                )
+            };
+        });
+    }
+}
+
 /// `A·B` for A (m×k) and B (k×n) into a new row-major (m×n) vector (no zero-fill first).
 pub(crate) fn product(m: usize, k: usize, n: usize, a: Mat<'_>, b: Mat<'_>) -> Vec<f32> {
     let c = Blocks::new(m * n);

@@ -201,3 +201,51 @@ fn packed_strips_give_the_bits_of_the_unpacked_kernel() {
         }
     }
 }
+
+/// B packed once and used for products with several A (the output layer's blocks) gives the
+/// bits of the in-place kernel, for B as it lies and transposed, at any β.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn a_b_packed_once_serves_every_product_with_the_same_bits() {
+    if !std::is_x86_feature_detected!("avx512f") {
+        return;
+    }
+    let (k, n) = (37, 70);
+    for b_t in [false, true] {
+        let b = values(k * n, 21);
+        let (_, bo) = operands(&[], &b, (0, k, n), false, b_t);
+        let view = Mat {
+            data: &b,
+            row_stride: bo.row_stride,
+            col_stride: bo.col_stride,
+        };
+        let packed = PackedB::new(k, n, view).expect("AVX-512 packs");
+        let rows: Vec<f32> = (0..k * n)
+            .map(|i| if b_t { b[(i % n) * k + i / n] } else { b[i] })
+            .collect();
+        for (m, beta) in [(1usize, 0.0f32), (9, 1.0), (STRIPS_MIN_ROWS + 3, 0.0), (300, 0.5)] {
+            let a = values(m * k, m as u64);
+            let c0 = values(m * n, 5);
+            let mut got = c0.clone();
+            sgemm_packed(m, Mat::rows(&a, k), &packed, beta, &mut got);
+            let mut want = c0.clone();
+            unsafe {
+                x86::avx512::gemm(
+                    m,
+                    k,
+                    n,
+                    Operand::rows(&a, k),
+                    rows.as_ptr(),
+                    n,
+                    beta,
+                    want.as_mut_ptr(),
+                    n,
+                )
+            };
+            assert!(
+                got.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "m={m} beta={beta} b_t={b_t}: a packed B changed the bits"
+            );
+        }
+    }
+}
