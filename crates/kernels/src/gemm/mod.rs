@@ -6,14 +6,17 @@
 //! one. When B fits in L2 packing buys little, so [`gemm`] multiplies in place instead: an
 //! AVX-512 kernel broadcasts A's elements straight from its rows and loads B's rows as vectors,
 //! keeping an 8×32 tile of C in sixteen registers. From [`STRIPS_MIN_ROWS`] rows of C, B is first
-//! packed into 32-column strips (64-byte aligned, zero-padded) and the kernel runs strip by strip,
-//! so a strip stays in L1 while A's rows pass and B's loads are sequential, aligned and unmasked:
-//! 1.07–1.17× the kernel on B as it lies at d_model = 128 (`timing` below) and 1.04× (multi30k-tiny)
-//! to 1.06× (shakespeare-char) per training step. Below that, B is read where it lies when it is
-//! row-contiguous; a transposed B (a weight in x·Wᵀ, K in q·Kᵀ) is transposed into a scratch
-//! buffer first. Either copy costs k·n against m·k·n multiply-adds. A column-major A (gᵀ in dW = gᵀ·x, a reduction over all tokens),
-//! a large B, or a CPU without AVX-512 go to matrixmultiply: for the first, its packing is a
-//! plain copy and it measured faster than the in-place kernel (`timing` below).
+//! packed into 32-column strips (64-byte aligned, zero-padded) and the kernel runs strip by
+//! strip, so a strip stays in L1 while A's rows pass and B's loads are sequential, aligned and
+//! unmasked: 1.05–1.18× matrixmultiply at multi30k-tiny's shapes, where the kernel reading B
+//! where it lies was 0.89–1.05× (`timing` below); 1.04× (multi30k-tiny) to 1.06×
+//! (shakespeare-char) per training step. Below that many rows, a row-contiguous B is read where
+//! it lies and a transposed B (a weight in x·Wᵀ, K in q·Kᵀ) is transposed into a scratch buffer
+//! first. Either copy costs k·n against m·k·n multiply-adds. A column-major A (gᵀ in dW = gᵀ·x,
+//! a reduction over all tokens), a large B (the output layer packs its W once, [`PackedB`]), or a
+//! CPU without AVX-512 go to matrixmultiply: for
+//! the first, its packing is a plain copy and it measured faster than the in-place kernel
+//! (`timing` below; also with A packed into panels, in the training step).
 //!
 //! The kernel sums over k in order, one fused multiply-add per term, so results are the same
 //! on every run.
