@@ -133,7 +133,13 @@ impl LinearCrossEntropyOp {
         mut grad: Option<GradOut<'_>>,
     ) {
         let rows = block_rows(v);
-        let mut logits = vec![0f32; rows.min(n) * v];
+        // The block of logits is this thread's, kept from call to call: a fresh 16 MiB vector
+        // each call was a zero-fill and 4,096 page faults. Every block's product (β = 0) writes
+        // all of its elements before anything reads them.
+        let mut logits = LOGITS.with(|l| std::mem::take(&mut *l.borrow_mut()));
+        if logits.len() < rows.min(n) * v {
+            logits = vec![0f32; rows.min(n) * v];
+        }
         // Wᵀ (for the logits) and, with a gradient, W (for dh) packed once for every block.
         let wt_packed = PackedB::new(d, v, Mat::rows(w, d).t());
         let w_packed = grad.as_ref().and_then(|_| PackedB::new(v, d, Mat::rows(w, d)));
@@ -180,7 +186,13 @@ impl LinearCrossEntropyOp {
         if let (Some(GradOut { dw, .. }), Some(dwt)) = (grad, dwt) {
             transpose_into(&dwt, d, v, dw);
         }
+        LOGITS.with(|l| *l.borrow_mut() = logits);
     }
+}
+
+thread_local! {
+    /// [`LinearCrossEntropyOp::run_blocks`]' block of logits, between calls on this thread.
+    static LOGITS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// `out` (cols × rows) = the transpose of `x` (rows × cols), in 32×32 tiles.
