@@ -144,42 +144,59 @@ fn ce_forward_unit_gradient_rows_generic(
         }
         let total = sum(&scratch);
         let lse = total.ln();
-        let target = op.targets[i] as usize;
-        let nll = -((row[target] - max) - lse);
-        let mut obj = nll;
-        if op.smoothing > 0.0 {
-            let mean_lp = (sum(row) / v as f32 - max) - lse;
-            obj = nll * (1.0 - op.smoothing) + (-mean_lp) * op.smoothing;
-        }
-        if op.z > 0.0 {
-            let log_z = lse + max;
-            obj += log_z * log_z * op.z;
-        }
+        let (obj, nll) = row_losses(op, row, i, max, lse);
         let mask = op.mask[i];
         *o = (obj * mask, nll * mask, max, lse);
         if mask == 0.0 {
             row.fill(0.0);
             continue;
         }
-        // As in the gradient pass, for g_obj = mask and g_nll = 0.
-        let w_nll = mask * (1.0 - op.smoothing.max(0.0));
-        let w_unif = if op.smoothing > 0.0 {
-            mask * op.smoothing
-        } else {
-            0.0
-        };
-        let w_z = if op.z > 0.0 {
-            mask * 2.0 * op.z * (lse + max)
-        } else {
-            0.0
-        };
-        let scale = (w_nll + w_unif + w_z) / total;
+        // The gradient pass's weights for g_obj = mask and g_nll = 0.
+        let (w_nll, w_unif, w_p) = gradient_weights(op, mask, 0.0, max, lse);
+        let scale = w_p / total;
         let offset = w_unif * uniform;
         for (x, &e) in row.iter_mut().zip(scratch.iter()) {
             *x = e * scale - offset;
         }
-        row[target] -= w_nll;
+        row[op.targets[i] as usize] -= w_nll;
     }
+}
+
+/// (objective, NLL) of row `i` of the logits, unmasked, given its max and lse.
+#[inline(always)]
+fn row_losses(op: &LossRows, row: &[f32], i: usize, max: f32, lse: f32) -> (f32, f32) {
+    let v = row.len();
+    let nll = -((row[op.targets[i] as usize] - max) - lse);
+    let mut obj = nll;
+    if op.smoothing > 0.0 {
+        // mean_v(−log p) = lse − mean_v(shifted)
+        let mean_lp = (sum(row) / v as f32 - max) - lse;
+        obj = nll * (1.0 - op.smoothing) + (-mean_lp) * op.smoothing;
+    }
+    if op.z > 0.0 {
+        let log_z = lse + max;
+        obj += log_z * log_z * op.z;
+    }
+    (obj, nll)
+}
+
+/// The weights of a row's gradient under upstream gradients `g_obj` (masked objective) and
+/// `g_nll`: (w_nll, w_unif, w_p), the gradient being p·w_p − w_unif/V, minus w_nll at the target.
+/// d/dl of each term: nll → p − onehot; mean(−log p) → p − 1/V; log²Z → 2·logZ·p.
+#[inline(always)]
+fn gradient_weights(op: &LossRows, g_obj: f32, g_nll: f32, max: f32, lse: f32) -> (f32, f32, f32) {
+    let w_nll = g_obj * (1.0 - op.smoothing.max(0.0)) + g_nll;
+    let w_unif = if op.smoothing > 0.0 {
+        g_obj * op.smoothing
+    } else {
+        0.0
+    };
+    let w_z = if op.z > 0.0 {
+        g_obj * 2.0 * op.z * (lse + max)
+    } else {
+        0.0
+    };
+    (w_nll, w_unif, w_nll + w_unif + w_z)
 }
 
 /// (max, lse of shifted logits) of one row; `scratch` (same length) receives exp(row − max).
@@ -209,17 +226,7 @@ fn ce_forward_rows_generic(
     for (r, (row, o)) in x.chunks_exact(v).zip(out.iter_mut()).enumerate() {
         let i = first + r;
         let (max, lse) = ce_row_stats(row, &mut scratch);
-        let nll = -((row[op.targets[i] as usize] - max) - lse);
-        let mut obj = nll;
-        if op.smoothing > 0.0 {
-            // mean_v(−log p) = lse − mean_v(shifted)
-            let mean_lp = (sum(row) / v as f32 - max) - lse;
-            obj = nll * (1.0 - op.smoothing) + (-mean_lp) * op.smoothing;
-        }
-        if op.z > 0.0 {
-            let log_z = lse + max;
-            obj += log_z * log_z * op.z;
-        }
+        let (obj, nll) = row_losses(op, row, i, max, lse);
         *o = (obj * op.mask[i], nll * op.mask[i], max, lse);
     }
 }
@@ -247,19 +254,7 @@ fn ce_gradient_rows_generic(
             continue;
         }
         let (max, lse) = stats[i];
-        // d/dl of each term: nll → p − onehot; mean(−log p) → p − 1/V; log²Z → 2·logZ·p.
-        let w_nll = g_obj * (1.0 - op.smoothing.max(0.0)) + g_nll;
-        let w_unif = if op.smoothing > 0.0 {
-            g_obj * op.smoothing
-        } else {
-            0.0
-        };
-        let w_z = if op.z > 0.0 {
-            g_obj * 2.0 * op.z * (lse + max)
-        } else {
-            0.0
-        };
-        let w_p = w_nll + w_unif + w_z;
+        let (w_nll, w_unif, w_p) = gradient_weights(op, g_obj, g_nll, max, lse);
         let shift = max + lse;
         let offset = w_unif * uniform;
         for x in row.iter_mut() {
