@@ -121,8 +121,9 @@ struct GradOut<'a> {
 impl LinearCrossEntropyOp {
     /// For each block of rows of h (n × d): its logits against w (v × d); with `losses`, each
     /// row's (objective, NLL, max, lse) into it (and `stats` from them); with `grad`, the block's
-    /// gradient under `grad.g` into dh and, summed over the blocks, into dW (zero for n = 0). The unit gradient is made with the losses, row by row, so it
-    /// needs `losses`; any other needs the `stats` of an earlier pass.
+    /// gradient under `grad.g` into dh and, summed over the blocks, into dW (zero for n = 0).
+    /// The unit gradient is made with the losses, row by row, so it needs `losses`; any other
+    /// needs the `stats` of an earlier pass.
     fn run_blocks(
         &self,
         h: &[f32],

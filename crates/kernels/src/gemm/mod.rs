@@ -14,9 +14,9 @@
 //! it lies and a transposed B (a weight in x·Wᵀ, K in q·Kᵀ) is transposed into a scratch buffer
 //! first. Either copy costs k·n against m·k·n multiply-adds. A column-major A (gᵀ in dW = gᵀ·x,
 //! a reduction over all tokens), a large B (the output layer packs its W once, [`PackedB`]), or a
-//! CPU without AVX-512 go to matrixmultiply: for
-//! the first, its packing is a plain copy and it measured faster than the in-place kernel
-//! (`timing` below; also with A packed into panels, in the training step).
+//! CPU without AVX-512 go to matrixmultiply: for the first, its packing is a plain copy and it
+//! measured faster than the in-place kernel (`timing` below; also with A packed into panels, in
+//! the training step).
 //!
 //! The kernel sums over k in order, one fused multiply-add per term, so results are the same
 //! on every run.
@@ -149,6 +149,11 @@ pub(crate) fn sgemm_packed(m: usize, a: Mat<'_>, b: &PackedB, beta: f32, c: &mut
                 )
             };
         });
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (m, beta, c);
+        unreachable!("PackedB::new packs nothing off x86-64");
     }
 }
 
