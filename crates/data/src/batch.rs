@@ -158,8 +158,9 @@ impl Seq2SeqBatch {
 impl Seq2SeqBatch {
     /// Rows `rows` of this batch, padded to their own longest source and target.
     fn rows(&self, rows: std::ops::Range<usize>) -> Self {
-        let src_len = rows.clone().map(|r| self.row_lens(r).0).max().unwrap_or(0);
-        let tgt_len = rows.clone().map(|r| self.row_lens(r).1).max().unwrap_or(1);
+        let lens: Vec<(usize, usize)> = rows.clone().map(|r| self.row_lens(r)).collect();
+        let src_len = lens.iter().map(|l| l.0).max().unwrap_or(0);
+        let tgt_len = lens.iter().map(|l| l.1).max().unwrap_or(1);
         let take = |v: &[u32], len: usize, keep: usize| -> Vec<u32> {
             rows.clone()
                 .flat_map(|r| v[r * len..r * len + keep].iter().copied())

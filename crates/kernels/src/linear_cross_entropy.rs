@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex};
 use candle_core::{bail, CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
 
 use crate::cross_entropy::{cross_entropy_unfused, loss_output, LossRows};
-use crate::gemm::{sgemm, sgemm_packed, Mat, PackedB};
+use crate::gemm::{sgemm, sgemm_packed, transposed, Mat, PackedB};
 use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
 use crate::linear::linear_unfused;
 
@@ -111,11 +111,11 @@ struct Saved {
 }
 
 /// Where the block loop puts a gradient: the upstream gradient (2N; `None`: the unit gradient,
-/// 1 on every objective and 0 on every NLL), dh (N × d), dW (V × d).
+/// 1 on every objective and 0 on every NLL), dh (N × d), dW (V × d, made at the end).
 struct GradOut<'a> {
     g: Option<&'a [f32]>,
     dh: &'a mut [f32],
-    dw: &'a mut [f32],
+    dw: &'a mut Vec<f32>,
 }
 
 impl LinearCrossEntropyOp {
@@ -185,7 +185,7 @@ impl LinearCrossEntropyOp {
             }
         }
         if let (Some(GradOut { dw, .. }), Some(dwt)) = (grad, dwt) {
-            transpose_into(&dwt, d, v, dw);
+            *dw = transposed(d, v, &dwt);
         }
         LOGITS.with(|l| *l.borrow_mut() = logits);
     }
@@ -194,20 +194,6 @@ impl LinearCrossEntropyOp {
 thread_local! {
     /// [`LinearCrossEntropyOp::run_blocks`]' block of logits, between calls on this thread.
     static LOGITS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// `out` (cols × rows) = the transpose of `x` (rows × cols), in 32×32 tiles.
-fn transpose_into(x: &[f32], rows: usize, cols: usize, out: &mut [f32]) {
-    const T: usize = 32;
-    for r0 in (0..rows).step_by(T) {
-        for c0 in (0..cols).step_by(T) {
-            for r in r0..rows.min(r0 + T) {
-                for c in c0..cols.min(c0 + T) {
-                    out[c * rows + r] = x[r * cols + c];
-                }
-            }
-        }
-    }
 }
 
 /// The common value of the objective's upstream gradient over the rows that count (mask ≠ 0),
@@ -244,7 +230,7 @@ impl CustomOp2 for LinearCrossEntropyOp {
         let mut rows = vec![(0f32, 0f32, 0f32, 0f32); n];
         let mut stats = vec![(0f32, 0f32); n];
         let unit = if self.grads {
-            let (mut dh, mut dw) = (vec![0f32; n * d], vec![0f32; v * d]);
+            let (mut dh, mut dw) = (vec![0f32; n * d], Vec::new());
             let grad = GradOut {
                 g: None,
                 dh: &mut dh,
@@ -280,7 +266,7 @@ impl CustomOp2 for LinearCrossEntropyOp {
                     dw.iter().map(|x| x * c).collect(),
                 ));
             }
-            let (mut dh, mut dw) = (vec![0f32; n * d], vec![0f32; v * d]);
+            let (mut dh, mut dw) = (vec![0f32; n * d], Vec::new());
             let mut stats = saved.stats.clone();
             let grad = GradOut {
                 g: Some(g),

@@ -96,13 +96,13 @@ pub(crate) fn rows_per_task(row_len: usize) -> usize {
 
 /// A new vector of `len` elements whose pieces of `chunk` elements `fill(range, piece)` writes
 /// in full, in parallel.
-pub(crate) fn fill(
+pub(crate) fn fill<T: Send>(
     len: usize,
     chunk: usize,
-    fill: impl Fn(std::ops::Range<usize>, &mut [std::mem::MaybeUninit<f32>]) + Sync + Send,
-) -> Vec<f32> {
-    let mut out: Vec<f32> = Vec::with_capacity(len);
-    let ptr = SharedMut(out.as_mut_ptr().cast::<std::mem::MaybeUninit<f32>>());
+    fill: impl Fn(std::ops::Range<usize>, &mut [std::mem::MaybeUninit<T>]) + Sync + Send,
+) -> Vec<T> {
+    let mut out: Vec<T> = Vec::with_capacity(len);
+    let ptr = SharedMut(out.as_mut_ptr().cast::<std::mem::MaybeUninit<T>>());
     for_each_chunk(len, chunk, |r| {
         // SAFETY: the elements `r` belong to this task alone.
         let piece = unsafe { ptr.slice(r.start, r.len()) };

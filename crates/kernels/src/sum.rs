@@ -12,7 +12,7 @@
 use candle_core::{DType, Result, Tensor};
 
 use crate::host::{cpu_tensor, is_host_f32, with_all_data, with_data};
-use crate::par::{self, fill, ELEMENTS_PER_TASK};
+use crate::par::{fill, ELEMENTS_PER_TASK};
 
 /// `parts[0] + parts[1] + …`, added left to right for every element. All parts must have one
 /// shape; an empty slice is an error.
@@ -71,8 +71,9 @@ pub fn sum_of_squares(t: &Tensor) -> Result<f64> {
     }
     with_data([t], |[data]| {
         let blocks = data.len().div_ceil(SQUARES_PER_BLOCK);
-        let sums = fill_f64(blocks, |b| {
-            block_sum_of_squares(&data[b * SQUARES_PER_BLOCK..data.len().min((b + 1) * SQUARES_PER_BLOCK)])
+        let sums: Vec<f64> = fill(blocks, 1, |b, out| {
+            let block = &data[b.start * SQUARES_PER_BLOCK..data.len().min(b.end * SQUARES_PER_BLOCK)];
+            out[0].write(block_sum_of_squares(block));
         });
         Ok(sums.iter().sum())
     })
@@ -94,20 +95,10 @@ fn block_sum_of_squares(data: &[f32]) -> f64 {
     lanes.iter().map(|&x| x as f64).sum::<f64>() + tail
 }
 
-/// `f(i)` for every i in `0..n`, computed in parallel.
-fn fill_f64(n: usize, f: impl Fn(usize) -> f64 + Sync + Send) -> Vec<f64> {
-    let mut out = vec![0f64; n];
-    let ptr = par::SharedMut(out.as_mut_ptr());
-    par::for_each(n, |i| {
-        // SAFETY: element i belongs to task i alone, and `out` outlives the parallel region.
-        unsafe { *ptr.at(i) = f(i) }
-    });
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::par;
     use candle_core::Device;
 
     fn random(n: usize, seed: u64) -> Tensor {

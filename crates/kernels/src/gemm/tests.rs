@@ -249,3 +249,21 @@ fn a_b_packed_once_serves_every_product_with_the_same_bits() {
         }
     }
 }
+
+#[test]
+fn transposed_is_the_transpose_at_every_size() {
+    for (rows, cols) in [(1usize, 1usize), (1, 5), (8, 8), (13, 37), (40, 17)] {
+        let x = values(rows * cols, (rows * 100 + cols) as u64);
+        let t = transposed(rows, cols, &x);
+        assert_eq!(t.len(), rows * cols);
+        for r in 0..rows {
+            for c in 0..cols {
+                assert_eq!(
+                    t[c * rows + r].to_bits(),
+                    x[r * cols + c].to_bits(),
+                    "{rows}x{cols} at ({r}, {c})"
+                );
+            }
+        }
+    }
+}
