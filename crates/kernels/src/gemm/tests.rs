@@ -267,3 +267,53 @@ fn transposed_is_the_transpose_at_every_size() {
         }
     }
 }
+
+/// A column-major A (dW = gᵀ·x) over several chunks of k, ragged edges and β ≠ 0: the f64
+/// definition to rounding, the same bits at 1 and 3 threads (the chunks are fixed by k, not by
+/// the threads), and nothing written outside C's view.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn a_column_major_a_is_summed_in_chunks_of_k_independent_of_the_threads() {
+    if !std::is_x86_feature_detected!("avx512f") {
+        return;
+    }
+    for (m, k, n) in [
+        (37, 2 * K_CHUNK + 37, 45),
+        (128, K_CHUNK, 128),
+        (9, K_CHUNK + 1, 70),
+    ] {
+        let ldc = n + 3;
+        let a = values(m * k, (m + k) as u64);
+        let b = values(k * n, (k + n) as u64);
+        let c0 = values(m * ldc, 7);
+        let (ao, bo) = operands(&a, &b, (m, k, n), true, false);
+        let run = |threads: usize| {
+            crate::par::set_threads(threads).unwrap();
+            let mut c = c0.clone();
+            unsafe { gemm(m, k, n, ao, bo, 0.5, c.as_mut_ptr(), ldc) };
+            crate::par::set_threads(1).unwrap();
+            c
+        };
+        let c = run(1);
+        assert_eq!(c, run(3), "m={m} k={k} n={n}: the bits depend on the threads");
+        for i in 0..m {
+            for j in 0..ldc {
+                let got = c[i * ldc + j] as f64;
+                if j >= n {
+                    assert_eq!(
+                        got,
+                        c0[i * ldc + j] as f64,
+                        "wrote outside the view at ({i}, {j})"
+                    );
+                    continue;
+                }
+                let dot: f64 = (0..k).map(|p| a[p * m + i] as f64 * b[p * n + j] as f64).sum();
+                let want = 0.5 * c0[i * ldc + j] as f64 + dot;
+                assert!(
+                    (got - want).abs() <= 1e-5 * (1.0 + want.abs()) * (k as f64).sqrt(),
+                    "m={m} k={k} n={n}: C[{i},{j}] = {got}, want {want}"
+                );
+            }
+        }
+    }
+}
