@@ -3,10 +3,14 @@
 //! 1/(1 − p) otherwise. Because draw i is computed directly ([`ember_rng::draw_at`]), the CPU
 //! kernel vectorises and recomputes the mask in its backward pass instead of storing it; the
 //! caller moves its generator past `x.elem_count()` draws.
+//!
+//! [`add_dropout`] is a residual connection, `x + dropout(y)`, as one op: one pass instead of
+//! two, and one autograd node instead of two (candle's backward pass zero-fills and adds a
+//! gradient buffer for every edge of the graph).
 
 use std::mem::MaybeUninit;
 
-use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
 use ember_rng::{draw_at, SplitMix64};
 
 use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
@@ -107,5 +111,67 @@ impl CustomOp1 for DropoutOp {
     fn bwd(&self, x: &Tensor, _res: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
         let dx = with_data([g], |[g]| Ok(dropout_apply(*self, g)))?;
         Ok(Some(cpu_tensor(dx, x.shape())?))
+    }
+}
+
+/// `x + dropout(y)` with the mask of [`dropout`] (the same bits as the two ops one after the
+/// other); fused on CPU f32, composed elsewhere. x and y have the same shape.
+pub fn add_dropout(x: &Tensor, y: &Tensor, p: f64, state: u64) -> Result<Tensor> {
+    if x.shape() != y.shape() {
+        candle_core::bail!(
+            "add_dropout: the residual {:?} and the branch {:?} differ in shape",
+            x.shape(),
+            y.shape()
+        );
+    }
+    match DropoutOp::new(p, state) {
+        Some(op) if is_host_f32(x) && is_host_f32(y) => {
+            x.contiguous()?.apply_op2(&y.contiguous()?, AddDropoutOp(op))
+        }
+        _ => x + dropout(y, p, state)?,
+    }
+}
+
+/// `x[i] + y[i] · mask[first + i]` into `out`.
+#[inline(always)]
+fn add_dropout_generic(op: DropoutOp, x: &[f32], y: &[f32], first: usize, out: &mut [MaybeUninit<f32>]) {
+    for (i, ((o, &x), &y)) in out.iter_mut().zip(x).zip(y).enumerate() {
+        // As dropout_generic, then the add: the same two roundings as the ops one by one.
+        let dropped = if op.dropped(first + i) { 0.0 } else { y * op.keep };
+        o.write(x + dropped);
+    }
+}
+simd_dispatch!(add_dropout_into => add_dropout_generic(
+    op: DropoutOp, x: &[f32], y: &[f32], first: usize, out: &mut [MaybeUninit<f32>]) -> ());
+
+/// The op of [`add_dropout`].
+struct AddDropoutOp(DropoutOp);
+
+impl CustomOp2 for AddDropoutOp {
+    fn name(&self) -> &'static str {
+        "ember-add-dropout"
+    }
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (x, y) = (cpu_slice(s1, l1)?, cpu_slice(s2, l2)?);
+        let out = fill(x.len(), ELEMENTS_PER_TASK, |r, out| {
+            add_dropout_into(self.0, &x[r.clone()], &y[r.clone()], r.start, out)
+        });
+        Ok((CpuStorage::F32(out), l1.shape().clone()))
+    }
+    fn bwd(
+        &self,
+        _x: &Tensor,
+        y: &Tensor,
+        _res: &Tensor,
+        g: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let dy = with_data([g], |[g]| Ok(dropout_apply(self.0, g)))?;
+        Ok((Some(g.clone()), Some(cpu_tensor(dy, y.shape())?)))
     }
 }

@@ -12,7 +12,7 @@
 //! | [`rope`] | rotary position embeddings with a folded-in output scale (constant, or grown per position by log-n scaling) |
 //! | [`softmax`] | softmax over the last dimension |
 //! | [`activation`] | GELU (erf form) and SwiGLU |
-//! | [`dropout`] | inverted dropout from a counter-based SplitMix64 mask |
+//! | [`dropout`] | inverted dropout from a counter-based SplitMix64 mask, alone or on a residual branch |
 //! | [`attention`] | softmax(q·kᵀ + mask)·v with grouped-query heads |
 //! | [`cross_entropy`] | log-softmax, label smoothing, z-loss and padding: the per-row math, and its unfused reference |
 //! | [`linear_cross_entropy`] | the output projection and that loss, a block of rows at a time (the logits are never stored whole) |
@@ -48,7 +48,7 @@ pub mod sum;
 pub use activation::{gelu_erf, swiglu, swiglu_unfused};
 pub use attention::{attention, attention_unfused, AttentionOptions, AttentionTelemetry};
 pub use cross_entropy::cross_entropy_unfused;
-pub use dropout::{dropout, dropout_unfused};
+pub use dropout::{add_dropout, dropout, dropout_unfused};
 pub use linear::{linear, linear_unfused};
 pub use linear_cross_entropy::{linear_cross_entropy, linear_cross_entropy_unfused};
 pub use norm::{layer_norm, layer_norm_unfused, rms_norm, rms_norm_unfused};

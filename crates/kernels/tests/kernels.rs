@@ -828,6 +828,50 @@ fn dropout_kernel_draws_the_generators_mask() {
 }
 
 #[test]
+fn a_residual_add_with_dropout_is_the_add_of_the_dropped_branch() {
+    // Forward and both gradients against x + the generator's mask (f64), contiguous and strided;
+    // and bit for bit the two f32 ops one after the other, which it replaces in the model.
+    let x = randn(121, &[3, 50, 7]);
+    let y = randn(122, &[3, 50, 7]);
+    for (label, x, y) in [
+        ("contiguous", x.clone(), y.clone()),
+        ("strided", strided(&x), strided(&y)),
+    ] {
+        compare(
+            &format!("add_dropout {label}"),
+            &[x.clone(), y.clone()],
+            &|v| kernels::add_dropout(&v[0], &v[1], 0.3, 7).unwrap(),
+            &|v| {
+                let f64 = |t: &Tensor| t.to_dtype(DType::F64).unwrap();
+                let dropped = kernels::dropout_unfused(&f64(&v[1]), 0.3, 7).unwrap();
+                (f64(&v[0]) + dropped).unwrap().to_dtype(DType::F32).unwrap()
+            },
+        );
+        let fused: Vec<f32> = kernels::add_dropout(&x, &y, 0.3, 7)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let two_ops: Vec<f32> = (&x + kernels::dropout(&y, 0.3, 7).unwrap())
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        assert!(
+            fused
+                .iter()
+                .zip(&two_ops)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "add_dropout {label}: not the bits of dropout, then add"
+        );
+    }
+    let err = kernels::add_dropout(&x, &randn(123, &[3, 50, 8]), 0.3, 7).unwrap_err();
+    assert!(err.to_string().contains("differ in shape"), "{err}");
+}
+
+#[test]
 fn join_all_returns_every_tasks_result_in_task_order_with_or_without_a_pool() {
     let squares = || -> Vec<Box<dyn FnOnce() -> usize + Send>> {
         (0..7usize)

@@ -10,7 +10,7 @@ use candle_nn::{Init, VarBuilder};
 use ember_kernels::{AttentionOptions, AttentionTelemetry, PositionScale};
 
 use crate::config::{ModelConfig, NormKind, QkNorm};
-use crate::layers::{dropout, l2_normalize, AttentionStats, ForwardCtx, Linear, Norm};
+use crate::layers::{l2_normalize, AttentionStats, ForwardCtx, Linear, Norm};
 use crate::rope::Rotary;
 
 /// Keys and values of the positions decoded so far, per layer; grows by the new positions at
@@ -103,7 +103,6 @@ pub struct Attention {
     n_kv_heads: usize,
     head_dim: usize,
     attn_dropout: f64,
-    dropout: f64,
     /// Parameter prefix, used to label telemetry.
     name: String,
 }
@@ -158,7 +157,6 @@ impl Attention {
             n_kv_heads: kv,
             head_dim: hd,
             attn_dropout: cfg.attn_dropout,
-            dropout: cfg.dropout,
             name: vb.prefix(),
         })
     }
@@ -246,7 +244,8 @@ impl Attention {
     }
 
     /// softmax(q·kᵀ + mask)·v for scaled queries (B, T, H·d) and keys/values (B, S, H_kv·d),
-    /// then the output projection.
+    /// then the output projection (without the residual dropout, which the caller fuses with
+    /// the residual add).
     fn attend(
         &self,
         q: &Tensor,
@@ -286,7 +285,7 @@ impl Attention {
                 entropy_by_position,
             });
         }
-        dropout(&self.o_proj.forward(&out)?, self.dropout, ctx)
+        self.o_proj.forward(&out)
     }
 
     /// Per-head queries and keys of `x` (B, T, D) right after QK-norm, before rotation and

@@ -76,6 +76,15 @@ pub(crate) fn dropout(x: &Tensor, p: f64, ctx: ForwardCtx) -> Result<Tensor> {
     }
 }
 
+/// `x + dropout(branch)`: a residual connection, the branch's dropout and the add one op (in
+/// training passes; `x + branch` otherwise).
+pub(crate) fn residual(x: &Tensor, branch: &Tensor, p: f64, ctx: ForwardCtx) -> Result<Tensor> {
+    match ctx.dropout {
+        Some(rng) if p > 0.0 => ember_kernels::add_dropout(x, branch, p, rng.reserve(branch.elem_count())),
+        _ => x + branch,
+    }
+}
+
 /// Attention statistics of one attention module in one forward pass.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct AttentionStats {
@@ -257,7 +266,6 @@ pub struct Mlp {
     gate: Option<Linear>,
     up: Linear,
     down: Linear,
-    dropout: f64,
 }
 
 impl Mlp {
@@ -269,7 +277,6 @@ impl Mlp {
         d_ff: usize,
         std: f64,
         down_std: f64,
-        dropout: f64,
     ) -> Result<Self> {
         let gate = match kind {
             MlpKind::Swiglu => Some(Linear::new(vb.pp("gate_proj"), d_model, d_ff, std)?),
@@ -279,15 +286,16 @@ impl Mlp {
             gate,
             up: Linear::new(vb.pp("up_proj"), d_model, d_ff, std)?,
             down: Linear::new(vb.pp("down_proj"), d_ff, d_model, down_std)?,
-            dropout,
         })
     }
 
-    pub fn forward(&self, x: &Tensor, ctx: ForwardCtx) -> Result<Tensor> {
+    /// The block's output before its residual dropout, which the caller fuses with the
+    /// residual add ([`residual`]).
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let hidden = match &self.gate {
             Some(gate) => ember_kernels::swiglu(&gate.forward(x)?, &self.up.forward(x)?)?,
             None => ember_kernels::gelu_erf(&self.up.forward(x)?)?,
         };
-        dropout(&self.down.forward(&hidden)?, self.dropout, ctx)
+        self.down.forward(&hidden)
     }
 }

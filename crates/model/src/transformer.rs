@@ -32,7 +32,7 @@ use ember_kernels::attention::{causal_mask, padding_mask};
 use crate::attention::{Attention, CrossKv, KvCache};
 use crate::config::Positions;
 use crate::config::{Arch, ConfigError, ModelConfig};
-use crate::layers::{dropout, Embedding, ForwardCtx, LearnedPositions, Linear, Mlp, Norm};
+use crate::layers::{dropout, residual, Embedding, ForwardCtx, LearnedPositions, Linear, Mlp, Norm};
 use crate::params::ParamStore;
 use crate::rope::Rotary;
 
@@ -112,6 +112,8 @@ struct Layer {
     cross: Option<(Norm, Attention)>,
     mlp_norm: Norm,
     mlp: Mlp,
+    /// Dropout on each branch's output, applied in the residual add.
+    dropout: f64,
 }
 
 impl Layer {
@@ -144,8 +146,8 @@ impl Layer {
                 cfg.d_ff,
                 cfg.init_std,
                 out_std,
-                cfg.dropout,
             )?,
+            dropout: cfg.dropout,
         })
     }
 
@@ -161,9 +163,10 @@ impl Layer {
             Some(c) => (Some(&mut c.self_kv), Some(&mut c.cross_kv)),
             None => (None, None),
         };
-        let x = (x + self
+        let attended = self
             .self_attn
-            .forward_self(&self.attn_norm.forward(x)?, self_mask, self_kv, ctx)?)?;
+            .forward_self(&self.attn_norm.forward(x)?, self_mask, self_kv, ctx)?;
+        let x = residual(x, &attended, self.dropout, ctx)?;
         let x = match (&self.cross, memory) {
             (Some((norm, attn)), Some(memory)) => {
                 let h = norm.forward(&x)?;
@@ -179,12 +182,17 @@ impl Layer {
                         attn.forward_cross(&h, &attn.cross_kv(&memory.hidden)?, memory.mask.as_ref(), ctx)?
                     }
                 };
-                (x + out)?
+                residual(&x, &out, self.dropout, ctx)?
             }
             (Some(_), None) => candle_core::bail!("a seq2seq decoder needs the encoder output"),
             (None, _) => x,
         };
-        &x + self.mlp.forward(&self.mlp_norm.forward(&x)?, ctx)?
+        residual(
+            &x,
+            &self.mlp.forward(&self.mlp_norm.forward(&x)?)?,
+            self.dropout,
+            ctx,
+        )
     }
 }
 
