@@ -21,9 +21,13 @@ use crate::optim::{GradCheck, Param};
 /// A batch as tensors, with targets flattened to one row per token.
 pub struct BatchTensors {
     inputs: Inputs,
-    /// (N) target ids.
+    /// The rows of the model's (N, D) final hidden states that have a real target, when some do
+    /// not (padding): only these go through the output layer, where a padded row would cost as
+    /// much as a real one and count for nothing. `None`: every row.
+    real_rows: Option<Tensor>,
+    /// Target ids, one per row that goes through the output layer.
     targets: Tensor,
-    /// (N) 1 at real targets, 0 at padding.
+    /// 1 at real targets, 0 at padding, one per row that goes through the output layer.
     mask: Tensor,
     /// Real target tokens: the loss normaliser.
     pub tokens: usize,
@@ -44,7 +48,16 @@ impl BatchTensors {
     pub fn new(batch: &Batch, device: &Device) -> Result<Self> {
         Ok(match batch {
             Batch::Seq2Seq(b) => {
-                let mask: Vec<f32> = b.tgt_mask.iter().map(|&m| m as f32).collect();
+                let real: Vec<u32> = (0..b.tgt_out.len() as u32)
+                    .filter(|&i| b.tgt_mask[i as usize] != 0)
+                    .collect();
+                let targets: Vec<u32> = real.iter().map(|&i| b.tgt_out[i as usize]).collect();
+                let n = real.len();
+                let real_rows = if n < b.tgt_out.len() {
+                    Some(Tensor::from_vec(real, n, device)?)
+                } else {
+                    None
+                };
                 let src_mask: Vec<u32> = b.src_mask.iter().map(|&m| m as u32).collect();
                 Self {
                     inputs: Inputs::Seq2seq {
@@ -52,8 +65,9 @@ impl BatchTensors {
                         src_mask: Tensor::from_vec(src_mask, (b.batch_size, b.src_len), device)?,
                         tgt_in: Tensor::from_slice(&b.tgt_in, (b.batch_size, b.tgt_len), device)?,
                     },
-                    targets: Tensor::from_slice(&b.tgt_out, b.tgt_out.len(), device)?,
-                    mask: Tensor::from_vec(mask, b.tgt_out.len(), device)?,
+                    real_rows,
+                    targets: Tensor::from_vec(targets, n, device)?,
+                    mask: Tensor::ones(n, DType::F32, device)?,
                     tokens: b.n_tgt_tokens,
                 }
             }
@@ -61,6 +75,7 @@ impl BatchTensors {
                 inputs: Inputs::Lm {
                     input: Tensor::from_slice(&b.input, (b.batch_size, b.block_size), device)?,
                 },
+                real_rows: None,
                 targets: Tensor::from_slice(&b.target, b.target.len(), device)?,
                 mask: Tensor::ones(b.target.len(), DType::F32, device)?,
                 tokens: b.target.len(),
@@ -79,6 +94,10 @@ impl BatchTensors {
         grads: bool,
     ) -> Result<TokenLoss> {
         let (hidden, output_weight) = self.hidden(model, ctx)?;
+        let hidden = match &self.real_rows {
+            Some(rows) => hidden.index_select(rows, 0)?,
+            None => hidden,
+        };
         Ok(linear_cross_entropy(
             &hidden,
             output_weight,
