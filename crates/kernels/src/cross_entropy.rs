@@ -7,7 +7,7 @@
 use candle_core::{bail, DType, Result, Tensor, D};
 
 use crate::par::{for_each_chunk, rows_per_task, SharedMut};
-use crate::simd::{exp_fast, max_of, simd_dispatch, sum};
+use crate::simd::{exp_fast, max_of_wide, simd_dispatch, sum_wide};
 
 /// Per-token losses of logits (N, V) as a (2, N) tensor: row 0 is the training objective
 /// mask·[(1−ε)·nll + ε·mean_v(−log p) + z·(log Z)²], row 1 is mask·nll. The smoothing and z
@@ -138,11 +138,11 @@ fn ce_forward_unit_gradient_rows_generic(
     let uniform = 1.0 / v as f32;
     for (r, (row, o)) in x.chunks_exact_mut(v).zip(out.iter_mut()).enumerate() {
         let i = first + r;
-        let max = max_of(row);
+        let max = max_of_wide(row);
         for (e, &x) in scratch.iter_mut().zip(row.iter()) {
             *e = exp_fast(x - max);
         }
-        let total = sum(&scratch);
+        let total = sum_wide(&scratch);
         let lse = total.ln();
         let (obj, nll) = row_losses(op, row, i, max, lse);
         let mask = op.mask[i];
@@ -170,7 +170,7 @@ fn row_losses(op: &LossRows, row: &[f32], i: usize, max: f32, lse: f32) -> (f32,
     let mut obj = nll;
     if op.smoothing > 0.0 {
         // mean_v(−log p) = lse − mean_v(shifted)
-        let mean_lp = (sum(row) / v as f32 - max) - lse;
+        let mean_lp = (sum_wide(row) / v as f32 - max) - lse;
         obj = nll * (1.0 - op.smoothing) + (-mean_lp) * op.smoothing;
     }
     if op.z > 0.0 {
@@ -202,12 +202,12 @@ fn gradient_weights(op: &LossRows, g_obj: f32, g_nll: f32, max: f32, lse: f32) -
 /// (max, lse of shifted logits) of one row; `scratch` (same length) receives exp(row − max).
 #[inline(always)]
 fn ce_row_stats(row: &[f32], scratch: &mut [f32]) -> (f32, f32) {
-    let max = max_of(row);
+    let max = max_of_wide(row);
     // Exponentials first, then the sum: a fused loop with a reduction does not vectorise.
     for (e, &x) in scratch.iter_mut().zip(row) {
         *e = exp_fast(x - max);
     }
-    (max, sum(scratch).ln())
+    (max, sum_wide(scratch).ln())
 }
 
 simd_dispatch!(ce_forward_rows => ce_forward_rows_generic(
