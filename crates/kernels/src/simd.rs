@@ -192,6 +192,15 @@ fn mul_generic(a: &[f32], b: &[f32], out: &mut [std::mem::MaybeUninit<f32>]) {
 }
 simd_dispatch!(pub(crate) mul => mul_generic(a: &[f32], b: &[f32], out: &mut [std::mem::MaybeUninit<f32>]) -> ());
 
+/// `c[i] += p[i]`.
+#[inline(always)]
+fn add_assign_generic(c: &mut [f32], p: &[f32]) {
+    for (c, &p) in c.iter_mut().zip(p) {
+        *c += p;
+    }
+}
+simd_dispatch!(pub(crate) add_assign => add_assign_generic(c: &mut [f32], p: &[f32]) -> ());
+
 #[cfg(test)]
 mod tests {
     use super::{exp_fast, max_of, max_of_wide, sum, sum_wide};

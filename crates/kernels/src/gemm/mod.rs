@@ -566,9 +566,7 @@ unsafe fn k_chunked(
             // SAFETY: each task writes C's rows `rows` only.
             let c_row = c.slice(r * ldc, n);
             for block in partials.chunks_exact(m * n) {
-                for (c, &p) in c_row.iter_mut().zip(&block[r * n..(r + 1) * n]) {
-                    *c += p;
-                }
+                crate::simd::add_assign(c_row, &block[r * n..(r + 1) * n]);
             }
         }
     });
