@@ -138,11 +138,7 @@ fn ce_forward_unit_gradient_rows_generic(
     let uniform = 1.0 / v as f32;
     for (r, (row, o)) in x.chunks_exact_mut(v).zip(out.iter_mut()).enumerate() {
         let i = first + r;
-        let max = max_of_wide(row);
-        for (e, &x) in scratch.iter_mut().zip(row.iter()) {
-            *e = exp_fast(x - max);
-        }
-        let total = sum_wide(&scratch);
+        let (max, total) = ce_row_stats(row, &mut scratch);
         let lse = total.ln();
         let (obj, nll) = row_losses(op, row, i, max, lse);
         let mask = op.mask[i];
@@ -199,7 +195,7 @@ fn gradient_weights(op: &LossRows, g_obj: f32, g_nll: f32, max: f32, lse: f32) -
     (w_nll, w_unif, w_nll + w_unif + w_z)
 }
 
-/// (max, lse of shifted logits) of one row; `scratch` (same length) receives exp(row − max).
+/// (max, Σ exp(row − max)) of one row; `scratch` (same length) receives exp(row − max).
 #[inline(always)]
 fn ce_row_stats(row: &[f32], scratch: &mut [f32]) -> (f32, f32) {
     let max = max_of_wide(row);
@@ -207,7 +203,7 @@ fn ce_row_stats(row: &[f32], scratch: &mut [f32]) -> (f32, f32) {
     for (e, &x) in scratch.iter_mut().zip(row) {
         *e = exp_fast(x - max);
     }
-    (max, sum_wide(scratch).ln())
+    (max, sum_wide(scratch))
 }
 
 simd_dispatch!(ce_forward_rows => ce_forward_rows_generic(
@@ -225,7 +221,8 @@ fn ce_forward_rows_generic(
     let mut scratch = vec![0f32; v];
     for (r, (row, o)) in x.chunks_exact(v).zip(out.iter_mut()).enumerate() {
         let i = first + r;
-        let (max, lse) = ce_row_stats(row, &mut scratch);
+        let (max, total) = ce_row_stats(row, &mut scratch);
+        let lse = total.ln();
         let (obj, nll) = row_losses(op, row, i, max, lse);
         *o = (obj * op.mask[i], nll * op.mask[i], max, lse);
     }

@@ -132,9 +132,7 @@ pub(crate) fn sgemm_packed(m: usize, a: Mat<'_>, b: &PackedB, beta: f32, c: &mut
     {
         let (a, c) = (a.operand(), SharedMut(c.as_mut_ptr()));
         let strips = SharedMut(b.strips.as_ptr().cast_mut());
-        let rows = ranges(m, blocks_for(m, k, n, m, 8), 8);
-        crate::par::for_each(rows.len(), |i| {
-            let r = rows[i].clone();
+        for_each_block(m, blocks_for(m, k, n, m, 8), 8, |r| {
             // SAFETY: operands in bounds (asserted; the strips hold B's k×n); each task writes
             // C's rows `r` only, and C is exclusively borrowed.
             unsafe {
@@ -388,13 +386,20 @@ fn blocks_for(m: usize, k: usize, n: usize, span: usize, align: usize) -> usize 
     (2 * threads).min(span.div_ceil(align)).max(1)
 }
 
-/// `0..len` cut into `blocks` ranges whose starts are multiples of `align`.
-fn ranges(len: usize, blocks: usize, align: usize) -> Vec<std::ops::Range<usize>> {
+/// Runs `task(range)` for `0..len` cut into `blocks` ranges whose starts are multiples of
+/// `align`, the ranges as parallel tasks.
+fn for_each_block(
+    len: usize,
+    blocks: usize,
+    align: usize,
+    task: impl Fn(std::ops::Range<usize>) + Sync + Send,
+) {
     let size = len.div_ceil(blocks).div_ceil(align) * align;
-    (0..len)
+    let ranges: Vec<_> = (0..len)
         .step_by(size.max(1))
         .map(|s| s..len.min(s + size))
-        .collect()
+        .collect();
+    crate::par::for_each(ranges.len(), |i| task(ranges[i].clone()));
 }
 
 /// [`gemm`], with the in-place kernel allowed or not (the tests run both paths).
@@ -458,9 +463,7 @@ unsafe fn gemm_with(
                 B::Transposed(bt) => (false, bt.as_ptr(), n),
             };
             let b_ptr = SharedMut(b_ptr.cast_mut());
-            let rows = ranges(m, blocks_for(m, k, n, m, 8), 8);
-            crate::par::for_each(rows.len(), |i| {
-                let r = rows[i].clone();
+            for_each_block(m, blocks_for(m, k, n, m, 8), 8, |r| {
                 let (a, c) = (a.skip_rows(r.start), c.at(r.start * ldc));
                 // SAFETY: each task writes C's rows `r` only.
                 if strips {
@@ -491,16 +494,12 @@ unsafe fn gemm_with(
         )
     };
     if m >= n {
-        let rows = ranges(m, blocks_for(m, k, n, m, 8), 8);
-        crate::par::for_each(rows.len(), |i| {
-            let r = rows[i].clone();
+        for_each_block(m, blocks_for(m, k, n, m, 8), 8, |r| {
             // SAFETY: each task writes C's rows `r` only.
             packed(r.len(), n, a.skip_rows(r.start), b, c.at(r.start * ldc));
         });
     } else {
-        let cols = ranges(n, blocks_for(m, k, n, n, 16), 16);
-        crate::par::for_each(cols.len(), |i| {
-            let r = cols[i].clone();
+        for_each_block(n, blocks_for(m, k, n, n, 16), 16, |r| {
             // SAFETY: each task writes C's columns `r` only.
             packed(m, r.len(), a, b.skip_cols(r.start), c.at(r.start));
         });

@@ -136,8 +136,10 @@ pub(super) mod avx512 {
         }
     }
 
-    /// [`gemm`] with k cut into pieces of `kc`: for a column-major A (gᵀ in dW = gᵀ·x, k the
-    /// tokens) each piece's B rows and A columns stay in L1 while every tile of C passes.
+    /// [`gemm`] with k cut into pieces of `kc`, one after another (β for the first, then adding
+    /// to C): for a column-major A (gᵀ in dW = gᵀ·x, k the tokens) a piece's B rows and A
+    /// columns stay in L1 while every tile of C passes. Each element of C is still one chain of
+    /// multiply-adds in k's order per piece.
     #[target_feature(enable = "avx512f")]
     #[allow(clippy::too_many_arguments)]
     pub(in crate::gemm) unsafe fn gemm_k_pieces(
@@ -152,31 +154,10 @@ pub(super) mod avx512 {
         ldc: usize,
         kc: usize,
     ) {
-        let (rsa, csa) = (a.row_stride, a.col_stride);
         for p0 in (0..k).step_by(kc) {
-            let piece = kc.min(k - p0);
             let beta = if p0 == 0 { beta } else { 1.0 };
-            for j0 in (0..n).step_by(NR) {
-                let cols = NR.min(n - j0);
-                let lo = lane_mask(cols);
-                let hi = lane_mask(cols.saturating_sub(16));
-                for i0 in (0..m).step_by(MR) {
-                    let t = Tile {
-                        k: piece,
-                        a: a.ptr.wrapping_add(i0 * rsa + p0 * csa),
-                        rsa,
-                        csa,
-                        b: b.wrapping_add(p0 * ldb + j0),
-                        ldb,
-                        c: c.add(i0 * ldc + j0),
-                        ldc,
-                        lo,
-                        hi,
-                        beta,
-                    };
-                    run_tile(MR.min(m - i0), cols == NR, t);
-                }
-            }
+            let b_piece = b.wrapping_add(p0 * ldb);
+            gemm(m, kc.min(k - p0), n, a.skip_cols(p0), b_piece, ldb, beta, c, ldc);
         }
     }
 
