@@ -1,6 +1,8 @@
 //! Activations of the feed-forward block: GELU (erf form) and SwiGLU.
 
+use std::borrow::Cow;
 use std::mem::MaybeUninit;
+use std::sync::Mutex;
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
 
@@ -19,15 +21,57 @@ pub fn gelu_erf(x: &Tensor) -> Result<Tensor> {
     if !is_host_f32(x) {
         return x.gelu_erf();
     }
-    let op = GeluOp {
-        derivative: x.track_op().then(|| std::sync::Mutex::new(None)),
-    };
+    let op = GeluOp(GeluSlope::new(x.track_op()));
     x.contiguous()?.apply_op1(op)
 }
 
-struct GeluOp {
-    /// dGELU/dx from the forward pass, taken by the backward pass (`None`: not kept).
-    derivative: Option<std::sync::Mutex<Option<Vec<f32>>>>,
+struct GeluOp(GeluSlope);
+
+/// GELU's derivative at each element of one forward pass, kept (when a gradient will be
+/// needed) for the backward pass of the same graph.
+pub(crate) struct GeluSlope(Option<Mutex<Option<Vec<f32>>>>);
+
+impl GeluSlope {
+    pub(crate) fn new(keep: bool) -> Self {
+        Self(keep.then(|| Mutex::new(None)))
+    }
+
+    /// GELU of every element of `x`, keeping the derivative when asked to.
+    pub(crate) fn forward(&self, x: &[f32]) -> Vec<f32> {
+        match &self.0 {
+            Some(slot) => {
+                let (y, d) = fill2(x.len(), ELEMENTS_PER_TASK, |r, y, d| gelu_fwd_keep(&x[r], y, d));
+                *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(d);
+                y
+            }
+            None => fill(x.len(), ELEMENTS_PER_TASK, |r, y| gelu_fwd(&x[r], y)),
+        }
+    }
+
+    /// The gradient at GELU's input for the gradient `g` at its output: from the kept
+    /// derivative, or — when none was kept, or an earlier backward pass through the same graph
+    /// took it — recomputed from the forward pass's input, `input()`.
+    pub(crate) fn backward<'a>(
+        &self,
+        g: &[f32],
+        input: impl FnOnce() -> Result<Cow<'a, [f32]>>,
+    ) -> Result<Vec<f32>> {
+        let kept = self
+            .0
+            .as_ref()
+            .and_then(|slot| slot.lock().unwrap_or_else(|e| e.into_inner()).take());
+        Ok(match kept {
+            Some(d) if d.len() == g.len() => fill(g.len(), ELEMENTS_PER_TASK, |r, out| {
+                mul(&g[r.clone()], &d[r], out)
+            }),
+            _ => {
+                let x = input()?;
+                fill(g.len(), ELEMENTS_PER_TASK, |r, out| {
+                    gelu_bwd(&x[r.clone()], &g[r], out)
+                })
+            }
+        })
+    }
 }
 
 // The loops below write into the output's uninitialised elements instead of `map().collect()`
@@ -74,35 +118,13 @@ impl CustomOp1 for GeluOp {
         "ember-gelu-erf"
     }
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let x = cpu_slice(s, l)?;
-        let y = match &self.derivative {
-            Some(slot) => {
-                let (y, d) = fill2(x.len(), ELEMENTS_PER_TASK, |r, y, d| gelu_fwd_keep(&x[r], y, d));
-                *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(d);
-                y
-            }
-            None => fill(x.len(), ELEMENTS_PER_TASK, |r, y| gelu_fwd(&x[r], y)),
-        };
-        Ok((CpuStorage::F32(y), l.shape().clone()))
+        Ok((
+            CpuStorage::F32(self.0.forward(cpu_slice(s, l)?)),
+            l.shape().clone(),
+        ))
     }
     fn bwd(&self, x: &Tensor, _res: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
-        let kept = self
-            .derivative
-            .as_ref()
-            .and_then(|slot| slot.lock().unwrap_or_else(|e| e.into_inner()).take());
-        let dx = match kept {
-            Some(d) if d.len() == g.elem_count() => with_data([g], |[g]| {
-                Ok(fill(g.len(), ELEMENTS_PER_TASK, |r, out| {
-                    mul(&g[r.clone()], &d[r], out)
-                }))
-            })?,
-            // Not kept (or already used by an earlier backward through this graph): recompute.
-            _ => with_data([x, g], |[x, g]| {
-                Ok(fill(x.len(), ELEMENTS_PER_TASK, |r, out| {
-                    gelu_bwd(&x[r.clone()], &g[r], out)
-                }))
-            })?,
-        };
+        let dx = with_data([x, g], |[x, g]| self.0.backward(g, || Ok(Cow::Borrowed(x))))?;
         Ok(Some(cpu_tensor(dx, x.shape())?))
     }
 }

@@ -4,18 +4,17 @@
 //! kernel vectorises and recomputes the mask in its backward pass instead of storing it; the
 //! caller moves its generator past `x.elem_count()` draws.
 //!
-//! [`add_dropout`] is a residual connection, `x + dropout(y)`, as one op: one pass instead of
-//! two, and one autograd node instead of two (candle's backward pass zero-fills and adds a
-//! gradient buffer for every edge of the graph).
+//! The residual connection `x + dropout(y)` is one pass ([`add_dropped`]) inside the op that
+//! also computes y, [`linear_residual`](crate::linear_residual).
 
 use std::mem::MaybeUninit;
 
-use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 use ember_rng::{draw_at, SplitMix64};
 
 use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
 use crate::par::{fill, ELEMENTS_PER_TASK};
-use crate::simd::simd_dispatch;
+use crate::simd::{add, simd_dispatch};
 
 /// The mask drawn one uniform at a time from a generator at `state`, uploaded and multiplied
 /// (every device and dtype; the reference for the kernel).
@@ -92,7 +91,7 @@ fn dropout_generic(op: DropoutOp, x: &[f32], first: usize, y: &mut [MaybeUninit<
 simd_dispatch!(dropout_into => dropout_generic(op: DropoutOp, x: &[f32], first: usize, y: &mut [MaybeUninit<f32>]) -> ());
 
 /// The masked copy of `x`, in parallel pieces.
-fn dropout_apply(op: DropoutOp, x: &[f32]) -> Vec<f32> {
+pub(crate) fn dropout_apply(op: DropoutOp, x: &[f32]) -> Vec<f32> {
     fill(x.len(), ELEMENTS_PER_TASK, |r, y| {
         dropout_into(op, &x[r.clone()], r.start, y)
     })
@@ -114,24 +113,6 @@ impl CustomOp1 for DropoutOp {
     }
 }
 
-/// `x + dropout(y)` with the mask of [`dropout`] (the same bits as the two ops one after the
-/// other); fused on CPU f32, composed elsewhere. x and y have the same shape.
-pub fn add_dropout(x: &Tensor, y: &Tensor, p: f64, state: u64) -> Result<Tensor> {
-    if x.shape() != y.shape() {
-        candle_core::bail!(
-            "add_dropout: the residual {:?} and the branch {:?} differ in shape",
-            x.shape(),
-            y.shape()
-        );
-    }
-    match DropoutOp::new(p, state) {
-        Some(op) if is_host_f32(x) && is_host_f32(y) => {
-            x.contiguous()?.apply_op2(&y.contiguous()?, AddDropoutOp(op))
-        }
-        _ => x + dropout(y, p, state)?,
-    }
-}
-
 /// `x[i] + y[i] · mask[first + i]` into `out`.
 #[inline(always)]
 fn add_dropout_generic(op: DropoutOp, x: &[f32], y: &[f32], first: usize, out: &mut [MaybeUninit<f32>]) {
@@ -144,34 +125,10 @@ fn add_dropout_generic(op: DropoutOp, x: &[f32], y: &[f32], first: usize, out: &
 simd_dispatch!(add_dropout_into => add_dropout_generic(
     op: DropoutOp, x: &[f32], y: &[f32], first: usize, out: &mut [MaybeUninit<f32>]) -> ());
 
-/// The op of [`add_dropout`].
-struct AddDropoutOp(DropoutOp);
-
-impl CustomOp2 for AddDropoutOp {
-    fn name(&self) -> &'static str {
-        "ember-add-dropout"
-    }
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let (x, y) = (cpu_slice(s1, l1)?, cpu_slice(s2, l2)?);
-        let out = fill(x.len(), ELEMENTS_PER_TASK, |r, out| {
-            add_dropout_into(self.0, &x[r.clone()], &y[r.clone()], r.start, out)
-        });
-        Ok((CpuStorage::F32(out), l1.shape().clone()))
-    }
-    fn bwd(
-        &self,
-        _x: &Tensor,
-        y: &Tensor,
-        _res: &Tensor,
-        g: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let dy = with_data([g], |[g]| Ok(dropout_apply(self.0, g)))?;
-        Ok((Some(g.clone()), Some(cpu_tensor(dy, y.shape())?)))
-    }
+/// `x + y` with y masked by `mask` (`None`: unmasked), in parallel pieces.
+pub(crate) fn add_dropped(mask: Option<DropoutOp>, x: &[f32], y: &[f32]) -> Vec<f32> {
+    fill(x.len(), ELEMENTS_PER_TASK, |r, out| match mask {
+        Some(op) => add_dropout_into(op, &x[r.clone()], &y[r.clone()], r.start, out),
+        None => add(&x[r.clone()], &y[r], out),
+    })
 }

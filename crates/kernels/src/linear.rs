@@ -2,9 +2,20 @@
 //!
 //! x may have any number of leading dimensions: they are folded into the rows of one product
 //! inside the op, so the model needs no reshape (and its autograd node) around each projection.
+//!
+//! Two projections come with what follows them in the model, as one op each:
+//! [`linear_gelu`] (a feed-forward block's up-projection and its activation) and
+//! [`linear_residual`] (a branch's output projection, its dropout and the residual add). candle's
+//! backward pass zero-fills a gradient buffer for every node of the graph and adds the node's
+//! gradient into it; each fusion removes an activation-sized node, and with it that buffer, the
+//! add, and a pass over the activation in each direction.
 
-use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
+use std::borrow::Cow;
 
+use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
+
+use crate::activation::GeluSlope;
+use crate::dropout::{add_dropped, dropout, dropout_apply, DropoutOp};
 use crate::gemm::{product, Mat};
 use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
 
@@ -30,18 +41,60 @@ pub fn linear_unfused(x: &Tensor, w: &Tensor) -> Result<Tensor> {
 /// backward (dx = g·W, dW = gᵀ·x) without materialising a transpose. Falls back to
 /// [`linear_unfused`] elsewhere.
 pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
-    let (_, w_in) = w.dims2()?;
-    if x.dims().last() != Some(&w_in) {
-        candle_core::bail!(
-            "linear: input {:?} does not fit a weight {:?}",
-            x.shape(),
-            w.shape()
-        );
-    }
+    check_fit("linear", x, w)?;
     if !(is_host_f32(x) && is_host_f32(w)) {
         return linear_unfused(x, w);
     }
     x.contiguous()?.apply_op2(&w.contiguous()?, LinearOp)
+}
+
+/// An error unless x's last dimension is the weight's input dimension.
+fn check_fit(op: &str, x: &Tensor, w: &Tensor) -> Result<()> {
+    let (_, w_in) = w.dims2()?;
+    if x.dims().last() != Some(&w_in) {
+        candle_core::bail!(
+            "{op}: input {:?} does not fit a weight {:?}",
+            x.shape(),
+            w.shape()
+        );
+    }
+    Ok(())
+}
+
+/// (rows, in, out) of x·Wᵀ, from the layouts of x (…, in) and W (out × in).
+fn dims(l_x: &Layout, l_w: &Layout) -> Result<(usize, usize, usize)> {
+    let (out_dim, in_dim) = l_w.shape().dims2()?;
+    Ok((l_x.shape().elem_count() / in_dim.max(1), in_dim, out_dim))
+}
+
+/// x·Wᵀ of contiguous x (rows × in) and W (out × in).
+fn project(x: &[f32], w: &[f32], (rows, in_dim, out_dim): (usize, usize, usize)) -> Vec<f32> {
+    product(
+        rows,
+        in_dim,
+        out_dim,
+        Mat::rows(x, in_dim),
+        Mat::rows(w, in_dim).t(),
+    )
+}
+
+/// dx = g·W and dW = gᵀ·x of x·Wᵀ, for the gradient g (rows × out) of the product, as tensors
+/// shaped like x and W.
+fn project_backward(x: &Tensor, w: &Tensor, g: &[f32]) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    let (out_dim, in_dim) = w.dims2()?;
+    let rows = x.elem_count() / in_dim.max(1);
+    let (dx, dw) = with_data([x, w], |[x, w]| {
+        let dx = product(rows, out_dim, in_dim, Mat::rows(g, out_dim), Mat::rows(w, in_dim));
+        let dw = product(
+            out_dim,
+            rows,
+            in_dim,
+            Mat::rows(g, out_dim).t(),
+            Mat::rows(x, in_dim),
+        );
+        Ok((dx, dw))
+    })?;
+    Ok((Some(cpu_tensor(dx, x.shape())?), Some(cpu_tensor(dw, w.shape())?)))
 }
 
 struct LinearOp;
@@ -57,17 +110,58 @@ impl CustomOp2 for LinearOp {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (out_dim, in_dim) = l2.shape().dims2()?;
-        let rows = l1.shape().elem_count() / in_dim.max(1);
-        let (x, w) = (cpu_slice(s1, l1)?, cpu_slice(s2, l2)?);
-        let y = product(
-            rows,
-            in_dim,
-            out_dim,
-            Mat::rows(x, in_dim),
-            Mat::rows(w, in_dim).t(),
-        );
-        Ok((CpuStorage::F32(y), output_shape(l1.shape(), out_dim)))
+        let dims = dims(l1, l2)?;
+        let y = project(cpu_slice(s1, l1)?, cpu_slice(s2, l2)?, dims);
+        Ok((CpuStorage::F32(y), output_shape(l1.shape(), dims.2)))
+    }
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _res: &Tensor,
+        g: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        with_data([g], |[g]| project_backward(x, w, g))
+    }
+}
+
+/// `gelu_erf(x·Wᵀ)` from candle's ops.
+pub fn linear_gelu_unfused(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    linear_unfused(x, w)?.gelu_erf()
+}
+
+/// `gelu_erf(x·Wᵀ)` for x (…, in) and a weight (out, in): [`linear`] and
+/// [`gelu_erf`](crate::gelu_erf) as one op on CPU f32, with the same bits; the GELU keeps its
+/// derivative for the backward pass as the standalone op does. [`linear_gelu_unfused`]
+/// elsewhere.
+pub fn linear_gelu(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    check_fit("linear_gelu", x, w)?;
+    if !(is_host_f32(x) && is_host_f32(w)) {
+        return linear_gelu_unfused(x, w);
+    }
+    let op = LinearGeluOp(GeluSlope::new(x.track_op() || w.track_op()));
+    x.contiguous()?.apply_op2(&w.contiguous()?, op)
+}
+
+struct LinearGeluOp(GeluSlope);
+
+impl CustomOp2 for LinearGeluOp {
+    fn name(&self) -> &'static str {
+        "ember-linear-gelu"
+    }
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let dims = dims(l1, l2)?;
+        let pre = project(cpu_slice(s1, l1)?, cpu_slice(s2, l2)?, dims);
+        Ok((
+            CpuStorage::F32(self.0.forward(&pre)),
+            output_shape(l1.shape(), dims.2),
+        ))
     }
     fn bwd(
         &self,
@@ -77,18 +171,75 @@ impl CustomOp2 for LinearOp {
         g: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let (out_dim, in_dim) = w.dims2()?;
-        let rows = x.elem_count() / in_dim.max(1);
-        let (dx, dw) = with_data([x, w, g], |[x, w, g]| {
-            let dx = product(rows, out_dim, in_dim, Mat::rows(g, out_dim), Mat::rows(w, in_dim));
-            let dw = product(
-                out_dim,
-                rows,
-                in_dim,
-                Mat::rows(g, out_dim).t(),
-                Mat::rows(x, in_dim),
-            );
-            Ok((dx, dw))
+        let dims = (x.elem_count() / in_dim.max(1), in_dim, out_dim);
+        let g_pre = with_data([x, w, g], |[x, w, g]| {
+            self.0.backward(g, || Ok(Cow::Owned(project(x, w, dims))))
         })?;
-        Ok((Some(cpu_tensor(dx, x.shape())?), Some(cpu_tensor(dw, w.shape())?)))
+        project_backward(x, w, &g_pre)
+    }
+}
+
+/// `x + dropout(h·Wᵀ)` from the ops one by one (every device and dtype).
+pub fn linear_residual_unfused(x: &Tensor, h: &Tensor, w: &Tensor, p: f64, state: u64) -> Result<Tensor> {
+    x + dropout(&linear(h, w)?, p, state)?
+}
+
+/// `x + dropout(h·Wᵀ)`, a residual connection whose branch ends in the projection
+/// h (…, in) · W (out, in)ᵀ, with the dropout mask of [`dropout`] (`p ≤ 0`: no dropout) — one
+/// op on CPU f32 with the bits of the ops one by one, [`linear_residual_unfused`] elsewhere.
+pub fn linear_residual(x: &Tensor, h: &Tensor, w: &Tensor, p: f64, state: u64) -> Result<Tensor> {
+    check_fit("linear_residual", h, w)?;
+    let (out_dim, _) = w.dims2()?;
+    if x.shape() != &output_shape(h.shape(), out_dim) {
+        candle_core::bail!(
+            "linear_residual: the residual {:?} does not fit the projection of {:?} by {:?}",
+            x.shape(),
+            h.shape(),
+            w.shape()
+        );
+    }
+    if !(is_host_f32(x) && is_host_f32(h) && is_host_f32(w)) {
+        return linear_residual_unfused(x, h, w, p, state);
+    }
+    x.contiguous()?.apply_op3(
+        &h.contiguous()?,
+        &w.contiguous()?,
+        LinearResidualOp(DropoutOp::new(p, state)),
+    )
+}
+
+/// The op of [`linear_residual`]; `None`: no dropout.
+struct LinearResidualOp(Option<DropoutOp>);
+
+impl CustomOp3 for LinearResidualOp {
+    fn name(&self) -> &'static str {
+        "ember-linear-residual"
+    }
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let branch = project(cpu_slice(s2, l2)?, cpu_slice(s3, l3)?, dims(l2, l3)?);
+        let out = add_dropped(self.0, cpu_slice(s1, l1)?, &branch);
+        Ok((CpuStorage::F32(out), l1.shape().clone()))
+    }
+    fn bwd(
+        &self,
+        _x: &Tensor,
+        h: &Tensor,
+        w: &Tensor,
+        _res: &Tensor,
+        g: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let (dh, dw) = with_data([g], |[g]| match self.0 {
+            Some(mask) => project_backward(h, w, &dropout_apply(mask, g)),
+            None => project_backward(h, w, g),
+        })?;
+        Ok((Some(g.clone()), dh, dw))
     }
 }

@@ -183,6 +183,15 @@ macro_rules! simd_dispatch {
 
 pub(crate) use simd_dispatch;
 
+/// `a[i] + b[i]` into `out`.
+#[inline(always)]
+fn add_generic(a: &[f32], b: &[f32], out: &mut [std::mem::MaybeUninit<f32>]) {
+    for ((o, &a), &b) in out.iter_mut().zip(a).zip(b) {
+        o.write(a + b);
+    }
+}
+simd_dispatch!(pub(crate) add => add_generic(a: &[f32], b: &[f32], out: &mut [std::mem::MaybeUninit<f32>]) -> ());
+
 /// `a[i]·b[i]` into `out`.
 #[inline(always)]
 fn mul_generic(a: &[f32], b: &[f32], out: &mut [std::mem::MaybeUninit<f32>]) {

@@ -541,6 +541,110 @@ fn linear_folds_leading_dimensions_into_rows() {
     );
 }
 
+/// The flat f32 values of a tensor, for bit-for-bit comparisons.
+fn values(t: &Tensor) -> Vec<f32> {
+    t.flatten_all().unwrap().to_vec1().unwrap()
+}
+
+/// Whether two tensors hold the same bits, element for element.
+fn same_bits(a: &Tensor, b: &Tensor) -> bool {
+    a.shape() == b.shape()
+        && values(a)
+            .iter()
+            .zip(values(b))
+            .all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+#[test]
+fn a_projection_then_gelu_matches_the_ops_one_by_one() {
+    // Against candle's matmul and GELU, contiguous and strided, with leading dimensions; and the
+    // bits of Ember's own two ops, forward and every gradient, which it replaces in the model.
+    for (i, shape) in [vec![7, 13], vec![2, 5, 16], vec![130, 8]]
+        .into_iter()
+        .enumerate()
+    {
+        let in_dim = *shape.last().unwrap();
+        let x = (randn(330 + i as u64, &shape) * 2.0).unwrap();
+        let w = randn(340 + i as u64, &[24 + i, in_dim]);
+        for (label, x, w) in [
+            ("contiguous", x.clone(), w.clone()),
+            ("strided", strided(&x), strided(&w)),
+        ] {
+            let what = format!("linear_gelu {shape:?} {label}");
+            let inputs = [x, w];
+            compare(
+                &what,
+                &inputs,
+                &|t| kernels::linear_gelu(&t[0], &t[1]).unwrap(),
+                &|t| kernels::linear_gelu_unfused(&t[0], &t[1]).unwrap(),
+            );
+            let probe = randn(99, kernels::linear_gelu(&inputs[0], &inputs[1]).unwrap().dims());
+            let (y, g) = run(&inputs, &probe, &|t| kernels::linear_gelu(&t[0], &t[1]).unwrap());
+            let (y2, g2) = run(&inputs, &probe, &|t| {
+                kernels::gelu_erf(&kernels::linear(&t[0], &t[1]).unwrap()).unwrap()
+            });
+            assert!(same_bits(&y, &y2), "{what}: not the bits of linear, then GELU");
+            for (n, (a, b)) in g.iter().zip(&g2).enumerate() {
+                assert!(
+                    same_bits(a, b),
+                    "{what}: gradient {n} is not the bits of the two ops"
+                );
+            }
+        }
+    }
+    let err = kernels::linear_gelu(&randn(350, &[3, 5]), &randn(351, &[4, 6])).unwrap_err();
+    assert!(err.to_string().contains("does not fit"), "{err}");
+}
+
+#[test]
+fn a_branch_projected_into_the_residual_stream_matches_the_ops_one_by_one() {
+    // x + dropout(h·Wᵀ), with dropout and without: forward and the three gradients against
+    // candle's ops (f64 mask reference as for add_dropout), and bit for bit Ember's projection,
+    // dropout and add one after the other.
+    let h = randn(360, &[3, 20, 16]);
+    let w = randn(361, &[7, 16]);
+    let x = randn(362, &[3, 20, 7]);
+    for p in [0.0, 0.3] {
+        for (label, x, h, w) in [
+            ("contiguous", x.clone(), h.clone(), w.clone()),
+            ("strided", strided(&x), strided(&h), strided(&w)),
+        ] {
+            let what = format!("linear_residual p={p} {label}");
+            let inputs = [x, h, w];
+            compare(
+                &what,
+                &inputs,
+                &|t| kernels::linear_residual(&t[0], &t[1], &t[2], p, 7).unwrap(),
+                &|t| {
+                    let f64 = |t: &Tensor| t.to_dtype(DType::F64).unwrap();
+                    let branch = kernels::linear_unfused(&f64(&t[1]), &f64(&t[2])).unwrap();
+                    let dropped = kernels::dropout_unfused(&branch, p, 7).unwrap();
+                    (f64(&t[0]) + dropped).unwrap().to_dtype(DType::F32).unwrap()
+                },
+            );
+            let probe = randn(99, inputs[0].dims());
+            let fused = |t: &[Tensor]| kernels::linear_residual(&t[0], &t[1], &t[2], p, 7).unwrap();
+            let one_by_one = |t: &[Tensor]| {
+                let branch = kernels::linear(&t[1], &t[2]).unwrap();
+                (&t[0] + kernels::dropout(&branch, p, 7).unwrap()).unwrap()
+            };
+            let (y, g) = run(&inputs, &probe, &fused);
+            let (y2, g2) = run(&inputs, &probe, &one_by_one);
+            assert!(same_bits(&y, &y2), "{what}: not the bits of the three ops");
+            for (n, (a, b)) in g.iter().zip(&g2).enumerate() {
+                assert!(
+                    same_bits(a, b),
+                    "{what}: gradient {n} is not the bits of the three ops"
+                );
+            }
+        }
+    }
+    let err = kernels::linear_residual(&randn(363, &[3, 20, 8]), &h, &w, 0.3, 7).unwrap_err();
+    assert!(err.to_string().contains("does not fit the projection"), "{err}");
+    let err = kernels::linear_residual(&x, &randn(364, &[3, 20, 15]), &w, 0.3, 7).unwrap_err();
+    assert!(err.to_string().contains("does not fit"), "{err}");
+}
+
 /// Every kernel's output and gradients at 1 thread and at 3: the bits must not differ.
 #[test]
 fn kernels_give_the_same_bits_at_any_thread_count() {
@@ -569,7 +673,7 @@ fn kernels_give_the_same_bits_at_any_thread_count() {
     let cases: Vec<(&str, Vec<Tensor>, Composition<'_>)> = vec![
         (
             "linear",
-            vec![x.clone(), w],
+            vec![x.clone(), w.clone()],
             Box::new(|t| kernels::linear(&t[0], &t[1]).unwrap()),
         ),
         (
@@ -596,6 +700,16 @@ fn kernels_give_the_same_bits_at_any_thread_count() {
             "gelu",
             vec![x.clone()],
             Box::new(|t| kernels::gelu_erf(&t[0]).unwrap()),
+        ),
+        (
+            "linear, then GELU",
+            vec![x.clone(), w.clone()],
+            Box::new(|t| kernels::linear_gelu(&t[0], &t[1]).unwrap()),
+        ),
+        (
+            "linear into the residual stream",
+            vec![q.clone(), x.clone(), w.clone()],
+            Box::new(|t| kernels::linear_residual(&t[0], &t[1], &t[2], 0.2, 3).unwrap()),
         ),
         (
             "swiglu",
@@ -825,50 +939,6 @@ fn dropout_kernel_draws_the_generators_mask() {
     for (a, b) in fused.iter().zip(&reference) {
         assert_eq!(*a as f64, *b, "the two masks differ");
     }
-}
-
-#[test]
-fn a_residual_add_with_dropout_is_the_add_of_the_dropped_branch() {
-    // Forward and both gradients against x + the generator's mask (f64), contiguous and strided;
-    // and bit for bit the two f32 ops one after the other, which it replaces in the model.
-    let x = randn(121, &[3, 50, 7]);
-    let y = randn(122, &[3, 50, 7]);
-    for (label, x, y) in [
-        ("contiguous", x.clone(), y.clone()),
-        ("strided", strided(&x), strided(&y)),
-    ] {
-        compare(
-            &format!("add_dropout {label}"),
-            &[x.clone(), y.clone()],
-            &|v| kernels::add_dropout(&v[0], &v[1], 0.3, 7).unwrap(),
-            &|v| {
-                let f64 = |t: &Tensor| t.to_dtype(DType::F64).unwrap();
-                let dropped = kernels::dropout_unfused(&f64(&v[1]), 0.3, 7).unwrap();
-                (f64(&v[0]) + dropped).unwrap().to_dtype(DType::F32).unwrap()
-            },
-        );
-        let fused: Vec<f32> = kernels::add_dropout(&x, &y, 0.3, 7)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1()
-            .unwrap();
-        let two_ops: Vec<f32> = (&x + kernels::dropout(&y, 0.3, 7).unwrap())
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1()
-            .unwrap();
-        assert!(
-            fused
-                .iter()
-                .zip(&two_ops)
-                .all(|(a, b)| a.to_bits() == b.to_bits()),
-            "add_dropout {label}: not the bits of dropout, then add"
-        );
-    }
-    let err = kernels::add_dropout(&x, &randn(123, &[3, 50, 8]), 0.3, 7).unwrap_err();
-    assert!(err.to_string().contains("differ in shape"), "{err}");
 }
 
 #[test]

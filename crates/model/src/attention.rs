@@ -10,7 +10,7 @@ use candle_nn::{Init, VarBuilder};
 use ember_kernels::{AttentionOptions, AttentionTelemetry, PositionScale};
 
 use crate::config::{ModelConfig, NormKind, QkNorm};
-use crate::layers::{l2_normalize, AttentionStats, ForwardCtx, Linear, Norm};
+use crate::layers::{l2_normalize, AttentionStats, ForwardCtx, Linear, Norm, Residual};
 use crate::rope::Rotary;
 
 /// Keys and values of the positions decoded so far, per layer; grows by the new positions at
@@ -206,11 +206,13 @@ impl Attention {
         Ok((k, self.v_proj.forward(x)?))
     }
 
-    /// Self-attention over `x` (B, T, D). `mask` is additive and broadcasts to (B, H, T, S).
-    /// With a cache, `x` holds the positions after the cached ones and is appended to the cache.
+    /// Self-attention over `x` (B, T, D), written into the residual stream `to`. `mask` is
+    /// additive and broadcasts to (B, H, T, S). With a cache, `x` holds the positions after the
+    /// cached ones and is appended to the cache.
     pub fn forward_self(
         &self,
         x: &Tensor,
+        to: Residual,
         mask: Option<&Tensor>,
         cache: Option<&mut KvCache>,
         ctx: ForwardCtx,
@@ -222,7 +224,7 @@ impl Attention {
             Some(cache) => cache.append(k, v)?,
             None => (k, v),
         };
-        self.attend(&q, &k, &v, mask, ctx)
+        self.attend(&q, &k, &v, mask, to, ctx)
     }
 
     /// Keys and values of an encoder output (B, S, D), for [`forward_cross`](Self::forward_cross).
@@ -231,27 +233,29 @@ impl Attention {
         Ok(CrossKv { k, v })
     }
 
-    /// Cross-attention of `x` (B, T, D) to precomputed encoder keys and values.
+    /// Cross-attention of `x` (B, T, D) to precomputed encoder keys and values, written into
+    /// the residual stream `to`.
     pub fn forward_cross(
         &self,
         x: &Tensor,
         kv: &CrossKv,
+        to: Residual,
         mask: Option<&Tensor>,
         ctx: ForwardCtx,
     ) -> Result<Tensor> {
         let q = self.queries(x, 0)?;
-        self.attend(&q, &kv.k, &kv.v, mask, ctx)
+        self.attend(&q, &kv.k, &kv.v, mask, to, ctx)
     }
 
     /// softmax(q·kᵀ + mask)·v for scaled queries (B, T, H·d) and keys/values (B, S, H_kv·d),
-    /// then the output projection (without the residual dropout, which the caller fuses with
-    /// the residual add).
+    /// then the output projection into the residual stream.
     fn attend(
         &self,
         q: &Tensor,
         k: &Tensor,
         v: &Tensor,
         mask: Option<&Tensor>,
+        to: Residual,
         ctx: ForwardCtx,
     ) -> Result<Tensor> {
         let (b, t, _) = q.dims3()?;
@@ -285,7 +289,7 @@ impl Attention {
                 entropy_by_position,
             });
         }
-        self.o_proj.forward(&out)
+        self.o_proj.forward_residual(&out, to, ctx)
     }
 
     /// Per-head queries and keys of `x` (B, T, D) right after QK-norm, before rotation and

@@ -76,13 +76,13 @@ pub(crate) fn dropout(x: &Tensor, p: f64, ctx: ForwardCtx) -> Result<Tensor> {
     }
 }
 
-/// `x + dropout(branch)`: a residual connection, the branch's dropout and the add one op (in
-/// training passes; `x + branch` otherwise).
-pub(crate) fn residual(x: &Tensor, branch: &Tensor, p: f64, ctx: ForwardCtx) -> Result<Tensor> {
-    match ctx.dropout {
-        Some(rng) if p > 0.0 => ember_kernels::add_dropout(x, branch, p, rng.reserve(branch.elem_count())),
-        _ => x + branch,
-    }
+/// Where a branch of a block writes: into the residual stream `stream`, after dropout with
+/// probability `dropout` in training passes. The branch's output projection takes it, so that
+/// projection, dropout and add are one op ([`Linear::forward_residual`]).
+#[derive(Clone, Copy)]
+pub struct Residual<'a> {
+    pub stream: &'a Tensor,
+    pub dropout: f64,
 }
 
 /// Attention statistics of one attention module in one forward pass.
@@ -179,6 +179,21 @@ impl Linear {
     /// (…, in) → (…, out): all leading dimensions are rows of one product.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         ember_kernels::linear(x, &self.weight)
+    }
+
+    /// `gelu_erf(x·Wᵀ)` as one op.
+    pub fn forward_gelu(&self, x: &Tensor) -> Result<Tensor> {
+        ember_kernels::linear_gelu(x, &self.weight)
+    }
+
+    /// `to.stream + dropout(h·Wᵀ)`: the projection that ends a branch, written into the
+    /// residual stream (dropout in training passes only).
+    pub fn forward_residual(&self, h: &Tensor, to: Residual, ctx: ForwardCtx) -> Result<Tensor> {
+        let (p, state) = match ctx.dropout {
+            Some(rng) if to.dropout > 0.0 => (to.dropout, rng.reserve(to.stream.elem_count())),
+            _ => (0.0, 0),
+        };
+        ember_kernels::linear_residual(to.stream, h, &self.weight, p, state)
     }
 }
 
@@ -289,13 +304,12 @@ impl Mlp {
         })
     }
 
-    /// The block's output before its residual dropout, which the caller fuses with the
-    /// residual add ([`residual`]).
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    /// The block of `x` written into the residual stream `to`.
+    pub fn forward(&self, x: &Tensor, to: Residual, ctx: ForwardCtx) -> Result<Tensor> {
         let hidden = match &self.gate {
             Some(gate) => ember_kernels::swiglu(&gate.forward(x)?, &self.up.forward(x)?)?,
-            None => ember_kernels::gelu_erf(&self.up.forward(x)?)?,
+            None => self.up.forward_gelu(x)?,
         };
-        self.down.forward(&hidden)
+        self.down.forward_residual(&hidden, to, ctx)
     }
 }

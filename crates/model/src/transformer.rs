@@ -32,7 +32,7 @@ use ember_kernels::attention::{causal_mask, padding_mask};
 use crate::attention::{Attention, CrossKv, KvCache};
 use crate::config::Positions;
 use crate::config::{Arch, ConfigError, ModelConfig};
-use crate::layers::{dropout, residual, Embedding, ForwardCtx, LearnedPositions, Linear, Mlp, Norm};
+use crate::layers::{dropout, Embedding, ForwardCtx, LearnedPositions, Linear, Mlp, Norm, Residual};
 use crate::params::ParamStore;
 use crate::rope::Rotary;
 
@@ -163,36 +163,32 @@ impl Layer {
             Some(c) => (Some(&mut c.self_kv), Some(&mut c.cross_kv)),
             None => (None, None),
         };
-        let attended = self
+        let into = |stream| Residual {
+            stream,
+            dropout: self.dropout,
+        };
+        let x = self
             .self_attn
-            .forward_self(&self.attn_norm.forward(x)?, self_mask, self_kv, ctx)?;
-        let x = residual(x, &attended, self.dropout, ctx)?;
+            .forward_self(&self.attn_norm.forward(x)?, into(x), self_mask, self_kv, ctx)?;
         let x = match (&self.cross, memory) {
             (Some((norm, attn)), Some(memory)) => {
                 let h = norm.forward(&x)?;
-                let out = match cross_kv {
+                let mask = memory.mask.as_ref();
+                match cross_kv {
                     Some(slot) => {
                         if slot.is_none() {
                             *slot = Some(attn.cross_kv(&memory.hidden)?);
                         }
                         let kv = slot.as_ref().expect("filled above");
-                        attn.forward_cross(&h, kv, memory.mask.as_ref(), ctx)?
+                        attn.forward_cross(&h, kv, into(&x), mask, ctx)?
                     }
-                    None => {
-                        attn.forward_cross(&h, &attn.cross_kv(&memory.hidden)?, memory.mask.as_ref(), ctx)?
-                    }
-                };
-                residual(&x, &out, self.dropout, ctx)?
+                    None => attn.forward_cross(&h, &attn.cross_kv(&memory.hidden)?, into(&x), mask, ctx)?,
+                }
             }
             (Some(_), None) => candle_core::bail!("a seq2seq decoder needs the encoder output"),
             (None, _) => x,
         };
-        residual(
-            &x,
-            &self.mlp.forward(&self.mlp_norm.forward(&x)?)?,
-            self.dropout,
-            ctx,
-        )
+        self.mlp.forward(&self.mlp_norm.forward(&x)?, into(&x), ctx)
     }
 }
 
