@@ -7,7 +7,7 @@
 //!
 //! | module | op |
 //! |---|---|
-//! | [`linear`] | `x·Wᵀ` through [`gemm`] (Ember's in-place AVX-512 kernel or matrixmultiply), alone, followed by GELU, or ending a residual branch |
+//! | [`linear`] | `x·Wᵀ` through [`gemm`] (Ember's in-place AVX-512 kernel or matrixmultiply), alone, followed by GELU or by the rotary rotation, or ending a residual branch |
 //! | [`norm`] | RMSNorm and LayerNorm over the last dimension |
 //! | [`rope`] | rotary position embeddings with a folded-in output scale (constant, or grown per position by log-n scaling) |
 //! | [`softmax`] | softmax over the last dimension |
@@ -50,7 +50,8 @@ pub use attention::{attention, attention_unfused, AttentionOptions, AttentionTel
 pub use cross_entropy::cross_entropy_unfused;
 pub use dropout::{dropout, dropout_unfused};
 pub use linear::{
-    linear, linear_gelu, linear_gelu_unfused, linear_residual, linear_residual_unfused, linear_unfused,
+    linear, linear_gelu, linear_gelu_unfused, linear_residual, linear_residual_unfused, linear_rope,
+    linear_rope_unfused, linear_unfused,
 };
 pub use linear_cross_entropy::{linear_cross_entropy, linear_cross_entropy_unfused};
 pub use norm::{layer_norm, layer_norm_unfused, rms_norm, rms_norm_unfused};

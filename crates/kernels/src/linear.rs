@@ -3,9 +3,10 @@
 //! x may have any number of leading dimensions: they are folded into the rows of one product
 //! inside the op, so the model needs no reshape (and its autograd node) around each projection.
 //!
-//! Two projections come with what follows them in the model, as one op each:
-//! [`linear_gelu`] (a feed-forward block's up-projection and its activation) and
-//! [`linear_residual`] (a branch's output projection, its dropout and the residual add). candle's
+//! Three projections come with what follows them in the model, as one op each:
+//! [`linear_gelu`] (a feed-forward block's up-projection and its activation), [`linear_rope`]
+//! (a query or key projection and its rotary rotation) and [`linear_residual`] (a branch's
+//! output projection, its dropout and the residual add). candle's
 //! backward pass zero-fills a gradient buffer for every node of the graph and adds the node's
 //! gradient into it; each fusion removes an activation-sized node, and with it that buffer, the
 //! add, and a pass over the activation in each direction.
@@ -18,6 +19,7 @@ use crate::activation::GeluSlope;
 use crate::dropout::{add_dropped, dropout, dropout_apply, DropoutOp};
 use crate::gemm::{product, Mat};
 use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
+use crate::rope::{check_heads, rope_unfused, PositionScale, RopeOp, RopeTables};
 
 /// The output shape of `x·Wᵀ`: x's with its last dimension replaced by W's rows.
 fn output_shape(x: &Shape, out_dim: usize) -> Shape {
@@ -176,6 +178,71 @@ impl CustomOp2 for LinearGeluOp {
             self.0.backward(g, || Ok(Cow::Owned(project(x, w, dims))))
         })?;
         project_backward(x, w, &g_pre)
+    }
+}
+
+/// `scale · rotated(x·Wᵀ)` from candle's ops (every device and dtype).
+pub fn linear_rope_unfused(
+    x: &Tensor,
+    w: &Tensor,
+    tables: &RopeTables,
+    offset: usize,
+    scale: impl Into<PositionScale>,
+) -> Result<Tensor> {
+    let rotated = rope_unfused(&linear_unfused(x, w)?, tables, offset)?;
+    scale.into().apply_unfused(&rotated, offset)
+}
+
+/// `scale · rotated(x·Wᵀ)` for x (B, T, in) whose first position is `offset` and a weight
+/// (out, in) of whole heads: a query or key projection and its rotation as one op on CPU f32,
+/// with the bits of [`linear`] then [`rope`](crate::rope). [`linear_rope_unfused`] elsewhere.
+pub fn linear_rope(
+    x: &Tensor,
+    w: &Tensor,
+    tables: &RopeTables,
+    offset: usize,
+    scale: impl Into<PositionScale>,
+) -> Result<Tensor> {
+    check_fit("linear_rope", x, w)?;
+    let (_, t, _) = x.dims3()?;
+    check_heads(tables, w.dims2()?.0)?;
+    if !(is_host_f32(x) && is_host_f32(w) && tables.covers(offset, t)) {
+        return linear_rope_unfused(x, w, tables, offset, scale);
+    }
+    let op = LinearRopeOp(RopeOp::new(tables, offset, scale.into()));
+    x.contiguous()?.apply_op2(&w.contiguous()?, op)
+}
+
+struct LinearRopeOp(RopeOp);
+
+impl CustomOp2 for LinearRopeOp {
+    fn name(&self) -> &'static str {
+        "ember-linear-rope"
+    }
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let dims = dims(l1, l2)?;
+        let (_, t, _) = l1.shape().dims3()?;
+        let projected = project(cpu_slice(s1, l1)?, cpu_slice(s2, l2)?, dims);
+        let y = self.0.run(&projected, t, dims.2);
+        Ok((CpuStorage::F32(y), output_shape(l1.shape(), dims.2)))
+    }
+    /// The transposed rotation of the gradient, then the projection's backward.
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _res: &Tensor,
+        g: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let (_, t, width) = g.dims3()?;
+        let g_projected = with_data([g], |[g]| Ok(self.0.transpose().run(g, t, width)))?;
+        project_backward(x, w, &g_projected)
     }
 }
 

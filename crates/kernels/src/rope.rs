@@ -73,6 +73,11 @@ impl RopeTables {
     pub fn max_len(&self) -> usize {
         self.max_len
     }
+
+    /// Whether the tables cover the positions `offset..offset + t`.
+    pub(crate) fn covers(&self, offset: usize, t: usize) -> bool {
+        offset + t <= self.max_len
+    }
 }
 
 /// The factor a rotated vector is multiplied by: a constant `scale` (the queries' 1/√d), times,
@@ -159,24 +164,26 @@ pub fn rope(
 ) -> Result<Tensor> {
     let scale = scale.into();
     let (_, t, width) = x.dims3()?;
-    let d = 2 * tables.half;
-    if d == 0 || width % d != 0 {
-        candle_core::bail!("rope: the last dimension {width} is not a multiple of head_dim {d}");
-    }
-    if !is_host_f32(x) || offset + t > tables.max_len {
+    check_heads(tables, width)?;
+    if !is_host_f32(x) || !tables.covers(offset, t) {
         return scale.apply_unfused(&rope_unfused(x, tables, offset)?, offset);
     }
-    let op = RopeOp {
-        tables: tables.clone(),
-        offset,
-        scale,
-        inverse: false,
-    };
-    x.contiguous()?.apply_op1(op)
+    x.contiguous()?.apply_op1(RopeOp::new(tables, offset, scale))
 }
 
+/// An error unless a last dimension of `width` holds whole heads of the tables' head_dim.
+pub(crate) fn check_heads(tables: &RopeTables, width: usize) -> Result<()> {
+    let d = 2 * tables.half;
+    if d == 0 || !width.is_multiple_of(d) {
+        candle_core::bail!("rope: the last dimension {width} is not a multiple of head_dim {d}");
+    }
+    Ok(())
+}
+
+/// The rotation (and scale) of the positions `offset..` by the tables' angles; also run by
+/// [`linear_rope`](crate::linear_rope) on its projection.
 #[derive(Clone)]
-struct RopeOp {
+pub(crate) struct RopeOp {
     tables: RopeTables,
     offset: usize,
     scale: PositionScale,
@@ -188,8 +195,25 @@ struct RopeOp {
 const ROWS_PER_TASK: usize = 64;
 
 impl RopeOp {
+    pub(crate) fn new(tables: &RopeTables, offset: usize, scale: PositionScale) -> Self {
+        Self {
+            tables: tables.clone(),
+            offset,
+            scale,
+            inverse: false,
+        }
+    }
+
+    /// The transposed rotation, which takes the output's gradient to the input's.
+    pub(crate) fn transpose(&self) -> Self {
+        Self {
+            inverse: !self.inverse,
+            ..self.clone()
+        }
+    }
+
     /// Rotates x (B, T, W) into a new vector of the same layout.
-    fn run(&self, x: &[f32], t: usize, width: usize) -> Vec<f32> {
+    pub(crate) fn run(&self, x: &[f32], t: usize, width: usize) -> Vec<f32> {
         let half = self.tables.half;
         let d = 2 * half;
         let sign = if self.inverse { -1.0 } else { 1.0 };
@@ -240,12 +264,8 @@ impl CustomOp1 for RopeOp {
     }
     /// The inverse rotation of the gradient.
     fn bwd(&self, x: &Tensor, _res: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
-        let op = RopeOp {
-            inverse: !self.inverse,
-            ..self.clone()
-        };
         let (_, t, width) = g.dims3()?;
-        let dx = with_data([g], |[g]| Ok(op.run(g, t, width)))?;
+        let dx = with_data([g], |[g]| Ok(self.transpose().run(g, t, width)))?;
         Ok(Some(cpu_tensor(dx, x.shape())?))
     }
 }

@@ -597,6 +597,57 @@ fn a_projection_then_gelu_matches_the_ops_one_by_one() {
 }
 
 #[test]
+fn a_projection_then_the_rotation_matches_the_ops_one_by_one() {
+    // scale · rotated(x·Wᵀ) against candle's matmul and the unfused rotation, contiguous and
+    // strided, at an offset, with a constant scale and with log-n factors that grow past m = 4;
+    // and the bits of Ember's linear, then rope, forward and both gradients.
+    let tables = RopeTables::new(8, 32, 10_000.0, DType::F32, &Device::Cpu).unwrap();
+    let logn = kernels::PositionScale {
+        scale: 0.35,
+        logn_length: Some(4),
+    };
+    for (i, (b, t, in_dim, heads, offset)) in [(2, 7, 16, 3, 0), (1, 12, 9, 2, 5)].into_iter().enumerate() {
+        let x = randn(370 + i as u64, &[b, t, in_dim]);
+        let w = randn(375 + i as u64, &[heads * 8, in_dim]);
+        for scale in [kernels::PositionScale::from(1.0), logn] {
+            for (label, x, w) in [
+                ("contiguous", x.clone(), w.clone()),
+                ("strided", strided(&x), strided(&w)),
+            ] {
+                let what = format!(
+                    "linear_rope {:?} {label} {scale:?}",
+                    (b, t, in_dim, heads, offset)
+                );
+                let inputs = [x, w];
+                compare(
+                    &what,
+                    &inputs,
+                    &|v| kernels::linear_rope(&v[0], &v[1], &tables, offset, scale).unwrap(),
+                    &|v| kernels::linear_rope_unfused(&v[0], &v[1], &tables, offset, scale).unwrap(),
+                );
+                let probe = randn(99, &[b, t, heads * 8]);
+                let (y, g) = run(&inputs, &probe, &|v| {
+                    kernels::linear_rope(&v[0], &v[1], &tables, offset, scale).unwrap()
+                });
+                let (y2, g2) = run(&inputs, &probe, &|v| {
+                    kernels::rope(&kernels::linear(&v[0], &v[1]).unwrap(), &tables, offset, scale).unwrap()
+                });
+                assert!(same_bits(&y, &y2), "{what}: not the bits of linear, then rope");
+                for (n, (a, b)) in g.iter().zip(&g2).enumerate() {
+                    assert!(
+                        same_bits(a, b),
+                        "{what}: gradient {n} is not the bits of the two ops"
+                    );
+                }
+            }
+        }
+    }
+    let err =
+        kernels::linear_rope(&randn(380, &[1, 3, 4]), &randn(381, &[12, 4]), &tables, 0, 1.0).unwrap_err();
+    assert!(err.to_string().contains("not a multiple of head_dim"), "{err}");
+}
+
+#[test]
 fn a_branch_projected_into_the_residual_stream_matches_the_ops_one_by_one() {
     // x + dropout(h·Wᵀ), with dropout and without: forward and the three gradients against
     // candle's ops (f64 mask reference as for add_dropout), and bit for bit Ember's projection,
@@ -705,6 +756,11 @@ fn kernels_give_the_same_bits_at_any_thread_count() {
             "linear, then GELU",
             vec![x.clone(), w.clone()],
             Box::new(|t| kernels::linear_gelu(&t[0], &t[1]).unwrap()),
+        ),
+        (
+            "linear, then rope",
+            vec![x.clone(), w.clone()],
+            Box::new(|t| kernels::linear_rope(&t[0], &t[1], &tables, 0, 0.25).unwrap()),
         ),
         (
             "linear into the residual stream",

@@ -174,9 +174,6 @@ impl Attention {
     /// Queries (B, T, H·d): project, normalise, rotate, and fold in the logit scale (cheaper on
     /// q than on the T×S logits).
     fn queries(&self, x: &Tensor, offset: usize) -> Result<Tensor> {
-        let q = self.normalize(&self.q_proj.forward(x)?, Side::Query)?;
-        // QK-norm comes before the rotation (Qwen3, OLMo 2): rotating first would let the
-        // norm's gains act on position-mixed coordinates.
         // The logit scale (1/√d; for `l2`, g afterwards) and the log-n factor of each position.
         let scale = PositionScale {
             scale: match self.qk_norm {
@@ -185,10 +182,17 @@ impl Attention {
             },
             logn_length: self.logn_length,
         };
-        // Rotation and scale in one pass where there is a rotation.
-        let q = match &self.rotary {
-            Some(rotary) => rotary.apply_scaled(&q, offset, scale)?,
-            None => scale.apply_unfused(&q, offset)?,
+        // QK-norm comes before the rotation (Qwen3, OLMo 2): rotating first would let the
+        // norm's gains act on position-mixed coordinates. Rotation and scale are one pass where
+        // there is a rotation, and one op with the projection where there is no norm between.
+        let q = match (&self.qk_norm, &self.rotary) {
+            (QkNormLayer::None, Some(rotary)) => {
+                rotary.project_scaled(x, self.q_proj.weight(), offset, scale)?
+            }
+            (_, Some(rotary)) => {
+                rotary.apply_scaled(&self.project_normalized(x, Side::Query)?, offset, scale)?
+            }
+            (_, None) => scale.apply_unfused(&self.project_normalized(x, Side::Query)?, offset)?,
         };
         match &self.qk_norm {
             QkNormLayer::L2 { g, .. } => q.broadcast_mul(g),
@@ -198,12 +202,23 @@ impl Attention {
 
     /// Keys and values (B, S, H_kv·d), the keys normalised and rotated.
     fn keys_values(&self, x: &Tensor, offset: usize) -> Result<(Tensor, Tensor)> {
-        let k = self.normalize(&self.k_proj.forward(x)?, Side::Key)?;
-        let k = match &self.rotary {
-            Some(rotary) => rotary.apply(&k, offset)?,
-            None => k,
+        let k = match (&self.qk_norm, &self.rotary) {
+            (QkNormLayer::None, Some(rotary)) => {
+                rotary.project_scaled(x, self.k_proj.weight(), offset, 1.0.into())?
+            }
+            (_, Some(rotary)) => rotary.apply(&self.project_normalized(x, Side::Key)?, offset)?,
+            (_, None) => self.project_normalized(x, Side::Key)?,
         };
         Ok((k, self.v_proj.forward(x)?))
+    }
+
+    /// The query or key projection of `x`, QK-normed.
+    fn project_normalized(&self, x: &Tensor, side: Side) -> Result<Tensor> {
+        let proj = match side {
+            Side::Query => &self.q_proj,
+            Side::Key => &self.k_proj,
+        };
+        self.normalize(&proj.forward(x)?, side)
     }
 
     /// Self-attention over `x` (B, T, D), written into the residual stream `to`. `mask` is
@@ -301,8 +316,8 @@ impl Attention {
                 .transpose(1, 2)?
                 .contiguous()
         };
-        let q = self.normalize(&self.q_proj.forward(x)?, Side::Query)?;
-        let k = self.normalize(&self.k_proj.forward(x)?, Side::Key)?;
+        let q = self.project_normalized(x, Side::Query)?;
+        let k = self.project_normalized(x, Side::Key)?;
         Ok((heads(&q, self.n_heads)?, heads(&k, self.n_kv_heads)?))
     }
 

@@ -25,7 +25,25 @@ impl Rotary {
     /// Rotates queries and multiplies them by their position's factor (the logit scale, times
     /// the log-n factor where that is on), in one pass.
     pub fn apply_scaled(&self, x: &Tensor, offset: usize, scale: PositionScale) -> Result<Tensor> {
-        let t = x.dim(1)?;
+        self.check_positions(offset, x.dim(1)?)?;
+        ember_kernels::rope(x, &self.tables, offset, scale)
+    }
+
+    /// Projects `x` (B, T, D) by `weight` (out, D) and rotates and scales the projection as
+    /// [`apply_scaled`](Self::apply_scaled) does, in one op: for queries and keys that go from
+    /// their projection straight to the rotation (no QK-norm between).
+    pub fn project_scaled(
+        &self,
+        x: &Tensor,
+        weight: &Tensor,
+        offset: usize,
+        scale: PositionScale,
+    ) -> Result<Tensor> {
+        self.check_positions(offset, x.dim(1)?)?;
+        ember_kernels::linear_rope(x, weight, &self.tables, offset, scale)
+    }
+
+    fn check_positions(&self, offset: usize, t: usize) -> Result<()> {
         if offset + t > self.tables.max_len() {
             candle_core::bail!(
                 "sequence position {} is beyond model.max_seq_len = {}; raise max_seq_len or shorten the input",
@@ -33,6 +51,6 @@ impl Rotary {
                 self.tables.max_len()
             );
         }
-        ember_kernels::rope(x, &self.tables, offset, scale)
+        Ok(())
     }
 }
