@@ -47,7 +47,7 @@ pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     if !(is_host_f32(x) && is_host_f32(w)) {
         return linear_unfused(x, w);
     }
-    x.contiguous()?.apply_op2(&w.contiguous()?, LinearOp)
+    x.contiguous()?.apply_op2(&w.contiguous()?, ProjectionOp(Plain))
 }
 
 /// An error unless x's last dimension is the weight's input dimension.
@@ -80,30 +80,107 @@ fn project(x: &[f32], w: &[f32], (rows, in_dim, out_dim): (usize, usize, usize))
     )
 }
 
-/// dx = g·W and dW = gᵀ·x of x·Wᵀ, for the gradient g (rows × out) of the product, as tensors
-/// shaped like x and W.
-fn project_backward(x: &Tensor, w: &Tensor, g: &[f32]) -> Result<(Option<Tensor>, Option<Tensor>)> {
-    let (out_dim, in_dim) = w.dims2()?;
-    let rows = x.elem_count() / in_dim.max(1);
-    let (dx, dw) = with_data([x, w], |[x, w]| {
-        let dx = product(rows, out_dim, in_dim, Mat::rows(g, out_dim), Mat::rows(w, in_dim));
-        let dw = product(
-            out_dim,
-            rows,
-            in_dim,
-            Mat::rows(g, out_dim).t(),
-            Mat::rows(x, in_dim),
-        );
-        Ok((dx, dw))
-    })?;
-    Ok((Some(cpu_tensor(dx, x.shape())?), Some(cpu_tensor(dw, w.shape())?)))
+/// dx = g·W and dW = gᵀ·x of x·Wᵀ for contiguous x (rows × in), W (out × in) and the gradient
+/// g (rows × out) of the product.
+fn project_grads(
+    x: &[f32],
+    w: &[f32],
+    g: &[f32],
+    (rows, in_dim, out_dim): (usize, usize, usize),
+) -> (Vec<f32>, Vec<f32>) {
+    let dx = product(rows, out_dim, in_dim, Mat::rows(g, out_dim), Mat::rows(w, in_dim));
+    let dw = product(
+        out_dim,
+        rows,
+        in_dim,
+        Mat::rows(g, out_dim).t(),
+        Mat::rows(x, in_dim),
+    );
+    (dx, dw)
 }
 
-struct LinearOp;
+/// What a projection op does with x·Wᵀ before handing it on, and with the gradient on the way
+/// back: nothing ([`Plain`]), GELU ([`Gelu`]) or the rotary rotation ([`Rotate`]). The op runs
+/// the product and its epilogue in one node of the graph.
+trait Epilogue: Send + Sync {
+    const NAME: &'static str;
+    /// The op's output from the product `p` of an input of shape `x`.
+    fn forward(&self, p: Vec<f32>, x: &Shape, out_dim: usize) -> Result<Vec<f32>>;
+    /// The gradient at the product from the gradient `g` at the output; `p()` recomputes the
+    /// product where the epilogue needs it.
+    fn backward<'g>(
+        &self,
+        g: &'g [f32],
+        x: &Shape,
+        out_dim: usize,
+        p: impl FnOnce() -> Vec<f32>,
+    ) -> Result<Cow<'g, [f32]>>;
+}
 
-impl CustomOp2 for LinearOp {
+/// The product itself.
+struct Plain;
+
+impl Epilogue for Plain {
+    const NAME: &'static str = "ember-linear";
+    fn forward(&self, p: Vec<f32>, _x: &Shape, _out_dim: usize) -> Result<Vec<f32>> {
+        Ok(p)
+    }
+    fn backward<'g>(
+        &self,
+        g: &'g [f32],
+        _: &Shape,
+        _: usize,
+        _: impl FnOnce() -> Vec<f32>,
+    ) -> Result<Cow<'g, [f32]>> {
+        Ok(Cow::Borrowed(g))
+    }
+}
+
+/// GELU of the product, keeping its derivative for the backward pass.
+struct Gelu(GeluSlope);
+
+impl Epilogue for Gelu {
+    const NAME: &'static str = "ember-linear-gelu";
+    fn forward(&self, p: Vec<f32>, _x: &Shape, _out_dim: usize) -> Result<Vec<f32>> {
+        Ok(self.0.forward(&p))
+    }
+    fn backward<'g>(
+        &self,
+        g: &'g [f32],
+        _: &Shape,
+        _: usize,
+        p: impl FnOnce() -> Vec<f32>,
+    ) -> Result<Cow<'g, [f32]>> {
+        Ok(Cow::Owned(self.0.backward(g, || Ok(Cow::Owned(p())))?))
+    }
+}
+
+/// The product rotated (and scaled) per position; x is (B, T, in).
+struct Rotate(RopeOp);
+
+impl Epilogue for Rotate {
+    const NAME: &'static str = "ember-linear-rope";
+    fn forward(&self, p: Vec<f32>, x: &Shape, out_dim: usize) -> Result<Vec<f32>> {
+        Ok(self.0.run(&p, x.dims3()?.1, out_dim))
+    }
+    /// The transposed rotation.
+    fn backward<'g>(
+        &self,
+        g: &'g [f32],
+        x: &Shape,
+        out_dim: usize,
+        _: impl FnOnce() -> Vec<f32>,
+    ) -> Result<Cow<'g, [f32]>> {
+        Ok(Cow::Owned(self.0.transpose().run(g, x.dims3()?.1, out_dim)))
+    }
+}
+
+/// x·Wᵀ and its epilogue as one op.
+struct ProjectionOp<E>(E);
+
+impl<E: Epilogue> CustomOp2 for ProjectionOp<E> {
     fn name(&self) -> &'static str {
-        "ember-linear"
+        E::NAME
     }
     fn cpu_fwd(
         &self,
@@ -113,7 +190,8 @@ impl CustomOp2 for LinearOp {
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let dims = dims(l1, l2)?;
-        let y = project(cpu_slice(s1, l1)?, cpu_slice(s2, l2)?, dims);
+        let p = project(cpu_slice(s1, l1)?, cpu_slice(s2, l2)?, dims);
+        let y = self.0.forward(p, l1.shape(), dims.2)?;
         Ok((CpuStorage::F32(y), output_shape(l1.shape(), dims.2)))
     }
     fn bwd(
@@ -123,7 +201,15 @@ impl CustomOp2 for LinearOp {
         _res: &Tensor,
         g: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        with_data([g], |[g]| project_backward(x, w, g))
+        let (out_dim, in_dim) = w.dims2()?;
+        let dims = (x.elem_count() / in_dim.max(1), in_dim, out_dim);
+        let (dx, dw) = with_data([x, w, g], |[xs, ws, gs]| {
+            let g_product = self
+                .0
+                .backward(gs, x.shape(), out_dim, || project(xs, ws, dims))?;
+            Ok(project_grads(xs, ws, &g_product, dims))
+        })?;
+        Ok((Some(cpu_tensor(dx, x.shape())?), Some(cpu_tensor(dw, w.shape())?)))
     }
 }
 
@@ -141,44 +227,8 @@ pub fn linear_gelu(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     if !(is_host_f32(x) && is_host_f32(w)) {
         return linear_gelu_unfused(x, w);
     }
-    let op = LinearGeluOp(GeluSlope::new(x.track_op() || w.track_op()));
+    let op = ProjectionOp(Gelu(GeluSlope::new(x.track_op() || w.track_op())));
     x.contiguous()?.apply_op2(&w.contiguous()?, op)
-}
-
-struct LinearGeluOp(GeluSlope);
-
-impl CustomOp2 for LinearGeluOp {
-    fn name(&self) -> &'static str {
-        "ember-linear-gelu"
-    }
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let dims = dims(l1, l2)?;
-        let pre = project(cpu_slice(s1, l1)?, cpu_slice(s2, l2)?, dims);
-        Ok((
-            CpuStorage::F32(self.0.forward(&pre)),
-            output_shape(l1.shape(), dims.2),
-        ))
-    }
-    fn bwd(
-        &self,
-        x: &Tensor,
-        w: &Tensor,
-        _res: &Tensor,
-        g: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let (out_dim, in_dim) = w.dims2()?;
-        let dims = (x.elem_count() / in_dim.max(1), in_dim, out_dim);
-        let g_pre = with_data([x, w, g], |[x, w, g]| {
-            self.0.backward(g, || Ok(Cow::Owned(project(x, w, dims))))
-        })?;
-        project_backward(x, w, &g_pre)
-    }
 }
 
 /// `scale · rotated(x·Wᵀ)` from candle's ops (every device and dtype).
@@ -209,41 +259,8 @@ pub fn linear_rope(
     if !(is_host_f32(x) && is_host_f32(w) && tables.covers(offset, t)) {
         return linear_rope_unfused(x, w, tables, offset, scale);
     }
-    let op = LinearRopeOp(RopeOp::new(tables, offset, scale.into()));
+    let op = ProjectionOp(Rotate(RopeOp::new(tables, offset, scale.into())));
     x.contiguous()?.apply_op2(&w.contiguous()?, op)
-}
-
-struct LinearRopeOp(RopeOp);
-
-impl CustomOp2 for LinearRopeOp {
-    fn name(&self) -> &'static str {
-        "ember-linear-rope"
-    }
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let dims = dims(l1, l2)?;
-        let (_, t, _) = l1.shape().dims3()?;
-        let projected = project(cpu_slice(s1, l1)?, cpu_slice(s2, l2)?, dims);
-        let y = self.0.run(&projected, t, dims.2);
-        Ok((CpuStorage::F32(y), output_shape(l1.shape(), dims.2)))
-    }
-    /// The transposed rotation of the gradient, then the projection's backward.
-    fn bwd(
-        &self,
-        x: &Tensor,
-        w: &Tensor,
-        _res: &Tensor,
-        g: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let (_, t, width) = g.dims3()?;
-        let g_projected = with_data([g], |[g]| Ok(self.0.transpose().run(g, t, width)))?;
-        project_backward(x, w, &g_projected)
-    }
 }
 
 /// `x + dropout(h·Wᵀ)` from the ops one by one (every device and dtype).
@@ -303,10 +320,18 @@ impl CustomOp3 for LinearResidualOp {
         _res: &Tensor,
         g: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let (dh, dw) = with_data([g], |[g]| match self.0 {
-            Some(mask) => project_backward(h, w, &dropout_apply(mask, g)),
-            None => project_backward(h, w, g),
+        let (out_dim, in_dim) = w.dims2()?;
+        let dims = (h.elem_count() / in_dim.max(1), in_dim, out_dim);
+        let (dh, dw) = with_data([h, w, g], |[hs, ws, gs]| {
+            Ok(match self.0 {
+                Some(mask) => project_grads(hs, ws, &dropout_apply(mask, gs), dims),
+                None => project_grads(hs, ws, gs, dims),
+            })
         })?;
-        Ok((Some(g.clone()), dh, dw))
+        Ok((
+            Some(g.clone()),
+            Some(cpu_tensor(dh, h.shape())?),
+            Some(cpu_tensor(dw, w.shape())?),
+        ))
     }
 }
