@@ -12,9 +12,15 @@
 //! the same thread count from the trainer, but parked between ops instead of spinning
 //! (`CANDLE_BARRIER_POOL_SPIN_LIMIT=0`): spinning, it fought this pool for the cores.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
 static POOL: RwLock<Option<Arc<rayon::ThreadPool>>> = RwLock::new(None);
+
+/// The pool's thread count, read without the lock: the GEMM asks for it on every product, and
+/// attention runs tens of thousands of tiny products a step from both threads at once, where the
+/// lock's reader count and the pool's reference count were cache lines the threads fought over.
+static THREADS: AtomicUsize = AtomicUsize::new(1);
 
 /// Runs the kernels on `n` threads from now on (1: on the caller's thread, no pool at all).
 pub fn set_threads(n: usize) -> Result<(), String> {
@@ -28,13 +34,15 @@ pub fn set_threads(n: usize) -> Result<(), String> {
             .map_err(|e| format!("cannot start {n} kernel threads: {e}"))?;
         Some(Arc::new(pool))
     };
+    let threads = pool.as_ref().map_or(1, |p| p.current_num_threads());
     *POOL.write().unwrap_or_else(|e| e.into_inner()) = pool;
+    THREADS.store(threads, Ordering::Relaxed);
     Ok(())
 }
 
 /// Threads the kernels run on.
 pub fn threads() -> usize {
-    pool().map_or(1, |p| p.current_num_threads())
+    THREADS.load(Ordering::Relaxed)
 }
 
 fn pool() -> Option<Arc<rayon::ThreadPool>> {
@@ -44,6 +52,10 @@ fn pool() -> Option<Arc<rayon::ThreadPool>> {
 /// Runs `task(i)` for every i in `0..n`, on the pool's threads when there is a pool and more
 /// than one task. Tasks must write disjoint outputs (see the module docs).
 pub(crate) fn for_each(n: usize, task: impl Fn(usize) + Sync + Send) {
+    if n <= 1 {
+        // One task (most of attention's products): no pool to look up.
+        return (0..n).for_each(task);
+    }
     match pool() {
         Some(pool) if n > 1 => pool.install(|| {
             use rayon::prelude::*;

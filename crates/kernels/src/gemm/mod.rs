@@ -379,8 +379,11 @@ const PAR_MIN_FMAS: usize = 1 << 18;
 /// How many row (or column) blocks to cut a product into: about two per thread, so a slow
 /// thread's block can be picked up by another, and only for products large enough to pay.
 fn blocks_for(m: usize, k: usize, n: usize, span: usize, align: usize) -> usize {
+    if m * k * n < PAR_MIN_FMAS {
+        return 1;
+    }
     let threads = crate::par::threads();
-    if threads <= 1 || m * k * n < PAR_MIN_FMAS {
+    if threads <= 1 {
         return 1;
     }
     (2 * threads).min(span.div_ceil(align)).max(1)
