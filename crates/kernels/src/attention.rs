@@ -20,7 +20,7 @@ use crate::dropout::{dropout_unfused, DropoutOp};
 use crate::gemm::{sgemm, Blocks, Mat};
 use crate::host::{cpu_slice, cpu_storage, cpu_tensor, is_host_f32, with_data};
 use crate::simd::{dot, simd_dispatch};
-use crate::softmax::{softmax_in_place, softmax_rows_unfused};
+use crate::softmax::{softmax_rows_in_place, softmax_rows_unfused};
 
 /// Converts a 0/1 key mask (B, S) (1 = real token) into an additive mask (B, 1, 1, S) that
 /// broadcasts over heads and queries. Masked logits get −1e9 rather than −∞: the probabilities
@@ -267,7 +267,8 @@ struct Measured {
 }
 
 /// Head `hq`'s probabilities of batch `bi` in `p` (T×S, holding q·kᵀ): adds the mask and takes
-/// each row's softmax in place, measuring the logits and rows first when `measure` is given.
+/// each row's softmax in place, measuring the logits first and the rows after when `measure` is
+/// given.
 #[inline(always)]
 fn softmax_head(
     dims: AttnDims,
@@ -299,8 +300,10 @@ fn softmax_head(
                 }
             }
         }
-        softmax_in_place(row);
-        if let Some(m) = measure.as_deref_mut() {
+    }
+    softmax_rows_in_place(p, s);
+    if let Some(m) = measure {
+        for (ti, row) in p.chunks_exact(s).enumerate() {
             let h: f32 = row.iter().map(|&p| -p * p.max(1e-30).ln()).sum();
             m.entropy_sum += h as f64;
             m.by_position[ti] += h as f64;

@@ -37,6 +37,29 @@ pub(crate) fn softmax_in_place(row: &mut [f32]) {
     }
 }
 
+/// Softmax of each row of `n` elements of `block`, in place, with the bits of
+/// [`softmax_in_place`] row by row. The exponentials run over the whole block in one loop: over
+/// one row of fewer elements than a vector holds (attention's rows of a dozen keys) the loop ran
+/// lane by lane, and the exponentials were most of the attention forward pass's softmax.
+#[inline(always)]
+pub(crate) fn softmax_rows_in_place(block: &mut [f32], n: usize) {
+    for row in block.chunks_exact_mut(n) {
+        let max = max_of(row);
+        for x in row.iter_mut() {
+            *x -= max;
+        }
+    }
+    for x in block.iter_mut() {
+        *x = exp_fast(*x);
+    }
+    for row in block.chunks_exact_mut(n) {
+        let inv = 1.0 / sum(row);
+        for x in row.iter_mut() {
+            *x *= inv;
+        }
+    }
+}
+
 struct SoftmaxOp;
 
 impl CustomOp1 for SoftmaxOp {
