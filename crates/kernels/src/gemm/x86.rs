@@ -91,7 +91,7 @@ pub(super) mod avx512 {
                     hi,
                     beta,
                 };
-                run_tile(rows, cols == NR, t);
+                run_tile(rows, cols == NR, cols > 16, t);
             }
         }
     }
@@ -131,7 +131,7 @@ pub(super) mod avx512 {
                     hi,
                     beta,
                 };
-                run_tile(MR.min(m - i0), true, t);
+                run_tile(MR.min(m - i0), true, cols > 16, t);
             }
         }
     }
@@ -161,27 +161,30 @@ pub(super) mod avx512 {
         }
     }
 
-    /// [`tile`] for a tile of `rows` (1..=8) rows; `full_b`: B's rows have all 32 columns.
+    /// [`tile`] for a tile of `rows` (1..=8) rows; `full_b`: B's rows have all 32 columns
+    /// (or zeros past n); `wide`: more than 16 of them exist.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn run_tile(rows: usize, full_b: bool, t: Tile) {
-        match (rows, full_b) {
-            (8, true) => tile::<8, true>(t),
-            (7, true) => tile::<7, true>(t),
-            (6, true) => tile::<6, true>(t),
-            (5, true) => tile::<5, true>(t),
-            (4, true) => tile::<4, true>(t),
-            (3, true) => tile::<3, true>(t),
-            (2, true) => tile::<2, true>(t),
-            (_, true) => tile::<1, true>(t),
-            (8, false) => tile::<8, false>(t),
-            (7, false) => tile::<7, false>(t),
-            (6, false) => tile::<6, false>(t),
-            (5, false) => tile::<5, false>(t),
-            (4, false) => tile::<4, false>(t),
-            (3, false) => tile::<3, false>(t),
-            (2, false) => tile::<2, false>(t),
-            (_, false) => tile::<1, false>(t),
+    unsafe fn run_tile(rows: usize, full_b: bool, wide: bool, t: Tile) {
+        match (full_b, wide) {
+            (true, true) => run_rows::<true, true>(rows, t),
+            (true, false) => run_rows::<true, false>(rows, t),
+            (false, true) => run_rows::<false, true>(rows, t),
+            (false, false) => run_rows::<false, false>(rows, t),
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn run_rows<const FULL_B: bool, const WIDE: bool>(rows: usize, t: Tile) {
+        match rows {
+            8 => tile::<8, FULL_B, WIDE>(t),
+            7 => tile::<7, FULL_B, WIDE>(t),
+            6 => tile::<6, FULL_B, WIDE>(t),
+            5 => tile::<5, FULL_B, WIDE>(t),
+            4 => tile::<4, FULL_B, WIDE>(t),
+            3 => tile::<3, FULL_B, WIDE>(t),
+            2 => tile::<2, FULL_B, WIDE>(t),
+            _ => tile::<1, FULL_B, WIDE>(t),
         }
     }
 
@@ -214,13 +217,15 @@ pub(super) mod avx512 {
         beta: f32,
     }
 
-    /// C[0..R, 0..32] = A[0..R, :]·B[:, 0..32] + beta·C, masked to the columns that exist.
+    /// C[0..R, 0..32] = A[0..R, :]·B[:, 0..32] + beta·C, masked to the columns that exist;
+    /// without `WIDE`, only the first 16 columns exist and the high half is not computed at all
+    /// (attention's q·kᵀ over a dozen keys spent half its multiply-adds on masked-off lanes).
     /// Masked-off lanes are neither loaded nor stored (AVX-512 masks suppress the access), so a
     /// strip at the right edge never touches memory past it. `FULL_B`: B's rows have all 32
     /// columns (packed strips are zero-padded), so its loads need no mask.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn tile<const R: usize, const FULL_B: bool>(t: Tile) {
+    unsafe fn tile<const R: usize, const FULL_B: bool, const WIDE: bool>(t: Tile) {
         let mut lo = [_mm512_setzero_ps(); R];
         let mut hi = [_mm512_setzero_ps(); R];
         // One base pointer per row and a shared offset: the broadcasts' addresses then do not
@@ -230,18 +235,22 @@ pub(super) mod avx512 {
         let mut b = t.b;
         let mut offset = 0;
         for _ in 0..t.k {
-            let (b_lo, b_hi) = if FULL_B {
-                (_mm512_loadu_ps(b), _mm512_loadu_ps(b.wrapping_add(16)))
+            let b_lo = if FULL_B {
+                _mm512_loadu_ps(b)
             } else {
-                (
-                    _mm512_maskz_loadu_ps(t.lo, b),
-                    _mm512_maskz_loadu_ps(t.hi, b.wrapping_add(16)),
-                )
+                _mm512_maskz_loadu_ps(t.lo, b)
+            };
+            let b_hi = match (WIDE, FULL_B) {
+                (false, _) => _mm512_setzero_ps(),
+                (true, true) => _mm512_loadu_ps(b.wrapping_add(16)),
+                (true, false) => _mm512_maskz_loadu_ps(t.hi, b.wrapping_add(16)),
             };
             for i in 0..R {
                 let av = _mm512_set1_ps(*rows[i].add(offset));
                 lo[i] = _mm512_fmadd_ps(av, b_lo, lo[i]);
-                hi[i] = _mm512_fmadd_ps(av, b_hi, hi[i]);
+                if WIDE {
+                    hi[i] = _mm512_fmadd_ps(av, b_hi, hi[i]);
+                }
             }
             offset += t.csa;
             b = b.wrapping_add(t.ldb);
@@ -253,10 +262,14 @@ pub(super) mod avx512 {
             if t.beta != 0.0 {
                 let beta = _mm512_set1_ps(t.beta);
                 r_lo = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(t.lo, c_lo), r_lo);
-                r_hi = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(t.hi, c_hi), r_hi);
+                if WIDE {
+                    r_hi = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(t.hi, c_hi), r_hi);
+                }
             }
             _mm512_mask_storeu_ps(c_lo, t.lo, r_lo);
-            _mm512_mask_storeu_ps(c_hi, t.hi, r_hi);
+            if WIDE {
+                _mm512_mask_storeu_ps(c_hi, t.hi, r_hi);
+            }
         }
     }
 }
