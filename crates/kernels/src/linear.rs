@@ -63,10 +63,10 @@ fn check_fit(op: &str, x: &Tensor, w: &Tensor) -> Result<()> {
     Ok(())
 }
 
-/// (rows, in, out) of x·Wᵀ, from the layouts of x (…, in) and W (out × in).
-fn dims(l_x: &Layout, l_w: &Layout) -> Result<(usize, usize, usize)> {
-    let (out_dim, in_dim) = l_w.shape().dims2()?;
-    Ok((l_x.shape().elem_count() / in_dim.max(1), in_dim, out_dim))
+/// (rows, in, out) of x·Wᵀ, from the shapes of x (…, in) and W (out × in).
+fn dims(x: &Shape, w: &Shape) -> Result<(usize, usize, usize)> {
+    let (out_dim, in_dim) = w.dims2()?;
+    Ok((x.elem_count() / in_dim.max(1), in_dim, out_dim))
 }
 
 /// x·Wᵀ of contiguous x (rows × in) and W (out × in).
@@ -189,7 +189,7 @@ impl<E: Epilogue> CustomOp2 for ProjectionOp<E> {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let dims = dims(l1, l2)?;
+        let dims = dims(l1.shape(), l2.shape())?;
         let p = project(cpu_slice(s1, l1)?, cpu_slice(s2, l2)?, dims);
         let y = self.0.forward(p, l1.shape(), dims.2)?;
         Ok((CpuStorage::F32(y), output_shape(l1.shape(), dims.2)))
@@ -201,12 +201,9 @@ impl<E: Epilogue> CustomOp2 for ProjectionOp<E> {
         _res: &Tensor,
         g: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let (out_dim, in_dim) = w.dims2()?;
-        let dims = (x.elem_count() / in_dim.max(1), in_dim, out_dim);
+        let dims = dims(x.shape(), w.shape())?;
         let (dx, dw) = with_data([x, w, g], |[xs, ws, gs]| {
-            let g_product = self
-                .0
-                .backward(gs, x.shape(), out_dim, || project(xs, ws, dims))?;
+            let g_product = self.0.backward(gs, x.shape(), dims.2, || project(xs, ws, dims))?;
             Ok(project_grads(xs, ws, &g_product, dims))
         })?;
         Ok((Some(cpu_tensor(dx, x.shape())?), Some(cpu_tensor(dw, w.shape())?)))
@@ -308,7 +305,11 @@ impl CustomOp3 for LinearResidualOp {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let branch = project(cpu_slice(s2, l2)?, cpu_slice(s3, l3)?, dims(l2, l3)?);
+        let branch = project(
+            cpu_slice(s2, l2)?,
+            cpu_slice(s3, l3)?,
+            dims(l2.shape(), l3.shape())?,
+        );
         let out = add_dropped(self.0, cpu_slice(s1, l1)?, &branch);
         Ok((CpuStorage::F32(out), l1.shape().clone()))
     }
@@ -320,8 +321,7 @@ impl CustomOp3 for LinearResidualOp {
         _res: &Tensor,
         g: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let (out_dim, in_dim) = w.dims2()?;
-        let dims = (h.elem_count() / in_dim.max(1), in_dim, out_dim);
+        let dims = dims(h.shape(), w.shape())?;
         let (dh, dw) = with_data([h, w, g], |[hs, ws, gs]| {
             Ok(match self.0 {
                 Some(mask) => project_grads(hs, ws, &dropout_apply(mask, gs), dims),

@@ -57,7 +57,7 @@ pub(crate) fn for_each(n: usize, task: impl Fn(usize) + Sync + Send) {
         return (0..n).for_each(task);
     }
     match pool() {
-        Some(pool) if n > 1 => pool.install(|| {
+        Some(pool) => pool.install(|| {
             use rayon::prelude::*;
             (0..n).into_par_iter().for_each(&task)
         }),

@@ -24,23 +24,11 @@ pub fn softmax_rows(x: &Tensor) -> Result<Tensor> {
     x.contiguous()?.apply_op1(SoftmaxOp)
 }
 
-/// Softmax of one row, in place (shared by [`SoftmaxOp`] and the attention kernel).
-#[inline(always)]
-pub(crate) fn softmax_in_place(row: &mut [f32]) {
-    let max = max_of(row);
-    for x in row.iter_mut() {
-        *x = exp_fast(*x - max);
-    }
-    let inv = 1.0 / sum(row);
-    for x in row.iter_mut() {
-        *x *= inv;
-    }
-}
-
-/// Softmax of each row of `n` elements of `block`, in place, with the bits of
-/// [`softmax_in_place`] row by row. The exponentials run over the whole block in one loop: over
-/// one row of fewer elements than a vector holds (attention's rows of a dozen keys) the loop ran
-/// lane by lane, and the exponentials were most of the attention forward pass's softmax.
+/// Softmax of each row of `n` elements of `block`, in place (for [`SoftmaxOp`] and the attention
+/// kernel). Each row's max is subtracted first and the exponentials then run over the whole block
+/// in one loop: over one row of fewer elements than a vector holds (attention's rows of a dozen
+/// keys) the loop ran lane by lane, and the exponentials were most of the attention forward
+/// pass's softmax.
 #[inline(always)]
 pub(crate) fn softmax_rows_in_place(block: &mut [f32], n: usize) {
     for row in block.chunks_exact_mut(n) {
@@ -70,13 +58,11 @@ impl CustomOp1 for SoftmaxOp {
         let x = cpu_slice(s, l)?;
         let n = l.dims().last().copied().unwrap_or(1).max(1);
         let y = fill(x.len(), rows_per_task(n) * n, |r, y| {
-            for (row, out) in x[r].chunks_exact(n).zip(y.chunks_exact_mut(n)) {
-                for (o, &v) in out.iter_mut().zip(row) {
-                    o.write(v);
-                }
-                // SAFETY: every element of `out` was written just above.
-                softmax_in_place(unsafe { &mut *(out as *mut [MaybeUninit<f32>] as *mut [f32]) });
+            for (o, &v) in y.iter_mut().zip(&x[r]) {
+                o.write(v);
             }
+            // SAFETY: every element of `y` was written just above.
+            softmax_rows_in_place(unsafe { &mut *(y as *mut [MaybeUninit<f32>] as *mut [f32]) }, n);
         });
         Ok((CpuStorage::F32(y), l.shape().clone()))
     }
