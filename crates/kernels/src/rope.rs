@@ -15,6 +15,7 @@ use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Result, Shape, T
 
 use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
 use crate::par::{for_each_chunk, SharedMut};
+use crate::simd::simd_dispatch;
 
 /// The cos/sin tables of positions `0..max_len` for vectors of `head_dim` elements: as tensors of
 /// the model's dtype and device (the unfused rotation) and as f32 half-tables (the CPU kernel).
@@ -214,9 +215,6 @@ impl RopeOp {
 
     /// Rotates x (B, T, W) into a new vector of the same layout.
     pub(crate) fn run(&self, x: &[f32], t: usize, width: usize) -> Vec<f32> {
-        let half = self.tables.half;
-        let d = 2 * half;
-        let sign = if self.inverse { -1.0 } else { 1.0 };
         if width == 0 {
             return Vec::new();
         }
@@ -226,32 +224,41 @@ impl RopeOp {
         for_each_chunk(positions, ROWS_PER_TASK, |rows| {
             // SAFETY: the positions `rows` of the output belong to this task alone.
             let y = unsafe { out.slice(rows.start * width, rows.len() * width) };
-            for (r, (xr, yr)) in rows.clone().zip(
-                x[rows.start * width..rows.end * width]
-                    .chunks_exact(width)
-                    .zip(y.chunks_exact_mut(width)),
-            ) {
-                let pos = self.offset + r % t;
-                // The scale is linear in x, so the backward pass applies the same factor.
-                let scale = self.scale.at(pos) as f32;
-                let cos = &self.tables.cos_half[pos * half..(pos + 1) * half];
-                let sin = &self.tables.sin_half[pos * half..(pos + 1) * half];
-                for (xh, yh) in xr.chunks_exact(d).zip(yr.chunks_exact_mut(d)) {
-                    let (x1, x2) = xh.split_at(half);
-                    let (y1, y2) = yh.split_at_mut(half);
-                    for i in 0..half {
-                        let s = sin[i] * sign;
-                        y1[i] = (x1[i] * cos[i] - x2[i] * s) * scale;
-                        y2[i] = (x2[i] * cos[i] + x1[i] * s) * scale;
-                    }
-                }
-            }
+            let x = &x[rows.start * width..rows.end * width];
+            rotate_rows(self, rows.start, t, width, x, y);
         });
         // SAFETY: the tasks wrote every position's row.
         unsafe { y.set_len(x.len()) };
         y
     }
 }
+
+/// Rotates the rows of `x` (positions `first..`, `width` elements each, t positions to a
+/// sequence) into `y`, with `op`'s angles, direction and scale.
+#[inline(always)]
+fn rotate_rows_generic(op: &RopeOp, first: usize, t: usize, width: usize, x: &[f32], y: &mut [f32]) {
+    let half = op.tables.half;
+    let d = 2 * half;
+    let sign = if op.inverse { -1.0 } else { 1.0 };
+    for (r, (xr, yr)) in (first..).zip(x.chunks_exact(width).zip(y.chunks_exact_mut(width))) {
+        let pos = op.offset + r % t;
+        // The scale is linear in x, so the backward pass applies the same factor.
+        let scale = op.scale.at(pos) as f32;
+        let cos = &op.tables.cos_half[pos * half..(pos + 1) * half];
+        let sin = &op.tables.sin_half[pos * half..(pos + 1) * half];
+        for (xh, yh) in xr.chunks_exact(d).zip(yr.chunks_exact_mut(d)) {
+            let (x1, x2) = xh.split_at(half);
+            let (y1, y2) = yh.split_at_mut(half);
+            for i in 0..half {
+                let s = sin[i] * sign;
+                y1[i] = (x1[i] * cos[i] - x2[i] * s) * scale;
+                y2[i] = (x2[i] * cos[i] + x1[i] * s) * scale;
+            }
+        }
+    }
+}
+simd_dispatch!(rotate_rows => rotate_rows_generic(
+    op: &RopeOp, first: usize, t: usize, width: usize, x: &[f32], y: &mut [f32]) -> ());
 
 impl CustomOp1 for RopeOp {
     fn name(&self) -> &'static str {
