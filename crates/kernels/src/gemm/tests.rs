@@ -203,15 +203,15 @@ fn packed_strips_give_the_bits_of_the_unpacked_kernel() {
 }
 
 /// B packed once and used for products with several A (the output layer's blocks) gives the
-/// bits of the in-place kernel, for B as it lies and transposed, at any β.
+/// bits of the in-place kernel, for B as it lies and transposed, at any β, with a short k and
+/// with one long enough to be taken in pieces.
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn a_b_packed_once_serves_every_product_with_the_same_bits() {
     if !std::is_x86_feature_detected!("avx512f") {
         return;
     }
-    let (k, n) = (37, 70);
-    for b_t in [false, true] {
+    for ((k, n), b_t) in [(37, 70), (1500, 40)].into_iter().flat_map(|s| [(s, false), (s, true)]) {
         let b = values(k * n, 21);
         let (_, bo) = operands(&[], &b, (0, k, n), false, b_t);
         let view = Mat {
@@ -244,7 +244,7 @@ fn a_b_packed_once_serves_every_product_with_the_same_bits() {
             };
             assert!(
                 got.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()),
-                "m={m} beta={beta} b_t={b_t}: a packed B changed the bits"
+                "k={k} m={m} beta={beta} b_t={b_t}: a packed B changed the bits"
             );
         }
     }

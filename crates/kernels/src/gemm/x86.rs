@@ -90,6 +90,7 @@ pub(super) mod avx512 {
                     lo,
                     hi,
                     beta,
+                    resume: false,
                 };
                 run_tile(rows, cols == NR, cols > 16, t);
             }
@@ -99,6 +100,12 @@ pub(super) mod avx512 {
     /// [`gemm`] with B packed by [`super::super::pack_strips`]: strip `s` (columns `32s..32s+32`,
     /// zero beyond n) holds its k rows of 32 contiguously. Strips outer, row tiles inner: a strip
     /// (k·128 bytes) stays in L1 while A's rows pass by it, and every load of B is sequential.
+    ///
+    /// A long k (β = 0) is taken in pieces of [`K_PIECE`], each over every strip: the piece of
+    /// A's rows then stays in L2 from one strip to the next instead of streaming from beyond it
+    /// once per strip (the output layer's dh = dlogits·W reads 10k-wide rows of dlogits, four
+    /// strips' worth). A tile after the first piece starts from the sums C holds, so each
+    /// element is still one chain of multiply-adds in k's order: the same bits as one piece.
     #[target_feature(enable = "avx512f")]
     #[allow(clippy::too_many_arguments)]
     pub(in crate::gemm) unsafe fn gemm_strips(
@@ -112,29 +119,38 @@ pub(super) mod avx512 {
         ldc: usize,
     ) {
         let (rsa, csa) = (a.row_stride, a.col_stride);
-        for j0 in (0..n).step_by(NR) {
-            let cols = NR.min(n - j0);
-            let lo = lane_mask(cols);
-            let hi = lane_mask(cols.saturating_sub(16));
-            let b_strip = strips.add((j0 / NR) * k * NR);
-            for i0 in (0..m).step_by(MR) {
-                let t = Tile {
-                    k,
-                    a: a.ptr.wrapping_add(i0 * rsa),
-                    rsa,
-                    csa,
-                    b: b_strip,
-                    ldb: NR,
-                    c: c.add(i0 * ldc + j0),
-                    ldc,
-                    lo,
-                    hi,
-                    beta,
-                };
-                run_tile(MR.min(m - i0), true, cols > 16, t);
+        let piece = if beta == 0.0 && k > 2 * K_PIECE { K_PIECE } else { k.max(1) };
+        for p0 in (0..k.max(1)).step_by(piece) {
+            let kp = piece.min(k - p0);
+            for j0 in (0..n).step_by(NR) {
+                let cols = NR.min(n - j0);
+                let lo = lane_mask(cols);
+                let hi = lane_mask(cols.saturating_sub(16));
+                let b_strip = strips.add((j0 / NR) * k * NR + p0 * NR);
+                for i0 in (0..m).step_by(MR) {
+                    let t = Tile {
+                        k: kp,
+                        a: a.ptr.wrapping_add(i0 * rsa + p0 * csa),
+                        rsa,
+                        csa,
+                        b: b_strip,
+                        ldb: NR,
+                        c: c.add(i0 * ldc + j0),
+                        ldc,
+                        lo,
+                        hi,
+                        beta,
+                        resume: p0 > 0,
+                    };
+                    run_tile(MR.min(m - i0), true, cols > 16, t);
+                }
             }
         }
     }
+
+    /// The piece of k [`gemm_strips`] takes at a time when k is long: 512 of a tile's A rows
+    /// (a task's ~200 rows: 400 KB) and of a strip (64 KB) stay in L2 together.
+    const K_PIECE: usize = 512;
 
     /// [`gemm`] with k cut into pieces of `kc`, one after another (β for the first, then adding
     /// to C): for a column-major A (gᵀ in dW = gᵀ·x, k the tokens) a piece's B rows and A
@@ -215,6 +231,9 @@ pub(super) mod avx512 {
         lo: __mmask16,
         hi: __mmask16,
         beta: f32,
+        /// The sums start from C's values (a product continued over more of k; β is not
+        /// applied), not from zero.
+        resume: bool,
     }
 
     /// C[0..R, 0..32] = A[0..R, :]·B[:, 0..32] + beta·C, masked to the columns that exist;
@@ -228,6 +247,15 @@ pub(super) mod avx512 {
     unsafe fn tile<const R: usize, const FULL_B: bool, const WIDE: bool>(t: Tile) {
         let mut lo = [_mm512_setzero_ps(); R];
         let mut hi = [_mm512_setzero_ps(); R];
+        if t.resume {
+            for i in 0..R {
+                let c_lo = t.c.add(i * t.ldc);
+                lo[i] = _mm512_maskz_loadu_ps(t.lo, c_lo);
+                if WIDE {
+                    hi[i] = _mm512_maskz_loadu_ps(t.hi, c_lo.wrapping_add(16));
+                }
+            }
+        }
         // One base pointer per row and a shared offset: the broadcasts' addresses then do not
         // depend on each other (a pointer stepped row by row made a serial chain of adds that
         // was longer than the FMAs it fed).
@@ -259,7 +287,7 @@ pub(super) mod avx512 {
             let c_lo = t.c.add(i * t.ldc);
             let c_hi = c_lo.wrapping_add(16);
             let (mut r_lo, mut r_hi) = (lo[i], hi[i]);
-            if t.beta != 0.0 {
+            if t.beta != 0.0 && !t.resume {
                 let beta = _mm512_set1_ps(t.beta);
                 r_lo = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(t.lo, c_lo), r_lo);
                 if WIDE {
