@@ -211,7 +211,10 @@ fn a_b_packed_once_serves_every_product_with_the_same_bits() {
     if !std::is_x86_feature_detected!("avx512f") {
         return;
     }
-    for ((k, n), b_t) in [(37, 70), (1500, 40)].into_iter().flat_map(|s| [(s, false), (s, true)]) {
+    for ((k, n), b_t) in [(37, 70), (1500, 40)]
+        .into_iter()
+        .flat_map(|s| [(s, false), (s, true)])
+    {
         let b = values(k * n, 21);
         let (_, bo) = operands(&[], &b, (0, k, n), false, b_t);
         let view = Mat {

@@ -119,7 +119,11 @@ pub(super) mod avx512 {
         ldc: usize,
     ) {
         let (rsa, csa) = (a.row_stride, a.col_stride);
-        let piece = if beta == 0.0 && k > 2 * K_PIECE { K_PIECE } else { k.max(1) };
+        let piece = if beta == 0.0 && k > 2 * K_PIECE {
+            K_PIECE
+        } else {
+            k.max(1)
+        };
         for p0 in (0..k.max(1)).step_by(piece) {
             let kp = piece.min(k - p0);
             for j0 in (0..n).step_by(NR) {
