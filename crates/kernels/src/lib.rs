@@ -51,7 +51,7 @@ pub use cross_entropy::cross_entropy_unfused;
 pub use dropout::{dropout, dropout_unfused};
 pub use linear::{
     linear, linear_gelu, linear_gelu_unfused, linear_residual, linear_residual_unfused, linear_rope,
-    linear_rope_unfused, linear_unfused,
+    linear_rope_unfused, linear_scaled, linear_scaled_unfused, linear_unfused,
 };
 pub use linear_cross_entropy::{linear_cross_entropy, linear_cross_entropy_unfused};
 pub use norm::{layer_norm, layer_norm_unfused, rms_norm, rms_norm_unfused};

@@ -3,15 +3,17 @@
 //! x may have any number of leading dimensions: they are folded into the rows of one product
 //! inside the op, so the model needs no reshape (and its autograd node) around each projection.
 //!
-//! Three projections come with what follows them in the model, as one op each:
+//! Four projections come with what follows them in the model, as one op each:
 //! [`linear_gelu`] (a feed-forward block's up-projection and its activation), [`linear_rope`]
-//! (a query or key projection and its rotary rotation) and [`linear_residual`] (a branch's
-//! output projection, its dropout and the residual add). candle's
+//! (a query or key projection and its rotary rotation), [`linear_scaled`] (an unrotated query
+//! projection and its logit scale) and [`linear_residual`] (a branch's output projection, its
+//! dropout and the residual add). candle's
 //! backward pass zero-fills a gradient buffer for every node of the graph and adds the node's
 //! gradient into it; each fusion removes an activation-sized node, and with it that buffer, the
 //! add, and a pass over the activation in each direction.
 
 use std::borrow::Cow;
+use std::mem::MaybeUninit;
 
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
 
@@ -19,7 +21,9 @@ use crate::activation::GeluSlope;
 use crate::dropout::{add_dropped, dropout, dropout_apply, DropoutOp};
 use crate::gemm::{product, Mat};
 use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
+use crate::par::{fill, ELEMENTS_PER_TASK};
 use crate::rope::{check_heads, rope_unfused, PositionScale, RopeOp, RopeTables};
+use crate::simd::simd_dispatch;
 
 /// The output shape of `x·Wᵀ`: x's with its last dimension replaced by W's rows.
 fn output_shape(x: &Shape, out_dim: usize) -> Shape {
@@ -100,7 +104,8 @@ fn project_grads(
 }
 
 /// What a projection op does with x·Wᵀ before handing it on, and with the gradient on the way
-/// back: nothing ([`Plain`]), GELU ([`Gelu`]) or the rotary rotation ([`Rotate`]). The op runs
+/// back: nothing ([`Plain`]), GELU ([`Gelu`]), a constant factor ([`Scale`]) or the rotary
+/// rotation ([`Rotate`]). The op runs
 /// the product and its epilogue in one node of the graph.
 trait Epilogue: Send + Sync {
     const NAME: &'static str;
@@ -154,6 +159,45 @@ impl Epilogue for Gelu {
         Ok(Cow::Owned(self.0.backward(g, || Ok(Cow::Owned(p())))?))
     }
 }
+
+/// The product times a constant, as candle's `affine(scale, 0)` computes it.
+struct Scale(f32);
+
+impl Scale {
+    /// `v·scale + 0` of every element, in parallel pieces. The `+ 0` is candle's affine's own
+    /// (it turns −0 into +0), kept for the same bits.
+    fn apply(&self, v: &[f32]) -> Vec<f32> {
+        fill(v.len(), ELEMENTS_PER_TASK, |r, out| {
+            scale_into(&v[r], self.0, out)
+        })
+    }
+}
+
+impl Epilogue for Scale {
+    const NAME: &'static str = "ember-linear-scaled";
+    fn forward(&self, p: Vec<f32>, _x: &Shape, _out_dim: usize) -> Result<Vec<f32>> {
+        Ok(self.apply(&p))
+    }
+    /// The same factor: candle's affine backward is `g·scale + 0` too.
+    fn backward<'g>(
+        &self,
+        g: &'g [f32],
+        _: &Shape,
+        _: usize,
+        _: impl FnOnce() -> Vec<f32>,
+    ) -> Result<Cow<'g, [f32]>> {
+        Ok(Cow::Owned(self.apply(g)))
+    }
+}
+
+/// `v[i]·scale + 0` into `out`.
+#[inline(always)]
+fn scale_generic(v: &[f32], scale: f32, out: &mut [MaybeUninit<f32>]) {
+    for (o, &v) in out.iter_mut().zip(v) {
+        o.write(v * scale + 0.0);
+    }
+}
+simd_dispatch!(scale_into => scale_generic(v: &[f32], scale: f32, out: &mut [MaybeUninit<f32>]) -> ());
 
 /// The product rotated (and scaled) per position; x is (B, T, in).
 struct Rotate(RopeOp);
@@ -226,6 +270,24 @@ pub fn linear_gelu(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     }
     let op = ProjectionOp(Gelu(GeluSlope::new(x.track_op() || w.track_op())));
     x.contiguous()?.apply_op2(&w.contiguous()?, op)
+}
+
+/// `scale · (x·Wᵀ)` from candle's ops (every device and dtype).
+pub fn linear_scaled_unfused(x: &Tensor, w: &Tensor, scale: f64) -> Result<Tensor> {
+    linear_unfused(x, w)?.affine(scale, 0.0)
+}
+
+/// `scale · (x·Wᵀ)` for x (…, in) and a weight (out, in): a projection and a constant factor
+/// (cross-attention's queries and their 1/√d) as one op on CPU f32, with the bits of
+/// [`linear`] then candle's `affine`; [`linear_scaled_unfused`] elsewhere. Saves the factor's
+/// own pass each way and its autograd edge.
+pub fn linear_scaled(x: &Tensor, w: &Tensor, scale: f64) -> Result<Tensor> {
+    check_fit("linear_scaled", x, w)?;
+    if !(is_host_f32(x) && is_host_f32(w)) {
+        return linear_scaled_unfused(x, w, scale);
+    }
+    x.contiguous()?
+        .apply_op2(&w.contiguous()?, ProjectionOp(Scale(scale as f32)))
 }
 
 /// `scale · rotated(x·Wᵀ)` from candle's ops (every device and dtype).

@@ -597,6 +597,57 @@ fn a_projection_then_gelu_matches_the_ops_one_by_one() {
 }
 
 #[test]
+fn a_projection_then_a_constant_factor_matches_the_ops_one_by_one() {
+    // scale · (x·Wᵀ) against candle's matmul and affine, contiguous and strided, with leading
+    // dimensions; and the bits of Ember's linear, then candle's affine, forward and both
+    // gradients (the model's unrotated queries took those two ops before).
+    for (i, shape) in [vec![7, 13], vec![2, 5, 16], vec![130, 8]]
+        .into_iter()
+        .enumerate()
+    {
+        let in_dim = *shape.last().unwrap();
+        let x = randn(360 + i as u64, &shape);
+        let w = randn(365 + i as u64, &[24 + i, in_dim]);
+        for scale in [0.176_776_7, -3.0] {
+            for (label, x, w) in [
+                ("contiguous", x.clone(), w.clone()),
+                ("strided", strided(&x), strided(&w)),
+            ] {
+                let what = format!("linear_scaled {shape:?} {label} ×{scale}");
+                let inputs = [x, w];
+                compare(
+                    &what,
+                    &inputs,
+                    &|t| kernels::linear_scaled(&t[0], &t[1], scale).unwrap(),
+                    &|t| kernels::linear_scaled_unfused(&t[0], &t[1], scale).unwrap(),
+                );
+                let probe = randn(
+                    98,
+                    kernels::linear_scaled(&inputs[0], &inputs[1], scale)
+                        .unwrap()
+                        .dims(),
+                );
+                let (y, g) = run(&inputs, &probe, &|t| {
+                    kernels::linear_scaled(&t[0], &t[1], scale).unwrap()
+                });
+                let (y2, g2) = run(&inputs, &probe, &|t| {
+                    kernels::linear(&t[0], &t[1]).unwrap().affine(scale, 0.0).unwrap()
+                });
+                assert!(same_bits(&y, &y2), "{what}: not the bits of linear, then affine");
+                for (n, (a, b)) in g.iter().zip(&g2).enumerate() {
+                    assert!(
+                        same_bits(a, b),
+                        "{what}: gradient {n} is not the bits of the two ops"
+                    );
+                }
+            }
+        }
+    }
+    let err = kernels::linear_scaled(&randn(352, &[3, 5]), &randn(353, &[4, 6]), 0.5).unwrap_err();
+    assert!(err.to_string().contains("does not fit"), "{err}");
+}
+
+#[test]
 fn a_projection_then_the_rotation_matches_the_ops_one_by_one() {
     // scale · rotated(x·Wᵀ) against candle's matmul and the unfused rotation, contiguous and
     // strided, at an offset, with a constant scale and with log-n factors that grow past m = 4;
@@ -761,6 +812,11 @@ fn kernels_give_the_same_bits_at_any_thread_count() {
             "linear, then rope",
             vec![x.clone(), w.clone()],
             Box::new(|t| kernels::linear_rope(&t[0], &t[1], &tables, 0, 0.25).unwrap()),
+        ),
+        (
+            "linear, then a constant factor",
+            vec![x.clone(), w.clone()],
+            Box::new(|t| kernels::linear_scaled(&t[0], &t[1], 0.3).unwrap()),
         ),
         (
             "linear into the residual stream",

@@ -184,10 +184,14 @@ impl Attention {
         };
         // QK-norm comes before the rotation (Qwen3, OLMo 2): rotating first would let the
         // norm's gains act on position-mixed coordinates. Rotation and scale are one pass where
-        // there is a rotation, and one op with the projection where there is no norm between.
+        // there is a rotation, and one op with the projection where there is no norm between
+        // (so is a constant scale without a rotation: cross-attention's queries).
         let q = match (&self.qk_norm, &self.rotary) {
             (QkNormLayer::None, Some(rotary)) => {
                 rotary.project_scaled(x, self.q_proj.weight(), offset, scale)?
+            }
+            (QkNormLayer::None, None) if scale.logn_length.is_none() => {
+                ember_kernels::linear_scaled(x, self.q_proj.weight(), scale.scale)?
             }
             (_, Some(rotary)) => {
                 rotary.apply_scaled(&self.project_normalized(x, Side::Query)?, offset, scale)?
