@@ -272,8 +272,8 @@ fn transposed_is_the_transpose_at_every_size() {
 }
 
 /// A column-major A (dW = gᵀ·x) over several chunks of k, ragged edges and β ≠ 0: the f64
-/// definition to rounding, the same bits at 1 and 3 threads (the chunks are fixed by k, not by
-/// the threads), and nothing written outside C's view.
+/// definition to rounding, the same bits at 1, 2 and 3 threads (the chunks are fixed by k, not
+/// by the threads), and nothing written outside C's view.
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn a_column_major_a_is_summed_in_chunks_of_k_independent_of_the_threads() {
@@ -284,6 +284,8 @@ fn a_column_major_a_is_summed_in_chunks_of_k_independent_of_the_threads() {
         (37, 2 * K_CHUNK + 37, 45),
         (128, K_CHUNK, 128),
         (9, K_CHUNK + 1, 70),
+        (70, 3 * K_CHUNK + 5, 20),
+        (24, 7 * K_CHUNK, 24),
     ] {
         let ldc = n + 3;
         let a = values(m * k, (m + k) as u64);
@@ -298,7 +300,13 @@ fn a_column_major_a_is_summed_in_chunks_of_k_independent_of_the_threads() {
             c
         };
         let c = run(1);
-        assert_eq!(c, run(3), "m={m} k={k} n={n}: the bits depend on the threads");
+        for threads in [2, 3] {
+            assert_eq!(
+                c,
+                run(threads),
+                "m={m} k={k} n={n}: the bits differ at {threads} threads"
+            );
+        }
         for i in 0..m {
             for j in 0..ldc {
                 let got = c[i * ldc + j] as f64;
