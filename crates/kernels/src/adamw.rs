@@ -11,6 +11,7 @@ use candle_core::{CpuStorage, Device, InplaceOp2, Layout, Result, Shape, Tensor,
 
 use crate::host::is_host_f32;
 use crate::par::{self, SharedMut};
+use crate::simd::simd_dispatch;
 
 /// The scalars of one update of one parameter.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -189,7 +190,11 @@ impl InplaceOp2 for AdamWUpdate<'_> {
     }
 }
 
-fn update(theta: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], c: UpdateConsts) {
+/// One AdamW step of the elements of θ, in place with their moments, compiled for AVX-512 or
+/// AVX2 where the CPU has it ([`simd_dispatch`]; the crate's baseline is SSE2): the square root
+/// and the division are correctly rounded at any width, so the bits are the same.
+#[inline(always)]
+fn update_generic(theta: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], c: UpdateConsts) {
     for (((t, &g), m), v) in theta.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
         let g = g * c.grad_scale;
         *m = *m * c.beta1 + g * c.one_minus_beta1;
@@ -198,3 +203,5 @@ fn update(theta: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], c: UpdateC
         *t = *t * c.decay - (*m * c.inv_bc1) / denom * c.lr;
     }
 }
+simd_dispatch!(update => update_generic(
+    theta: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], c: UpdateConsts) -> ());

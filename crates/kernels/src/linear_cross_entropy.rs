@@ -37,6 +37,8 @@ use crate::cross_entropy::{cross_entropy_unfused, loss_output, LossRows};
 use crate::gemm::{sgemm, sgemm_packed, transposed, Mat, PackedB};
 use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
 use crate::linear::linear_unfused;
+use crate::par::{fill, ELEMENTS_PER_TASK};
+use crate::simd::scale;
 
 /// Logits a block holds: 4 Mi floats (16 MiB), so that a block of a 10k vocabulary has ~400 rows
 /// (enough for the products to run at full speed) and a small vocabulary takes every row at once.
@@ -261,10 +263,8 @@ impl CustomOp2 for LinearCrossEntropyOp {
         };
         let (dh, dw) = with_data([h, w, g], |[h, w, g]| {
             if let (Some(c), Some((dh, dw))) = (uniform_objective_gradient(g, &self.loss.mask), &saved.unit) {
-                return Ok((
-                    dh.iter().map(|x| x * c).collect(),
-                    dw.iter().map(|x| x * c).collect(),
-                ));
+                let scaled = |x: &[f32]| fill(x.len(), ELEMENTS_PER_TASK, |r, out| scale(&x[r], c, out));
+                return Ok((scaled(dh), scaled(dw)));
             }
             let (mut dh, mut dw) = (vec![0f32; n * d], Vec::new());
             let mut stats = saved.stats.clone();

@@ -201,6 +201,15 @@ fn mul_generic(a: &[f32], b: &[f32], out: &mut [std::mem::MaybeUninit<f32>]) {
 }
 simd_dispatch!(pub(crate) mul => mul_generic(a: &[f32], b: &[f32], out: &mut [std::mem::MaybeUninit<f32>]) -> ());
 
+/// `a[i]·c` into `out`.
+#[inline(always)]
+fn scale_generic(a: &[f32], c: f32, out: &mut [std::mem::MaybeUninit<f32>]) {
+    for (o, &a) in out.iter_mut().zip(a) {
+        o.write(a * c);
+    }
+}
+simd_dispatch!(pub(crate) scale => scale_generic(a: &[f32], c: f32, out: &mut [std::mem::MaybeUninit<f32>]) -> ());
+
 /// `c[i] += p[i]`.
 #[inline(always)]
 fn add_assign_generic(c: &mut [f32], p: &[f32]) {

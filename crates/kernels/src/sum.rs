@@ -9,10 +9,13 @@
 //! terms in the same order, ((g₀ + g₁) + g₂) + …, so the result has the bits of the additions
 //! in turn.
 
+use std::mem::MaybeUninit;
+
 use candle_core::{DType, Result, Tensor};
 
 use crate::host::{cpu_tensor, is_host_f32, with_all_data, with_data};
 use crate::par::{fill, ELEMENTS_PER_TASK};
+use crate::simd::simd_dispatch;
 
 /// `parts[0] + parts[1] + …`, added left to right for every element. All parts must have one
 /// shape; an empty slice is an error.
@@ -38,20 +41,28 @@ pub fn sum_in_order(parts: &[Tensor]) -> Result<Tensor> {
     let parts: Vec<&Tensor> = parts.iter().collect();
     let out = with_all_data(&parts, |slices| {
         Ok(fill(first.elem_count(), ELEMENTS_PER_TASK, |r, out| {
-            for (o, &x) in out.iter_mut().zip(&slices[0][r.clone()]) {
-                o.write(x);
-            }
-            // SAFETY: every element was written just above, and MaybeUninit<f32> has f32's layout.
-            let acc = unsafe { &mut *(out as *mut [std::mem::MaybeUninit<f32>] as *mut [f32]) };
-            for s in &slices[1..] {
-                for (a, &x) in acc.iter_mut().zip(&s[r.clone()]) {
-                    *a += x;
-                }
-            }
+            sum_parts_into(slices, r, out)
         }))
     })?;
     cpu_tensor(out, first.shape())
 }
+
+/// Elements `r` of `slices[0] + slices[1] + …`, added left to right, into `out`.
+#[inline(always)]
+fn sum_parts_generic(slices: &[&[f32]], r: std::ops::Range<usize>, out: &mut [MaybeUninit<f32>]) {
+    for (o, &x) in out.iter_mut().zip(&slices[0][r.clone()]) {
+        o.write(x);
+    }
+    // SAFETY: every element was written just above, and MaybeUninit<f32> has f32's layout.
+    let acc = unsafe { &mut *(out as *mut [MaybeUninit<f32>] as *mut [f32]) };
+    for s in &slices[1..] {
+        for (a, &x) in acc.iter_mut().zip(&s[r.clone()]) {
+            *a += x;
+        }
+    }
+}
+simd_dispatch!(sum_parts_into => sum_parts_generic(
+    slices: &[&[f32]], r: std::ops::Range<usize>, out: &mut [MaybeUninit<f32>]) -> ());
 
 /// The reference: one tensor addition after another (every device and dtype).
 pub fn sum_in_order_unfused(parts: &[Tensor]) -> Result<Tensor> {
@@ -83,7 +94,10 @@ pub fn sum_of_squares(t: &Tensor) -> Result<f64> {
 /// depends on the threads.
 pub const SQUARES_PER_BLOCK: usize = 1 << 16;
 
-fn block_sum_of_squares(data: &[f32]) -> f64 {
+/// Σ x² of a block in eight f32 lanes, then in f64; compiled for AVX-512 or AVX2 where the CPU
+/// has it (the lanes' arithmetic is the same at any width).
+#[inline(always)]
+fn block_sum_of_squares_generic(data: &[f32]) -> f64 {
     let mut lanes = [0f32; 8];
     let chunks = data.chunks_exact(8);
     let tail: f64 = chunks.remainder().iter().map(|&x| (x * x) as f64).sum();
@@ -94,6 +108,8 @@ fn block_sum_of_squares(data: &[f32]) -> f64 {
     }
     lanes.iter().map(|&x| x as f64).sum::<f64>() + tail
 }
+
+simd_dispatch!(block_sum_of_squares => block_sum_of_squares_generic(data: &[f32]) -> f64);
 
 #[cfg(test)]
 mod tests {
