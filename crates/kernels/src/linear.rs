@@ -13,7 +13,6 @@
 //! add, and a pass over the activation in each direction.
 
 use std::borrow::Cow;
-use std::mem::MaybeUninit;
 
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
 
@@ -21,9 +20,8 @@ use crate::activation::GeluSlope;
 use crate::dropout::{add_dropped, dropout, dropout_apply, DropoutOp};
 use crate::gemm::{product, Mat};
 use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
-use crate::par::{fill, ELEMENTS_PER_TASK};
 use crate::rope::{check_heads, rope_unfused, PositionScale, RopeOp, RopeTables};
-use crate::simd::simd_dispatch;
+use crate::simd::scaled;
 
 /// The output shape of `x·Wᵀ`: x's with its last dimension replaced by W's rows.
 fn output_shape(x: &Shape, out_dim: usize) -> Shape {
@@ -105,8 +103,7 @@ fn project_grads(
 
 /// What a projection op does with x·Wᵀ before handing it on, and with the gradient on the way
 /// back: nothing ([`Plain`]), GELU ([`Gelu`]), a constant factor ([`Scale`]) or the rotary
-/// rotation ([`Rotate`]). The op runs
-/// the product and its epilogue in one node of the graph.
+/// rotation ([`Rotate`]). The op runs the product and its epilogue in one node of the graph.
 trait Epilogue: Send + Sync {
     const NAME: &'static str;
     /// The op's output from the product `p` of an input of shape `x`.
@@ -163,20 +160,10 @@ impl Epilogue for Gelu {
 /// The product times a constant, as candle's `affine(scale, 0)` computes it.
 struct Scale(f32);
 
-impl Scale {
-    /// `v·scale + 0` of every element, in parallel pieces. The `+ 0` is candle's affine's own
-    /// (it turns −0 into +0), kept for the same bits.
-    fn apply(&self, v: &[f32]) -> Vec<f32> {
-        fill(v.len(), ELEMENTS_PER_TASK, |r, out| {
-            scale_into(&v[r], self.0, out)
-        })
-    }
-}
-
 impl Epilogue for Scale {
     const NAME: &'static str = "ember-linear-scaled";
     fn forward(&self, p: Vec<f32>, _x: &Shape, _out_dim: usize) -> Result<Vec<f32>> {
-        Ok(self.apply(&p))
+        Ok(scaled(&p, self.0))
     }
     /// The same factor: candle's affine backward is `g·scale + 0` too.
     fn backward<'g>(
@@ -186,18 +173,9 @@ impl Epilogue for Scale {
         _: usize,
         _: impl FnOnce() -> Vec<f32>,
     ) -> Result<Cow<'g, [f32]>> {
-        Ok(Cow::Owned(self.apply(g)))
+        Ok(Cow::Owned(scaled(g, self.0)))
     }
 }
-
-/// `v[i]·scale + 0` into `out`.
-#[inline(always)]
-fn scale_generic(v: &[f32], scale: f32, out: &mut [MaybeUninit<f32>]) {
-    for (o, &v) in out.iter_mut().zip(v) {
-        o.write(v * scale + 0.0);
-    }
-}
-simd_dispatch!(scale_into => scale_generic(v: &[f32], scale: f32, out: &mut [MaybeUninit<f32>]) -> ());
 
 /// The product rotated (and scaled) per position; x is (B, T, in).
 struct Rotate(RopeOp);

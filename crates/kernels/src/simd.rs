@@ -201,14 +201,21 @@ fn mul_generic(a: &[f32], b: &[f32], out: &mut [std::mem::MaybeUninit<f32>]) {
 }
 simd_dispatch!(pub(crate) mul => mul_generic(a: &[f32], b: &[f32], out: &mut [std::mem::MaybeUninit<f32>]) -> ());
 
-/// `a[i]·c` into `out`.
+/// `a[i]·c + 0` into `out`: candle's `affine(c, 0)`, whose `+ 0` turns −0 into +0.
 #[inline(always)]
 fn scale_generic(a: &[f32], c: f32, out: &mut [std::mem::MaybeUninit<f32>]) {
     for (o, &a) in out.iter_mut().zip(a) {
-        o.write(a * c);
+        o.write(a * c + 0.0);
     }
 }
-simd_dispatch!(pub(crate) scale => scale_generic(a: &[f32], c: f32, out: &mut [std::mem::MaybeUninit<f32>]) -> ());
+simd_dispatch!(scale_into => scale_generic(a: &[f32], c: f32, out: &mut [std::mem::MaybeUninit<f32>]) -> ());
+
+/// `x·c + 0` of every element (candle's `affine(c, 0)`), in parallel pieces.
+pub(crate) fn scaled(x: &[f32], c: f32) -> Vec<f32> {
+    crate::par::fill(x.len(), crate::par::ELEMENTS_PER_TASK, |r, out| {
+        scale_into(&x[r], c, out)
+    })
+}
 
 /// `c[i] += p[i]`.
 #[inline(always)]
