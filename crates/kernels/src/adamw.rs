@@ -9,6 +9,8 @@ use std::sync::Mutex;
 
 use candle_core::{CpuStorage, Device, InplaceOp2, Layout, Result, Shape, Tensor, Var};
 
+#[cfg(feature = "cuda")]
+use crate::cuda::{takes, Kernel};
 use crate::host::is_host_f32;
 use crate::par::{self, SharedMut};
 use crate::simd::simd_dispatch;
@@ -33,13 +35,34 @@ pub struct AdamWStep {
 pub enum Moments {
     /// f32 parameters on the CPU: plain buffers the fused pass updates in place.
     Host { m: Vec<f32>, v: Vec<f32> },
-    /// Everything else (CUDA, f64): tensors, updated with tensor ops.
+    /// Everything else (CUDA without the optimizer kernel, f64): tensors, updated with tensor ops.
     Tensors { m: Tensor, v: Tensor },
+    /// f32 parameters on a CUDA device with the optimizer kernel switched on: device buffers that
+    /// [`StepLedger::adamw`](crate::ledger::StepLedger::adamw) updates in place.
+    #[cfg(feature = "cuda")]
+    Device {
+        m: candle_core::cuda::cudarc::driver::CudaSlice<f32>,
+        v: candle_core::cuda::cudarc::driver::CudaSlice<f32>,
+        dev: candle_core::CudaDevice,
+    },
 }
 
 impl Moments {
     /// Zero moments shaped like `param`.
     pub fn zeros(param: &Var) -> Result<Self> {
+        #[cfg(feature = "cuda")]
+        if takes(param, Kernel::Optimizer) {
+            if let Device::Cuda(dev) = param.device() {
+                use candle_core::cuda::WrapErr;
+                let stream = dev.cuda_stream();
+                let n = param.elem_count().max(1);
+                return Ok(Moments::Device {
+                    m: stream.alloc_zeros::<f32>(n).w()?,
+                    v: stream.alloc_zeros::<f32>(n).w()?,
+                    dev: dev.clone(),
+                });
+            }
+        }
         Ok(if is_host_f32(param) {
             Moments::Host {
                 m: vec![0.0; param.elem_count()],
@@ -62,6 +85,16 @@ impl Moments {
                 Tensor::from_slice(v, shape, &Device::Cpu)?,
             )),
             Moments::Tensors { m, v } => Ok((m.clone(), v.clone())),
+            #[cfg(feature = "cuda")]
+            Moments::Device { m, v, dev } => {
+                let copy = |s: &candle_core::cuda::cudarc::driver::CudaSlice<f32>| -> Result<Tensor> {
+                    use candle_core::cuda::WrapErr;
+                    let n = shape.elem_count();
+                    let c = dev.cuda_stream().clone_dtod(&s.slice(..n)).w()?;
+                    Ok(crate::cuda::device::tensor(c, dev, shape))
+                };
+                Ok((copy(m)?, copy(v)?))
+            }
         }
     }
 
@@ -75,6 +108,11 @@ impl Moments {
             Moments::Tensors { m, v } => {
                 *m = new_m;
                 *v = new_v;
+            }
+            #[cfg(feature = "cuda")]
+            Moments::Device { m, v, .. } => {
+                crate::cuda::device::copy_into(&new_m, m)?;
+                crate::cuda::device::copy_into(&new_v, v)?;
             }
         }
         Ok(())

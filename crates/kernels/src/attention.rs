@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 
 use candle_core::{bail, CpuStorage, CustomOp3, DType, Device, Layout, Result, Shape, Tensor, D};
 
-use crate::dropout::{dropout_unfused, DropoutOp};
+use crate::dropout::DropoutOp;
 use crate::gemm::{sgemm, Blocks, Mat};
 use crate::host::{cpu_slice, cpu_storage, cpu_tensor, is_host_f32, with_data};
 use crate::simd::{dot, simd_dispatch};
@@ -102,7 +102,9 @@ pub fn attention_unfused(
         None
     };
     let probs = match opts.dropout {
-        Some((p, state)) if p > 0.0 => dropout_unfused(&probs, p, state)?,
+        // The fused mask where one runs (CPU, or CUDA with the dropout kernel on): the same
+        // mask as [`crate::dropout_unfused`], without drawing it on the host and uploading it.
+        Some((p, state)) if p > 0.0 => crate::dropout::dropout(&probs, p, state)?,
         _ => probs,
     };
     let out = probs

@@ -12,7 +12,8 @@ use std::mem::MaybeUninit;
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 use ember_rng::{draw_at, SplitMix64};
 
-use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
+use crate::cuda::{takes, Kernel};
+use crate::host::{cpu_slice, is_host_f32};
 use crate::par::{fill, ELEMENTS_PER_TASK};
 use crate::simd::{add, simd_dispatch};
 
@@ -28,13 +29,14 @@ pub fn dropout_unfused(x: &Tensor, p: f64, state: u64) -> Result<Tensor> {
     x.mul(&mask)
 }
 
-/// Dropout with probability `p` and the mask of the generator at `state`; fused on CPU f32,
-/// [`dropout_unfused`] elsewhere. `p ≤ 0` is the identity.
+/// Dropout with probability `p` and the mask of the generator at `state`; fused on CPU f32 and
+/// (with the dropout kernel switched on) CUDA f32, [`dropout_unfused`] elsewhere. `p ≤ 0` is the
+/// identity.
 pub fn dropout(x: &Tensor, p: f64, state: u64) -> Result<Tensor> {
     if p <= 0.0 {
         return Ok(x.clone());
     }
-    if !is_host_f32(x) {
+    if !(is_host_f32(x) || takes(x, Kernel::Dropout)) {
         return dropout_unfused(x, p, state);
     }
     let Some(op) = DropoutOp::new(p, state) else {
@@ -61,6 +63,12 @@ impl DropoutOp {
             threshold: (p * (1u64 << 53) as f64).ceil() as u64,
             keep: (1.0 / (1.0 - p)) as f32,
         })
+    }
+
+    /// (state, threshold, keep): what a CUDA kernel takes.
+    #[cfg(any(test, feature = "cuda"))]
+    pub(crate) fn parts(&self) -> (u64, u64, f32) {
+        (self.state, self.threshold, self.keep)
     }
 
     /// Whether the element with row-major index `i` is dropped.
@@ -107,9 +115,18 @@ impl CustomOp1 for DropoutOp {
             l.shape().clone(),
         ))
     }
-    fn bwd(&self, x: &Tensor, _res: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
-        let dx = with_data([g], |[g]| Ok(dropout_apply(*self, g)))?;
-        Ok(Some(cpu_tensor(dx, x.shape())?))
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let y = cuda::dropout(*self, s, l)?;
+        Ok((y, l.shape().clone()))
+    }
+    /// The same mask on the gradient, recomputed from the counter (on either device).
+    fn bwd(&self, _x: &Tensor, _res: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
+        Ok(Some(g.contiguous()?.apply_op1_no_bwd(self)?))
     }
 }
 
@@ -131,4 +148,91 @@ pub(crate) fn add_dropped(mask: Option<DropoutOp>, x: &[f32], y: &[f32]) -> Vec<
         Some(op) => add_dropout_into(op, &x[r.clone()], &y[r.clone()], r.start, out),
         None => add(&x[r.clone()], &y[r], out),
     })
+}
+
+/// `x + dropout(y)` as one op with its backward (dx = g, dy = the mask on g): the residual
+/// connection around a dropped branch, for the CUDA path, where the branch's product is cuBLAS's
+/// and only the add and the mask are Ember's. (The CPU fuses this into the product itself,
+/// [`linear_residual`](crate::linear_residual).)
+pub(crate) fn add_dropout(x: &Tensor, y: &Tensor, p: f64, state: u64) -> Result<Tensor> {
+    match DropoutOp::new(p, state) {
+        Some(op) if takes(x, Kernel::Dropout) && x.shape() == y.shape() => {
+            x.contiguous()?.apply_op2(&y.contiguous()?, AddDropoutOp(op))
+        }
+        _ => x + dropout(y, p, state)?,
+    }
+}
+
+struct AddDropoutOp(DropoutOp);
+
+impl candle_core::CustomOp2 for AddDropoutOp {
+    fn name(&self) -> &'static str {
+        "ember-add-dropout"
+    }
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let out = add_dropped(Some(self.0), cpu_slice(s1, l1)?, cpu_slice(s2, l2)?);
+        Ok((CpuStorage::F32(out), l1.shape().clone()))
+    }
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        Ok((cuda::add_dropout(self.0, s1, l1, s2, l2)?, l1.shape().clone()))
+    }
+    fn bwd(
+        &self,
+        _x: &Tensor,
+        _y: &Tensor,
+        _res: &Tensor,
+        g: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        Ok((Some(g.clone()), Some(g.contiguous()?.apply_op1_no_bwd(&self.0)?)))
+    }
+}
+
+/// The launches of `cuda/dropout.cu`.
+#[cfg(feature = "cuda")]
+mod cuda {
+    use candle_core::{CudaStorage, Layout, Result};
+
+    use super::DropoutOp;
+    use crate::cuda::device::{alloc, elementwise, launch, storage, view, DROPOUT};
+
+    pub(super) fn dropout(op: DropoutOp, s: &CudaStorage, l: &Layout) -> Result<CudaStorage> {
+        let (x, n) = (view(s, l)?, l.shape().elem_count());
+        let (state, threshold, keep) = op.parts();
+        let mut y = alloc(&s.device, n)?;
+        if n > 0 {
+            launch!(s.device, DROPOUT, "ember_dropout", elementwise(n);
+                &x, &mut y, &(n as u64), &state, &threshold, &keep)?;
+        }
+        Ok(storage(y, &s.device))
+    }
+
+    pub(super) fn add_dropout(
+        op: DropoutOp,
+        s1: &CudaStorage,
+        l1: &Layout,
+        s2: &CudaStorage,
+        l2: &Layout,
+    ) -> Result<CudaStorage> {
+        let (x, y, n) = (view(s1, l1)?, view(s2, l2)?, l1.shape().elem_count());
+        let (state, threshold, keep) = op.parts();
+        let mut out = alloc(&s1.device, n)?;
+        if n > 0 {
+            launch!(s1.device, DROPOUT, "ember_add_dropout", elementwise(n);
+                &x, &y, &mut out, &(n as u64), &state, &threshold, &keep)?;
+        }
+        Ok(storage(out, &s1.device))
+    }
 }

@@ -28,6 +28,7 @@
 //! **Determinism.** Every CPU kernel sums in a fixed order, so the same inputs give the same
 //! bits on every run.
 
+pub mod cuda;
 mod gemm;
 mod host;
 pub mod par;
@@ -38,6 +39,7 @@ pub mod adamw;
 pub mod attention;
 pub mod cross_entropy;
 pub mod dropout;
+pub mod ledger;
 pub mod linear;
 pub mod linear_cross_entropy;
 pub mod norm;

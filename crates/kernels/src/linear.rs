@@ -17,6 +17,7 @@ use std::borrow::Cow;
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
 
 use crate::activation::GeluSlope;
+use crate::cuda::{takes, Kernel};
 use crate::dropout::{add_dropped, dropout, dropout_apply, DropoutOp};
 use crate::gemm::{product, Mat};
 use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
@@ -320,6 +321,10 @@ pub fn linear_residual(x: &Tensor, h: &Tensor, w: &Tensor, p: f64, state: u64) -
         );
     }
     if !(is_host_f32(x) && is_host_f32(h) && is_host_f32(w)) {
+        if p > 0.0 && takes(x, Kernel::Dropout) {
+            // The product is cuBLAS's; the mask and the add one pass of Ember's.
+            return crate::dropout::add_dropout(x, &linear(h, w)?, p, state);
+        }
         return linear_residual_unfused(x, h, w, p, state);
     }
     x.contiguous()?.apply_op3(

@@ -1,0 +1,2 @@
+// activation: not yet written (the op takes candle's unfused composition on CUDA).
+#include "common.cuh"

@@ -1,0 +1,24 @@
+// The host mirror of the CUDA kernels' shared arithmetic: common.cuh compiled as plain C++ and
+// exported with C linkage, so that the CPU test suite (crate::cuda_mirror) can compare the exact
+// code the GPU runs with the Rust CPU kernels, on a machine without a GPU.
+#include "common.cuh"
+
+extern "C" {
+
+uint64_t ember_mirror_draw_at(uint64_t state, uint64_t i) { return ember_draw_at(state, i); }
+
+float ember_mirror_dropout_value(float v, uint64_t state, uint64_t threshold, float keep, uint64_t i) {
+    return ember_dropout_value(v, state, threshold, keep, i);
+}
+
+void ember_mirror_adamw(float* theta, const float* g, float* m, float* v, uint64_t n, struct EmberAdamW c) {
+    for (uint64_t i = 0; i < n; ++i) ember_adamw_element(&theta[i], g[i], &m[i], &v[i], c);
+}
+
+}  // extern "C"
+
+extern "C" void ember_mirror_finish_step(double* ledger, const double* partials, uint32_t count, double objective,
+                                         double nll, double tokens, double max_norm, double spike_loss, int stop,
+                                         double beta1, double beta2, uint64_t step) {
+    ember_finish_step(ledger, partials, count, objective, nll, tokens, max_norm, spike_loss, stop, beta1, beta2, step);
+}

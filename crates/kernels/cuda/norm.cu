@@ -1,0 +1,2 @@
+// norm: not yet written (the op takes candle's unfused composition on CUDA).
+#include "common.cuh"

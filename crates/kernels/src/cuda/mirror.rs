@@ -1,0 +1,192 @@
+//! The CUDA kernels' shared arithmetic (`cuda/common.cuh`), compiled as C++ for the host
+//! (`cuda/host_mirror.cpp`), against the Rust CPU kernels: what the GPU computes per element is
+//! checked on every machine, GPU or not.
+
+use crate::dropout::DropoutOp;
+use crate::ledger;
+
+/// `EmberAdamW` of common.cuh.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct MirrorAdamW {
+    pub grad_scale: f32,
+    pub beta1: f32,
+    pub one_minus_beta1: f32,
+    pub beta2: f32,
+    pub one_minus_beta2: f32,
+    pub inv_bc1: f32,
+    pub inv_bc2: f32,
+    pub eps: f32,
+    pub decay: f32,
+    pub lr: f32,
+}
+
+extern "C" {
+    fn ember_mirror_draw_at(state: u64, i: u64) -> u64;
+    fn ember_mirror_dropout_value(v: f32, state: u64, threshold: u64, keep: f32, i: u64) -> f32;
+    fn ember_mirror_adamw(theta: *mut f32, g: *const f32, m: *mut f32, v: *mut f32, n: u64, c: MirrorAdamW);
+    #[allow(clippy::too_many_arguments)]
+    fn ember_mirror_finish_step(
+        ledger: *mut f64,
+        partials: *const f64,
+        count: u32,
+        objective: f64,
+        nll: f64,
+        tokens: f64,
+        max_norm: f64,
+        spike_loss: f64,
+        stop: i32,
+        beta1: f64,
+        beta2: f64,
+        step: u64,
+    );
+}
+
+fn random(n: usize, seed: u64) -> Vec<f32> {
+    let mut rng = ember_rng::SplitMix64::new(seed);
+    (0..n).map(|_| rng.normal() as f32).collect()
+}
+
+#[test]
+fn the_device_counter_is_splitmix64() {
+    for (state, i) in [(0, 1), (1, 1), (u64::MAX, 7), (0x1234_5678_9abc_def0, 1 << 40)] {
+        assert_eq!(
+            unsafe { ember_mirror_draw_at(state, i) },
+            ember_rng::draw_at(state, i)
+        );
+    }
+}
+
+#[test]
+fn the_device_dropout_mask_is_the_cpu_mask_bit_for_bit() {
+    // Special values too: a dropped NaN or -0.0 must come out +0.0 as on the CPU.
+    let mut x = random(4099, 3);
+    x[..4].copy_from_slice(&[f32::NAN, -0.0, f32::INFINITY, 1e-30]);
+    for p in [0.1, 0.3, 0.5, 0.9] {
+        let op = DropoutOp::new(p, 0xDEAD_BEEF).unwrap();
+        let cpu = crate::dropout::dropout_apply(op, &x);
+        for (i, (&v, &c)) in x.iter().zip(&cpu).enumerate() {
+            let (state, threshold, keep) = op.parts();
+            let d = unsafe { ember_mirror_dropout_value(v, state, threshold, keep, i as u64) };
+            assert_eq!(d.to_bits(), c.to_bits(), "p {p}, element {i}: {d} vs {c}");
+        }
+    }
+}
+
+#[test]
+fn the_device_adamw_update_is_the_cpu_update_bit_for_bit() {
+    use candle_core::{Device, Tensor, Var};
+
+    use crate::adamw::{adamw_step, AdamWStep, Moments};
+    let n = 1000;
+    let (theta, g) = (random(n, 1), random(n, 2));
+    let c = AdamWStep {
+        lr: 3e-3,
+        beta1: 0.9,
+        beta2: 0.98,
+        eps: 1e-8,
+        decay: 1.0 - 3e-3 * 0.01,
+        bias_correction1: 1.0 - 0.9f64.powi(3),
+        bias_correction2: 1.0 - 0.98f64.powi(3),
+        grad_scale: 0.37,
+    };
+    let var = Var::from_tensor(&Tensor::from_slice(&theta, n, &Device::Cpu).unwrap()).unwrap();
+    let mut moments = Moments::Host {
+        m: random(n, 3),
+        v: random(n, 4).iter().map(|x| x * x).collect(),
+    };
+    let (mut m, mut v) = match &moments {
+        Moments::Host { m, v } => (m.clone(), v.clone()),
+        _ => unreachable!(),
+    };
+    let gt = Tensor::from_slice(&g, n, &Device::Cpu).unwrap();
+    adamw_step(&var, &gt, &mut moments, &c).unwrap();
+    let mut t = theta.clone();
+    let mc = MirrorAdamW {
+        grad_scale: c.grad_scale as f32,
+        beta1: c.beta1 as f32,
+        one_minus_beta1: (1.0 - c.beta1) as f32,
+        beta2: c.beta2 as f32,
+        one_minus_beta2: (1.0 - c.beta2) as f32,
+        inv_bc1: (1.0 / c.bias_correction1) as f32,
+        inv_bc2: (1.0 / c.bias_correction2) as f32,
+        eps: c.eps as f32,
+        decay: c.decay as f32,
+        lr: c.lr as f32,
+    };
+    unsafe {
+        ember_mirror_adamw(
+            t.as_mut_ptr(),
+            g.as_ptr(),
+            m.as_mut_ptr(),
+            v.as_mut_ptr(),
+            n as u64,
+            mc,
+        )
+    };
+    let cpu: Vec<f32> = var.as_tensor().to_vec1().unwrap();
+    let Moments::Host { m: cm, v: cv } = &moments else {
+        unreachable!()
+    };
+    for i in 0..n {
+        assert_eq!(t[i].to_bits(), cpu[i].to_bits(), "θ[{i}]");
+        assert_eq!(m[i].to_bits(), cm[i].to_bits(), "m[{i}]");
+        assert_eq!(v[i].to_bits(), cv[i].to_bits(), "v[{i}]");
+    }
+}
+
+/// One step through the device's verdict, from a fresh ledger.
+fn finish(ledger: &mut [f64; ledger::LEN], partials: &[f64], objective: f64, stop: bool, step: u64) {
+    unsafe {
+        ember_mirror_finish_step(
+            ledger.as_mut_ptr(),
+            partials.as_ptr(),
+            partials.len() as u32,
+            objective,
+            objective * 0.9,
+            100.0,
+            1.0,
+            50.0,
+            stop as i32,
+            0.9,
+            0.98,
+            step,
+        )
+    }
+}
+
+#[test]
+fn the_device_verdict_clips_counts_and_corrects_bias_as_the_host_does() {
+    let mut l = [0f64; ledger::LEN];
+    // ‖g‖² = 4 + 12: norm 4, clipped to 1.
+    finish(&mut l, &[4.0, 12.0], 250.0, false, 1);
+    assert_eq!(l[ledger::NORM], 4.0);
+    assert_eq!(l[ledger::SCALE], 1.0 / (4.0 + 1e-6));
+    assert_eq!(l[ledger::APPLY], 1.0);
+    assert_eq!(l[ledger::UPDATES], 1.0);
+    assert_eq!((l[ledger::INV_BC1] as f32), (1.0 / (1.0 - 0.9f64)) as f32);
+    assert_eq!((l[ledger::INV_BC2] as f32), (1.0 / (1.0 - 0.98f64)) as f32);
+    assert_eq!((l[ledger::W_LOSS], l[ledger::W_TOKENS]), (250.0, 100.0));
+    // A gradient that is not finite: skipped, counted, named by index; the bias corrections
+    // stay those of the last applied update.
+    finish(&mut l, &[1.0, f64::INFINITY], 240.0, false, 2);
+    assert_eq!(l[ledger::APPLY], 0.0);
+    assert_eq!((l[ledger::SKIPPED], l[ledger::W_SKIPPED]), (1.0, 1.0));
+    assert_eq!((l[ledger::W_FIRST_BAD], l[ledger::W_FIRST_WHAT]), (2.0, 1.0));
+    assert_eq!(l[ledger::UPDATES], 1.0);
+    assert_eq!(
+        l[ledger::W_TOKENS],
+        200.0,
+        "the loss was finite: its tokens count"
+    );
+    assert_eq!(l[ledger::SPIKED], 0.0);
+    // A NaN loss spikes; and under `stop` every later update is held back.
+    finish(&mut l, &[1.0], f64::NAN, true, 3);
+    assert_eq!(
+        (l[ledger::APPLY], l[ledger::STOPPED], l[ledger::SPIKED]),
+        (0.0, 3.0, 1.0)
+    );
+    finish(&mut l, &[1.0], 10.0, true, 4);
+    assert_eq!((l[ledger::APPLY], l[ledger::STOPPED]), (0.0, 3.0));
+    assert_eq!(l[ledger::SKIPPED], 1.0, "stopping is not skipping");
+}
