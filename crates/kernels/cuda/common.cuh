@@ -86,14 +86,15 @@ enum EmberLedger {
     EMBER_L_W_FIRST_BAD,     // window: the first skipped step's number, 0 if none
     EMBER_L_W_FIRST_WHAT,    // window: what was not finite there: -1 the loss, else the parameter's index
     EMBER_L_W_FIRST_LOSS,    // window: that step's loss per token
-    EMBER_L_SPIKED,          // 1 once a step's loss was NaN or above the spike threshold
+    EMBER_L_W_SPIKED,        // window: 1 once a step's loss was NaN or above the spike threshold
     EMBER_L_STOPPED,         // train.on_nonfinite: stop: the first non-finite step's number, 0 if none
     EMBER_L_LEN
 };
 
 // Closes one step after its gradients' sums of squares are in `partials` (one per parameter,
 // in the optimizer's order): the global norm, the clip factor, whether the update is applied,
-// the bias corrections, and the window's sums. `max_norm <= 0` clips nothing; `stop` is
+// the bias corrections, and the window's sums. `max_norm <= 0` clips nothing, `spike_loss < 0`
+// checks no spike (the host has no initial validation loss to compare with); `stop` is
 // train.on_nonfinite: stop (after the first non-finite step every later update is held back
 // too, so that the weights stay those of the step before it, until the host reads the ledger
 // at its next logged step and ends the run without saving).
@@ -112,7 +113,7 @@ EMBER_HD void ember_finish_step(double* L, const double* partials, uint32_t coun
     const bool ok = loss_ok && bad == 0;
     L[EMBER_L_NORM] = norm;
     L[EMBER_L_SCALE] = (max_norm > 0.0 && bad == 0 && norm > max_norm) ? max_norm / (norm + 1e-6) : 1.0;
-    if (isnan(loss) || loss > spike_loss) L[EMBER_L_SPIKED] = 1.0;
+    if (spike_loss >= 0.0 && (isnan(loss) || loss > spike_loss)) L[EMBER_L_W_SPIKED] = 1.0;
     if (loss_ok) {
         L[EMBER_L_W_LOSS] += objective;
         L[EMBER_L_W_NLL] += nll;

@@ -32,7 +32,7 @@ pub const W_SKIPPED: usize = 11;
 pub const W_FIRST_BAD: usize = 12;
 pub const W_FIRST_WHAT: usize = 13;
 pub const W_FIRST_LOSS: usize = 14;
-pub const SPIKED: usize = 15;
+pub const W_SPIKED: usize = 15;
 pub const STOPPED: usize = 16;
 pub const LEN: usize = 17;
 
@@ -41,8 +41,8 @@ pub const LEN: usize = 17;
 pub struct Verdict {
     /// `train.clip_grad_norm`.
     pub max_norm: Option<f64>,
-    /// A loss per token above this (or NaN) marks the ledger's SPIKED slot.
-    pub spike_loss: f64,
+    /// A loss per token above this (or NaN) marks the ledger's W_SPIKED slot; `None`: no check.
+    pub spike_loss: Option<f64>,
     /// `train.on_nonfinite: stop`: from the first non-finite step on, no update is applied.
     pub stop: bool,
     pub beta1: f64,
@@ -140,22 +140,15 @@ impl StepLedger {
         unreachable!("no ledger exists without CUDA")
     }
 
-    /// Every slot read back, and the window's slots (`W_*`) cleared.
+    /// Every slot read back, and the window's slots (`W_*`) cleared (a logged step's upload).
     pub fn take_window(&mut self) -> Result<[f64; LEN]> {
         let slots = self.read()?;
         let mut cleared = slots;
-        for s in W_LOSS..=W_FIRST_LOSS {
-            cleared[s] = 0.0;
+        for s in &mut cleared[W_LOSS..=W_SPIKED] {
+            *s = 0.0;
         }
         self.write(&cleared)?;
         Ok(slots)
-    }
-
-    /// Clears SPIKED (the host judged it at an evaluation).
-    pub fn clear_spiked(&mut self) -> Result<()> {
-        let mut slots = self.read()?;
-        slots[SPIKED] = 0.0;
-        self.write(&slots)
     }
 
     fn write(&mut self, slots: &[f64; LEN]) -> Result<()> {
@@ -260,7 +253,8 @@ mod imp {
             let count = self.partials.len() as u32;
             launch!(self.dev, OPTIMIZER, "ember_finish_step_kernel", per_row(1, 32);
                 &mut self.slots, &self.partials, &count, &o, &n, &(tokens as f64),
-                &v.max_norm.unwrap_or(0.0), &v.spike_loss, &(v.stop as i32), &v.beta1, &v.beta2, &step)
+                &v.max_norm.unwrap_or(0.0), &v.spike_loss.unwrap_or(-1.0), &(v.stop as i32), &v.beta1,
+                &v.beta2, &step)
         }
 
         pub(super) fn adamw(

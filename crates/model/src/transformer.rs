@@ -36,6 +36,39 @@ use crate::layers::{dropout, Embedding, ForwardCtx, LearnedPositions, Linear, Ml
 use crate::params::ParamStore;
 use crate::rope::Rotary;
 
+/// The causal mask for `t` new positions after `offset` cached ones, on `like`'s device and in its
+/// dtype. A GPU keeps the masks it has used: building one is a host loop and an upload, and a
+/// training step would otherwise upload the same few masks again and again (translation batches
+/// take a few dozen lengths; a language model one).
+fn cached_causal_mask(t: usize, offset: usize, like: &Tensor) -> Result<Tensor> {
+    use std::cell::RefCell;
+    /// Masks kept per thread at most: a long generation's growing shapes must not pile up.
+    const KEEP: usize = 256;
+    thread_local! {
+        static MASKS: RefCell<Vec<((usize, usize, DType), Tensor)>> = const { RefCell::new(Vec::new()) };
+    }
+    let (device, dtype) = (like.device(), like.dtype());
+    if device.is_cpu() {
+        return causal_mask(t, offset, dtype, device);
+    }
+    MASKS.with(|masks| {
+        let mut masks = masks.borrow_mut();
+        let key = (t, offset, dtype);
+        if let Some((_, m)) = masks
+            .iter()
+            .find(|(k, m)| *k == key && m.device().same_device(device))
+        {
+            return Ok(m.clone());
+        }
+        let m = causal_mask(t, offset, dtype, device)?;
+        if masks.len() == KEEP {
+            masks.remove(0);
+        }
+        masks.push((key, m.clone()));
+        Ok(m)
+    })
+}
+
 /// An error building a model: a bad configuration or a parameter problem (e.g. a checkpoint
 /// of another shape).
 #[derive(Debug, thiserror::Error)]
@@ -279,7 +312,7 @@ impl Decoder {
         let offset = cache.as_ref().map_or(0, |c| c.len());
         // A single new position may attend to everything cached: no mask needed.
         let mask = if t > 1 {
-            Some(causal_mask(t, offset, x.dtype(), x.device())?)
+            Some(cached_causal_mask(t, offset, x)?)
         } else {
             None
         };

@@ -18,9 +18,10 @@ use serde::Serialize;
 
 use crate::config::RunConfig;
 use crate::data_parallel::DataParallel;
-use crate::optim::{clip_grad_norm, AdamW, LrSchedule};
+use crate::optim::{AdamW, LrSchedule};
 use crate::setup::{device, make_batcher, resolve_model_config, set_threads};
 use crate::step::micro_batches;
+use crate::update::Updater;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct BenchReport {
@@ -132,6 +133,7 @@ pub fn bench(mut cfg: RunConfig, steps: usize, warmup: usize, world: Rc<World>) 
     let mut batcher = make_batcher(&cfg, &data)?;
     let mut opt = AdamW::new(params.vars(), &cfg.train)?;
     let dp = DataParallel::new(world, cfg.shares(), cfg.distributed.bucket_mib);
+    let mut updater = Updater::new(&device, &opt, 0, !dp.world().is_launched())?;
     let schedule = LrSchedule::new(&cfg.train, total_steps as u64);
     let t = &cfg.train;
     let (mut total, mut fwd, mut bwd, mut optim) = (vec![], vec![], vec![], vec![]);
@@ -155,10 +157,18 @@ pub fn bench(mut cfg: RunConfig, steps: usize, warmup: usize, world: Rc<World>) 
             .out;
         let (n_tokens, f, b) = (out.tokens, out.forward_secs, out.backward_secs);
         let (w, c) = (out.wait_secs, out.comm_secs);
-        let grads = std::mem::take(&mut out.grads);
         let t2 = Instant::now();
-        let check = clip_grad_norm(opt.params(), &grads, t.clip_grad_norm)?;
-        opt.step(&grads, schedule.at(step as u64 + 1), check.scale)?;
+        // The update `ember train` applies, judged where it judges it (host, or the device).
+        updater.update(
+            &mut opt,
+            &out,
+            schedule.at(step as u64 + 1),
+            step as u64 + 1,
+            None,
+            t,
+        )?;
+        out.grads.clear();
+        // A GPU's queued work is done before the clock is read.
         device.synchronize()?;
         let o = t2.elapsed().as_secs_f64();
         let secs = start.elapsed().as_secs_f64();

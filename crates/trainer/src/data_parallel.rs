@@ -37,7 +37,7 @@ use sha2::{Digest, Sha256};
 
 use crate::config::TrainConfig;
 use crate::optim::Param;
-use crate::step::{forward_backward, gradient_sums, GradientSums, Share, StepOutput};
+use crate::step::{forward_backward, gradient_sums, GradientSums, LossSums, Share, StepOutput};
 
 /// How this process takes part in training: alone or as one rank of a job, its share of each
 /// batch whole or split.
@@ -161,7 +161,7 @@ impl DataParallel {
             ember_kernels::par::join_all(tasks)
         };
         let results = results.into_iter().collect::<Result<Vec<_>>>()?;
-        let mut sums = GradientSums::total(results, params.len())?;
+        let mut sums = GradientSums::total(results, params.len(), device)?;
         let (stop, wait_secs, comm_secs) = self.reduce(&mut sums, params, device, step, stop)?;
         let mut out = sums.into_output(total_tokens);
         out.wait_secs = wait_secs;
@@ -187,11 +187,14 @@ impl DataParallel {
         let t0 = Instant::now();
         // Losses, and which parameters have a gradient on any rank (a rank whose shares were all
         // empty has none).
-        let mut scalars = vec![sums.objective, sums.nll];
+        let (objective, nll) = sums.losses.to_host()?;
+        let mut scalars = vec![objective, nll];
         scalars.extend(sums.grads.iter().map(|g| g.is_some() as u8 as f64));
         world.all_reduce_sum_f64(&mut scalars, &format!("the losses of step {step}"));
-        sums.objective = scalars[0];
-        sums.nll = scalars[1];
+        sums.losses = LossSums::Host {
+            objective: scalars[0],
+            nll: scalars[1],
+        };
         let present: Vec<bool> = scalars[2..].iter().map(|&n| n > 0.0).collect();
 
         let mut signal = [stop.map_or(0, i64::from)];

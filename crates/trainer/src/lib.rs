@@ -29,6 +29,7 @@ pub mod summary;
 pub mod tensorboard;
 pub mod train;
 pub mod translate;
+pub mod update;
 
 pub use config::RunConfig;
 pub use evaluate::{eval_beam, evaluate, EvalResult, Split};

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 
 use candle_core::{Result, Tensor, Var};
 use ember_kernels::adamw::{adamw_step, adamw_step_unfused, AdamWStep, Moments};
+use ember_kernels::ledger::{DeviceAdamW, StepLedger};
 use ember_kernels::sum_of_squares;
 
 use crate::config::{Schedule, TrainConfig};
@@ -142,6 +143,36 @@ impl AdamW {
             } else {
                 adamw_step(&p.var, g, &mut p.moments, &c)?;
             }
+        }
+        Ok(())
+    }
+
+    /// [`step`](Self::step) on the device, one launch per parameter, with the clip factor, the
+    /// bias corrections and whether to apply the update at all read from `ledger` (which
+    /// counts the updates applied: [`Updater::settle`](crate::update::Updater::settle) copies
+    /// the count into [`step`](Self::step)).
+    pub fn step_on_device(
+        &mut self,
+        grads: &[Option<Tensor>],
+        lr: f64,
+        ledger: &mut StepLedger,
+    ) -> Result<()> {
+        for (p, g) in self.params.iter_mut().zip(grads) {
+            let Some(g) = g else {
+                continue;
+            };
+            let c = DeviceAdamW {
+                lr,
+                beta1: self.beta1,
+                beta2: self.beta2,
+                eps: self.eps,
+                decay: if p.decay {
+                    1.0 - lr * self.weight_decay
+                } else {
+                    1.0
+                },
+            };
+            ledger.adamw(&p.var, g, &mut p.moments, &c)?;
         }
         Ok(())
     }

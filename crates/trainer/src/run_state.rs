@@ -15,8 +15,8 @@ use crate::checkpoint::{self, Best, CheckpointState, LogWindow};
 use crate::config::{KeepBestBy, RunConfig};
 use crate::evaluate::{EvalResult, Validation};
 use crate::metrics::{EvalRecord, TrainRecord};
-use crate::step::StepOutput;
 use crate::summary::Summary;
+use crate::update::Settled;
 
 /// Skipped steps before the skipped fraction can end a run as diverged.
 const MIN_SKIPPED_TO_JUDGE: u64 = 10;
@@ -159,25 +159,50 @@ impl RunState {
         self.counters.skipped
     }
 
-    /// Completes a step that took `secs`, adding it to the logging window; non-finite values stay
-    /// out of the window's sums, so one bad step does not turn a whole record into NaN.
-    pub fn record(&mut self, out: &StepOutput, grad_norm: f64, secs: f64) {
+    /// Completes a step of `tokens` target tokens that took `secs`. `judged`: its losses per
+    /// token and gradient norm when the host judged it (they join the logging window now;
+    /// non-finite values stay out of its sums, so one bad step does not turn a whole record into
+    /// NaN); `None` when the device did, whose sums join at the next [`settle`](Self::settle).
+    pub fn record(&mut self, tokens: usize, secs: f64, judged: Option<(f64, f64, f64)>) {
         let (c, w) = (&mut self.counters, &mut self.window);
         c.step += 1;
         c.train_secs += secs;
-        c.tokens_seen += out.tokens as u64;
-        if let Some(initial) = c.initial_val_loss {
-            // A NaN loss counts as a spike too.
-            c.spiked_since_eval |= out.loss.is_nan() || out.loss > SPIKE_FACTOR * initial;
-        }
-        if out.loss.is_finite() {
-            w.loss += out.loss * out.tokens as f64;
-            w.nll += out.nll * out.tokens as f64;
-            w.tokens += out.tokens;
-        }
-        w.grad_norm += if grad_norm.is_finite() { grad_norm } else { 0.0 };
+        c.tokens_seen += tokens as u64;
         w.steps += 1;
         w.secs += secs;
+        let Some((loss, nll, grad_norm)) = judged else {
+            return;
+        };
+        if let Some(initial) = c.initial_val_loss {
+            // A NaN loss counts as a spike too.
+            c.spiked_since_eval |= loss.is_nan() || loss > SPIKE_FACTOR * initial;
+        }
+        if loss.is_finite() {
+            w.loss += loss * tokens as f64;
+            w.nll += nll * tokens as f64;
+            w.tokens += tokens;
+        }
+        w.grad_norm += if grad_norm.is_finite() { grad_norm } else { 0.0 };
+    }
+
+    /// A training loss per token above which a step counts as a spike (see [`SPIKE_FACTOR`]);
+    /// `None` before the initial validation loss is known.
+    pub fn spike_loss(&self) -> Option<f64> {
+        self.counters
+            .initial_val_loss
+            .map(|initial| SPIKE_FACTOR * initial)
+    }
+
+    /// Takes in what the device judged since the last settle: the window's sums, the skipped
+    /// steps and a spike.
+    pub fn settle(&mut self, s: &Settled) {
+        let (c, w) = (&mut self.counters, &mut self.window);
+        w.loss += s.loss_sum;
+        w.nll += s.nll_sum;
+        w.tokens += s.tokens as usize;
+        w.grad_norm += s.grad_norm_sum;
+        c.skipped = s.skipped_total;
+        c.spiked_since_eval |= s.spiked;
     }
 
     /// Closes the logging window into the training record of the step just recorded.

@@ -22,6 +22,7 @@ use crate::optim::{AdamW, LrSchedule};
 use crate::options::TrainOptions;
 use crate::resume_check::{self, Allowed, RunIdentity};
 use crate::run_lock::DirLock;
+use crate::update::Updater;
 
 /// The resolved config a run directory holds (also copied into every checkpoint).
 pub const RUN_CONFIG: &str = "config.yaml";
@@ -37,6 +38,7 @@ pub fn device(spec: &str) -> Result<Device> {
     if !cfg!(feature = "cuda") {
         bail!("device: {spec} needs CUDA, but this build has none; rebuild with `cargo build --release --features cuda`");
     }
+    ember_kernels::cuda::check_env().map_err(|e| anyhow::anyhow!(e))?;
     Device::new_cuda(n).with_context(|| format!("device: cannot open {spec}"))
 }
 
@@ -136,6 +138,8 @@ pub(crate) struct TrainingRun {
     pub model: Model,
     pub params: ParamStore,
     pub opt: AdamW,
+    /// Where each step's update is judged: the host, or the device (CUDA).
+    pub updater: Updater,
     pub schedule: LrSchedule,
     pub batcher: Box<dyn Batcher>,
     pub total_steps: u64,
@@ -270,6 +274,8 @@ impl TrainingRun {
             }
             None => None,
         };
+        let skipped = resumed.as_ref().map_or(0, |s| s.skipped_steps);
+        let updater = Updater::new(&device, &opt, skipped, !opts.world.is_launched())?;
         if !already_finished && leader {
             write_atomic(&run_dir.join(RUN_CONFIG), config_yaml.as_bytes())?;
         }
@@ -281,6 +287,7 @@ impl TrainingRun {
             model,
             params,
             opt,
+            updater,
             schedule,
             batcher,
             total_steps,

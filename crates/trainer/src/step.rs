@@ -132,13 +132,76 @@ impl BatchTensors {
     }
 }
 
+/// A step's losses summed over its target tokens: read on the host as each micro-batch ends
+/// (CPU: reading costs nothing), or kept on the device as f64 scalars (CUDA), where reading one
+/// back would make the host wait for the GPU every step.
+#[derive(Debug, Clone)]
+pub enum LossSums {
+    Host { objective: f64, nll: f64 },
+    Device { objective: Tensor, nll: Tensor },
+}
+
+impl LossSums {
+    /// Zero sums for a step on `device`.
+    pub fn zero(device: &Device) -> Result<Self> {
+        Ok(if device.is_cuda() {
+            let zero = Tensor::zeros((), DType::F64, device)?;
+            LossSums::Device {
+                objective: zero.clone(),
+                nll: zero,
+            }
+        } else {
+            LossSums::Host {
+                objective: 0.0,
+                nll: 0.0,
+            }
+        })
+    }
+
+    /// Adds one micro-batch's (or share's) losses.
+    fn add(&mut self, objective: &Tensor, nll: &Tensor) -> Result<()> {
+        match self {
+            LossSums::Host { objective: o, nll: n } => {
+                *o += objective.to_scalar::<f32>()? as f64;
+                *n += nll.to_scalar::<f32>()? as f64;
+            }
+            LossSums::Device { objective: o, nll: n } => {
+                *o = (&*o + objective.detach().to_dtype(DType::F64)?)?;
+                *n = (&*n + nll.detach().to_dtype(DType::F64)?)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds another step part's sums (shares, in order).
+    fn add_sums(&mut self, other: &LossSums) -> Result<()> {
+        match other {
+            LossSums::Host { objective, nll } => match self {
+                LossSums::Host { objective: o, nll: n } => {
+                    *o += objective;
+                    *n += nll;
+                }
+                LossSums::Device { .. } => bail!("cannot add host loss sums to device ones"),
+            },
+            LossSums::Device { objective, nll } => self.add(objective, nll)?,
+        }
+        Ok(())
+    }
+
+    /// (objective, NLL) on the host: a read back from the device for [`LossSums::Device`].
+    pub fn to_host(&self) -> Result<(f64, f64)> {
+        Ok(match self {
+            LossSums::Host { objective, nll } => (*objective, *nll),
+            LossSums::Device { objective, nll } => (objective.to_scalar::<f64>()?, nll.to_scalar::<f64>()?),
+        })
+    }
+}
+
 /// Gradients of one optimizer step, in the order of the optimizer's parameters.
 pub struct StepOutput {
     pub grads: Vec<Option<Tensor>>,
-    /// Training objective per target token.
-    pub loss: f64,
-    /// Negative log-likelihood per target token.
-    pub nll: f64,
+    /// The losses summed over the step's target tokens.
+    pub losses: LossSums,
     pub tokens: usize,
     pub attention: Vec<AttentionStats>,
     /// Wall time of the forward passes (loss included) and of the backward passes, summed over
@@ -152,17 +215,24 @@ pub struct StepOutput {
 }
 
 impl StepOutput {
-    /// Why this step's update must not be applied: a non-finite loss, or else the first
-    /// parameter whose gradient is not finite (`grads` measured by `clip_grad_norm`).
-    pub fn non_finite(&self, grads: &GradCheck) -> Option<String> {
-        if !self.loss.is_finite() {
-            Some(format!("the loss is {}", self.loss))
-        } else {
-            grads
-                .non_finite
-                .as_ref()
-                .map(|name| format!("the gradient of {name} is not finite"))
-        }
+    /// (training objective, NLL) per target token, on the host.
+    pub fn per_token(&self) -> Result<(f64, f64)> {
+        let (objective, nll) = self.losses.to_host()?;
+        let n = self.tokens.max(1) as f64;
+        Ok((objective / n, nll / n))
+    }
+}
+
+/// Why a step's update must not be applied: a non-finite `loss`, or else the first parameter
+/// whose gradient is not finite (`grads` measured by `clip_grad_norm`).
+pub fn non_finite(loss: f64, grads: &GradCheck) -> Option<String> {
+    if !loss.is_finite() {
+        Some(format!("the loss is {loss}"))
+    } else {
+        grads
+            .non_finite
+            .as_ref()
+            .map(|name| format!("the gradient of {name} is not finite"))
     }
 }
 
@@ -224,37 +294,34 @@ impl Share {
 pub struct GradientSums {
     pub grads: Vec<Option<Tensor>>,
     /// Summed training objective and NLL (not yet divided by the tokens).
-    pub objective: f64,
-    pub nll: f64,
+    pub losses: LossSums,
     pub attention: Vec<AttentionStats>,
     pub forward_secs: f64,
     pub backward_secs: f64,
 }
 
 impl GradientSums {
-    pub fn empty(params: usize) -> Self {
-        Self {
+    pub fn empty(params: usize, device: &Device) -> Result<Self> {
+        Ok(Self {
             grads: vec![None; params],
-            objective: 0.0,
-            nll: 0.0,
+            losses: LossSums::zero(device)?,
             attention: vec![],
             forward_secs: 0.0,
             backward_secs: 0.0,
-        }
+        })
     }
 
     /// The shares' sums added up in share order: every parameter's gradients in one pass
     /// ([`ember_kernels::sum_in_order`], the bits of adding them in turn), the losses and times
     /// summed, the telemetry the first share's that has any.
-    pub fn total(shares: Vec<GradientSums>, params: usize) -> Result<Self> {
-        let mut total = Self::empty(params);
+    pub fn total(shares: Vec<GradientSums>, params: usize, device: &Device) -> Result<Self> {
+        let mut total = Self::empty(params, device)?;
         let mut grads: Vec<Vec<Tensor>> = vec![vec![]; params];
         for share in shares {
             for (slot, g) in grads.iter_mut().zip(share.grads) {
                 slot.extend(g);
             }
-            total.objective += share.objective;
-            total.nll += share.nll;
+            total.losses.add_sums(&share.losses)?;
             if total.attention.is_empty() {
                 total.attention = share.attention;
             }
@@ -270,11 +337,9 @@ impl GradientSums {
     }
 
     pub fn into_output(self, total_tokens: usize) -> StepOutput {
-        let n = total_tokens.max(1) as f64;
         StepOutput {
             grads: self.grads,
-            loss: self.objective / n,
-            nll: self.nll / n,
+            losses: self.losses,
             tokens: total_tokens,
             attention: self.attention,
             forward_secs: self.forward_secs,
@@ -311,7 +376,7 @@ pub fn gradient_sums(
         .iter()
         .map(|(i, b)| Ok((*i, BatchTensors::new(b, device)?)))
         .collect::<Result<Vec<_>>>()?;
-    let mut sums = GradientSums::empty(params.len());
+    let mut sums = GradientSums::empty(params.len(), device)?;
     let collector = Telemetry::new();
     for (n, (i, bt)) in tensors.iter().enumerate() {
         let t0 = Instant::now();
@@ -321,15 +386,15 @@ pub fn gradient_sums(
             ctx = ctx.with_telemetry(&collector);
         }
         let loss = bt.loss(model, ctx, cfg.label_smoothing, cfg.z_loss, true)?;
-        sums.objective += loss.objective.to_scalar::<f32>()? as f64;
-        sums.nll += loss.nll.to_scalar::<f32>()? as f64;
+        sums.losses.add(&loss.objective, &loss.nll)?;
         sums.forward_secs += t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
         let store = (loss.objective / total_tokens.max(1) as f64)?.backward()?;
         for (slot, p) in sums.grads.iter_mut().zip(params) {
             *slot = add_grad(slot.take(), store.get(p.var.as_tensor()).cloned())?;
         }
-        device.synchronize()?;
+        // On a GPU the times are the host's (the work is queued, not done): waiting for the
+        // device here would idle it every micro-batch; `ember bench` synchronises per step.
         sums.backward_secs += t1.elapsed().as_secs_f64();
     }
     sums.attention = collector.take();

@@ -20,16 +20,16 @@ use ember_distributed::World;
 use ember_model::AttentionStats;
 
 use crate::checkpoint;
-use crate::config::{NonFinitePolicy, RunConfig};
+use crate::config::RunConfig;
 use crate::data_parallel::DataParallel;
 use crate::evaluate::{validate, validation_loss, Validation};
 use crate::interrupt::{signal_name, Interrupted, StopRequest};
 use crate::metrics::{self, EvalRecord, MetricsLog, Progress, Record, TrainRecord, Verbosity};
-use crate::optim::clip_grad_norm;
 use crate::run_state::RunState;
 use crate::setup::TrainingRun;
 use crate::step::micro_batches;
 use crate::tensorboard::RunEvents;
+use crate::update::Outcome;
 
 // The ablation runner, its report and their tests import these through `train::`.
 pub use crate::setup::{make_batcher, RUN_CONFIG};
@@ -65,9 +65,11 @@ pub fn train(cfg: RunConfig, opts: &TrainOptions) -> Result<Summary> {
         let local_stop = opts.stop.as_ref().and_then(StopRequest::requested);
         if let Some(signal) = agreed_stop.or(local_stop.filter(|_| !dp.world().is_launched())) {
             out.progress.finish();
+            settle(&mut run, &mut state, &dp, &mut out, started)?;
             return Err(interrupted(&run, &mut state, &dp, signal, started));
         }
         if state.stop_requested() {
+            settle(&mut run, &mut state, &dp, &mut out, started)?;
             save_unless_saved(&run, &state, &dp)?;
             break;
         }
@@ -91,22 +93,38 @@ pub fn train(cfg: RunConfig, opts: &TrainOptions) -> Result<Summary> {
         )?;
         agreed_stop = reduced.stop;
         let step_out = reduced.out;
-        let grads = clip_grad_norm(run.opt.params(), &step_out.grads, run.cfg.train.clip_grad_norm)?;
         let lr = run.schedule.at(step);
-        match (step_out.non_finite(&grads), run.cfg.train.on_nonfinite) {
-            (None, _) => run.opt.step(&step_out.grads, lr, grads.scale)?,
-            (Some(what), NonFinitePolicy::Skip) => {
-                let skipped = state.skip_update();
-                out.progress
-                    .line(&format!("step {step}: {what}; update skipped ({skipped} so far)"));
+        let spike = state.spike_loss();
+        let outcome = run
+            .updater
+            .update(&mut run.opt, &step_out, lr, step, spike, &run.cfg.train)?;
+        let secs = t0.elapsed().as_secs_f64();
+        match outcome {
+            Outcome::Judged {
+                loss,
+                nll,
+                grad_norm,
+                skipped,
+            } => {
+                if let Some(what) = skipped {
+                    let skipped = state.skip_update();
+                    out.progress
+                        .line(&format!("step {step}: {what}; update skipped ({skipped} so far)"));
+                }
+                state.record(step_out.tokens, secs, Some((loss, nll, grad_norm)));
             }
-            (Some(what), NonFinitePolicy::Stop) => {
+            Outcome::Stop(what) => {
                 out.progress.finish();
                 let reason = format!("step {step}: {what}");
                 return Err(stop_non_finite(&run, &mut state, &dp, reason, started));
             }
+            Outcome::Pending => state.record(step_out.tokens, secs, None),
         }
-        state.record(&step_out, grads.norm, t0.elapsed().as_secs_f64());
+        // A step judged on the device is known to the host from here on: whatever follows
+        // (the record, validation, a checkpoint, the end) reads it.
+        if log_now || state.is_eval_step() || state.checkpoint_due() {
+            settle(&mut run, &mut state, &dp, &mut out, started)?;
+        }
 
         if log_now {
             let record = state.train_record(epoch, lr, &step_out.attention);
@@ -127,6 +145,7 @@ pub fn train(cfg: RunConfig, opts: &TrainOptions) -> Result<Summary> {
             break;
         }
     }
+    settle(&mut run, &mut state, &dp, &mut out, started)?;
     out.progress.finish();
     write_summary(&run, &state, &dp, started)
 }
@@ -245,6 +264,48 @@ fn announce(run: &TrainingRun, state: &RunState, progress: &Progress, world: &Wo
     if let Some(s) = state.resumed_from_step() {
         progress.line(&format!("resuming after step {s}"));
     }
+}
+
+/// Brings the host up to date with the steps the device judged (nothing to do when the host
+/// judges them): their losses join the logging window, skipped steps are reported, and a step
+/// that stops the run under `train.on_nonfinite: stop` ends it here, with nothing saved after it.
+fn settle(
+    run: &mut TrainingRun,
+    state: &mut RunState,
+    dp: &DataParallel,
+    out: &mut Outputs,
+    started: Instant,
+) -> Result<()> {
+    let Some(s) = run.updater.settle(&mut run.opt)? else {
+        return Ok(());
+    };
+    state.settle(&s);
+    if let Some((step, what)) = &s.first_bad {
+        if s.skipped > 0 {
+            let also = match s.skipped {
+                1 => String::new(),
+                n => format!(" and {} later step(s) before step {}", n - 1, state.step()),
+            };
+            out.progress.line(&format!(
+                "step {step}: {what}; update skipped{also} ({} so far)",
+                s.skipped_total
+            ));
+        }
+    }
+    if let Some((bad, what)) = s.stopped {
+        out.progress.finish();
+        let held = state.step() - bad;
+        let reason = if held == 0 {
+            format!("step {bad}: {what}")
+        } else {
+            format!(
+                "step {bad}: {what} (learnt at step {}; the {held} step(s) after it applied no update)",
+                state.step()
+            )
+        };
+        return Err(stop_non_finite(run, state, dp, reason, started));
+    }
+    Ok(())
 }
 
 /// Stops as an interruption would, with the newest state on disk (saved only once).

@@ -179,14 +179,33 @@ fn the_device_verdict_clips_counts_and_corrects_bias_as_the_host_does() {
         200.0,
         "the loss was finite: its tokens count"
     );
-    assert_eq!(l[ledger::SPIKED], 0.0);
+    assert_eq!(l[ledger::W_SPIKED], 0.0);
     // A NaN loss spikes; and under `stop` every later update is held back.
     finish(&mut l, &[1.0], f64::NAN, true, 3);
     assert_eq!(
-        (l[ledger::APPLY], l[ledger::STOPPED], l[ledger::SPIKED]),
+        (l[ledger::APPLY], l[ledger::STOPPED], l[ledger::W_SPIKED]),
         (0.0, 3.0, 1.0)
     );
     finish(&mut l, &[1.0], 10.0, true, 4);
     assert_eq!((l[ledger::APPLY], l[ledger::STOPPED]), (0.0, 3.0));
     assert_eq!(l[ledger::SKIPPED], 1.0, "stopping is not skipping");
+    // Without an initial validation loss (spike_loss < 0) nothing counts as a spike.
+    let mut fresh = [0f64; ledger::LEN];
+    unsafe {
+        ember_mirror_finish_step(
+            fresh.as_mut_ptr(),
+            [1.0].as_ptr(),
+            1,
+            f64::NAN,
+            0.0,
+            1.0,
+            1.0,
+            -1.0,
+            0,
+            0.9,
+            0.98,
+            1,
+        )
+    };
+    assert_eq!(fresh[ledger::W_SPIKED], 0.0);
 }

@@ -72,7 +72,12 @@ pub fn same_bits(a: &Tensor, b: &Tensor) -> bool {
 /// viewed back (a strided input for the kernels' `.contiguous()` path).
 pub fn strided(x: &Tensor) -> Tensor {
     let r = x.rank();
-    x.transpose(0, r - 1).unwrap().contiguous().unwrap().transpose(0, r - 1).unwrap()
+    x.transpose(0, r - 1)
+        .unwrap()
+        .contiguous()
+        .unwrap()
+        .transpose(0, r - 1)
+        .unwrap()
 }
 
 /// The output of `f` on variables made from `inputs`, and the gradient of Σ output·probe with
@@ -96,7 +101,12 @@ pub fn run(inputs: &[Tensor], probe: &Tensor, f: &dyn Fn(&[Tensor]) -> Tensor) -
     let grads = loss.backward().unwrap();
     let gs = vars
         .iter()
-        .map(|v| grads.get(v.as_tensor()).expect("an input has no gradient").clone())
+        .map(|v| {
+            grads
+                .get(v.as_tensor())
+                .expect("an input has no gradient")
+                .clone()
+        })
         .collect();
     (out, gs)
 }
@@ -119,8 +129,14 @@ pub fn compare(
         assert_close(&format!("{what} gradient {i}"), a, b, tol);
     }
     let (yf2, gf2) = run(inputs, &probe, fused);
-    assert!(same_bits(&yf, &yf2), "{what}: the kernel's forward is not deterministic");
+    assert!(
+        same_bits(&yf, &yf2),
+        "{what}: the kernel's forward is not deterministic"
+    );
     for (i, (a, b)) in gf.iter().zip(&gf2).enumerate() {
-        assert!(same_bits(a, b), "{what}: the kernel's gradient {i} is not deterministic");
+        assert!(
+            same_bits(a, b),
+            "{what}: the kernel's gradient {i} is not deterministic"
+        );
     }
 }

@@ -1,0 +1,14 @@
+//! The GPU suite of the kernels: every CUDA kernel against the unfused candle composition on the
+//! same GPU (values and gradients, contiguous and strided inputs), bit-for-bit repeatability,
+//! and the CUDA results against the CPU kernels'. One test binary (one CUDA context to start, one
+//! executable to carry to a GPU machine):
+//!
+//!     cargo test --release --features cuda -p ember-kernels --test gpu
+//!
+//! Built without a GPU; run on one (without one every test fails, saying so).
+#![cfg(feature = "cuda")]
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod dropout_optimizer;

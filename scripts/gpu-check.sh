@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# One GPU session's verification of Ember's CUDA path, run in one `device` call over what
+# scripts/gpu-prepare.sh packed into .dev/ (carry: [".dev"]). Sections (all by default):
+#
+#   suite   the GPU suite: every CUDA kernel against its unfused candle composition (values,
+#           gradients, strided inputs, determinism), CUDA dropout masks = CPU masks, a 50-step
+#           CPU-vs-CUDA trajectory, kernels on vs off, and a CUDA kill -9 resume (bit-identical)
+#   counts  CUDA driver calls per training step (kernel launches, host<->device copies,
+#           synchronisations) from two `ember bench` runs that differ only in their step count,
+#           counted by a CUPTI injection library (.dev/libcuda-call-counter.so)
+#   bench   `ember bench --set device=cuda:0` (CUDA kernels on, and off) beside the PyTorch
+#           reference (scripts/reference/ember_ref.py --device cuda) on quickstart, multi30k-tiny
+#           and shakespeare-char, alternating, every timer read after a synchronisation; ms/step,
+#           tokens/s and peak GPU memory (nvidia-smi, polled every 50 ms, above the idle level)
+#   cpu     the CPU thread/share sweep of `ember bench` on this machine's 16 cores
+#
+#   scripts/gpu-check.sh [--sections suite,counts,bench,cpu] [--pairs N] [--steps N]
+#
+# Prints one table last; logs and JSON under $OUT (the device call's output folder) or /tmp.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/gpu-check}
+mkdir -p "$OUT"
+sections=suite,counts,bench,cpu pairs=2 steps=30
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --sections) sections=$2; shift 2 ;;
+    --pairs) pairs=$2; shift 2 ;;
+    --steps) steps=$2; shift 2 ;;
+    *) echo "gpu-check: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+has() { [[ ",$sections," == *",$1,"* ]]; }
+started=$SECONDS
+mark() { echo "[$((SECONDS - started))s] $*"; }
+
+for f in .dev/ember.xz .dev/tests/*.xz; do xz -dkf "$f" && chmod +x "${f%.xz}"; done
+mkdir -p data && cp -rn .dev/data/. data/
+export LD_LIBRARY_PATH=$(python3 -c "import glob,os,nvidia;print(':'.join(d for r in nvidia.__path__ for d in sorted(glob.glob(os.path.join(r,'*','lib')))))")
+export EMBER_BIN=$PWD/.dev/ember
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+echo "ember $(tr '\n' ' ' < .dev/commit)" | tee -a "$OUT/gpu.txt"
+CONFIGS=(quickstart multi30k-tiny shakespeare-char)
+
+if has suite; then
+  for t in .dev/tests/*; do
+    [[ $t == *.xz ]] && continue
+    name=$(basename "$t")
+    mark "suite: $name"
+    timeout 300 "$t" --test-threads=1 > "$OUT/suite-$name.log" 2>&1
+    echo "exit $?" >> "$OUT/suite-$name.log"
+    grep -E '^test .* (FAILED|ok)$|^test result|panicked|relative|max relative|difference' "$OUT/suite-$name.log" | head -60
+  done
+fi
+
+# Peak GPU memory of one command: nvidia-smi's used memory, polled, above the level before it.
+with_memory() {
+  local mem=$1; shift
+  local idle; idle=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 50 > "$mem.poll" 2>/dev/null &
+  local poller=$!
+  "$@"
+  local rc=$?
+  kill $poller 2>/dev/null; wait $poller 2>/dev/null
+  python3 -c "import sys;v=[int(x) for x in open('$mem.poll') if x.strip().isdigit()];print(max(v+[$idle])-$idle)" > "$mem"
+  return $rc
+}
+
+if has counts; then
+  for cfg in multi30k-tiny shakespeare-char; do
+    for kernels in all none; do
+      for n in 10 20; do
+        mark "counts: $cfg kernels=$kernels steps=$n"
+        CUDA_INJECTION64_PATH=$PWD/.dev/libcuda-call-counter.so EMBER_CUDA_COUNTS=$OUT/counts-$cfg-$kernels-$n.json \
+          EMBER_CUDA_KERNELS=$kernels timeout 300 .dev/ember bench configs/$cfg.yaml --steps $n --set device=cuda:0 --json \
+          > "$OUT/counts-$cfg-$kernels-$n.bench.json" 2> "$OUT/counts-$cfg-$kernels-$n.err" || echo "  failed: see counts-$cfg-$kernels-$n.err"
+      done
+    done
+  done
+fi
+
+if has bench; then
+  for cfg in "${CONFIGS[@]}"; do
+    for ((p = 1; p <= pairs; p++)); do
+      for impl in ember ember-off torch; do
+        tag=$OUT/bench-$cfg-$impl-$p
+        mark "bench: $cfg $impl pair $p"
+        case $impl in
+          ember) with_memory "$tag.mem" env EMBER_CUDA_KERNELS=all timeout 300 .dev/ember bench configs/$cfg.yaml \
+                   --steps "$steps" --set device=cuda:0 --json > "$tag.json" 2> "$tag.err" ;;
+          ember-off) with_memory "$tag.mem" env EMBER_CUDA_KERNELS=none timeout 300 .dev/ember bench configs/$cfg.yaml \
+                   --steps "$steps" --set device=cuda:0 --json > "$tag.json" 2> "$tag.err" ;;
+          torch) with_memory "$tag.mem" timeout 300 python3 scripts/reference/ember_ref.py configs/$cfg.yaml --bench \
+                   --steps "$steps" --device cuda --ember "$EMBER_BIN" --json > "$tag.json" 2> "$tag.err" ;;
+        esac
+        [[ $? -eq 0 ]] || echo "  failed: $(tail -3 "$tag.err")"
+      done
+    done
+  done
+fi
+
+if has cpu; then
+  for cfg in multi30k-tiny shakespeare-char; do
+    for ts in 1:1 2:2 4:4 8:8 16:8 16:16; do
+      t=${ts%:*} s=${ts#*:}
+      mark "cpu: $cfg threads $t shares $s"
+      timeout 300 .dev/ember bench configs/$cfg.yaml --steps 10 --set train.threads=$t --set train.shares=$s --json \
+        > "$OUT/cpu-$cfg-$t-$s.json" 2> "$OUT/cpu-$cfg-$t-$s.err" || echo "  failed: $(tail -2 "$OUT/cpu-$cfg-$t-$s.err")"
+    done
+  done
+fi
+
+mark "done"
+python3 scripts/gpu/summarize.py "$OUT"

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Builds what scripts/gpu-check.sh runs on a lent GPU machine and packs it into .dev/, the folder
+# a `device` call carries (../shared/cuda/README.md): the CUDA build of `ember`, the GPU suite's
+# test binaries (crates/kernels/tests/gpu, tests/gpu_training.rs), the CUDA call counter
+# (scripts/gpu/cuda-call-counter.c, a CUPTI injection library) and the data the benchmarks read.
+# Binaries are stripped and xz-compressed (a call carries at most 64 MiB).
+#
+#   scripts/gpu-prepare.sh            # ~20 min cold on 2 cores (candle's kernels), minutes after
+#
+# Then, in one device call: `carry: [".dev"]`, command `scripts/gpu-check.sh`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+grep -qx '/.dev/' .git/info/exclude 2>/dev/null || echo '/.dev/' >> .git/info/exclude
+eval "$(../shared/cuda/setup-toolkit.sh)"
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target-cuda}
+grep -qx "/$CARGO_TARGET_DIR/" .git/info/exclude 2>/dev/null || echo "/$CARGO_TARGET_DIR/" >> .git/info/exclude
+
+cargo build --release --features cuda
+# The GPU suite's test executables, as cargo names them.
+tests=$(cargo test --release --features cuda --no-run --message-format=json \
+          -p ember-kernels --test gpu -p ember --test gpu_training 2>/dev/null |
+        python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m.get("profile", {}).get("test") and m.get("executable"):
+        print(m["target"]["name"], m["executable"])')
+rm -rf .dev && mkdir -p .dev/tests .dev/data
+strip -o .dev/ember "$CARGO_TARGET_DIR/release/ember"
+while read -r name exe; do strip -o ".dev/tests/$name" "$exe"; done <<< "$tests"
+xz -T2 -6 .dev/ember .dev/tests/*
+
+# The CUDA call counter, against CUPTI 13.0 (the lent machines' PyTorch ships libcupti.so.13).
+cupti=${TMPDIR:-/tmp}/cupti-13.0
+if [[ ! -f $cupti/nvidia/cu13/include/cupti.h ]]; then
+  mkdir -p "$cupti"
+  python3 -m pip download -q --no-deps nvidia-cuda-cupti==13.0.85 -d "$cupti"
+  (cd "$cupti" && python3 -m zipfile -e nvidia_cuda_cupti-*.whl .)
+fi
+gcc -O2 -shared -fPIC -Wall -I "$cupti/nvidia/cu13/include" -I "$CUDA_ROOT/include" \
+    scripts/gpu/cuda-call-counter.c -o .dev/libcuda-call-counter.so \
+    -L "$cupti/nvidia/cu13/lib" -l:libcupti.so.13
+
+scripts/get-data.sh >/dev/null
+mkdir -p .dev/data/multi30k .dev/data/tinyshakespeare
+cp data/multi30k/{train,val,test_2016_flickr}.{en,de}.gz .dev/data/multi30k/
+cp data/tinyshakespeare/input.txt .dev/data/tinyshakespeare/
+git rev-parse HEAD > .dev/commit
+git diff --quiet HEAD || echo "(with uncommitted changes)" >> .dev/commit
+du -sh .dev; ls -la .dev .dev/tests

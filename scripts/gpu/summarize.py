@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""The table scripts/gpu-check.sh prints last, from the files it wrote into OUT."""
+import glob
+import json
+import os
+import re
+import statistics
+import sys
+
+out = sys.argv[1]
+
+
+def load(path):
+    try:
+        with open(path) as f:
+            return json.loads(f.read().strip().splitlines()[-1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def mem(path):
+    try:
+        return float(open(path).read().strip())
+    except (OSError, ValueError):
+        return float("nan")
+
+
+print("\n## GPU check\n")
+print(open(os.path.join(out, "gpu.txt")).read().strip())
+
+logs = sorted(glob.glob(os.path.join(out, "suite-*.log")))
+if logs:
+    print("\n| GPU suite | passed | failed |\n|---|---|---|")
+    for log in logs:
+        text = open(log).read()
+        ok = len(re.findall(r"^test .* ok$", text, re.M))
+        failed = re.findall(r"^test (.*) FAILED$", text, re.M)
+        name = os.path.basename(log)[6:-4]
+        print(f"| {name} | {ok} | {len(failed)}{': ' + ', '.join(failed) if failed else ''} |")
+
+rows = []
+for cfg in ("multi30k-tiny", "shakespeare-char"):
+    for kernels in ("all", "none"):
+        a = load(os.path.join(out, f"counts-{cfg}-{kernels}-10.json"))
+        b = load(os.path.join(out, f"counts-{cfg}-{kernels}-20.json"))
+        if a and b:
+            per = {k: (b["kinds"][k] - a["kinds"][k]) / 10 for k in b["kinds"]}
+            rows.append((cfg, kernels, per))
+if rows:
+    kinds = ["launch", "htod", "dtoh", "dtod", "memcpy_other", "memset", "sync", "alloc", "other"]
+    print("\n| CUDA driver calls per step | kernels | " + " | ".join(kinds) + " |")
+    print("|---|---|" + "---|" * len(kinds))
+    for cfg, kernels, per in rows:
+        print(f"| {cfg} | {kernels} | " + " | ".join(f"{per[k]:g}" for k in kinds) + " |")
+
+benches = {}
+for path in glob.glob(os.path.join(out, "bench-*-*.json")):
+    m = re.match(r"bench-(.+)-(ember|ember-off|torch)-(\d+)\.json$", os.path.basename(path))
+    r = load(path)
+    if m and r:
+        r["mem"] = mem(path[:-5] + ".mem")
+        benches.setdefault((m.group(1), m.group(2)), []).append(r)
+if benches:
+    print("\n| config | impl | ms/step (median over pairs; min-max) | tokens/s | peak GPU MiB (nvidia-smi) | torch's own peak allocated MiB |")
+    print("|---|---|---|---|---|---|")
+    for cfg in ("quickstart", "multi30k-tiny", "shakespeare-char"):
+        for impl in ("ember", "ember-off", "torch"):
+            rs = benches.get((cfg, impl))
+            if not rs:
+                continue
+            ms = [r["ms_per_step_median"] for r in rs]
+            tps = statistics.median(r["tokens_per_sec"] for r in rs)
+            alloc = rs[0].get("peak_gpu_allocated_mib", "")
+            alloc = f"{alloc:.0f}" if isinstance(alloc, float) else ""
+            print(f"| {cfg} | {impl} | {statistics.median(ms):.2f} ({min(ms):.2f}-{max(ms):.2f}) | {tps:,.0f} | "
+                  f"{max(r['mem'] for r in rs):.0f} | {alloc} |")
+        e, t = benches.get((cfg, "ember")), benches.get((cfg, "torch"))
+        if e and t:
+            ratio = statistics.median(r["tokens_per_sec"] for r in e) / statistics.median(r["tokens_per_sec"] for r in t)
+            print(f"| {cfg} | **ember ÷ torch tokens/s** | **{ratio:.2f}×** | | | |")
+
+cpu = []
+for path in sorted(glob.glob(os.path.join(out, "cpu-*.json"))):
+    m = re.match(r"cpu-(.+)-(\d+)-(\d+)\.json$", os.path.basename(path))
+    r = load(path)
+    if m and r:
+        cpu.append((m.group(1), int(m.group(2)), int(m.group(3)), r))
+if cpu:
+    print("\n| CPU (this machine) | threads | shares | ms/step | tokens/s |\n|---|---|---|---|---|")
+    for cfg, t, s, r in sorted(cpu, key=lambda x: (x[0], x[1], x[2])):
+        print(f"| {cfg} | {t} | {s} | {r['ms_per_step_median']:.1f} | {r['tokens_per_sec']:,.0f} |")
