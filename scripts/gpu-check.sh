@@ -14,17 +14,23 @@
 #           tokens/s and peak GPU memory (nvidia-smi, polled every 50 ms, above the idle level)
 #   cpu     the CPU thread/share sweep of `ember bench` on this machine's 16 cores
 #
-#   scripts/gpu-check.sh [--sections suite,counts,bench,cpu] [--pairs N] [--steps N]
+#   scripts/gpu-check.sh [--sections suite,counts,bench,cpu] [--configs a,b] [--pairs N] [--steps N]
 #
-# Prints one table last; logs and JSON under $OUT (the device call's output folder) or /tmp.
+# --configs: which of quickstart, multi30k-tiny, shakespeare-char the counts, bench and cpu
+# sections run (default: all three for bench, the last two for counts and cpu).
+#
+# Prints one table last. Logs and JSON go to a work folder, packed after every section into
+# $OUT/gpu-check.tgz (a device call returns at most 8 files) beside $OUT/summary.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/gpu-check}
-mkdir -p "$OUT"
-sections=suite,counts,bench,cpu pairs=2 steps=30
+RESULTS=${OUT:-/tmp}
+OUT=$(mktemp -d /tmp/gpu-check.XXXXXX)
+pack() { tar czf "$RESULTS/gpu-check.tgz" -C "$OUT" . 2>/dev/null; }
+sections=suite,counts,bench,cpu pairs=2 steps=30 configs=""
 while [[ $# -gt 0 ]]; do
   case $1 in
     --sections) sections=$2; shift 2 ;;
+    --configs) configs=$2; shift 2 ;;
     --pairs) pairs=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
     *) echo "gpu-check: unknown argument $1" >&2; exit 2 ;;
@@ -40,7 +46,11 @@ export LD_LIBRARY_PATH=$(python3 -c "import glob,os,nvidia;print(':'.join(d for 
 export EMBER_BIN=$PWD/.dev/ember
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 echo "ember $(tr '\n' ' ' < .dev/commit)" | tee -a "$OUT/gpu.txt"
-CONFIGS=(quickstart multi30k-tiny shakespeare-char)
+if [[ -n $configs ]]; then
+  IFS=, read -r -a CONFIGS <<< "$configs"; LARGE=("${CONFIGS[@]}")
+else
+  CONFIGS=(quickstart multi30k-tiny shakespeare-char); LARGE=(multi30k-tiny shakespeare-char)
+fi
 
 if has suite; then
   for t in .dev/tests/*; do
@@ -66,19 +76,7 @@ with_memory() {
   return $rc
 }
 
-if has counts; then
-  for cfg in multi30k-tiny shakespeare-char; do
-    for kernels in all none; do
-      for n in 10 20; do
-        mark "counts: $cfg kernels=$kernels steps=$n"
-        CUDA_INJECTION64_PATH=$PWD/.dev/libcuda-call-counter.so EMBER_CUDA_COUNTS=$OUT/counts-$cfg-$kernels-$n.json \
-          EMBER_CUDA_KERNELS=$kernels timeout 300 .dev/ember bench configs/$cfg.yaml --steps $n --set device=cuda:0 --json \
-          > "$OUT/counts-$cfg-$kernels-$n.bench.json" 2> "$OUT/counts-$cfg-$kernels-$n.err" || echo "  failed: see counts-$cfg-$kernels-$n.err"
-      done
-    done
-  done
-fi
-
+pack
 if has bench; then
   for cfg in "${CONFIGS[@]}"; do
     for ((p = 1; p <= pairs; p++)); do
@@ -99,8 +97,23 @@ if has bench; then
   done
 fi
 
+pack
+if has counts; then
+  for cfg in "${LARGE[@]}"; do
+    for kernels in all none; do
+      for n in 10 20; do
+        mark "counts: $cfg kernels=$kernels steps=$n"
+        CUDA_INJECTION64_PATH=$PWD/.dev/libcuda-call-counter.so EMBER_CUDA_COUNTS=$OUT/counts-$cfg-$kernels-$n.json \
+          EMBER_CUDA_KERNELS=$kernels timeout 300 .dev/ember bench configs/$cfg.yaml --steps $n --set device=cuda:0 --json \
+          > "$OUT/counts-$cfg-$kernels-$n.bench.json" 2> "$OUT/counts-$cfg-$kernels-$n.err" || echo "  failed: see counts-$cfg-$kernels-$n.err"
+      done
+    done
+  done
+fi
+
+pack
 if has cpu; then
-  for cfg in multi30k-tiny shakespeare-char; do
+  for cfg in "${LARGE[@]}"; do
     for ts in 1:1 2:2 4:4 8:8 16:8 16:16; do
       t=${ts%:*} s=${ts#*:}
       mark "cpu: $cfg threads $t shares $s"
@@ -111,4 +124,5 @@ if has cpu; then
 fi
 
 mark "done"
-python3 scripts/gpu/summarize.py "$OUT"
+pack
+python3 scripts/gpu/summarize.py "$OUT" | tee "$RESULTS/summary.md"

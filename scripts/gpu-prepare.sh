@@ -10,10 +10,15 @@
 # Then, in one device call: `carry: [".dev"]`, command `scripts/gpu-check.sh`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-grep -qx '/.dev/' .git/info/exclude 2>/dev/null || echo '/.dev/' >> .git/info/exclude
+exclude=$(git rev-parse --git-common-dir)/info/exclude
+mkdir -p "$(dirname "$exclude")"
+grep -qx '/.dev/' "$exclude" 2>/dev/null || echo '/.dev/' >> "$exclude"
 eval "$(../shared/cuda/setup-toolkit.sh)"
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target-cuda}
-grep -qx "/$CARGO_TARGET_DIR/" .git/info/exclude 2>/dev/null || echo "/$CARGO_TARGET_DIR/" >> .git/info/exclude
+case $CARGO_TARGET_DIR in
+  /*) ;;  # outside the tree
+  *) grep -qx "/$CARGO_TARGET_DIR/" "$exclude" 2>/dev/null || echo "/$CARGO_TARGET_DIR/" >> "$exclude" ;;
+esac
 
 cargo build --release --features cuda
 # The GPU suite's test executables, as cargo names them.

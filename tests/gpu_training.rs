@@ -54,6 +54,8 @@ train:
   clip_grad_norm: 1.0
   log_every: 5
   threads: 4
+  # One share on both devices (the CPU's default is two, each with its own dropout masks).
+  shares: 1
 eval:
   every: 0
 checkpoint:

@@ -11,11 +11,17 @@ out = sys.argv[1]
 
 
 def load(path):
+    """A JSON file, or the JSON object on its last line (after other output), or None."""
     try:
-        with open(path) as f:
-            return json.loads(f.read().strip().splitlines()[-1])
-    except (OSError, ValueError, IndexError):
+        text = open(path).read().strip()
+    except OSError:
         return None
+    for candidate in (text, text.splitlines()[-1] if text else ""):
+        try:
+            return json.loads(candidate)
+        except ValueError:
+            pass
+    return None
 
 
 def mem(path):
@@ -33,8 +39,8 @@ if logs:
     print("\n| GPU suite | passed | failed |\n|---|---|---|")
     for log in logs:
         text = open(log).read()
-        ok = len(re.findall(r"^test .* ok$", text, re.M))
-        failed = re.findall(r"^test (.*) FAILED$", text, re.M)
+        ok = len(re.findall(r"^test .* \.\.\. ok$", text, re.M))
+        failed = re.findall(r"^test (.*?) \.\.\. FAILED$", text, re.M)
         name = os.path.basename(log)[6:-4]
         print(f"| {name} | {ok} | {len(failed)}{': ' + ', '.join(failed) if failed else ''} |")
 
@@ -52,6 +58,13 @@ if rows:
     print("|---|---|" + "---|" * len(kinds))
     for cfg, kernels, per in rows:
         print(f"| {cfg} | {kernels} | " + " | ".join(f"{per[k]:g}" for k in kinds) + " |")
+    for cfg in ("multi30k-tiny", "shakespeare-char"):
+        a = load(os.path.join(out, f"counts-{cfg}-all-10.json"))
+        b = load(os.path.join(out, f"counts-{cfg}-all-20.json"))
+        if a and b:
+            per = {n: (b["calls"].get(n, 0) - a["calls"].get(n, 0)) / 10 for n in b["calls"]}
+            top = sorted(((c, n) for n, c in per.items() if c), reverse=True)[:14]
+            print(f"\n{cfg}, kernels all, driver calls per step: " + ", ".join(f"{n} {c:g}" for c, n in top))
 
 benches = {}
 for path in glob.glob(os.path.join(out, "bench-*-*.json")):

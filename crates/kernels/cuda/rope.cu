@@ -1,2 +1,16 @@
-// rope: not yet written (the op takes candle's unfused composition on CUDA).
-#include "common.cuh"
+// Rotary position embeddings with a folded-in scale (ember_kernels::rope), forward (sign = 1) and
+// backward (the transposed rotation: sign = −1, the same scale): one thread per rotated pair,
+// i, i + stride, ... (a grid-stride loop), with the arithmetic of rope.cuh. The cos/sin tables and
+// the log table stay on the device, owned by RopeTables; nothing is uploaded per call.
+#include "rope.cuh"
+
+extern "C" __global__ void ember_rope(const float* __restrict__ x, const float* __restrict__ cos,
+                                      const float* __restrict__ sin, const double* __restrict__ ln_pos,
+                                      float* __restrict__ y, uint64_t pairs, uint32_t half, uint32_t heads,
+                                      uint32_t t, uint64_t offset, uint32_t stride, double scale,
+                                      uint64_t logn_length, double ln_m, float sign) {
+    const uint64_t step = (uint64_t)gridDim.x * blockDim.x;
+    for (uint64_t p = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; p < pairs; p += step) {
+        ember_rope_at(x, cos, sin, ln_pos, y, p, half, heads, t, offset, stride, scale, logn_length, ln_m, sign);
+    }
+}

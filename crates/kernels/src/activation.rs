@@ -1,4 +1,8 @@
 //! Activations of the feed-forward block: GELU (erf form) and SwiGLU.
+//!
+//! On CUDA (the `activation` kernel switched on, `cuda/activation.cu`) each op and its backward
+//! is one elementwise pass with the same formulas, CUDA's erff/expf in place of the CPU's
+//! polynomial erf and exp.
 
 use std::borrow::Cow;
 use std::mem::MaybeUninit;
@@ -6,6 +10,7 @@ use std::sync::Mutex;
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
 
+use crate::cuda::{takes, Kernel};
 use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
 use crate::par::{fill, fill2, ELEMENTS_PER_TASK};
 use crate::simd::{erf_and_gauss, exp_fast, mul, simd_dispatch};
@@ -17,11 +22,13 @@ use crate::simd::{erf_and_gauss, exp_fast, mul, simd_dispatch};
 /// When a gradient will be needed, the forward pass also stores GELU's derivative at each
 /// element: erf is the expensive part of both passes and the forward has it in hand, so the
 /// backward becomes one multiplication per element (for one more activation-sized buffer).
+/// On CUDA (with the activation kernel switched on) the backward recomputes it instead.
 pub fn gelu_erf(x: &Tensor) -> Result<Tensor> {
-    if !is_host_f32(x) {
+    let host = is_host_f32(x);
+    if !(host || takes(x, Kernel::Activation)) {
         return x.gelu_erf();
     }
-    let op = GeluOp(GeluSlope::new(x.track_op()));
+    let op = GeluOp(GeluSlope::new(host && x.track_op()));
     x.contiguous()?.apply_op1(op)
 }
 
@@ -123,7 +130,19 @@ impl CustomOp1 for GeluOp {
             l.shape().clone(),
         ))
     }
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        Ok((cuda::gelu(s, l)?, l.shape().clone()))
+    }
     fn bwd(&self, x: &Tensor, _res: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
+        #[cfg(feature = "cuda")]
+        if x.device().is_cuda() {
+            return Ok(Some(cuda::gelu_bwd(x, g)?));
+        }
         let dx = with_data([x, g], |[x, g]| self.0.backward(g, || Ok(Cow::Borrowed(x))))?;
         Ok(Some(cpu_tensor(dx, x.shape())?))
     }
@@ -134,9 +153,12 @@ pub fn swiglu_unfused(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     gate.silu()?.mul(up)
 }
 
-/// `silu(gate) · up` in one pass with a fused backward on CPU f32.
+/// `silu(gate) · up` in one pass with a fused backward on CPU f32 and (with the activation
+/// kernel switched on) CUDA f32.
 pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
-    if !(is_host_f32(gate) && is_host_f32(up)) || gate.shape() != up.shape() {
+    let fused = (is_host_f32(gate) && is_host_f32(up))
+        || (takes(gate, Kernel::Activation) && takes(up, Kernel::Activation));
+    if !fused || gate.shape() != up.shape() {
         return swiglu_unfused(gate, up);
     }
     gate.contiguous()?.apply_op2(&up.contiguous()?, SwigluOp)
@@ -188,6 +210,16 @@ impl CustomOp2 for SwigluOp {
         });
         Ok((CpuStorage::F32(y), l1.shape().clone()))
     }
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        Ok((cuda::swiglu(s1, l1, s2, l2)?, l1.shape().clone()))
+    }
     fn bwd(
         &self,
         a: &Tensor,
@@ -195,12 +227,185 @@ impl CustomOp2 for SwigluOp {
         _res: &Tensor,
         g: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        #[cfg(feature = "cuda")]
+        if a.device().is_cuda() {
+            let (da, du) = cuda::swiglu_bwd(a, u, g)?;
+            return Ok((Some(da), Some(du)));
+        }
         let (da, du) = with_data([a, u, g], |[a, u, g]| {
             Ok(fill2(a.len(), ELEMENTS_PER_TASK, |r, da, du| {
                 swiglu_bwd(&a[r.clone()], &u[r.clone()], &g[r], da, du)
             }))
         })?;
         Ok((Some(cpu_tensor(da, a.shape())?), Some(cpu_tensor(du, u.shape())?)))
+    }
+}
+
+/// The launches of `cuda/activation.cu`.
+#[cfg(feature = "cuda")]
+mod cuda {
+    use candle_core::{bail, CudaStorage, Layout, Result, Tensor};
+
+    use crate::cuda::device::{alloc, elementwise, launch, storage, tensor, view, with_cuda, ACTIVATION};
+
+    pub(super) fn gelu(s: &CudaStorage, l: &Layout) -> Result<CudaStorage> {
+        let (x, n) = (view(s, l)?, l.shape().elem_count());
+        let mut y = alloc(&s.device, n)?;
+        if n > 0 {
+            launch!(s.device, ACTIVATION, "ember_gelu_fwd", elementwise(n); &x, &mut y, &(n as u64))?;
+        }
+        Ok(storage(y, &s.device))
+    }
+
+    pub(super) fn gelu_bwd(x: &Tensor, g: &Tensor) -> Result<Tensor> {
+        with_cuda([x, g], |[(xs, xl), (gs, gl)]| {
+            let n = xl.shape().elem_count();
+            if gl.shape().elem_count() != n {
+                bail!(
+                    "gelu: a gradient of {:?} for an input of {:?}",
+                    gl.shape(),
+                    xl.shape()
+                );
+            }
+            let (xv, gv) = (view(xs, xl)?, view(gs, gl)?);
+            let mut dx = alloc(&xs.device, n)?;
+            if n > 0 {
+                launch!(xs.device, ACTIVATION, "ember_gelu_bwd", elementwise(n);
+                    &xv, &gv, &mut dx, &(n as u64))?;
+            }
+            Ok(tensor(dx, &xs.device, xl.shape()))
+        })
+    }
+
+    pub(super) fn swiglu(
+        s1: &CudaStorage,
+        l1: &Layout,
+        s2: &CudaStorage,
+        l2: &Layout,
+    ) -> Result<CudaStorage> {
+        let (a, u, n) = (view(s1, l1)?, view(s2, l2)?, l1.shape().elem_count());
+        if l2.shape().elem_count() != n {
+            bail!("swiglu: gate {:?} and up {:?} differ", l1.shape(), l2.shape());
+        }
+        let mut y = alloc(&s1.device, n)?;
+        if n > 0 {
+            launch!(s1.device, ACTIVATION, "ember_swiglu_fwd", elementwise(n);
+                &a, &u, &mut y, &(n as u64))?;
+        }
+        Ok(storage(y, &s1.device))
+    }
+
+    pub(super) fn swiglu_bwd(a: &Tensor, u: &Tensor, g: &Tensor) -> Result<(Tensor, Tensor)> {
+        with_cuda([a, u, g], |[(as_, al), (us, ul), (gs, gl)]| {
+            let n = al.shape().elem_count();
+            if ul.shape().elem_count() != n || gl.shape().elem_count() != n {
+                bail!(
+                    "swiglu: gate {:?}, up {:?} and gradient {:?} differ",
+                    al.shape(),
+                    ul.shape(),
+                    gl.shape()
+                );
+            }
+            let (av, uv, gv) = (view(as_, al)?, view(us, ul)?, view(gs, gl)?);
+            let dev = &as_.device;
+            let (mut da, mut du) = (alloc(dev, n)?, alloc(dev, n)?);
+            if n > 0 {
+                launch!(dev, ACTIVATION, "ember_swiglu_bwd", elementwise(n);
+                    &av, &uv, &gv, &mut da, &mut du, &(n as u64))?;
+            }
+            Ok((tensor(da, dev, al.shape()), tensor(du, dev, ul.shape())))
+        })
+    }
+}
+
+/// The CUDA kernels' arithmetic (`cuda/activation.cuh`, run on the host by
+/// `cuda/activation_mirror.cpp`, with the C library's erff and expf) against this CPU kernel.
+#[cfg(test)]
+mod mirror {
+    use super::*;
+
+    extern "C" {
+        fn ember_mirror_gelu(x: f32) -> f32;
+        fn ember_mirror_gelu_slope(x: f32) -> f32;
+        fn ember_mirror_swiglu(a: f32, u: f32) -> f32;
+        fn ember_mirror_swiglu_bwd(a: f32, u: f32, g: f32, da: *mut f32, du: *mut f32);
+    }
+
+    /// −8 to 8 in steps of about 0.0013, and the special values.
+    fn inputs() -> Vec<f32> {
+        let mut x: Vec<f32> = (0..12_001).map(|i| (i as f32 - 6000.0) / 750.0).collect();
+        x.extend([0.0, -0.0, 1e-30, -1e-30, 20.0, -20.0, 90.0, -90.0]);
+        x
+    }
+
+    #[test]
+    fn the_device_gelu_and_its_derivative_match_the_cpu_kernel() {
+        // The CPU's erf is within 1.5·10⁻⁷ of erf, and its exp within a few ulp; erff and expf
+        // are within a few ulp. gelu = (erf + 1)·0.5·x moves by 0.5·|x|·Δerf, the derivative by
+        // 0.5·Δerf + 0.4·|x|·e^(−x²/2)·Δexp: tolerance 1.5·10⁻⁷·(1 + |x|) plus 2 ulp of the value.
+        let x = inputs();
+        let slope = GeluSlope::new(true);
+        let y = slope.forward(&x);
+        let ones = vec![1f32; x.len()];
+        let d = slope
+            .backward(&ones, || unreachable!("the derivative was kept"))
+            .unwrap();
+        let recomputed = GeluSlope::new(false)
+            .backward(&ones, || Ok(Cow::Borrowed(&x)))
+            .unwrap();
+        for (i, &v) in x.iter().enumerate() {
+            let (gy, gd) = unsafe { (ember_mirror_gelu(v), ember_mirror_gelu_slope(v)) };
+            let tol = |c: f32| 1.5e-7 * (1.0 + v.abs()) + 2.0 * f32::EPSILON * c.abs();
+            assert!((gy - y[i]).abs() <= tol(y[i]), "gelu({v}): {gy} vs {}", y[i]);
+            assert!((gd - d[i]).abs() <= tol(d[i]), "gelu'({v}): {gd} vs {}", d[i]);
+            assert_eq!(d[i].to_bits(), recomputed[i].to_bits());
+        }
+        // gelu(0) is 0 and gelu'(0) one half exactly on both.
+        assert_eq!(unsafe { ember_mirror_gelu(0.0) }, 0.0);
+        assert_eq!(unsafe { ember_mirror_gelu_slope(0.0) }, 0.5);
+    }
+
+    #[test]
+    fn the_device_swiglu_and_its_gradients_match_the_cpu_kernel() {
+        // Only exp differs (expf against the CPU's exp_fast, both within a few ulp): relative
+        // tolerance 8 ulp of each value's scale.
+        let a = inputs();
+        let mut rng = ember_rng::SplitMix64::new(5);
+        let u: Vec<f32> = a.iter().map(|_| rng.normal() as f32).collect();
+        let g: Vec<f32> = a.iter().map(|_| rng.normal() as f32).collect();
+        let y = fill(a.len(), ELEMENTS_PER_TASK, |r, y| {
+            swiglu_fwd(&a[r.clone()], &u[r], y)
+        });
+        let (da, du) = fill2(a.len(), ELEMENTS_PER_TASK, |r, da, du| {
+            swiglu_bwd(&a[r.clone()], &u[r.clone()], &g[r], da, du)
+        });
+        let close = |m: f32, c: f32, scale: f32| (m - c).abs() <= 8.0 * f32::EPSILON * scale + 1e-30;
+        for i in 0..a.len() {
+            let my = unsafe { ember_mirror_swiglu(a[i], u[i]) };
+            let (mut mda, mut mdu) = (f32::NAN, f32::NAN);
+            unsafe { ember_mirror_swiglu_bwd(a[i], u[i], g[i], &mut mda, &mut mdu) };
+            // silu(a) is at most |a|; its derivative at most 1.1.
+            let s = a[i].abs().max(1.0);
+            assert!(
+                close(my, y[i], s * u[i].abs()),
+                "swiglu({}, {}): {my} vs {}",
+                a[i],
+                u[i],
+                y[i]
+            );
+            assert!(
+                close(mdu, du[i], s * g[i].abs()),
+                "du at a = {}: {mdu} vs {}",
+                a[i],
+                du[i]
+            );
+            assert!(
+                close(mda, da[i], s * (g[i] * u[i]).abs()),
+                "da at a = {}: {mda} vs {}",
+                a[i],
+                da[i]
+            );
+        }
     }
 }
 

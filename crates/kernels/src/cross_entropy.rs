@@ -272,3 +272,307 @@ pub(crate) fn loss_output(rows: &[(f32, f32, f32, f32)]) -> Vec<f32> {
     }
     out
 }
+
+/// The CUDA kernels' row math (`cuda/cross_entropy.cuh`, compiled for the host by
+/// `cuda/cross_entropy_mirror.cpp`, whose rows run the kernels' lane loops and block reduction)
+/// against this module's CPU kernel: what the GPU computes for a row is checked on every machine.
+#[cfg(test)]
+mod cuda_mirror {
+    use super::*;
+
+    extern "C" {
+        fn ember_mirror_ce_exp(x: f32) -> f32;
+        #[allow(clippy::too_many_arguments)]
+        fn ember_mirror_ce_row_losses(
+            x_t: f32,
+            row_sum: f32,
+            v: u32,
+            max: f32,
+            lse: f32,
+            eps: f32,
+            z: f32,
+            objective: *mut f32,
+            nll: *mut f32,
+        );
+        #[allow(clippy::too_many_arguments)]
+        fn ember_mirror_ce_forward_row(
+            x: *const f32,
+            v: u32,
+            target: u32,
+            mask: f32,
+            eps: f32,
+            z: f32,
+            out: *mut f32,
+            probs: *mut f32,
+        );
+        #[allow(clippy::too_many_arguments)]
+        fn ember_mirror_ce_gradient_row(
+            x: *mut f32,
+            v: u32,
+            target: u32,
+            g_obj: f32,
+            g_nll: f32,
+            mask: f32,
+            max: f32,
+            lse: f32,
+            eps: f32,
+            z: f32,
+            from_probs: i32,
+        );
+    }
+
+    fn random(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+        let mut rng = ember_rng::SplitMix64::new(seed);
+        (0..n).map(|_| rng.normal() as f32 * scale).collect()
+    }
+
+    /// One row's loss parameters, as the CPU op holds them.
+    fn one_row(target: usize, mask: f32, eps: f32, z: f32) -> LossRows {
+        LossRows {
+            targets: vec![target as u32],
+            mask: vec![mask],
+            smoothing: eps,
+            z,
+        }
+    }
+
+    /// The device's (mask·objective, mask·NLL, max, lse) of a row, and its probabilities.
+    fn device_forward(row: &[f32], op: &LossRows) -> ([f32; 4], Vec<f32>) {
+        let (mut out, mut probs) = ([0f32; 4], vec![0f32; row.len()]);
+        unsafe {
+            ember_mirror_ce_forward_row(
+                row.as_ptr(),
+                row.len() as u32,
+                op.targets[0],
+                op.mask[0],
+                op.smoothing,
+                op.z,
+                out.as_mut_ptr(),
+                probs.as_mut_ptr(),
+            )
+        };
+        (out, probs)
+    }
+
+    /// The device's gradient of a row (`x`: its logits, or with `from_probs` its probabilities).
+    fn device_gradient(
+        x: &[f32],
+        op: &LossRows,
+        g: [f32; 2],
+        stats: (f32, f32),
+        from_probs: bool,
+    ) -> Vec<f32> {
+        let mut x = x.to_vec();
+        unsafe {
+            ember_mirror_ce_gradient_row(
+                x.as_mut_ptr(),
+                x.len() as u32,
+                op.targets[0],
+                g[0],
+                g[1],
+                op.mask[0],
+                stats.0,
+                stats.1,
+                op.smoothing,
+                op.z,
+                from_probs as i32,
+            )
+        };
+        x
+    }
+
+    /// Rows of several lengths: shorter than a warp, than the block, not multiples of 32, a 10k
+    /// vocabulary; logits of a trained model's spread, one far below the rest (exp → 0).
+    fn rows() -> Vec<Vec<f32>> {
+        [1usize, 5, 31, 33, 255, 257, 1000, 1003, 10_000]
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| {
+                let mut row = random(v, 70 + i as u64, 3.0);
+                if v > 3 {
+                    row[3] = -200.0;
+                }
+                row
+            })
+            .collect()
+    }
+
+    const SETTINGS: [(f32, f32); 5] = [(0.0, 0.0), (0.1, 0.0), (0.0, 1e-4), (0.1, 1e-4), (0.2, 1.0)];
+
+    fn same(a: f32, b: f32) -> bool {
+        a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
+    }
+
+    #[test]
+    fn the_device_exp_is_exp_fast_bit_for_bit() {
+        let mut xs = vec![
+            0.0,
+            -0.0,
+            1.0,
+            -1.0,
+            -87.3,
+            -87.29,
+            -87.31,
+            88.0,
+            88.1,
+            1e-30,
+            -1e-30,
+            1e30,
+            -1e30,
+            f32::MIN_POSITIVE,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+        ];
+        let mut x = -100f32;
+        while x < 100.0 {
+            xs.push(x);
+            x += 0.0137;
+        }
+        xs.extend(random(10_000, 5, 10.0));
+        for x in xs {
+            let (d, c) = (unsafe { ember_mirror_ce_exp(x) }, exp_fast(x));
+            assert!(same(d, c), "exp({x:e}): device {d:e}, CPU {c:e}");
+        }
+    }
+
+    #[test]
+    fn the_device_row_losses_are_the_cpu_row_losses_bit_for_bit() {
+        // Given the same max, lse and row sum, the losses are the same operations.
+        for row in rows() {
+            let v = row.len();
+            let (max, total) = ce_row_stats(&row, &mut vec![0f32; v]);
+            let lse = total.ln();
+            for (eps, z) in SETTINGS {
+                for target in [0, v / 2, v - 1] {
+                    let op = one_row(target, 1.0, eps, z);
+                    let (obj, nll) = row_losses(&op, &row, 0, max, lse);
+                    let (mut d_obj, mut d_nll) = (0f32, 0f32);
+                    unsafe {
+                        ember_mirror_ce_row_losses(
+                            row[target],
+                            sum_wide(&row),
+                            v as u32,
+                            max,
+                            lse,
+                            eps,
+                            z,
+                            &mut d_obj,
+                            &mut d_nll,
+                        )
+                    };
+                    let what = format!("v {v} target {target} eps {eps} z {z}");
+                    assert!(same(d_obj, obj), "{what}: objective {d_obj} vs {obj}");
+                    assert!(same(d_nll, nll), "{what}: NLL {d_nll} vs {nll}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_device_forward_row_is_the_cpu_forward_row_to_rounding() {
+        // The sums run in another order (the block's lanes) and lse is the C library's logf:
+        // equal to a few units in the last place of the loss, the max exactly.
+        for row in rows() {
+            let v = row.len();
+            for (eps, z) in SETTINGS {
+                for mask in [1.0, 0.0, 0.5] {
+                    let op = one_row(v - 1, mask, eps, z);
+                    let mut cpu = [(0f32, 0f32, 0f32, 0f32)];
+                    ce_forward_rows_generic(&op, &row, v, 0, &mut cpu);
+                    let (obj, nll, max, lse) = cpu[0];
+                    let (dev, probs) = device_forward(&row, &op);
+                    let what = format!("v {v} eps {eps} z {z} mask {mask}");
+                    assert_eq!(dev[2].to_bits(), max.to_bits(), "{what}: max");
+                    for (name, d, c) in [
+                        ("objective", dev[0], obj),
+                        ("NLL", dev[1], nll),
+                        ("lse", dev[3], lse),
+                    ] {
+                        let tol = 1e-6 * c.abs().max(1.0);
+                        assert!((d - c).abs() <= tol, "{what}: {name} {d} vs {c}");
+                    }
+                    // The probabilities sum to 1 and are exp_fast(x − max − lse) exactly.
+                    let shift = dev[2] + dev[3];
+                    let total: f64 = probs.iter().map(|&p| p as f64).sum();
+                    assert!((total - 1.0).abs() < 1e-5, "{what}: probabilities sum to {total}");
+                    for (&p, &x) in probs.iter().zip(&row) {
+                        assert_eq!(p.to_bits(), exp_fast(x - shift).to_bits(), "{what}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_device_gradient_row_is_the_cpu_gradient_row_bit_for_bit() {
+        // For the same (max, lse) — here the device's own — the gradient is the CPU's
+        // `ce_gradient_rows` operation for operation, from the logits or from the probabilities
+        // the device's forward pass left, for upstream gradients on either row, padding included.
+        let gradients = [[1.0, 0.0], [0.37, 0.0], [-0.2, 1.3], [0.0, 0.8], [0.0, 0.0]];
+        for row in rows() {
+            let v = row.len();
+            for (eps, z) in SETTINGS {
+                for mask in [1.0, 0.0, 0.5] {
+                    for g in gradients {
+                        let op = one_row(v / 3, mask, eps, z);
+                        let (dev, probs) = device_forward(&row, &op);
+                        let stats = (dev[2], dev[3]);
+                        let mut cpu = row.clone();
+                        ce_gradient_rows_generic(&op, &mut cpu, &g, v, 0, &[stats]);
+                        let from_logits = device_gradient(&row, &op, g, stats, false);
+                        let from_probs = device_gradient(&probs, &op, g, stats, true);
+                        let what = format!("v {v} eps {eps} z {z} mask {mask} g {g:?}");
+                        for j in 0..v {
+                            assert!(
+                                same(from_logits[j], cpu[j]),
+                                "{what}: element {j} from the logits"
+                            );
+                            assert!(
+                                same(from_probs[j], cpu[j]),
+                                "{what}: element {j} from the probabilities"
+                            );
+                        }
+                        if mask == 0.0 || g == [0.0, 0.0] {
+                            assert!(cpu.iter().all(|&x| x == 0.0), "{what}: padding has no gradient");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_device_gradient_for_the_trainer_is_the_cpu_prepared_gradient_to_rounding() {
+        // The CPU op prepares the trainer's gradient (1 on the objective, 0 on the NLL) in its
+        // forward pass from the exponentials the losses took (e·w_p/Σe); the device forms it
+        // from exp(x − shift), shift = max + lse (its own lse) rounded once more, which moves p by
+        // up to ulp(shift)/2 relative (~1e-6 for |shift| ≈ 20): ‖a − b‖/‖b‖ < 1e-5.
+        for row in rows() {
+            let v = row.len();
+            for (eps, z) in SETTINGS {
+                for mask in [1.0, 0.0] {
+                    let op = one_row(v / 2, mask, eps, z);
+                    let mut cpu = row.clone();
+                    let mut out = [(0f32, 0f32, 0f32, 0f32)];
+                    ce_forward_unit_gradient_rows_generic(&op, &mut cpu, v, 0, &mut out);
+                    let (dev, probs) = device_forward(&row, &op);
+                    let grad = device_gradient(&probs, &op, [1.0, 0.0], (dev[2], dev[3]), true);
+                    let what = format!("v {v} eps {eps} z {z} mask {mask}");
+                    if mask == 0.0 {
+                        assert!(grad.iter().chain(&cpu).all(|&x| x == 0.0), "{what}");
+                        continue;
+                    }
+                    let (mut num, mut den) = (0f64, 0f64);
+                    for (&a, &b) in grad.iter().zip(&cpu) {
+                        num += ((a - b) as f64).powi(2);
+                        den += (b as f64).powi(2);
+                    }
+                    // (A row of one logit has the gradient 0 exactly.)
+                    let rel = (num / den.max(1e-30)).sqrt();
+                    assert!(rel < 1e-5, "{what}: relative difference {rel:e}");
+                }
+            }
+        }
+    }
+}

@@ -240,10 +240,14 @@ pub fn linear_gelu_unfused(x: &Tensor, w: &Tensor) -> Result<Tensor> {
 
 /// `gelu_erf(x·Wᵀ)` for x (…, in) and a weight (out, in): [`linear`] and
 /// [`gelu_erf`](crate::gelu_erf) as one op on CPU f32, with the same bits; the GELU keeps its
-/// derivative for the backward pass as the standalone op does. [`linear_gelu_unfused`]
+/// derivative for the backward pass as the standalone op does. On CUDA f32 with the activation
+/// kernel switched on, [`linear`] (cuBLAS) then the GELU kernel; [`linear_gelu_unfused`]
 /// elsewhere.
 pub fn linear_gelu(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     check_fit("linear_gelu", x, w)?;
+    if takes(x, Kernel::Activation) && takes(w, Kernel::Activation) {
+        return crate::activation::gelu_erf(&linear(x, w)?);
+    }
     if !(is_host_f32(x) && is_host_f32(w)) {
         return linear_gelu_unfused(x, w);
     }
@@ -283,7 +287,9 @@ pub fn linear_rope_unfused(
 
 /// `scale · rotated(x·Wᵀ)` for x (B, T, in) whose first position is `offset` and a weight
 /// (out, in) of whole heads: a query or key projection and its rotation as one op on CPU f32,
-/// with the bits of [`linear`] then [`rope`](crate::rope). [`linear_rope_unfused`] elsewhere.
+/// with the bits of [`linear`] then [`rope`](crate::rope). On CUDA f32 with the rope kernel
+/// switched on (and f32 tables on the same device), [`linear`] (cuBLAS) then the rope kernel;
+/// [`linear_rope_unfused`] elsewhere.
 pub fn linear_rope(
     x: &Tensor,
     w: &Tensor,
@@ -294,6 +300,10 @@ pub fn linear_rope(
     check_fit("linear_rope", x, w)?;
     let (_, t, _) = x.dims3()?;
     check_heads(tables, w.dims2()?.0)?;
+    if takes(x, Kernel::Rope) && takes(w, Kernel::Rope) && tables.on_device_of(x) && tables.covers(offset, t)
+    {
+        return crate::rope::rope(&linear(x, w)?, tables, offset, scale);
+    }
     if !(is_host_f32(x) && is_host_f32(w) && tables.covers(offset, t)) {
         return linear_rope_unfused(x, w, tables, offset, scale);
     }

@@ -28,6 +28,19 @@
 //! op inside a block splits its work as the other kernels do ([`crate::par`]): the bits do not
 //! depend on the thread count. They do differ from the unfused composition's in the last place
 //! (dW is summed block by block).
+//!
+//! **On CUDA** (f32, with [`Kernel::CrossEntropy`](crate::cuda::Kernel) switched on) the logits
+//! are one cuBLAS product (candle's own), made whole — the GPU has the memory, and a product per
+//! block would run far below its speed — and one kernel (`cuda/cross_entropy.cu`, a block per
+//! row) turns them into the losses and each row's (max, lse). The targets and mask stay on the
+//! device: nothing is read back, so a target outside the vocabulary is not refused up front as
+//! on the CPU but makes its row's losses NaN. With `grads` the kernel then overwrites the logits
+//! with the probabilities exp(x − max − lse), which the backward pass turns in place into the
+//! gradient of the logits for whatever upstream gradient arrives, objective and NLL rows alike
+//! (it cannot look at that gradient without a round trip to the host, as the CPU op does to use
+//! dh and dW prepared for the trainer's); dh = dlogits·W and dW = dlogitsᵀ·h are two more cuBLAS
+//! products. The probabilities serve one backward pass; another one, or one after a forward pass
+//! without `grads`, recomputes the logits (the same cuBLAS product, so the same bits).
 
 use std::sync::{Arc, Mutex};
 
@@ -67,7 +80,8 @@ pub fn linear_cross_entropy_unfused(
 /// [`crate::cross_entropy`] gives them — of the logits `h·Wᵀ` for hidden states h (…, d) folded
 /// into N rows and an output weight W (V, d). `grads`: the caller will call backward with the
 /// trainer's upstream gradient (see the module docs); without it the forward pass computes the
-/// losses only. On anything but f32 CPU tensors this is [`linear_cross_entropy_unfused`].
+/// losses only. On f32 CUDA tensors with the cross-entropy kernel switched on this is the CUDA op
+/// (module docs); on anything else but f32 CPU tensors it is [`linear_cross_entropy_unfused`].
 pub fn linear_cross_entropy(
     h: &Tensor,
     w: &Tensor,
@@ -85,10 +99,20 @@ pub fn linear_cross_entropy(
             w.shape()
         );
     }
+    let n = h.elem_count() / d.max(1);
+    // Empty products (no rows, vocabulary or width) stay with the composition.
+    #[cfg(feature = "cuda")]
+    if crate::cuda::takes(h, crate::cuda::Kernel::CrossEntropy)
+        && crate::cuda::takes(w, crate::cuda::Kernel::CrossEntropy)
+        && n > 0
+        && v > 0
+        && d > 0
+    {
+        return cuda::linear_cross_entropy(h, w, targets, mask, label_smoothing, z_loss, grads);
+    }
     if !(is_host_f32(h) && is_host_f32(w)) {
         return linear_cross_entropy_unfused(h, w, targets, mask, label_smoothing, z_loss);
     }
-    let n = h.elem_count() / d.max(1);
     let op = LinearCrossEntropyOp {
         loss: LossRows::new(n, v, targets, mask, label_smoothing, z_loss)?,
         grads,
@@ -277,5 +301,231 @@ impl CustomOp2 for LinearCrossEntropyOp {
             Ok((dh, dw))
         })?;
         Ok((Some(cpu_tensor(dh, h.shape())?), Some(cpu_tensor(dw, w.shape())?)))
+    }
+}
+
+/// The op on CUDA tensors (module docs): the logits through cuBLAS, then `cuda/cross_entropy.cu`.
+#[cfg(feature = "cuda")]
+mod cuda {
+    use std::sync::Mutex;
+
+    use candle_core::backend::BackendStorage;
+    use candle_core::cuda::cudarc::driver::CudaView;
+    use candle_core::op::BackpropOp;
+    use candle_core::{
+        bail, CpuStorage, CudaStorage, CustomOp2, DType, InplaceOp1, Layout, Result, Shape, Storage, Tensor,
+    };
+
+    use crate::cuda::device::{alloc, launch, per_row, storage, tensor, view, with_cuda, CROSS_ENTROPY};
+
+    /// Threads per row: EMBER_CE_THREADS of `cuda/cross_entropy.cuh`.
+    const THREADS: u32 = 256;
+
+    /// [`super::linear_cross_entropy`] on f32 CUDA tensors with n, V and d all above 0.
+    pub(super) fn linear_cross_entropy(
+        h: &Tensor,
+        w: &Tensor,
+        targets: &Tensor,
+        mask: &Tensor,
+        label_smoothing: f64,
+        z_loss: f64,
+        grads: bool,
+    ) -> Result<Tensor> {
+        let (v, d) = w.dims2()?;
+        let n = h.elem_count() / d;
+        if n > i32::MAX as usize || v > u32::MAX as usize {
+            bail!("linear_cross_entropy: {n} rows of {v} logits are more than the CUDA kernel indexes");
+        }
+        let dev = h.device();
+        let targets = targets
+            .to_device(dev)?
+            .to_dtype(DType::U32)?
+            .flatten_all()?
+            .contiguous()?;
+        let mask = mask
+            .to_device(dev)?
+            .to_dtype(DType::F32)?
+            .flatten_all()?
+            .contiguous()?;
+        if targets.elem_count() != n || mask.elem_count() != n {
+            bail!(
+                "linear_cross_entropy: {n} rows but {} targets and {} mask entries",
+                targets.elem_count(),
+                mask.elem_count()
+            );
+        }
+        let op = DeviceLinearCrossEntropyOp {
+            targets,
+            mask,
+            smoothing: label_smoothing as f32,
+            z: z_loss as f32,
+            grads,
+            saved: Mutex::new(Saved::default()),
+        };
+        h.reshape((n, d))?.contiguous()?.apply_op2(&w.contiguous()?, op)
+    }
+
+    /// The CUDA op: targets (n, u32) and mask (n, f32) on the device, ε and z as the CPU op
+    /// rounds them.
+    struct DeviceLinearCrossEntropyOp {
+        targets: Tensor,
+        mask: Tensor,
+        smoothing: f32,
+        z: f32,
+        grads: bool,
+        saved: Mutex<Saved>,
+    }
+
+    /// What the forward pass leaves for the backward pass.
+    #[derive(Default)]
+    struct Saved {
+        /// (n, 2): each row's max and lse.
+        stats: Option<Tensor>,
+        /// (n, V): the probabilities, with `grads`, until a backward pass takes them.
+        probs: Option<Tensor>,
+    }
+
+    /// The targets' elements (a contiguous u32 CUDA tensor).
+    fn with_targets<R>(t: &Tensor, f: impl FnOnce(CudaView<'_, u32>) -> Result<R>) -> Result<R> {
+        let (s, l) = t.storage_and_layout();
+        let Storage::Cuda(s) = &*s else {
+            bail!("linear_cross_entropy: expected the targets on the CUDA device");
+        };
+        let Some((a, b)) = l.contiguous_offsets() else {
+            bail!("linear_cross_entropy: expected contiguous targets");
+        };
+        f(s.as_cuda_slice::<u32>()?.slice(a..b))
+    }
+
+    impl CustomOp2 for DeviceLinearCrossEntropyOp {
+        fn name(&self) -> &'static str {
+            "ember-linear-cross-entropy-cuda"
+        }
+
+        fn cpu_fwd(
+            &self,
+            _: &CpuStorage,
+            _: &Layout,
+            _: &CpuStorage,
+            _: &Layout,
+        ) -> Result<(CpuStorage, Shape)> {
+            bail!("ember-linear-cross-entropy-cuda: CPU tensors take the CPU op")
+        }
+
+        fn cuda_fwd(
+            &self,
+            s1: &CudaStorage,
+            l1: &Layout,
+            s2: &CudaStorage,
+            l2: &Layout,
+        ) -> Result<(CudaStorage, Shape)> {
+            let (n, d) = l1.shape().dims2()?;
+            let (v, _) = l2.shape().dims2()?;
+            let dev = s1.device.clone();
+            // h·Wᵀ as candle's own matmul makes it ((b, m, n, k) = (1, n, V, d), W read
+            // transposed): the backward pass's recomputation gives the same bits.
+            let mut logits = s1.matmul(s2, (1, n, v, d), l1, &l2.transpose(0, 1)?)?;
+            let mut out = alloc(&dev, 2 * n)?;
+            let mut stats = alloc(&dev, 2 * n)?;
+            with_cuda([&self.mask], |[(ms, ml)]| {
+                let mask = view(ms, ml)?;
+                with_targets(&self.targets, |targets| {
+                    let x = logits.as_cuda_slice_mut::<f32>()?;
+                    launch!(dev, CROSS_ENTROPY, "ember_ce_forward", per_row(n, THREADS);
+                        x, &targets, &mask, &mut out, &mut stats, &(n as u32), &(v as u32),
+                        &self.smoothing, &self.z, &(self.grads as i32))
+                })
+            })?;
+            let probs = self
+                .grads
+                .then(|| Tensor::from_storage(Storage::Cuda(logits), (n, v), BackpropOp::none(), false));
+            *self.saved.lock().unwrap_or_else(|e| e.into_inner()) = Saved {
+                stats: Some(tensor(stats, &dev, &Shape::from((n, 2)))),
+                probs,
+            };
+            Ok((storage(out, &dev), Shape::from((2, n))))
+        }
+
+        fn bwd(
+            &self,
+            h: &Tensor,
+            w: &Tensor,
+            _res: &Tensor,
+            g: &Tensor,
+        ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+            let (n, _) = h.dims2()?;
+            let (v, _) = w.dims2()?;
+            let (stats, probs) = {
+                let mut saved = self.saved.lock().unwrap_or_else(|e| e.into_inner());
+                (saved.stats.clone(), saved.probs.take())
+            };
+            let Some(stats) = stats.filter(|s| s.dims() == [n, 2]) else {
+                bail!("linear_cross_entropy: backward without the forward pass's row statistics");
+            };
+            let (h, w) = (h.detach(), w.detach());
+            // The gradient is written over the forward pass's probabilities, or over the logits
+            // made again.
+            let (x, from_probs) = match probs {
+                Some(p) => (p, true),
+                None => (h.matmul(&w.t()?)?, false),
+            };
+            let g = g.to_dtype(DType::F32)?.contiguous()?;
+            x.inplace_op1(&GradientOp {
+                op: self,
+                g: &g,
+                stats: &stats,
+                n,
+                v,
+                from_probs,
+            })?;
+            let dh = x.matmul(&w)?;
+            let dw = x.t()?.matmul(&h)?;
+            Ok((Some(dh), Some(dw)))
+        }
+    }
+
+    /// Logits (or the forward pass's probabilities) of the op's n × V rows replaced in place by
+    /// their gradient under the upstream gradient `g` (2 × n: objectives, then NLLs).
+    struct GradientOp<'a> {
+        op: &'a DeviceLinearCrossEntropyOp,
+        g: &'a Tensor,
+        stats: &'a Tensor,
+        n: usize,
+        v: usize,
+        from_probs: bool,
+    }
+
+    impl InplaceOp1 for GradientOp<'_> {
+        fn name(&self) -> &'static str {
+            "ember-cross-entropy-gradient"
+        }
+
+        fn cpu_fwd(&self, _: &mut CpuStorage, _: &Layout) -> Result<()> {
+            bail!("ember-cross-entropy-gradient: CPU tensors take the CPU op")
+        }
+
+        fn cuda_fwd(&self, s: &mut CudaStorage, l: &Layout) -> Result<()> {
+            let (n, v) = (self.n, self.v);
+            let Some((a, b)) = l.contiguous_offsets().filter(|&(a, b)| b - a == n * v) else {
+                bail!("ember-cross-entropy-gradient: expected {n} × {v} contiguous logits");
+            };
+            if self.g.elem_count() != 2 * n {
+                bail!("ember-cross-entropy-gradient: expected a gradient of 2 × {n}");
+            }
+            let dev = s.device.clone();
+            let x = s.as_cuda_slice_mut::<f32>()?;
+            with_cuda(
+                [self.g, self.stats, &self.op.mask],
+                |[(gs, gl), (ss, sl), (ms, ml)]| {
+                    let (g, stats, mask) = (view(gs, gl)?, view(ss, sl)?, view(ms, ml)?);
+                    with_targets(&self.op.targets, |targets| {
+                        let mut x = x.slice_mut(a..b);
+                        launch!(dev, CROSS_ENTROPY, "ember_ce_backward", per_row(n, THREADS);
+                        &mut x, &g, &stats, &targets, &mask, &(n as u32), &(v as u32),
+                        &self.op.smoothing, &self.op.z, &(self.from_probs as i32))
+                    })
+                },
+            )
+        }
     }
 }

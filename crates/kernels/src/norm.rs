@@ -8,11 +8,16 @@
 //! Rows are cut into tasks for the forward pass and for the input gradient; the gain's and
 //! bias's gradients, sums over every row, are computed per column range in row order, so every
 //! sum has the order of a single-threaded pass whatever the thread count.
+//!
+//! On CUDA (the `norm` kernel switched on, `cuda/norm.cu`) a warp normalises each vector; the
+//! gain's and bias's gradients are summed per column over fixed chunks of vectors, then over the
+//! chunks in order, so they too have the same bits on every run.
 
 use std::mem::MaybeUninit;
 
 use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor, D};
 
+use crate::cuda::{takes, Kernel};
 use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
 use crate::par::{for_each_chunk, SharedMut};
 use crate::simd::{dot, simd_dispatch, sum};
@@ -59,9 +64,17 @@ pub fn layer_norm_unfused(x: &Tensor, w: &Tensor, b: Option<&Tensor>, eps: f64) 
     }
 }
 
-/// RMSNorm with gain `w` over each vector of w's size along the last dimension; fused on CPU f32.
+/// Whether x, w (and b) take the fused op: all f32 on the CPU, or all f32 on CUDA with the norm
+/// kernel switched on.
+fn fused(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> bool {
+    let all = |f: &dyn Fn(&Tensor) -> bool| f(x) && f(w) && b.is_none_or(f);
+    all(&is_host_f32) || all(&|t| takes(t, Kernel::Norm))
+}
+
+/// RMSNorm with gain `w` over each vector of w's size along the last dimension; fused on CPU f32
+/// and (with the norm kernel switched on) CUDA f32.
 pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
-    if !(is_host_f32(x) && is_host_f32(w)) {
+    if !fused(x, w, None) {
         return rms_norm_unfused(x, w, eps);
     }
     x.contiguous()?.apply_op2(
@@ -74,9 +87,9 @@ pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
 }
 
 /// LayerNorm with gain `w` and optional bias `b` over each vector of w's size along the last
-/// dimension; fused on CPU f32.
+/// dimension; fused on CPU f32 and (with the norm kernel switched on) CUDA f32.
 pub fn layer_norm(x: &Tensor, w: &Tensor, b: Option<&Tensor>, eps: f64) -> Result<Tensor> {
-    if !(is_host_f32(x) && is_host_f32(w) && b.is_none_or(is_host_f32)) {
+    if !fused(x, w, b) {
         return layer_norm_unfused(x, w, b, eps);
     }
     let op = NormOp {
@@ -326,6 +339,19 @@ impl CustomOp2 for NormOp {
         let y = self.forward(cpu_slice(s1, l1)?, cpu_slice(s2, l2)?, None)?;
         Ok((CpuStorage::F32(y), l1.shape().clone()))
     }
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        Ok((
+            cuda::forward(*self, (s1, l1), (s2, l2), None)?,
+            l1.shape().clone(),
+        ))
+    }
     fn bwd(
         &self,
         x: &Tensor,
@@ -333,6 +359,11 @@ impl CustomOp2 for NormOp {
         _res: &Tensor,
         g: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        #[cfg(feature = "cuda")]
+        if x.device().is_cuda() {
+            let (dx, dw, _) = cuda::backward(*self, x, w, g)?;
+            return Ok((Some(dx), Some(dw)));
+        }
         let (dx, dw, _) = with_data([x, w, g], |[x, w, g]| Ok(self.backward(x, w, g)))?;
         Ok((Some(cpu_tensor(dx, x.shape())?), Some(cpu_tensor(dw, w.shape())?)))
     }
@@ -354,6 +385,19 @@ impl CustomOp3 for NormOp {
         let y = self.forward(cpu_slice(s1, l1)?, cpu_slice(s2, l2)?, Some(cpu_slice(s3, l3)?))?;
         Ok((CpuStorage::F32(y), l1.shape().clone()))
     }
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let y = cuda::forward(*self, (s1, l1), (s2, l2), Some((s3, l3)))?;
+        Ok((y, l1.shape().clone()))
+    }
     fn bwd(
         &self,
         x: &Tensor,
@@ -362,11 +406,311 @@ impl CustomOp3 for NormOp {
         _res: &Tensor,
         g: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        #[cfg(feature = "cuda")]
+        if x.device().is_cuda() {
+            let (dx, dw, db) = cuda::backward(*self, x, w, g)?;
+            return Ok((Some(dx), Some(dw), Some(db.reshape(b.shape())?)));
+        }
         let (dx, dw, db) = with_data([x, w, g], |[x, w, g]| Ok(self.backward(x, w, g)))?;
         Ok((
             Some(cpu_tensor(dx, x.shape())?),
             Some(cpu_tensor(dw, w.shape())?),
             Some(cpu_tensor(db, b.shape())?),
         ))
+    }
+}
+
+/// The launches of `cuda/norm.cu`.
+#[cfg(feature = "cuda")]
+mod cuda {
+    use candle_core::cuda::cudarc::driver::LaunchConfig;
+    use candle_core::{bail, CudaStorage, Layout, Result, Tensor};
+
+    use super::{NormOp, NormType};
+    use crate::cuda::device::{alloc, elementwise, launch, storage, tensor, view, with_cuda, NORM};
+
+    /// Threads per block of the per-vector kernels: 8 warps, one vector each.
+    const VECTOR_THREADS: u32 = 256;
+    /// At most this many blocks of those: a grid-stride loop takes the vectors beyond.
+    const MAX_VECTOR_BLOCKS: usize = 1 << 20;
+    /// Vectors per chunk of the parameter gradients' first pass (at least; more when there would
+    /// be over MAX_CHUNKS chunks). A function of the shapes alone, so the sums' order is too.
+    const PER_CHUNK: usize = 64;
+    const MAX_CHUNKS: usize = 1 << 16;
+
+    /// The geometry of a kernel taking one warp per vector.
+    fn per_vector(vectors: usize) -> LaunchConfig {
+        let warps = (VECTOR_THREADS / 32) as usize;
+        LaunchConfig {
+            grid_dim: (vectors.div_ceil(warps).clamp(1, MAX_VECTOR_BLOCKS) as u32, 1, 1),
+            block_dim: (VECTOR_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    /// (vectors, d) of an input of `n` elements and a gain of `d`, or the CPU kernel's error.
+    fn vectors(n: usize, d: usize) -> Result<(usize, u32)> {
+        if d == 0 || !n.is_multiple_of(d) {
+            bail!("norm: input size {n} is not a multiple of the gain size {d}");
+        }
+        let Ok(d32) = u32::try_from(d) else {
+            bail!("norm: a gain of {d} elements is too large for the CUDA kernel");
+        };
+        Ok((n / d, d32))
+    }
+
+    fn flags(op: NormOp) -> (i32, f32) {
+        ((op.kind == NormType::Layer) as i32, op.eps as f32)
+    }
+
+    pub(super) fn forward(
+        op: NormOp,
+        (xs, xl): (&CudaStorage, &Layout),
+        (ws, wl): (&CudaStorage, &Layout),
+        b: Option<(&CudaStorage, &Layout)>,
+    ) -> Result<CudaStorage> {
+        let (n, d) = (xl.shape().elem_count(), wl.shape().elem_count());
+        let (count, d32) = vectors(n, d)?;
+        let (x, w) = (view(xs, xl)?, view(ws, wl)?);
+        // Without a bias the kernel reads no `b`; the gain stands in for the pointer.
+        let (b, has_bias) = match b {
+            Some((bs, bl)) => {
+                if bl.shape().elem_count() != d {
+                    bail!(
+                        "norm: a bias of {} elements for a gain of {d}",
+                        bl.shape().elem_count()
+                    );
+                }
+                (view(bs, bl)?, 1i32)
+            }
+            None => (view(ws, wl)?, 0i32),
+        };
+        let (layer, eps) = flags(op);
+        let dev = &xs.device;
+        let mut y = alloc(dev, n)?;
+        if count > 0 {
+            launch!(dev, NORM, "ember_norm_fwd", per_vector(count);
+                &x, &w, &b, &mut y, &(count as u64), &d32, &layer, &has_bias, &eps)?;
+        }
+        Ok(storage(y, dev))
+    }
+
+    /// (dx, dw, db) from x, w and the output gradient g.
+    pub(super) fn backward(
+        op: NormOp,
+        x: &Tensor,
+        w: &Tensor,
+        g: &Tensor,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        with_cuda([x, w, g], |[(xs, xl), (ws, wl), (gs, gl)]| {
+            let (n, d) = (xl.shape().elem_count(), wl.shape().elem_count());
+            let (count, d32) = vectors(n, d)?;
+            if gl.shape().elem_count() != n {
+                bail!(
+                    "norm: a gradient of {:?} for an input of {:?}",
+                    gl.shape(),
+                    xl.shape()
+                );
+            }
+            let (xv, wv, gv) = (view(xs, xl)?, view(ws, wl)?, view(gs, gl)?);
+            let (layer, eps) = flags(op);
+            let dev = &xs.device;
+            let mut dx = alloc(dev, n)?;
+            let mut stats = alloc(dev, 2 * count)?;
+            if count > 0 {
+                launch!(dev, NORM, "ember_norm_bwd_dx", per_vector(count);
+                    &xv, &wv, &gv, &mut dx, &mut stats, &(count as u64), &d32, &layer, &eps)?;
+            }
+            let per_chunk = PER_CHUNK.max(count.div_ceil(MAX_CHUNKS));
+            let chunks = count.div_ceil(per_chunk).max(1);
+            let threads = d.next_multiple_of(32).min(256);
+            let column_blocks = d.div_ceil(threads);
+            if column_blocks > 65_535 {
+                bail!("norm: a gain of {d} elements is too large for the CUDA kernel");
+            }
+            let (mut pw, mut pb) = (alloc(dev, chunks * d)?, alloc(dev, chunks * d)?);
+            let cfg = LaunchConfig {
+                grid_dim: (chunks as u32, column_blocks as u32, 1),
+                block_dim: (threads as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            launch!(dev, NORM, "ember_norm_bwd_partials", cfg;
+                &xv, &gv, &stats, &mut pw, &mut pb, &(count as u64), &d32, &(per_chunk as u64))?;
+            let (mut dw, mut db) = (alloc(dev, d)?, alloc(dev, d)?);
+            launch!(dev, NORM, "ember_norm_bwd_reduce", elementwise(d);
+                &pw, &pb, &mut dw, &mut db, &(chunks as u64), &d32)?;
+            Ok((
+                tensor(dx, dev, xl.shape()),
+                tensor(dw, dev, wl.shape()),
+                tensor(db, dev, wl.shape()),
+            ))
+        })
+    }
+}
+
+/// The CUDA kernels' arithmetic (`cuda/norm.cuh`, run on the host by `cuda/norm_mirror.cpp`)
+/// against this CPU kernel.
+#[cfg(test)]
+mod mirror {
+    use super::{NormOp, NormType};
+    use crate::simd::{dot, sum};
+
+    extern "C" {
+        fn ember_mirror_norm_forward(
+            x: *const f32,
+            w: *const f32,
+            b: *const f32,
+            vectors: u64,
+            d: u32,
+            layer: i32,
+            eps: f32,
+            y: *mut f32,
+        );
+        fn ember_mirror_norm_backward(
+            x: *const f32,
+            w: *const f32,
+            g: *const f32,
+            vectors: u64,
+            d: u32,
+            layer: i32,
+            eps: f32,
+            per_chunk: u64,
+            dx: *mut f32,
+            dw: *mut f32,
+            db: *mut f32,
+        );
+        fn ember_mirror_norm_value(x: f32, mean: f32, rstd: f32, w: f32, b: f32, has_bias: i32) -> f32;
+        fn ember_mirror_norm_dx(
+            x: f32,
+            w: f32,
+            g: f32,
+            mean: f32,
+            rstd: f32,
+            m_gx: f32,
+            m_gx_xhat: f32,
+        ) -> f32;
+    }
+
+    fn random(n: usize, seed: u64, shift: f32) -> Vec<f32> {
+        let mut rng = ember_rng::SplitMix64::new(seed);
+        (0..n).map(|_| rng.normal() as f32 + shift).collect()
+    }
+
+    /// ‖a − b‖ / ‖b‖.
+    fn rel(a: &[f32], b: &[f32]) -> f64 {
+        assert_eq!(a.len(), b.len());
+        let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+        let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+        (num / den.max(1e-30)).sqrt()
+    }
+
+    const KINDS: [NormType; 2] = [NormType::Rms, NormType::Layer];
+
+    #[test]
+    fn the_device_norm_elements_are_the_cpu_elements_bit_for_bit() {
+        // Given one vector's statistics and means (the CPU kernel's own), every output and
+        // input-gradient element is the same expression, rounded the same way.
+        let d = 77;
+        for kind in KINDS {
+            let op = NormOp { kind, eps: 1e-5 };
+            let (x, w, b, g) = (
+                random(d, 1, 0.3),
+                random(d, 2, 1.0),
+                random(d, 3, 0.0),
+                random(d, 4, 0.0),
+            );
+            let (mean, r) = op.stats(&x);
+            let y = op.forward(&x, &w, Some(&b)).unwrap();
+            let y_plain = op.forward(&x, &w, None).unwrap();
+            let (dx, _, _) = op.backward(&x, &w, &g);
+            let xhat: Vec<f32> = x.iter().map(|&v| (v - mean) * r).collect();
+            let gx: Vec<f32> = g.iter().zip(&w).map(|(g, w)| g * w).collect();
+            let inv_d = 1.0 / d as f32;
+            let m_gx_xhat = dot(&gx, &xhat) * inv_d;
+            let m_gx = match kind {
+                NormType::Rms => 0.0,
+                NormType::Layer => sum(&gx) * inv_d,
+            };
+            for i in 0..d {
+                let (yb, yp, dxi) = unsafe {
+                    (
+                        ember_mirror_norm_value(x[i], mean, r, w[i], b[i], 1),
+                        ember_mirror_norm_value(x[i], mean, r, w[i], 0.0, 0),
+                        ember_mirror_norm_dx(x[i], w[i], g[i], mean, r, m_gx, m_gx_xhat),
+                    )
+                };
+                assert_eq!(yb.to_bits(), y[i].to_bits(), "{kind:?} y[{i}]");
+                assert_eq!(yp.to_bits(), y_plain[i].to_bits(), "{kind:?} y (no bias)[{i}]");
+                assert_eq!(dxi.to_bits(), dx[i].to_bits(), "{kind:?} dx[{i}]");
+            }
+        }
+    }
+
+    #[test]
+    fn the_device_norm_of_whole_vectors_matches_the_cpu_kernel() {
+        // The warp sums in another order than the CPU's eight lanes: the statistics, and so
+        // every output, differ by float rounding only. Widths below, at and above a warp's 32,
+        // not multiples of it, above a block's 1024; no vectors at all; chunks of the parameter
+        // sums that do and do not divide the vector count.
+        for (i, (vectors, d)) in [(7, 33), (130, 64), (3, 1), (20, 768), (2, 1500), (0, 48), (5, 5)]
+            .into_iter()
+            .enumerate()
+        {
+            for kind in KINDS {
+                let op = NormOp { kind, eps: 1e-5 };
+                let n = vectors * d;
+                let seed = 10 * i as u64;
+                let (x, w, b, g) = (
+                    random(n, seed, 0.5),
+                    random(d, seed + 1, 1.0),
+                    random(d, seed + 2, 0.0),
+                    random(n, seed + 3, 0.0),
+                );
+                let cpu = op.forward(&x, &w, Some(&b)).unwrap();
+                let mut y = vec![f32::NAN; n];
+                unsafe {
+                    ember_mirror_norm_forward(
+                        x.as_ptr(),
+                        w.as_ptr(),
+                        b.as_ptr(),
+                        vectors as u64,
+                        d as u32,
+                        (kind == NormType::Layer) as i32,
+                        1e-5,
+                        y.as_mut_ptr(),
+                    )
+                };
+                let what = format!("{kind:?} {vectors}×{d}");
+                assert!(rel(&y, &cpu) < 1e-6, "{what} forward: {:e}", rel(&y, &cpu));
+                let (cdx, cdw, cdb) = op.backward(&x, &w, &g);
+                for per_chunk in [1u64, 3, 64] {
+                    let (mut dx, mut dw, mut db) = (vec![f32::NAN; n], vec![f32::NAN; d], vec![f32::NAN; d]);
+                    unsafe {
+                        ember_mirror_norm_backward(
+                            x.as_ptr(),
+                            w.as_ptr(),
+                            g.as_ptr(),
+                            vectors as u64,
+                            d as u32,
+                            (kind == NormType::Layer) as i32,
+                            1e-5,
+                            per_chunk,
+                            dx.as_mut_ptr(),
+                            dw.as_mut_ptr(),
+                            db.as_mut_ptr(),
+                        )
+                    };
+                    assert!(rel(&dx, &cdx) < 1e-5, "{what} dx: {:e}", rel(&dx, &cdx));
+                    assert!(rel(&dw, &cdw) < 1e-5, "{what} dw: {:e}", rel(&dw, &cdw));
+                    assert!(rel(&db, &cdb) < 1e-6, "{what} db: {:e}", rel(&db, &cdb));
+                    if vectors == 0 {
+                        assert!(
+                            dw.iter().chain(&db).all(|&v| v == 0.0),
+                            "{what}: no vectors, no gradient"
+                        );
+                    }
+                }
+            }
+        }
     }
 }

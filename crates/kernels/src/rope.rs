@@ -8,12 +8,16 @@
 //! Inputs are the projections as they come, (B, T, H·head_dim): every consecutive run of
 //! head_dim elements is one head's vector at its row's position. Rotating them in place of a
 //! (B, H, T, head_dim) view saves the head split and its autograd edges.
+//!
+//! On CUDA (the `rope` kernel switched on, `cuda/rope.cu`) one thread rotates each pair, reading
+//! the tables' own device tensors, with the CPU kernel's arithmetic and so its bits.
 
 use std::sync::Arc;
 
 use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Result, Shape, Tensor, D};
 
-use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
+use crate::cuda::{takes, Kernel};
+use crate::host::{cpu_slice, is_host_f32};
 use crate::par::{for_each_chunk, SharedMut};
 use crate::simd::simd_dispatch;
 
@@ -28,8 +32,16 @@ pub struct RopeTables {
     /// (max_len, head_dim / 2), the same angles rounded to f32 exactly as the tensors' are.
     cos_half: Arc<Vec<f32>>,
     sin_half: Arc<Vec<f32>>,
+    /// (max_len,) f64 on a CUDA device: ln(p + 1) for position p, the log-n factor's numerator
+    /// as the CPU computes it, for the CUDA kernel (built once with the tables; `None` off CUDA).
+    ln_positions: Option<Tensor>,
     half: usize,
     max_len: usize,
+}
+
+/// ln(p + 1) for the positions `0..max_len`, as [`logn_factor`] computes it.
+fn ln_positions(max_len: usize) -> Vec<f64> {
+    (0..max_len).map(|p| ((p + 1) as f64).ln()).collect()
 }
 
 impl RopeTables {
@@ -65,6 +77,11 @@ impl RopeTables {
             sin: Tensor::from_vec(sin, (max_len, head_dim), device)?.to_dtype(dtype)?,
             cos_half: Arc::new(cos_half),
             sin_half: Arc::new(sin_half),
+            ln_positions: if device.is_cuda() {
+                Some(Tensor::from_vec(ln_positions(max_len), max_len, device)?)
+            } else {
+                None
+            },
             half,
             max_len,
         })
@@ -78,6 +95,13 @@ impl RopeTables {
     /// Whether the tables cover the positions `offset..offset + t`.
     pub(crate) fn covers(&self, offset: usize, t: usize) -> bool {
         offset + t <= self.max_len
+    }
+
+    /// Whether the CUDA kernel can rotate `x` with these tables: f32 tables on x's CUDA device.
+    pub(crate) fn on_device_of(&self, x: &Tensor) -> bool {
+        self.ln_positions.is_some()
+            && self.cos.dtype() == DType::F32
+            && self.cos.device().same_device(x.device())
     }
 }
 
@@ -156,7 +180,8 @@ pub fn rope_unfused(x: &Tensor, tables: &RopeTables, offset: usize) -> Result<Te
 }
 
 /// `scale · rotated(x)` for x (B, T, H·head_dim) whose first position is `offset` (`scale` an
-/// `f64` or a [`PositionScale`]); fused on CPU f32, [`rope_unfused`] (then the scale) elsewhere.
+/// `f64` or a [`PositionScale`]); fused on CPU f32 and (with the rope kernel switched on and
+/// f32 tables on the same device) CUDA f32, [`rope_unfused`] (then the scale) elsewhere.
 pub fn rope(
     x: &Tensor,
     tables: &RopeTables,
@@ -166,7 +191,8 @@ pub fn rope(
     let scale = scale.into();
     let (_, t, width) = x.dims3()?;
     check_heads(tables, width)?;
-    if !is_host_f32(x) || !tables.covers(offset, t) {
+    let fused = is_host_f32(x) || (takes(x, Kernel::Rope) && tables.on_device_of(x));
+    if !fused || !tables.covers(offset, t) {
         return scale.apply_unfused(&rope_unfused(x, tables, offset)?, offset);
     }
     x.contiguous()?.apply_op1(RopeOp::new(tables, offset, scale))
@@ -269,10 +295,201 @@ impl CustomOp1 for RopeOp {
         let y = self.run(cpu_slice(s, l)?, t, width);
         Ok((CpuStorage::F32(y), l.shape().clone()))
     }
-    /// The inverse rotation of the gradient.
-    fn bwd(&self, x: &Tensor, _res: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
-        let (_, t, width) = g.dims3()?;
-        let dx = with_data([g], |[g]| Ok(self.transpose().run(g, t, width)))?;
-        Ok(Some(cpu_tensor(dx, x.shape())?))
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        Ok((cuda::rotate(self, s, l)?, l.shape().clone()))
+    }
+    /// The inverse rotation of the gradient (on either device).
+    fn bwd(&self, _x: &Tensor, _res: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
+        Ok(Some(g.contiguous()?.apply_op1_no_bwd(&self.transpose())?))
+    }
+}
+
+/// The arguments of `ember_rope` (cuda/rope.cu) after the buffers: (pairs, half, heads, t,
+/// offset, stride, scale, logn_length, ln m, sign).
+#[cfg(any(test, feature = "cuda"))]
+type RopeArgs = (u64, u32, u32, u32, u64, u32, f64, u64, f64, f32);
+
+#[cfg(any(test, feature = "cuda"))]
+impl RopeOp {
+    /// [`RopeArgs`] for `elems` elements of x (B, t, width) and tables of `stride` columns.
+    fn kernel_args(&self, elems: usize, t: usize, width: usize, stride: usize) -> Result<RopeArgs> {
+        let half = self.tables.half.max(1);
+        let narrow = |v: usize| {
+            u32::try_from(v)
+                .map_err(|_| candle_core::Error::Msg(format!("rope: {v} is too large for the CUDA kernel")))
+        };
+        let m = self.scale.logn_length.unwrap_or(0);
+        Ok((
+            (elems / (2 * half) * half) as u64,
+            narrow(half)?,
+            narrow(width / (2 * half))?,
+            narrow(t)?,
+            self.offset as u64,
+            narrow(stride)?,
+            self.scale.scale,
+            m as u64,
+            (m as f64).ln(),
+            if self.inverse { -1.0 } else { 1.0 },
+        ))
+    }
+}
+
+/// The launch of `cuda/rope.cu`.
+#[cfg(feature = "cuda")]
+mod cuda {
+    use candle_core::{bail, CudaStorage, Layout, Result};
+
+    use super::{check_heads, RopeOp};
+    use crate::cuda::device::{alloc, elementwise, launch, storage, view, with_cuda, ROPE};
+
+    pub(super) fn rotate(op: &RopeOp, s: &CudaStorage, l: &Layout) -> Result<CudaStorage> {
+        let (_, t, width) = l.shape().dims3()?;
+        let tables = &op.tables;
+        check_heads(tables, width)?;
+        let Some(ln) = &tables.ln_positions else {
+            bail!("rope: the tables are not on a CUDA device");
+        };
+        if !tables.covers(op.offset, t) {
+            bail!(
+                "rope: positions {}..{} beyond the tables' {}",
+                op.offset,
+                op.offset + t,
+                tables.max_len
+            );
+        }
+        let n = l.shape().elem_count();
+        with_cuda([&tables.cos, &tables.sin, ln], |[(cs, cl), (ss, sl), (ls, ll)]| {
+            let (pairs, half, heads, t, offset, stride, scale, logn_length, ln_m, sign) =
+                op.kernel_args(n, t, width, cl.shape().dims2()?.1)?;
+            let x = view(s, l)?;
+            let (cos, sin) = (view(cs, cl)?, view(ss, sl)?);
+            let Some((a, b)) = ll.contiguous_offsets() else {
+                bail!("rope: expected a contiguous log table");
+            };
+            let ln_pos = ls.as_cuda_slice::<f64>()?.slice(a..b);
+            let mut y = alloc(&s.device, n)?;
+            if pairs > 0 {
+                launch!(s.device, ROPE, "ember_rope", elementwise(pairs as usize);
+                    &x, &cos, &sin, &ln_pos, &mut y, &pairs, &half, &heads, &t, &offset, &stride, &scale,
+                    &logn_length, &ln_m, &sign)?;
+            }
+            Ok(storage(y, &s.device))
+        })
+    }
+}
+
+/// The CUDA kernel's body (`cuda/rope.cuh`, run on the host by `cuda/rope_mirror.cpp`) against
+/// this CPU kernel: the same index arithmetic, tables and roundings, so the same bits.
+#[cfg(test)]
+mod mirror {
+    use candle_core::{DType, Device};
+
+    use super::*;
+
+    extern "C" {
+        fn ember_mirror_rope(
+            x: *const f32,
+            cos: *const f32,
+            sin: *const f32,
+            ln_pos: *const f64,
+            y: *mut f32,
+            pairs: u64,
+            half: u32,
+            heads: u32,
+            t: u32,
+            offset: u64,
+            stride: u32,
+            scale: f64,
+            logn_length: u64,
+            ln_m: f64,
+            sign: f32,
+        );
+        fn ember_mirror_rope_factor(scale: f64, position: u64, logn_length: u64, ln_n: f64, ln_m: f64)
+            -> f32;
+    }
+
+    fn host(t: &Tensor) -> Vec<f32> {
+        t.flatten_all().unwrap().to_vec1().unwrap()
+    }
+
+    #[test]
+    fn the_device_factor_is_the_cpu_factor_bit_for_bit() {
+        let ln = ln_positions(300);
+        for logn_length in [None, Some(1), Some(2), Some(7), Some(16), Some(256)] {
+            for scale in [1.0, 0.125, 1.0 / 24f64.sqrt()] {
+                let s = PositionScale { scale, logn_length };
+                let m = logn_length.unwrap_or(0);
+                for p in 0..300 {
+                    let f = unsafe {
+                        ember_mirror_rope_factor(scale, p as u64, m as u64, ln[p], (m as f64).ln())
+                    };
+                    assert_eq!(f.to_bits(), (s.at(p) as f32).to_bits(), "{s:?} at {p}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_device_rotation_is_the_cpu_rotation_bit_for_bit() {
+        // (B, H, T, head_dim, offset, max_len, log-n length): one position, positions past the
+        // training length, an empty batch.
+        let cases = [
+            (2, 3, 7, 32, 0, 16, None),
+            (1, 2, 5, 8, 3, 16, Some(4)),
+            (3, 1, 1, 6, 9, 16, None),
+            (2, 1, 9, 4, 3, 32, Some(7)),
+            (1, 2, 6, 2, 2, 8, Some(2)),
+            (0, 2, 3, 8, 0, 8, None),
+        ];
+        for (i, (b, h, t, head_dim, offset, max_len, logn_length)) in cases.into_iter().enumerate() {
+            let tables = RopeTables::new(head_dim, max_len, 10_000.0, DType::F32, &Device::Cpu).unwrap();
+            let (cos, sin, ln) = (host(&tables.cos), host(&tables.sin), ln_positions(max_len));
+            let width = h * head_dim;
+            let mut rng = ember_rng::SplitMix64::new(i as u64);
+            let x: Vec<f32> = (0..b * t * width).map(|_| rng.normal() as f32).collect();
+            for scale in [1.0, 0.125] {
+                for inverse in [false, true] {
+                    let op = RopeOp::new(&tables, offset, PositionScale { scale, logn_length });
+                    let op = if inverse { op.transpose() } else { op };
+                    let cpu = op.run(&x, t, width);
+                    let (pairs, half, heads, tt, off, stride, sc, m, ln_m, sign) =
+                        op.kernel_args(x.len(), t, width, head_dim).unwrap();
+                    assert_eq!(pairs as usize * 2, x.len());
+                    let mut y = vec![f32::NAN; x.len()];
+                    unsafe {
+                        ember_mirror_rope(
+                            x.as_ptr(),
+                            cos.as_ptr(),
+                            sin.as_ptr(),
+                            ln.as_ptr(),
+                            y.as_mut_ptr(),
+                            pairs,
+                            half,
+                            heads,
+                            tt,
+                            off,
+                            stride,
+                            sc,
+                            m,
+                            ln_m,
+                            sign,
+                        )
+                    };
+                    assert_eq!(y.len(), cpu.len());
+                    for (j, (a, c)) in y.iter().zip(&cpu).enumerate() {
+                        assert_eq!(
+                            a.to_bits(),
+                            c.to_bits(),
+                            "case {i} scale {scale} inverse {inverse}, element {j}: {a} vs {c}"
+                        );
+                    }
+                }
+            }
+        }
     }
 }

@@ -39,7 +39,18 @@ pub fn device(spec: &str) -> Result<Device> {
         bail!("device: {spec} needs CUDA, but this build has none; rebuild with `cargo build --release --features cuda`");
     }
     ember_kernels::cuda::check_env().map_err(|e| anyhow::anyhow!(e))?;
-    Device::new_cuda(n).with_context(|| format!("device: cannot open {spec}"))
+    let device = Device::new_cuda(n).with_context(|| format!("device: cannot open {spec}"))?;
+    if let Device::Cuda(d) = &device {
+        // cudarc gives every allocation two CUDA events to order its uses across streams, and
+        // records and waits on them around every launch once a context has a stream of its own:
+        // ~55,000 driver calls a multi30k-tiny step (scripts/gpu-check.sh counts them), all
+        // host time in a launch-bound step. Ember runs each device on candle's one stream
+        // (cuBLAS and NCCL included), where that ordering is the stream's own.
+        // SAFETY: no other stream ever touches this device's tensors (the precondition of
+        // `disable_event_tracking`), and no tensor exists on it yet.
+        unsafe { d.disable_event_tracking() };
+    }
+    Ok(device)
 }
 
 /// Sizes the CPU thread pools from `train.threads` (default: the physical cores this process

@@ -11,4 +11,6 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod cross_entropy;
 mod dropout_optimizer;
+mod norm_activation_rope;
