@@ -11,6 +11,13 @@
 //! group in order; tasks write disjoint rows of every output and run in parallel
 //! ([`crate::par`]). Telemetry is computed from the same logits and probabilities the step uses,
 //! so asking for it never changes a training step's numbers.
+//!
+//! On CUDA (with the attention kernel switched on) the same layout goes to `cuda/attention.cu`:
+//! where a (batch, KV head)'s keys and values fit in shared memory (the translation models'
+//! short sequences), fused kernels with one warp per query row compute the forward pass and,
+//! recomputing the probabilities and the dropout mask, the backward pass; longer sequences take
+//! cuBLAS's products with the mask, softmax and telemetry in one kernel (the fallback of the
+//! `cuda` module below).
 
 use std::sync::{Arc, Mutex};
 
@@ -149,6 +156,12 @@ pub fn attention(
     mask: Option<&Tensor>,
     opts: &AttentionOptions,
 ) -> Result<(Tensor, Option<AttentionTelemetry>)> {
+    #[cfg(feature = "cuda")]
+    {
+        if cuda::takes(q, k, v, mask) {
+            return cuda::attention(q, k, v, mask, opts);
+        }
+    }
     if !(is_host_f32(q) && is_host_f32(k) && is_host_f32(v) && mask.is_none_or(is_host_f32)) {
         return attention_unfused(q, k, v, mask, opts);
     }
@@ -181,6 +194,44 @@ pub fn attention(
         .apply_op3(&k.contiguous()?, &v.contiguous()?, op)?;
     let telemetry = telemetry.and_then(|t| t.lock().unwrap_or_else(|e| e.into_inner()).take());
     Ok((out, telemetry))
+}
+
+/// Whether a CUDA call with q of shape `q` and k, v of shape `k` runs the fused kernels (the
+/// forward pass, and the backward pass too when `backward`), rather than cuBLAS's products with
+/// the fused softmax: what they hold fits in shared memory. Always false in a build without CUDA.
+#[doc(hidden)]
+pub fn cuda_fuses(q: &[usize], k: &[usize], opts: &AttentionOptions, backward: bool) -> bool {
+    #[cfg(feature = "cuda")]
+    {
+        AttnDims::of(q, k, opts).is_ok_and(|d| cuda::fused_fits(d, backward))
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (q, k, opts, backward);
+        false
+    }
+}
+
+/// The telemetry from each (B, H, T) row's largest unmasked |logit| and entropy (row-major), as
+/// the CPU kernel combines its rows'.
+#[cfg(any(test, feature = "cuda"))]
+fn telemetry_of_rows(dims: AttnDims, row_max: &[f32], row_ent: &[f32]) -> AttentionTelemetry {
+    let (mut max_logit, mut sum) = (0f32, 0f64);
+    let mut by_position = vec![0f64; dims.t];
+    for (r, (&m, &h)) in row_max.iter().zip(row_ent).enumerate() {
+        if m > max_logit {
+            max_logit = m;
+        }
+        sum += h as f64;
+        by_position[r % dims.t] += h as f64;
+    }
+    let rows = (dims.b * dims.h * dims.t).max(1) as f64;
+    let per_position = (dims.b * dims.h).max(1) as f64;
+    AttentionTelemetry {
+        max_logit,
+        entropy: (sum / rows) as f32,
+        entropy_by_position: by_position.iter().map(|&h| (h / per_position) as f32).collect(),
+    }
 }
 
 /// Shapes of one attention call.
@@ -551,6 +602,18 @@ impl CustomOp3 for AttnOp {
         }
         Ok((CpuStorage::F32(out.finish()), l1.shape().clone()))
     }
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        Ok((cuda::forward(self, s1, l1, s2, l2, s3, l3)?, l1.shape().clone()))
+    }
     fn bwd(
         &self,
         q: &Tensor,
@@ -559,6 +622,13 @@ impl CustomOp3 for AttnOp {
         res: &Tensor,
         g: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        #[cfg(feature = "cuda")]
+        {
+            if q.device().is_cuda() {
+                let (dq, dk, dv) = cuda::backward(self, q, k, v, res, g)?;
+                return Ok((Some(dq), Some(dk), Some(dv)));
+            }
+        }
         let dims = self.dims;
         let kept = self
             .probs
@@ -594,5 +664,679 @@ impl CustomOp3 for AttnOp {
             Some(cpu_tensor(dk, k.shape())?),
             Some(cpu_tensor(dv, v.shape())?),
         ))
+    }
+}
+
+/// The CUDA path: the launches of `cuda/attention.cu`, and for sequences whose keys and values
+/// do not fit the fused kernels' shared memory, cuBLAS's products around one kernel for the
+/// mask, the softmax and the telemetry.
+#[cfg(feature = "cuda")]
+mod cuda {
+    use std::sync::{Arc, Mutex};
+
+    use candle_core::cuda::cudarc::driver::{CudaSlice, CudaView, LaunchConfig};
+    use candle_core::cuda::{CudaDevice, CudaStorage};
+    use candle_core::{bail, CpuStorage, CustomOp1, Layout, Result, Shape, Storage, Tensor};
+
+    use super::{telemetry_of_rows, AttentionOptions, AttentionTelemetry, AttnDims, AttnOp};
+    use crate::cuda::device::{alloc, launch, storage, tensor, view, with_cuda, WrapErr, ATTENTION};
+    use crate::cuda::{takes as kernel_on, Kernel};
+    use crate::dropout::DropoutOp;
+    use crate::softmax::cuda::warp_rows;
+
+    /// Warps of a forward block, and the query rows it handles (`ember_attn_fwd`).
+    const FWD_WARPS: u32 = 4;
+    const FWD_ROWS: u32 = 32;
+    /// Warps of a backward block: the query rows of one round (`ember_attn_bwd`).
+    const BWD_WARPS: u32 = 8;
+    /// Dynamic shared memory a block may have without opting in to more.
+    const SHARED: usize = 48 * 1024;
+
+    type Slot = Arc<Mutex<Option<AttentionTelemetry>>>;
+
+    /// Whether a call takes the CUDA kernels: q, k, v and the mask f32 on q's CUDA device, with
+    /// the attention kernel switched on.
+    pub(super) fn takes(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> bool {
+        let here = |t: &Tensor| kernel_on(t, Kernel::Attention) && t.device().same_device(q.device());
+        here(q) && here(k) && here(v) && mask.is_none_or(here)
+    }
+
+    /// Bytes of `ember_attn_fwd`'s shared memory (the layout in attention.cu).
+    fn fwd_shared(d: AttnDims) -> usize {
+        let kp = d.d | 1;
+        4 * (d.s * kp + d.s * d.d + FWD_WARPS as usize * (d.d + d.s))
+    }
+
+    /// Bytes of `ember_attn_bwd`'s shared memory (the layout in attention.cu).
+    fn bwd_shared(d: AttnDims) -> usize {
+        let kp = d.d | 1;
+        4 * (2 * d.s * kp + 2 * d.s * d.d + BWD_WARPS as usize * 2 * (d.d + d.s))
+    }
+
+    /// The kernels take H, H_kv, T, S and d as 32-bit scalars.
+    fn fits_u32(d: AttnDims) -> bool {
+        [d.h, d.hkv, d.t, d.s, d.d]
+            .iter()
+            .all(|&x| x <= u32::MAX as usize)
+    }
+
+    /// Whether the fused kernels serve shapes `d`: the forward pass (and the backward pass when
+    /// `backward`) fits in shared memory, and the grid in its limits.
+    pub(super) fn fused_fits(d: AttnDims, backward: bool) -> bool {
+        fits_u32(d)
+            && d.b.saturating_mul(d.h) <= i32::MAX as usize
+            && d.t.div_ceil(FWD_ROWS as usize) <= 65_535
+            && fwd_shared(d) <= SHARED
+            && (!backward || bwd_shared(d) <= SHARED)
+    }
+
+    /// [`super::attention`] on CUDA: the fused kernels where they fit (the backward pass's too
+    /// when a gradient may be asked for), else [`fallback`].
+    pub(super) fn attention(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        mask: Option<&Tensor>,
+        opts: &AttentionOptions,
+    ) -> Result<(Tensor, Option<AttentionTelemetry>)> {
+        let dims = AttnDims::of(q.dims(), k.dims(), opts)?;
+        if v.dims() != k.dims() {
+            bail!(
+                "attention: k {:?} and v {:?} differ in shape",
+                k.shape(),
+                v.shape()
+            );
+        }
+        if !fits_u32(dims) {
+            bail!("attention: {dims:?} is beyond the CUDA kernels' 32-bit sizes");
+        }
+        let mask = match mask {
+            Some(m) => Some(m.detach().broadcast_as((dims.b, dims.h, dims.t, dims.s))?),
+            None => None,
+        };
+        let dropout = opts.dropout.and_then(|(p, state)| DropoutOp::new(p, state));
+        let backward = q.track_op() || k.track_op() || v.track_op();
+        let telemetry: Option<Slot> = opts.telemetry.then(|| Arc::new(Mutex::new(None)));
+        let out = if fused_fits(dims, backward) {
+            let op = AttnOp {
+                dims,
+                mask,
+                dropout,
+                telemetry: telemetry.clone(),
+                probs: None,
+            };
+            q.contiguous()?
+                .apply_op3(&k.contiguous()?, &v.contiguous()?, op)?
+        } else {
+            fallback(q, k, v, mask, dims, opts.dropout, telemetry.clone())?
+        };
+        let telemetry = telemetry.and_then(|t| t.lock().unwrap_or_else(|e| e.into_inner()).take());
+        Ok((out, telemetry))
+    }
+
+    /// Runs `f` on the mask's elements from its first (`None` without a mask) and its (b, h, t,
+    /// s) strides, 0 along a broadcast dimension.
+    fn with_mask<R>(
+        mask: Option<&Tensor>,
+        f: impl FnOnce(Option<&CudaView<'_, f32>>, [u64; 4]) -> Result<R>,
+    ) -> Result<R> {
+        let Some(m) = mask else {
+            return f(None, [0; 4]);
+        };
+        let (st, l) = m.storage_and_layout();
+        let Storage::Cuda(c) = &*st else {
+            bail!("attention: the mask is not on the CUDA device");
+        };
+        let data = c.as_cuda_slice::<f32>()?.slice(l.start_offset()..);
+        let s = l.stride();
+        f(Some(&data), [s[0] as u64, s[1] as u64, s[2] as u64, s[3] as u64])
+    }
+
+    /// (dropout on, state, threshold, keep) as the kernels take them.
+    fn dropout_args(d: Option<DropoutOp>) -> (i32, u64, u64, f32) {
+        match d {
+            Some(op) => {
+                let (state, threshold, keep) = op.parts();
+                (1, state, threshold, keep)
+            }
+            None => (0, 0, 0, 1.0),
+        }
+    }
+
+    /// The per-row telemetry buffers: `rows` floats each when measuring, else a placeholder the
+    /// kernel never touches.
+    fn telemetry_buffers(
+        dev: &CudaDevice,
+        measure: bool,
+        rows: usize,
+    ) -> Result<(CudaSlice<f32>, CudaSlice<f32>)> {
+        let n = if measure { rows } else { 1 };
+        Ok((alloc(dev, n)?, alloc(dev, n)?))
+    }
+
+    /// Reads the rows' measurements back (a synchronisation: only on steps that log) into `slot`.
+    fn record(
+        slot: &Slot,
+        dev: &CudaDevice,
+        dims: AttnDims,
+        row_max: &CudaSlice<f32>,
+        row_ent: &CudaSlice<f32>,
+    ) -> Result<()> {
+        let rows = dims.b * dims.h * dims.t;
+        let measured = if rows == 0 {
+            telemetry_of_rows(dims, &[], &[])
+        } else {
+            let stream = dev.cuda_stream();
+            let (m, h) = (stream.clone_dtoh(row_max).w()?, stream.clone_dtoh(row_ent).w()?);
+            telemetry_of_rows(dims, &m[..rows], &h[..rows])
+        };
+        *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(measured);
+        Ok(())
+    }
+
+    /// `ember_attn_fwd` on q, k, v (contiguous, the projections' layout): the output (B, T, H·d).
+    pub(super) fn forward(
+        op: &AttnOp,
+        s1: &CudaStorage,
+        l1: &Layout,
+        s2: &CudaStorage,
+        l2: &Layout,
+        s3: &CudaStorage,
+        l3: &Layout,
+    ) -> Result<CudaStorage> {
+        let d = op.dims;
+        if !fused_fits(d, false) {
+            bail!("ember attention: the fused forward pass does not fit {d:?}");
+        }
+        let dev = &s1.device;
+        let (q, k, v) = (view(s1, l1)?, view(s2, l2)?, view(s3, l3)?);
+        let mut out = alloc(dev, q.len())?;
+        let rows = d.b * d.h * d.t;
+        let measure = op.telemetry.is_some();
+        let (mut row_max, mut row_ent) = telemetry_buffers(dev, measure, rows)?;
+        let (has_dropout, state, threshold, keep) = dropout_args(op.dropout);
+        if rows > 0 {
+            let cfg = LaunchConfig {
+                grid_dim: ((d.b * d.h) as u32, d.t.div_ceil(FWD_ROWS as usize) as u32, 1),
+                block_dim: (FWD_WARPS * 32, 1, 1),
+                shared_mem_bytes: fwd_shared(d) as u32,
+            };
+            with_mask(op.mask.as_ref(), |mask, ms| {
+                launch!(dev, ATTENTION, "ember_attn_fwd", cfg;
+                    &q, &k, &v, mask.unwrap_or(&q), &mut out, &mut row_max, &mut row_ent,
+                    &(d.h as u32), &(d.hkv as u32), &(d.t as u32), &(d.s as u32), &(d.d as u32),
+                    &FWD_ROWS, &(mask.is_some() as i32), &ms[0], &ms[1], &ms[2], &ms[3],
+                    &has_dropout, &state, &threshold, &keep, &(measure as i32))
+            })?;
+        }
+        if let Some(slot) = &op.telemetry {
+            record(slot, dev, d, &row_max, &row_ent)?;
+        }
+        Ok(storage(out, dev))
+    }
+
+    /// `ember_attn_bwd`: (dq, dk, dv) from q, k, v, the forward output `o` and its gradient `go`.
+    pub(super) fn backward(
+        op: &AttnOp,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        o: &Tensor,
+        go: &Tensor,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let d = op.dims;
+        if !fused_fits(d, true) {
+            bail!("ember attention: the fused backward pass does not fit {d:?}");
+        }
+        let (has_dropout, state, threshold, keep) = dropout_args(op.dropout);
+        with_cuda(
+            [q, k, v, o, go],
+            |[(sq, lq), (sk, lk), (sv, lv), (so, lo), (sg, lg)]| {
+                let dev = &sq.device;
+                let (qv, kv, vv) = (view(sq, lq)?, view(sk, lk)?, view(sv, lv)?);
+                let (ov, gv) = (view(so, lo)?, view(sg, lg)?);
+                if ov.len() != qv.len() || gv.len() != qv.len() {
+                    bail!("ember attention backward: the output or its gradient is not q's size");
+                }
+                let mut dq = alloc(dev, qv.len())?;
+                let mut dk = alloc(dev, kv.len())?;
+                let mut dv = alloc(dev, vv.len())?;
+                if d.b * d.hkv > 0 {
+                    let cfg = LaunchConfig {
+                        grid_dim: ((d.b * d.hkv) as u32, 1, 1),
+                        block_dim: (BWD_WARPS * 32, 1, 1),
+                        shared_mem_bytes: bwd_shared(d) as u32,
+                    };
+                    with_mask(op.mask.as_ref(), |mask, ms| {
+                        launch!(dev, ATTENTION, "ember_attn_bwd", cfg;
+                            &qv, &kv, &vv, &ov, &gv, mask.unwrap_or(&qv), &mut dq, &mut dk, &mut dv,
+                            &(d.h as u32), &(d.hkv as u32), &(d.t as u32), &(d.s as u32), &(d.d as u32),
+                            &(mask.is_some() as i32), &ms[0], &ms[1], &ms[2], &ms[3],
+                            &has_dropout, &state, &threshold, &keep)
+                    })?;
+                }
+                Ok((
+                    tensor(dq, dev, lq.shape()),
+                    tensor(dk, dev, lk.shape()),
+                    tensor(dv, dev, lv.shape()),
+                ))
+            },
+        )
+    }
+
+    /// For sequences too long for the fused kernels: the heads split for cuBLAS (candle's
+    /// matmul needs each head's rows contiguous), q·kᵀ, [`MaskedSoftmax`] (the mask, softmax and
+    /// telemetry in one kernel), the dropout kernel, the product with v and the heads merged
+    /// back; candle's autograd differentiates it. `mask` is broadcast to (B, H, T, S).
+    fn fallback(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        mask: Option<Tensor>,
+        dims: AttnDims,
+        dropout: Option<(f64, u64)>,
+        telemetry: Option<Slot>,
+    ) -> Result<Tensor> {
+        let AttnDims { b, h, hkv, t, s, d } = dims;
+        let heads = |x: &Tensor, len: usize, n: usize| x.reshape((b, len, n, d))?.transpose(1, 2);
+        let (qh, kh, vh) = (
+            heads(q, t, h)?,
+            heads(k, s, hkv)?.contiguous()?,
+            heads(v, s, hkv)?.contiguous()?,
+        );
+        let group = h / hkv;
+        let logits = qh
+            .contiguous()?
+            .reshape((b, hkv, group * t, d))?
+            .matmul(&kh.t()?)?
+            .reshape((b, h, t, s))?
+            .contiguous()?;
+        let probs = logits.apply_op1(MaskedSoftmax {
+            dims,
+            mask,
+            telemetry,
+        })?;
+        let probs = match dropout {
+            // The same counter mask as the fused kernels and the CPU's.
+            Some((p, state)) if p > 0.0 => crate::dropout::dropout(&probs, p, state)?,
+            _ => probs,
+        };
+        probs
+            .reshape((b, hkv, group * t, s))?
+            .matmul(&vh)?
+            .reshape((b, h, t, d))?
+            .transpose(1, 2)?
+            .reshape((b, t, h * d))
+    }
+
+    /// softmax(logits + mask) over contiguous (B, H, T, S) logits, measuring the telemetry when
+    /// asked (`ember_attn_softmax`); its backward pass is softmax's (the mask is a constant).
+    struct MaskedSoftmax {
+        dims: AttnDims,
+        /// The additive mask broadcast (by strides) to (B, H, T, S).
+        mask: Option<Tensor>,
+        telemetry: Option<Slot>,
+    }
+
+    impl CustomOp1 for MaskedSoftmax {
+        fn name(&self) -> &'static str {
+            "ember-attention-softmax"
+        }
+        fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+            bail!("ember-attention-softmax is the CUDA path's; the CPU kernel fuses the whole attention core")
+        }
+        fn cuda_fwd(&self, s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
+            let d = self.dims;
+            let dev = &s.device;
+            let x = view(s, l)?;
+            let rows = d.b * d.h * d.t;
+            if x.len() != rows * d.s {
+                bail!(
+                    "ember-attention-softmax: logits {:?} are not {d:?}'s (B, H, T, S)",
+                    l.shape()
+                );
+            }
+            let mut y = alloc(dev, x.len())?;
+            let measure = self.telemetry.is_some();
+            let (mut row_max, mut row_ent) = telemetry_buffers(dev, measure, rows)?;
+            if rows > 0 {
+                with_mask(self.mask.as_ref(), |mask, ms| {
+                    launch!(dev, ATTENTION, "ember_attn_softmax", warp_rows(rows);
+                        &x, &mut y, mask.unwrap_or(&x), &mut row_max, &mut row_ent, &(rows as u64),
+                        &(d.h as u32), &(d.t as u32), &(d.s as u32), &(mask.is_some() as i32),
+                        &ms[0], &ms[1], &ms[2], &ms[3], &(measure as i32))
+                })?;
+            }
+            if let Some(slot) = &self.telemetry {
+                record(slot, dev, d, &row_max, &row_ent)?;
+            }
+            Ok((storage(y, dev), l.shape().clone()))
+        }
+        fn bwd(&self, _x: &Tensor, res: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
+            Ok(Some(crate::softmax::softmax_backward(res, g)?))
+        }
+    }
+}
+
+/// The fused kernels' algorithm (`cuda/attention.cuh`, run row by row on the host by
+/// `cuda/attention_mirror.cpp`) against this module's CPU kernel: indices, GQA heads, mask
+/// strides, the dropout counter, telemetry and the backward pass's formulas.
+#[cfg(test)]
+mod mirror {
+    use candle_core::{DType, Device, Tensor, Var};
+
+    use super::*;
+
+    extern "C" {
+        fn ember_mirror_attn_factor(state: u64, threshold: u64, keep: f32, idx: u64) -> f32;
+        fn ember_mirror_attn_prob_index(
+            b: u64,
+            h: u64,
+            t: u64,
+            s: u64,
+            heads: u64,
+            queries: u64,
+            keys: u64,
+        ) -> u64;
+        fn ember_mirror_attention_fwd(
+            q: *const f32,
+            k: *const f32,
+            v: *const f32,
+            mask: *const f32,
+            b: u32,
+            h: u32,
+            hkv: u32,
+            t: u32,
+            s: u32,
+            d: u32,
+            has_mask: i32,
+            ms_b: u64,
+            ms_h: u64,
+            ms_t: u64,
+            ms_s: u64,
+            has_dropout: i32,
+            state: u64,
+            threshold: u64,
+            keep: f32,
+            out: *mut f32,
+            row_max: *mut f32,
+            row_ent: *mut f32,
+        );
+        fn ember_mirror_attention_bwd(
+            q: *const f32,
+            k: *const f32,
+            v: *const f32,
+            o: *const f32,
+            go: *const f32,
+            mask: *const f32,
+            b: u32,
+            h: u32,
+            hkv: u32,
+            t: u32,
+            s: u32,
+            d: u32,
+            has_mask: i32,
+            ms_b: u64,
+            ms_h: u64,
+            ms_t: u64,
+            ms_s: u64,
+            has_dropout: i32,
+            state: u64,
+            threshold: u64,
+            keep: f32,
+            dq: *mut f32,
+            dk: *mut f32,
+            dv: *mut f32,
+        );
+    }
+
+    fn random(shape: &[usize], seed: u64, scale: f32) -> Tensor {
+        let mut rng = ember_rng::SplitMix64::new(seed);
+        let n: usize = shape.iter().product();
+        let v: Vec<f32> = (0..n).map(|_| rng.normal() as f32 * scale).collect();
+        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+    }
+
+    fn values(t: &Tensor) -> Vec<f32> {
+        t.flatten_all().unwrap().to_vec1().unwrap()
+    }
+
+    /// ‖a − b‖ / ‖b‖.
+    fn rel(a: &[f32], b: &[f32]) -> f64 {
+        assert_eq!(a.len(), b.len());
+        let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+        let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+        (num / den.max(1e-30)).sqrt()
+    }
+
+    #[test]
+    fn the_device_dropout_element_is_the_cpu_kernels() {
+        let dims = AttnDims {
+            b: 2,
+            h: 3,
+            hkv: 1,
+            t: 5,
+            s: 7,
+            d: 4,
+        };
+        let op = DropoutOp::new(0.3, 0xABCD).unwrap();
+        let (state, threshold, keep) = op.parts();
+        let mut dropped = 0;
+        for b in 0..dims.b {
+            for h in 0..dims.h {
+                for t in 0..dims.t {
+                    for s in 0..dims.s {
+                        let idx = unsafe {
+                            ember_mirror_attn_prob_index(
+                                b as u64,
+                                h as u64,
+                                t as u64,
+                                s as u64,
+                                dims.h as u64,
+                                dims.t as u64,
+                                dims.s as u64,
+                            )
+                        };
+                        assert_eq!(idx as usize, dims.probs_block(b, h) + t * dims.s + s);
+                        let f = unsafe { ember_mirror_attn_factor(state, threshold, keep, idx) };
+                        assert_eq!(
+                            f.to_bits(),
+                            op.factor(idx as usize).to_bits(),
+                            "({b}, {h}, {t}, {s})"
+                        );
+                        dropped += (f == 0.0) as usize;
+                    }
+                }
+            }
+        }
+        assert!(dropped > 0 && dropped < dims.b * dims.h * dims.t * dims.s);
+    }
+
+    /// The mask as the kernels take it: its elements from the broadcast view's first, and the
+    /// view's (b, h, t, s) strides.
+    fn mask_parts(mask: Option<&Tensor>, dims: AttnDims) -> (Vec<f32>, [u64; 4], bool) {
+        match mask {
+            None => (vec![0.0], [0; 4], false),
+            Some(m) => {
+                let m = m.broadcast_as((dims.b, dims.h, dims.t, dims.s)).unwrap();
+                let (st, l) = m.storage_and_layout();
+                let data = cpu_storage(&st).unwrap()[l.start_offset()..].to_vec();
+                let s = l.stride();
+                (data, [s[0] as u64, s[1] as u64, s[2] as u64, s[3] as u64], true)
+            }
+        }
+    }
+
+    #[test]
+    fn the_fused_kernels_algorithm_is_the_cpu_kernels() {
+        for (i, (b, h, hkv, t, s, d)) in [
+            (2, 4, 4, 8, 8, 32),
+            (3, 4, 2, 5, 7, 16),
+            (2, 6, 2, 9, 9, 7),
+            (2, 3, 1, 1, 6, 8),
+            (2, 4, 2, 6, 21, 4),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let seed = 10 * i as u64;
+            let q = random(&[b, t, h * d], seed + 1, 0.5);
+            let k = random(&[b, s, hkv * d], seed + 2, 1.0);
+            let v = random(&[b, s, hkv * d], seed + 3, 1.0);
+            let probe = random(&[b, t, h * d], seed + 4, 1.0);
+            // Row 1 of the padding mask is an empty source; the others lose their last `row` keys.
+            let keep: Vec<f32> = (0..b * s)
+                .map(|j| {
+                    let (row, col) = (j / s, j % s);
+                    if row == 1 || col + row >= s {
+                        0.0
+                    } else {
+                        1.0
+                    }
+                })
+                .collect();
+            let padding =
+                padding_mask(&Tensor::from_vec(keep, (b, s), &Device::Cpu).unwrap(), DType::F32).unwrap();
+            let causal = causal_mask(t, s - t, DType::F32, &Device::Cpu).unwrap();
+            for (mask_name, mask) in [
+                ("none", None),
+                ("causal", Some(causal)),
+                ("padding", Some(padding)),
+            ] {
+                for dropout in [None, Some((0.3, 17 + i as u64))] {
+                    let what = format!("{:?} mask {mask_name} dropout {dropout:?}", (b, h, hkv, t, s, d));
+                    let opts = AttentionOptions {
+                        heads: h,
+                        kv_heads: hkv,
+                        dropout,
+                        telemetry: true,
+                    };
+                    let dims = AttnDims::of(q.dims(), k.dims(), &opts).unwrap();
+                    // The CPU kernel, forward and gradients.
+                    let vars = [&q, &k, &v].map(|x| Var::from_tensor(x).unwrap());
+                    let (out, measured) = attention(
+                        vars[0].as_tensor(),
+                        vars[1].as_tensor(),
+                        vars[2].as_tensor(),
+                        mask.as_ref(),
+                        &opts,
+                    )
+                    .unwrap();
+                    let grads = (&out * &probe).unwrap().sum_all().unwrap().backward().unwrap();
+                    let g = vars.each_ref().map(|x| values(grads.get(x.as_tensor()).unwrap()));
+                    let measured = measured.unwrap();
+
+                    let (mv, ms, has_mask) = mask_parts(mask.as_ref(), dims);
+                    let (has_dropout, state, threshold, keep) = match dims_dropout(&opts) {
+                        Some(op) => {
+                            let (s, th, k) = op.parts();
+                            (1, s, th, k)
+                        }
+                        None => (0, 0, 0, 1.0),
+                    };
+                    let (qv, kv, vv, pv) = (values(&q), values(&k), values(&v), values(&probe));
+                    let rows = b * h * t;
+                    let (mut o, mut row_max, mut row_ent) = (
+                        vec![f32::NAN; qv.len()],
+                        vec![f32::NAN; rows],
+                        vec![f32::NAN; rows],
+                    );
+                    let (mut dq, mut dk, mut dv) = (
+                        vec![f32::NAN; qv.len()],
+                        vec![f32::NAN; kv.len()],
+                        vec![f32::NAN; vv.len()],
+                    );
+                    unsafe {
+                        ember_mirror_attention_fwd(
+                            qv.as_ptr(),
+                            kv.as_ptr(),
+                            vv.as_ptr(),
+                            mv.as_ptr(),
+                            b as u32,
+                            h as u32,
+                            hkv as u32,
+                            t as u32,
+                            s as u32,
+                            d as u32,
+                            has_mask as i32,
+                            ms[0],
+                            ms[1],
+                            ms[2],
+                            ms[3],
+                            has_dropout,
+                            state,
+                            threshold,
+                            keep,
+                            o.as_mut_ptr(),
+                            row_max.as_mut_ptr(),
+                            row_ent.as_mut_ptr(),
+                        );
+                        ember_mirror_attention_bwd(
+                            qv.as_ptr(),
+                            kv.as_ptr(),
+                            vv.as_ptr(),
+                            o.as_ptr(),
+                            pv.as_ptr(),
+                            mv.as_ptr(),
+                            b as u32,
+                            h as u32,
+                            hkv as u32,
+                            t as u32,
+                            s as u32,
+                            d as u32,
+                            has_mask as i32,
+                            ms[0],
+                            ms[1],
+                            ms[2],
+                            ms[3],
+                            has_dropout,
+                            state,
+                            threshold,
+                            keep,
+                            dq.as_mut_ptr(),
+                            dk.as_mut_ptr(),
+                            dv.as_mut_ptr(),
+                        );
+                    }
+                    // The same arithmetic but for the order of sums (rows, products): f32 rounding.
+                    let tol = 1e-5;
+                    let e = rel(&o, &values(&out));
+                    assert!(e < tol, "{what}: output {e:e}");
+                    for (name, mirror, cpu) in [("dq", &dq, &g[0]), ("dk", &dk, &g[1]), ("dv", &dv, &g[2])] {
+                        let e = rel(mirror, cpu);
+                        assert!(e < tol, "{what}: {name} {e:e}");
+                    }
+                    let m = telemetry_of_rows(dims, &row_max, &row_ent);
+                    assert!(
+                        (m.max_logit - measured.max_logit).abs() <= 1e-5 * measured.max_logit.abs(),
+                        "{what}: max logit {} vs {}",
+                        m.max_logit,
+                        measured.max_logit
+                    );
+                    assert!(
+                        (m.entropy - measured.entropy).abs() <= 1e-5,
+                        "{what}: entropy {} vs {}",
+                        m.entropy,
+                        measured.entropy
+                    );
+                    assert_eq!(m.entropy_by_position.len(), t);
+                    for (p, (x, y)) in m
+                        .entropy_by_position
+                        .iter()
+                        .zip(&measured.entropy_by_position)
+                        .enumerate()
+                    {
+                        assert!(
+                            (x - y).abs() <= 1e-5,
+                            "{what}: entropy at position {p}: {x} vs {y}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    fn dims_dropout(opts: &AttentionOptions) -> Option<DropoutOp> {
+        opts.dropout.and_then(|(p, state)| DropoutOp::new(p, state))
     }
 }

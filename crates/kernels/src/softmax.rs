@@ -1,9 +1,14 @@
 //! Softmax over the last dimension.
+//!
+//! On CUDA (`cuda/softmax.cu`) one warp per row computes what the CPU kernel does, with the CPU's
+//! own exponential (`ember_exp_fast` in `cuda/softmax.cuh`, checked bit for bit against
+//! [`exp_fast`] by the host mirror); only the order of each row's sum differs.
 
 use std::mem::MaybeUninit;
 
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor, D};
 
+use crate::cuda::{takes, Kernel};
 use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
 use crate::par::{fill, rows_per_task};
 use crate::simd::{dot, exp_fast, max_of, sum};
@@ -16,9 +21,10 @@ pub fn softmax_rows_unfused(x: &Tensor) -> Result<Tensor> {
     e.broadcast_div(&e.sum_keepdim(D::Minus1)?)
 }
 
-/// Softmax over the last dimension; fused on CPU f32.
+/// Softmax over the last dimension; fused on CPU f32 and (with the softmax kernel switched on)
+/// CUDA f32.
 pub fn softmax_rows(x: &Tensor) -> Result<Tensor> {
-    if !is_host_f32(x) {
+    if !(is_host_f32(x) || takes(x, Kernel::Softmax)) {
         return softmax_rows_unfused(x);
     }
     x.contiguous()?.apply_op1(SoftmaxOp)
@@ -66,22 +72,195 @@ impl CustomOp1 for SoftmaxOp {
         });
         Ok((CpuStorage::F32(y), l.shape().clone()))
     }
-    fn bwd(&self, x: &Tensor, res: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
-        let n = x.dims().last().copied().unwrap_or(1).max(1);
-        let dx = with_data([res, g], |[p, g]| {
-            Ok(fill(p.len(), rows_per_task(n) * n, |r, dx| {
-                for ((pr, gr), dr) in p[r.clone()]
-                    .chunks_exact(n)
-                    .zip(g[r].chunks_exact(n))
-                    .zip(dx.chunks_exact_mut(n))
-                {
-                    let s = dot(pr, gr);
-                    for i in 0..n {
-                        dr[i].write(pr[i] * (gr[i] - s));
-                    }
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        Ok((cuda::forward(s, l)?, l.shape().clone()))
+    }
+    fn bwd(&self, _x: &Tensor, res: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
+        Ok(Some(softmax_backward(res, g)?))
+    }
+}
+
+/// The gradient of softmax over the last dimension, dx = p·(g − Σ p·g) per row, from the
+/// probabilities `p` and the output's gradient `g` (on either device; no autograd).
+pub(crate) fn softmax_backward(p: &Tensor, g: &Tensor) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    {
+        if p.device().is_cuda() {
+            return cuda::backward(p, g);
+        }
+    }
+    let n = p.dims().last().copied().unwrap_or(1).max(1);
+    let dx = with_data([p, g], |[p, g]| {
+        Ok(fill(p.len(), rows_per_task(n) * n, |r, dx| {
+            for ((pr, gr), dr) in p[r.clone()]
+                .chunks_exact(n)
+                .zip(g[r].chunks_exact(n))
+                .zip(dx.chunks_exact_mut(n))
+            {
+                let s = dot(pr, gr);
+                for i in 0..n {
+                    dr[i].write(pr[i] * (gr[i] - s));
                 }
-            }))
-        })?;
-        Ok(Some(cpu_tensor(dx, x.shape())?))
+            }
+        }))
+    })?;
+    cpu_tensor(dx, p.shape())
+}
+
+/// The launches of `cuda/softmax.cu`, and the warp-per-row geometry the attention kernels share.
+#[cfg(feature = "cuda")]
+pub(crate) mod cuda {
+    use candle_core::cuda::cudarc::driver::LaunchConfig;
+    use candle_core::{bail, CudaStorage, Layout, Result, Tensor};
+
+    use crate::cuda::device::{alloc, launch, storage, tensor, view, with_cuda, SOFTMAX};
+
+    /// Warps (rows at once) per block of the warp-per-row kernels.
+    const WARPS: u32 = 8;
+    /// At most this many blocks: the kernels stride over the rows, so a grid that fills the GPU
+    /// many times over serves any row count.
+    const MAX_BLOCKS: usize = 1 << 16;
+
+    /// The geometry of a kernel with one warp per row over `rows` rows.
+    pub(crate) fn warp_rows(rows: usize) -> LaunchConfig {
+        let blocks = rows.div_ceil(WARPS as usize).clamp(1, MAX_BLOCKS) as u32;
+        LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (WARPS * 32, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    /// (rows, row width) of a tensor seen as rows over its last dimension.
+    fn rows_of(dims: &[usize], total: usize) -> Result<(usize, u32)> {
+        let n = dims.last().copied().unwrap_or(1).max(1);
+        let Ok(width) = u32::try_from(n) else {
+            bail!("ember softmax: rows of {n} elements are too wide for the kernel");
+        };
+        Ok((total / n, width))
+    }
+
+    pub(super) fn forward(s: &CudaStorage, l: &Layout) -> Result<CudaStorage> {
+        let (x, total) = (view(s, l)?, l.shape().elem_count());
+        let (rows, n) = rows_of(l.dims(), total)?;
+        let mut y = alloc(&s.device, total)?;
+        if rows > 0 {
+            launch!(s.device, SOFTMAX, "ember_softmax_fwd", warp_rows(rows);
+                &x, &mut y, &(rows as u64), &n)?;
+        }
+        Ok(storage(y, &s.device))
+    }
+
+    pub(super) fn backward(p: &Tensor, g: &Tensor) -> Result<Tensor> {
+        if p.shape() != g.shape() {
+            bail!(
+                "ember softmax backward: probabilities {:?} and gradient {:?} differ in shape",
+                p.shape(),
+                g.shape()
+            );
+        }
+        with_cuda([p, g], |[(sp, lp), (sg, lg)]| {
+            let (pv, gv, total) = (view(sp, lp)?, view(sg, lg)?, lp.shape().elem_count());
+            let (rows, n) = rows_of(lp.dims(), total)?;
+            let mut dx = alloc(&sp.device, total)?;
+            if rows > 0 {
+                launch!(sp.device, SOFTMAX, "ember_softmax_bwd", warp_rows(rows);
+                    &pv, &gv, &mut dx, &(rows as u64), &n)?;
+            }
+            Ok(tensor(dx, &sp.device, lp.shape()))
+        })
+    }
+}
+
+/// The device's softmax arithmetic (`cuda/softmax.cuh`, compiled for the host by
+/// `cuda/softmax_mirror.cpp`) against this module's CPU kernel.
+#[cfg(test)]
+mod mirror {
+    use candle_core::{Device, Tensor};
+
+    extern "C" {
+        fn ember_mirror_exp_fast(x: f32) -> f32;
+        fn ember_mirror_softmax_rows(x: *const f32, y: *mut f32, rows: u64, n: u32);
+        fn ember_mirror_softmax_rows_bwd(p: *const f32, g: *const f32, dx: *mut f32, rows: u64, n: u32);
+    }
+
+    fn random(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+        let mut rng = ember_rng::SplitMix64::new(seed);
+        (0..n).map(|_| rng.normal() as f32 * scale).collect()
+    }
+
+    /// max |a − b| / max |b|.
+    fn rel(a: &[f32], b: &[f32]) -> f32 {
+        assert_eq!(a.len(), b.len());
+        let scale = b.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-30);
+        a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max) / scale
+    }
+
+    #[test]
+    fn the_device_exponential_is_the_cpu_exponential_bit_for_bit() {
+        let mut xs = vec![
+            0.0, -0.0, 1.0, -1.0, 88.0, 88.5, 1e4, -87.2, -87.3, -87.4, -88.0, -1e9, -1e30, 1e-30, 0.5, -0.5,
+        ];
+        xs.extend(random(20_000, 7, 30.0));
+        xs.extend((0..4000).map(|i| -90.0 + i as f32 * 0.045));
+        for x in xs {
+            let (d, c) = (unsafe { ember_mirror_exp_fast(x) }, crate::simd::exp_fast(x));
+            assert_eq!(d.to_bits(), c.to_bits(), "e^{x}: device {d} vs cpu {c}");
+        }
+    }
+
+    #[test]
+    fn the_device_softmax_rows_are_the_cpu_kernels() {
+        // Widths below, at and above a warp, with a masked-out column (−1e9) and large logits.
+        for (rows, n) in [(3, 1), (4, 7), (5, 32), (3, 33), (2, 300)] {
+            let mut x = random(rows * n, n as u64, 4.0);
+            x[0] = -1e9;
+            if x.len() > 2 {
+                x[2] = 80.0;
+            }
+            let cpu = super::softmax_rows(&Tensor::from_slice(&x, (rows, n), &Device::Cpu).unwrap())
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap();
+            let mut y = vec![f32::NAN; rows * n];
+            unsafe { ember_mirror_softmax_rows(x.as_ptr(), y.as_mut_ptr(), rows as u64, n as u32) };
+            // The same exponentials; the sums in another order.
+            assert!(rel(&y, &cpu) < 1e-6, "({rows}, {n}): {}", rel(&y, &cpu));
+
+            let g = random(rows * n, 100 + n as u64, 1.0);
+            let (pt, gt) = (
+                Tensor::from_slice(&cpu, (rows, n), &Device::Cpu).unwrap(),
+                Tensor::from_slice(&g, (rows, n), &Device::Cpu).unwrap(),
+            );
+            let cpu_dx = super::softmax_backward(&pt, &gt)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap();
+            let mut dx = vec![f32::NAN; rows * n];
+            unsafe {
+                ember_mirror_softmax_rows_bwd(
+                    cpu.as_ptr(),
+                    g.as_ptr(),
+                    dx.as_mut_ptr(),
+                    rows as u64,
+                    n as u32,
+                )
+            };
+            // g − Σ p·g cancels: the dot's order shows more in the difference.
+            assert!(
+                rel(&dx, &cpu_dx) < 1e-5,
+                "backward ({rows}, {n}): {}",
+                rel(&dx, &cpu_dx)
+            );
+        }
     }
 }

@@ -11,6 +11,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod attention;
 mod cross_entropy;
 mod dropout_optimizer;
 mod norm_activation_rope;
