@@ -114,7 +114,7 @@ fi
 pack
 if has cpu; then
   for cfg in "${LARGE[@]}"; do
-    for ts in 1:1 2:2 4:4 8:8 16:8 16:16; do
+    for ts in 1:1 4:4 8:8 16:16; do
       t=${ts%:*} s=${ts#*:}
       mark "cpu: $cfg threads $t shares $s"
       timeout 300 .dev/ember bench configs/$cfg.yaml --steps 10 --set train.threads=$t --set train.shares=$s --json \
