@@ -40,6 +40,7 @@ pub fn device(spec: &str) -> Result<Device> {
     }
     ember_kernels::cuda::check_env().map_err(|e| anyhow::anyhow!(e))?;
     let device = Device::new_cuda(n).with_context(|| format!("device: cannot open {spec}"))?;
+    #[cfg(feature = "cuda")]
     if let Device::Cuda(d) = &device {
         // cudarc gives every allocation two CUDA events to order its uses across streams, and
         // records and waits on them around every launch once a context has a stream of its own:
