@@ -57,7 +57,8 @@ if has suite; then
     [[ $t == *.xz ]] && continue
     name=$(basename "$t")
     mark "suite: $name"
-    timeout 300 "$t" --test-threads=1 > "$OUT/suite-$name.log" 2>&1
+    # --nocapture: the tests print what they measured (e.g. the CPU-vs-CUDA drift) even when passing.
+    timeout 300 "$t" --test-threads=1 --nocapture > "$OUT/suite-$name.log" 2>&1
     echo "exit $?" >> "$OUT/suite-$name.log"
     grep -E '^test .* (FAILED|ok)$|^test result|panicked|relative|max relative|difference' "$OUT/suite-$name.log" | head -60
   done
