@@ -81,7 +81,7 @@ pack
 if has bench; then
   for cfg in "${CONFIGS[@]}"; do
     for ((p = 1; p <= pairs; p++)); do
-      for impl in ember ember-off torch; do
+      for impl in ember ember-off ember-cache torch; do
         tag=$OUT/bench-$cfg-$impl-$p
         mark "bench: $cfg $impl pair $p"
         case $impl in
@@ -89,6 +89,9 @@ if has bench; then
                    --steps "$steps" --set device=cuda:0 --json > "$tag.json" 2> "$tag.err" ;;
           ember-off) with_memory "$tag.mem" env EMBER_CUDA_KERNELS=none timeout 300 .dev/ember bench configs/$cfg.yaml \
                    --steps "$steps" --set device=cuda:0 --json > "$tag.json" 2> "$tag.err" ;;
+          # candle's upload cache for its strided ops' parameters (EMBER_CUDA_PARAM_CACHE, off by default).
+          ember-cache) with_memory "$tag.mem" env EMBER_CUDA_KERNELS=all EMBER_CUDA_PARAM_CACHE=1 timeout 300 .dev/ember \
+                   bench configs/$cfg.yaml --steps "$steps" --set device=cuda:0 --json > "$tag.json" 2> "$tag.err" ;;
           torch) with_memory "$tag.mem" timeout 300 python3 scripts/reference/ember_ref.py configs/$cfg.yaml --bench \
                    --steps "$steps" --device cuda --ember "$EMBER_BIN" --json > "$tag.json" 2> "$tag.err" ;;
         esac
@@ -101,11 +104,12 @@ fi
 pack
 if has counts; then
   for cfg in "${LARGE[@]}"; do
-    for kernels in all none; do
+    for kernels in all none cache; do
       for n in 10 20; do
         mark "counts: $cfg kernels=$kernels steps=$n"
+        cache=0; k=$kernels; [[ $kernels == cache ]] && { cache=1; k=all; }
         CUDA_INJECTION64_PATH=$PWD/.dev/libcuda-call-counter.so EMBER_CUDA_COUNTS=$OUT/counts-$cfg-$kernels-$n.json \
-          EMBER_CUDA_KERNELS=$kernels timeout 300 .dev/ember bench configs/$cfg.yaml --steps $n --set device=cuda:0 --json \
+          EMBER_CUDA_KERNELS=$k EMBER_CUDA_PARAM_CACHE=$cache timeout 300 .dev/ember bench configs/$cfg.yaml --steps $n --set device=cuda:0 --json \
           > "$OUT/counts-$cfg-$kernels-$n.bench.json" 2> "$OUT/counts-$cfg-$kernels-$n.err" || echo "  failed: see counts-$cfg-$kernels-$n.err"
       done
     done

@@ -46,7 +46,7 @@ if logs:
 
 rows = []
 for cfg in ("multi30k-tiny", "shakespeare-char"):
-    for kernels in ("all", "none"):
+    for kernels in ("all", "none", "cache"):
         a = load(os.path.join(out, f"counts-{cfg}-{kernels}-10.json"))
         b = load(os.path.join(out, f"counts-{cfg}-{kernels}-20.json"))
         if a and b:
@@ -68,7 +68,7 @@ if rows:
 
 benches = {}
 for path in glob.glob(os.path.join(out, "bench-*-*.json")):
-    m = re.match(r"bench-(.+)-(ember|ember-off|torch)-(\d+)\.json$", os.path.basename(path))
+    m = re.match(r"bench-(.+)-(ember|ember-off|ember-cache|torch)-(\d+)\.json$", os.path.basename(path))
     r = load(path)
     if m and r:
         r["mem"] = mem(path[:-5] + ".mem")
@@ -77,7 +77,7 @@ if benches:
     print("\n| config | impl | ms/step (median over pairs; min-max) | tokens/s | peak GPU MiB (nvidia-smi) | torch's own peak allocated MiB |")
     print("|---|---|---|---|---|---|")
     for cfg in ("quickstart", "multi30k-tiny", "shakespeare-char"):
-        for impl in ("ember", "ember-off", "torch"):
+        for impl in ("ember", "ember-off", "ember-cache", "torch"):
             rs = benches.get((cfg, impl))
             if not rs:
                 continue

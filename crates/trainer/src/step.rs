@@ -358,6 +358,23 @@ fn add_grad(acc: Option<Tensor>, g: Option<Tensor>) -> Result<Option<Tensor>> {
     })
 }
 
+/// Runs `f` (a micro-batch's forward and backward) with candle's upload cache on, when
+/// `EMBER_CUDA_PARAM_CACHE=1` on a CUDA device: candle's ops on non-contiguous tensors then
+/// upload each distinct dims-and-strides vector once per process instead of once per op (~70
+/// small host-to-device copies of a multi30k-tiny step; the batch itself is uploaded before, so it
+/// never enters the cache). Not yet measured on a GPU, so off by default.
+fn with_param_cache<R>(device: &Device, f: impl FnOnce() -> R) -> R {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(d) = device {
+        if std::env::var("EMBER_CUDA_PARAM_CACHE").is_ok_and(|v| v == "1") {
+            let _cache = d.enable_cuda_graph_htod_cache();
+            return f();
+        }
+    }
+    let _ = device;
+    f()
+}
+
 /// Forward and backward over `batches` (each with its micro-batch index, for its dropout
 /// stream), summing the gradients in order.
 #[allow(clippy::too_many_arguments)]
@@ -379,23 +396,26 @@ pub fn gradient_sums(
     let mut sums = GradientSums::empty(params.len(), device)?;
     let collector = Telemetry::new();
     for (n, (i, bt)) in tensors.iter().enumerate() {
-        let t0 = Instant::now();
         let rng = DropoutRng::new(share.dropout_seed(cfg.seed, step, *i));
         let mut ctx = ForwardCtx::train(&rng);
         if telemetry && n == 0 {
             ctx = ctx.with_telemetry(&collector);
         }
-        let loss = bt.loss(model, ctx, cfg.label_smoothing, cfg.z_loss, true)?;
-        sums.losses.add(&loss.objective, &loss.nll)?;
-        sums.forward_secs += t0.elapsed().as_secs_f64();
-        let t1 = Instant::now();
-        let store = (loss.objective / total_tokens.max(1) as f64)?.backward()?;
-        for (slot, p) in sums.grads.iter_mut().zip(params) {
-            *slot = add_grad(slot.take(), store.get(p.var.as_tensor()).cloned())?;
-        }
-        // On a GPU the times are the host's (the work is queued, not done): waiting for the
-        // device here would idle it every micro-batch; `ember bench` synchronises per step.
-        sums.backward_secs += t1.elapsed().as_secs_f64();
+        with_param_cache(device, || -> Result<()> {
+            let t0 = Instant::now();
+            let loss = bt.loss(model, ctx, cfg.label_smoothing, cfg.z_loss, true)?;
+            sums.losses.add(&loss.objective, &loss.nll)?;
+            sums.forward_secs += t0.elapsed().as_secs_f64();
+            let t1 = Instant::now();
+            let store = (loss.objective / total_tokens.max(1) as f64)?.backward()?;
+            for (slot, p) in sums.grads.iter_mut().zip(params) {
+                *slot = add_grad(slot.take(), store.get(p.var.as_tensor()).cloned())?;
+            }
+            // On a GPU the times are the host's (the work is queued, not done): waiting for the
+            // device here would idle it every micro-batch; `ember bench` synchronises per step.
+            sums.backward_secs += t1.elapsed().as_secs_f64();
+            Ok(())
+        })?;
     }
     sums.attention = collector.take();
     Ok(sums)
