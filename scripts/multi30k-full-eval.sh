@@ -44,7 +44,7 @@ run = sys.argv[1]
 for tag in ("avg10", "last"):
     b = json.load(open(f"{run}/test-{tag}.bleu.json"))
     e = json.load(open(f"{run}/test-{tag}.eval.json"))
-    print(f"{run} {tag}: BLEU {b.get('bleu', b)} | test loss {e.get('loss')}")
+    print(f"{run} {tag}: BLEU {b['bleu']['score']:.2f} chrF {b['chrf']['score']:.2f} | test loss {e['loss']:.4f}")
 PY
   done
 done

@@ -19,7 +19,7 @@ __device__ __forceinline__ float ember_ce_block_reduce(float v, int is_max, floa
     }
     if (lane == 0) partial[warp] = v;
     __syncthreads();
-    v = lane < EMBER_CE_WARPS ? partial[lane] : (is_max ? ember_ce_neg_inf() : 0.0f);
+    v = lane < EMBER_CE_WARPS ? partial[lane] : (is_max ? ember_neg_inf() : 0.0f);
     for (int o = 16; o > 0; o >>= 1) {
         const float other = __shfl_xor_sync(0xffffffffu, v, o);
         v = is_max ? ember_ce_max(v, other) : v + other;
@@ -44,7 +44,7 @@ extern "C" __global__ void ember_ce_forward(float* __restrict__ x, const uint32_
     float* xr = x + (uint64_t)row * v;
     const uint32_t t = targets[row];
     // Read before the first reduction's barrier, so before any thread overwrites the row.
-    const float x_t = (threadIdx.x == 0 && t < v) ? xr[t] : ember_ce_from_bits(0x7fc00000u);
+    const float x_t = (threadIdx.x == 0 && t < v) ? xr[t] : ember_f32_from_bits(0x7fc00000u);
 
     const float max = ember_ce_block_reduce(ember_ce_lane_max(xr, v, threadIdx.x), 1, partial);
     float exp_part, raw_part;

@@ -13,66 +13,18 @@
 // probabilities and gradients of a row, given its max and lse, are the CPU's bits.
 #pragma once
 
-#include <string.h>
-
 #include "common.cuh"
 
 #define EMBER_CE_THREADS 256u
 #define EMBER_CE_WARPS (EMBER_CE_THREADS / 32u)
 
-EMBER_HD uint32_t ember_ce_bits(float x) {
-#ifdef __CUDA_ARCH__
-    return __float_as_uint(x);
-#else
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    return u;
-#endif
-}
-
-EMBER_HD float ember_ce_from_bits(uint32_t u) {
-#ifdef __CUDA_ARCH__
-    return __uint_as_float(u);
-#else
-    float x;
-    memcpy(&x, &u, sizeof x);
-    return x;
-#endif
-}
-
-// eˣ as ember_kernels::simd::exp_fast computes it: Cody–Waite reduction, a degree-6 Taylor
-// polynomial, 2ⁿ from the bits of the rounding constant's sum; exactly 0 below −87.3 (masked
-// logits rely on it), NaN kept. The clamp is written as Rust's f32::clamp (NaN passes through).
-EMBER_HD float ember_ce_exp(float x) {
-    const float ln2_hi = 0.69314575f;
-    const float ln2_lo = 1.4286068e-6f;
-    const float log2_e = 1.44269504088896340736f;
-    const float round = 12582912.0f;  // 1.5·2²³
-    float xc = x;
-    if (xc < -87.3f) xc = -87.3f;
-    if (xc > 88.0f) xc = 88.0f;
-    const float shifted = xc * log2_e + round;
-    const float n = shifted - round;
-    const float r = (xc - n * ln2_hi) - n * ln2_lo;
-    const float p =
-        1.0f +
-        r * (1.0f +
-             r * (0.5f + r * (1.0f / 6.0f + r * (1.0f / 24.0f + r * (1.0f / 120.0f + r * (1.0f / 720.0f))))));
-    // Unsigned arithmetic: the same bits as the CPU's wrapping i32 operations, without C's
-    // signed-overflow rules.
-    const uint32_t n_int = ember_ce_bits(shifted) - ember_ce_bits(round);
-    const float scale = ember_ce_from_bits((n_int + 127u) << 23);
-    return x < -87.3f ? 0.0f : p * scale;
-}
-
 // The larger of two values, NaN winning (simd::max_in_lanes): a diverged row stays visibly so.
 EMBER_HD float ember_ce_max(float m, float x) { return (m > x || m != m) ? m : x; }
 
-EMBER_HD float ember_ce_neg_inf() { return ember_ce_from_bits(0xff800000u); }
 
 // Thread `lane`'s part of the row's max.
 EMBER_HD float ember_ce_lane_max(const float* x, uint32_t v, uint32_t lane) {
-    float m = ember_ce_neg_inf();
+    float m = ember_neg_inf();
     for (uint32_t j = lane; j < v; j += EMBER_CE_THREADS) m = ember_ce_max(m, x[j]);
     return m;
 }
@@ -83,7 +35,7 @@ EMBER_HD void ember_ce_lane_sums(const float* x, uint32_t v, uint32_t lane, floa
     float s = 0.0f, r = 0.0f;
     for (uint32_t j = lane; j < v; j += EMBER_CE_THREADS) {
         const float xj = x[j];
-        s += ember_ce_exp(xj - max);
+        s += ember_exp_fast(xj - max);
         r += xj;
     }
     *exp_sum = s;
@@ -148,7 +100,7 @@ EMBER_HD struct EmberCeGradient ember_ce_gradient_setup(float g_obj, float g_nll
 
 // The probability of a logit in a row with shift = max + lse (what the forward pass leaves for
 // the backward pass when a gradient will be needed).
-EMBER_HD float ember_ce_prob(float x, float shift) { return ember_ce_exp(x - shift); }
+EMBER_HD float ember_ce_prob(float x, float shift) { return ember_exp_fast(x - shift); }
 
 // The gradient at one element: `x` is the logit, or its probability when `from_probs`.
 EMBER_HD float ember_ce_gradient_at(struct EmberCeGradient c, float x, int from_probs, int is_target) {

@@ -29,7 +29,7 @@ float block_reduce(const float* parts, int is_max) {
         partial[w] = lanes[0];
     }
     float lanes[32];
-    for (uint32_t l = 0; l < 32; ++l) lanes[l] = l < EMBER_CE_WARPS ? partial[l] : (is_max ? ember_ce_neg_inf() : 0.0f);
+    for (uint32_t l = 0; l < 32; ++l) lanes[l] = l < EMBER_CE_WARPS ? partial[l] : (is_max ? ember_neg_inf() : 0.0f);
     butterfly(lanes, is_max);
     return lanes[0];
 }
@@ -38,7 +38,6 @@ float block_reduce(const float* parts, int is_max) {
 
 extern "C" {
 
-float ember_mirror_ce_exp(float x) { return ember_ce_exp(x); }
 
 void ember_mirror_ce_row_losses(float x_t, float row_sum, uint32_t v, float max, float lse, float eps, float z,
                                 float* objective, float* nll) {
@@ -56,7 +55,7 @@ void ember_mirror_ce_forward_row(const float* x, uint32_t v, uint32_t target, fl
     const float total = block_reduce(parts, 0);
     const float row_sum = block_reduce(raw, 0);
     const float lse = logf(total);
-    const float x_t = target < v ? x[target] : ember_ce_from_bits(0x7fc00000u);
+    const float x_t = target < v ? x[target] : ember_f32_from_bits(0x7fc00000u);
     float objective, nll;
     ember_ce_row_losses(x_t, row_sum, v, max, lse, eps, z, &objective, &nll);
     out[0] = objective * mask;

@@ -7,6 +7,8 @@ extern "C" {
 
 uint64_t ember_mirror_draw_at(uint64_t state, uint64_t i) { return ember_draw_at(state, i); }
 
+float ember_mirror_exp_fast(float x) { return ember_exp_fast(x); }
+
 float ember_mirror_dropout_value(float v, uint64_t state, uint64_t threshold, float keep, uint64_t i) {
     return ember_dropout_value(v, state, threshold, keep, i);
 }

@@ -6,54 +6,7 @@
 // probability differs from the CPU's only through the order of its row's sum.
 #pragma once
 
-#include <string.h>
-
 #include "common.cuh"
-
-EMBER_HD uint32_t ember_f32_bits(float x) {
-#ifdef __CUDA_ARCH__
-    return __float_as_uint(x);
-#else
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    return u;
-#endif
-}
-
-EMBER_HD float ember_f32_from_bits(uint32_t u) {
-#ifdef __CUDA_ARCH__
-    return __uint_as_float(u);
-#else
-    float x;
-    memcpy(&x, &u, sizeof x);
-    return x;
-#endif
-}
-
-// -inf, without relying on INFINITY being defined in device code.
-EMBER_HD float ember_neg_inf(void) { return ember_f32_from_bits(0xff800000u); }
-
-// e^x as simd::exp_fast computes it: Cody-Waite reduction x = n ln2 + r, a degree-6 Taylor
-// polynomial in r, 2^n from the bits of the rounding sum; exactly 0 below -87.3. Every operation
-// is rounded on its own (--fmad=false on the device, -ffp-contract=off on the host), as in Rust.
-EMBER_HD float ember_exp_fast(float x) {
-    const float ln2_hi = 0.69314575f;
-    const float ln2_lo = 1.4286068e-6f;
-    const float round = 12582912.0f;  // 1.5 * 2^23
-    // Rust's clamp: NaN passes through (fminf/fmaxf would replace it).
-    float xc = x;
-    if (xc < -87.3f) xc = -87.3f;
-    if (xc > 88.0f) xc = 88.0f;
-    const float shifted = xc * 1.44269504088896340736f + round;
-    const float n = shifted - round;
-    const float r = (xc - n * ln2_hi) - n * ln2_lo;
-    const float p =
-        1.0f +
-        r * (1.0f + r * (0.5f + r * (1.0f / 6.0f + r * (1.0f / 24.0f + r * (1.0f / 120.0f + r * (1.0f / 720.0f))))));
-    const int32_t n_int = (int32_t)ember_f32_bits(shifted) - (int32_t)ember_f32_bits(round);
-    const float scale = ember_f32_from_bits((uint32_t)(n_int + 127) << 23);
-    return x < -87.3f ? 0.0f : p * scale;
-}
 
 // The larger of a running maximum and x, as the CPU's max_of keeps it.
 EMBER_HD float ember_softmax_max(float m, float x) { return x > m ? x : m; }

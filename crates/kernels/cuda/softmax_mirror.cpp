@@ -5,8 +5,6 @@
 
 extern "C" {
 
-float ember_mirror_exp_fast(float x) { return ember_exp_fast(x); }
-
 void ember_mirror_softmax_rows(const float* x, float* y, uint64_t rows, uint32_t n) {
     for (uint64_t r = 0; r < rows; ++r) ember_softmax_row(x + r * n, y + r * n, n);
 }

@@ -23,6 +23,7 @@ pub(crate) struct MirrorAdamW {
 
 extern "C" {
     fn ember_mirror_draw_at(state: u64, i: u64) -> u64;
+    fn ember_mirror_exp_fast(x: f32) -> f32;
     fn ember_mirror_dropout_value(v: f32, state: u64, threshold: u64, keep: f32, i: u64) -> f32;
     fn ember_mirror_adamw(theta: *mut f32, g: *const f32, m: *mut f32, v: *mut f32, n: u64, c: MirrorAdamW);
     #[allow(clippy::too_many_arguments)]
@@ -54,6 +55,46 @@ fn the_device_counter_is_splitmix64() {
             unsafe { ember_mirror_draw_at(state, i) },
             ember_rng::draw_at(state, i)
         );
+    }
+}
+
+#[test]
+fn the_device_exponential_is_exp_fast_bit_for_bit() {
+    // The softmax's and the cross-entropy's e^x: special values, the clamp's edges, a sweep and
+    // random values.
+    let mut xs = vec![
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        0.5,
+        -0.5,
+        -87.2,
+        -87.29,
+        -87.3,
+        -87.31,
+        -87.4,
+        -88.0,
+        88.0,
+        88.1,
+        88.5,
+        1e4,
+        1e-30,
+        -1e-30,
+        1e30,
+        -1e9,
+        -1e30,
+        f32::MIN_POSITIVE,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+    ];
+    xs.extend((0..14_600).map(|i| -100.0 + i as f32 * 0.0137));
+    xs.extend(random(20_000, 7).into_iter().map(|x| x * 30.0));
+    for x in xs {
+        let (d, c) = (unsafe { ember_mirror_exp_fast(x) }, crate::simd::exp_fast(x));
+        let same = d.to_bits() == c.to_bits() || (d.is_nan() && c.is_nan());
+        assert!(same, "e^{x:e}: device {d:e}, CPU {c:e}");
     }
 }
 

@@ -1,0 +1,674 @@
+//! The attention core softmax(q·kᵀ + mask)·v with grouped-query heads, attention-probability
+//! dropout and per-module telemetry, forward and backward.
+//!
+//! The tensors stay in the layout the projections produce: q is (B, T, H·d) and k, v are
+//! (B, S, H_kv·d), the heads of a position side by side; the output is (B, T, H·d), what the
+//! output projection reads. No head split, no merge, no copy — and no extra node in the autograd
+//! graph, each of which costs candle a zero-filled gradient and an add in the backward pass.
+//! Query head h uses KV head h / (H / H_kv).
+//!
+//! The work is cut into one task per (batch, KV head), which handles the query heads of its
+//! group in order; tasks write disjoint rows of every output and run in parallel
+//! ([`crate::par`]). Telemetry is computed from the same logits and probabilities the step uses,
+//! so asking for it never changes a training step's numbers.
+//!
+//! On CUDA (with the attention kernel switched on) the same layout goes to `cuda/attention.cu`:
+//! where a (batch, KV head)'s keys and values fit in shared memory (the translation models'
+//! short sequences), fused kernels with one warp per query row compute the forward pass and,
+//! recomputing the probabilities and the dropout mask, the backward pass; longer sequences take
+//! cuBLAS's products with the mask, softmax and telemetry in one kernel (the fallback of the
+//! `cuda` module below).
+
+use std::sync::{Arc, Mutex};
+
+use candle_core::{bail, CpuStorage, CustomOp3, DType, Device, Layout, Result, Shape, Tensor, D};
+
+use crate::dropout::DropoutOp;
+use crate::gemm::{sgemm, Blocks, Mat};
+use crate::host::{cpu_slice, cpu_storage, cpu_tensor, is_host_f32, with_data};
+use crate::simd::{dot, simd_dispatch};
+use crate::softmax::{softmax_rows_in_place, softmax_rows_unfused};
+
+/// Converts a 0/1 key mask (B, S) (1 = real token) into an additive mask (B, 1, 1, S) that
+/// broadcasts over heads and queries. Masked logits get −1e9 rather than −∞: the probabilities
+/// are still exactly 0 after `exp`, but a fully masked row (an empty source) stays finite.
+pub fn padding_mask(key_mask: &Tensor, dtype: DType) -> Result<Tensor> {
+    let (b, s) = key_mask.dims2()?;
+    let keep = key_mask.to_dtype(dtype)?;
+    ((keep - 1.0)? * 1e9)?.reshape((b, 1, 1, s))
+}
+
+/// Additive causal mask (1, 1, T, offset + T) for T new queries after `offset` cached positions.
+pub fn causal_mask(t: usize, offset: usize, dtype: DType, device: &Device) -> Result<Tensor> {
+    let s = offset + t;
+    let values: Vec<f32> = (0..t)
+        .flat_map(|i| (0..s).map(move |j| if j <= offset + i { 0.0 } else { -1e9 }))
+        .collect();
+    Tensor::from_vec(values, (1, 1, t, s), device)?.to_dtype(dtype)
+}
+
+/// How one attention call is to be computed besides its inputs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttentionOptions {
+    /// Query heads H (q's last dimension is H·d).
+    pub heads: usize,
+    /// Key/value heads H_kv, a divisor of H (k's and v's last dimension is H_kv·d).
+    pub kv_heads: usize,
+    /// Dropout on the probabilities: (p, the SplitMix64 state whose draws make the mask). Element
+    /// (b, h, t, s) of the (B, H, T, S) probabilities uses draw 1 + its row-major index; the
+    /// caller moves its generator past B·H·T·S draws.
+    pub dropout: Option<(f64, u64)>,
+    /// Also measure the largest |logit| and the mean entropy.
+    pub telemetry: bool,
+}
+
+/// What one attention call measured (with [`AttentionOptions::telemetry`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttentionTelemetry {
+    /// Largest |q·kᵀ| over unmasked query–key pairs (q already scaled).
+    pub max_logit: f32,
+    /// Mean entropy (nats) of the attention distributions (before dropout).
+    pub entropy: f32,
+    /// The mean entropy of each query position's distributions (over batch rows and heads): T
+    /// values, for seeing how focused attention stays as the context grows.
+    pub entropy_by_position: Vec<f32>,
+}
+
+/// softmax(q·kᵀ + mask)·v (with dropout on the probabilities) from candle primitives, for q
+/// (B, T, H·d) already scaled, k and v (B, S, H_kv·d) and an additive mask broadcastable to
+/// (B, H, T, S); returns (B, T, H·d) and the telemetry when asked. The reference for the kernel.
+pub fn attention_unfused(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    opts: &AttentionOptions,
+) -> Result<(Tensor, Option<AttentionTelemetry>)> {
+    let dims = AttnDims::of(q.dims(), k.dims(), opts)?;
+    let AttnDims { b, h, hkv, t, s, d } = dims;
+    let heads = |x: &Tensor, len: usize, n: usize| x.reshape((b, len, n, d))?.transpose(1, 2);
+    let (qh, kh, vh) = (
+        heads(q, t, h)?,
+        heads(k, s, hkv)?.contiguous()?,
+        heads(v, s, hkv)?.contiguous()?,
+    );
+    let group = h / hkv;
+    let logits = qh
+        .contiguous()?
+        .reshape((b, hkv, group * t, d))?
+        .matmul(&kh.t()?)?
+        .reshape((b, h, t, s))?;
+    let masked = match mask {
+        Some(m) => logits.broadcast_add(m)?,
+        None => logits.clone(),
+    };
+    let probs = softmax_rows_unfused(&masked)?;
+    let telemetry = if opts.telemetry {
+        Some(telemetry_unfused(&logits, mask, &probs)?)
+    } else {
+        None
+    };
+    let probs = match opts.dropout {
+        // The fused mask where one runs (CPU, or CUDA with the dropout kernel on): the same
+        // mask as [`crate::dropout_unfused`], without drawing it on the host and uploading it.
+        Some((p, state)) if p > 0.0 => crate::dropout::dropout(&probs, p, state)?,
+        _ => probs,
+    };
+    let out = probs
+        .reshape((b, hkv, group * t, s))?
+        .matmul(&vh)?
+        .reshape((b, h, t, d))?
+        .transpose(1, 2)?
+        .reshape((b, t, h * d))?;
+    Ok((out, telemetry))
+}
+
+/// Max |logit| over unmasked pairs and mean entropy of the rows, off the autograd graph.
+fn telemetry_unfused(logits: &Tensor, mask: Option<&Tensor>, probs: &Tensor) -> Result<AttentionTelemetry> {
+    let abs = logits.detach().to_dtype(DType::F32)?.abs()?;
+    let abs = match mask {
+        // Masked entries carry −1e9; keep only entries whose mask is 0.
+        Some(m) => abs.broadcast_mul(&m.ge(-1.0)?.to_dtype(DType::F32)?)?,
+        None => abs,
+    };
+    let probs = probs.detach().to_dtype(DType::F32)?;
+    // (B, H, T): the entropy of every row.
+    let rows = probs
+        .clamp(1e-30f32, 1f32)?
+        .log()?
+        .mul(&probs)?
+        .sum(D::Minus1)?
+        .neg()?;
+    let (b, h, t) = rows.dims3()?;
+    Ok(AttentionTelemetry {
+        max_logit: abs.max_all()?.to_scalar::<f32>()?,
+        entropy: rows.mean_all()?.to_scalar::<f32>()?,
+        entropy_by_position: rows.reshape((b * h, t))?.mean(0)?.to_vec1::<f32>()?,
+    })
+}
+
+/// [`attention_unfused`] fused on CPU f32 (the mask is treated as a constant: it gets no
+/// gradient); the unfused form elsewhere.
+pub fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    opts: &AttentionOptions,
+) -> Result<(Tensor, Option<AttentionTelemetry>)> {
+    #[cfg(feature = "cuda")]
+    {
+        if cuda::takes(q, k, v, mask) {
+            return cuda::attention(q, k, v, mask, opts);
+        }
+    }
+    if !(is_host_f32(q) && is_host_f32(k) && is_host_f32(v) && mask.is_none_or(is_host_f32)) {
+        return attention_unfused(q, k, v, mask, opts);
+    }
+    let dims = AttnDims::of(q.dims(), k.dims(), opts)?;
+    if v.dims() != k.dims() {
+        bail!(
+            "attention: k {:?} and v {:?} differ in shape",
+            k.shape(),
+            v.shape()
+        );
+    }
+    let mask = match mask {
+        Some(m) => Some(m.detach().broadcast_as((dims.b, dims.h, dims.t, dims.s))?),
+        None => None,
+    };
+    // Keeping the probabilities for the backward pass spares it a q·kᵀ product and a softmax
+    // per head, for B·H·T·S floats: done when that is at most four times what q holds (S ≤ 4d),
+    // so long sequences still recompute instead of storing T² per head.
+    let keep = q.track_op() && dims.s <= 4 * dims.d;
+    let telemetry = opts.telemetry.then(|| Arc::new(Mutex::new(None)));
+    let op = AttnOp {
+        dims,
+        mask,
+        dropout: opts.dropout.and_then(|(p, state)| DropoutOp::new(p, state)),
+        telemetry: telemetry.clone(),
+        probs: keep.then(|| Mutex::new(None)),
+    };
+    let out = q
+        .contiguous()?
+        .apply_op3(&k.contiguous()?, &v.contiguous()?, op)?;
+    let telemetry = telemetry.and_then(|t| t.lock().unwrap_or_else(|e| e.into_inner()).take());
+    Ok((out, telemetry))
+}
+
+/// Whether a CUDA call with q of shape `q` and k, v of shape `k` runs the fused kernels (the
+/// forward pass, and the backward pass too when `backward`), rather than cuBLAS's products with
+/// the fused softmax: what they hold fits in shared memory. Always false in a build without CUDA.
+#[doc(hidden)]
+pub fn cuda_fuses(q: &[usize], k: &[usize], opts: &AttentionOptions, backward: bool) -> bool {
+    #[cfg(feature = "cuda")]
+    {
+        AttnDims::of(q, k, opts).is_ok_and(|d| cuda::fused_fits(d, backward))
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (q, k, opts, backward);
+        false
+    }
+}
+
+/// The telemetry from each (B, H, T) row's largest unmasked |logit| and entropy (row-major), as
+/// the CPU kernel combines its rows'.
+#[cfg(any(test, feature = "cuda"))]
+fn telemetry_of_rows(dims: AttnDims, row_max: &[f32], row_ent: &[f32]) -> AttentionTelemetry {
+    let (mut max_logit, mut sum) = (0f32, 0f64);
+    let mut by_position = vec![0f64; dims.t];
+    for (r, (&m, &h)) in row_max.iter().zip(row_ent).enumerate() {
+        if m > max_logit {
+            max_logit = m;
+        }
+        sum += h as f64;
+        by_position[r % dims.t] += h as f64;
+    }
+    let rows = (dims.b * dims.h * dims.t).max(1) as f64;
+    let per_position = (dims.b * dims.h).max(1) as f64;
+    AttentionTelemetry {
+        max_logit,
+        entropy: (sum / rows) as f32,
+        entropy_by_position: by_position.iter().map(|&h| (h / per_position) as f32).collect(),
+    }
+}
+
+/// Shapes of one attention call.
+#[derive(Debug, Clone, Copy)]
+struct AttnDims {
+    b: usize,
+    h: usize,
+    hkv: usize,
+    t: usize,
+    s: usize,
+    d: usize,
+}
+
+impl AttnDims {
+    fn of(q: &[usize], k: &[usize], opts: &AttentionOptions) -> Result<Self> {
+        let (&[b, t, qw], &[bk, s, kw]) = (q, k) else {
+            bail!("attention: expected q (B, T, H·d) and k, v (B, S, H_kv·d), got {q:?} and {k:?}");
+        };
+        let (h, hkv) = (opts.heads, opts.kv_heads);
+        if h == 0 || hkv == 0 || h % hkv != 0 || qw % h != 0 || bk != b || kw != qw / h * hkv {
+            bail!("attention: q {q:?} and k {k:?} do not fit {h} query and {hkv} key/value heads");
+        }
+        Ok(Self {
+            b,
+            h,
+            hkv,
+            t,
+            s,
+            d: qw / h,
+        })
+    }
+    fn group(&self) -> usize {
+        self.h / self.hkv
+    }
+    /// Offset of row (batch `bi`, position `ti`, query head `hq`) of q, o and their gradients.
+    fn q_row(&self, bi: usize, ti: usize, hq: usize) -> usize {
+        ((bi * self.t + ti) * self.h + hq) * self.d
+    }
+    /// Offset of row (batch `bi`, position `si`, KV head `kh`) of k, v and their gradients.
+    fn kv_row(&self, bi: usize, si: usize, kh: usize) -> usize {
+        ((bi * self.s + si) * self.hkv + kh) * self.d
+    }
+    /// Offset of head `hq`'s (T, S) probabilities in (B, H, T, S).
+    fn probs_block(&self, bi: usize, hq: usize) -> usize {
+        (bi * self.h + hq) * self.t * self.s
+    }
+}
+
+struct AttnOp {
+    dims: AttnDims,
+    /// The additive mask broadcast (by strides) to (B, H, T, S).
+    mask: Option<Tensor>,
+    dropout: Option<DropoutOp>,
+    /// Filled by the forward pass when telemetry was asked for (the caller holds a clone).
+    telemetry: Option<Arc<Mutex<Option<AttentionTelemetry>>>>,
+    /// The forward pass's probabilities (B, H, T, S), taken by the backward pass (`None`: not
+    /// kept, the backward recomputes them).
+    probs: Option<Mutex<Option<Vec<f32>>>>,
+}
+
+/// An additive mask as (data, (b, h, t, s) element strides, offset).
+type MaskView<'a> = Option<(&'a [f32], [usize; 4], usize)>;
+
+impl AttnOp {
+    /// Runs `f` with the mask's data and strides.
+    fn with_mask<R>(&self, f: impl FnOnce(MaskView<'_>) -> Result<R>) -> Result<R> {
+        match &self.mask {
+            None => f(None),
+            Some(m) => {
+                let (st, l) = m.storage_and_layout();
+                let data = cpu_storage(&st)?;
+                let s = l.stride();
+                f(Some((data, [s[0], s[1], s[2], s[3]], l.start_offset())))
+            }
+        }
+    }
+}
+
+/// Per-task telemetry: the largest unmasked |logit|, and the entropy summed over rows, in all
+/// and per query position (`by_position`: T sums over the task's heads).
+#[derive(Clone, Default)]
+struct Measured {
+    max_abs: f32,
+    entropy_sum: f64,
+    by_position: Vec<f64>,
+}
+
+/// Head `hq`'s probabilities of batch `bi` in `p` (T×S, holding q·kᵀ): adds the mask and takes
+/// each row's softmax in place, measuring the logits first and the rows after when `measure` is
+/// given.
+#[inline(always)]
+fn softmax_head(
+    dims: AttnDims,
+    p: &mut [f32],
+    mask: MaskView<'_>,
+    bi: usize,
+    hq: usize,
+    mut measure: Option<&mut Measured>,
+) {
+    let s = dims.s;
+    for (ti, row) in p.chunks_exact_mut(s).enumerate() {
+        let mask_row = mask.map(|(m, st, off)| (m, st[3], off + bi * st[0] + hq * st[1] + ti * st[2]));
+        if let Some(m) = measure.as_deref_mut() {
+            for (si, &x) in row.iter().enumerate() {
+                let unmasked = mask_row.is_none_or(|(mv, stride, base)| mv[base + si * stride] >= -1.0);
+                if unmasked && x.abs() > m.max_abs {
+                    m.max_abs = x.abs();
+                }
+            }
+        }
+        if let Some((m, stride, base)) = mask_row {
+            if stride == 1 {
+                for (x, &mv) in row.iter_mut().zip(&m[base..base + s]) {
+                    *x += mv;
+                }
+            } else {
+                for (si, x) in row.iter_mut().enumerate() {
+                    *x += m[base + si * stride];
+                }
+            }
+        }
+    }
+    softmax_rows_in_place(p, s);
+    if let Some(m) = measure {
+        for (ti, row) in p.chunks_exact(s).enumerate() {
+            let h: f32 = row.iter().map(|&p| -p * p.max(1e-30).ln()).sum();
+            m.entropy_sum += h as f64;
+            m.by_position[ti] += h as f64;
+        }
+    }
+}
+
+/// The dropped-out probabilities of head `hq` of batch `bi` into `out`.
+#[inline(always)]
+fn drop_head(dims: AttnDims, drop: &DropoutOp, p: &[f32], out: &mut [f32], bi: usize, hq: usize) {
+    let first = dims.probs_block(bi, hq);
+    for (i, (o, &x)) in out.iter_mut().zip(p).enumerate() {
+        *o = x * drop.factor(first + i);
+    }
+}
+
+/// q rows of head `hq` in batch `bi` as a T×d matrix (rows H·d apart).
+fn q_mat<'a>(dims: AttnDims, x: &'a [f32], bi: usize, hq: usize) -> Mat<'a> {
+    Mat {
+        data: &x[dims.q_row(bi, 0, hq)..],
+        row_stride: dims.h * dims.d,
+        col_stride: 1,
+    }
+}
+
+/// k or v rows of KV head `kh` in batch `bi` as an S×d matrix (rows H_kv·d apart).
+fn kv_mat<'a>(dims: AttnDims, x: &'a [f32], bi: usize, kh: usize) -> Mat<'a> {
+    Mat {
+        data: &x[dims.kv_row(bi, 0, kh)..],
+        row_stride: dims.hkv * dims.d,
+        col_stride: 1,
+    }
+}
+
+/// Everything one task of the forward pass reads and writes.
+struct Forward<'a> {
+    dims: AttnDims,
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    mask: MaskView<'a>,
+    dropout: Option<DropoutOp>,
+    out: &'a Blocks,
+    kept: Option<&'a Blocks>,
+    measure: bool,
+}
+
+simd_dispatch!(forward_task => forward_task_generic(f: &Forward<'_>, bi: usize, kh: usize) -> Measured);
+
+/// A task's (probabilities, dropped probabilities) buffers of `len` each: the first only where
+/// the kept probabilities are not stored for backward, the second only under dropout.
+fn task_buffers(kept_stored: bool, dropout: bool, len: usize) -> (Vec<f32>, Vec<f32>) {
+    let buffer = |needed: bool| if needed { vec![0f32; len] } else { Vec::new() };
+    (buffer(!kept_stored), buffer(dropout))
+}
+
+/// The output rows of the query heads of KV head `kh` in batch `bi`.
+#[inline(always)]
+fn forward_task_generic(f: &Forward<'_>, bi: usize, kh: usize) -> Measured {
+    let dims = f.dims;
+    let (t, s, d) = (dims.t, dims.s, dims.d);
+    let mut measured = Measured {
+        by_position: if f.measure { vec![0.0; t] } else { Vec::new() },
+        ..Measured::default()
+    };
+    let (mut scratch, mut dropped) = task_buffers(f.kept.is_some(), f.dropout.is_some(), t * s);
+    let (k, v) = (kv_mat(dims, f.k, bi, kh), kv_mat(dims, f.v, bi, kh));
+    for hq in kh * dims.group()..(kh + 1) * dims.group() {
+        let q = q_mat(dims, f.q, bi, hq);
+        let p: &mut [f32] = match f.kept {
+            // SAFETY: head hq's block of batch bi belongs to this task alone.
+            Some(all) => unsafe { all.product(dims.probs_block(bi, hq), t, d, s, q, k.t()) },
+            None => {
+                sgemm(t, d, s, q, k.t(), 0.0, &mut scratch);
+                &mut scratch
+            }
+        };
+        softmax_head(dims, p, f.mask, bi, hq, f.measure.then_some(&mut measured));
+        let p: &[f32] = match &f.dropout {
+            Some(drop) => {
+                drop_head(dims, drop, p, &mut dropped, bi, hq);
+                &dropped
+            }
+            None => p,
+        };
+        // SAFETY: head hq's output rows of batch bi belong to this task alone.
+        unsafe {
+            f.out
+                .product_ld(dims.q_row(bi, 0, hq), dims.h * d, t, s, d, Mat::rows(p, s), v)
+        };
+    }
+    measured
+}
+
+/// Everything one task of the backward pass reads and writes.
+struct Backward<'a> {
+    dims: AttnDims,
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    o: &'a [f32],
+    go: &'a [f32],
+    mask: MaskView<'a>,
+    dropout: Option<DropoutOp>,
+    kept: Option<&'a [f32]>,
+    dq: &'a Blocks,
+    dk: &'a Blocks,
+    dv: &'a Blocks,
+}
+
+simd_dispatch!(backward_task => backward_task_generic(f: &Backward<'_>, bi: usize, kh: usize) -> ());
+
+/// With P the probabilities, P̃ = P ⊙ M the dropped-out ones and δ_t = ⟨dO_t, O_t⟩:
+/// dP = (dO·vᵀ) ⊙ M, dS = P ⊙ (dP − δ), dq = dS·k, dk = Σ_heads dSᵀ·q, dv = Σ_heads P̃ᵀ·dO, the
+/// query heads of the group summed in order (the first writes, the others add).
+#[inline(always)]
+fn backward_task_generic(f: &Backward<'_>, bi: usize, kh: usize) {
+    let dims = f.dims;
+    let (t, s, d) = (dims.t, dims.s, dims.d);
+    let (mut scratch, mut dropped) = task_buffers(f.kept.is_some(), f.dropout.is_some(), t * s);
+    let mut ds = vec![0f32; t * s];
+    let (k, v) = (kv_mat(dims, f.k, bi, kh), kv_mat(dims, f.v, bi, kh));
+    let kv_at = dims.kv_row(bi, 0, kh);
+    let kv_ld = dims.hkv * d;
+    for (gi, hq) in (kh * dims.group()..(kh + 1) * dims.group()).enumerate() {
+        let (q, go) = (q_mat(dims, f.q, bi, hq), q_mat(dims, f.go, bi, hq));
+        let p: &[f32] = match f.kept {
+            Some(all) => &all[dims.probs_block(bi, hq)..][..t * s],
+            None => {
+                sgemm(t, d, s, q, k.t(), 0.0, &mut scratch);
+                softmax_head(dims, &mut scratch, f.mask, bi, hq, None);
+                &scratch
+            }
+        };
+        sgemm(t, d, s, go, v.t(), 0.0, &mut ds);
+        let first = dims.probs_block(bi, hq);
+        for ti in 0..t {
+            let row = dims.q_row(bi, ti, hq);
+            let delta = dot(&f.go[row..row + d], &f.o[row..row + d]);
+            let (pr, dr) = (&p[ti * s..(ti + 1) * s], &mut ds[ti * s..(ti + 1) * s]);
+            match &f.dropout {
+                Some(drop) => {
+                    // One mask draw per element serves both the dropped probabilities (for dv)
+                    // and dS.
+                    let dropped_row = &mut dropped[ti * s..(ti + 1) * s];
+                    for (si, ((x, &pv), dp)) in dr.iter_mut().zip(pr).zip(dropped_row).enumerate() {
+                        let factor = drop.factor(first + ti * s + si);
+                        *dp = pv * factor;
+                        *x = pv * (*x * factor - delta);
+                    }
+                }
+                None => {
+                    for (x, &pv) in dr.iter_mut().zip(pr) {
+                        *x = pv * (*x - delta);
+                    }
+                }
+            }
+        }
+        let p_used: &[f32] = if f.dropout.is_some() { &dropped } else { p };
+        // SAFETY: head hq's rows of dq, and KV head kh's rows of dk and dv, in batch bi belong to
+        // this task alone.
+        unsafe {
+            f.dq.product_ld(dims.q_row(bi, 0, hq), dims.h * d, t, s, d, Mat::rows(&ds, s), k);
+            let (dk_from_head, dv_from_head) = (Mat::rows(&ds, s).t(), Mat::rows(p_used, s).t());
+            if gi == 0 {
+                f.dk.product_ld(kv_at, kv_ld, s, t, d, dk_from_head, q);
+                f.dv.product_ld(kv_at, kv_ld, s, t, d, dv_from_head, go);
+            } else {
+                f.dk.add_product_ld(kv_at, kv_ld, s, t, d, dk_from_head, q);
+                f.dv.add_product_ld(kv_at, kv_ld, s, t, d, dv_from_head, go);
+            }
+        }
+    }
+}
+
+impl CustomOp3 for AttnOp {
+    fn name(&self) -> &'static str {
+        "ember-attention"
+    }
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let dims = self.dims;
+        let (q, k, v) = (cpu_slice(s1, l1)?, cpu_slice(s2, l2)?, cpu_slice(s3, l3)?);
+        let out = Blocks::new(q.len());
+        let kept = self
+            .probs
+            .as_ref()
+            .map(|_| Blocks::new(dims.b * dims.h * dims.t * dims.s));
+        let per_task = self.with_mask(|mask| {
+            let task = Forward {
+                dims,
+                q,
+                k,
+                v,
+                mask,
+                dropout: self.dropout,
+                out: &out,
+                kept: kept.as_ref(),
+                measure: self.telemetry.is_some(),
+            };
+            let per_task: Vec<Mutex<Measured>> = (0..dims.b * dims.hkv).map(|_| Mutex::default()).collect();
+            crate::par::for_each(per_task.len(), |i| {
+                let m = forward_task(&task, i / dims.hkv, i % dims.hkv);
+                *per_task[i].lock().unwrap_or_else(|e| e.into_inner()) = m;
+            });
+            Ok(per_task)
+        })?;
+        // Combined in task order, whichever thread ran which task.
+        let measured = per_task
+            .into_iter()
+            .map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner()))
+            .fold(Measured::default(), |mut acc, m| {
+                acc.max_abs = acc.max_abs.max(m.max_abs);
+                acc.entropy_sum += m.entropy_sum;
+                acc.by_position.resize(m.by_position.len(), 0.0);
+                for (a, x) in acc.by_position.iter_mut().zip(&m.by_position) {
+                    *a += x;
+                }
+                acc
+            });
+        if let Some(slot) = &self.telemetry {
+            let rows = (dims.b * dims.h * dims.t).max(1) as f64;
+            let per_position = (dims.b * dims.h).max(1) as f64;
+            *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(AttentionTelemetry {
+                max_logit: measured.max_abs,
+                entropy: (measured.entropy_sum / rows) as f32,
+                entropy_by_position: measured
+                    .by_position
+                    .iter()
+                    .map(|&h| (h / per_position) as f32)
+                    .collect(),
+            });
+        }
+        if let (Some(slot), Some(kept)) = (&self.probs, kept) {
+            *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(kept.finish());
+        }
+        Ok((CpuStorage::F32(out.finish()), l1.shape().clone()))
+    }
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        Ok((cuda::forward(self, s1, l1, s2, l2, s3, l3)?, l1.shape().clone()))
+    }
+    fn bwd(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        res: &Tensor,
+        g: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        #[cfg(feature = "cuda")]
+        {
+            if q.device().is_cuda() {
+                let (dq, dk, dv) = cuda::backward(self, q, k, v, res, g)?;
+                return Ok((Some(dq), Some(dk), Some(dv)));
+            }
+        }
+        let dims = self.dims;
+        let kept = self
+            .probs
+            .as_ref()
+            .and_then(|slot| slot.lock().unwrap_or_else(|e| e.into_inner()).take())
+            .filter(|p| p.len() == dims.b * dims.h * dims.t * dims.s);
+        let (dq, dk, dv) = with_data([q, k, v, res, g], |[q, k, v, o, go]| {
+            let (dq, dk, dv) = (Blocks::new(q.len()), Blocks::new(k.len()), Blocks::new(v.len()));
+            self.with_mask(|mask| {
+                let task = Backward {
+                    dims,
+                    q,
+                    k,
+                    v,
+                    o,
+                    go,
+                    mask,
+                    dropout: self.dropout,
+                    kept: kept.as_deref(),
+                    dq: &dq,
+                    dk: &dk,
+                    dv: &dv,
+                };
+                crate::par::for_each(dims.b * dims.hkv, |i| {
+                    backward_task(&task, i / dims.hkv, i % dims.hkv)
+                });
+                Ok(())
+            })?;
+            Ok((dq.finish(), dk.finish(), dv.finish()))
+        })?;
+        Ok((
+            Some(cpu_tensor(dq, q.shape())?),
+            Some(cpu_tensor(dk, k.shape())?),
+            Some(cpu_tensor(dv, v.shape())?),
+        ))
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod cuda;
+
+#[cfg(test)]
+mod mirror;
