@@ -15,9 +15,12 @@
 #   cpu     the CPU thread/share sweep of `ember bench` on this machine's 16 cores
 #
 #   scripts/gpu-check.sh [--sections suite,counts,bench,cpu] [--configs a,b] [--pairs N] [--steps N]
+#                        [--impls ember,ember-off,ember-cache,torch] [--kernels all,none,cache]
 #
 # --configs: which of quickstart, multi30k-tiny, shakespeare-char the counts, bench and cpu
-# sections run (default: all three for bench, the last two for counts and cpu).
+# sections run (default: all three for bench, the last two for counts and cpu). --impls: what the
+# bench section times (ember-off: CUDA kernels off; ember-cache: EMBER_CUDA_PARAM_CACHE=1);
+# --kernels: the settings the counts section counts under (cache: all kernels, upload cache on).
 #
 # Prints one table last. Logs and JSON go to a work folder, packed after every section into
 # $OUT/gpu-check.tgz (a device call returns at most 8 files) beside $OUT/summary.md.
@@ -26,13 +29,15 @@ cd "$(dirname "$0")/.."
 RESULTS=${OUT:-/tmp}
 OUT=$(mktemp -d /tmp/gpu-check.XXXXXX)
 pack() { tar czf "$RESULTS/gpu-check.tgz" -C "$OUT" . 2>/dev/null; }
-sections=suite,counts,bench,cpu pairs=2 steps=30 configs=""
+sections=suite,counts,bench,cpu pairs=2 steps=30 configs="" impls=ember,ember-off,ember-cache,torch kernel_sets=all,none,cache
 while [[ $# -gt 0 ]]; do
   case $1 in
     --sections) sections=$2; shift 2 ;;
     --configs) configs=$2; shift 2 ;;
     --pairs) pairs=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
+    --impls) impls=$2; shift 2 ;;
+    --kernels) kernel_sets=$2; shift 2 ;;
     *) echo "gpu-check: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -81,7 +86,7 @@ pack
 if has bench; then
   for cfg in "${CONFIGS[@]}"; do
     for ((p = 1; p <= pairs; p++)); do
-      for impl in ember ember-off ember-cache torch; do
+      for impl in ${impls//,/ }; do
         tag=$OUT/bench-$cfg-$impl-$p
         mark "bench: $cfg $impl pair $p"
         case $impl in
@@ -104,7 +109,7 @@ fi
 pack
 if has counts; then
   for cfg in "${LARGE[@]}"; do
-    for kernels in all none cache; do
+    for kernels in ${kernel_sets//,/ }; do
       for n in 10 20; do
         mark "counts: $cfg kernels=$kernels steps=$n"
         cache=0; k=$kernels; [[ $kernels == cache ]] && { cache=1; k=all; }

@@ -9,7 +9,8 @@
  * totals per kind. Two runs of `ember bench` that differ only in their step count then give the
  * exact calls of one step: (count(N2) - count(N1)) / (N2 - N1). Built and used by
  * scripts/gpu-check.sh; the runtime API (cuBLAS, cudart) goes through the driver, so its calls
- * are counted too.
+ * are counted too. Host-to-device copies are also counted by size (`htod_bytes`: up to 64 B, 1 KiB,
+ * 64 KiB, more), which tells a kernel's few bytes of shape metadata from a tensor's upload.
  */
 #include <cupti.h>
 #include <stdio.h>
@@ -21,12 +22,26 @@
 static unsigned long long counts[MAX_CBID];
 static CUpti_SubscriberHandle subscriber;
 
+/* Host-to-device copies by size: <= 64 B, <= 1 KiB, <= 64 KiB, larger; and their total bytes. */
+static unsigned long long htod_sizes[4];
+static unsigned long long htod_total_bytes;
+
+static void count_htod(size_t bytes) {
+    int bucket = bytes <= 64 ? 0 : bytes <= 1024 ? 1 : bytes <= 65536 ? 2 : 3;
+    __atomic_fetch_add(&htod_sizes[bucket], 1ULL, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&htod_total_bytes, (unsigned long long)bytes, __ATOMIC_RELAXED);
+}
+
 static void CUPTIAPI on_call(void *userdata, CUpti_CallbackDomain domain, CUpti_CallbackId cbid,
                              const void *data) {
     (void)userdata;
     const CUpti_CallbackData *info = (const CUpti_CallbackData *)data;
     if (domain == CUPTI_CB_DOMAIN_DRIVER_API && info->callbackSite == CUPTI_API_ENTER && cbid < MAX_CBID) {
         __atomic_fetch_add(&counts[cbid], 1ULL, __ATOMIC_RELAXED);
+        if (cbid == CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoDAsync_v2)
+            count_htod(((const cuMemcpyHtoDAsync_v2_params *)info->functionParams)->ByteCount);
+        else if (cbid == CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoD_v2)
+            count_htod(((const cuMemcpyHtoD_v2_params *)info->functionParams)->ByteCount);
     }
 }
 
@@ -62,7 +77,8 @@ static void write_counts(void) {
     }
     fprintf(f, "}, \"kinds\": {");
     for (int k = 0; k < 9; ++k) fprintf(f, "%s\"%s\": %llu", k ? ", " : "", kinds[k], totals[k]);
-    fprintf(f, "}}\n");
+    fprintf(f, "}, \"htod_bytes\": {\"le_64\": %llu, \"le_1k\": %llu, \"le_64k\": %llu, \"gt_64k\": %llu, \"total\": %llu}}\n",
+            htod_sizes[0], htod_sizes[1], htod_sizes[2], htod_sizes[3], htod_total_bytes);
     if (path) fclose(f);
 }
 

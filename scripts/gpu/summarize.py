@@ -65,6 +65,16 @@ if rows:
             per = {n: (b["calls"].get(n, 0) - a["calls"].get(n, 0)) / 10 for n in b["calls"]}
             top = sorted(((c, n) for n, c in per.items() if c), reverse=True)[:14]
             print(f"\n{cfg}, kernels all, driver calls per step: " + ", ".join(f"{n} {c:g}" for c, n in top))
+    sized = [(cfg, kernels) for cfg, kernels, _ in rows
+             if "htod_bytes" in (load(os.path.join(out, f"counts-{cfg}-{kernels}-20.json")) or {})]
+    if sized:
+        buckets = ["le_64", "le_1k", "le_64k", "gt_64k", "total"]
+        print("\n| host-to-device copies per step by size | kernels | <= 64 B | <= 1 KiB | <= 64 KiB | > 64 KiB | bytes |")
+        print("|---|---|---|---|---|---|---|")
+        for cfg, kernels in sized:
+            a = load(os.path.join(out, f"counts-{cfg}-{kernels}-10.json"))["htod_bytes"]
+            b = load(os.path.join(out, f"counts-{cfg}-{kernels}-20.json"))["htod_bytes"]
+            print(f"| {cfg} | {kernels} | " + " | ".join(f"{(b[k] - a[k]) / 10:g}" for k in buckets) + " |")
 
 benches = {}
 for path in glob.glob(os.path.join(out, "bench-*-*.json")):
