@@ -15,12 +15,13 @@
 #   cpu     the CPU thread/share sweep of `ember bench` on this machine's 16 cores
 #
 #   scripts/gpu-check.sh [--sections suite,counts,bench,cpu] [--configs a,b] [--pairs N] [--steps N]
-#                        [--impls ember,ember-off,ember-cache,torch] [--kernels all,none,cache]
+#                        [--impls ember,ember-off,ember-nocache,torch] [--kernels all,none,nocache]
 #
 # --configs: which of quickstart, multi30k-tiny, shakespeare-char the counts, bench and cpu
 # sections run (default: all three for bench, the last two for counts and cpu). --impls: what the
-# bench section times (ember-off: CUDA kernels off; ember-cache: EMBER_CUDA_PARAM_CACHE=1);
-# --kernels: the settings the counts section counts under (cache: all kernels, upload cache on).
+# bench section times (ember: the defaults; ember-off: CUDA kernels off; ember-nocache: candle's
+# upload cache off, EMBER_CUDA_PARAM_CACHE=0); --kernels: the settings the counts section counts
+# under (all: the defaults; none: kernels off; nocache: all kernels, upload cache off).
 #
 # Prints one table last. Logs and JSON go to a work folder, packed after every section into
 # $OUT/gpu-check.tgz (a device call returns at most 8 files) beside $OUT/summary.md.
@@ -29,7 +30,7 @@ cd "$(dirname "$0")/.."
 RESULTS=${OUT:-/tmp}
 OUT=$(mktemp -d /tmp/gpu-check.XXXXXX)
 pack() { tar czf "$RESULTS/gpu-check.tgz" -C "$OUT" . 2>/dev/null; }
-sections=suite,counts,bench,cpu pairs=2 steps=30 configs="" impls=ember,ember-off,ember-cache,torch kernel_sets=all,none,cache
+sections=suite,counts,bench,cpu pairs=2 steps=30 configs="" impls=ember,ember-off,ember-nocache,torch kernel_sets=all,none,nocache
 while [[ $# -gt 0 ]]; do
   case $1 in
     --sections) sections=$2; shift 2 ;;
@@ -94,8 +95,8 @@ if has bench; then
                    --steps "$steps" --set device=cuda:0 --json > "$tag.json" 2> "$tag.err" ;;
           ember-off) with_memory "$tag.mem" env EMBER_CUDA_KERNELS=none timeout 300 .dev/ember bench configs/$cfg.yaml \
                    --steps "$steps" --set device=cuda:0 --json > "$tag.json" 2> "$tag.err" ;;
-          # candle's upload cache for its strided ops' parameters (EMBER_CUDA_PARAM_CACHE, off by default).
-          ember-cache) with_memory "$tag.mem" env EMBER_CUDA_KERNELS=all EMBER_CUDA_PARAM_CACHE=1 timeout 300 .dev/ember \
+          # without candle's upload cache for its strided ops' parameters (on by default).
+          ember-nocache) with_memory "$tag.mem" env EMBER_CUDA_KERNELS=all EMBER_CUDA_PARAM_CACHE=0 timeout 300 .dev/ember \
                    bench configs/$cfg.yaml --steps "$steps" --set device=cuda:0 --json > "$tag.json" 2> "$tag.err" ;;
           torch) with_memory "$tag.mem" timeout 300 python3 scripts/reference/ember_ref.py configs/$cfg.yaml --bench \
                    --steps "$steps" --device cuda --ember "$EMBER_BIN" --json > "$tag.json" 2> "$tag.err" ;;
@@ -112,7 +113,7 @@ if has counts; then
     for kernels in ${kernel_sets//,/ }; do
       for n in 10 20; do
         mark "counts: $cfg kernels=$kernels steps=$n"
-        cache=0; k=$kernels; [[ $kernels == cache ]] && { cache=1; k=all; }
+        cache=1; k=$kernels; [[ $kernels == nocache ]] && { cache=0; k=all; }
         CUDA_INJECTION64_PATH=$PWD/.dev/libcuda-call-counter.so EMBER_CUDA_COUNTS=$OUT/counts-$cfg-$kernels-$n.json \
           EMBER_CUDA_KERNELS=$k EMBER_CUDA_PARAM_CACHE=$cache timeout 300 .dev/ember bench configs/$cfg.yaml --steps $n --set device=cuda:0 --json \
           > "$OUT/counts-$cfg-$kernels-$n.bench.json" 2> "$OUT/counts-$cfg-$kernels-$n.err" || echo "  failed: see counts-$cfg-$kernels-$n.err"

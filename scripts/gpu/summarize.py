@@ -39,14 +39,15 @@ if logs:
     print("\n| GPU suite | passed | failed |\n|---|---|---|")
     for log in logs:
         text = open(log).read()
-        ok = len(re.findall(r"^test .* \.\.\. ok$", text, re.M))
+        # From cargo's "test result" lines: a test that prints (--nocapture) ends its line elsewhere.
+        ok = sum(int(n) for n in re.findall(r"^test result: \w+\. (\d+) passed", text, re.M))
         failed = re.findall(r"^test (.*?) \.\.\. FAILED$", text, re.M)
         name = os.path.basename(log)[6:-4]
         print(f"| {name} | {ok} | {len(failed)}{': ' + ', '.join(failed) if failed else ''} |")
 
 rows = []
 for cfg in ("multi30k-tiny", "shakespeare-char"):
-    for kernels in ("all", "none", "cache"):
+    for kernels in ("all", "nocache", "cache", "none"):
         a = load(os.path.join(out, f"counts-{cfg}-{kernels}-10.json"))
         b = load(os.path.join(out, f"counts-{cfg}-{kernels}-20.json"))
         if a and b:
@@ -78,7 +79,7 @@ if rows:
 
 benches = {}
 for path in glob.glob(os.path.join(out, "bench-*-*.json")):
-    m = re.match(r"bench-(.+)-(ember|ember-off|ember-cache|torch)-(\d+)\.json$", os.path.basename(path))
+    m = re.match(r"bench-(.+)-(ember|ember-off|ember-nocache|ember-cache|torch)-(\d+)\.json$", os.path.basename(path))
     r = load(path)
     if m and r:
         r["mem"] = mem(path[:-5] + ".mem")
@@ -87,7 +88,7 @@ if benches:
     print("\n| config | impl | ms/step (median over pairs; min-max) | tokens/s | peak GPU MiB (nvidia-smi) | torch's own peak allocated MiB |")
     print("|---|---|---|---|---|---|")
     for cfg in ("quickstart", "multi30k-tiny", "shakespeare-char"):
-        for impl in ("ember", "ember-off", "ember-cache", "torch"):
+        for impl in ("ember", "ember-nocache", "ember-cache", "ember-off", "torch"):
             rs = benches.get((cfg, impl))
             if not rs:
                 continue

@@ -358,15 +358,19 @@ fn add_grad(acc: Option<Tensor>, g: Option<Tensor>) -> Result<Option<Tensor>> {
     })
 }
 
-/// Runs `f` (a micro-batch's forward and backward) with candle's upload cache on, when
-/// `EMBER_CUDA_PARAM_CACHE=1` on a CUDA device: candle's ops on non-contiguous tensors then
-/// upload each distinct dims-and-strides vector once per process instead of once per op (~70
-/// small host-to-device copies of a multi30k-tiny step; the batch itself is uploaded before, so it
-/// never enters the cache). Not yet measured on a GPU, so off by default.
+/// Runs `f` (a micro-batch's forward and backward) under candle's upload cache on a CUDA device
+/// (unless `EMBER_CUDA_PARAM_CACHE=0`): candle's ops on non-contiguous tensors then upload each
+/// distinct dims-and-strides vector once per process instead of once per op. Measured on an H100
+/// (docs/performance.md): host-to-device copies per multi30k-tiny step 75.5 → 8.5 and per
+/// shakespeare-char step 30 → 2, what remains being the batch itself (uploaded before, so it never
+/// enters the cache); 1.05–1.09× faster per step (median of 5 alternating pairs); trajectories
+/// and kill -9 resume unchanged (tests/gpu_training.rs passes with it on and off). The cache is
+/// keyed by content and hands out copies, so nothing cached is ever written through; it costs a
+/// few tens of MiB of GPU memory for the distinct shapes a run meets.
 fn with_param_cache<R>(device: &Device, f: impl FnOnce() -> R) -> R {
     #[cfg(feature = "cuda")]
     if let Device::Cuda(d) = device {
-        if std::env::var("EMBER_CUDA_PARAM_CACHE").is_ok_and(|v| v == "1") {
+        if std::env::var("EMBER_CUDA_PARAM_CACHE").map_or(true, |v| v != "0") {
             let _cache = d.enable_cuda_graph_htod_cache();
             return f();
         }
