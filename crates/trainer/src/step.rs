@@ -370,7 +370,7 @@ fn add_grad(acc: Option<Tensor>, g: Option<Tensor>) -> Result<Option<Tensor>> {
 fn with_param_cache<R>(device: &Device, f: impl FnOnce() -> R) -> R {
     #[cfg(feature = "cuda")]
     if let Device::Cuda(d) = device {
-        if std::env::var("EMBER_CUDA_PARAM_CACHE").map_or(true, |v| v != "0") {
+        if std::env::var("EMBER_CUDA_PARAM_CACHE").as_deref() != Ok("0") {
             let _cache = d.enable_cuda_graph_htod_cache();
             return f();
         }
