@@ -920,3 +920,61 @@ fn separate_processes_at_one_and_three_threads_train_the_same_weights() {
     let one = weights("1");
     assert!(one == weights("3"), "weights differ between 1 and 3 threads");
 }
+
+/// The one thing that changes a run's bits between machines is the CPU's vector unit: with
+/// AVX-512 the matrix products run Ember's own kernel, without it matrixmultiply, which sums in
+/// another order. `EMBER_CPU_VECTOR_UNIT=avx2` makes an AVX-512 machine compute what an AVX2 one
+/// does; the two agree to the last few digits and each is bit-identical at any thread count.
+#[test]
+fn the_vector_unit_moves_only_the_last_digits_and_avx2_can_be_chosen() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let cfg = write(dir, "tiny.yaml", seq2seq_yaml(6, 6, 6));
+    let train = |name: &str, unit: Option<&str>, threads: &str| {
+        let run_dir = dir.join("runs").join(name);
+        let mut cmd = ember(dir);
+        cmd.args([
+            "train",
+            s(&cfg),
+            "--run-dir",
+            s(&run_dir),
+            "--quiet",
+            "--set",
+            &format!("train.threads={threads}"),
+            "--set",
+            "train.log_every=1",
+            "--set",
+            "model.d_model=128",
+            "--set",
+            "train.max_tokens=1024",
+        ]);
+        if let Some(u) = unit {
+            cmd.env(ember_kernels::VECTOR_UNIT_ENV, u);
+        }
+        let out = cmd.stdin(Stdio::null()).output().unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let losses: Vec<f64> = std::fs::read_to_string(run_dir.join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|r| r["kind"] == "train")
+            .map(|r| r["loss"].as_f64().unwrap())
+            .collect();
+        let (_, last) = checkpoints(&run_dir).pop().expect("a checkpoint");
+        (losses, std::fs::read(last.join("model.safetensors")).unwrap())
+    };
+    let (native_losses, native) = train("native", None, "1");
+    let (avx2_losses, avx2) = train("avx2", Some("avx2"), "1");
+    let (_, avx2_three_threads) = train("avx2-3", Some("avx2"), "3");
+    assert!(avx2 == avx2_three_threads, "AVX2 weights differ between 1 and 3 threads");
+    assert_eq!(native_losses.len(), 6);
+    if ember_kernels::vector_unit() == "AVX-512" {
+        assert!(native != avx2, "AVX2 requested, but the AVX-512 kernels ran");
+        for (a, b) in native_losses.iter().zip(&avx2_losses) {
+            assert!((a - b).abs() <= 1e-4 * a.abs(), "losses {a} vs {b}");
+        }
+    } else {
+        // This CPU has no AVX-512: avx2 is what it runs anyway.
+        assert!(native == avx2 && native_losses == avx2_losses);
+    }
+}

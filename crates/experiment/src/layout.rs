@@ -172,6 +172,10 @@ pub struct Hardware {
     /// `model name` from /proc/cpuinfo.
     pub cpu: String,
     pub logical_cores: usize,
+    /// The vector unit the CPU kernels used (`AVX-512`, `AVX2`): results differ in their last
+    /// digits between units ([`ember_kernels::vector_unit`]). Absent in sweeps from before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vector_unit: Option<String>,
 }
 
 /// This machine.
@@ -188,6 +192,7 @@ pub fn hardware() -> Hardware {
     Hardware {
         cpu,
         logical_cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        vector_unit: Some(ember_kernels::vector_unit().to_string()),
     }
 }
 

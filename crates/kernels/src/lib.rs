@@ -32,7 +32,7 @@ pub mod cuda;
 mod gemm;
 mod host;
 pub mod par;
-mod simd;
+pub(crate) mod simd;
 
 pub mod activation;
 pub mod adamw;
@@ -48,6 +48,7 @@ pub mod softmax;
 pub mod sum;
 
 pub use activation::{gelu_erf, swiglu, swiglu_unfused};
+pub use simd::{vector_unit, VECTOR_UNIT_ENV};
 pub use attention::{attention, attention_unfused, AttentionOptions, AttentionTelemetry};
 pub use cross_entropy::cross_entropy_unfused;
 pub use dropout::{dropout, dropout_unfused};

@@ -164,16 +164,12 @@ macro_rules! simd_dispatch {
                 unsafe fn avx2($($arg: $ty),*) -> $ret {
                     $generic($($arg),*)
                 }
-                if std::is_x86_feature_detected!("avx512f")
-                    && std::is_x86_feature_detected!("avx512vl")
-                    && std::is_x86_feature_detected!("avx512dq")
-                {
-                    // SAFETY: the CPU supports the enabled features (checked just above).
-                    return unsafe { avx512($($arg),*) };
-                }
-                if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                match $crate::simd::unit() {
+                    // SAFETY: `unit` names a unit only where the CPU supports its features.
+                    $crate::simd::Unit::Avx512 => return unsafe { avx512($($arg),*) },
                     // SAFETY: as above.
-                    return unsafe { avx2($($arg),*) };
+                    $crate::simd::Unit::Avx2 => return unsafe { avx2($($arg),*) },
+                    $crate::simd::Unit::Baseline => {}
                 }
             }
             $generic($($arg),*)
@@ -182,6 +178,88 @@ macro_rules! simd_dispatch {
 }
 
 pub(crate) use simd_dispatch;
+
+/// A vector unit the kernels are compiled for; ordered, so a unit can be capped by another.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Unit {
+    Baseline,
+    Avx2,
+    Avx512,
+}
+
+impl Unit {
+    fn name(self) -> &'static str {
+        match self {
+            Unit::Avx512 => "AVX-512",
+            Unit::Avx2 => "AVX2",
+            Unit::Baseline => "baseline x86-64",
+        }
+    }
+}
+
+/// Names the vector unit to use in place of the best one the CPU has: `avx2` or `baseline`
+/// (`avx512` only where the CPU has it). With `avx2` an AVX-512 machine computes exactly what an
+/// AVX2 one does — the same loops and the same matrixmultiply kernels — so a result from one
+/// can be reproduced bit for bit on the other. (`baseline` turns off Ember's own vector loops
+/// only: matrixmultiply keeps choosing its kernel by itself.)
+pub const VECTOR_UNIT_ENV: &str = "EMBER_CPU_VECTOR_UNIT";
+
+/// The unit every dispatch uses, decided once per process: the best the CPU supports, capped by
+/// [`VECTOR_UNIT_ENV`].
+pub(crate) fn unit() -> Unit {
+    static UNIT: std::sync::OnceLock<Unit> = std::sync::OnceLock::new();
+    *UNIT.get_or_init(|| {
+        let supported = supported_unit();
+        match std::env::var(VECTOR_UNIT_ENV) {
+            Err(_) => supported,
+            Ok(v) => match v.trim().to_ascii_lowercase().replace(['-', '_'], "").as_str() {
+                "avx512" => supported.min(Unit::Avx512),
+                "avx2" => supported.min(Unit::Avx2),
+                "baseline" | "sse2" | "none" => Unit::Baseline,
+                _ => {
+                    eprintln!(
+                        "warning: {VECTOR_UNIT_ENV}={v:?} is not one of avx512, avx2, baseline; \
+                         using this CPU's best ({})",
+                        supported.name()
+                    );
+                    supported
+                }
+            },
+        }
+    })
+}
+
+fn supported_unit() -> Unit {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx512f")
+            && std::is_x86_feature_detected!("avx512vl")
+            && std::is_x86_feature_detected!("avx512dq")
+        {
+            return Unit::Avx512;
+        }
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            return Unit::Avx2;
+        }
+    }
+    Unit::Baseline
+}
+
+/// Whether the AVX-512 kernels run (the CPU has them and [`VECTOR_UNIT_ENV`] allows them).
+pub(crate) fn avx512() -> bool {
+    unit() == Unit::Avx512
+}
+
+/// The vector unit this process's CPU kernels run on: `"AVX-512"`, `"AVX2"` or
+/// `"baseline x86-64"` (the best the CPU has, unless [`VECTOR_UNIT_ENV`] names a lower one).
+///
+/// [`simd_dispatch`]'s loops give the same bits on all three, but the matrix products do not:
+/// with AVX-512 they run Ember's own GEMM kernel, otherwise matrixmultiply, which sums in another
+/// order. A run is bit-identical across thread counts and reruns on one machine, and differs in
+/// the last digits between machines whose vector units differ; reports name the unit.
+pub fn vector_unit() -> &'static str {
+    unit().name()
+}
 
 /// `a[i] + b[i]` into `out`.
 #[inline(always)]

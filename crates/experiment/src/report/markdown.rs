@@ -45,13 +45,14 @@ pub(crate) fn markdown(r: &Report) -> String {
     [
         title(r),
         what_was_run(r),
+        comparison(r, &q),
+        plots(r),
         results(r, &q),
         paired_differences(r, &q),
         lr_sensitivity(r),
         axis_effects(r),
         unfinished_runs(r),
         every_run(r, &q),
-        plots(r),
         regenerate(r),
     ]
     .concat()
@@ -149,7 +150,14 @@ fn hardware_sentence(r: &Report) -> String {
     let Some(h) = &r.hardware else {
         return String::new();
     };
-    let mut p = format!("Hardware: {} ({} logical cores)", h.cpu, h.logical_cores);
+    let mut p = format!(
+        "Hardware: {} ({} logical cores{})",
+        h.cpu,
+        h.logical_cores,
+        h.vector_unit
+            .as_ref()
+            .map_or(String::new(), |u| format!(", {u} kernels"))
+    );
     if let (Some(j), Some(t)) = (r.jobs, r.threads) {
         p.push_str(&format!(
             ", {j} run{} at a time with {t} thread{} each",
@@ -161,8 +169,14 @@ fn hardware_sentence(r: &Report) -> String {
         }
     }
     p.push_str(". ");
+    p.push_str(REPRODUCIBILITY);
     p
 }
+
+const REPRODUCIBILITY: &str =
+    "Rerunning gives the same bits on this machine at any thread count; on a CPU with another vector \
+     unit (AVX-512 vs AVX2) the matrix products sum in another order and the numbers differ in their \
+     last digits. ";
 
 /// Wall time of the sweep and training time summed over runs.
 fn time_sentence(r: &Report) -> String {
@@ -188,9 +202,54 @@ const PAIRING: &str =
      `none` seed by seed. Means ± sample standard deviations are over the seeds of finished runs \
      (n in parentheses); diverged runs are counted, not averaged.";
 
+/// The seed's table: per variant and learning rate, quality and validation loss with their paired
+/// differences to `none`, and the largest attention logit.
+fn comparison(r: &Report, q: &Quality) -> String {
+    let mut md = format!(
+        "## QK-norm vs baseline\n\n\
+         At the end of training, per variant and peak learning rate: mean ± std over seeds (n), and \
+         the difference to `none` on the same seeds, mean [95% CI]. {q_name} {}; val loss is nats per \
+         target token; max attn logit is the largest |pre-softmax attention logit| over all attention \
+         modules and logged steps, the instability QK-norm bounds.\n\n\
+         |{} variant | peak LR | {q_name} | Δ {q_name} vs none [95% CI] | val loss | Δ val loss vs none [95% CI] | max attn logit |\n\
+         |{}---|---|---|---|---|---|---|\n",
+        if q.is_bleu() {
+            "on the validation set (higher is better)"
+        } else {
+            "is validation perplexity (lower is better)"
+        },
+        axis_heads(&r.axes),
+        axis_rule(&r.axes),
+        q_name = q.name
+    );
+    for c in &r.cells {
+        let quality = if q.is_bleu() { &c.bleu } else { &c.ppl };
+        let vs_none = |key: &str, prec: usize| {
+            if c.variant == BASELINE {
+                "(baseline)".to_string()
+            } else {
+                fmt_diff(c.vs_none.get(key), prec)
+            }
+        };
+        md.push_str(&format!(
+            "|{} {} | {} | {} | {} | {} | {} | {} |\n",
+            level_cells(&c.levels),
+            c.variant,
+            lr_label(c.lr),
+            fmt_ms(quality, q.prec),
+            vs_none(q.key, q.prec),
+            fmt_ms(&c.val_loss, 4),
+            vs_none("val_loss", 4),
+            fmt_ms(&c.max_attn_logit, 1),
+        ));
+    }
+    md.push('\n');
+    md
+}
+
 /// Final values per variant and learning rate, with the differences that matter most.
 fn results(r: &Report, q: &Quality) -> String {
-    let mut md = String::from("## Results\n\n");
+    let mut md = String::from("## All final values\n\n");
     md.push_str(&format!(
         "Final values per variant and peak learning rate, mean ± std (n seeds). Losses are per target \
          token in nats; the train loss is the training objective over the last logging window; max attn \

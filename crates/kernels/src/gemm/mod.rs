@@ -110,7 +110,7 @@ impl PackedB {
     pub fn new(k: usize, n: usize, b: Mat<'_>) -> Option<Self> {
         assert!(b.fits(k, n), "sgemm: operand out of bounds");
         #[cfg(target_arch = "x86_64")]
-        if k > 0 && n > 0 && std::is_x86_feature_detected!("avx512f") {
+        if k > 0 && n > 0 && crate::simd::avx512() {
             // SAFETY: B's k×n view is in bounds (asserted).
             let strips = unsafe { pack_strips(k, n, b.operand()) };
             return Some(Self { strips, k, n });
@@ -432,7 +432,7 @@ unsafe fn gemm_with(
         && b.col_stride == 1
         && m * n <= K_PIECES_MAX_C
         && k > 0
-        && std::is_x86_feature_detected!("avx512f")
+        && crate::simd::avx512()
     {
         k_chunked(m, k, n, a, b, beta, c, ldc);
         return;
@@ -442,7 +442,7 @@ unsafe fn gemm_with(
         && a.col_stride == 1
         && k * n <= L2_FLOATS
         && k > 0
-        && std::is_x86_feature_detected!("avx512f")
+        && crate::simd::avx512()
     {
         // B is packed into strips (from STRIPS_MIN_ROWS rows), or read where it lies when its
         // rows are contiguous, or else transposed (worth it when m is at least a tile); once,
