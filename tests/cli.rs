@@ -966,7 +966,10 @@ fn the_vector_unit_moves_only_the_last_digits_and_avx2_can_be_chosen() {
     let (native_losses, native) = train("native", None, "1");
     let (avx2_losses, avx2) = train("avx2", Some("avx2"), "1");
     let (_, avx2_three_threads) = train("avx2-3", Some("avx2"), "3");
-    assert!(avx2 == avx2_three_threads, "AVX2 weights differ between 1 and 3 threads");
+    assert!(
+        avx2 == avx2_three_threads,
+        "AVX2 weights differ between 1 and 3 threads"
+    );
     assert_eq!(native_losses.len(), 6);
     if ember_kernels::vector_unit() == "AVX-512" {
         assert!(native != avx2, "AVX2 requested, but the AVX-512 kernels ran");

@@ -350,19 +350,42 @@ fn the_report_opens_with_the_seeds_table_then_the_plots_and_names_the_vector_uni
     let (_, outcome) = divergent_sweep();
     let md = fs::read_to_string(outcome.plan.out.join(layout::REPORT_MD)).unwrap();
     let sections: Vec<&str> = md.lines().filter(|l| l.starts_with("## ")).collect();
-    assert_eq!(&sections[..3], ["## QK-norm vs baseline", "## Plots", "## All final values"], "{md}");
-    let table = md.split("## QK-norm vs baseline").nth(1).unwrap().split("## Plots").next().unwrap();
-    let q = if outcome.report.quality == "bleu" { "BLEU" } else { "val ppl" };
+    assert_eq!(
+        &sections[..3],
+        ["## QK-norm vs baseline", "## Plots", "## All final values"],
+        "{md}"
+    );
+    let table = md
+        .split("## QK-norm vs baseline")
+        .nth(1)
+        .unwrap()
+        .split("## Plots")
+        .next()
+        .unwrap();
+    let q = if outcome.report.quality == "bleu" {
+        "BLEU"
+    } else {
+        "val ppl"
+    };
     let head = format!(
         "| variant | peak LR | {q} | Δ {q} vs none [95% CI] | val loss | Δ val loss vs none [95% CI] | max attn logit |"
     );
     assert!(table.contains(&head), "{table}");
     // One row per variant and learning rate; `none` is the baseline of its own row.
-    let rows: Vec<&str> = table.lines().filter(|l| l.starts_with("| none") || l.starts_with("| rmsnorm")).collect();
+    let rows: Vec<&str> = table
+        .lines()
+        .filter(|l| l.starts_with("| none") || l.starts_with("| rmsnorm"))
+        .collect();
     assert_eq!(rows.len(), outcome.report.cells.len(), "{table}");
-    assert!(rows.iter().filter(|r| r.starts_with("| none")).all(|r| r.contains("(baseline)")));
+    assert!(rows
+        .iter()
+        .filter(|r| r.starts_with("| none"))
+        .all(|r| r.contains("(baseline)")));
     let unit = ember_kernels::vector_unit();
-    assert_eq!(outcome.report.hardware.as_ref().unwrap().vector_unit.as_deref(), Some(unit));
+    assert_eq!(
+        outcome.report.hardware.as_ref().unwrap().vector_unit.as_deref(),
+        Some(unit)
+    );
     assert!(md.contains(&format!("logical cores, {unit} kernels)")), "{md}");
     assert!(md.contains("differ in their last digits"), "{md}");
 }

@@ -48,7 +48,6 @@ pub mod softmax;
 pub mod sum;
 
 pub use activation::{gelu_erf, swiglu, swiglu_unfused};
-pub use simd::{vector_unit, VECTOR_UNIT_ENV};
 pub use attention::{attention, attention_unfused, AttentionOptions, AttentionTelemetry};
 pub use cross_entropy::cross_entropy_unfused;
 pub use dropout::{dropout, dropout_unfused};
@@ -59,5 +58,6 @@ pub use linear::{
 pub use linear_cross_entropy::{linear_cross_entropy, linear_cross_entropy_unfused};
 pub use norm::{layer_norm, layer_norm_unfused, rms_norm, rms_norm_unfused};
 pub use rope::{logn_factor, rope, rope_unfused, PositionScale, RopeTables};
+pub use simd::{vector_unit, VECTOR_UNIT_ENV};
 pub use softmax::{softmax_rows, softmax_rows_unfused};
 pub use sum::{sum_in_order, sum_in_order_unfused, sum_of_squares};

@@ -438,12 +438,7 @@ unsafe fn gemm_with(
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if in_place
-        && a.col_stride == 1
-        && k * n <= L2_FLOATS
-        && k > 0
-        && crate::simd::avx512()
-    {
+    if in_place && a.col_stride == 1 && k * n <= L2_FLOATS && k > 0 && crate::simd::avx512() {
         // B is packed into strips (from STRIPS_MIN_ROWS rows), or read where it lies when its
         // rows are contiguous, or else transposed (worth it when m is at least a tile); once,
         // before the rows are shared out.
