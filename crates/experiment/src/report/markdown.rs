@@ -174,9 +174,10 @@ fn hardware_sentence(r: &Report) -> String {
 }
 
 const REPRODUCIBILITY: &str =
-    "Rerunning gives the same bits on this machine at any thread count; on a CPU with another vector \
-     unit (AVX-512 vs AVX2) the matrix products sum in another order and the numbers differ in their \
-     last digits. ";
+    "Rerunning gives the same bits on this machine at any thread count. On a CPU with another vector \
+     unit (AVX-512 vs AVX2) the matrix products sum in another order: the first steps differ in \
+     their last digits, and training can amplify that, most in unstable runs \
+     (`EMBER_CPU_VECTOR_UNIT=avx2` computes an AVX2 machine's numbers on an AVX-512 one). ";
 
 /// Wall time of the sweep and training time summed over runs.
 fn time_sentence(r: &Report) -> String {
