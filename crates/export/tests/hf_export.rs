@@ -177,6 +177,7 @@ fn a_run_without_qk_norm_exports_as_llama_and_a_tied_head_is_not_stored() {
 
 fn model(arch: Arch, norm: NormKind, mlp: MlpKind, qk_norm: QkNorm) -> ModelConfig {
     ModelConfig {
+        init_from: None,
         arch,
         vocab_size: Some(40),
         d_model: 32,
@@ -185,6 +186,7 @@ fn model(arch: Arch, norm: NormKind, mlp: MlpKind, qk_norm: QkNorm) -> ModelConf
         n_decoder_layers: None,
         n_heads: 4,
         n_kv_heads: None,
+        head_dim: None,
         d_ff: 64,
         mlp,
         norm,

@@ -1,5 +1,7 @@
 //! The model's configuration: the `model:` section of a run's YAML, field for field.
 
+use std::path::PathBuf;
+
 use serde::{Deserialize, Serialize};
 
 /// Which shape of transformer to build.
@@ -64,6 +66,11 @@ pub enum QkNorm {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelConfig {
+    /// A Hugging Face model folder to start from (`config.json`, `*.safetensors`,
+    /// `tokenizer.json`): its config gives the architecture keys of this section, its weights
+    /// the initial parameters and its tokenizer the run's (see the `ember-import` crate).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_from: Option<PathBuf>,
     pub arch: Arch,
     /// Size of the (joint) vocabulary. Leave it out to take it from the tokenizer: the trainer
     /// fills it in before the model is built, and saves the resolved value with the run.
@@ -83,6 +90,10 @@ pub struct ModelConfig {
     /// Key/value heads for grouped-query attention; defaults to `n_heads` (plain multi-head).
     #[serde(default)]
     pub n_kv_heads: Option<usize>,
+    /// Width of each attention head; defaults to `d_model / n_heads`. Some models set it apart
+    /// from the residual width (Qwen3-0.6B: d_model 1024, 16 heads of 128).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_dim: Option<usize>,
     pub d_ff: usize,
     #[serde(default = "default_mlp")]
     pub mlp: MlpKind,
@@ -186,6 +197,7 @@ impl ModelConfig {
     /// A small valid configuration to start from in code and tests.
     pub fn tiny(arch: Arch) -> Self {
         Self {
+            init_from: None,
             arch,
             vocab_size: Some(32),
             d_model: 16,
@@ -194,6 +206,7 @@ impl ModelConfig {
             n_decoder_layers: None,
             n_heads: 4,
             n_kv_heads: None,
+            head_dim: None,
             d_ff: 32,
             mlp: default_mlp(),
             norm: default_norm(),
@@ -271,7 +284,10 @@ impl ModelConfig {
         if let Some(n) = self.n_decoder_layers {
             positive("n_decoder_layers", n)?;
         }
-        if !self.d_model.is_multiple_of(self.n_heads) {
+        if self.head_dim == Some(0) {
+            return Err(bad("head_dim", "must be greater than 0"));
+        }
+        if self.head_dim.is_none() && !self.d_model.is_multiple_of(self.n_heads) {
             return Err(bad(
                 "d_model",
                 format!(
@@ -283,10 +299,13 @@ impl ModelConfig {
         if self.positions == Positions::Rope && !self.head_dim().is_multiple_of(2) {
             return Err(bad(
                 "n_heads",
-                format!(
-                    "head_dim = d_model / n_heads = {} must be even for rotary embeddings",
-                    self.head_dim()
-                ),
+                match self.head_dim {
+                    Some(hd) => format!("head_dim = {hd} must be even for rotary embeddings"),
+                    None => format!(
+                        "head_dim = d_model / n_heads = {} must be even for rotary embeddings",
+                        self.head_dim()
+                    ),
+                },
             ));
         }
         let kv = self.kv_heads();
@@ -358,6 +377,12 @@ impl ModelConfig {
                 "needs a training length of at least 2: set logn_length (or max_seq_len ≥ 2)",
             ));
         }
+        if self.init_from.is_some() && self.arch != Arch::Lm {
+            return Err(bad(
+                "init_from",
+                "imports a decoder-only language model, so it needs arch: lm",
+            ));
+        }
         if self.qk_norm != QkNorm::L2 && (self.qk_norm_init_scale.is_some() || self.qk_norm_length.is_some())
         {
             return Err(bad(
@@ -372,8 +397,14 @@ impl ModelConfig {
     pub fn vocab(&self) -> usize {
         self.vocab_size.unwrap_or(0)
     }
+    /// Width of each attention head: `head_dim`, or `d_model / n_heads`.
     pub fn head_dim(&self) -> usize {
-        self.d_model / self.n_heads.max(1)
+        self.head_dim.unwrap_or(self.d_model / self.n_heads.max(1))
+    }
+    /// Width of all query heads together (the query projection's output, the output
+    /// projection's input): `d_model` unless `head_dim` says otherwise.
+    pub fn q_width(&self) -> usize {
+        self.n_heads * self.head_dim()
     }
     pub fn kv_heads(&self) -> usize {
         self.n_kv_heads.unwrap_or(self.n_heads)

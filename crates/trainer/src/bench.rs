@@ -73,8 +73,8 @@ pub fn peak_rss_mib() -> f64 {
 /// For seq2seq the encoder's work per source token is charged pro rata to the target tokens.
 pub fn flops_per_token(cfg: &ModelConfig, src_len: f64, tgt_len: f64) -> f64 {
     let d = cfg.d_model as f64;
-    let kv = (cfg.kv_heads() * cfg.head_dim()) as f64;
-    let attn_proj = 2.0 * d * d + 2.0 * d * kv;
+    let (q, kv) = (cfg.q_width() as f64, (cfg.kv_heads() * cfg.head_dim()) as f64);
+    let attn_proj = 2.0 * d * q + 2.0 * d * kv;
     let mlp = match cfg.mlp {
         ember_model::MlpKind::Swiglu => 3.0 * d * cfg.d_ff as f64,
         ember_model::MlpKind::Gelu => 2.0 * d * cfg.d_ff as f64,

@@ -37,8 +37,9 @@ impl MemoryEstimate {
 /// Parameters of a model config (embedding, blocks, norms; the output head unless tied).
 pub fn parameter_count(m: &ModelConfig) -> f64 {
     let d = m.d_model as f64;
-    let kv = (m.kv_heads() * m.head_dim()) as f64;
-    let attention = 2.0 * d * d + 2.0 * d * kv;
+    let (q, kv) = (m.q_width() as f64, (m.kv_heads() * m.head_dim()) as f64);
+    // q and o are d × q (q = d unless model.head_dim says otherwise), k and v d × kv.
+    let attention = 2.0 * d * q + 2.0 * d * kv;
     let mlp = match m.mlp {
         MlpKind::Swiglu => 3.0 * d * m.d_ff as f64,
         MlpKind::Gelu => 2.0 * d * m.d_ff as f64,
