@@ -1,0 +1,22 @@
+//! Hugging Face models in: `model.init_from: DIR` starts a run from a transformers model folder
+//! (`config.json`, `model.safetensors` or shards with `model.safetensors.index.json`,
+//! `tokenizer.json`), such as one `huggingface-cli download` fetched.
+//!
+//! The inverse of `ember export --format hf`: a Llama, Mistral or Qwen3 decoder is Ember's
+//! language model with RMSNorm, SwiGLU and rotary positions (rotate-half, as transformers'),
+//! grouped-query attention and no biases; Qwen3's per-head RMSNorm on queries and keys before
+//! the rotation is Ember's `qk_norm: rmsnorm`. So the import reads the config ([`read_config`]),
+//! renames tensors ([`ember_weight_name`]) and widens them to f32; no weight is permuted.
+//! Whatever Ember cannot represent (biases, sliding windows, scaled RoPE, experts, other
+//! activations) is refused by name before a weight is read.
+//!
+//! The tokenizer is read by `ember-data` (`data.tokenizer.kind: pretrained`), and the trainer
+//! joins the three (`crates/trainer/src/init_from.rs`).
+
+mod config;
+mod names;
+mod weights;
+
+pub use config::{read as read_config, Family, HfModel, ARCHITECTURE_KEYS, CONFIG_FILE};
+pub use names::{ember_weight_name, hf_weight_name};
+pub use weights::{expected_shapes, load as load_weights, INDEX_FILE, SINGLE_FILE};
