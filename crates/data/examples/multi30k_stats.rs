@@ -40,6 +40,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 }),
                 tokenizer: TokenizerConfig {
                     kind: TokenizerKind::Bpe,
+                    path: None,
                     vocab_size: Some(vocab_size),
                     lowercase: false,
                 },
@@ -52,6 +53,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         corpus: CorpusConfig::Embedded(EmbeddedConfig::default()),
         tokenizer: TokenizerConfig {
             kind: TokenizerKind::Bpe,
+            path: None,
             vocab_size: Some(1000),
             lowercase: false,
         },

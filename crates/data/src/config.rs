@@ -316,6 +316,10 @@ pub const DEFAULT_VAL_FRACTION: f64 = 0.1;
 pub struct TokenizerConfig {
     #[serde(default)]
     pub kind: TokenizerKind,
+    /// `kind: pretrained` only: the folder holding the model's `tokenizer.json` (and its
+    /// `tokenizer_config.json`, which names the special tokens). `model.init_from` sets it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathBuf>,
     /// Upper bound on the BPE vocabulary, specials included (default 8000). Not allowed for
     /// `kind: char`, whose vocabulary is the set of characters in the training text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -329,6 +333,7 @@ impl Default for TokenizerConfig {
     fn default() -> Self {
         Self {
             kind: TokenizerKind::Bpe,
+            path: None,
             vocab_size: None,
             lowercase: false,
         }
@@ -351,6 +356,9 @@ pub enum TokenizerKind {
     Bpe,
     /// One token per character (exact round trip of any text whose characters were seen in training).
     Char,
+    /// A pretrained model's own tokenizer, read from `path` as transformers wrote it (any
+    /// vocabulary and special tokens): language models only.
+    Pretrained,
 }
 
 impl DataConfig {
@@ -397,7 +405,15 @@ impl DataConfig {
             CorpusConfig::HfDataset(h) => validate_hf_dataset(h)?,
             CorpusConfig::TokenShards(t) => validate_token_shards(t)?,
         }
+        if self.tokenizer.kind != TokenizerKind::Pretrained && self.tokenizer.path.is_some() {
+            return Err(DataError::config(
+                "data.tokenizer.path",
+                "applies to kind: pretrained only (a bpe or char tokenizer is trained on the corpus); \
+                 remove the key",
+            ));
+        }
         match self.tokenizer.kind {
+            TokenizerKind::Pretrained => validate_pretrained(self)?,
             TokenizerKind::Bpe => {
                 let v = self.tokenizer.bpe_vocab_size();
                 if v <= NUM_SPECIAL_TOKENS {
@@ -431,6 +447,42 @@ impl DataConfig {
         }
         Ok(())
     }
+}
+
+/// `data.tokenizer.kind: pretrained`: a folder, a language-model corpus, nothing to train.
+fn validate_pretrained(cfg: &DataConfig) -> Result<()> {
+    let t = &cfg.tokenizer;
+    if t.path.as_ref().is_none_or(|p| p.as_os_str().is_empty()) {
+        return Err(DataError::config(
+            "data.tokenizer.path",
+            "kind: pretrained needs the folder of the model's tokenizer.json (model.init_from sets it)",
+        ));
+    }
+    if t.vocab_size.is_some() || t.lowercase {
+        return Err(DataError::config(
+            if t.lowercase {
+                "data.tokenizer.lowercase"
+            } else {
+                "data.tokenizer.vocab_size"
+            },
+            "does not apply to kind: pretrained (the model's tokenizer is used as it is); remove the key",
+        ));
+    }
+    if cfg.corpus.is_translation() {
+        return Err(DataError::config(
+            "data.tokenizer.kind",
+            "pretrained tokenizers are for language models (text corpora): translation batches use \
+             Ember's fixed <pad>/<s>/</s> ids, which a pretrained vocabulary does not have",
+        ));
+    }
+    if let CorpusConfig::TokenShards(_) = cfg.corpus {
+        return Err(DataError::config(
+            "data.tokenizer.kind",
+            "token shards carry their own tokenizer (data.corpus.tokenizer); with a pretrained \
+             model's tokenizer, train on the text itself (data.corpus.kind: text or hf_dataset)",
+        ));
+    }
+    Ok(())
 }
 
 fn validate_hf_dataset(h: &HfDatasetConfig) -> Result<()> {

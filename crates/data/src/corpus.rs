@@ -182,11 +182,18 @@ impl RawCorpus {
                 (ids, status)
             }
         };
-        let splits = self.assemble(ids, max_source_len, max_target_len)?;
+        let unk = tokenizer.special_tokens().unk;
+        let splits = self.assemble(ids, max_source_len, max_target_len, unk)?;
         Ok((splits, status))
     }
 
-    fn assemble(&self, ids: Groups, max_source_len: usize, max_target_len: usize) -> Result<Splits> {
+    fn assemble(
+        &self,
+        ids: Groups,
+        max_source_len: usize,
+        max_target_len: usize,
+        unk: Option<u32>,
+    ) -> Result<Splits> {
         let mut ids = ids.into_iter();
         let mut next = || ids.next().unwrap_or_default();
         match self {
@@ -200,7 +207,7 @@ impl RawCorpus {
                 let tr: Vec<u32> = next().concat();
                 let va: Vec<u32> = next().concat();
                 let chars = |s: &[RawText]| s.iter().map(|t| t.text.chars().count()).sum();
-                Ok(text_splits(tr, va, chars(train), chars(valid)))
+                Ok(text_splits(tr, va, chars(train), chars(valid), unk))
             }
             RawCorpus::Tokens { .. } => unreachable!("token shards are not tokenised"),
         }
@@ -226,12 +233,19 @@ fn shard_splits(train: &[TokenShard], valid: &[TokenShard], tokenizer: &Tokenize
     let concat = |s: &[TokenShard]| -> Vec<u32> { s.iter().flat_map(|s| s.ids.iter().copied()).collect() };
     let (tr, va) = (concat(train), concat(valid));
     // No text was read: characters are unknown (0).
-    Ok(text_splits(tr, va, 0, 0))
+    Ok(text_splits(tr, va, 0, 0, tokenizer.special_tokens().unk))
 }
 
-/// Token streams of a language-model corpus with their statistics.
-fn text_splits(train: Vec<u32>, valid: Vec<u32>, train_chars: usize, valid_chars: usize) -> Splits {
-    let count_unk = |v: &[u32]| v.iter().filter(|&&i| i == UNK_ID).count();
+/// Token streams of a language-model corpus with their statistics; `unk` is the tokenizer's
+/// unknown token (a byte-level tokenizer has none).
+fn text_splits(
+    train: Vec<u32>,
+    valid: Vec<u32>,
+    train_chars: usize,
+    valid_chars: usize,
+    unk: Option<u32>,
+) -> Splits {
+    let count_unk = |v: &[u32]| v.iter().filter(|&&i| Some(i) == unk).count();
     let stats = TextStats {
         train_tokens: train.len(),
         valid_tokens: valid.len(),
@@ -617,6 +631,20 @@ impl Dataset {
         let read_secs = t0.elapsed().as_secs_f64();
 
         let t1 = Instant::now();
+        if let (TokenizerKind::Pretrained, Some(source)) = (cfg.tokenizer.kind, &cfg.tokenizer.path) {
+            let (tokenizer, origin) = pretrained_tokenizer(source, run_dir)?;
+            let cache = run_dir.map(|d| d.join(TOKEN_CACHE_FILE));
+            let tokenizer_secs = t1.elapsed().as_secs_f64();
+            return Self::finish(
+                cfg,
+                raw,
+                tokenizer,
+                origin,
+                cache.as_deref(),
+                read_secs,
+                tokenizer_secs,
+            );
+        }
         let shard_tokenizer = match &cfg.corpus {
             CorpusConfig::TokenShards(t) => Some(load_shard_tokenizer(&t.tokenizer)?),
             _ => None,
@@ -729,6 +757,46 @@ impl Dataset {
     }
 }
 
+/// A pretrained model's tokenizer, from the folder `source`: read there for a new run (and copied
+/// into the run directory), or from the run directory once it has its copy. The copy is
+/// authoritative, as a trained tokenizer is: the model folder may have moved since, but where it
+/// is still there it must hold the same tokenizer.
+fn pretrained_tokenizer(source: &Path, run_dir: Option<&Path>) -> Result<(Tokenizer, TokenizerOrigin)> {
+    let Some(dir) = run_dir else {
+        let tok = Tokenizer::load_pretrained(source)?;
+        return Ok((tok, TokenizerOrigin::Loaded(source.join(TOKENIZER_FILE))));
+    };
+    let copy = dir.join(TOKENIZER_FILE);
+    if copy.exists() {
+        let tok = Tokenizer::load_pretrained(dir)?;
+        if let Ok(original) = Tokenizer::load_pretrained(source) {
+            if original.to_json()? != tok.to_json()?
+                || original.pretrained_config() != tok.pretrained_config()
+            {
+                return Err(DataError::tokenizer(
+                    Some(&copy),
+                    format!(
+                        "differs from the tokenizer of data.tokenizer.path ({}), which this run \
+                         started with; continue with the model folder the run was started from, \
+                         or start a new run directory",
+                        source.display()
+                    ),
+                ));
+            }
+        }
+        return Ok((tok, TokenizerOrigin::Loaded(copy)));
+    }
+    let tok = Tokenizer::load_pretrained(source)?;
+    std::fs::create_dir_all(dir).map_err(|e| DataError::Io {
+        path: dir.to_path_buf(),
+        key: None,
+        source: e,
+        hint: "cannot create the run directory; check permissions".into(),
+    })?;
+    tok.save_in(dir)?;
+    Ok((tok, TokenizerOrigin::Loaded(source.join(TOKENIZER_FILE))))
+}
+
 /// The tokenizer token shards were written with: `path` is a `tokenizer.json` or a run
 /// directory holding one.
 fn load_shard_tokenizer(path: &Path) -> Result<(Tokenizer, PathBuf)> {
@@ -767,6 +835,7 @@ pub fn check_tokenizer_matches_config(tok: &Tokenizer, cfg: &TokenizerConfig, pa
     let name = |k: TokenizerKind| match k {
         TokenizerKind::Bpe => "bpe",
         TokenizerKind::Char => "char",
+        TokenizerKind::Pretrained => "pretrained",
     };
     let fix = "restore the data.tokenizer settings the run was started with (a run with checkpoints \
                needs its own tokenizer); only in a run directory without checkpoints, delete it to \

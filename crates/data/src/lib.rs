@@ -57,7 +57,10 @@ pub use corpus::{
 pub use error::{DataError, Result};
 pub use lengths::{fit_to_positions, LengthReport};
 pub use raw::{RawCorpus, RawPairs, RawText, TokenShard};
-pub use tokenizer::{SpecialIds, Tokenizer, BOS_ID, EOS_ID, PAD_ID, TOKENIZER_FILE, UNK_ID};
+pub use tokenizer::{
+    SpecialIds, SpecialTokens, Tokenizer, BOS_ID, EOS_ID, PAD_ID, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE,
+    UNK_ID,
+};
 
 /// Locates the data folder for data-dependent tests and examples: `$EMBER_SHARED_DATA` when set
 /// (authoritative: pointing it at an empty place makes those tests skip), else

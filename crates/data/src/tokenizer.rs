@@ -18,6 +18,11 @@
 //! special token (`encode_special_tokens`), so special ids only ever come from the batcher.
 //!
 //! Training is deterministic: the same texts and settings give a byte-identical `tokenizer.json`.
+//!
+//! A third kind is not trained but read: a **pretrained** model's own tokenizer
+//! ([`Tokenizer::load_pretrained`]), as transformers wrote it, with whatever vocabulary and
+//! special tokens the model has (its `tokenizer_config.json` names them). It feeds language
+//! models only, whose batches are plain windows of the token stream.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -47,6 +52,9 @@ pub const UNK_ID: u32 = 3;
 
 /// File name of the tokenizer inside a run directory.
 pub const TOKENIZER_FILE: &str = "tokenizer.json";
+/// transformers' file of a tokenizer's settings, special tokens among them; a run with a
+/// pretrained tokenizer keeps the model's copy next to its `tokenizer.json`.
+pub const TOKENIZER_CONFIG_FILE: &str = "tokenizer_config.json";
 
 const SPECIALS: [(&str, u32); NUM_SPECIAL_TOKENS] = [
     (PAD_TOKEN, PAD_ID),
@@ -82,11 +90,24 @@ impl Default for SpecialIds {
     }
 }
 
-/// An Ember tokenizer: a `tokenizers::Tokenizer` with the fixed special ids checked.
+/// The special tokens a tokenizer has, by role; a pretrained tokenizer may lack any of them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct SpecialTokens {
+    pub pad: Option<u32>,
+    pub bos: Option<u32>,
+    pub eos: Option<u32>,
+    pub unk: Option<u32>,
+}
+
+/// An Ember tokenizer: a `tokenizers::Tokenizer` with the fixed special ids checked, or a
+/// pretrained model's own.
 #[derive(Clone, Debug)]
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     kind: TokenizerKind,
+    /// A pretrained tokenizer's `tokenizer_config.json`, kept as written (an export hands it
+    /// on), and the special tokens it names.
+    pretrained: Option<(Option<String>, SpecialTokens)>,
 }
 
 fn special_added_tokens() -> Vec<AddedToken> {
@@ -104,6 +125,10 @@ impl Tokenizer {
         match cfg.kind {
             TokenizerKind::Bpe => Self::train_bpe(texts, cfg.bpe_vocab_size(), cfg.lowercase),
             TokenizerKind::Char => Self::train_chars(texts, cfg.lowercase),
+            TokenizerKind::Pretrained => Err(DataError::config(
+                "data.tokenizer.kind",
+                "a pretrained tokenizer is read from data.tokenizer.path, not trained",
+            )),
         }
     }
 
@@ -233,7 +258,93 @@ impl Tokenizer {
             ));
         }
         inner.set_encode_special_tokens(true);
-        Ok(Self { inner, kind })
+        Ok(Self {
+            inner,
+            kind,
+            pretrained: None,
+        })
+    }
+
+    /// Reads a pretrained model's tokenizer from the folder `dir`: its `tokenizer.json`, whatever
+    /// its vocabulary, special tokens and pipeline, and its `tokenizer_config.json` (optional)
+    /// for which tokens are bos, eos, pad and unk. Truncation and padding are switched off (the
+    /// batcher cuts windows itself). Special tokens written in the text are recognised, as
+    /// transformers' tokenizer does, so a corpus can separate documents with the model's own
+    /// `<|endoftext|>`.
+    pub fn load_pretrained(dir: &Path) -> Result<Self> {
+        let path = dir.join(TOKENIZER_FILE);
+        let bytes = std::fs::read(&path).map_err(|e| DataError::Io {
+            path: path.clone(),
+            key: Some("data.tokenizer.path".into()),
+            source: e,
+            hint: "a pretrained model's folder holds its tokenizer.json next to config.json".into(),
+        })?;
+        let mut inner = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| {
+            DataError::tokenizer(
+                Some(&path),
+                format!("not a tokenizer.json that the tokenizers library reads ({e})"),
+            )
+        })?;
+        inner.with_truncation(None).map_err(tk_err)?;
+        inner.with_padding(None);
+        let config_path = dir.join(TOKENIZER_CONFIG_FILE);
+        let config = match std::fs::read_to_string(&config_path) {
+            Ok(text) => Some(text),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => {
+                return Err(DataError::Io {
+                    path: config_path,
+                    key: Some("data.tokenizer.path".into()),
+                    source: e,
+                    hint: "it names the tokenizer's special tokens".into(),
+                })
+            }
+        };
+        let specials = match &config {
+            Some(text) => pretrained_specials(&inner, text, &config_path)?,
+            None => SpecialTokens::default(),
+        };
+        Ok(Self {
+            inner,
+            kind: TokenizerKind::Pretrained,
+            pretrained: Some((config, specials)),
+        })
+    }
+
+    /// Writes the tokenizer into the folder `dir`: `tokenizer.json`, and for a pretrained
+    /// tokenizer its `tokenizer_config.json` as it was read.
+    pub fn save_in(&self, dir: &Path) -> Result<()> {
+        self.save(dir.join(TOKENIZER_FILE))?;
+        if let Some((Some(config), _)) = &self.pretrained {
+            let path = dir.join(TOKENIZER_CONFIG_FILE);
+            std::fs::write(&path, config).map_err(|e| DataError::Io {
+                path,
+                key: None,
+                source: e,
+                hint: "check that the run directory is writable".into(),
+            })?;
+        }
+        Ok(())
+    }
+
+    /// A pretrained tokenizer's `tokenizer_config.json` as it was read (`None` for Ember's
+    /// own kinds, or a model folder without one).
+    pub fn pretrained_config(&self) -> Option<&str> {
+        self.pretrained.as_ref().and_then(|(c, _)| c.as_deref())
+    }
+
+    /// The special tokens by role: Ember's fixed four, or those a pretrained tokenizer's
+    /// config names.
+    pub fn special_tokens(&self) -> SpecialTokens {
+        match &self.pretrained {
+            Some((_, specials)) => *specials,
+            None => SpecialTokens {
+                pad: Some(PAD_ID),
+                bos: Some(BOS_ID),
+                eos: Some(EOS_ID),
+                unk: Some(UNK_ID),
+            },
+        }
     }
 
     /// Writes `tokenizer.json` (pretty-printed, written to a temporary file then renamed so an
@@ -377,6 +488,36 @@ impl Tokenizer {
     pub fn inner(&self) -> &tokenizers::Tokenizer {
         &self.inner
     }
+}
+
+/// The ids of the special tokens `tokenizer_config.json` names (`bos_token`, `eos_token`,
+/// `pad_token`, `unk_token`: a string, or an object with `content`, or null). A token the
+/// vocabulary lacks is an error: the config belongs to another tokenizer.
+fn pretrained_specials(inner: &tokenizers::Tokenizer, text: &str, path: &Path) -> Result<SpecialTokens> {
+    let config: serde_json::Value = serde_json::from_str(text)
+        .map_err(|e| DataError::tokenizer(Some(path), format!("not valid JSON ({e})")))?;
+    let id = |role: &str| -> Result<Option<u32>> {
+        let token = match config.get(role) {
+            Some(serde_json::Value::String(t)) => t.as_str(),
+            Some(serde_json::Value::Object(o)) => match o.get("content").and_then(|c| c.as_str()) {
+                Some(t) => t,
+                None => return Ok(None),
+            },
+            _ => return Ok(None),
+        };
+        inner.token_to_id(token).map(Some).ok_or_else(|| {
+            DataError::tokenizer(
+                Some(path),
+                format!("{role} is {token:?}, which the folder's tokenizer.json does not have"),
+            )
+        })
+    };
+    Ok(SpecialTokens {
+        pad: id("pad_token")?,
+        bos: id("bos_token")?,
+        eos: id("eos_token")?,
+        unk: id("unk_token")?,
+    })
 }
 
 /// A tokenizer around `model`, lowercasing its input when asked.

@@ -50,6 +50,7 @@ fn the_documented_yaml_shapes_parse_and_validate() {
         e.tokenizer,
         TokenizerConfig {
             kind: TokenizerKind::Bpe,
+            path: None,
             vocab_size: Some(1000),
             lowercase: false
         }
@@ -138,6 +139,7 @@ fn validate_names_the_offending_key() {
     assert_eq!(
         key_of(&with(&|c| c.tokenizer = TokenizerConfig {
             kind: TokenizerKind::Char,
+            path: None,
             vocab_size: Some(100),
             lowercase: false
         })),

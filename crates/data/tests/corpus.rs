@@ -25,6 +25,7 @@ fn parallel_cfg(train: (&Path, &Path), valid: (&Path, &Path), vocab: usize) -> D
         }),
         tokenizer: TokenizerConfig {
             kind: TokenizerKind::Bpe,
+            path: None,
             vocab_size: Some(vocab),
             lowercase: false,
         },
@@ -282,6 +283,7 @@ fn a_run_tokenizer_that_contradicts_the_config_is_an_error() {
     let mut char_cfg = cfg.clone();
     char_cfg.tokenizer = TokenizerConfig {
         kind: TokenizerKind::Char,
+        path: None,
         vocab_size: None,
         lowercase: false,
     };
@@ -311,6 +313,7 @@ fn embedded_corpus_needs_no_files_and_keeps_raw_references() {
         }),
         tokenizer: TokenizerConfig {
             kind: TokenizerKind::Bpe,
+            path: None,
             vocab_size: Some(600),
             lowercase: false,
         },
@@ -342,6 +345,7 @@ fn text_cfg(t: TextConfig) -> DataConfig {
         corpus: CorpusConfig::Text(t),
         tokenizer: TokenizerConfig {
             kind: TokenizerKind::Char,
+            path: None,
             vocab_size: None,
             lowercase: false,
         },

@@ -303,6 +303,7 @@ fn token_shards_round_trip_to_the_ids_of_the_text_corpus() {
             }),
             tokenizer: TokenizerConfig {
                 kind,
+                path: None,
                 vocab_size: (kind == TokenizerKind::Bpe).then_some(120),
                 lowercase: false,
             },

@@ -105,6 +105,7 @@ fn char_tokenizer_round_trips_exactly_including_newlines_and_repeated_spaces() {
 fn lowercase_option_lowercases_before_tokenizing() {
     let cfg = TokenizerConfig {
         kind: TokenizerKind::Bpe,
+        path: None,
         vocab_size: Some(100),
         lowercase: true,
     };
@@ -112,6 +113,7 @@ fn lowercase_option_lowercases_before_tokenizing() {
     assert_eq!(tok.decode(&tok.encode("Two Dogs").unwrap()).unwrap(), "two dogs");
     let cfg = TokenizerConfig {
         kind: TokenizerKind::Char,
+        path: None,
         vocab_size: None,
         lowercase: true,
     };
