@@ -785,7 +785,7 @@ fn generate(args: GenerateArgs) -> Result<()> {
         top_k: args.top_k,
         top_p: args.top_p,
         seed: args.seed,
-        stop_token: Some(tok.eos_id()),
+        stop_token: tok.special_tokens().eos,
         max_seq_len: Some(run.cfg.model.max_seq_len),
         sliding_window: true,
     };

@@ -2,17 +2,19 @@
 //!
 //! Written for transformers 4.x and 5.x alike: RoPE as both the legacy top-level `rope_theta` and
 //! v5's `rope_parameters`, the dtype as both `torch_dtype` and `dtype`, and `head_dim` always
-//! (Qwen3's default is 128). Ember's special ids are fixed: `<pad>` 0, `<s>` 1, `</s>` 2, `<unk>` 3.
+//! (Qwen3's default is 128). Ember's special ids are fixed: `<pad>` 0, `<s>` 1, `</s>` 2, `<unk>` 3;
+//! a run on a pretrained model's tokenizer (`model.init_from`) has that model's instead, and
+//! hands its `tokenizer_config.json` on unchanged.
 
 use ember_data::tokenizer::{BOS_TOKEN, EOS_TOKEN, PAD_TOKEN, UNK_TOKEN};
-use ember_data::{BOS_ID, EOS_ID, PAD_ID};
+use ember_data::{SpecialTokens, Tokenizer};
 use ember_model::ModelConfig;
 use serde_json::{json, Value};
 
 use crate::HfArch;
 
-/// `config.json`.
-pub fn model_config(arch: HfArch, m: &ModelConfig) -> Value {
+/// `config.json`; `specials` are the tokenizer's.
+pub fn model_config(arch: HfArch, m: &ModelConfig, specials: SpecialTokens) -> Value {
     let mut c = json!({
         "architectures": [arch.class_name()],
         "model_type": arch.model_type(),
@@ -32,9 +34,9 @@ pub fn model_config(arch: HfArch, m: &ModelConfig) -> Value {
         "attention_dropout": 0.0,
         "initializer_range": m.init_std,
         "tie_word_embeddings": m.tie_embeddings,
-        "bos_token_id": BOS_ID,
-        "eos_token_id": EOS_ID,
-        "pad_token_id": PAD_ID,
+        "bos_token_id": specials.bos,
+        "eos_token_id": specials.eos,
+        "pad_token_id": specials.pad,
         "torch_dtype": "float32",
         "dtype": "float32",
         "use_cache": true,
@@ -47,11 +49,11 @@ pub fn model_config(arch: HfArch, m: &ModelConfig) -> Value {
 
 /// `generation_config.json`: the special ids, and `ember generate`'s default sampling
 /// (temperature 0.8, no top-k or top-p cut).
-pub fn generation_config() -> Value {
+pub fn generation_config(specials: SpecialTokens) -> Value {
     json!({
-        "bos_token_id": BOS_ID,
-        "eos_token_id": EOS_ID,
-        "pad_token_id": PAD_ID,
+        "bos_token_id": specials.bos,
+        "eos_token_id": specials.eos,
+        "pad_token_id": specials.pad,
         "do_sample": true,
         "temperature": 0.8,
         "top_k": 0,
@@ -60,9 +62,21 @@ pub fn generation_config() -> Value {
 }
 
 /// `tokenizer_config.json`: without it AutoTokenizer falls back to the model type's own
-/// tokenizer class and special tokens, which are not Ember's.
-pub fn tokenizer_config(m: &ModelConfig) -> Value {
-    json!({
+/// tokenizer class and special tokens, which are not Ember's. A pretrained tokenizer's own is
+/// handed on as it was read (its special tokens, chat template and all).
+pub fn tokenizer_config(m: &ModelConfig, tokenizer: &Tokenizer) -> Result<Value, serde_json::Error> {
+    match tokenizer.pretrained_config() {
+        Some(own) => return serde_json::from_str(own),
+        None if tokenizer.kind() == ember_data::TokenizerKind::Pretrained => {
+            return Ok(json!({
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "model_max_length": m.max_seq_len,
+                "clean_up_tokenization_spaces": false,
+            }))
+        }
+        None => {}
+    }
+    Ok(json!({
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": BOS_TOKEN,
         "eos_token": EOS_TOKEN,
@@ -73,5 +87,5 @@ pub fn tokenizer_config(m: &ModelConfig) -> Value {
         "add_bos_token": false,
         "add_eos_token": false,
         "clean_up_tokenization_spaces": false,
-    })
+    }))
 }

@@ -19,9 +19,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use candle_core::{Device, Tensor};
-use ember_data::{Tokenizer, TOKENIZER_FILE};
+use ember_data::{Tokenizer, TokenizerKind, TOKENIZER_FILE};
 use ember_model::{Arch, ForwardCtx, MlpKind, Model, ModelConfig, NormKind, Positions, QkNorm};
-use ember_trainer::checkpoint;
+use ember_trainer::{checkpoint, RunConfig, RUN_CONFIG};
 use serde::Serialize;
 
 pub use weights::hf_weight_name;
@@ -134,7 +134,21 @@ impl ExportSource {
         let (run_dir, ckpt_dir) = checkpoint::run_and_checkpoint(run)?;
         let checkpoint = checkpoint::load(&ckpt_dir, &Device::Cpu)?;
         let model = checkpoint.state.model_config.clone();
-        let tokenizer = Tokenizer::load_checked(run_dir.join(TOKENIZER_FILE), model.vocab())?;
+        let tokenizer = if pretrained_tokenizer(&ckpt_dir)? {
+            // A pretrained model's embedding may have more rows than its tokenizer has tokens.
+            let tok = Tokenizer::load_pretrained(&run_dir)?;
+            if tok.vocab_size() > model.vocab() {
+                bail!(
+                    "{} has {} tokens, more than the model's vocab_size {}",
+                    run_dir.join(TOKENIZER_FILE).display(),
+                    tok.vocab_size(),
+                    model.vocab()
+                );
+            }
+            tok
+        } else {
+            Tokenizer::load_checked(run_dir.join(TOKENIZER_FILE), model.vocab())?
+        };
         Ok(Self {
             model,
             checkpoint,
@@ -176,6 +190,13 @@ impl ExportSource {
     }
 }
 
+/// Whether the run of the checkpoint `ckpt_dir` reads text with a pretrained model's tokenizer
+/// (`data.tokenizer.kind: pretrained` in the config.yaml it was trained with).
+fn pretrained_tokenizer(ckpt_dir: &Path) -> Result<bool> {
+    let cfg = RunConfig::load(&ckpt_dir.join(RUN_CONFIG), &[])?;
+    Ok(cfg.data.tokenizer.kind == TokenizerKind::Pretrained)
+}
+
 /// Writes `source` as a Hugging Face model directory `out` (created if needed; the five
 /// [`HF_FILES`] are overwritten, nothing else there is touched).
 pub fn export_hf(source: &ExportSource, out: &Path) -> Result<HfExport> {
@@ -191,12 +212,15 @@ pub fn export_hf(source: &ExportSource, out: &Path) -> Result<HfExport> {
         &source.checkpoint.params,
         &out.join("model.safetensors"),
     )?;
-    write_json("config.json", &hf_config::model_config(arch, &source.model))?;
-    write_json("generation_config.json", &hf_config::generation_config())?;
+    let specials = source.tokenizer.special_tokens();
     write_json(
-        "tokenizer_config.json",
-        &hf_config::tokenizer_config(&source.model),
+        "config.json",
+        &hf_config::model_config(arch, &source.model, specials),
     )?;
+    write_json("generation_config.json", &hf_config::generation_config(specials))?;
+    let tokenizer_config = hf_config::tokenizer_config(&source.model, &source.tokenizer)
+        .context("the run's tokenizer_config.json is not valid JSON")?;
+    write_json("tokenizer_config.json", &tokenizer_config)?;
     source
         .tokenizer
         .save(out.join("tokenizer.json"))

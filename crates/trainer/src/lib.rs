@@ -12,6 +12,7 @@ pub mod context;
 pub mod data_parallel;
 pub mod evaluate;
 mod files;
+mod init_from;
 pub mod interrupt;
 pub mod limits;
 pub mod loss;

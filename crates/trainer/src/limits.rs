@@ -162,12 +162,23 @@ pub fn check_memory(cfg: &RunConfig, data: &Dataset) -> Result<MemoryEstimate> {
             cfg.train.block_size.unwrap_or(1)
         )
     };
+    // An imported model's sizes are its weights': the way out is another model.
+    let imported = m
+        .init_from
+        .as_ref()
+        .map(|dir| {
+            format!(
+                "the model of model.init_from = {}, whose size is fixed: ",
+                dir.display()
+            )
+        })
+        .unwrap_or_default();
     let parts = [
         (
             e.parameters,
             "parameters, gradients and AdamW moments",
             format!(
-                "model.d_model = {}, model.d_ff = {}, layers = {}, vocabulary = {}{}",
+                "{imported}model.d_model = {}, model.d_ff = {}, layers = {}, vocabulary = {}{}",
                 m.d_model,
                 m.d_ff,
                 m.encoder_layers() + m.decoder_layers(),

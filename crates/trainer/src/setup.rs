@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device};
-use ember_data::{Batcher, Dataset, LmWindowBatcher, Splits, TokenBudgetBatcher};
+use ember_data::{Batcher, Dataset, LmWindowBatcher, Splits, TokenBudgetBatcher, TokenizerKind};
 use ember_model::{init_model, Model, ParamStore, QkNorm};
 
 use crate::checkpoint::{self, CheckpointState};
@@ -91,6 +91,16 @@ pub fn resolve_model_config(cfg: &mut RunConfig, data: &Dataset) -> Result<()> {
     let vocab = data.tokenizer.vocab_size();
     match cfg.model.vocab_size {
         None => cfg.model.vocab_size = Some(vocab),
+        // A pretrained model's embedding may have rows no token uses (Qwen3 pads its 151,669
+        // tokens to 151,936); an id past its rows would have no embedding at all.
+        Some(v) if data.tokenizer.kind() == TokenizerKind::Pretrained => {
+            if v < vocab {
+                bail!(
+                    "model.vocab_size is {v}, but the tokenizer has {vocab} tokens: ids from {v} on \
+                     would have no embedding; the tokenizer is not the model's own"
+                )
+            }
+        }
         Some(v) if v != vocab => bail!(
             "model.vocab_size is {v} but the tokenizer has {vocab} tokens; remove model.vocab_size \
                         to take it from the tokenizer"
@@ -225,6 +235,7 @@ impl TrainingRun {
         limits::check_memory(&cfg, &data)?;
         let (model, params) = match &loaded {
             Some(l) => restore_model(&cfg, l, &run_dir)?,
+            None if cfg.model.init_from.is_some() => crate::init_from::load_model(&cfg.model, &device)?,
             None => init_model(&cfg.model, cfg.train.seed, DType::F32, &device)?,
         };
         let config_yaml = cfg.to_yaml();
@@ -314,8 +325,12 @@ impl TrainingRun {
 
     /// The line a run starts with: model, size, length, data and where it is written.
     pub fn describe(&self) -> String {
+        let start = match (&self.cfg.model.init_from, &self.resumed) {
+            (Some(dir), None) => format!(" from {}", dir.display()),
+            _ => String::new(),
+        };
         format!(
-            "{} model, {} parameters, {} steps, data: {}; run directory {}",
+            "{} model{start}, {} parameters, {} steps, data: {}; run directory {}",
             format!("{:?}", self.cfg.model.arch).to_lowercase(),
             self.params.num_params(),
             self.total_steps,

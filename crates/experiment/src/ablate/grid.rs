@@ -127,6 +127,7 @@ fn yaml_float(x: f64) -> String {
 pub fn plan(opts: &AblateOptions) -> Result<Plan> {
     let (user_overrides, cfg, section) = load_config(opts)?;
     let variants = variants(opts, &section)?;
+    imported_variants(&cfg, &variants)?;
     let n_seeds = opts.seeds.unwrap_or(section.seeds);
     if n_seeds == 0 {
         bail!("--seeds must be at least 1");
@@ -224,6 +225,28 @@ fn variants(opts: &AblateOptions, section: &AblationConfig) -> Result<Vec<QkNorm
         bail!("--variants: list at least one of none, layernorm, rmsnorm, l2");
     }
     Ok(variants)
+}
+
+/// A model imported with `model.init_from` has its weights' QK-norm: its sweep varies the
+/// learning rate and the seed (the data order), never the variant.
+fn imported_variants(cfg: &RunConfig, variants: &[QkNorm]) -> Result<()> {
+    let (Some(dir), own) = (&cfg.model.init_from, cfg.model.qk_norm) else {
+        return Ok(());
+    };
+    if let Some(other) = variants.iter().find(|v| **v != own) {
+        let name = |v: QkNorm| variant_name(v);
+        bail!(
+            "the model is imported from {} with qk_norm: {} (its weights fix it), so it cannot be \
+             trained as variant {}; sweep learning rates and seeds over it with ablation.variants: \
+             [{}] (or --variants {})",
+            dir.display(),
+            name(own),
+            name(*other),
+            name(own),
+            name(own)
+        );
+    }
+    Ok(())
 }
 
 /// The peak learning rates (the config's `train.lr` when none are given), each once as run
