@@ -78,6 +78,22 @@ impl HfModel {
     }
 }
 
+/// The model section of a run that imports `dir` and sets nothing else: the architecture keys
+/// of its config.json, its suggestions, Ember's defaults for the rest.
+pub fn model_config(dir: &Path) -> Result<ember_model::ModelConfig> {
+    let hf = read(dir)?;
+    let mut section = Map::new();
+    section.insert("init_from".into(), json!(dir));
+    for (key, value, _) in hf.architecture {
+        section.insert(key.into(), value);
+    }
+    for (key, value) in hf.defaults {
+        section.insert(key.into(), value);
+    }
+    serde_json::from_value(Value::Object(section))
+        .with_context(|| format!("the model section of {}", dir.join(CONFIG_FILE).display()))
+}
+
 /// Reads `dir/config.json`. An architecture Ember cannot represent is an error listing every
 /// setting that blocks it; a config that is not a decoder's (missing sizes, wrong types) names
 /// the key.

@@ -17,6 +17,6 @@ mod config;
 mod names;
 mod weights;
 
-pub use config::{read as read_config, Family, HfModel, ARCHITECTURE_KEYS, CONFIG_FILE};
+pub use config::{model_config, read as read_config, Family, HfModel, ARCHITECTURE_KEYS, CONFIG_FILE};
 pub use names::{ember_weight_name, hf_weight_name};
 pub use weights::{expected_shapes, load as load_weights, INDEX_FILE, SINGLE_FILE};
