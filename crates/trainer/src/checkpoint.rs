@@ -117,9 +117,15 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// SHA-256 of a file, read in pieces: the optimizer's moments of a model imported with
+/// `model.init_from` are gigabytes, which reading whole would hold in memory a second time at
+/// every checkpoint.
 fn file_hash(path: &Path) -> Result<String> {
-    let bytes = fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    Ok(hex(&Sha256::digest(&bytes)))
+    let reading = || format!("reading {}", path.display());
+    let mut file = fs::File::open(path).with_context(reading)?;
+    let mut hasher = Sha256::new();
+    std::io::copy(&mut file, &mut hasher).with_context(reading)?;
+    Ok(hex(&hasher.finalize()))
 }
 
 fn step_dir_name(step: u64) -> String {
