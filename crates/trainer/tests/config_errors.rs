@@ -542,10 +542,44 @@ fn shipped_configs() -> Vec<PathBuf> {
     out
 }
 
+/// A config.json in SmolLM2-135M's shape (Llama, 30 layers of d 576, 9 heads over 3 key/value
+/// heads, tied embeddings), for the shipped config that fine-tunes it.
+const SMOLLM2_135M: &str = r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+  "vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+  "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_act": "silu",
+  "max_position_embeddings": 8192, "rms_norm_eps": 1e-05, "rope_theta": 100000,
+  "rope_scaling": null, "attention_bias": false, "attention_dropout": 0.0,
+  "tie_word_embeddings": true, "initializer_range": 0.041666666666666664,
+  "bos_token_id": 0, "eos_token_id": 0, "torch_dtype": "bfloat16"}"#;
+
+/// Loads a shipped config. One that fine-tunes a downloaded model (`model.init_from`) is given a
+/// stand-in folder with that model's config.json, since nothing is downloaded here (the
+/// weights and tokenizer are only read when a run starts).
+fn load_shipped(path: &Path, tmp: &Path) -> RunConfig {
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut sets = vec![];
+    if text.contains("init_from:") {
+        let folder = tmp.join("SmolLM2-135M");
+        std::fs::create_dir_all(&folder).unwrap();
+        std::fs::write(folder.join("config.json"), SMOLLM2_135M).unwrap();
+        sets.push(format!("model.init_from={}", folder.display()));
+    }
+    RunConfig::load(path, &sets).unwrap_or_else(|e| panic!("{e}"))
+}
+
 #[test]
 fn every_shipped_config_parses_and_validates() {
+    let tmp = tempfile::tempdir().unwrap();
     for path in shipped_configs() {
-        let cfg = RunConfig::load(&path, &[]).unwrap_or_else(|e| panic!("{e}"));
+        let cfg = load_shipped(&path, tmp.path());
+        if cfg.model.init_from.is_some() {
+            assert_eq!(
+                (cfg.model.d_model, cfg.model.n_kv_heads, cfg.model.vocab_size),
+                (576, Some(3), Some(49152)),
+                "{}: the model section is the folder's config.json",
+                path.display()
+            );
+        }
         cfg.validate()
             .unwrap_or_else(|(k, m)| panic!("{}: {k}: {m}", path.display()));
     }
@@ -553,9 +587,10 @@ fn every_shipped_config_parses_and_validates() {
 
 #[test]
 fn a_config_survives_a_yaml_round_trip() {
+    let tmp = tempfile::tempdir().unwrap();
     let mut configs: Vec<(String, RunConfig)> = shipped_configs()
         .into_iter()
-        .map(|p| (p.display().to_string(), RunConfig::load(&p, &[]).unwrap()))
+        .map(|p| (p.display().to_string(), load_shipped(&p, tmp.path())))
         .collect();
     configs.push(("BASE".into(), load(BASE, &[])));
     // Optional fields set, a text corpus, an ablation section, odd floats.
