@@ -187,6 +187,7 @@ fn model(arch: Arch, norm: NormKind, mlp: MlpKind, qk_norm: QkNorm) -> ModelConf
         n_heads: 4,
         n_kv_heads: None,
         head_dim: None,
+        qkv_bias: false,
         d_ff: 64,
         mlp,
         norm,

@@ -81,6 +81,14 @@ enum QkNormLayer {
     L2 { g: Tensor, eps: f64 },
 }
 
+/// Biases added to the query, key and value projections.
+#[derive(Clone)]
+struct QkvBias {
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+}
+
 #[derive(Clone, Copy)]
 enum Side {
     Query,
@@ -95,6 +103,8 @@ pub struct Attention {
     k_proj: Linear,
     v_proj: Linear,
     o_proj: Linear,
+    /// Biases of the q, k and v projections (`model.qkv_bias`, Qwen2's).
+    bias: Option<QkvBias>,
     qk_norm: QkNormLayer,
     rotary: Option<Rotary>,
     /// m of log-n scaling, in causal self-attention with `logn_attention` on.
@@ -145,11 +155,23 @@ impl Attention {
                 eps: cfg.norm_eps,
             },
         };
+        let bias = match cfg.qkv_bias {
+            false => None,
+            true => {
+                let zeros = |name: &str, n: usize| vb.pp(name).get_with_hints(n, "bias", Init::Const(0.0));
+                Some(QkvBias {
+                    q: zeros("q_proj", h * hd)?,
+                    k: zeros("k_proj", kv * hd)?,
+                    v: zeros("v_proj", kv * hd)?,
+                })
+            }
+        };
         Ok(Self {
             q_proj: Linear::new(vb.pp("q_proj"), d, h * hd, std)?,
             k_proj: Linear::new(vb.pp("k_proj"), d, kv * hd, std)?,
             v_proj: Linear::new(vb.pp("v_proj"), d, kv * hd, std)?,
             o_proj: Linear::new(vb.pp("o_proj"), h * hd, d, out_std)?,
+            bias,
             qk_norm,
             rotary,
             logn_length,
@@ -185,12 +207,14 @@ impl Attention {
         // QK-norm comes before the rotation (Qwen3, OLMo 2): rotating first would let the
         // norm's gains act on position-mixed coordinates. Rotation and scale are one pass where
         // there is a rotation, and one op with the projection where there is no norm between
-        // (so is a constant scale without a rotation: cross-attention's queries).
+        // (so is a constant scale without a rotation: cross-attention's queries); a bias comes
+        // between the projection and the rest.
+        let fused = self.bias.is_none();
         let q = match (&self.qk_norm, &self.rotary) {
-            (QkNormLayer::None, Some(rotary)) => {
+            (QkNormLayer::None, Some(rotary)) if fused => {
                 rotary.project_scaled(x, self.q_proj.weight(), offset, scale)?
             }
-            (QkNormLayer::None, None) if scale.logn_length.is_none() => {
+            (QkNormLayer::None, None) if fused && scale.logn_length.is_none() => {
                 ember_kernels::linear_scaled(x, self.q_proj.weight(), scale.scale)?
             }
             (_, Some(rotary)) => {
@@ -207,22 +231,32 @@ impl Attention {
     /// Keys and values (B, S, H_kv·d), the keys normalised and rotated.
     fn keys_values(&self, x: &Tensor, offset: usize) -> Result<(Tensor, Tensor)> {
         let k = match (&self.qk_norm, &self.rotary) {
-            (QkNormLayer::None, Some(rotary)) => {
+            (QkNormLayer::None, Some(rotary)) if self.bias.is_none() => {
                 rotary.project_scaled(x, self.k_proj.weight(), offset, 1.0.into())?
             }
             (_, Some(rotary)) => rotary.apply(&self.project_normalized(x, Side::Key)?, offset)?,
             (_, None) => self.project_normalized(x, Side::Key)?,
         };
-        Ok((k, self.v_proj.forward(x)?))
+        let v = self.v_proj.forward(x)?;
+        let v = match &self.bias {
+            Some(b) => v.broadcast_add(&b.v)?,
+            None => v,
+        };
+        Ok((k, v))
     }
 
-    /// The query or key projection of `x`, QK-normed.
+    /// The query or key projection of `x` (plus its bias, if any), QK-normed.
     fn project_normalized(&self, x: &Tensor, side: Side) -> Result<Tensor> {
-        let proj = match side {
-            Side::Query => &self.q_proj,
-            Side::Key => &self.k_proj,
+        let (proj, bias) = match side {
+            Side::Query => (&self.q_proj, self.bias.as_ref().map(|b| &b.q)),
+            Side::Key => (&self.k_proj, self.bias.as_ref().map(|b| &b.k)),
         };
-        self.normalize(&proj.forward(x)?, side)
+        let p = proj.forward(x)?;
+        let p = match bias {
+            Some(b) => p.broadcast_add(b)?,
+            None => p,
+        };
+        self.normalize(&p, side)
     }
 
     /// Self-attention over `x` (B, T, D), written into the residual stream `to`. `mask` is

@@ -94,6 +94,10 @@ pub struct ModelConfig {
     /// from the residual width (Qwen3-0.6B: d_model 1024, 16 heads of 128).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub head_dim: Option<usize>,
+    /// Biases on the query, key and value projections (Qwen2's; the output projection has none),
+    /// initialised to zero. Left out when false, so configs written before it hash the same.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub qkv_bias: bool,
     pub d_ff: usize,
     #[serde(default = "default_mlp")]
     pub mlp: MlpKind,
@@ -207,6 +211,7 @@ impl ModelConfig {
             n_heads: 4,
             n_kv_heads: None,
             head_dim: None,
+            qkv_bias: false,
             d_ff: 32,
             mlp: default_mlp(),
             norm: default_norm(),
@@ -375,6 +380,13 @@ impl ModelConfig {
             return Err(bad(
                 "logn_attention",
                 "needs a training length of at least 2: set logn_length (or max_seq_len ≥ 2)",
+            ));
+        }
+        if self.qkv_bias && (self.arch != Arch::Lm || self.positions != Positions::Rope) {
+            return Err(bad(
+                "qkv_bias",
+                "needs arch: lm and positions: rope (Qwen2's biases; without a rotation a key bias \
+                 adds the same amount to every logit of a query, which the softmax cancels)",
             ));
         }
         if self.init_from.is_some() && self.arch != Arch::Lm {

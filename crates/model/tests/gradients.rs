@@ -172,3 +172,59 @@ fn bias_free_layernorm_models_match_finite_differences() {
         check_against_finite_differences(&c);
     }
 }
+
+/// `qkv_bias` (Qwen2's biases on the q, k and v projections): one bias per projection and
+/// layer, each learning with autograd's gradient equal to the finite difference, and at zero
+/// (their initial value) the model's output is the same as without them.
+#[test]
+fn qkv_biases_learn_match_finite_differences_and_start_as_no_bias() {
+    use ember_model::{Arch, MlpKind, NormKind};
+    for qk in ALL_QK {
+        let mut plain = cfg(Arch::Lm, qk, NormKind::Rmsnorm, MlpKind::Swiglu);
+        plain.n_kv_heads = Some(2);
+        let biased = ember_model::ModelConfig {
+            qkv_bias: true,
+            ..plain.clone()
+        };
+        let (model, params) = build(&biased, DType::F32);
+        let biases: Vec<(String, candle_core::Var)> = params
+            .vars()
+            .into_iter()
+            .filter(|(n, _)| n.ends_with("_proj.bias"))
+            .collect();
+        assert_eq!(biases.len(), 3 * biased.decoder_layers(), "{qk:?}");
+        let grads = loss(&model, biased.vocab()).unwrap().backward().unwrap();
+        for (name, var) in &biases {
+            let g = grads.get(var.as_tensor()).expect("a gradient");
+            let norm2 = g.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap();
+            assert!(
+                norm2 > 0.0 && norm2.is_finite(),
+                "{qk:?}: gradient of {name} is {norm2}"
+            );
+        }
+
+        // Zero biases change nothing: the plain model's weights in the biased one, in f64.
+        let (plain_model, plain_params) = build(&plain, DType::F64);
+        let (biased_model, biased_params) = build(&biased, DType::F64);
+        for (name, var) in plain_params.vars() {
+            biased_params.get(&name).unwrap().set(var.as_tensor()).unwrap();
+        }
+        let (a, b) = (
+            loss(&plain_model, plain.vocab())
+                .unwrap()
+                .to_scalar::<f64>()
+                .unwrap(),
+            loss(&biased_model, biased.vocab())
+                .unwrap()
+                .to_scalar::<f64>()
+                .unwrap(),
+        );
+        assert!((a - b).abs() <= 1e-12 * a.abs().max(1.0), "{qk:?}: {a} vs {b}");
+
+        check_against_finite_differences(&biased);
+    }
+    // Without a rotation a key bias would be dead weight: refused.
+    let mut c = ember_model::ModelConfig::tiny(Arch::Seq2seq);
+    c.qkv_bias = true;
+    assert!(c.validate().unwrap_err().to_string().contains("qkv_bias"));
+}
