@@ -70,7 +70,7 @@ struct ExportArgs {
     /// The directory to write (created if needed).
     out: PathBuf,
     /// hf: config.json, model.safetensors, tokenizer.json, tokenizer_config.json and
-    /// generation_config.json for transformers' AutoModelForCausalLM (Llama or Qwen3).
+    /// generation_config.json for transformers' AutoModelForCausalLM (Llama, Qwen2 or Qwen3).
     #[arg(long, value_enum, default_value_t = ExportFormat::Hf)]
     format: ExportFormat,
     /// Also write Ember's logits for --reference-text to this JSON file, for checking the

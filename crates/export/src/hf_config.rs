@@ -41,8 +41,17 @@ pub fn model_config(arch: HfArch, m: &ModelConfig, specials: SpecialTokens) -> V
         "dtype": "float32",
         "use_cache": true,
     });
-    if arch == HfArch::Llama {
-        c["mlp_bias"] = json!(false);
+    match arch {
+        HfArch::Llama => c["mlp_bias"] = json!(false),
+        // Qwen2's q, k and v biases are in its code, not its config; its window is off.
+        HfArch::Qwen2 => {
+            let c = c.as_object_mut().expect("an object");
+            c.remove("attention_bias");
+            c.insert("use_sliding_window".into(), json!(false));
+            c.insert("sliding_window".into(), Value::Null);
+            c.insert("max_window_layers".into(), json!(m.decoder_layers()));
+        }
+        HfArch::Qwen3 => {}
     }
     c
 }

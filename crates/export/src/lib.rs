@@ -5,7 +5,8 @@
 //! Ember's language model is, block for block, the Llama architecture when its settings are
 //! RMSNorm, SwiGLU and rotary embeddings (rotate-half pairs (i, i + d/2), as transformers' own),
 //! with grouped-query attention and no biases; with `qk_norm: rmsnorm` (per-head RMSNorm, gain
-//! shared across heads, before the rotation) it is Qwen3's. So the export renames tensors and
+//! shared across heads, before the rotation) it is Qwen3's, with `qkv_bias: true` (biases on the
+//! query, key and value projections) Qwen2's. So the export renames tensors and
 //! writes the config; no weight is permuted or changed. A run that does not map is refused with
 //! every blocking setting named ([`architecture`]).
 //!
@@ -33,6 +34,8 @@ pub enum HfArch {
     Llama,
     /// `Qwen3ForCausalLM`: per-head RMSNorm on queries and keys before RoPE.
     Qwen3,
+    /// `Qwen2ForCausalLM`: biases on the q, k and v projections, no QK-norm.
+    Qwen2,
 }
 
 impl HfArch {
@@ -40,12 +43,14 @@ impl HfArch {
         match self {
             HfArch::Llama => "LlamaForCausalLM",
             HfArch::Qwen3 => "Qwen3ForCausalLM",
+            HfArch::Qwen2 => "Qwen2ForCausalLM",
         }
     }
     pub fn model_type(self) -> &'static str {
         match self {
             HfArch::Llama => "llama",
             HfArch::Qwen3 => "qwen3",
+            HfArch::Qwen2 => "qwen2",
         }
     }
 }
@@ -85,6 +90,13 @@ pub fn architecture(cfg: &ModelConfig) -> std::result::Result<HfArch, Vec<String
                 .unwrap_or_default()
         ));
     }
+    if cfg.qkv_bias && cfg.qk_norm == QkNorm::Rmsnorm {
+        blockers.push(
+            "model.qkv_bias: true with qk_norm: rmsnorm (Qwen2 has q, k and v biases but no QK-norm; \
+             Qwen3 has QK-norm, and biases only together with one on o_proj, which Ember lacks)"
+                .to_string(),
+        );
+    }
     if cfg.logn_attention {
         blockers.push(
             "model.logn_attention: true (log-n query scaling past the training length, which Llama and Qwen3 do not have; the exported model would differ beyond logn_length)"
@@ -94,8 +106,9 @@ pub fn architecture(cfg: &ModelConfig) -> std::result::Result<HfArch, Vec<String
     if !blockers.is_empty() {
         return Err(blockers);
     }
-    Ok(match cfg.qk_norm {
-        QkNorm::Rmsnorm => HfArch::Qwen3,
+    Ok(match (cfg.qk_norm, cfg.qkv_bias) {
+        (QkNorm::Rmsnorm, _) => HfArch::Qwen3,
+        (_, true) => HfArch::Qwen2,
         _ => HfArch::Llama,
     })
 }
@@ -160,9 +173,9 @@ impl ExportSource {
     pub fn architecture(&self) -> Result<HfArch> {
         architecture(&self.model).or_else(|blockers| {
             bail!(
-                "cannot export {} to Hugging Face transformers: its model does not map to Llama or \
-                 Qwen3 because of\n  {}\nOnly decoder-only runs with norm: rmsnorm, mlp: swiglu and \
-                 qk_norm: none (Llama) or rmsnorm (Qwen3) map.",
+                "cannot export {} to Hugging Face transformers: its model does not map to Llama, \
+                 Qwen2 or Qwen3 because of\n  {}\nOnly decoder-only runs with norm: rmsnorm, mlp: \
+                 swiglu and qk_norm: none (Llama; Qwen2 with qkv_bias) or rmsnorm (Qwen3) map.",
                 self.checkpoint.dir.display(),
                 blockers.join("\n  ")
             )

@@ -22,14 +22,10 @@ pub fn write(cfg: &ModelConfig, params: &ParamStore, path: &Path) -> Result<(usi
         };
         tensors.push((hf, var.as_tensor().to_dtype(candle_core::DType::F32)?));
     }
-    // Per layer: two norms, four attention and three MLP projections, and Qwen3's q/k norms;
-    // then the embedding, the final norm and an untied output projection.
-    let per_layer = 9 + if cfg.qk_norm == ember_model::QkNorm::Rmsnorm {
-        2
-    } else {
-        0
-    };
-    let expected = cfg.decoder_layers() * per_layer + 2 + usize::from(!cfg.tie_embeddings);
+    // What an import of this config reads back: per layer two norms, four attention and three
+    // MLP projections, Qwen3's q/k norms and Qwen2's q/k/v biases; the embedding, the final norm
+    // and an untied output projection.
+    let expected = ember_import::expected_shapes(cfg).len();
     if tensors.len() != expected {
         bail!(
             "the checkpoint has {} tensors where a {}-layer model has {expected}",

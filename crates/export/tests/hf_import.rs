@@ -1,6 +1,6 @@
 //! Specification of `model.init_from` (Hugging Face models in) against `ember export --format hf`
 //! (models out), without network: a run exported and imported again is the same model bit for
-//! bit, Qwen3- and Llama-shaped, tied and untied; a run from an imported model starts from its
+//! bit, Qwen3-, Qwen2- and Llama-shaped, tied and untied; a run from an imported model starts from its
 //! weights, resumes bit-exactly and exports back out; sharded and half-precision checkpoints
 //! load; and what Ember cannot represent is refused by name before a weight is read. (That
 //! transformers' own models import and agree with transformers is scripts/check-hf-import.py's
@@ -59,9 +59,14 @@ fn quiet(run: &Path) -> TrainOptions {
 
 /// Trains a 3-step Ember run from scratch in `dir/name`.
 fn trained_run(dir: &Path, name: &str, qk_norm: &str, tie: bool) -> PathBuf {
+    trained_run_with(dir, name, qk_norm, tie, false)
+}
+
+/// [`trained_run`], with Qwen2's q, k and v biases or without.
+fn trained_run_with(dir: &Path, name: &str, qk_norm: &str, tie: bool, qkv_bias: bool) -> PathBuf {
     let yaml = format!(
         "model:\n  arch: lm\n  d_model: 32\n  n_layers: 2\n  n_heads: 4\n  n_kv_heads: 2\n  d_ff: 48\n  \
-         max_seq_len: 32\n  qk_norm: {qk_norm}\n  tie_embeddings: {tie}\n{}",
+         max_seq_len: 32\n  qk_norm: {qk_norm}\n  tie_embeddings: {tie}\n  qkv_bias: {qkv_bias}\n{}",
         rest_of_config(&corpus(dir), 3)
     );
     let cfg = RunConfig::from_yaml(&yaml, Path::new("t.yaml"), &[]).unwrap();
@@ -96,17 +101,23 @@ fn bits(t: &Tensor) -> Vec<u32> {
 #[test]
 fn an_exported_run_imports_as_the_same_model_bit_for_bit() {
     let tmp = tempfile::tempdir().unwrap();
-    for (qk_norm, tie) in [
-        ("rmsnorm", false),
-        ("rmsnorm", true),
-        ("none", false),
-        ("none", true),
+    for (qk_norm, tie, bias, class) in [
+        ("rmsnorm", false, false, "Qwen3ForCausalLM"),
+        ("rmsnorm", true, false, "Qwen3ForCausalLM"),
+        ("none", false, false, "LlamaForCausalLM"),
+        ("none", true, false, "LlamaForCausalLM"),
+        ("none", false, true, "Qwen2ForCausalLM"),
+        ("none", true, true, "Qwen2ForCausalLM"),
     ] {
-        let what = format!("qk_norm {qk_norm}, tied {tie}");
-        let run = trained_run(tmp.path(), &format!("{qk_norm}-{tie}"), qk_norm, tie);
+        let what = format!("qk_norm {qk_norm}, tied {tie}, qkv_bias {bias}");
+        let name = format!("{qk_norm}-{tie}-{bias}");
+        let run = trained_run_with(tmp.path(), &name, qk_norm, tie, bias);
         let source = ExportSource::open(&run).unwrap();
-        let hf = tmp.path().join(format!("hf-{qk_norm}-{tie}"));
+        let hf = tmp.path().join(format!("hf-{name}"));
         export_hf(&source, &hf).unwrap();
+        let config: Value =
+            serde_json::from_str(&std::fs::read_to_string(hf.join("config.json")).unwrap()).unwrap();
+        assert_eq!(config["architectures"][0], class, "{what}");
 
         // The model section comes back key for key; only the import's own keys are added.
         let cfg = load(&import_yaml(tmp.path(), &hf, 1)).unwrap();
@@ -127,6 +138,8 @@ fn an_exported_run_imports_as_the_same_model_bit_for_bit() {
         let params = ember_import::load_weights(&hf, &cfg.model, &Device::Cpu).unwrap();
         let original = &source.checkpoint.params;
         assert_eq!(params.names(), original.names(), "{what}");
+        let biases = original.names().iter().filter(|n| n.ends_with(".bias")).count();
+        assert_eq!(biases, if bias { 6 } else { 0 }, "{what}");
         for (name, var) in original.vars() {
             let imported = params.get(&name).unwrap();
             assert_eq!(imported.dims(), var.dims(), "{what}: {name}");

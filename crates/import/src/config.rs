@@ -1,9 +1,10 @@
 //! A transformers `config.json` in Ember's terms: the keys of the `model:` section it fixes, or
 //! every setting Ember cannot represent, each with why.
 //!
-//! Llama, Mistral and Qwen3 decoders are Ember's language model with `norm: rmsnorm`,
-//! `mlp: swiglu`, `positions: rope` and no biases; Qwen3 adds per-head RMSNorm on queries and keys
-//! before the rotation (`qk_norm: rmsnorm`). Defaults for keys a config.json leaves out are
+//! Llama, Mistral, Qwen2 and Qwen3 decoders are Ember's language model with `norm: rmsnorm`,
+//! `mlp: swiglu` and `positions: rope`; Qwen2 adds biases on the query, key and value projections
+//! (`qkv_bias: true`), Qwen3 per-head RMSNorm on queries and keys before the rotation
+//! (`qk_norm: rmsnorm`). Defaults for keys a config.json leaves out are
 //! transformers' own for that model type (Qwen3's `head_dim` defaults to 128, not
 //! hidden_size / num_attention_heads).
 
@@ -23,6 +24,7 @@ const MAX_CONFIG_BYTES: u64 = 1 << 24;
 pub enum Family {
     Llama,
     Mistral,
+    Qwen2,
     Qwen3,
 }
 
@@ -32,6 +34,7 @@ impl Family {
         match self {
             Family::Llama => "llama",
             Family::Mistral => "mistral",
+            Family::Qwen2 => "qwen2",
             Family::Qwen3 => "qwen3",
         }
     }
@@ -39,7 +42,7 @@ impl Family {
 
 /// The keys of Ember's `model:` section a config.json fixes: a run that imports the model must
 /// not set them otherwise. Every one is filled in from the config.
-pub const ARCHITECTURE_KEYS: [&str; 15] = [
+pub const ARCHITECTURE_KEYS: [&str; 16] = [
     "arch",
     "vocab_size",
     "d_model",
@@ -47,6 +50,7 @@ pub const ARCHITECTURE_KEYS: [&str; 15] = [
     "n_heads",
     "n_kv_heads",
     "head_dim",
+    "qkv_bias",
     "d_ff",
     "mlp",
     "norm",
@@ -190,23 +194,20 @@ fn rope_variant(key: &str, v: Option<&Value>) -> Option<String> {
 fn from_map(map: &Map<String, Value>) -> Result<HfModel> {
     let f = Fields(map);
     let model_type = f.text("model_type").context(
-        "`model_type` is missing; Ember reads transformers configs of model_type llama, mistral or qwen3",
+        "`model_type` is missing; Ember reads transformers configs of model_type llama, mistral, qwen2 or qwen3",
     )?;
     let family = match model_type {
         "llama" => Family::Llama,
         "mistral" => Family::Mistral,
+        "qwen2" => Family::Qwen2,
         "qwen3" => Family::Qwen3,
-        "qwen2" => bail!(
-            "Ember cannot represent this model:\n  model_type: qwen2 (every Qwen2 model has biases on \
-             q_proj, k_proj and v_proj; Ember's attention projections have none)"
-        ),
         other if other.contains("moe") || other == "mixtral" => bail!(
             "Ember cannot represent this model:\n  model_type: {other} (a mixture of experts; each \
              Ember block has one MLP)"
         ),
         other => bail!(
             "Ember cannot represent this model:\n  model_type: {other} (Ember maps the decoders of \
-             model_type llama, mistral and qwen3)"
+             model_type llama, mistral, qwen2 and qwen3)"
         ),
     };
 
@@ -216,7 +217,7 @@ fn from_map(map: &Map<String, Value>) -> Result<HfModel> {
     let layers = f.required("num_hidden_layers")?;
     let heads = f.required("num_attention_heads")?;
     let kv_heads = f.count("num_key_value_heads")?.unwrap_or(heads);
-    // transformers' Qwen3Config defaults head_dim to 128; Llama's and Mistral's to hidden / heads.
+    // transformers' Qwen3Config defaults head_dim to 128; the others' to hidden / heads.
     let head_dim = match (f.count("head_dim")?, family) {
         (Some(d), _) => d,
         (None, Family::Qwen3) => 128,
@@ -254,19 +255,25 @@ fn from_map(map: &Map<String, Value>) -> Result<HfModel> {
     if act != "silu" {
         blockers.push(format!("hidden_act: {act} (Ember's SwiGLU gates with SiLU)"));
     }
-    for (key, what) in [
-        ("attention_bias", "biases on q_proj, k_proj, v_proj and o_proj"),
-        ("mlp_bias", "biases on gate_proj, up_proj and down_proj"),
-    ] {
-        if f.flag(key)? == Some(true) {
-            blockers.push(format!("{key}: true ({what}; Ember's projections have none)"));
-        }
+    // Qwen2's q, k and v biases are fixed in its code; transformers reads no attention_bias
+    // for it.
+    if family != Family::Qwen2 && f.flag("attention_bias")? == Some(true) {
+        blockers.push(
+            "attention_bias: true (biases on q_proj, k_proj, v_proj and o_proj; Ember's attention \
+             has biases on q, k and v only, as Qwen2's, none on o_proj)"
+                .to_string(),
+        );
+    }
+    if f.flag("mlp_bias")? == Some(true) {
+        blockers.push(
+            "mlp_bias: true (biases on gate_proj, up_proj and down_proj; Ember's MLP has none)".to_string(),
+        );
     }
     let positions = f.count("max_position_embeddings")?;
     let window = f.count("sliding_window")?;
     let windowed = match family {
         // Qwen configs carry a sliding_window that only `use_sliding_window` switches on.
-        Family::Qwen3 => f.flag("use_sliding_window")? == Some(true),
+        Family::Qwen2 | Family::Qwen3 => f.flag("use_sliding_window")? == Some(true),
         // Mistral's applies whenever it is set (null in v0.2 and later); a window as long as
         // the positions changes nothing.
         _ => window.is_some_and(|w| positions.is_none_or(|p| w < p)),
@@ -325,6 +332,7 @@ fn from_map(map: &Map<String, Value>) -> Result<HfModel> {
         ("n_heads", json!(heads), "num_attention_heads"),
         ("n_kv_heads", json!(kv_heads), "num_key_value_heads"),
         ("head_dim", json!(head_dim), "head_dim"),
+        ("qkv_bias", json!(family == Family::Qwen2), "model_type"),
         ("d_ff", json!(ff), "intermediate_size"),
         ("mlp", json!("swiglu"), "hidden_act"),
         ("norm", json!("rmsnorm"), "model_type"),
@@ -449,7 +457,6 @@ mod tests {
             assert!(e.contains(reason), "{reason} missing from: {e}");
         }
         for (model_type, reason) in [
-            ("qwen2", "biases on q_proj, k_proj and v_proj"),
             ("qwen3_moe", "mixture of experts"),
             ("mixtral", "mixture of experts"),
             ("gemma3", "model_type: gemma3"),
@@ -472,6 +479,41 @@ mod tests {
             json!(["full_attention", "sliding_attention"]),
         );
         assert!(blockers(&c).contains("layer_types: sliding_attention"));
+    }
+
+    #[test]
+    fn qwen2_maps_with_its_qkv_biases_and_no_qk_norm() {
+        // Qwen2.5-0.5B's config.json, as published.
+        let v = json!({
+            "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 151936,
+            "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+            "num_attention_heads": 14, "num_key_value_heads": 2, "hidden_act": "silu",
+            "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+            "tie_word_embeddings": true, "use_sliding_window": false, "sliding_window": 32768,
+            "max_window_layers": 24, "attention_dropout": 0.0, "torch_dtype": "bfloat16",
+            "initializer_range": 0.02, "use_cache": true
+        });
+        let m = from_map(v.as_object().unwrap()).unwrap();
+        assert_eq!(m.family, Family::Qwen2);
+        for (key, value) in [
+            ("qkv_bias", json!(true)),
+            ("qk_norm", json!("none")),
+            ("head_dim", json!(64)),
+            ("n_kv_heads", json!(2)),
+            ("tie_embeddings", json!(true)),
+        ] {
+            assert_eq!(m.get(key), Some(&value), "{key}");
+        }
+        for c in [qwen3(), {
+            let mut c = qwen3();
+            c.insert("model_type".into(), json!("llama"));
+            c
+        }] {
+            assert_eq!(from_map(&c).unwrap().get("qkv_bias"), Some(&json!(false)));
+        }
+        let mut c = v.as_object().unwrap().clone();
+        c.insert("use_sliding_window".into(), json!(true));
+        assert!(blockers(&c).contains("sliding_window: 32768"));
     }
 
     #[test]

@@ -2,12 +2,13 @@
 //! (`config.json`, `model.safetensors` or shards with `model.safetensors.index.json`,
 //! `tokenizer.json`), such as one `huggingface-cli download` fetched.
 //!
-//! The inverse of `ember export --format hf`: a Llama, Mistral or Qwen3 decoder is Ember's
-//! language model with RMSNorm, SwiGLU and rotary positions (rotate-half, as transformers'),
-//! grouped-query attention and no biases; Qwen3's per-head RMSNorm on queries and keys before
-//! the rotation is Ember's `qk_norm: rmsnorm`. So the import reads the config ([`read_config`]),
+//! The inverse of `ember export --format hf`: a Llama, Mistral, Qwen2 or Qwen3 decoder is Ember's
+//! language model with RMSNorm, SwiGLU and rotary positions (rotate-half, as transformers') and
+//! grouped-query attention; Qwen2's biases on the query, key and value projections are Ember's
+//! `qkv_bias: true`, Qwen3's per-head RMSNorm on queries and keys before the rotation its
+//! `qk_norm: rmsnorm`. So the import reads the config ([`read_config`]),
 //! renames tensors ([`ember_weight_name`]) and widens them to f32; no weight is permuted.
-//! Whatever Ember cannot represent (biases, sliding windows, scaled RoPE, experts, other
+//! Whatever Ember cannot represent (other biases, sliding windows, scaled RoPE, experts, other
 //! activations) is refused by name before a weight is read.
 //!
 //! The tokenizer is read by `ember-data` (`data.tokenizer.kind: pretrained`), and the trainer

@@ -1,10 +1,11 @@
-//! Ember's parameter names and transformers' Llama/Qwen3 names, one table for both directions
+//! Ember's parameter names and transformers' Llama/Qwen2/Qwen3 names, one table for both directions
 //! (`ember export` maps one way, `model.init_from` the other).
 //!
 //! ```text
 //! embed.weight                                  model.embed_tokens.weight
 //! decoder.layers.{i}.attn_norm.weight           model.layers.{i}.input_layernorm.weight
 //! decoder.layers.{i}.self_attn.{q,k,v,o}_proj   model.layers.{i}.self_attn.{q,k,v,o}_proj
+//! decoder.layers.{i}.self_attn.{q,k,v}_proj.bias  the same                              (Qwen2)
 //! decoder.layers.{i}.self_attn.{q,k}_norm       model.layers.{i}.self_attn.{q,k}_norm     (Qwen3)
 //! decoder.layers.{i}.mlp_norm.weight            model.layers.{i}.post_attention_layernorm.weight
 //! decoder.layers.{i}.mlp.{gate,up,down}_proj    model.layers.{i}.mlp.{gate,up,down}_proj
@@ -23,13 +24,16 @@ const MODEL: [(&str, &str); 3] = [
 ];
 
 /// Per-layer parameters under `decoder.layers.{i}.` / `model.layers.{i}.`: (Ember, transformers).
-const LAYER: [(&str, &str); 11] = [
+const LAYER: [(&str, &str); 14] = [
     ("attn_norm.weight", "input_layernorm.weight"),
     ("mlp_norm.weight", "post_attention_layernorm.weight"),
     ("self_attn.q_proj.weight", "self_attn.q_proj.weight"),
     ("self_attn.k_proj.weight", "self_attn.k_proj.weight"),
     ("self_attn.v_proj.weight", "self_attn.v_proj.weight"),
     ("self_attn.o_proj.weight", "self_attn.o_proj.weight"),
+    ("self_attn.q_proj.bias", "self_attn.q_proj.bias"),
+    ("self_attn.k_proj.bias", "self_attn.k_proj.bias"),
+    ("self_attn.v_proj.bias", "self_attn.v_proj.bias"),
     ("self_attn.q_norm.weight", "self_attn.q_norm.weight"),
     ("self_attn.k_norm.weight", "self_attn.k_norm.weight"),
     ("mlp.gate_proj.weight", "mlp.gate_proj.weight"),
@@ -65,8 +69,8 @@ pub fn hf_weight_name(ember: &str) -> Option<String> {
     translate(ember, 0)
 }
 
-/// The Ember name of a transformers Llama/Qwen3 tensor; `None` for a tensor Ember has no place
-/// for (a bias, an expert, a vision tower).
+/// The Ember name of a transformers Llama/Qwen2/Qwen3 tensor; `None` for a tensor Ember has no
+/// place for (an o_proj or MLP bias, an expert, a vision tower).
 pub fn ember_weight_name(hf: &str) -> Option<String> {
     translate(hf, 1)
 }
@@ -94,6 +98,10 @@ mod tests {
                 "model.layers.1.self_attn.k_norm.weight",
             ),
             (
+                "decoder.layers.2.self_attn.v_proj.bias",
+                "model.layers.2.self_attn.v_proj.bias",
+            ),
+            (
                 "decoder.layers.10.mlp.down_proj.weight",
                 "model.layers.10.mlp.down_proj.weight",
             ),
@@ -117,7 +125,8 @@ mod tests {
             assert_eq!(hf_weight_name(ember), None, "{ember}");
         }
         for hf in [
-            "model.layers.0.self_attn.q_proj.bias",
+            "model.layers.0.self_attn.o_proj.bias",
+            "model.layers.0.mlp.up_proj.bias",
             "model.layers.0.mlp.experts.0.up_proj.weight",
             "model.layers.0.self_attn.rotary_emb.inv_freq",
             "model.layers.+1.mlp.up_proj.weight",

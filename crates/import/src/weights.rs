@@ -63,6 +63,11 @@ pub fn expected_shapes(cfg: &ModelConfig) -> BTreeMap<String, Vec<usize>> {
             layer.push(("self_attn.q_norm.weight", vec![hd]));
             layer.push(("self_attn.k_norm.weight", vec![hd]));
         }
+        if cfg.qkv_bias {
+            layer.push(("self_attn.q_proj.bias", vec![q]));
+            layer.push(("self_attn.k_proj.bias", vec![kv]));
+            layer.push(("self_attn.v_proj.bias", vec![kv]));
+        }
         for (name, shape) in layer {
             out.insert(format!("decoder.layers.{i}.{name}"), shape);
         }
@@ -193,11 +198,14 @@ fn catalogue(dir: &Path) -> Result<BTreeMap<String, Entry>> {
 /// Why a transformers tensor has no place in Ember's model.
 fn no_place(name: &str) -> String {
     if name.ends_with(".bias") {
-        format!("{name} (a bias; Ember's projections and norms have none)")
+        format!(
+            "{name} (a bias; Ember's norms and output, MLP and head projections have none, and \
+             its q, k and v projections only with model.qkv_bias, as Qwen2's)"
+        )
     } else if name.contains("expert") {
         format!("{name} (a mixture-of-experts weight; each Ember block has one MLP)")
     } else {
-        format!("{name} (not part of a Llama/Qwen3 decoder as Ember builds it)")
+        format!("{name} (not part of a Llama/Qwen2/Qwen3 decoder as Ember builds it)")
     }
 }
 
@@ -304,13 +312,20 @@ mod tests {
 
     #[test]
     fn expected_shapes_are_what_the_model_asks_for() {
-        for (qk, tie, kv, head_dim) in [
-            (QkNorm::None, true, None, None),
-            (QkNorm::Rmsnorm, false, Some(2), None),
-            (QkNorm::Rmsnorm, true, Some(1), Some(8)),
+        for (qk, tie, kv, head_dim, bias) in [
+            (QkNorm::None, true, None, None, false),
+            (QkNorm::Rmsnorm, false, Some(2), None, false),
+            (QkNorm::Rmsnorm, true, Some(1), Some(8), false),
+            (QkNorm::None, false, Some(2), Some(8), true),
         ] {
             let mut cfg = ModelConfig::tiny(Arch::Lm);
-            (cfg.qk_norm, cfg.tie_embeddings, cfg.n_kv_heads, cfg.head_dim) = (qk, tie, kv, head_dim);
+            (
+                cfg.qk_norm,
+                cfg.tie_embeddings,
+                cfg.n_kv_heads,
+                cfg.head_dim,
+                cfg.qkv_bias,
+            ) = (qk, tie, kv, head_dim, bias);
             let (_, params) = init_model(&cfg, 0, DType::F32, &Device::Cpu).unwrap();
             let built: BTreeMap<String, Vec<usize>> = params
                 .vars()

@@ -38,7 +38,10 @@ pub(crate) fn complete(tree: &mut Value) -> Result<(), Invalid> {
         return Ok(());
     };
     let stated = |m: &Map<String, Value>, key: &str| m.get(key).filter(|v| !v.is_null()).cloned();
-    let all_stated = ARCHITECTURE_KEYS.iter().all(|k| stated(model, k).is_some());
+    // A config.yaml leaves qkv_bias out when it is false (so configs from before it hash the same).
+    let all_stated = ARCHITECTURE_KEYS
+        .iter()
+        .all(|k| stated(model, k).is_some() || *k == "qkv_bias");
     if !(all_stated && !dir.join(CONFIG_FILE).exists()) {
         let hf =
             ember_import::read_config(&dir).map_err(|e| ("model.init_from".to_string(), format!("{e:#}")))?;

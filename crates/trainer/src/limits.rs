@@ -38,8 +38,10 @@ impl MemoryEstimate {
 pub fn parameter_count(m: &ModelConfig) -> f64 {
     let d = m.d_model as f64;
     let (q, kv) = (m.q_width() as f64, (m.kv_heads() * m.head_dim()) as f64);
-    // q and o are d × q (q = d unless model.head_dim says otherwise), k and v d × kv.
-    let attention = 2.0 * d * q + 2.0 * d * kv;
+    // q and o are d × q (q = d unless model.head_dim says otherwise), k and v d × kv; Qwen2's
+    // biases one value per output of q, k and v.
+    let bias = if m.qkv_bias { q + 2.0 * kv } else { 0.0 };
+    let attention = 2.0 * d * q + 2.0 * d * kv + bias;
     let mlp = match m.mlp {
         MlpKind::Swiglu => 3.0 * d * m.d_ff as f64,
         MlpKind::Gelu => 2.0 * d * m.d_ff as f64,
@@ -264,6 +266,24 @@ mod tests {
             let table = (rope.max_seq_len * rope.d_model) as f64;
             assert_eq!(parameter_count(&learned) - parameter_count(&rope), stacks * table);
         }
+    }
+
+    #[test]
+    fn qkv_biases_count_one_value_per_query_key_and_value_output() {
+        let plain = ModelConfig {
+            head_dim: Some(8),
+            n_kv_heads: Some(2),
+            ..ModelConfig::tiny(Arch::Lm)
+        };
+        let biased = ModelConfig {
+            qkv_bias: true,
+            ..plain.clone()
+        };
+        let per_layer = (plain.n_heads * 8 + 2 * 2 * 8) as f64;
+        assert_eq!(
+            parameter_count(&biased) - parameter_count(&plain),
+            plain.decoder_layers() as f64 * per_layer
+        );
     }
 
     #[test]
