@@ -458,6 +458,10 @@ fn an_imported_model_too_large_for_this_machine_is_refused_with_the_estimate_bef
     );
     assert!(e.contains("GiB") && e.contains("model.d_model"), "{e}");
     assert!(
+        e.contains("whose size is fixed") && e.contains("start from a smaller model"),
+        "{e}"
+    );
+    assert!(
         !e.contains("safetensors"),
         "refused by size, not by its weights: {e}"
     );

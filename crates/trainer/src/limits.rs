@@ -210,9 +210,14 @@ pub fn check_memory(cfg: &RunConfig, data: &Dataset) -> Result<MemoryEstimate> {
         .iter()
         .max_by(|a, b| a.0.total_cmp(&b.0))
         .expect("three parts");
+    let advice = match (&m.init_from, std::ptr::eq(largest, &parts[0])) {
+        (Some(_), true) if cfg.shares() > 1 => "start from a smaller model, or lower train.shares",
+        (Some(_), true) => "start from a smaller model",
+        _ => "lower those and try again",
+    };
     bail!(
         "this config needs about {} of memory but this machine has {} available: {}. Most of it \
-         is {} ({}); lower those and try again. Nothing was allocated or written.",
+         is {} ({}); {advice}. Nothing was allocated or written.",
         human(e.total()),
         human(available),
         parts
