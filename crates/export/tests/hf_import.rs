@@ -466,3 +466,22 @@ fn an_imported_model_too_large_for_this_machine_is_refused_with_the_estimate_bef
         "refused by size, not by its weights: {e}"
     );
 }
+
+#[test]
+fn the_shipped_fine_tune_config_takes_its_model_and_tokenizer_from_the_folder() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = trained_run(tmp.path(), "run", "none", true);
+    let hf = tmp.path().join("hf");
+    export_hf(&ExportSource::open(&run).unwrap(), &hf).unwrap();
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/fine-tune-smollm2.yaml");
+    let sets = [
+        format!("model.init_from={}", hf.display()),
+        format!("data.corpus.path={}", corpus(tmp.path()).display()),
+    ];
+    let cfg = RunConfig::load(&path, &sets).unwrap();
+    assert_eq!((cfg.model.d_model, cfg.model.n_layers), (32, Some(2)));
+    assert_eq!(cfg.model.max_seq_len, 256, "the config's training length");
+    assert_eq!(cfg.data.tokenizer.kind, ember_data::TokenizerKind::Pretrained);
+    assert_eq!(cfg.data.tokenizer.path.as_deref(), Some(hf.as_path()));
+    assert_eq!(cfg.ablation.unwrap().lrs.len(), 3, "an LR sweep of the fine-tune");
+}
