@@ -2,8 +2,8 @@
 """Checks `model.init_from` against transformers, without network.
 
 Builds small random models with transformers -- Llama (tied and untied, grouped-query and
-multi-head), Mistral, and Qwen3 (heads wider than hidden/heads, an embedding padded past the
-tokenizer, a bf16 checkpoint in shards) -- each with a byte-level BPE tokenizer of its own, saves
+multi-head), Mistral, Qwen2 (biases on q, k and v) and Qwen3 (heads wider than hidden/heads, an
+embedding padded past the tokenizer, a bf16 checkpoint in shards) -- each with a byte-level BPE tokenizer of its own, saves
 them as Hugging Face folders, imports each into Ember and compares:
 
   1. logits: Ember's imported model (crates/import/examples/hf_logits.rs) against transformers',
@@ -39,7 +39,7 @@ import torch
 import transformers
 from safetensors.torch import load_file
 from transformers import (AutoModelForCausalLM, LlamaConfig, MistralConfig, PreTrainedTokenizerFast,
-                          Qwen3Config)
+                          Qwen2Config, Qwen3Config)
 
 BLOCK = 32
 LR, BETAS, EPS, WEIGHT_DECAY, CLIP = 3e-3, (0.9, 0.98), 1e-8, 0.1, 1.0
@@ -66,6 +66,10 @@ CASES = [
     ("mistral-untied-gqa", MistralConfig, dict(num_key_value_heads=2, tie_word_embeddings=False,
                                                sliding_window=None, rope_theta=1e6),
      torch.float32, None, 0),
+    ("qwen2-tied-gqa", Qwen2Config, dict(num_key_value_heads=2, tie_word_embeddings=True,
+                                         rope_theta=1e6), torch.float32, None, 0),
+    ("qwen2-untied-mha-bf16", Qwen2Config, dict(num_key_value_heads=4, tie_word_embeddings=False),
+     torch.bfloat16, None, 0),
     ("qwen3-tied-wide-heads", Qwen3Config, dict(num_key_value_heads=2, head_dim=32,
                                                 tie_word_embeddings=True, rope_theta=1e6),
      torch.float32, None, 19),
@@ -105,10 +109,13 @@ def build_model(name, cls, settings, dtype, shard, extra_rows, tok, work):
               eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, **SIZES, **settings)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     with torch.no_grad():
-        # Gains away from 1, so that a norm read from the wrong place cannot go unnoticed.
+        # Gains away from 1 and biases away from 0 (transformers starts them there), so that
+        # one read from the wrong place cannot go unnoticed.
         for pname, p in model.named_parameters():
             if "norm" in pname:
                 p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            elif pname.endswith(".bias"):
+                p.copy_(0.2 * torch.randn_like(p))
     folder = os.path.join(work, name)
     kwargs = {"max_shard_size": shard} if shard else {}
     model.to(dtype).save_pretrained(folder, **kwargs)
