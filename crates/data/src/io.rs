@@ -19,6 +19,7 @@ pub fn read_text(path: &Path, key: Option<&str>) -> Result<String> {
         source,
         hint: hint.to_string(),
     };
+    refuse_special_input(path, key)?;
     let raw = std::fs::read(path).map_err(|e| {
         let hint = if e.kind() == std::io::ErrorKind::NotFound {
             "check the path (relative paths start at the working directory); for Multi30k and \
@@ -56,6 +57,83 @@ pub fn read_text(path: &Path, key: Option<&str>) -> Result<String> {
     Ok(text)
 }
 
+/// Refuses to read a device (`/dev/zero`, `/dev/urandom` would fill the memory) or a folder
+/// as a text file. FIFOs (`<(zcat corpus.gz)`) are read as they come.
+pub fn refuse_special_input(path: &Path, key: Option<&str>) -> Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    let Ok(meta) = std::fs::metadata(path) else {
+        return Ok(()); // the read reports a missing file with its hint
+    };
+    let kind = meta.file_type();
+    let what = if kind.is_dir() {
+        "a folder"
+    } else if kind.is_char_device() || kind.is_block_device() {
+        "a device"
+    } else if kind.is_socket() {
+        "a socket"
+    } else {
+        return Ok(());
+    };
+    Err(DataError::arg(
+        key.unwrap_or("input"),
+        format!(
+            "{} is {what}, not a text file; name the file that holds the text",
+            path.display()
+        ),
+    ))
+}
+
+/// Checks a path a command is about to write (through a temporary file and a rename) before
+/// anything is read or computed: it must not be one of `inputs` (writing would replace the
+/// input with the output), nor an existing folder, device, FIFO or socket (a rename would
+/// replace the special file itself, e.g. `/dev/null`, with a regular file). `what` names the
+/// argument in the refusal (`OUTPUT`, `--output`).
+pub fn check_output(output: &Path, inputs: &[&Path], what: &str) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(out) = std::fs::metadata(output) else {
+        return Ok(()); // a new file
+    };
+    if !out.is_file() {
+        let kind = if out.is_dir() {
+            "a folder"
+        } else {
+            "a special file (a device, FIFO or socket)"
+        };
+        return Err(DataError::arg(
+            what,
+            format!(
+                "{} is {kind}; give the path of a regular file to write (it is created, or \
+                 replaced if it exists). Nothing was written.",
+                output.display()
+            ),
+        ));
+    }
+    for input in inputs {
+        let Ok(inp) = std::fs::metadata(input) else {
+            continue;
+        };
+        if inp.dev() == out.dev() && inp.ino() == out.ino() {
+            let same = if input == &output {
+                "a file this command reads".to_string()
+            } else {
+                format!(
+                    "{} (the same file by another name), which this command reads",
+                    input.display()
+                )
+            };
+            return Err(DataError::arg(
+                what,
+                format!(
+                    "{} is {same}: writing it would replace what is read. Choose another output \
+                     path. Nothing was written.",
+                    output.display()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Splits text into lines, accepting `\n` and `\r\n`; a final newline does not start an extra line.
 pub fn lines(text: &str) -> Vec<&str> {
     if text.is_empty() {
@@ -83,6 +161,43 @@ pub fn read_lines(path: &Path, key: Option<&str>) -> Result<(String, usize)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_output_that_is_an_input_or_a_special_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let input = dir.path().join("in.txt");
+        std::fs::write(&input, "text").unwrap();
+        let e = check_output(&input, &[&input], "OUTPUT").unwrap_err().to_string();
+        assert!(
+            e.contains("OUTPUT") && e.contains("in.txt") && e.contains("replace"),
+            "{e}"
+        );
+        // The same file by another name (a hard link, `./in.txt`).
+        let other = dir.path().join("link.txt");
+        std::fs::hard_link(&input, &other).unwrap();
+        assert!(check_output(&other, &[&input], "OUTPUT").is_err());
+        let dotted = dir.path().join(".").join("in.txt");
+        assert!(check_output(&dotted, &[&input], "OUTPUT").is_err());
+        let e = check_output(Path::new("/dev/null"), &[&input], "OUTPUT")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("special file"), "{e}");
+        let e = check_output(dir.path(), &[&input], "OUTPUT")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("a folder"), "{e}");
+        check_output(&dir.path().join("new.bin"), &[&input], "OUTPUT").expect("a new file");
+        check_output(&other, &[&dir.path().join("missing")], "OUTPUT").expect("an unrelated file");
+        assert_eq!(std::fs::read_to_string(&input).unwrap(), "text");
+    }
+
+    #[test]
+    fn a_device_is_not_read_as_text() {
+        let e = read_text(Path::new("/dev/zero"), Some("data.corpus.path"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("data.corpus.path") && e.contains("a device"), "{e}");
+    }
 
     #[test]
     fn lines_handle_crlf_and_missing_final_newline() {

@@ -262,6 +262,7 @@ impl Tokenizer {
     /// Loads a `tokenizer.json` written by [`Tokenizer::save`].
     pub fn load(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
+        crate::io::refuse_special_input(path, Some("tokenizer"))?;
         let bytes = std::fs::read(path).map_err(|e| DataError::Io {
             path: path.to_path_buf(),
             key: None,
