@@ -171,7 +171,8 @@ fn fsync_dir(dir: &Path) {
     }
 }
 
-/// Writes a checkpoint atomically and returns its directory.
+/// Writes a checkpoint atomically and returns its directory. Every failure names the file it
+/// was writing (a full disk says where).
 pub fn save(
     run_dir: &Path,
     mut state: CheckpointState,
@@ -186,27 +187,33 @@ pub fn save(
         step_dir_name(state.step),
         std::process::id()
     ));
+    let writing = |p: &Path| format!("writing {}", p.display());
     if tmp.exists() {
-        fs::remove_dir_all(&tmp)?;
+        fs::remove_dir_all(&tmp).with_context(|| format!("removing {}", tmp.display()))?;
     }
-    fs::create_dir_all(&tmp)?;
+    fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
     params
         .save(&tmp.join(MODEL))
-        .context("writing model.safetensors")?;
+        .with_context(|| writing(&tmp.join(MODEL)))?;
     candle_core::safetensors::save(optimizer, tmp.join(OPTIMIZER))
-        .context("writing optimizer.safetensors")?;
-    fs::write(tmp.join(CONFIG), config_yaml)?;
+        .with_context(|| writing(&tmp.join(OPTIMIZER)))?;
+    fs::write(tmp.join(CONFIG), config_yaml).with_context(|| writing(&tmp.join(CONFIG)))?;
     state.files.clear();
     for name in [MODEL, OPTIMIZER, CONFIG] {
         let path = tmp.join(name);
-        fs::File::open(&path)?.sync_all()?;
+        fs::File::open(&path)
+            .and_then(|f| f.sync_all())
+            .with_context(|| writing(&path))?;
         state.files.insert(name.to_string(), file_hash(&path)?);
     }
-    let mut f = fs::File::create(tmp.join(STATE))?;
-    f.write_all(serde_json::to_string_pretty(&state)?.as_bytes())?;
-    f.sync_all()?;
+    let state_path = tmp.join(STATE);
+    let mut f = fs::File::create(&state_path).with_context(|| writing(&state_path))?;
+    f.write_all(serde_json::to_string_pretty(&state)?.as_bytes())
+        .and_then(|()| f.sync_all())
+        .with_context(|| writing(&state_path))?;
     fsync_dir(&tmp);
     let dest = root.join(step_dir_name(state.step));
+    let moving = || format!("moving {} into place as {}", tmp.display(), dest.display());
     if dest.exists() {
         // Re-saving a step (e.g. final save right after a periodic one): replace it.
         let old = root.join(format!(
@@ -214,14 +221,60 @@ pub fn save(
             step_dir_name(state.step),
             std::process::id()
         ));
-        fs::rename(&dest, &old)?;
-        fs::rename(&tmp, &dest)?;
-        fs::remove_dir_all(&old)?;
+        fs::rename(&dest, &old).with_context(moving)?;
+        fs::rename(&tmp, &dest).with_context(moving)?;
+        fs::remove_dir_all(&old).with_context(|| format!("removing {}", old.display()))?;
     } else {
-        fs::rename(&tmp, &dest)?;
+        fs::rename(&tmp, &dest).with_context(moving)?;
     }
     fsync_dir(&root);
     Ok(dest)
+}
+
+/// The lock file inside `checkpoints/` that orders writers (a run saving and pruning) and
+/// readers (`ember average`) of the checkpoints: a reader never sees a checkpoint half pruned.
+pub const CHECKPOINTS_LOCK: &str = ".lock";
+
+/// A held lock on a run's `checkpoints/` folder (released when dropped).
+pub struct CheckpointsLock {
+    _file: Option<fs::File>,
+}
+
+/// How long a run waits to save while a reader holds the checkpoints: past this it saves
+/// anyway (a reader stopped mid-read must not stall training).
+const WRITER_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Locks `run_dir/checkpoints/` for writing (a save and the pruning after it). Waits for
+/// readers up to [`WRITER_PATIENCE`], then goes on without the lock.
+pub fn lock_for_writing(run_dir: &Path) -> Result<CheckpointsLock> {
+    use fs4::fs_std::FileExt;
+    let root = run_dir.join(CHECKPOINTS);
+    fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
+    let file = crate::run_lock::open_lock_file(&root.join(CHECKPOINTS_LOCK))?;
+    let started = std::time::Instant::now();
+    loop {
+        match FileExt::try_lock_exclusive(&file) {
+            Ok(true) => return Ok(CheckpointsLock { _file: Some(file) }),
+            Ok(false) if started.elapsed() < WRITER_PATIENCE => {
+                std::thread::sleep(std::time::Duration::from_millis(50))
+            }
+            _ => return Ok(CheckpointsLock { _file: None }),
+        }
+    }
+}
+
+/// Locks `run_dir/checkpoints/` for reading, waiting for a save in progress to end. A run
+/// without a `checkpoints/` folder (or one that cannot be locked) is read without the lock.
+pub fn lock_for_reading(run_dir: &Path) -> Result<CheckpointsLock> {
+    use fs4::fs_std::FileExt;
+    let root = run_dir.join(CHECKPOINTS);
+    if !root.is_dir() {
+        return Ok(CheckpointsLock { _file: None });
+    }
+    let file = crate::run_lock::open_lock_file(&root.join(CHECKPOINTS_LOCK))?;
+    FileExt::lock_shared(&file)
+        .with_context(|| format!("locking {}", root.join(CHECKPOINTS_LOCK).display()))?;
+    Ok(CheckpointsLock { _file: Some(file) })
 }
 
 /// Reads and verifies one checkpoint directory.
@@ -235,6 +288,7 @@ pub fn load(dir: &Path, device: &Device) -> Result<Loaded> {
     })?;
     let state: CheckpointState = serde_json::from_str(&text)
         .with_context(|| format!("{} is corrupt (not valid checkpoint JSON)", state_path.display()))?;
+    check_state(dir, &state_path, &state)?;
     for name in [MODEL, OPTIMIZER, CONFIG] {
         let expected = state
             .files
@@ -260,6 +314,41 @@ pub fn load(dir: &Path, device: &Device) -> Result<Loaded> {
         params,
         optimizer,
     })
+}
+
+/// The step a checkpoint directory's name gives (`step-00000020` → 20; `None` for other names,
+/// such as `average-last-5`).
+fn step_of_dir(dir: &Path) -> Option<u64> {
+    dir.file_name()?.to_str()?.strip_prefix("step-")?.parse().ok()
+}
+
+/// `state.json` must agree with the directory it sits in and with itself: a state copied from
+/// another checkpoint (or edited) would resume at the wrong step and overwrite a checkpoint.
+fn check_state(dir: &Path, state_path: &Path, state: &CheckpointState) -> Result<()> {
+    let corrupt = |what: String| {
+        anyhow::anyhow!(
+            "{} is inconsistent: {what}. It was edited or copied from another checkpoint; restore \
+             it, or resume with --fallback to continue from the newest intact checkpoint. Nothing \
+             was changed.",
+            state_path.display()
+        )
+    };
+    if let Some(step) = step_of_dir(dir) {
+        if step != state.step {
+            return Err(corrupt(format!(
+                "it says step {} but its directory {} holds step {step}",
+                state.step,
+                dir.display()
+            )));
+        }
+    }
+    if state.optimizer_step > state.step {
+        return Err(corrupt(format!(
+            "optimizer_step {} is past step {}",
+            state.optimizer_step, state.step
+        )));
+    }
+    Ok(())
 }
 
 /// Deletes all but the newest `keep_last` checkpoints, sparing the best one.
@@ -310,10 +399,21 @@ pub fn average(run_dir: &Path, last: usize) -> Result<PathBuf> {
     if last == 0 {
         bail!("--last must be at least 1");
     }
+    if !run_dir.join(CHECKPOINTS).is_dir() {
+        bail!(
+            "{} has no {CHECKPOINTS}/ folder: give a run directory (the --run-dir of `ember train`)",
+            run_dir.display()
+        );
+    }
+    // A run training now saves and prunes under this lock: the checkpoints listed are there
+    // until they are read.
+    let reading = lock_for_reading(run_dir)?;
     let all = list(run_dir);
     if all.len() < last {
         bail!(
-            "{} has {} checkpoint(s), fewer than --last {last}; lower --last or raise checkpoint.keep_last",
+            "{} has {} checkpoint(s), fewer than --last {last}; lower --last (a run keeps its newest \
+             checkpoint.keep_last, so wait for more to be saved or raise checkpoint.keep_last for the \
+             next run)",
             run_dir.display(),
             all.len()
         );
@@ -349,6 +449,7 @@ pub fn average(run_dir: &Path, last: usize) -> Result<PathBuf> {
         newest = Some(loaded);
     }
     let (sum, newest) = (sum.expect("last ≥ 1"), newest.expect("last ≥ 1"));
+    drop(reading);
     let averaged = sum
         .into_iter()
         .map(|(k, t)| Ok((k, (t / last as f64)?)))

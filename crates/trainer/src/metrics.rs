@@ -3,7 +3,7 @@
 
 use crate::{say, tell};
 use std::fs::{self, File, OpenOptions};
-use std::io::{BufRead, BufReader, IsTerminal, Write};
+use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
@@ -92,8 +92,10 @@ impl MetricsLog {
     pub fn open(run_dir: &Path, keep_through_step: Option<u64>) -> Result<Self> {
         let path = run_dir.join(METRICS);
         if let Some(last) = keep_through_step {
-            let text = match fs::read_to_string(&path) {
-                Ok(t) => t,
+            // Bytes that are not UTF-8 (a damaged file) become lines no record parses from,
+            // which are dropped below like a torn one.
+            let text = match fs::read(&path) {
+                Ok(t) => String::from_utf8_lossy(&t).into_owned(),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
                 Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
             };
@@ -128,17 +130,31 @@ impl MetricsLog {
 
 /// Reads `metrics.jsonl`; a torn last line (the process was killed mid-write) is ignored.
 pub fn read(path: &Path) -> Result<Vec<Record>> {
-    let Ok(file) = File::open(path) else {
-        return Ok(vec![]);
+    Ok(read_counting(path)?.0)
+}
+
+/// As [`read`], also counting the complete lines that are not a record (the file was damaged
+/// or is not a metrics log); a missing file is an empty log.
+pub fn read_counting(path: &Path) -> Result<(Vec<Record>, usize)> {
+    let bytes = match fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((vec![], 0)),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
     };
-    let mut out = vec![];
-    for line in BufReader::new(file).lines() {
-        let line = line?;
-        if let Ok(r) = serde_json::from_str(&line) {
-            out.push(r);
+    let text = String::from_utf8_lossy(&bytes);
+    let complete = text.ends_with('\n');
+    let lines: Vec<&str> = text.lines().collect();
+    let (mut out, mut bad) = (vec![], 0);
+    for (i, line) in lines.iter().enumerate() {
+        match serde_json::from_str(line) {
+            Ok(r) => out.push(r),
+            // The last line of a log a kill tore is expected; anything else is damage.
+            Err(_) if i + 1 == lines.len() && !complete => {}
+            Err(_) if line.trim().is_empty() => {}
+            Err(_) => bad += 1,
         }
     }
-    Ok(out)
+    Ok((out, bad))
 }
 
 /// Writes `metrics.csv`: one row per record, train and eval columns side by side.
