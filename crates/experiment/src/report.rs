@@ -88,13 +88,34 @@ pub struct Report {
     /// Relative to the output directory.
     pub plots: Vec<String>,
     pub notes: Vec<String>,
+    /// Run files that could not be read as what they should be (a damaged metrics.jsonl or
+    /// summary.json): the report is made without them, and the CLI prints these.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 /// Reads every run under `out_dir`, writes `report.md`, `report.json` and `plots/`, and returns
 /// the report.
 pub fn report(out_dir: &Path) -> Result<Report> {
-    let plan: Option<Plan> = read_json(&out_dir.join(GRID))?;
-    let status: Option<SweepStatus> = read_json(&out_dir.join(STATUS))?;
+    let plan: Option<Plan> = read_json(&out_dir.join(GRID)).with_context(|| {
+        format!(
+            "{} is not a plan ember wrote; re-plan with `ember ablate CONFIG --out {}` (finished runs \
+             are kept), or remove it to report the run directories alone",
+            out_dir.join(GRID).display(),
+            out_dir.display()
+        )
+    })?;
+    let mut warnings = vec![];
+    let status: Option<SweepStatus> = match read_json(&out_dir.join(STATUS)) {
+        Ok(s) => s,
+        Err(e) => {
+            warnings.push(format!(
+                "{e:#}: it is not a status file ember wrote, so the report leaves out what it records \
+                 (failed runs' errors, wall time)"
+            ));
+            None
+        }
+    };
     let runs = load_runs(out_dir, plan.as_ref(), status.as_ref())?;
     if runs.is_empty() {
         bail!(
@@ -156,6 +177,10 @@ pub fn report(out_dir: &Path) -> Result<Report> {
         runs: runs.iter().map(|r| r.result.clone()).collect(),
         plots,
         notes: plan.map(|p| p.notes).unwrap_or_default(),
+        warnings: warnings
+            .into_iter()
+            .chain(runs.iter().flat_map(|r| r.warnings.iter().cloned()))
+            .collect(),
     };
     write(out_dir, &report)?;
     Ok(report)
