@@ -89,6 +89,7 @@ fn source_length_buckets(
 }
 
 fn read_lines(path: &PathBuf) -> Result<Vec<String>> {
+    ember_data::io::refuse_special_input(path, Some("bleu"))?;
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     Ok(split_lines(&text))
 }
@@ -120,6 +121,24 @@ pub(crate) fn run(args: BleuArgs) -> Result<()> {
         .iter()
         .map(read_lines)
         .collect::<Result<Vec<_>>>()?;
+    let hyp_name = args
+        .input
+        .as_ref()
+        .map_or("standard input".to_string(), |p| p.display().to_string());
+    if hyps.is_empty() {
+        bail!("the hypothesis ({hyp_name}) has no lines: nothing to score");
+    }
+    for (path, lines) in args.references.iter().zip(&refs) {
+        if lines.len() != hyps.len() {
+            bail!(
+                "-r {} has {} line(s) but the hypothesis ({hyp_name}) has {}: each reference file \
+                 needs one line per hypothesis line, in the same order",
+                path.display(),
+                lines.len(),
+                hyps.len()
+            );
+        }
+    }
     let tokenize: Tokenize = args
         .tokenize
         .parse()
