@@ -85,11 +85,14 @@ pub fn refuse_special_input(path: &Path, key: Option<&str>) -> Result<()> {
 
 /// Checks a path a command is about to write (through a temporary file and a rename) before
 /// anything is read or computed: it must not be one of `inputs` (writing would replace the
-/// input with the output), nor an existing folder, device, FIFO or socket (a rename would
-/// replace the special file itself, e.g. `/dev/null`, with a regular file). `what` names the
-/// argument in the refusal (`OUTPUT`, `--output`).
+/// input with the output), nor a symbolic link (a rename would replace the link with a regular
+/// file, e.g. `/dev/stdout`, and a plain write would write into whatever it points at), nor an
+/// existing folder, device, FIFO or socket (a rename would replace the special file itself,
+/// e.g. `/dev/null`, with a regular file). `what` names the argument in the refusal (`OUTPUT`,
+/// `--output`).
 pub fn check_output(output: &Path, inputs: &[&Path], what: &str) -> Result<()> {
     use std::os::unix::fs::MetadataExt;
+    refuse_link(output, what)?;
     let Ok(out) = std::fs::metadata(output) else {
         return Ok(()); // a new file
     };
@@ -132,6 +135,48 @@ pub fn check_output(output: &Path, inputs: &[&Path], what: &str) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Refuses an output path that is a symbolic link (dangling or not): ember writes the files it
+/// was asked to write, never through a link to somewhere else.
+pub fn refuse_link(output: &Path, what: &str) -> Result<()> {
+    let is_link = std::fs::symlink_metadata(output).is_ok_and(|m| m.file_type().is_symlink());
+    if !is_link {
+        return Ok(());
+    }
+    let target = std::fs::read_link(output)
+        .map(|t| format!(" (to {})", t.display()))
+        .unwrap_or_default();
+    Err(DataError::arg(
+        what,
+        format!(
+            "{} is a symbolic link{target}; ember does not write through links (writing would \
+             replace the link, or the file it points at). Give the path of the file itself, or \
+             remove the link (`rm {}` removes only the link). Nothing was written.",
+            output.display(),
+            output.display()
+        ),
+    ))
+}
+
+/// What to do about a failed write of `path`, by what failed: a full disk says so (and that the
+/// file there before is untouched), a missing folder or a folder without write permission too.
+pub fn write_hint(e: &std::io::Error, path: &Path) -> String {
+    let folder = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.display().to_string(),
+        _ => ".".to_string(),
+    };
+    match e.kind() {
+        std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded => format!(
+            "the disk that holds {folder} is full (or over its quota): free space there or \
+             write somewhere else; the file that was there before, if any, is untouched"
+        ),
+        std::io::ErrorKind::NotFound => format!("check that the folder {folder} exists"),
+        std::io::ErrorKind::PermissionDenied => {
+            format!("check that the folder {folder} is writable by you")
+        }
+        _ => format!("check that the folder {folder} exists and is writable"),
+    }
 }
 
 /// Splits text into lines, accepting `\n` and `\r\n`; a final newline does not start an extra line.
@@ -189,6 +234,29 @@ mod tests {
         check_output(&dir.path().join("new.bin"), &[&input], "OUTPUT").expect("a new file");
         check_output(&other, &[&dir.path().join("missing")], "OUTPUT").expect("an unrelated file");
         assert_eq!(std::fs::read_to_string(&input).unwrap(), "text");
+    }
+
+    #[test]
+    fn an_output_that_is_a_link_is_refused_whatever_it_points_at() {
+        let dir = tempfile::tempdir().unwrap();
+        let precious = dir.path().join("precious.txt");
+        std::fs::write(&precious, "mine").unwrap();
+        for (name, target) in [
+            ("to-file", precious.clone()),
+            ("dangling", dir.path().join("nowhere")),
+            ("to-device", "/dev/null".into()),
+            ("to-stdout", "/proc/self/fd/1".into()),
+        ] {
+            let link = dir.path().join(name);
+            std::os::unix::fs::symlink(&target, &link).unwrap();
+            let e = check_output(&link, &[], "OUTPUT").unwrap_err().to_string();
+            assert!(
+                e.contains("OUTPUT") && e.contains(name) && e.contains("symbolic link"),
+                "{e}"
+            );
+            assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+        }
+        assert_eq!(std::fs::read_to_string(&precious).unwrap(), "mine");
     }
 
     #[test]

@@ -90,14 +90,20 @@ pub fn write_shard(path: &Path, ids: &[u32]) -> Result<()> {
     let io = |e: std::io::Error| DataError::Io {
         path: path.to_path_buf(),
         key: None,
+        hint: crate::io::write_hint(&e, path),
         source: e,
-        hint: "check that the folder exists and is writable".into(),
     };
     let tmp = path.with_extension(format!("bin.tmp{}", std::process::id()));
-    let mut file = std::fs::File::create(&tmp).map_err(io)?;
-    file.write_all(&bytes).map_err(io)?;
-    file.sync_all().map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(io)
+    let written = std::fs::File::create(&tmp).and_then(|mut file| {
+        file.write_all(&bytes)?;
+        file.sync_all()?;
+        std::fs::rename(&tmp, path)
+    });
+    if written.is_err() {
+        // A partial temporary file would only take the space a full disk lacks.
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written.map_err(io)
 }
 
 /// Tokenises the text file `input` with `tokenizer` and writes the ids to the shard `output`;
@@ -171,6 +177,23 @@ pub fn expand(entry: &Path, key: &str) -> Result<Vec<PathBuf>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failed_write_leaves_no_temporary_file_and_says_what_to_do() {
+        let dir = tempfile::tempdir().unwrap();
+        // The rename fails (a folder holding a file is where the shard should go).
+        let path = dir.path().join("out.bin");
+        std::fs::create_dir(&path).unwrap();
+        std::fs::write(path.join("kept"), "x").unwrap();
+        let e = write_shard(&path, &[1, 2, 3]).unwrap_err().to_string();
+        assert!(e.contains("out.bin") && e.contains("check that the folder"), "{e}");
+        let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().map(|e| e.file_name()).collect();
+        assert_eq!(left, ["out.bin"], "no temporary file stays behind");
+        // A full disk says so, and where.
+        let full = std::io::Error::from_raw_os_error(28);
+        let hint = crate::io::write_hint(&full, Path::new("data/out.bin"));
+        assert!(hint.contains("disk that holds data is full"), "{hint}");
+    }
 
     #[test]
     fn shards_are_raw_little_endian_u16() {
