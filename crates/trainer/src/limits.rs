@@ -115,9 +115,11 @@ pub fn estimate(m: &ModelConfig, train: BatchShape, eval: BatchShape, shares: us
     MemoryEstimate {
         parameters: (3.0 + shares.max(1) as f64) * parameter_count(m) * F32,
         activations: per_batch(train, 1.0).max(per_batch(eval, 0.25)),
-        // The rotary cos/sin tables (learned tables are parameters, counted above).
+        // The rotary cos/sin tables (learned tables are parameters, counted above), at their
+        // peak while built: per position and head dimension, cos and sin in f64 (16 bytes),
+        // their f32 tensors (8) and the f32 half tables (4): 28 bytes, 7 f32s.
         positions: match m.positions {
-            Positions::Rope => 2.0 * m.max_seq_len as f64 * m.head_dim() as f64 * F32,
+            Positions::Rope => 7.0 * m.max_seq_len as f64 * m.head_dim() as f64 * F32,
             Positions::Learned | Positions::None => 0.0,
         },
     }
