@@ -187,11 +187,66 @@ pub fn save(
         step_dir_name(state.step),
         std::process::id()
     ));
-    let writing = |p: &Path| format!("writing {}", p.display());
     if tmp.exists() {
         fs::remove_dir_all(&tmp).with_context(|| format!("removing {}", tmp.display()))?;
     }
     fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    let written = write_into(&tmp, &mut state, params, optimizer, config_yaml);
+    if let Err(e) = written {
+        // A half-written checkpoint would only hold the space a full disk lacks; the
+        // checkpoints saved before are untouched.
+        let _ = fs::remove_dir_all(&tmp);
+        return Err(with_disk_hint(e, &root));
+    }
+    let dest = root.join(step_dir_name(state.step));
+    let moving = || format!("moving {} into place as {}", tmp.display(), dest.display());
+    if dest.exists() {
+        // Re-saving a step (e.g. final save right after a periodic one): replace it.
+        let old = root.join(format!(
+            ".old-{}-{}",
+            step_dir_name(state.step),
+            std::process::id()
+        ));
+        fs::rename(&dest, &old).with_context(moving)?;
+        fs::rename(&tmp, &dest).with_context(moving)?;
+        fs::remove_dir_all(&old).with_context(|| format!("removing {}", old.display()))?;
+    } else {
+        fs::rename(&tmp, &dest).with_context(moving)?;
+    }
+    fsync_dir(&root);
+    Ok(dest)
+}
+
+/// A failed write on a full disk says what to do (and that nothing saved before is lost).
+fn with_disk_hint(e: anyhow::Error, root: &Path) -> anyhow::Error {
+    let full = e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>().is_some_and(|io| {
+            matches!(
+                io.kind(),
+                std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+            )
+        }) || c.to_string().contains("No space left on device")
+    });
+    if !full {
+        return e;
+    }
+    e.context(format!(
+        "the disk that holds {} is full: free space there and run again (the half-written \
+         checkpoint was removed; those saved before it are intact)",
+        root.display()
+    ))
+}
+
+/// Writes a checkpoint's files into the temporary directory `tmp` (and `state.files`, their
+/// hashes).
+fn write_into(
+    tmp: &Path,
+    state: &mut CheckpointState,
+    params: &ParamStore,
+    optimizer: &HashMap<String, Tensor>,
+    config_yaml: &str,
+) -> Result<()> {
+    let writing = |p: &Path| format!("writing {}", p.display());
     params
         .save(&tmp.join(MODEL))
         .with_context(|| writing(&tmp.join(MODEL)))?;
@@ -211,24 +266,8 @@ pub fn save(
     f.write_all(serde_json::to_string_pretty(&state)?.as_bytes())
         .and_then(|()| f.sync_all())
         .with_context(|| writing(&state_path))?;
-    fsync_dir(&tmp);
-    let dest = root.join(step_dir_name(state.step));
-    let moving = || format!("moving {} into place as {}", tmp.display(), dest.display());
-    if dest.exists() {
-        // Re-saving a step (e.g. final save right after a periodic one): replace it.
-        let old = root.join(format!(
-            ".old-{}-{}",
-            step_dir_name(state.step),
-            std::process::id()
-        ));
-        fs::rename(&dest, &old).with_context(moving)?;
-        fs::rename(&tmp, &dest).with_context(moving)?;
-        fs::remove_dir_all(&old).with_context(|| format!("removing {}", old.display()))?;
-    } else {
-        fs::rename(&tmp, &dest).with_context(moving)?;
-    }
-    fsync_dir(&root);
-    Ok(dest)
+    fsync_dir(tmp);
+    Ok(())
 }
 
 /// The lock file inside `checkpoints/` that orders writers (a run saving and pruning) and
@@ -251,8 +290,27 @@ pub fn lock_for_writing(run_dir: &Path) -> Result<CheckpointsLock> {
     use fs4::fs_std::FileExt;
     let root = run_dir.join(CHECKPOINTS);
     fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
-    let Ok(file) = crate::run_lock::open_lock_file(&root.join(CHECKPOINTS_LOCK)) else {
-        return Ok(CheckpointsLock { _file: None });
+    let file = match crate::run_lock::open_lock_file(&root.join(CHECKPOINTS_LOCK)) {
+        Ok(file) => file,
+        Err(e) => {
+            // Said once per process: every save after it goes the same way.
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            let path = root.join(CHECKPOINTS_LOCK);
+            let why = fs::symlink_metadata(&path)
+                .ok()
+                .and_then(|meta| crate::run_lock::not_a_lock_file(&meta, &path))
+                .map_or_else(|| format!("cannot be opened ({})", e.root_cause()), |w| format!("is {w}"));
+            WARNED.call_once(|| {
+                crate::tell!(
+                    "warning: {} {why}, not a lock file ember can use: checkpoints are saved \
+                     without the readers' lock, so an `ember average` run meanwhile may find one \
+                     pruned under it. Remove it (`rm {}`) to have the lock back.",
+                    path.display(),
+                    path.display()
+                )
+            });
+            return Ok(CheckpointsLock { _file: None });
+        }
     };
     let started = std::time::Instant::now();
     loop {
@@ -461,18 +519,46 @@ pub fn average(run_dir: &Path, last: usize) -> Result<PathBuf> {
     let config = fs::read_to_string(newest.dir.join(CONFIG))?;
     let tmp_root = run_dir.join(format!(".average-{}", std::process::id()));
     let _ = fs::remove_dir_all(&tmp_root);
-    let written = save(
+    let dest = run_dir.join(CHECKPOINTS).join(format!("average-last-{last}"));
+    let placed = save(
         &tmp_root,
         newest.state.clone(),
         &params,
         &newest.optimizer,
         &config,
-    )?;
-    let dest = run_dir.join(CHECKPOINTS).join(format!("average-last-{last}"));
-    if dest.exists() {
-        fs::remove_dir_all(&dest)?;
-    }
-    fs::rename(&written, &dest)?;
-    fs::remove_dir_all(&tmp_root)?;
+    )
+    .and_then(|written| {
+        if dest.exists() {
+            fs::remove_dir_all(&dest).with_context(|| format!("replacing {}", dest.display()))?;
+        }
+        fs::rename(&written, &dest).with_context(|| format!("moving the average into {}", dest.display()))
+    });
+    // The temporary folder goes whether or not the average was written.
+    let _ = fs::remove_dir_all(&tmp_root);
+    placed?;
     Ok(dest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_disk_says_where_and_that_earlier_checkpoints_are_intact() {
+        let full = anyhow::Error::new(std::io::Error::from_raw_os_error(28))
+            .context("writing run/checkpoints/.tmp-step-00000001-1/model.safetensors");
+        let said = format!("{:#}", with_disk_hint(full, Path::new("run/checkpoints")));
+        assert!(
+            said.starts_with("the disk that holds run/checkpoints is full")
+                && said.contains("those saved before it are intact")
+                && said.contains("model.safetensors"),
+            "{said}"
+        );
+        // Any other failure is left as it is.
+        let other = anyhow::anyhow!("writing x: permission denied");
+        assert_eq!(
+            format!("{:#}", with_disk_hint(other, Path::new("run"))),
+            "writing x: permission denied"
+        );
+    }
 }

@@ -111,11 +111,23 @@ impl MetricsLog {
                 crate::files::write_atomic(&path, out.as_bytes())?;
             }
         }
+        // O_NOFOLLOW: the log is appended to in place, so a link put in its place would have
+        // the records written into whatever it points at.
+        use std::os::unix::fs::OpenOptionsExt;
         let file = OpenOptions::new()
             .create(true)
             .append(true)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(&path)
-            .with_context(|| format!("opening {}", path.display()))?;
+            .map_err(|e| match e.raw_os_error() {
+                Some(libc::ELOOP) => anyhow::anyhow!(
+                    "{} is a symbolic link, not the metrics log ember keeps there; ember does not \
+                     write through it. Remove it (`rm {}` removes only the link) and run again.",
+                    path.display(),
+                    path.display()
+                ),
+                _ => anyhow::Error::new(e).context(format!("opening {}", path.display())),
+            })?;
         Ok(Self { path, file })
     }
 
@@ -184,7 +196,8 @@ pub fn export_csv(run_dir: &Path) -> Result<()> {
             )),
         }
     }
-    fs::write(run_dir.join(METRICS_CSV), out).context("writing metrics.csv")
+    // Through a rename: a link put in its place is replaced, never written through.
+    crate::files::write_atomic(&run_dir.join(METRICS_CSV), out.as_bytes())
 }
 
 /// How much the run prints.

@@ -99,10 +99,12 @@ pub fn holder(dir: &Path) -> Option<String> {
 pub fn open_lock_file(path: &Path) -> Result<File> {
     use std::os::unix::fs::OpenOptionsExt;
     let refuse = |what: String| -> anyhow::Error {
+        // A folder is removed with rmdir (if empty: what it holds is the user's to look at).
+        let remove = if what == "a folder" { "rmdir" } else { "rm" };
         anyhow::anyhow!(
             "{} is {what}, not the lock file ember keeps there (a regular file of its own), so \
-             ember does not write into it; remove it (`rm {}`: only the name is removed) and try \
-             again. Nothing was changed.",
+             ember does not write into it; remove it (`{remove} {}`: only the name is removed) \
+             and try again. Nothing was changed.",
             path.display(),
             path.display()
         )
@@ -135,7 +137,7 @@ pub fn open_lock_file(path: &Path) -> Result<File> {
 }
 
 /// Why `meta` (of `path`, not followed) cannot be a lock file ember writes, if it cannot.
-fn not_a_lock_file(meta: &fs::Metadata, path: &Path) -> Option<String> {
+pub(crate) fn not_a_lock_file(meta: &fs::Metadata, path: &Path) -> Option<String> {
     use std::os::unix::fs::MetadataExt;
     let kind = meta.file_type();
     if kind.is_symlink() {

@@ -391,7 +391,7 @@ fn restore_cursor(
     };
     let per_epoch = batcher.batches_per_epoch();
     if !allowed.data_change {
-        return Err(anyhow::Error::new(e).context(format!(
+        let said = format!(
             "cannot resume: the checkpoint {} stopped at batch {} of epoch {}, but an epoch of this \
              data has only {per_epoch} batches (the data shrank, or train.batch_size, \
              train.block_size or train.max_tokens changed). Resume with the data and batch settings \
@@ -400,7 +400,12 @@ fn restore_cursor(
             checkpoint.display(),
             cursor.position,
             cursor.epoch
-        )));
+        );
+        // The message says all the data's own error would (and says what to do).
+        return Err(match e {
+            ember_data::DataError::CursorOutOfRange { .. } => anyhow::anyhow!(said),
+            other => anyhow::Error::new(other).context(said),
+        });
     }
     let next = ember_data::Cursor {
         epoch: cursor.epoch.saturating_add(1),
