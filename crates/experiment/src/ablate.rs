@@ -589,8 +589,8 @@ fn execute(
             if resume {
                 args.push("--resume".into());
             }
-            let files = fs::File::create(run.dir.join(STDOUT_LOG))
-                .and_then(|o| Ok((o, fs::File::create(run.dir.join(STDERR_LOG))?)));
+            let files = create_log(&run.dir.join(STDOUT_LOG))
+                .and_then(|o| Ok((o, create_log(&run.dir.join(STDERR_LOG))?)));
             let result = files.and_then(|(out, err)| {
                 let mut command = Command::new(exe);
                 command.args(&args).stdin(Stdio::null()).stdout(out).stderr(err);
@@ -929,8 +929,30 @@ fn tail_lines(path: &Path, n: usize) -> String {
 
 /// Writes pretty JSON through a temporary file and a rename.
 pub(crate) fn write_json_atomic<T: Serialize>(path: &Path, value: &T) -> Result<()> {
-    let tmp = path.with_extension("json.tmp");
-    fs::write(&tmp, serde_json::to_string_pretty(value)? + "\n")
-        .with_context(|| format!("writing {}", tmp.display()))?;
-    fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
+    write_atomic(path, (serde_json::to_string_pretty(value)? + "\n").as_bytes())
+}
+
+/// Writes a file of a sweep (a plan, a report, a script, a plot) through a temporary file and
+/// a rename: a crash leaves the old content or the new, and a link put in the file's place is
+/// replaced, never written through. A failed write leaves no temporary file behind.
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".tmp{}", std::process::id()));
+    let tmp = PathBuf::from(tmp);
+    let written = fs::write(&tmp, bytes)
+        .and_then(|()| fs::rename(&tmp, path))
+        .with_context(|| format!("writing {}", path.display()));
+    if written.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    written
+}
+
+/// Creates (or truncates) a log file of a run, replacing a link put in its place rather than
+/// writing into whatever it points at.
+fn create_log(path: &Path) -> std::io::Result<fs::File> {
+    if fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
+        fs::remove_file(path)?;
+    }
+    fs::File::create(path)
 }

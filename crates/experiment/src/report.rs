@@ -38,6 +38,7 @@ pub use runs::RunResult;
 pub use sensitivity::Sensitivity;
 
 use crate::layout::{Axis, Hardware, Plan, SweepStatus, GRID, REPORT_JSON, REPORT_MD, RUNS, STATUS};
+use crate::ablate::write_atomic;
 use grid::Grid;
 use runs::{load_runs, LoadedRun};
 
@@ -221,13 +222,14 @@ fn wall_secs(status: Option<&SweepStatus>) -> Option<f64> {
 
 /// `report.md` and `report.json`.
 fn write(out_dir: &Path, report: &Report) -> Result<()> {
-    fs::write(out_dir.join(REPORT_MD), markdown::markdown(report))
-        .with_context(|| format!("writing {}", out_dir.join(REPORT_MD).display()))?;
-    fs::write(
-        out_dir.join(REPORT_JSON),
-        serde_json::to_string_pretty(report)? + "\n",
+    write_atomic(
+        &out_dir.join(REPORT_MD),
+        markdown::markdown(report).as_bytes(),
+    )?;
+    write_atomic(
+        &out_dir.join(REPORT_JSON),
+        (serde_json::to_string_pretty(report)? + "\n").as_bytes(),
     )
-    .with_context(|| format!("writing {}", out_dir.join(REPORT_JSON).display()))
 }
 
 fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Option<T>> {

@@ -412,7 +412,7 @@ fn report_script_text(plan: &Plan, slurm: &SlurmOptions, exe: &Path, cwd: &Path)
 
 fn write_script(path: &Path, text: &str) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
-    fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+    crate::ablate::write_atomic(path, text.as_bytes())?;
     fs::set_permissions(path, fs::Permissions::from_mode(0o755))
         .with_context(|| format!("making {} executable", path.display()))
 }
