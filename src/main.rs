@@ -308,7 +308,16 @@ fn keep_freed_memory() {}
 
 fn main() -> ExitCode {
     keep_freed_memory();
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // --help and --version print as clap writes them; a usage error is bounded like every
+        // other error (clap echoes the value it refused, however long).
+        Err(e) if !e.use_stderr() => e.exit(),
+        Err(e) => {
+            tell!("{}", bounded(e.render().to_string().trim_end()));
+            return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
+        }
+    };
     let result = match cli.command {
         Command::Bleu(args) => bleu::run(args),
         Command::Train(args) => train(args),
@@ -385,7 +394,48 @@ fn user_message(e: &anyhow::Error) -> String {
         }
         text.push_str(said);
     }
-    text
+    bounded(&text)
+}
+
+/// The longest word (a run without spaces) an error message shows whole.
+const MAX_WORD: usize = 200;
+/// The longest error message shown whole.
+const MAX_MESSAGE: usize = 6000;
+
+/// `text` with every overlong word (an input echoed back: a 100 kB `--set` value, a key, a
+/// path) shortened to its start and end, and the whole cut at [`MAX_MESSAGE`] characters:
+/// an error names what it refuses, it does not repeat it.
+fn bounded(text: &str) -> String {
+    let mut out = String::with_capacity(text.len().min(MAX_MESSAGE + 100));
+    let mut word = String::new();
+    let flush = |word: &mut String, out: &mut String| {
+        let n = word.chars().count();
+        if n > MAX_WORD {
+            out.extend(word.chars().take(80));
+            out.push('…');
+            out.extend(word.chars().skip(n - 40));
+            out.push_str(&format!(" ({n} characters)"));
+        } else {
+            out.push_str(word);
+        }
+        word.clear();
+    };
+    for c in text.chars() {
+        if c.is_whitespace() {
+            flush(&mut word, &mut out);
+            out.push(c);
+        } else {
+            word.push(c);
+        }
+    }
+    flush(&mut word, &mut out);
+    let n = out.chars().count();
+    if n > MAX_MESSAGE {
+        let mut cut: String = out.chars().take(MAX_MESSAGE).collect();
+        cut.push_str(&format!("… ({} more characters left out)", n - MAX_MESSAGE));
+        return cut;
+    }
+    out
 }
 
 /// `text` without the frames of a captured backtrace (`   0: name` and `      at file.rs:1:2`).
@@ -1026,4 +1076,44 @@ fn report(args: ReportArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Whatever an error echoes, what reaches the screen is bounded: no word longer than
+        /// [`MAX_WORD`] (plus its count), no message longer than [`MAX_MESSAGE`] (plus a note).
+        #[test]
+        fn every_error_message_is_bounded(
+            words in prop::collection::vec("[a-z=./\\-]{0,400}|\\PC{0,30}", 0..60),
+            seps in prop::collection::vec(prop::sample::select(vec![" ", "\n", ": ", "\t"]), 60),
+        ) {
+            let text: String = words
+                .iter()
+                .zip(&seps)
+                .flat_map(|(w, s)| [w.as_str(), *s])
+                .collect();
+            let out = bounded(&text);
+            prop_assert!(out.chars().count() <= MAX_MESSAGE + 50);
+            for word in out.split_whitespace() {
+                prop_assert!(word.chars().count() <= MAX_WORD, "{}", word);
+            }
+            let short = text.split_whitespace().all(|w| w.chars().count() <= MAX_WORD);
+            if short && text.chars().count() <= MAX_MESSAGE {
+                prop_assert_eq!(out, text, "a message within the bounds is shown whole");
+            }
+        }
+    }
+
+    #[test]
+    fn a_long_value_is_named_by_its_start_end_and_length() {
+        let value = format!("{}end", "a".repeat(100_000));
+        let out = bounded(&format!("lm.yaml: --set \"train.lr={value}\" is not a number"));
+        assert!(out.starts_with("lm.yaml: --set \"train.lr=aaa"), "{out}");
+        assert!(out.contains("aaend\" (100014 characters) is not a number"), "{out}");
+        assert!(out.len() < 300, "{out}");
+    }
 }
