@@ -111,6 +111,9 @@ fn cases() -> Vec<Case> {
     let mut grid_args = vec!["ablate", "lm.yaml", "--out", "sweep"];
     grid_args.extend(huge_grid.iter().map(String::as_str));
     let long_set = format!("train.lr={}", "ab ".repeat(35_000));
+    let long_word = "a".repeat(100_000);
+    let long_key = format!("model.{long_word}=1");
+    let long_grid = format!("{long_word}=1,2");
     vec![
         // Outputs that are not what the user asked to be written.
         case(
@@ -155,6 +158,57 @@ fn cases() -> Vec<Case> {
             &["out.bin"],
         )
         .setup(|d| std::fs::write(d.join("in.txt"), "Ωmega ☃ snow\n").unwrap()),
+        case(
+            "tokenize into a link to another file",
+            &["tokenize", "run", "in.txt", "link.bin"],
+            Refused(&["OUTPUT", "link.bin", "symbolic link"]),
+            &[],
+        )
+        .setup(|d| std::os::unix::fs::symlink("precious.txt", d.join("link.bin")).unwrap()),
+        case(
+            "tokenize into a dangling link",
+            &["tokenize", "run", "in.txt", "dangling.bin"],
+            Refused(&["dangling.bin", "symbolic link"]),
+            &[],
+        )
+        .setup(|d| std::os::unix::fs::symlink("nowhere.bin", d.join("dangling.bin")).unwrap())
+        .after(|d, _| assert!(!d.join("nowhere.bin").exists(), "nothing written through the link")),
+        case(
+            "tokenize into a link to stdout",
+            &["tokenize", "run", "in.txt", "stdout.bin"],
+            Refused(&["stdout.bin", "symbolic link"]),
+            &[],
+        )
+        .setup(|d| std::os::unix::fs::symlink("/dev/stdout", d.join("stdout.bin")).unwrap()),
+        case(
+            "eval --output into a link",
+            &["eval", "run", "--output", "link.json"],
+            Refused(&["--output", "link.json", "symbolic link"]),
+            &[],
+        )
+        .setup(|d| std::os::unix::fs::symlink("precious.txt", d.join("link.json")).unwrap()),
+        case(
+            "export into another run",
+            &["export", "run", "other"],
+            Refused(&["other", "run directory"]),
+            &[],
+        )
+        .setup(|d| {
+            // Another run, with a tokenizer of its own that the export would replace.
+            copy_dir(&d.join("run"), &d.join("other"));
+            std::fs::write(d.join("other/tokenizer.json"), "{\"its own\": true}").unwrap();
+        }),
+        case(
+            "export through a link in its folder",
+            &["export", "run", "hf"],
+            Refused(&["hf/config.json", "symbolic link"]),
+            &["hf"],
+        )
+        .setup(|d| {
+            std::fs::create_dir(d.join("hf")).unwrap();
+            std::os::unix::fs::symlink("../precious.txt", d.join("hf/config.json")).unwrap();
+        }),
+        case("export", &["export", "run", "hf"], Ok(&[]), &["hf"]),
         case(
             "export into the run",
             &["export", "run", "run"],
@@ -280,6 +334,33 @@ fn cases() -> Vec<Case> {
             Refused(&["--cpus-per-task"]),
             &["sweep"],
         ),
+        case(
+            "100,000 layers",
+            &["train", "lm.yaml", "--set", "model.n_layers=100000", "--run-dir", "new"],
+            Refused(&["model.n_layers", "1024"]),
+            &["new"],
+        ),
+        case(
+            "10^8 positions",
+            &["train", "lm.yaml", "--set", "model.max_seq_len=100000000", "--run-dir", "new"],
+            Refused(&["model.max_seq_len", "1048576"]),
+            &["new"],
+        ),
+        case(
+            "a vocabulary of 2^32 BPE tokens",
+            &[
+                "train",
+                "lm.yaml",
+                "--set",
+                "data.tokenizer.kind=bpe",
+                "--set",
+                "data.tokenizer.vocab_size=4294967296",
+                "--run-dir",
+                "new",
+            ],
+            Refused(&["data.tokenizer.vocab_size"]),
+            &["new"],
+        ),
         // Sweeps named wrongly.
         case(
             "--status of a config",
@@ -361,6 +442,30 @@ fn cases() -> Vec<Case> {
             &["train", "lm.yaml", "--set", &long_set, "--run-dir", "new"],
             Refused(&["train.lr", "characters"]),
             &["new"],
+        ),
+        case(
+            "a 100 kB key by --set",
+            &["train", "lm.yaml", "--set", &long_key, "--run-dir", "new"],
+            Refused(&["model.aaaa", "100000 characters"]),
+            &["new"],
+        ),
+        case(
+            "a 100 kB --set without a value",
+            &["train", "lm.yaml", "--set", &long_word, "--run-dir", "new"],
+            Refused(&["--set", "characters"]),
+            &["new"],
+        ),
+        case(
+            "a 100 kB --grid key",
+            &["ablate", "lm.yaml", "--grid", &long_grid, "--out", "sweep"],
+            Refused(&["--grid", "characters"]),
+            &["sweep"],
+        ),
+        case(
+            "a 100 kB --lrs",
+            &["ablate", "lm.yaml", "--lrs", &long_word, "--out", "sweep"],
+            Refused(&["--lrs", "characters"]),
+            &["sweep"],
         ),
         // Data that is not what it seems.
         case(
