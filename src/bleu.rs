@@ -90,7 +90,9 @@ fn source_length_buckets(
 
 fn read_lines(path: &PathBuf) -> Result<Vec<String>> {
     ember_data::io::refuse_special_input(path, Some("bleu"))?;
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let bytes = ember_data::io::read_bytes(path).with_context(|| format!("reading {}", path.display()))?;
+    let text = String::from_utf8(bytes)
+        .map_err(|_| anyhow::anyhow!("{} is not UTF-8 text; re-encode it as UTF-8", path.display()))?;
     Ok(split_lines(&text))
 }
 

@@ -20,8 +20,10 @@ pub fn read_text(path: &Path, key: Option<&str>) -> Result<String> {
         hint: hint.to_string(),
     };
     refuse_special_input(path, key)?;
-    let raw = std::fs::read(path).map_err(|e| {
-        let hint = if e.kind() == std::io::ErrorKind::NotFound {
+    let raw = read_bytes(path).map_err(|e| {
+        let hint = if e.kind() == std::io::ErrorKind::TimedOut {
+            "nothing was read"
+        } else if e.kind() == std::io::ErrorKind::NotFound {
             "check the path (relative paths start at the working directory); for Multi30k and \
              Tiny Shakespeare run scripts/get-data.sh to fill data/"
         } else {
@@ -55,6 +57,100 @@ pub fn read_text(path: &Path, key: Option<&str>) -> Result<String> {
         text.drain(..'\u{feff}'.len_utf8());
     }
     Ok(text)
+}
+
+/// How long a FIFO given as an input (a named pipe, `<(zcat corpus.gz)`) may stay silent before
+/// it is refused: a named pipe no program writes into would otherwise be waited on forever.
+pub const FIFO_PATIENCE: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// Opens `path` for reading. A FIFO is waited on for [`FIFO_PATIENCE`] at most: if nothing was
+/// written into it by then, the open fails with a `TimedOut` error that says what to do.
+pub fn open_input(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::FileTypeExt;
+    if !std::fs::metadata(path).is_ok_and(|m| m.file_type().is_fifo()) {
+        return std::fs::File::open(path);
+    }
+    open_fifo(path, FIFO_PATIENCE)
+}
+
+/// Reads the whole of `path`, as [`open_input`] opens it.
+pub fn read_bytes(path: &Path) -> std::io::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    open_input(path)?.read_to_end(&mut out)?;
+    Ok(out)
+}
+
+/// Opens the FIFO `path` without waiting for a writer, then waits up to `patience` for its
+/// first bytes (or its end); the file it returns reads as usual (blocking).
+pub fn open_fifo(path: &Path, patience: std::time::Duration) -> std::io::Result<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    let fd = file.as_raw_fd();
+    let deadline = std::time::Instant::now() + patience;
+    loop {
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let ms = i32::try_from(left.as_millis()).unwrap_or(i32::MAX);
+        // SAFETY: one valid pollfd, for a file descriptor this function owns.
+        let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if n > 0 {
+            break;
+        }
+        let e = std::io::Error::last_os_error();
+        if n < 0 && e.kind() == std::io::ErrorKind::Interrupted {
+            continue;
+        }
+        if n < 0 {
+            return Err(e);
+        }
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!(
+                "it is a FIFO (named pipe) that nothing wrote into within {} s; start the program \
+                 that writes into it first, or give a regular file",
+                patience.as_secs()
+            ),
+        ));
+    }
+    // SAFETY: fcntl on the descriptor owned by `file`: back to blocking reads.
+    unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        if flags >= 0 {
+            libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK);
+        }
+    }
+    Ok(file)
+}
+
+/// Reads a file Ember wrote itself (a checkpoint's state, a run's metrics or summary, a sweep's
+/// status): anything but a regular file in its place (a FIFO, a device, a folder) is refused
+/// at once instead of read (a FIFO would be waited on forever, a device never ends).
+pub fn read_own(path: impl AsRef<Path>) -> std::io::Result<Vec<u8>> {
+    let path = path.as_ref();
+    if let Ok(meta) = std::fs::metadata(path) {
+        if !meta.is_file() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "not a regular file (a folder, FIFO or device is in the place of a file ember \
+                 writes); remove it",
+            ));
+        }
+    }
+    std::fs::read(path)
+}
+
+/// As [`read_own`], as UTF-8 text.
+pub fn read_own_to_string(path: impl AsRef<Path>) -> std::io::Result<String> {
+    String::from_utf8(read_own(path)?)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.utf8_error()))
 }
 
 /// Refuses to read a device (`/dev/zero`, `/dev/urandom` would fill the memory) or a folder
@@ -257,6 +353,33 @@ mod tests {
             assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
         }
         assert_eq!(std::fs::read_to_string(&precious).unwrap(), "mine");
+    }
+
+    #[test]
+    fn a_fifo_nothing_writes_into_is_refused_and_one_that_is_written_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("corpus.fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo on a path in a fresh temporary folder.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let t0 = std::time::Instant::now();
+        let e = open_fifo(&fifo, std::time::Duration::from_millis(200)).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
+        assert!(e.to_string().contains("FIFO"), "{e}");
+        assert!(t0.elapsed() < std::time::Duration::from_secs(10), "no hang");
+        // A writer that comes a moment later is waited for, and all it writes is read.
+        let writer_path = fifo.clone();
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            std::fs::write(writer_path, "hello\n".repeat(50_000)).unwrap();
+        });
+        let mut text = String::new();
+        open_fifo(&fifo, std::time::Duration::from_secs(60))
+            .unwrap()
+            .read_to_string(&mut text)
+            .unwrap();
+        writer.join().unwrap();
+        assert_eq!(text.len(), 6 * 50_000);
     }
 
     #[test]

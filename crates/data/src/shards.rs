@@ -26,7 +26,7 @@ pub const MAX_SHARD_VOCAB: usize = u16::MAX as usize + 1;
 /// The token ids of one shard. `key` names the config entry (for errors).
 pub fn read_shard(path: &Path, key: Option<&str>) -> Result<Vec<u32>> {
     crate::io::refuse_special_input(path, key)?;
-    let bytes = std::fs::read(path).map_err(|e| DataError::Io {
+    let bytes = crate::io::read_bytes(path).map_err(|e| DataError::Io {
         path: path.to_path_buf(),
         key: key.map(str::to_string),
         source: e,

@@ -263,7 +263,7 @@ impl Tokenizer {
     pub fn load(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
         crate::io::refuse_special_input(path, Some("tokenizer"))?;
-        let bytes = std::fs::read(path).map_err(|e| DataError::Io {
+        let bytes = crate::io::read_bytes(path).map_err(|e| DataError::Io {
             path: path.to_path_buf(),
             key: None,
             source: e,
