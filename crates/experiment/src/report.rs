@@ -26,7 +26,6 @@ mod runs;
 mod sensitivity;
 pub mod stats;
 
-use std::fs;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -118,6 +117,14 @@ pub fn report(out_dir: &Path) -> Result<Report> {
         }
     };
     let runs = load_runs(out_dir, plan.as_ref(), status.as_ref())?;
+    if !out_dir.is_dir() {
+        bail!(
+            "{} is not a folder{}: give the output directory of a sweep (the --out of `ember \
+             ablate`, runs/NAME-ablation by default)",
+            out_dir.display(),
+            if out_dir.exists() { "" } else { " (it does not exist)" }
+        );
+    }
     if runs.is_empty() {
         bail!(
             "{} holds no runs: expected {GRID} or run directories under {}/",
@@ -233,7 +240,7 @@ fn write(out_dir: &Path, report: &Report) -> Result<()> {
 }
 
 fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Option<T>> {
-    match fs::read_to_string(path) {
+    match ember_data::io::read_own_to_string(path) {
         Ok(text) => Ok(Some(
             serde_json::from_str(&text).with_context(|| format!("reading {}", path.display()))?,
         )),

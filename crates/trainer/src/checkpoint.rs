@@ -118,7 +118,7 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 fn file_hash(path: &Path) -> Result<String> {
-    let bytes = fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let bytes = ember_data::io::read_own(path).with_context(|| format!("reading {}", path.display()))?;
     Ok(hex(&Sha256::digest(&bytes)))
 }
 
@@ -341,7 +341,7 @@ pub fn lock_for_reading(run_dir: &Path) -> Result<CheckpointsLock> {
 /// Reads and verifies one checkpoint directory.
 pub fn load(dir: &Path, device: &Device) -> Result<Loaded> {
     let state_path = dir.join(STATE);
-    let text = fs::read_to_string(&state_path).with_context(|| {
+    let text = ember_data::io::read_own_to_string(&state_path).with_context(|| {
         format!(
             "{} is missing: the checkpoint is incomplete",
             state_path.display()
@@ -516,7 +516,7 @@ pub fn average(run_dir: &Path, last: usize) -> Result<PathBuf> {
         .map(|(k, t)| Ok((k, (t / last as f64)?)))
         .collect::<Result<Vec<_>>>()?;
     let params = ParamStore::from_tensors(averaged, candle_core::DType::F32, &device)?;
-    let config = fs::read_to_string(newest.dir.join(CONFIG))?;
+    let config = ember_data::io::read_own_to_string(newest.dir.join(CONFIG))?;
     let tmp_root = run_dir.join(format!(".average-{}", std::process::id()));
     let _ = fs::remove_dir_all(&tmp_root);
     let dest = run_dir.join(CHECKPOINTS).join(format!("average-last-{last}"));

@@ -2,7 +2,7 @@
 //! the user sees while a run trains: a progress bar on a terminal, plain lines otherwise.
 
 use crate::{say, tell};
-use std::fs::{self, File, OpenOptions};
+use std::fs::{File, OpenOptions};
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
@@ -94,7 +94,7 @@ impl MetricsLog {
         if let Some(last) = keep_through_step {
             // Bytes that are not UTF-8 (a damaged file) become lines no record parses from,
             // which are dropped below like a torn one.
-            let text = match fs::read(&path) {
+            let text = match ember_data::io::read_own(&path) {
                 Ok(t) => String::from_utf8_lossy(&t).into_owned(),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
                 Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
@@ -148,7 +148,7 @@ pub fn read(path: &Path) -> Result<Vec<Record>> {
 /// As [`read`], also counting the complete lines that are not a record (the file was damaged
 /// or is not a metrics log); a missing file is an empty log.
 pub fn read_counting(path: &Path) -> Result<(Vec<Record>, usize)> {
-    let bytes = match fs::read(path) {
+    let bytes = match ember_data::io::read_own(path) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((vec![], 0)),
         Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),

@@ -276,7 +276,7 @@ impl TrainingRun {
                 }
                 already_finished = l.state.step == total_steps;
                 if !already_finished {
-                    let saved_yaml = fs::read_to_string(l.dir.join(RUN_CONFIG))
+                    let saved_yaml = ember_data::io::read_own_to_string(l.dir.join(RUN_CONFIG))
                         .with_context(|| format!("reading {}", l.dir.join(RUN_CONFIG).display()))?;
                     let changes = resume_check::config_changes(&saved_yaml, &l.dir, &cfg, allowed)?;
                     if !changes.is_empty() && leader {

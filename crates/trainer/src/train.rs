@@ -10,7 +10,6 @@
 //! `run_state`.
 
 use crate::say;
-use std::fs;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -369,7 +368,7 @@ fn already_finished(run: &TrainingRun, verbosity: Verbosity) -> Result<Summary> 
         );
     }
     let path = run.run_dir.join(SUMMARY);
-    let saved = fs::read_to_string(&path)
+    let saved = ember_data::io::read_own_to_string(&path)
         .ok()
         .and_then(|t| serde_json::from_str::<Summary>(&t).ok());
     Ok(saved.unwrap_or_else(|| {

@@ -8,7 +8,6 @@
 //! - [`sweep_status`] (`ember ablate DIR --status`) says which cells are done, running,
 //!   interrupted, failed or pending, from the run directories, their locks and `status.json`.
 
-use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -44,7 +43,7 @@ pub fn load_plan(out: &Path) -> Result<Plan> {
         );
     }
     let path = out.join(GRID);
-    let text = fs::read_to_string(&path).map_err(|e| {
+    let text = ember_data::io::read_own_to_string(&path).map_err(|e| {
         anyhow::anyhow!(
             "{} cannot be read ({e}): {} is not the output directory of a planned sweep; plan it first \
              with `ember ablate CONFIG --out {}` (add `--launcher slurm` to plan it for a cluster)",

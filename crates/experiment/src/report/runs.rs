@@ -128,7 +128,7 @@ pub(crate) fn load_runs(
 /// One run directory; `axes` are the keys whose values the run's own config gives as its levels
 /// (a run the plan does not list).
 fn load_run(dir: &Path, name: &str, status: Option<&SweepStatus>, axes: &[Axis]) -> Result<LoadedRun> {
-    let cfg: Option<Value> = fs::read_to_string(dir.join(RUN_CONFIG))
+    let cfg: Option<Value> = ember_data::io::read_own_to_string(dir.join(RUN_CONFIG))
         .ok()
         .and_then(|t| serde_saphyr::from_str(&t).ok());
     let at = |path: &[&str]| {
@@ -312,7 +312,7 @@ fn read_progress(dir: &Path) -> Result<Progress> {
 /// The validation loss before training, as the newest checkpoint that recorded it says.
 fn initial_val_loss(dir: &Path) -> Option<f64> {
     checkpoint::list(dir).iter().rev().find_map(|(_, ckpt)| {
-        let state: Value = serde_json::from_str(&fs::read_to_string(ckpt.join("state.json")).ok()?).ok()?;
+        let state: Value = serde_json::from_str(&ember_data::io::read_own_to_string(ckpt.join("state.json")).ok()?).ok()?;
         state.get("initial_val_loss")?.as_f64()
     })
 }
