@@ -407,7 +407,7 @@ impl RunConfig {
         // At most one byte past the limit is read, so that `/dev/zero` or a 10 GB file given
         // by mistake is refused by from_yaml's size check instead of filling the memory.
         let mut text = String::new();
-        std::fs::File::open(path)
+        ember_data::io::open_input(path)
             .and_then(|f| f.take(MAX_CONFIG_BYTES as u64 + 1).read_to_string(&mut text))
             .map_err(|e| match e.kind() {
                 std::io::ErrorKind::InvalidData => {
@@ -870,9 +870,14 @@ fn yaml_message(message: &str, key: Option<&str>) -> String {
             "the key `{}` is given twice in the same section ({at}); keep one of them",
             clip(key)
         )
+    } else if what.starts_with("budget breached: Depth") || what.contains("recursion limit") {
+        "the file nests sections or lists more deeply than any config does (a config is a \
+         few levels of `key: value`); write it as plain nested mappings"
+            .to_string()
     } else if what.starts_with("budget breached") {
-        "the file expands through its anchors and aliases (`&name` … `*name`) into more values \
-         than any config has (an \"alias bomb\"); write the values out instead"
+        "the file holds, or expands into through its anchors and aliases (`&name` … `*name`: \
+         an \"alias bomb\"), far more values than any config has; write a config's values out \
+         plainly"
             .to_string()
     } else if what.contains("found a tab") {
         format!("{at}: a tab where YAML needs spaces; indent with spaces only")
