@@ -264,6 +264,38 @@ fn cases() -> Vec<Case> {
             std::fs::write(path, text).unwrap();
         }),
         case(
+            "a metrics log that is a FIFO",
+            &["train", "lm.yaml", "--run-dir", "run", "--resume", "--set", "train.steps=6"],
+            Refused(&["metrics.jsonl", "not a regular file"]),
+            &["run"],
+        )
+        .setup(|d| {
+            std::fs::remove_file(d.join("run/metrics.jsonl")).unwrap();
+            mkfifo(&d.join("run/metrics.jsonl"));
+        }),
+        case(
+            "a token cache that is a FIFO",
+            &["train", "lm.yaml", "--run-dir", "run", "--resume", "--set", "train.steps=6", "--quiet"],
+            Ok(&[]),
+            &["run"],
+        )
+        .setup(|d| {
+            std::fs::remove_file(d.join("run/token-cache.bin")).unwrap();
+            mkfifo(&d.join("run/token-cache.bin"));
+        }),
+        case(
+            "run files that are links",
+            &["train", "lm.yaml", "--run-dir", "run", "--resume", "--set", "train.steps=6", "--quiet"],
+            Ok(&[]),
+            &["run"],
+        )
+        .setup(|d| {
+            for name in ["metrics.csv", "summary.json", "token-cache.bin"] {
+                std::fs::remove_file(d.join("run").join(name)).unwrap();
+                std::os::unix::fs::symlink("../precious.txt", d.join("run").join(name)).unwrap();
+            }
+        }),
+        case(
             "average more than kept",
             &["average", "run", "--last", "5"],
             Refused(&["--last", "2 checkpoint"]),
@@ -398,6 +430,19 @@ fn cases() -> Vec<Case> {
                 .find(|l| l.starts_with("#SBATCH --output="))
                 .unwrap();
             assert_eq!(line, "#SBATCH --output=\"my sweep/slurm/logs/cell-%a.out\"");
+        }),
+        case(
+            "a report over links",
+            &["report", "sweep"],
+            Ok(&[]),
+            &["sweep"],
+        )
+        .setup(|d| {
+            let run = d.join("sweep/runs/none-lr3e-3-seed1");
+            copy_dir(&d.join("run"), &run);
+            for name in ["report.md", "report.json"] {
+                std::os::unix::fs::symlink("../precious.txt", d.join("sweep").join(name)).unwrap();
+            }
         }),
         case(
             "report of damaged run files",
@@ -715,6 +760,12 @@ fn every_hostile_invocation_ends_in_a_clear_refusal_or_a_correct_success_and_tou
         failures.len(),
         failures.join("\n\n")
     );
+}
+
+fn mkfifo(path: &Path) {
+    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo on a path in the case's own temporary folder.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
 }
 
 fn copy_dir(from: &Path, to: &Path) {

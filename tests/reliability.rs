@@ -461,9 +461,17 @@ fn sizes_are_checked_before_anything_is_allocated() {
         let err = fails(tmp.path(), &["translate", s(&run_dir), beam]);
         assert!(err.contains("--beam"), "{err}");
     }
+    // Past its documented bound a length is refused by name, before any estimate.
+    let err = fails(
+        tmp.path(),
+        &["train", s(&tiny), "--set", "model.max_seq_len=4000000000"],
+    );
+    assert!(
+        err.contains("model.max_seq_len") && err.contains("at most 1048576"),
+        "{err}"
+    );
     for (sets, key) in [
-        (&["model.max_seq_len=4000000000"][..], "model.max_seq_len"),
-        (&["model.d_model=1048576"], "model.d_model"),
+        (&["model.d_model=1048576"][..], "model.d_model"),
         // Every share's gradients are held until they are summed: 1,024 copies of a model that
         // trains alone in under a GiB.
         (
