@@ -189,6 +189,7 @@ impl TrainingRun {
         }
         // Only rank 0 writes the run directory; the other ranks of a job read what it prepared.
         let leader = opts.world.is_leader();
+        crate::run_lock::refuse_foreign_dir(&run_dir, "--run-dir", crate::run_lock::DirKind::Run)?;
         let lock = if leader {
             Some(DirLock::acquire(&run_dir, "training run")?)
         } else {
