@@ -296,6 +296,33 @@ fn cases() -> Vec<Case> {
             }
         }),
         case(
+            "a run directory that is a checkpoint",
+            &["train", "lm.yaml", "--run-dir", "run/checkpoints/step-00000004"],
+            Refused(&["--run-dir", "step-00000004", "a checkpoint"]),
+            &[],
+        ),
+        case(
+            "a run directory inside a run's checkpoints",
+            &["train", "lm.yaml", "--run-dir", "run/checkpoints/new"],
+            Refused(&["--run-dir", "inside the checkpoints of the run"]),
+            &[],
+        ),
+        case(
+            "a run directory that is a sweep",
+            &["train", "lm.yaml", "--run-dir", "sweep"],
+            Refused(&["--run-dir", "sweep", "grid.json"]),
+            &[],
+        )
+        .setup(|d| {
+            ok(d, &["ablate", "lm.yaml", "--launcher", "slurm", "--variants", "none", "--seeds", "1", "--out", "sweep"]);
+        }),
+        case(
+            "a sweep into a run directory",
+            &["ablate", "lm.yaml", "--variants", "none", "--seeds", "1", "--out", "run"],
+            Refused(&["--out", "run", "training run's directory"]),
+            &[],
+        ),
+        case(
             "average more than kept",
             &["average", "run", "--last", "5"],
             Refused(&["--last", "2 checkpoint"]),
