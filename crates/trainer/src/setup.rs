@@ -596,7 +596,23 @@ pub fn open_run(run: &Path, device_override: Option<&str>) -> Result<OpenRun> {
     set_threads(&cfg)?;
     let device = device(&cfg.device)?;
     let data = Dataset::prepare(&cfg.data, Some(&run_dir)).context("preparing the data")?;
-    let loaded = checkpoint::load(&ckpt_dir, &device)?;
+    let loaded = checkpoint::load(&ckpt_dir, &device).map_err(|e| {
+        // Given a run, the newest checkpoint was chosen: an older intact one can be named.
+        let older = checkpoint::list(&run_dir)
+            .into_iter()
+            .rev()
+            .map(|(_, dir)| dir)
+            .find(|dir| *dir != ckpt_dir);
+        match older {
+            Some(dir) if ckpt_dir.as_path() != run => e.context(format!(
+                "the run's newest checkpoint {} cannot be used; to use an earlier one, give its \
+                 folder in place of the run (e.g. {})",
+                ckpt_dir.display(),
+                dir.display()
+            )),
+            _ => e,
+        }
+    })?;
     let model = Model::new(&cfg.model, &loaded.params)?;
     Ok(OpenRun {
         cfg,
