@@ -1113,7 +1113,10 @@ mod tests {
         let value = format!("{}end", "a".repeat(100_000));
         let out = bounded(&format!("lm.yaml: --set \"train.lr={value}\" is not a number"));
         assert!(out.starts_with("lm.yaml: --set \"train.lr=aaa"), "{out}");
-        assert!(out.contains("aaend\" (100014 characters) is not a number"), "{out}");
+        assert!(
+            out.contains("aaend\" (100014 characters) is not a number"),
+            "{out}"
+        );
         assert!(out.len() < 300, "{out}");
     }
 }

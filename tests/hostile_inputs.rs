@@ -172,7 +172,12 @@ fn cases() -> Vec<Case> {
             &[],
         )
         .setup(|d| std::os::unix::fs::symlink("nowhere.bin", d.join("dangling.bin")).unwrap())
-        .after(|d, _| assert!(!d.join("nowhere.bin").exists(), "nothing written through the link")),
+        .after(|d, _| {
+            assert!(
+                !d.join("nowhere.bin").exists(),
+                "nothing written through the link"
+            )
+        }),
         case(
             "tokenize into a link to stdout",
             &["tokenize", "run", "in.txt", "stdout.bin"],
@@ -265,7 +270,15 @@ fn cases() -> Vec<Case> {
         }),
         case(
             "a metrics log that is a FIFO",
-            &["train", "lm.yaml", "--run-dir", "run", "--resume", "--set", "train.steps=6"],
+            &[
+                "train",
+                "lm.yaml",
+                "--run-dir",
+                "run",
+                "--resume",
+                "--set",
+                "train.steps=6",
+            ],
             Refused(&["metrics.jsonl", "not a regular file"]),
             &["run"],
         )
@@ -275,7 +288,16 @@ fn cases() -> Vec<Case> {
         }),
         case(
             "a token cache that is a FIFO",
-            &["train", "lm.yaml", "--run-dir", "run", "--resume", "--set", "train.steps=6", "--quiet"],
+            &[
+                "train",
+                "lm.yaml",
+                "--run-dir",
+                "run",
+                "--resume",
+                "--set",
+                "train.steps=6",
+                "--quiet",
+            ],
             Ok(&[]),
             &["run"],
         )
@@ -285,7 +307,16 @@ fn cases() -> Vec<Case> {
         }),
         case(
             "run files that are links",
-            &["train", "lm.yaml", "--run-dir", "run", "--resume", "--set", "train.steps=6", "--quiet"],
+            &[
+                "train",
+                "lm.yaml",
+                "--run-dir",
+                "run",
+                "--resume",
+                "--set",
+                "train.steps=6",
+                "--quiet",
+            ],
             Ok(&[]),
             &["run"],
         )
@@ -314,11 +345,34 @@ fn cases() -> Vec<Case> {
             &[],
         )
         .setup(|d| {
-            ok(d, &["ablate", "lm.yaml", "--launcher", "slurm", "--variants", "none", "--seeds", "1", "--out", "sweep"]);
+            ok(
+                d,
+                &[
+                    "ablate",
+                    "lm.yaml",
+                    "--launcher",
+                    "slurm",
+                    "--variants",
+                    "none",
+                    "--seeds",
+                    "1",
+                    "--out",
+                    "sweep",
+                ],
+            );
         }),
         case(
             "a sweep into a run directory",
-            &["ablate", "lm.yaml", "--variants", "none", "--seeds", "1", "--out", "run"],
+            &[
+                "ablate",
+                "lm.yaml",
+                "--variants",
+                "none",
+                "--seeds",
+                "1",
+                "--out",
+                "run",
+            ],
             Refused(&["--out", "run", "training run's directory"]),
             &[],
         ),
@@ -395,13 +449,27 @@ fn cases() -> Vec<Case> {
         ),
         case(
             "100,000 layers",
-            &["train", "lm.yaml", "--set", "model.n_layers=100000", "--run-dir", "new"],
+            &[
+                "train",
+                "lm.yaml",
+                "--set",
+                "model.n_layers=100000",
+                "--run-dir",
+                "new",
+            ],
             Refused(&["model.n_layers", "1024"]),
             &["new"],
         ),
         case(
             "10^8 positions",
-            &["train", "lm.yaml", "--set", "model.max_seq_len=100000000", "--run-dir", "new"],
+            &[
+                "train",
+                "lm.yaml",
+                "--set",
+                "model.max_seq_len=100000000",
+                "--run-dir",
+                "new",
+            ],
             Refused(&["model.max_seq_len", "1048576"]),
             &["new"],
         ),
@@ -458,13 +526,7 @@ fn cases() -> Vec<Case> {
                 .unwrap();
             assert_eq!(line, "#SBATCH --output=\"my sweep/slurm/logs/cell-%a.out\"");
         }),
-        case(
-            "a report over links",
-            &["report", "sweep"],
-            Ok(&[]),
-            &["sweep"],
-        )
-        .setup(|d| {
+        case("a report over links", &["report", "sweep"], Ok(&[]), &["sweep"]).setup(|d| {
             let run = d.join("sweep/runs/none-lr3e-3-seed1");
             copy_dir(&d.join("run"), &run);
             for name in ["report.md", "report.json"] {

@@ -186,8 +186,15 @@ mod tests {
         std::fs::create_dir(&path).unwrap();
         std::fs::write(path.join("kept"), "x").unwrap();
         let e = write_shard(&path, &[1, 2, 3]).unwrap_err().to_string();
-        assert!(e.contains("out.bin") && e.contains("check that the folder"), "{e}");
-        let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().map(|e| e.file_name()).collect();
+        assert!(
+            e.contains("out.bin") && e.contains("check that the folder"),
+            "{e}"
+        );
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
         assert_eq!(left, ["out.bin"], "no temporary file stays behind");
         // A full disk says so, and where.
         let full = std::io::Error::from_raw_os_error(28);

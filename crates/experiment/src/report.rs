@@ -36,8 +36,8 @@ pub use effects::AxisEffect;
 pub use runs::RunResult;
 pub use sensitivity::Sensitivity;
 
-use crate::layout::{Axis, Hardware, Plan, SweepStatus, GRID, REPORT_JSON, REPORT_MD, RUNS, STATUS};
 use crate::ablate::write_atomic;
+use crate::layout::{Axis, Hardware, Plan, SweepStatus, GRID, REPORT_JSON, REPORT_MD, RUNS, STATUS};
 use grid::Grid;
 use runs::{load_runs, LoadedRun};
 
@@ -122,7 +122,11 @@ pub fn report(out_dir: &Path) -> Result<Report> {
             "{} is not a folder{}: give the output directory of a sweep (the --out of `ember \
              ablate`, runs/NAME-ablation by default)",
             out_dir.display(),
-            if out_dir.exists() { "" } else { " (it does not exist)" }
+            if out_dir.exists() {
+                ""
+            } else {
+                " (it does not exist)"
+            }
         );
     }
     if runs.is_empty() {
@@ -229,10 +233,7 @@ fn wall_secs(status: Option<&SweepStatus>) -> Option<f64> {
 
 /// `report.md` and `report.json`.
 fn write(out_dir: &Path, report: &Report) -> Result<()> {
-    write_atomic(
-        &out_dir.join(REPORT_MD),
-        markdown::markdown(report).as_bytes(),
-    )?;
+    write_atomic(&out_dir.join(REPORT_MD), markdown::markdown(report).as_bytes())?;
     write_atomic(
         &out_dir.join(REPORT_JSON),
         (serde_json::to_string_pretty(report)? + "\n").as_bytes(),

@@ -275,7 +275,9 @@ impl ModelConfig {
             if n > MAX_LAYERS {
                 return Err(bad(
                     key,
-                    format!("{n} layers is more than Ember builds (at most {MAX_LAYERS} per stack); use fewer"),
+                    format!(
+                        "{n} layers is more than Ember builds (at most {MAX_LAYERS} per stack); use fewer"
+                    ),
                 ));
             }
             Ok(())

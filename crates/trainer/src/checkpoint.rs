@@ -299,7 +299,10 @@ pub fn lock_for_writing(run_dir: &Path) -> Result<CheckpointsLock> {
             let why = fs::symlink_metadata(&path)
                 .ok()
                 .and_then(|meta| crate::run_lock::not_a_lock_file(&meta, &path))
-                .map_or_else(|| format!("cannot be opened ({})", e.root_cause()), |w| format!("is {w}"));
+                .map_or_else(
+                    || format!("cannot be opened ({})", e.root_cause()),
+                    |w| format!("is {w}"),
+                );
             WARNED.call_once(|| {
                 crate::tell!(
                     "warning: {} {why}, not a lock file ember can use: checkpoints are saved \

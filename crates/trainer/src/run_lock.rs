@@ -60,8 +60,8 @@ pub fn refuse_foreign_dir(dir: &Path, flag: &str, kind: DirKind) -> Result<()> {
             if let (true, Some(run)) = (is_checkpoints, a.parent()) {
                 // A run: its config and what it trained (not any project folder that happens to
                 // hold a config.yaml next to a checkpoints/ folder of runs).
-                let trained = !crate::checkpoint::list(run).is_empty()
-                    || run.join(crate::metrics::METRICS).is_file();
+                let trained =
+                    !crate::checkpoint::list(run).is_empty() || run.join(crate::metrics::METRICS).is_file();
                 if run.join("config.yaml").is_file() && trained {
                     return refuse(format!("inside the checkpoints of the run {}", run.display()));
                 }

@@ -312,7 +312,8 @@ fn read_progress(dir: &Path) -> Result<Progress> {
 /// The validation loss before training, as the newest checkpoint that recorded it says.
 fn initial_val_loss(dir: &Path) -> Option<f64> {
     checkpoint::list(dir).iter().rev().find_map(|(_, ckpt)| {
-        let state: Value = serde_json::from_str(&ember_data::io::read_own_to_string(ckpt.join("state.json")).ok()?).ok()?;
+        let state: Value =
+            serde_json::from_str(&ember_data::io::read_own_to_string(ckpt.join("state.json")).ok()?).ok()?;
         state.get("initial_val_loss")?.as_f64()
     })
 }
