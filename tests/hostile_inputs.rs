@@ -385,11 +385,28 @@ fn cases() -> Vec<Case> {
         case("average", &["average", "run", "--last", "2"], Ok(&[]), &["run"]),
         // Sizes: refused before anything is allocated or enumerated.
         case(
-            "a context that cannot fit",
+            "a context longer than the data",
             &["eval", "run", "--context", "65536", "--max-windows", "1"],
-            Refused(&["--context 65536"]),
+            Refused(&["--context 65536", "fewer than one window"]),
             &[],
         ),
+        case(
+            "a context that cannot fit",
+            &["eval", "big", "--context", "65536", "--max-windows", "1"],
+            Refused(&["--context 65536", "GiB of memory", "fits here"]),
+            &[],
+        )
+        .setup(|d| {
+            // Enough validation text for a window of 65,536 tokens, and 8 heads: the scores of
+            // one window alone (8 × 65536² floats, 128 GiB) fit no test machine.
+            std::fs::write(d.join("big.txt"), TEXT.repeat(6_000)).unwrap();
+            let cfg = LM
+                .replace("text.txt", "big.txt")
+                .replace("n_heads: 2", "n_heads: 8")
+                .replace("steps: 4", "steps: 1");
+            std::fs::write(d.join("big.yaml"), cfg).unwrap();
+            ok(d, &["train", "big.yaml", "--run-dir", "big", "--quiet"]);
+        }),
         case(
             "a grid of a million cells",
             &grid_args,
