@@ -1007,3 +1007,59 @@ fn a_cell_being_trained_is_neither_retried_nor_reported_as_interrupted() {
     let out = sweep.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(130), "{}", text(&out.stderr));
 }
+
+#[test]
+fn a_stop_during_an_evaluation_is_acknowledged_at_once_and_saves_the_evaluated_step() {
+    let tmp = tempfile::tempdir().unwrap();
+    // A validation split long enough that evaluating it takes seconds.
+    let words = [
+        "alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta",
+    ];
+    let corpus: String = (0..240_000)
+        .map(|i| {
+            format!(
+                "{} {} {}\n",
+                words[i % 8],
+                words[(i / 8) % 8],
+                words[(i / 64) % 8]
+            )
+        })
+        .collect();
+    write(tmp.path(), "words.txt", corpus);
+    let cfg = write(
+        tmp.path(),
+        "lm.yaml",
+        "model: { arch: lm, d_model: 32, n_layers: 2, n_heads: 2, d_ff: 64, max_seq_len: 32 }\n\
+         data:\n  corpus: { kind: text, path: words.txt, val_fraction: 0.5 }\n  tokenizer: { kind: char }\n\
+         train: { steps: 1000, lr: 3.0e-3, batch_size: 2, block_size: 32, threads: 1, log_every: 1 }\n\
+         eval: { every: 2, max_tokens: 1000000000 }\ncheckpoint: { every: 1000 }\n",
+    );
+    let run_dir = tmp.path().join("run");
+    // stdout and stderr in one file, in the order they were written.
+    let log_path = tmp.path().join("out.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let mut child = ember(tmp.path())
+        .args(["train", s(&cfg), "--run-dir", s(&run_dir)])
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    // Step 2's record is written once its evaluation is announced, before it starts.
+    wait_until(&mut child, "step 2", || logged_steps(&run_dir).len() >= 2);
+    signal(&child, libc::SIGINT);
+    let status = child.wait().unwrap();
+    let out = std::fs::read_to_string(&log_path).unwrap();
+    assert_eq!(status.code(), Some(130), "{out}");
+    let ack = out
+        .find("SIGINT received: stopping after this evaluation (step 2 is trained)")
+        .unwrap_or_else(|| panic!("acknowledged as a stop after the evaluation:\n{out}"));
+    let evaluated = out.find("step 2: val loss").expect("the evaluation finished");
+    assert!(
+        ack < evaluated,
+        "said at once, before the evaluation ended:\n{out}"
+    );
+    assert!(!out.contains("aborting now"), "{out}");
+    assert_eq!(checkpoints(&run_dir).last().map(|c| c.0), Some(2), "{out}");
+    assert_eq!(summary(&run_dir)["interrupted"], "SIGINT");
+}

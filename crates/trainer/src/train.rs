@@ -139,14 +139,18 @@ pub fn train(cfg: RunConfig, opts: &TrainOptions) -> Result<Summary> {
             settle(&mut run, &mut state, &dp, &mut out, started)?;
         }
 
+        if state.is_eval_step() {
+            // Said before the step's record is written: whoever sees the record and stops the
+            // run is told the evaluation comes first.
+            phase(format!(
+                "stopping after this evaluation (step {step} is trained), with a checkpoint of step {step}"
+            ));
+        }
         if log_now {
             let record = state.train_record(epoch, lr, &step_out.attention);
             out.train(record, &step_out.attention, run.total_steps)?;
         }
         if state.is_eval_step() {
-            phase(format!(
-                "stopping after this evaluation (step {step} is trained), with a checkpoint of step {step}"
-            ));
             let validation = validate_keeping_the_step(&run, &state, &dp, &out.progress)?;
             phase("stopping after the step in progress, with a checkpoint".into());
             out.progress.line(&format!("step {step}: {validation}"));
