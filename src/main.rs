@@ -313,6 +313,10 @@ fn main() -> ExitCode {
         // --help and --version print as clap writes them; a usage error is bounded like every
         // other error (clap echoes the value it refused, however long).
         Err(e) if !e.use_stderr() => e.exit(),
+        Err(e) if e.kind() == clap::error::ErrorKind::InvalidUtf8 => {
+            tell!("error: {}", bounded(&not_utf8_argument()));
+            return ExitCode::from(2);
+        }
         Err(e) => {
             tell!("{}", bounded(e.render().to_string().trim_end()));
             return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
@@ -395,6 +399,24 @@ fn user_message(e: &anyhow::Error) -> String {
         text.push_str(said);
     }
     bounded(&text)
+}
+
+/// Which argument is not UTF-8 (clap says only that one is), and the flag it belongs to.
+fn not_utf8_argument() -> String {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let Some(i) = args.iter().position(|a| a.to_str().is_none()) else {
+        return "an argument is not valid UTF-8 text; ember's options take UTF-8 text".into();
+    };
+    let shown = args[i].to_string_lossy();
+    let flag = args[..i]
+        .last()
+        .and_then(|a| a.to_str())
+        .filter(|a| a.starts_with('-'))
+        .map_or(String::new(), |f| format!(" (the value of {f})"));
+    format!(
+        "argument {i}{flag}, shown here as {shown:?}, is not valid UTF-8 text: options such as \
+         --set, --prompt or --grid take UTF-8 text (paths may be any bytes); re-encode it as UTF-8"
+    )
 }
 
 /// The longest word (a run without spaces) an error message shows whole.
