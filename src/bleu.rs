@@ -88,8 +88,8 @@ fn source_length_buckets(
     Ok(buckets)
 }
 
-fn read_lines(path: &PathBuf) -> Result<Vec<String>> {
-    ember_data::io::refuse_special_input(path, Some("bleu"))?;
+fn read_lines(path: &PathBuf, flag: &str) -> Result<Vec<String>> {
+    ember_data::io::refuse_special_input(path, Some(flag))?;
     let bytes = ember_data::io::read_bytes(path).with_context(|| format!("reading {}", path.display()))?;
     let text = String::from_utf8(bytes)
         .map_err(|_| anyhow::anyhow!("{} is not UTF-8 text; re-encode it as UTF-8", path.display()))?;
@@ -109,7 +109,7 @@ fn split_lines(text: &str) -> Vec<String> {
 
 pub(crate) fn run(args: BleuArgs) -> Result<()> {
     let hyps = match &args.input {
-        Some(path) => read_lines(path)?,
+        Some(path) => read_lines(path, "-i")?,
         None => {
             let mut text = String::new();
             std::io::stdin()
@@ -121,7 +121,7 @@ pub(crate) fn run(args: BleuArgs) -> Result<()> {
     let refs = args
         .references
         .iter()
-        .map(read_lines)
+        .map(|p| read_lines(p, "-r"))
         .collect::<Result<Vec<_>>>()?;
     let hyp_name = args
         .input
@@ -154,7 +154,12 @@ pub(crate) fn run(args: BleuArgs) -> Result<()> {
         bail!("--metrics: unknown metric {bad:?}; use bleu, chrf or bleu,chrf");
     }
     let buckets = match &args.source {
-        Some(path) => source_length_buckets(&read_lines(path)?, path, hyps.len(), &args.length_buckets)?,
+        Some(path) => source_length_buckets(
+            &read_lines(path, "--source")?,
+            path,
+            hyps.len(),
+            &args.length_buckets,
+        )?,
         None => Vec::new(),
     };
     let mut json = serde_json::Map::new();
