@@ -43,6 +43,15 @@ pub fn load_plan(out: &Path) -> Result<Plan> {
         );
     }
     let path = out.join(GRID);
+    if !path.exists() && out.join("config.yaml").is_file() && out.join("checkpoints").is_dir() {
+        anyhow::bail!(
+            "{} is a training run's directory, not a sweep's: --cell and --status take the output \
+             directory of a planned sweep (the --out of `ember ablate CONFIG`); for this run, see \
+             its summary.json or `ember eval {}`",
+            out.display(),
+            crate::slurm::shell_word(&out.display().to_string())
+        );
+    }
     let text = ember_data::io::read_own_to_string(&path).map_err(|e| {
         anyhow::anyhow!(
             "{} cannot be read ({e}): {} is not the output directory of a planned sweep; plan it first \
