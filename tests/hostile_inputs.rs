@@ -513,6 +513,12 @@ fn cases() -> Vec<Case> {
             &[],
         ),
         case(
+            "--status of a training run",
+            &["ablate", "run", "--status"],
+            Refused(&["run", "training run's directory", "--out of `ember ablate"]),
+            &[],
+        ),
+        case(
             "--cell of nothing planned",
             &["ablate", "nowhere", "--cell", "0"],
             Refused(&["nowhere"]),
@@ -723,6 +729,12 @@ fn cases() -> Vec<Case> {
             &[],
         ),
         case(
+            "a source from /dev/zero",
+            &["bleu", "-r", "ref.txt", "-i", "ref.txt", "--source", "/dev/zero"],
+            Refused(&["--source", "/dev/zero", "device"]),
+            &[],
+        ),
+        case(
             "references from /dev/zero",
             &["bleu", "-r", "/dev/zero", "-i", "hyp.txt"],
             Refused(&["/dev/zero", "device"]),
@@ -884,5 +896,28 @@ fn copy_dir(from: &Path, to: &Path) {
         } else if kind.is_file() {
             std::fs::copy(entry.path(), dest).unwrap();
         }
+    }
+}
+
+/// Arguments that are not UTF-8 (the table's are text): the refusal names which one.
+#[test]
+fn an_argument_that_is_not_utf8_is_named() {
+    use std::os::unix::ffi::OsStrExt;
+    let base = fixture();
+    for (flag, value) in [("--set", &b"train.lr=\xff"[..]), ("--prompt", b"\xfe\xff")] {
+        let command = if flag == "--set" { "train" } else { "generate" };
+        let target = if flag == "--set" { "lm.yaml" } else { "run" };
+        let out = ember(base)
+            .args([command, target, flag])
+            .arg(std::ffi::OsStr::from_bytes(value))
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(
+            err.contains(&format!("the value of {flag}")) && err.contains("not valid UTF-8"),
+            "{err}"
+        );
     }
 }
