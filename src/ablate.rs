@@ -156,16 +156,13 @@ pub(crate) fn run(args: AblateArgs) -> Result<()> {
             exe: std::env::current_exe().context("locating the ember executable")?,
         },
         quiet: args.quiet || args.json,
-        stop: None,
+        // Planning checks it between steps; a local sweep passes each signal on to its running
+        // children, which stop with a checkpoint.
+        stop: Some(install_stop_signals(OnRepeat::Count)?),
     };
     if args.launcher == Launcher::Slurm {
         return ablate_slurm(&args, &opts);
     }
-    // Each signal is passed on to the running children, which stop with a checkpoint.
-    let opts = AblateOptions {
-        stop: Some(install_stop_signals(OnRepeat::Count)?),
-        ..opts
-    };
     let outcome = ember_experiment::ablate::ablate(&opts)?;
     if args.json {
         say!("{}", serde_json::to_string_pretty(&outcome)?);
@@ -201,6 +198,7 @@ fn ablate_cell(args: &AblateArgs, cell: &str) -> Result<()> {
     // Each stop signal (Slurm's USR1 warning included) goes on to `ember train`, which stops
     // with a checkpoint; the cell then ends in SweepInterrupted, exit status 128 + signal.
     let stop = install_stop_signals(OnRepeat::Count)?;
+    stop.set_phase("passing it on to the cell's run, which stops after its current step with a checkpoint");
     let outcome = ablate_cell(&args.config, cell, &runner, Some(&stop), args.quiet || args.json)?;
     if args.json {
         say!("{}", serde_json::to_string_pretty(&outcome)?);
@@ -245,6 +243,9 @@ fn ablate_slurm(args: &AblateArgs, opts: &ember_experiment::ablate::AblateOption
         warning_secs: args.warning_secs,
     };
     let exe = std::env::current_exe().context("locating the ember executable")?;
+    if let Some(stop) = &opts.stop {
+        stop.set_phase("stopping the planning of the sweep (nothing has been written yet)");
+    }
     let sp = prepare(opts, &slurm, &exe)?;
     let out = shell_word(&sp.plan.out.display().to_string());
     let total = sp.plan.runs.len();

@@ -88,8 +88,11 @@ fn source_length_buckets(
     Ok(buckets)
 }
 
-fn read_lines(path: &PathBuf) -> Result<Vec<String>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+fn read_lines(path: &PathBuf, flag: &str) -> Result<Vec<String>> {
+    ember_data::io::refuse_special_input(path, Some(flag))?;
+    let bytes = ember_data::io::read_bytes(path).with_context(|| format!("reading {}", path.display()))?;
+    let text = String::from_utf8(bytes)
+        .map_err(|_| anyhow::anyhow!("{} is not UTF-8 text; re-encode it as UTF-8", path.display()))?;
     Ok(split_lines(&text))
 }
 
@@ -106,7 +109,7 @@ fn split_lines(text: &str) -> Vec<String> {
 
 pub(crate) fn run(args: BleuArgs) -> Result<()> {
     let hyps = match &args.input {
-        Some(path) => read_lines(path)?,
+        Some(path) => read_lines(path, "-i")?,
         None => {
             let mut text = String::new();
             std::io::stdin()
@@ -118,8 +121,26 @@ pub(crate) fn run(args: BleuArgs) -> Result<()> {
     let refs = args
         .references
         .iter()
-        .map(read_lines)
+        .map(|p| read_lines(p, "-r"))
         .collect::<Result<Vec<_>>>()?;
+    let hyp_name = args
+        .input
+        .as_ref()
+        .map_or("standard input".to_string(), |p| p.display().to_string());
+    if hyps.is_empty() {
+        bail!("the hypothesis ({hyp_name}) has no lines: nothing to score");
+    }
+    for (path, lines) in args.references.iter().zip(&refs) {
+        if lines.len() != hyps.len() {
+            bail!(
+                "-r {} has {} line(s) but the hypothesis ({hyp_name}) has {}: each reference file \
+                 needs one line per hypothesis line, in the same order",
+                path.display(),
+                lines.len(),
+                hyps.len()
+            );
+        }
+    }
     let tokenize: Tokenize = args
         .tokenize
         .parse()
@@ -133,7 +154,12 @@ pub(crate) fn run(args: BleuArgs) -> Result<()> {
         bail!("--metrics: unknown metric {bad:?}; use bleu, chrf or bleu,chrf");
     }
     let buckets = match &args.source {
-        Some(path) => source_length_buckets(&read_lines(path)?, path, hyps.len(), &args.length_buckets)?,
+        Some(path) => source_length_buckets(
+            &read_lines(path, "--source")?,
+            path,
+            hyps.len(),
+            &args.length_buckets,
+        )?,
         None => Vec::new(),
     };
     let mut json = serde_json::Map::new();

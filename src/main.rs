@@ -13,7 +13,7 @@ use std::rc::Rc;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use ember_distributed::World;
-use ember_experiment::ablate::SweepInterrupted;
+use ember_experiment::ablate::{PlanningInterrupted, SweepInterrupted};
 use ember_experiment::slurm::shell_word;
 use ember_model::{sample, BeamConfig, Model, SampleConfig};
 use ember_trainer::context::{evaluate_context, ContextEval, ContextOptions};
@@ -308,7 +308,20 @@ fn keep_freed_memory() {}
 
 fn main() -> ExitCode {
     keep_freed_memory();
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // --help and --version print as clap writes them; a usage error is bounded like every
+        // other error (clap echoes the value it refused, however long).
+        Err(e) if !e.use_stderr() => e.exit(),
+        Err(e) if e.kind() == clap::error::ErrorKind::InvalidUtf8 => {
+            tell!("error: {}", bounded(&not_utf8_argument()));
+            return ExitCode::from(2);
+        }
+        Err(e) => {
+            tell!("{}", bounded(e.render().to_string().trim_end()));
+            return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
+        }
+    };
     let result = match cli.command {
         Command::Bleu(args) => bleu::run(args),
         Command::Train(args) => train(args),
@@ -355,14 +368,109 @@ fn main() -> ExitCode {
             if let Some(code) = e
                 .downcast_ref::<SweepInterrupted>()
                 .map(|s| exit_status(s.signal))
+                .or_else(|| {
+                    e.downcast_ref::<PlanningInterrupted>()
+                        .map(|s| exit_status(s.signal))
+                })
             {
-                tell!("{e:#}");
+                tell!("{}", user_message(&e));
                 return ExitCode::from(code);
             }
-            tell!("error: {e:#}");
+            tell!("error: {}", user_message(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// An error as a user reads it: the message and each cause below it once (a cause whose words
+/// the message already holds, such as an OS error a library repeats, is not said twice), and
+/// no backtrace a library captured (candle does, under `RUST_BACKTRACE=1`).
+fn user_message(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let said = without_backtrace(&cause.to_string());
+        let said = said.trim_end();
+        if said.is_empty() || text.contains(said) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(said);
+    }
+    bounded(&text)
+}
+
+/// Which argument is not UTF-8 (clap says only that one is), and the flag it belongs to.
+fn not_utf8_argument() -> String {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let Some(i) = args.iter().position(|a| a.to_str().is_none()) else {
+        return "an argument is not valid UTF-8 text; ember's options take UTF-8 text".into();
+    };
+    let shown = args[i].to_string_lossy();
+    let flag = args[..i]
+        .last()
+        .and_then(|a| a.to_str())
+        .filter(|a| a.starts_with('-'))
+        .map_or(String::new(), |f| format!(" (the value of {f})"));
+    format!(
+        "argument {i}{flag}, shown here as {shown:?}, is not valid UTF-8 text: options such as \
+         --set, --prompt or --grid take UTF-8 text (paths may be any bytes); re-encode it as UTF-8"
+    )
+}
+
+/// The longest word (a run without spaces) an error message shows whole.
+const MAX_WORD: usize = 200;
+/// The longest error message shown whole.
+const MAX_MESSAGE: usize = 6000;
+
+/// `text` with every overlong word (an input echoed back: a 100 kB `--set` value, a key, a
+/// path) shortened to its start and end, and the whole cut at [`MAX_MESSAGE`] characters:
+/// an error names what it refuses, it does not repeat it.
+fn bounded(text: &str) -> String {
+    let mut out = String::with_capacity(text.len().min(MAX_MESSAGE + 100));
+    let mut word = String::new();
+    let flush = |word: &mut String, out: &mut String| {
+        let n = word.chars().count();
+        if n > MAX_WORD {
+            out.extend(word.chars().take(80));
+            out.push('…');
+            out.extend(word.chars().skip(n - 40));
+            out.push_str(&format!(" ({n} characters)"));
+        } else {
+            out.push_str(word);
+        }
+        word.clear();
+    };
+    for c in text.chars() {
+        if c.is_whitespace() {
+            flush(&mut word, &mut out);
+            out.push(c);
+        } else {
+            word.push(c);
+        }
+    }
+    flush(&mut word, &mut out);
+    let n = out.chars().count();
+    if n > MAX_MESSAGE {
+        let mut cut: String = out.chars().take(MAX_MESSAGE).collect();
+        cut.push_str(&format!("… ({} more characters left out)", n - MAX_MESSAGE));
+        return cut;
+    }
+    out
+}
+
+/// `text` without the frames of a captured backtrace (`   0: name` and `      at file.rs:1:2`).
+fn without_backtrace(text: &str) -> String {
+    let frame = |line: &str| {
+        let t = line.trim_start();
+        let indented = t.len() < line.len();
+        let numbered = t
+            .split_once(": ")
+            .is_some_and(|(n, _)| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()));
+        indented && (numbered || (t.starts_with("at ") && t.contains(".rs:")))
+    };
+    text.lines().filter(|l| !frame(l)).collect::<Vec<_>>().join("\n")
 }
 
 fn train(args: TrainArgs) -> Result<()> {
@@ -397,7 +505,7 @@ fn train(args: TrainArgs) -> Result<()> {
     }
     let summary = result.map_err(|e| match e.downcast::<Interrupted>() {
         Ok(stop) => {
-            let message = format!("{stop}\nresume with: {}", resume_command(&args, &stop.run_dir));
+            let message = format!("{stop}\n{}", next_command(&args, &stop, ""));
             anyhow::Error::new(stop).context(message)
         }
         Err(e) => e,
@@ -425,17 +533,27 @@ fn train(args: TrainArgs) -> Result<()> {
     Ok(())
 }
 
-/// The command that resumes this run (a job is resumed by the same launcher line).
-fn resume_command(args: &TrainArgs, run_dir: &std::path::Path) -> String {
-    format!(
-        "ember train {} --run-dir {} --resume{}",
-        shell_word(&args.config.display().to_string()),
-        shell_word(&run_dir.display().to_string()),
-        args.set
-            .iter()
-            .map(|s| format!(" --set {}", shell_word(s)))
-            .collect::<String>()
-    )
+/// What to run after a stop: the command that resumes the run when a checkpoint holds it (a
+/// job is resumed by the same launcher line), else the one that starts it over (`--resume`
+/// would find nothing to resume).
+fn next_command(args: &TrainArgs, stop: &Interrupted, launcher: &str) -> String {
+    let command = |resume: &str| {
+        format!(
+            "ember train {} --run-dir {}{resume}{}",
+            shell_word(&args.config.display().to_string()),
+            shell_word(&stop.run_dir.display().to_string()),
+            args.set
+                .iter()
+                .map(|s| format!(" --set {}", shell_word(s)))
+                .collect::<String>()
+        )
+    };
+    match (&stop.checkpoint, launcher.is_empty()) {
+        (Some(_), true) => format!("resume with: {}", command(" --resume")),
+        (Some(_), false) => format!("resume with {launcher}, ending in: {}", command(" --resume")),
+        (None, true) => format!("to start it over, run: {}", command("")),
+        (None, false) => format!("to start it over, run {launcher}, ending in: {}", command("")),
+    }
 }
 
 /// An exit status whose reason was already printed (or is printed by another rank). Returned,
@@ -484,21 +602,18 @@ fn finish_rank(world: &World, result: Result<ember_trainer::Summary>, args: &Tra
         Err(e) => {
             if let Some(stop) = e.downcast_ref::<Interrupted>() {
                 if world.is_leader() {
-                    tell!(
-                        "{stop}\nresume with the same launcher line, ending in: {}",
-                        resume_command(args, &stop.run_dir)
-                    );
+                    tell!("{stop}\n{}", next_command(args, stop, "the same launcher line"));
                 }
                 bail!(QuietExit(exit_status(stop.signal)));
             }
             if let Some(RankFailed(failed)) = e.downcast_ref::<RankFailed>() {
                 // Agreed by every rank, so no abort: the failing rank says why, the others nothing.
                 if *failed == rank {
-                    tell!("rank {rank} of {}: error: {e:#}", world.size());
+                    tell!("rank {rank} of {}: error: {}", world.size(), user_message(&e));
                 }
                 bail!(QuietExit(1));
             }
-            tell!("rank {rank} of {}: error: {e:#}", world.size());
+            tell!("rank {rank} of {}: error: {}", world.size(), user_message(&e));
             world.abort(1)
         }
     }
@@ -524,6 +639,34 @@ fn install_stop_signals(on_repeat: OnRepeat) -> Result<StopRequest> {
 
 fn export(args: ExportArgs) -> Result<()> {
     let ExportFormat::Hf = args.format;
+    // The export writes tokenizer.json, model.safetensors and config.json into OUT: inside the
+    // run it would replace the run's own files (a checkpoint would fail its checksums).
+    if let (Ok(out), Ok(run)) = (args.out.canonicalize(), args.run.canonicalize()) {
+        let run_dir = ember_trainer::checkpoint::run_and_checkpoint(&run).map_or(run.clone(), |(r, _)| r);
+        if out == run_dir || out.starts_with(run_dir.join(ember_trainer::checkpoint::CHECKPOINTS)) {
+            bail!(
+                "OUT {} is {} itself: the export's tokenizer.json, model.safetensors and config.json \
+                 would replace the run's own files. Choose a new folder, e.g. {}. Nothing was written.",
+                args.out.display(),
+                if out == run_dir {
+                    "the run directory"
+                } else {
+                    "inside the run's checkpoints"
+                },
+                run_dir
+                    .with_file_name(format!(
+                        "{}-hf",
+                        run_dir
+                            .file_name()
+                            .map_or("export".into(), |n| n.to_string_lossy())
+                    ))
+                    .display()
+            );
+        }
+    }
+    if let Some(path) = &args.reference_logits {
+        check_run_output(path, &args.run, "--reference-logits")?;
+    }
     let source = ember_export::ExportSource::open(&args.run)?;
     let exported = ember_export::export_hf(&source, &args.out)?;
     if let Some(path) = &args.reference_logits {
@@ -553,10 +696,24 @@ fn tokenize(args: TokenizeArgs) -> Result<()> {
     } else {
         args.tokenizer.clone()
     };
+    // Before anything is read: the shard must not replace the text, the tokenizer or a device.
+    ember_data::io::check_output(&args.output, &[&args.input, &path], "OUTPUT")?;
     let tokenizer = ember_data::Tokenizer::load(&path)?;
-    let n = ember_data::shards::tokenize_file(&tokenizer, &args.input, &args.output)?;
+    let t = ember_data::shards::tokenize_file_counting(&tokenizer, &args.input, &args.output)?;
+    if t.unknown > 0 {
+        tell!(
+            "warning: {} of the {} tokens ({:.2}%) are <unk>: characters of {} that {} does not \
+             know, each written as the one unknown id",
+            t.unknown,
+            t.tokens,
+            100.0 * t.unknown as f64 / t.tokens.max(1) as f64,
+            args.input.display(),
+            path.display()
+        );
+    }
     say!(
-        "wrote {n} tokens of {} to {} ({} tokenizer, vocabulary {})",
+        "wrote {} tokens of {} to {} ({} tokenizer, vocabulary {})",
+        t.tokens,
         args.input.display(),
         args.output.display(),
         path.display(),
@@ -565,12 +722,56 @@ fn tokenize(args: TokenizeArgs) -> Result<()> {
     Ok(())
 }
 
+/// The files of a run that Ember wrote (its config, tokenizer, token cache, metrics, summary,
+/// events and lock, and every file of the checkpoint a command uses): an output path must be
+/// none of them.
+fn run_files(run: &Path) -> Vec<PathBuf> {
+    let Ok((run_dir, ckpt)) = ember_trainer::checkpoint::run_and_checkpoint(run) else {
+        return vec![];
+    };
+    let own = [
+        ember_trainer::train::RUN_CONFIG,
+        ember_data::TOKENIZER_FILE,
+        ember_data::TOKEN_CACHE_FILE,
+        ember_trainer::train::SUMMARY,
+        ember_trainer::metrics::METRICS,
+        ember_trainer::metrics::METRICS_CSV,
+        ember_trainer::run_lock::LOCK_FILE,
+    ];
+    let top = std::fs::read_dir(&run_dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| own.contains(&n) || n.starts_with("events.out.tfevents"))
+        });
+    let checkpoint = std::fs::read_dir(&ckpt)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path());
+    top.chain(checkpoint).filter(|p| p.is_file()).collect()
+}
+
+/// Refuses an output file that is one of the run's own files (or a device, or a folder).
+fn check_run_output(output: &Path, run: &Path, flag: &str) -> Result<()> {
+    let files = run_files(run);
+    let inputs: Vec<&Path> = files.iter().map(PathBuf::as_path).collect();
+    Ok(ember_data::io::check_output(output, &inputs, flag)?)
+}
+
 fn fmt_opt(x: Option<f64>) -> String {
     x.map_or("-".into(), |v| format!("{v:.4}"))
 }
 
 fn eval(args: EvalArgs) -> Result<()> {
     let split: Split = args.split.parse()?;
+    if let Some(path) = &args.output {
+        check_run_output(path, &args.decode.run, "--output")?;
+    }
     if let Some(context) = args.context {
         if split != Split::Valid {
             bail!("--context evaluates the validation split (text corpora have no test split)");
@@ -767,6 +968,19 @@ fn split_byte_lines(bytes: &[u8]) -> Vec<&[u8]> {
 }
 
 fn generate(args: GenerateArgs) -> Result<()> {
+    // The sampling flags, before the run is opened.
+    if !(args.temperature.is_finite() && args.temperature >= 0.0) {
+        bail!(
+            "--temperature must be a number ≥ 0 (0 always takes the most probable token), got {}",
+            args.temperature
+        );
+    }
+    if args.top_k == Some(0) {
+        bail!("--top-k must be at least 1 (leave it out to sample from every token)");
+    }
+    if let Some(p) = args.top_p.filter(|p| !(*p > 0.0 && *p <= 1.0)) {
+        bail!("--top-p must be a probability in (0, 1] (leave it out to sample from every token), got {p}");
+    }
     let run = open_run(&args.run, args.device.as_deref())?;
     let Model::Lm(m) = &run.model else {
         bail!(
@@ -778,6 +992,14 @@ fn generate(args: GenerateArgs) -> Result<()> {
     let prompt = tok.encode(&args.prompt)?;
     if prompt.is_empty() {
         bail!("--prompt encodes to no tokens; give at least one character the tokenizer knows");
+    }
+    let unknown = prompt.iter().filter(|&&id| id == tok.unk_id()).count();
+    if unknown > 0 {
+        tell!(
+            "warning: {unknown} of the {} tokens of --prompt are <unk> (characters this run's tokenizer \
+             does not know); the model sees one unknown token for each",
+            prompt.len()
+        );
     }
     let cfg = SampleConfig {
         max_new_tokens: args.max_tokens as usize,
@@ -858,6 +1080,9 @@ fn length_report(args: ReportArgs) -> Result<()> {
 
 fn report(args: ReportArgs) -> Result<()> {
     let r = ember_experiment::report::report(&args.dir)?;
+    for w in &r.warnings {
+        tell!("warning: {w}");
+    }
     if args.json {
         say!("{}", serde_json::to_string_pretty(&r)?);
     } else {
@@ -873,4 +1098,47 @@ fn report(args: ReportArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Whatever an error echoes, what reaches the screen is bounded: no word longer than
+        /// [`MAX_WORD`] (plus its count), no message longer than [`MAX_MESSAGE`] (plus a note).
+        #[test]
+        fn every_error_message_is_bounded(
+            words in prop::collection::vec("[a-z=./\\-]{0,400}|\\PC{0,30}", 0..60),
+            seps in prop::collection::vec(prop::sample::select(vec![" ", "\n", ": ", "\t"]), 60),
+        ) {
+            let text: String = words
+                .iter()
+                .zip(&seps)
+                .flat_map(|(w, s)| [w.as_str(), *s])
+                .collect();
+            let out = bounded(&text);
+            prop_assert!(out.chars().count() <= MAX_MESSAGE + 50);
+            for word in out.split_whitespace() {
+                prop_assert!(word.chars().count() <= MAX_WORD, "{}", word);
+            }
+            let short = text.split_whitespace().all(|w| w.chars().count() <= MAX_WORD);
+            if short && text.chars().count() <= MAX_MESSAGE {
+                prop_assert_eq!(out, text, "a message within the bounds is shown whole");
+            }
+        }
+    }
+
+    #[test]
+    fn a_long_value_is_named_by_its_start_end_and_length() {
+        let value = format!("{}end", "a".repeat(100_000));
+        let out = bounded(&format!("lm.yaml: --set \"train.lr={value}\" is not a number"));
+        assert!(out.starts_with("lm.yaml: --set \"train.lr=aaa"), "{out}");
+        assert!(
+            out.contains("aaend\" (100014 characters) is not a number"),
+            "{out}"
+        );
+        assert!(out.len() < 300, "{out}");
+    }
 }

@@ -461,9 +461,17 @@ fn sizes_are_checked_before_anything_is_allocated() {
         let err = fails(tmp.path(), &["translate", s(&run_dir), beam]);
         assert!(err.contains("--beam"), "{err}");
     }
+    // Past its documented bound a length is refused by name, before any estimate.
+    let err = fails(
+        tmp.path(),
+        &["train", s(&tiny), "--set", "model.max_seq_len=4000000000"],
+    );
+    assert!(
+        err.contains("model.max_seq_len") && err.contains("at most 1048576"),
+        "{err}"
+    );
     for (sets, key) in [
-        (&["model.max_seq_len=4000000000"][..], "model.max_seq_len"),
-        (&["model.d_model=1048576"], "model.d_model"),
+        (&["model.d_model=1048576"][..], "model.d_model"),
         // Every share's gradients are held until they are summed: 1,024 copies of a model that
         // trains alone in under a GiB.
         (
@@ -798,4 +806,260 @@ fn output_that_cannot_be_written_is_an_error_and_training_still_saves_everything
         let err = full(&args);
         assert!(err.contains("writing to stdout failed"), "{args:?}: {err}");
     }
+}
+
+/// The children a sweep with `--jobs 2` is training, once each has logged `steps` steps.
+fn wait_for_children(sweep: &mut Child, runs: &[std::path::PathBuf], steps: usize) {
+    wait_until(sweep, "both children's steps", || {
+        runs.iter().all(|r| logged_steps(r).len() >= steps)
+    });
+}
+
+/// Waits (up to 120 s) until no process holds `run_dir`'s lock.
+fn wait_released(run_dir: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while ember_trainer::run_lock::holder(run_dir).is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "{} still held after 120 s",
+            run_dir.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_sweep_killed_with_sigkill_leaves_each_child_stopped_with_a_checkpoint_not_aborted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write(tmp.path(), "tiny.yaml", seq2seq_yaml(4000, 0, 1000));
+    let out_dir = tmp.path().join("sweep");
+    let args = [
+        "ablate",
+        s(&cfg),
+        "--variants",
+        "none,rmsnorm",
+        "--seeds",
+        "1",
+        "--jobs",
+        "2",
+        "--threads",
+        "1",
+        "--out",
+        s(&out_dir),
+        "--quiet",
+    ];
+    let mut sweep = spawn(tmp.path(), &args);
+    let runs = [
+        out_dir.join("runs/none-lr3e-3-seed1"),
+        out_dir.join("runs/rmsnorm-lr3e-3-seed1"),
+    ];
+    wait_for_children(&mut sweep, &runs, 3);
+    signal(&sweep, libc::SIGKILL);
+    sweep.wait().unwrap();
+    for run in &runs {
+        wait_released(run);
+        let log = std::fs::read_to_string(run.join("ablate-stderr.log")).unwrap();
+        assert!(
+            !log.contains("aborting now"),
+            "the parent's death is one stop request:\n{log}"
+        );
+        assert!(log.contains("SIGTERM received"), "acknowledged at once:\n{log}");
+        let sum = summary(run);
+        assert_eq!(sum["interrupted"], "SIGTERM", "{sum}");
+        assert_eq!(
+            checkpoints(run).last().unwrap().0,
+            sum["steps"].as_u64().unwrap(),
+            "its step is saved"
+        );
+    }
+}
+
+#[test]
+fn a_stop_before_the_first_step_says_the_run_starts_over_and_never_offers_a_resume_that_fails() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Enough text that preparing it (a BPE tokenizer, the token cache) takes a moment.
+    let line = "the quick brown fox jumps over the lazy dog while seven wizards quietly hex jumbled boxes\n";
+    let corpus = (0..40_000).map(|i| format!("{i} {line}")).collect::<String>();
+    write(tmp.path(), "big.txt", corpus);
+    let cfg = write(
+        tmp.path(),
+        "lm.yaml",
+        "model: { arch: lm, d_model: 16, n_layers: 1, n_heads: 2, d_ff: 32, max_seq_len: 16 }\n\
+         data:\n  corpus: { kind: text, path: big.txt, val_fraction: 0.1 }\n  tokenizer: { kind: bpe, vocab_size: 2000 }\n\
+         train: { steps: 100000, lr: 3.0e-3, batch_size: 2, block_size: 8, threads: 1, log_every: 1 }\n\
+         eval: { every: 0 }\ncheckpoint: { every: 100000 }\n",
+    );
+    let run_dir = tmp.path().join("run");
+    let mut child = spawn(tmp.path(), &["train", s(&cfg), "--run-dir", s(&run_dir)]);
+    // The lock is taken once the stop signals are connected, before the data is prepared.
+    wait_until(&mut child, "the run directory's lock", || {
+        run_dir.join(".lock").is_file()
+    });
+    signal(&child, libc::SIGINT);
+    let out = child.wait_with_output().unwrap();
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    assert!(
+        stderr.contains("SIGINT received: stopping"),
+        "acknowledged at once: {stderr}"
+    );
+    match checkpoints(&run_dir).last() {
+        // Stopped before a step was trained: nothing to resume, and it says so.
+        None => {
+            assert!(
+                stderr.contains("to start it over, run: ember train") && !stderr.contains("--resume"),
+                "{stderr}"
+            );
+            ok_output(
+                tmp.path(),
+                &[
+                    "train",
+                    s(&cfg),
+                    "--run-dir",
+                    s(&run_dir),
+                    "--quiet",
+                    "--set",
+                    "train.steps=2",
+                ],
+            );
+        }
+        // The data was ready sooner than the signal: the step it saved is what resumes.
+        Some(_) => assert!(stderr.contains("resume with:"), "{stderr}"),
+    }
+}
+
+#[test]
+fn average_during_training_always_finds_the_checkpoints_it_listed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write(
+        tmp.path(),
+        "tiny.yaml",
+        seq2seq_yaml(100_000, 0, 1).replace("keep_last: 2", "keep_last: 3"),
+    );
+    let run_dir = tmp.path().join("run");
+    let mut child = spawn(
+        tmp.path(),
+        &["train", s(&cfg), "--run-dir", s(&run_dir), "--quiet"],
+    );
+    wait_until(&mut child, "three checkpoints", || {
+        checkpoints(&run_dir).len() >= 3
+    });
+    for _ in 0..25 {
+        let out = run(tmp.path(), &["average", s(&run_dir), "--last", "3"]);
+        assert!(
+            out.status.success(),
+            "average failed while training:\n{}",
+            text(&out.stderr)
+        );
+    }
+    signal(&child, libc::SIGINT);
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "{}", text(&out.stderr));
+}
+
+#[test]
+fn a_cell_being_trained_is_neither_retried_nor_reported_as_interrupted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write(tmp.path(), "tiny.yaml", seq2seq_yaml(100_000, 0, 1000));
+    let out_dir = tmp.path().join("sweep");
+    let args = [
+        "ablate",
+        s(&cfg),
+        "--variants",
+        "none",
+        "--seeds",
+        "1",
+        "--out",
+        s(&out_dir),
+        "--quiet",
+    ];
+    let mut sweep = spawn(tmp.path(), &args);
+    let run_dir = out_dir.join("runs/none-lr3e-3-seed1");
+    wait_until(&mut sweep, "the child's step 3", || {
+        logged_steps(&run_dir).len() >= 3
+    });
+    let log = run_dir.join("ablate-stderr.log");
+    let status = || std::fs::read_to_string(out_dir.join("status.json")).unwrap();
+    let (status_before, log_len) = (status(), std::fs::metadata(&log).unwrap().len());
+
+    let err = fails(tmp.path(), &["ablate", s(&out_dir), "--cell", "0"]);
+    assert!(
+        err.contains("is in use") && err.contains("Nothing was changed"),
+        "{err}"
+    );
+    assert_eq!(status(), status_before, "its record is untouched");
+    assert!(
+        std::fs::metadata(&log).unwrap().len() >= log_len,
+        "its log is not truncated"
+    );
+
+    let out = ok_output(tmp.path(), &["report", s(&out_dir)]);
+    let md = std::fs::read_to_string(out_dir.join("report.md")).unwrap();
+    assert!(
+        md.contains("running") && !md.contains("interrupted"),
+        "{md}\n{}",
+        text(&out.stderr)
+    );
+    let table = ok(tmp.path(), &["ablate", s(&out_dir), "--status"]);
+    assert!(table.contains("running"), "{table}");
+
+    signal(&sweep, libc::SIGINT);
+    let out = sweep.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "{}", text(&out.stderr));
+}
+
+#[test]
+fn a_stop_during_an_evaluation_is_acknowledged_at_once_and_saves_the_evaluated_step() {
+    let tmp = tempfile::tempdir().unwrap();
+    // A validation split long enough that evaluating it takes seconds.
+    let words = [
+        "alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta",
+    ];
+    let corpus: String = (0..240_000)
+        .map(|i| {
+            format!(
+                "{} {} {}\n",
+                words[i % 8],
+                words[(i / 8) % 8],
+                words[(i / 64) % 8]
+            )
+        })
+        .collect();
+    write(tmp.path(), "words.txt", corpus);
+    let cfg = write(
+        tmp.path(),
+        "lm.yaml",
+        "model: { arch: lm, d_model: 32, n_layers: 2, n_heads: 2, d_ff: 64, max_seq_len: 32 }\n\
+         data:\n  corpus: { kind: text, path: words.txt, val_fraction: 0.5 }\n  tokenizer: { kind: char }\n\
+         train: { steps: 1000, lr: 3.0e-3, batch_size: 2, block_size: 32, threads: 1, log_every: 1 }\n\
+         eval: { every: 2, max_tokens: 1000000000 }\ncheckpoint: { every: 1000 }\n",
+    );
+    let run_dir = tmp.path().join("run");
+    // stdout and stderr in one file, in the order they were written.
+    let log_path = tmp.path().join("out.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let mut child = ember(tmp.path())
+        .args(["train", s(&cfg), "--run-dir", s(&run_dir)])
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    // Step 2's record is written once its evaluation is announced, before it starts.
+    wait_until(&mut child, "step 2", || logged_steps(&run_dir).len() >= 2);
+    signal(&child, libc::SIGINT);
+    let status = child.wait().unwrap();
+    let out = std::fs::read_to_string(&log_path).unwrap();
+    assert_eq!(status.code(), Some(130), "{out}");
+    let ack = out
+        .find("SIGINT received: stopping after this evaluation (step 2 is trained)")
+        .unwrap_or_else(|| panic!("acknowledged as a stop after the evaluation:\n{out}"));
+    let evaluated = out.find("step 2: val loss").expect("the evaluation finished");
+    assert!(
+        ack < evaluated,
+        "said at once, before the evaluation ended:\n{out}"
+    );
+    assert!(!out.contains("aborting now"), "{out}");
+    assert_eq!(checkpoints(&run_dir).last().map(|c| c.0), Some(2), "{out}");
+    assert_eq!(summary(&run_dir)["interrupted"], "SIGINT");
 }

@@ -75,6 +75,11 @@ impl ContentHash {
 
 /// Reads a cache file; `None` on any mismatch or damage.
 pub fn load(path: &Path, key: [u64; 2]) -> Option<Groups> {
+    // Only a regular file of the run's own: a FIFO or a device put in its place is a miss
+    // (reading one would wait forever, or never end), and the store replaces it.
+    if !std::fs::symlink_metadata(path).is_ok_and(|m| m.is_file()) {
+        return None;
+    }
     let bytes = std::fs::read(path).ok()?;
     let mut r = Reader {
         bytes: &bytes,
@@ -134,8 +139,11 @@ pub fn store(path: &Path, key: [u64; 2], groups: &Groups) -> std::io::Result<()>
         }
     }
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, &out)?;
-    std::fs::rename(&tmp, path)
+    let written = std::fs::write(&tmp, &out).and_then(|()| std::fs::rename(&tmp, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
 }
 
 struct Reader<'a> {

@@ -362,6 +362,51 @@ pub enum TokenizerKind {
 }
 
 impl DataConfig {
+    /// Settings that are allowed but probably not meant: a validation split that is (partly)
+    /// the training data measures memorisation, not generalisation.
+    pub fn warnings(&self) -> Vec<String> {
+        let same = |key: &str, what: String| {
+            format!(
+                "{key} names the training data ({what}): validation then measures how well the \
+                 model remembers its training text, not how it generalises; name held-out data"
+            )
+        };
+        let mut out = vec![];
+        match &self.corpus {
+            CorpusConfig::HfDataset(h) => {
+                if h.splits.valid == h.splits.train {
+                    out.push(same(
+                        "data.corpus.splits.valid",
+                        format!("split {:?}", h.splits.train),
+                    ));
+                }
+                if h.splits.test.as_ref() == Some(&h.splits.train) {
+                    out.push(same(
+                        "data.corpus.splits.test",
+                        format!("split {:?}", h.splits.train),
+                    ));
+                }
+            }
+            CorpusConfig::Parallel(p) => {
+                if p.valid.source == p.train.source || p.valid.target == p.train.target {
+                    out.push(same("data.corpus.valid", p.train.source.display().to_string()));
+                }
+            }
+            CorpusConfig::Text(t) => {
+                if let Some(f) = t.val_files.iter().find(|f| t.train_files.contains(f)) {
+                    out.push(same("data.corpus.val_files", f.display().to_string()));
+                }
+            }
+            CorpusConfig::TokenShards(t) => {
+                if let Some(f) = t.val_files.iter().find(|f| t.train_files.contains(f)) {
+                    out.push(same("data.corpus.val_files", f.display().to_string()));
+                }
+            }
+            CorpusConfig::Embedded(_) => {}
+        }
+        out
+    }
+
     /// Checks every range and cross-field rule; errors name the key path (`data.…`).
     pub fn validate(&self) -> Result<()> {
         match &self.corpus {

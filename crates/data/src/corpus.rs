@@ -797,6 +797,78 @@ fn pretrained_tokenizer(source: &Path, run_dir: Option<&Path>) -> Result<(Tokeni
     Ok((tok, TokenizerOrigin::Loaded(source.join(TOKENIZER_FILE))))
 }
 
+impl Dataset {
+    /// What the data lost on its way to token ids, in words, for the run to print as warnings:
+    /// characters the tokenizer does not know (each read as `<unk>`), and Windows line endings
+    /// (the `\r` before each newline stays in the text the model learns).
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = vec![];
+        if let RawCorpus::Text { train, valid } = &self.raw {
+            let mut crlf: Vec<(String, usize)> = vec![];
+            for t in train.iter().chain(valid) {
+                let n = t.text.matches("\r\n").count();
+                // `input.txt[0..90%]` and `input.txt[90%..]` are one file.
+                let file = match t.name.rsplit_once('[') {
+                    Some((file, part)) if part.contains('%') && part.ends_with(']') => file.to_string(),
+                    _ => t.name.clone(),
+                };
+                match crlf.iter_mut().find(|(f, _)| *f == file) {
+                    Some((_, count)) => *count += n,
+                    None if n > 0 => crlf.push((file, n)),
+                    None => {}
+                }
+            }
+            for (file, n) in crlf.into_iter().filter(|(_, n)| *n > 0) {
+                out.push(format!(
+                    "{file} has {n} Windows line ending(s) (CRLF): the '\\r' before each newline is \
+                     part of the text the model learns{}; convert the file to plain newlines \
+                     (`dos2unix {file}`) and start a new run to train without them",
+                    if self.tokenizer.kind() == TokenizerKind::Char {
+                        " (a character of its own in the vocabulary)"
+                    } else {
+                        ""
+                    }
+                ));
+            }
+        }
+        let unknown = |split: &str, unk: usize, total: usize| {
+            (unk > 0).then(|| {
+                format!(
+                    "{unk} of the {total} {split} tokens ({:.2}%) are <unk>: characters the tokenizer \
+                     (learnt from the training text) does not know, all read as one unknown token",
+                    100.0 * unk as f64 / total.max(1) as f64
+                )
+            })
+        };
+        match &self.splits {
+            Splits::Text(s) => {
+                out.extend(unknown(
+                    "training",
+                    s.stats.train_unk_tokens,
+                    s.stats.train_tokens,
+                ));
+                out.extend(unknown(
+                    "validation",
+                    s.stats.valid_unk_tokens,
+                    s.stats.valid_tokens,
+                ));
+            }
+            Splits::Translation(s) => {
+                let st = |p: &PairSplit| (p.stats.unk_tokens, p.stats.source_tokens + p.stats.target_tokens);
+                let (u, t) = st(&s.train);
+                out.extend(unknown("training", u, t));
+                let (u, t) = st(&s.valid);
+                out.extend(unknown("validation", u, t));
+                if let Some(test) = &s.test {
+                    let (u, t) = st(test);
+                    out.extend(unknown("test", u, t));
+                }
+            }
+        }
+        out
+    }
+}
+
 /// The tokenizer token shards were written with: `path` is a `tokenizer.json` or a run
 /// directory holding one.
 fn load_shard_tokenizer(path: &Path) -> Result<(Tokenizer, PathBuf)> {

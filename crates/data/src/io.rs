@@ -19,8 +19,11 @@ pub fn read_text(path: &Path, key: Option<&str>) -> Result<String> {
         source,
         hint: hint.to_string(),
     };
-    let raw = std::fs::read(path).map_err(|e| {
-        let hint = if e.kind() == std::io::ErrorKind::NotFound {
+    refuse_special_input(path, key)?;
+    let raw = read_bytes(path).map_err(|e| {
+        let hint = if e.kind() == std::io::ErrorKind::TimedOut {
+            "nothing was read"
+        } else if e.kind() == std::io::ErrorKind::NotFound {
             "check the path (relative paths start at the working directory); for Multi30k and \
              Tiny Shakespeare run scripts/get-data.sh to fill data/"
         } else {
@@ -56,6 +59,229 @@ pub fn read_text(path: &Path, key: Option<&str>) -> Result<String> {
     Ok(text)
 }
 
+/// How long a FIFO given as an input (a named pipe, `<(zcat corpus.gz)`) may stay silent before
+/// it is refused: a named pipe no program writes into would otherwise be waited on forever.
+pub const FIFO_PATIENCE: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// Opens `path` for reading. A FIFO is waited on for [`FIFO_PATIENCE`] at most: if nothing was
+/// written into it by then, the open fails with a `TimedOut` error that says what to do.
+pub fn open_input(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::FileTypeExt;
+    if !std::fs::metadata(path).is_ok_and(|m| m.file_type().is_fifo()) {
+        return std::fs::File::open(path);
+    }
+    open_fifo(path, FIFO_PATIENCE)
+}
+
+/// Reads the whole of `path`, as [`open_input`] opens it.
+pub fn read_bytes(path: &Path) -> std::io::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    open_input(path)?.read_to_end(&mut out)?;
+    Ok(out)
+}
+
+/// Opens the FIFO `path` without waiting for a writer, then waits up to `patience` for its
+/// first bytes (or its end); the file it returns reads as usual (blocking).
+pub fn open_fifo(path: &Path, patience: std::time::Duration) -> std::io::Result<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    let fd = file.as_raw_fd();
+    let deadline = std::time::Instant::now() + patience;
+    loop {
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let ms = i32::try_from(left.as_millis()).unwrap_or(i32::MAX);
+        // SAFETY: one valid pollfd, for a file descriptor this function owns.
+        let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if n > 0 {
+            break;
+        }
+        let e = std::io::Error::last_os_error();
+        if n < 0 && e.kind() == std::io::ErrorKind::Interrupted {
+            continue;
+        }
+        if n < 0 {
+            return Err(e);
+        }
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!(
+                "it is a FIFO (named pipe) that nothing wrote into within {} s; start the program \
+                 that writes into it first, or give a regular file",
+                patience.as_secs()
+            ),
+        ));
+    }
+    // SAFETY: fcntl on the descriptor owned by `file`: back to blocking reads.
+    unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        if flags >= 0 {
+            libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK);
+        }
+    }
+    Ok(file)
+}
+
+/// Opens a file Ember wrote itself (a checkpoint's state, a run's metrics or summary, a sweep's
+/// status): anything but a regular file in its place (a FIFO, a device, a folder) is refused
+/// at once instead of read (a FIFO would be waited on forever, a device never ends).
+pub fn open_own(path: impl AsRef<Path>) -> std::io::Result<std::fs::File> {
+    let path = path.as_ref();
+    if let Ok(meta) = std::fs::metadata(path) {
+        if !meta.is_file() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "not a regular file (a folder, FIFO or device is in the place of a file ember \
+                 writes); remove it",
+            ));
+        }
+    }
+    std::fs::File::open(path)
+}
+
+/// Reads the whole of a file Ember wrote itself, as [`open_own`] opens it.
+pub fn read_own(path: impl AsRef<Path>) -> std::io::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    open_own(path)?.read_to_end(&mut out)?;
+    Ok(out)
+}
+
+/// As [`read_own`], as UTF-8 text.
+pub fn read_own_to_string(path: impl AsRef<Path>) -> std::io::Result<String> {
+    String::from_utf8(read_own(path)?)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.utf8_error()))
+}
+
+/// Refuses to read a device (`/dev/zero`, `/dev/urandom` would fill the memory) or a folder
+/// as a text file. FIFOs (`<(zcat corpus.gz)`) are read as they come.
+pub fn refuse_special_input(path: &Path, key: Option<&str>) -> Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    let Ok(meta) = std::fs::metadata(path) else {
+        return Ok(()); // the read reports a missing file with its hint
+    };
+    let kind = meta.file_type();
+    let what = if kind.is_dir() {
+        "a folder"
+    } else if kind.is_char_device() || kind.is_block_device() {
+        "a device"
+    } else if kind.is_socket() {
+        "a socket"
+    } else {
+        return Ok(());
+    };
+    Err(DataError::arg(
+        key.unwrap_or("input"),
+        format!(
+            "{} is {what}, not a text file; name the file that holds the text",
+            path.display()
+        ),
+    ))
+}
+
+/// Checks a path a command is about to write (through a temporary file and a rename) before
+/// anything is read or computed: it must not be one of `inputs` (writing would replace the
+/// input with the output), nor a symbolic link (a rename would replace the link with a regular
+/// file, e.g. `/dev/stdout`, and a plain write would write into whatever it points at), nor an
+/// existing folder, device, FIFO or socket (a rename would replace the special file itself,
+/// e.g. `/dev/null`, with a regular file). `what` names the argument in the refusal (`OUTPUT`,
+/// `--output`).
+pub fn check_output(output: &Path, inputs: &[&Path], what: &str) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    refuse_link(output, what)?;
+    let Ok(out) = std::fs::metadata(output) else {
+        return Ok(()); // a new file
+    };
+    if !out.is_file() {
+        let kind = if out.is_dir() {
+            "a folder"
+        } else {
+            "a special file (a device, FIFO or socket)"
+        };
+        return Err(DataError::arg(
+            what,
+            format!(
+                "{} is {kind}; give the path of a regular file to write (it is created, or \
+                 replaced if it exists). Nothing was written.",
+                output.display()
+            ),
+        ));
+    }
+    for input in inputs {
+        let Ok(inp) = std::fs::metadata(input) else {
+            continue;
+        };
+        if inp.dev() == out.dev() && inp.ino() == out.ino() {
+            let same = if input == &output {
+                "a file this command reads".to_string()
+            } else {
+                format!(
+                    "{} (the same file by another name), which this command reads",
+                    input.display()
+                )
+            };
+            return Err(DataError::arg(
+                what,
+                format!(
+                    "{} is {same}: writing it would replace what is read. Choose another output \
+                     path. Nothing was written.",
+                    output.display()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Refuses an output path that is a symbolic link (dangling or not): ember writes the files it
+/// was asked to write, never through a link to somewhere else.
+pub fn refuse_link(output: &Path, what: &str) -> Result<()> {
+    let is_link = std::fs::symlink_metadata(output).is_ok_and(|m| m.file_type().is_symlink());
+    if !is_link {
+        return Ok(());
+    }
+    let target = std::fs::read_link(output)
+        .map(|t| format!(" (to {})", t.display()))
+        .unwrap_or_default();
+    Err(DataError::arg(
+        what,
+        format!(
+            "{} is a symbolic link{target}; ember does not write through links (writing would \
+             replace the link, or the file it points at). Give the path of the file itself, or \
+             remove the link (`rm {}` removes only the link). Nothing was written.",
+            output.display(),
+            output.display()
+        ),
+    ))
+}
+
+/// What to do about a failed write of `path`, by what failed: a full disk says so (and that the
+/// file there before is untouched), a missing folder or a folder without write permission too.
+pub fn write_hint(e: &std::io::Error, path: &Path) -> String {
+    let folder = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.display().to_string(),
+        _ => ".".to_string(),
+    };
+    match e.kind() {
+        std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded => format!(
+            "the disk that holds {folder} is full (or over its quota): free space there or \
+             write somewhere else; the file that was there before, if any, is untouched"
+        ),
+        std::io::ErrorKind::NotFound => format!("check that the folder {folder} exists"),
+        std::io::ErrorKind::PermissionDenied => {
+            format!("check that the folder {folder} is writable by you")
+        }
+        _ => format!("check that the folder {folder} exists and is writable"),
+    }
+}
+
 /// Splits text into lines, accepting `\n` and `\r\n`; a final newline does not start an extra line.
 pub fn lines(text: &str) -> Vec<&str> {
     if text.is_empty() {
@@ -83,6 +309,93 @@ pub fn read_lines(path: &Path, key: Option<&str>) -> Result<(String, usize)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_output_that_is_an_input_or_a_special_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let input = dir.path().join("in.txt");
+        std::fs::write(&input, "text").unwrap();
+        let e = check_output(&input, &[&input], "OUTPUT").unwrap_err().to_string();
+        assert!(
+            e.contains("OUTPUT") && e.contains("in.txt") && e.contains("replace"),
+            "{e}"
+        );
+        // The same file by another name (a hard link, `./in.txt`).
+        let other = dir.path().join("link.txt");
+        std::fs::hard_link(&input, &other).unwrap();
+        assert!(check_output(&other, &[&input], "OUTPUT").is_err());
+        let dotted = dir.path().join(".").join("in.txt");
+        assert!(check_output(&dotted, &[&input], "OUTPUT").is_err());
+        let e = check_output(Path::new("/dev/null"), &[&input], "OUTPUT")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("special file"), "{e}");
+        let e = check_output(dir.path(), &[&input], "OUTPUT")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("a folder"), "{e}");
+        check_output(&dir.path().join("new.bin"), &[&input], "OUTPUT").expect("a new file");
+        check_output(&other, &[&dir.path().join("missing")], "OUTPUT").expect("an unrelated file");
+        assert_eq!(std::fs::read_to_string(&input).unwrap(), "text");
+    }
+
+    #[test]
+    fn an_output_that_is_a_link_is_refused_whatever_it_points_at() {
+        let dir = tempfile::tempdir().unwrap();
+        let precious = dir.path().join("precious.txt");
+        std::fs::write(&precious, "mine").unwrap();
+        for (name, target) in [
+            ("to-file", precious.clone()),
+            ("dangling", dir.path().join("nowhere")),
+            ("to-device", "/dev/null".into()),
+            ("to-stdout", "/proc/self/fd/1".into()),
+        ] {
+            let link = dir.path().join(name);
+            std::os::unix::fs::symlink(&target, &link).unwrap();
+            let e = check_output(&link, &[], "OUTPUT").unwrap_err().to_string();
+            assert!(
+                e.contains("OUTPUT") && e.contains(name) && e.contains("symbolic link"),
+                "{e}"
+            );
+            assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+        }
+        assert_eq!(std::fs::read_to_string(&precious).unwrap(), "mine");
+    }
+
+    #[test]
+    fn a_fifo_nothing_writes_into_is_refused_and_one_that_is_written_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("corpus.fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo on a path in a fresh temporary folder.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let t0 = std::time::Instant::now();
+        let e = open_fifo(&fifo, std::time::Duration::from_millis(200)).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
+        assert!(e.to_string().contains("FIFO"), "{e}");
+        assert!(t0.elapsed() < std::time::Duration::from_secs(10), "no hang");
+        // A writer that comes a moment later is waited for, and all it writes is read.
+        let writer_path = fifo.clone();
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            std::fs::write(writer_path, "hello\n".repeat(50_000)).unwrap();
+        });
+        let mut text = String::new();
+        open_fifo(&fifo, std::time::Duration::from_secs(60))
+            .unwrap()
+            .read_to_string(&mut text)
+            .unwrap();
+        writer.join().unwrap();
+        assert_eq!(text.len(), 6 * 50_000);
+    }
+
+    #[test]
+    fn a_device_is_not_read_as_text() {
+        let e = read_text(Path::new("/dev/zero"), Some("data.corpus.path"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("data.corpus.path") && e.contains("a device"), "{e}");
+    }
 
     #[test]
     fn lines_handle_crlf_and_missing_final_newline() {

@@ -52,7 +52,7 @@ pub use config::{
 };
 pub use corpus::{
     CacheStatus, Dataset, Example, LoadReport, PairSplit, SplitStats, Splits, TextSplits, TextStats,
-    TokenizerOrigin, TranslationSplits,
+    TokenizerOrigin, TranslationSplits, TOKEN_CACHE_FILE,
 };
 pub use error::{DataError, Result};
 pub use lengths::{fit_to_positions, LengthReport};

@@ -72,7 +72,7 @@ pub fn read_text_columns(path: &Path, columns: &[(&str, &str)]) -> Result<Vec<Ve
         .map_err(|e| parquet_error(path, e))?;
     let mut out = Vec::new();
     for (i, row) in rows.enumerate() {
-        let row = row.map_err(|e| parquet_error(path, e))?;
+        let row = row.map_err(|e| row_error(path, i, columns, e))?;
         let values = columns
             .iter()
             .map(|(key, column)| text_value(&row, column).map_err(|m| column_error(path, key, column, i, m)))
@@ -163,14 +163,71 @@ fn column_error(path: &Path, key: &str, column: &str, row: usize, message: Strin
     )
 }
 
-fn parquet_error(path: &Path, e: parquet::errors::ParquetError) -> DataError {
+/// A row that cannot be read: a text value that is not UTF-8 names the row and the columns
+/// read; anything else is a [`parquet_error`].
+fn row_error(
+    path: &Path,
+    row: usize,
+    columns: &[(&str, &str)],
+    e: parquet::errors::ParquetError,
+) -> DataError {
+    if e.to_string().contains("as String") {
+        let (key, _) = columns.first().copied().unwrap_or(("columns", ""));
+        return DataError::config(
+            format!("data.corpus.{key}"),
+            format!(
+                "{} row {row}: a text value (of column {}) is not valid UTF-8; re-encode the \
+                 dataset's text as UTF-8",
+                path.display(),
+                columns
+                    .iter()
+                    .map(|(_, c)| format!("{c:?}"))
+                    .collect::<Vec<_>>()
+                    .join(" or ")
+            ),
+        );
+    }
+    parquet_error(path, e)
+}
+
+/// The parquet library's account of a failure, in one short line: the bytes some of its
+/// messages dump (`Bytes: [...]`) and its type names are left out.
+fn library_words(e: &parquet::errors::ParquetError) -> String {
     let message = e.to_string();
-    let hint = if message.contains("Disabled feature") {
+    let cut = ["Bytes:", "Error:", " {"]
+        .iter()
+        .filter_map(|m| message.find(m))
+        .min()
+        .unwrap_or(message.len());
+    let start = message
+        .strip_prefix("Parquet error: ")
+        .map_or(0, |_| "Parquet error: ".len());
+    let short: String = message[start..cut.max(start)].chars().take(160).collect();
+    short.trim_end_matches(['.', ' ', ':']).to_string()
+}
+
+fn parquet_error(path: &Path, e: parquet::errors::ParquetError) -> DataError {
+    let raw = e.to_string();
+    let message = library_words(&e);
+    let hint = if raw.contains("Disabled feature") {
         "the file uses a compression codec this build does not include (Ember reads snappy, \
          gzip and uncompressed parquet; a build with --features hf-hub reads every codec), or \
          re-save it with snappy compression"
+    } else if [
+        "EOF",
+        "eof",
+        "size",
+        "Invalid Parquet file",
+        "magic",
+        "Corrupt",
+        "corrupt",
+    ]
+    .iter()
+    .any(|m| raw.contains(m))
+    {
+        "the file is not complete, valid parquet (truncated, or not a parquet file); download it again"
     } else {
-        "the file is not valid parquet; it is probably truncated, re-download it"
+        "the file cannot be read as parquet; check that it is one of the dataset's parquet files"
     };
     DataError::Io {
         path: path.to_path_buf(),
@@ -286,4 +343,52 @@ pub fn write_text_columns(
     }
     writer.close().map_err(err)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_that_is_not_utf8_names_the_file_row_and_key_without_the_library_s_dump() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("train.parquet");
+        let rows = vec![Some("fine"), Some("bad QXQXQX here"), Some("fine")];
+        write_text_columns(&path, &[("text", rows)], 10).unwrap();
+        // The marker is stored verbatim (a snappy literal, and the column statistics): make it
+        // bytes that are not UTF-8.
+        let mut bytes = std::fs::read(&path).unwrap();
+        let marker = b"QXQXQX";
+        let mut patched = 0;
+        while let Some(i) = bytes.windows(marker.len()).position(|w| w == marker) {
+            bytes[i..i + marker.len()].copy_from_slice(&[0xff, 0xfe, 0xc0, 0xff, 0xfe, 0xc0]);
+            patched += 1;
+        }
+        assert!(patched > 0);
+        std::fs::write(&path, bytes).unwrap();
+        let e = read_text_columns(&path, &[("columns.text", "text")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("train.parquet") && e.contains("row 1") && e.contains("not valid UTF-8"),
+            "{e}"
+        );
+        assert!(e.contains("data.corpus.columns.text"), "{e}");
+        assert!(
+            !e.contains("Bytes") && !e.contains("FromUtf8Error") && !e.contains("re-download"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_file_that_is_not_parquet_says_so_in_one_short_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("train.parquet");
+        std::fs::write(&path, "this is text, not parquet\n".repeat(10)).unwrap();
+        let e = read_text_columns(&path, &[("columns.text", "text")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("train.parquet") && e.contains("parquet"), "{e}");
+        assert!(e.len() < 400 && !e.contains('{'), "{e}");
+    }
 }

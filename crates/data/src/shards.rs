@@ -25,7 +25,8 @@ pub const MAX_SHARD_VOCAB: usize = u16::MAX as usize + 1;
 
 /// The token ids of one shard. `key` names the config entry (for errors).
 pub fn read_shard(path: &Path, key: Option<&str>) -> Result<Vec<u32>> {
-    let bytes = std::fs::read(path).map_err(|e| DataError::Io {
+    crate::io::refuse_special_input(path, key)?;
+    let bytes = crate::io::read_bytes(path).map_err(|e| DataError::Io {
         path: path.to_path_buf(),
         key: key.map(str::to_string),
         source: e,
@@ -42,10 +43,33 @@ pub fn read_shard(path: &Path, key: Option<&str>) -> Result<Vec<u32>> {
             ),
         ));
     }
-    Ok(bytes
+    let ids: Vec<u32> = bytes
         .chunks_exact(BYTES_PER_TOKEN)
         .map(|b| u16::from_le_bytes([b[0], b[1]]) as u32)
-        .collect())
+        .collect();
+    if looks_like_u32(&ids) {
+        return Err(DataError::config(
+            key.unwrap_or("data.corpus"),
+            format!(
+                "{} looks like a shard of 32-bit token ids (every second 16-bit value is 0, which \
+                 would read as <pad>): Ember's shards hold 16-bit ids, as llama2.c's do. Write the \
+                 ids as little-endian u16, or re-tokenise the text with `ember tokenize RUN TEXT \
+                 OUT.bin`",
+                path.display()
+            ),
+        ));
+    }
+    Ok(ids)
+}
+
+/// Whether 16-bit ids read from a shard are really 32-bit ids below 65,536: every odd 16-bit
+/// value (the high halves) is 0 while the even ones are not all 0. A tokenizer never emits
+/// `<pad>` (id 0) into text, let alone at every second position.
+fn looks_like_u32(ids: &[u32]) -> bool {
+    ids.len() >= 8
+        && ids.len() % 2 == 0
+        && ids.iter().skip(1).step_by(2).all(|&id| id == 0)
+        && ids.iter().step_by(2).any(|&id| id != 0)
 }
 
 /// Writes `ids` as a shard (to a temporary file, then renamed into place). Errors if an id does
@@ -66,19 +90,38 @@ pub fn write_shard(path: &Path, ids: &[u32]) -> Result<()> {
     let io = |e: std::io::Error| DataError::Io {
         path: path.to_path_buf(),
         key: None,
+        hint: crate::io::write_hint(&e, path),
         source: e,
-        hint: "check that the folder exists and is writable".into(),
     };
     let tmp = path.with_extension(format!("bin.tmp{}", std::process::id()));
-    let mut file = std::fs::File::create(&tmp).map_err(io)?;
-    file.write_all(&bytes).map_err(io)?;
-    file.sync_all().map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(io)
+    let written = std::fs::File::create(&tmp).and_then(|mut file| {
+        file.write_all(&bytes)?;
+        file.sync_all()?;
+        std::fs::rename(&tmp, path)
+    });
+    if written.is_err() {
+        // A partial temporary file would only take the space a full disk lacks.
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written.map_err(io)
 }
 
 /// Tokenises the text file `input` with `tokenizer` and writes the ids to the shard `output`;
 /// returns the number of tokens. Refuses a vocabulary larger than a u16 shard can hold.
 pub fn tokenize_file(tokenizer: &Tokenizer, input: &Path, output: &Path) -> Result<usize> {
+    tokenize_file_counting(tokenizer, input, output).map(|t| t.tokens)
+}
+
+/// What [`tokenize_file_counting`] wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tokenized {
+    pub tokens: usize,
+    /// Tokens that are `<unk>`: characters the tokenizer does not know.
+    pub unknown: usize,
+}
+
+/// As [`tokenize_file`], also counting the `<unk>` tokens written.
+pub fn tokenize_file_counting(tokenizer: &Tokenizer, input: &Path, output: &Path) -> Result<Tokenized> {
     if tokenizer.vocab_size() > MAX_SHARD_VOCAB {
         return Err(DataError::tokenizer(
             None,
@@ -88,6 +131,7 @@ pub fn tokenize_file(tokenizer: &Tokenizer, input: &Path, output: &Path) -> Resu
             ),
         ));
     }
+    crate::io::check_output(output, &[input], "OUTPUT")?;
     let text = read_text(input, None)?;
     if text.trim().is_empty() {
         return Err(DataError::EmptyFile {
@@ -97,7 +141,11 @@ pub fn tokenize_file(tokenizer: &Tokenizer, input: &Path, output: &Path) -> Resu
     }
     let ids = tokenizer.encode(&text)?;
     write_shard(output, &ids)?;
-    Ok(ids.len())
+    let unk = tokenizer.unk_id();
+    Ok(Tokenized {
+        tokens: ids.len(),
+        unknown: ids.iter().filter(|&&id| id == unk).count(),
+    })
 }
 
 /// The shard files a config entry names: the file itself, or a folder's `*.bin` files in name order.
@@ -131,6 +179,30 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_failed_write_leaves_no_temporary_file_and_says_what_to_do() {
+        let dir = tempfile::tempdir().unwrap();
+        // The rename fails (a folder holding a file is where the shard should go).
+        let path = dir.path().join("out.bin");
+        std::fs::create_dir(&path).unwrap();
+        std::fs::write(path.join("kept"), "x").unwrap();
+        let e = write_shard(&path, &[1, 2, 3]).unwrap_err().to_string();
+        assert!(
+            e.contains("out.bin") && e.contains("check that the folder"),
+            "{e}"
+        );
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(left, ["out.bin"], "no temporary file stays behind");
+        // A full disk says so, and where.
+        let full = std::io::Error::from_raw_os_error(28);
+        let hint = crate::io::write_hint(&full, Path::new("data/out.bin"));
+        assert!(hint.contains("disk that holds data is full"), "{hint}");
+    }
+
+    #[test]
     fn shards_are_raw_little_endian_u16() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.bin");
@@ -141,5 +213,38 @@ mod tests {
         std::fs::write(&path, [1u8, 0, 2]).unwrap();
         let e = read_shard(&path, Some("data.corpus.train_files[0]")).unwrap_err();
         assert!(e.to_string().contains("not a whole number"), "{e}");
+    }
+
+    #[test]
+    fn a_shard_of_u32_ids_is_refused_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("u32.bin");
+        let ids: Vec<u8> = [5u32, 9, 12, 7, 5, 3]
+            .iter()
+            .flat_map(|i| i.to_le_bytes())
+            .collect();
+        std::fs::write(&path, ids).unwrap();
+        let e = read_shard(&path, Some("data.corpus.train_files[0]"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("u32.bin") && e.contains("32-bit") && e.contains("train_files[0]"),
+            "{e}"
+        );
+        // u16 ids with an occasional 0 are fine.
+        write_shard(&path, &[5, 0, 9, 0, 12, 7, 0, 3]).unwrap();
+        assert_eq!(read_shard(&path, None).unwrap().len(), 8);
+    }
+
+    #[test]
+    fn tokenize_refuses_to_write_over_its_input() {
+        let dir = tempfile::tempdir().unwrap();
+        let input = dir.path().join("in.txt");
+        std::fs::write(&input, "hello hello\n").unwrap();
+        let tok = Tokenizer::train_chars(["hello hello\n"], false).unwrap();
+        let e = tokenize_file(&tok, &input, &input).unwrap_err().to_string();
+        assert!(e.contains("OUTPUT") && e.contains("in.txt"), "{e}");
+        assert_eq!(std::fs::read_to_string(&input).unwrap(), "hello hello\n");
+        assert!(tokenize_file(&tok, &input, Path::new("/dev/null")).is_err());
     }
 }

@@ -373,7 +373,8 @@ impl Tokenizer {
     /// Loads a `tokenizer.json` written by [`Tokenizer::save`].
     pub fn load(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let bytes = std::fs::read(path).map_err(|e| DataError::Io {
+        crate::io::refuse_special_input(path, Some("tokenizer"))?;
+        let bytes = crate::io::read_bytes(path).map_err(|e| DataError::Io {
             path: path.to_path_buf(),
             key: None,
             source: e,

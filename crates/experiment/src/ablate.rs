@@ -35,7 +35,7 @@ use ember_trainer::config::RunConfig;
 use ember_trainer::interrupt::{signal_name, Interrupted, StopRequest};
 use ember_trainer::metrics::{self, Verbosity};
 use ember_trainer::resume_check::json_changes;
-use ember_trainer::run_lock::DirLock;
+use ember_trainer::run_lock::{holder, DirLock};
 use ember_trainer::train::{self, TrainOptions, RUN_CONFIG, SUMMARY};
 use serde::{Deserialize, Serialize};
 
@@ -49,7 +49,9 @@ mod cell;
 mod grid;
 
 pub use cell::{ablate_cell, find_cell, load_plan, status_table, sweep_status, CellState, CellStatus};
-pub use grid::{parse_axis, parse_lrs, parse_variant, parse_variants, plan, run_config};
+pub use grid::{
+    cell_count, parse_axis, parse_lrs, parse_variant, parse_variants, plan, run_config, MAX_CELLS, MAX_JOBS,
+};
 
 /// Lines of stderr kept in a failed run's record.
 const TAIL_LINES: usize = 20;
@@ -103,6 +105,17 @@ pub struct SweepInterrupted {
     pub signal: i32,
     pub interrupted: usize,
     pub not_started: usize,
+}
+
+/// How planning ends when a stop signal arrives before the plan is complete: nothing was
+/// written.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error(
+    "stopped by {} while planning the sweep; nothing was written or run",
+    signal_name(*signal)
+)]
+pub struct PlanningInterrupted {
+    pub signal: i32,
 }
 
 impl AblateOptions {
@@ -210,9 +223,20 @@ impl AblateOutcome {
 /// Runs (or resumes, or skips) every run of the grid, then writes the report.
 pub fn ablate(opts: &AblateOptions) -> Result<AblateOutcome> {
     let started = Instant::now();
+    if let Some(stop) = &opts.stop {
+        stop.set_phase("stopping the planning of the sweep (nothing has been written yet)");
+    }
     let plan = plan(opts)?;
+    ember_trainer::run_lock::refuse_foreign_dir(&plan.out, "--out", ember_trainer::run_lock::DirKind::Sweep)?;
     // One sweep per output directory: two would train the same runs into the same directories.
     let _lock = DirLock::acquire(&plan.out, "ablation sweep")?;
+    refuse_other_configs(&plan)?;
+    if let Some(stop) = &opts.stop {
+        stop.set_phase(
+            "passing it on to the running run(s), which stop after their current step with a \
+             checkpoint; no further run starts",
+        );
+    }
     fs::create_dir_all(plan.out.join(RUNS))
         .with_context(|| format!("creating {}", plan.out.join(RUNS).display()))?;
     write_json_atomic(&plan.out.join(GRID), &plan)?;
@@ -321,6 +345,41 @@ fn next(plan: &Plan, run: &PlannedRun) -> Next {
     }
 }
 
+/// Refuses, before anything is written, a sweep whose output directory holds runs (with
+/// checkpoints or a summary) of another config, naming the runs and the keys that differ.
+fn refuse_other_configs(plan: &Plan) -> Result<()> {
+    if let Some(run) = plan.runs.iter().find(|r| r.dir.exists() && !r.dir.is_dir()) {
+        anyhow::bail!(
+            "{} is not a folder, but the sweep keeps run {} there; move it away or choose another \
+             --out. Nothing was run or changed.",
+            run.dir.display(),
+            run.name
+        );
+    }
+    let other: Vec<String> = plan
+        .runs
+        .iter()
+        .filter(|r| disk_state(&r.dir) != DiskState::Empty)
+        .filter_map(|r| config_mismatch(plan, r).map(|d| format!("{} ({})", r.name, d.join("; "))))
+        .collect();
+    if other.is_empty() {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "{} holds {} run(s) of a different config than this sweep plans: {}{}. Run the sweep with \
+         the config (and --set) it was started with, delete those run directories, or choose \
+         another --out. Nothing was run or changed.",
+        plan.out.display(),
+        other.len(),
+        other.iter().take(3).cloned().collect::<Vec<_>>().join(", "),
+        if other.len() > 3 {
+            format!(" and {} more", other.len() - 3)
+        } else {
+            String::new()
+        }
+    )
+}
+
 /// One invocation in progress: what its runs share.
 struct Sweep<'a> {
     plan: &'a Plan,
@@ -423,6 +482,26 @@ impl<'a> Sweep<'a> {
     fn train(&self, i: usize, resume_from: Option<u64>) {
         let run = &self.plan.runs[i];
         let tag = self.tag(i);
+        // Another process (`ember train`, `ember ablate --cell`) trains it now: leave it, its
+        // logs and its record alone.
+        if let Some(holder) = holder(&run.dir) {
+            let o = outcome(
+                run,
+                RunAction::Refused,
+                RunStatus::Failed {
+                    error: format!(
+                        "{} is being trained by another process ({holder}); left alone (re-run the \
+                         sweep once it has finished)",
+                        run.dir.display()
+                    ),
+                    stderr_tail: String::new(),
+                },
+                0.0,
+            );
+            say(self.opts.quiet, format!("{tag} {}", describe(&o)));
+            self.lock().1[i] = Some(o);
+            return;
+        }
         say(
             self.opts.quiet,
             match resume_from {
@@ -511,8 +590,8 @@ fn execute(
             if resume {
                 args.push("--resume".into());
             }
-            let files = fs::File::create(run.dir.join(STDOUT_LOG))
-                .and_then(|o| Ok((o, fs::File::create(run.dir.join(STDERR_LOG))?)));
+            let files = create_log(&run.dir.join(STDOUT_LOG))
+                .and_then(|o| Ok((o, create_log(&run.dir.join(STDERR_LOG))?)));
             let result = files.and_then(|(out, err)| {
                 let mut command = Command::new(exe);
                 command.args(&args).stdin(Stdio::null()).stdout(out).stderr(err);
@@ -851,8 +930,30 @@ fn tail_lines(path: &Path, n: usize) -> String {
 
 /// Writes pretty JSON through a temporary file and a rename.
 pub(crate) fn write_json_atomic<T: Serialize>(path: &Path, value: &T) -> Result<()> {
-    let tmp = path.with_extension("json.tmp");
-    fs::write(&tmp, serde_json::to_string_pretty(value)? + "\n")
-        .with_context(|| format!("writing {}", tmp.display()))?;
-    fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
+    write_atomic(path, (serde_json::to_string_pretty(value)? + "\n").as_bytes())
+}
+
+/// Writes a file of a sweep (a plan, a report, a script, a plot) through a temporary file and
+/// a rename: a crash leaves the old content or the new, and a link put in the file's place is
+/// replaced, never written through. A failed write leaves no temporary file behind.
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".tmp{}", std::process::id()));
+    let tmp = PathBuf::from(tmp);
+    let written = fs::write(&tmp, bytes)
+        .and_then(|()| fs::rename(&tmp, path))
+        .with_context(|| format!("writing {}", path.display()));
+    if written.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    written
+}
+
+/// Creates (or truncates) a log file of a run, replacing a link put in its place rather than
+/// writing into whatever it points at.
+fn create_log(path: &Path) -> std::io::Result<fs::File> {
+    if fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
+        fs::remove_file(path)?;
+    }
+    fs::File::create(path)
 }

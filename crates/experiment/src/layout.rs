@@ -280,7 +280,7 @@ pub fn disk_state(dir: &Path) -> DiskState {
 
 /// `out/status.json`, or an empty one when it is missing or unreadable.
 pub fn read_status(out: &Path) -> SweepStatus {
-    fs::read_to_string(out.join(STATUS))
+    ember_data::io::read_own_to_string(out.join(STATUS))
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok())
         .unwrap_or_default()
@@ -291,6 +291,6 @@ pub const VARIANT_ORDER: [&str; 4] = ["none", "layernorm", "rmsnorm", "l2"];
 
 /// `summary.json` as JSON (read loosely, so older or partial summaries still count).
 pub fn read_summary(dir: &Path) -> Option<Value> {
-    let text = fs::read_to_string(dir.join(SUMMARY)).ok()?;
+    let text = ember_data::io::read_own_to_string(dir.join(SUMMARY)).ok()?;
     serde_json::from_str(&text).ok()
 }

@@ -250,8 +250,8 @@ pub fn length_report(dir: &Path) -> Result<LengthReport> {
         plots,
     };
     let json = serde_json::to_string_pretty(&report)?;
-    fs::write(dir.join(REPORT_JSON), json + "\n").context("writing report.json")?;
-    fs::write(dir.join(REPORT_MD), markdown(&report)).context("writing report.md")?;
+    crate::ablate::write_atomic(&dir.join(REPORT_JSON), (json + "\n").as_bytes())?;
+    crate::ablate::write_atomic(&dir.join(REPORT_MD), markdown(&report).as_bytes())?;
     Ok(report)
 }
 

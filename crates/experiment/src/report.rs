@@ -26,7 +26,6 @@ mod runs;
 mod sensitivity;
 pub mod stats;
 
-use std::fs;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -37,6 +36,7 @@ pub use effects::AxisEffect;
 pub use runs::RunResult;
 pub use sensitivity::Sensitivity;
 
+use crate::ablate::write_atomic;
 use crate::layout::{Axis, Hardware, Plan, SweepStatus, GRID, REPORT_JSON, REPORT_MD, RUNS, STATUS};
 use grid::Grid;
 use runs::{load_runs, LoadedRun};
@@ -88,14 +88,47 @@ pub struct Report {
     /// Relative to the output directory.
     pub plots: Vec<String>,
     pub notes: Vec<String>,
+    /// Run files that could not be read as what they should be (a damaged metrics.jsonl or
+    /// summary.json): the report is made without them, and the CLI prints these.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 /// Reads every run under `out_dir`, writes `report.md`, `report.json` and `plots/`, and returns
 /// the report.
 pub fn report(out_dir: &Path) -> Result<Report> {
-    let plan: Option<Plan> = read_json(&out_dir.join(GRID))?;
-    let status: Option<SweepStatus> = read_json(&out_dir.join(STATUS))?;
+    let plan: Option<Plan> = read_json(&out_dir.join(GRID)).with_context(|| {
+        format!(
+            "{} is not a plan ember wrote; re-plan with `ember ablate CONFIG --out {}` (finished runs \
+             are kept), or remove it to report the run directories alone",
+            out_dir.join(GRID).display(),
+            out_dir.display()
+        )
+    })?;
+    let mut warnings = vec![];
+    let status: Option<SweepStatus> = match read_json(&out_dir.join(STATUS)) {
+        Ok(s) => s,
+        Err(e) => {
+            warnings.push(format!(
+                "{e:#}: it is not a status file ember wrote, so the report leaves out what it records \
+                 (failed runs' errors, wall time)"
+            ));
+            None
+        }
+    };
     let runs = load_runs(out_dir, plan.as_ref(), status.as_ref())?;
+    if !out_dir.is_dir() {
+        bail!(
+            "{} is not a folder{}: give the output directory of a sweep (the --out of `ember \
+             ablate`, runs/NAME-ablation by default)",
+            out_dir.display(),
+            if out_dir.exists() {
+                ""
+            } else {
+                " (it does not exist)"
+            }
+        );
+    }
     if runs.is_empty() {
         bail!(
             "{} holds no runs: expected {GRID} or run directories under {}/",
@@ -156,6 +189,10 @@ pub fn report(out_dir: &Path) -> Result<Report> {
         runs: runs.iter().map(|r| r.result.clone()).collect(),
         plots,
         notes: plan.map(|p| p.notes).unwrap_or_default(),
+        warnings: warnings
+            .into_iter()
+            .chain(runs.iter().flat_map(|r| r.warnings.iter().cloned()))
+            .collect(),
     };
     write(out_dir, &report)?;
     Ok(report)
@@ -196,17 +233,15 @@ fn wall_secs(status: Option<&SweepStatus>) -> Option<f64> {
 
 /// `report.md` and `report.json`.
 fn write(out_dir: &Path, report: &Report) -> Result<()> {
-    fs::write(out_dir.join(REPORT_MD), markdown::markdown(report))
-        .with_context(|| format!("writing {}", out_dir.join(REPORT_MD).display()))?;
-    fs::write(
-        out_dir.join(REPORT_JSON),
-        serde_json::to_string_pretty(report)? + "\n",
+    write_atomic(&out_dir.join(REPORT_MD), markdown::markdown(report).as_bytes())?;
+    write_atomic(
+        &out_dir.join(REPORT_JSON),
+        (serde_json::to_string_pretty(report)? + "\n").as_bytes(),
     )
-    .with_context(|| format!("writing {}", out_dir.join(REPORT_JSON).display()))
 }
 
 fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Option<T>> {
-    match fs::read_to_string(path) {
+    match ember_data::io::read_own_to_string(path) {
         Ok(text) => Ok(Some(
             serde_json::from_str(&text).with_context(|| format!("reading {}", path.display()))?,
         )),

@@ -107,12 +107,25 @@ pub struct Submitted {
 /// so relative paths in the plan mean what they mean here.
 pub fn prepare(opts: &AblateOptions, slurm: &SlurmOptions, exe: &Path) -> Result<SlurmPlan> {
     check(slurm)?;
+    let cwd = std::env::current_dir().context("reading the current directory")?;
     let cpus = slurm.cpus_per_task.unwrap_or(1);
     let mut opts = opts.clone();
     opts.threads = Some(cpus);
     let mut plan = plan(&opts)?;
     // Cells at once, as the plan records it: Slurm decides, within --max-parallel.
     plan.jobs = slurm.max_parallel.unwrap_or(plan.runs.len()).max(1);
+    // Both paths end up on #SBATCH lines: refuse what no such line can hold before writing.
+    for (what, path) in [("--out", &plan.out), ("the current directory", &cwd)] {
+        let text = path.display().to_string();
+        if text.chars().any(|c| c.is_control()) {
+            bail!(
+                "{what} {}: a path with a line break or other control character cannot be written \
+                 on an #SBATCH line; choose another",
+                shell_word(&text).escape_debug()
+            );
+        }
+    }
+    ember_trainer::run_lock::refuse_foreign_dir(&plan.out, "--out", ember_trainer::run_lock::DirKind::Sweep)?;
     // No local sweep may be writing into the directory while it is planned for the cluster.
     let _lock = DirLock::acquire(&plan.out, "ablation sweep")?;
     let dir = plan.out.join(SLURM_DIR);
@@ -128,7 +141,6 @@ pub fn prepare(opts: &AblateOptions, slurm: &SlurmOptions, exe: &Path) -> Result
         .map(|(i, _)| i)
         .collect();
     let array = array_spec(&cells);
-    let cwd = std::env::current_dir().context("reading the current directory")?;
     let cells_script = dir.join(CELLS_SCRIPT);
     let report_script = dir.join(REPORT_SCRIPT);
     write_script(
@@ -212,6 +224,15 @@ fn check(s: &SlurmOptions) -> Result<()> {
     };
     word("--partition", &s.partition)?;
     word("--time", &s.time)?;
+    if let Some(n) = s
+        .cpus_per_task
+        .filter(|&n| n > ember_trainer::config::MAX_THREADS)
+    {
+        bail!(
+            "--cpus-per-task {n}: at most {} (each cell trains with as many threads)",
+            ember_trainer::config::MAX_THREADS
+        );
+    }
     for (flag, v) in [
         ("--cpus-per-task", s.cpus_per_task),
         ("--gpus-per-task", s.gpus_per_task),
@@ -263,12 +284,12 @@ pub fn array_spec(cells: &[usize]) -> String {
 
 /// The `#SBATCH` lines both jobs share.
 fn common_lines(s: &mut String, slurm: &SlurmOptions, cwd: &Path) {
-    let _ = writeln!(s, "#SBATCH --chdir={}", cwd.display());
+    let _ = writeln!(s, "#SBATCH --chdir={}", sbatch_word(&cwd.display().to_string()));
     if let Some(p) = &slurm.partition {
         let _ = writeln!(s, "#SBATCH --partition={p}");
     }
     for a in &slurm.sbatch_args {
-        let _ = writeln!(s, "#SBATCH {a}");
+        let _ = writeln!(s, "#SBATCH {}", sbatch_word(a));
     }
 }
 
@@ -330,9 +351,9 @@ fn cells_script_text(
          #SBATCH --signal=B:USR1@{}\n\
          #SBATCH --requeue\n\
          #SBATCH --open-mode=append\n\
-         #SBATCH --output={}/cell-%a.out",
+         #SBATCH --output={}",
         slurm.warning_secs.unwrap_or(DEFAULT_WARNING_SECS),
-        logs.display()
+        sbatch_word(&format!("{}/cell-%a.out", output_pattern(&logs)))
     );
     common_lines(&mut s, slurm, cwd);
     let _ = write!(
@@ -379,8 +400,11 @@ fn report_script_text(plan: &Plan, slurm: &SlurmOptions, exe: &Path, cwd: &Path)
     let _ = writeln!(s, "#SBATCH --cpus-per-task=1");
     let _ = writeln!(
         s,
-        "#SBATCH --output={}/report-%j.out",
-        plan.out.join(SLURM_DIR).join(LOGS).display()
+        "#SBATCH --output={}",
+        sbatch_word(&format!(
+            "{}/report-%j.out",
+            output_pattern(&plan.out.join(SLURM_DIR).join(LOGS))
+        ))
     );
     common_lines(&mut s, slurm, cwd);
     let _ = write!(s, "\n{exe} ablate {out} --status\nexec {exe} report {out}\n");
@@ -389,9 +413,37 @@ fn report_script_text(plan: &Plan, slurm: &SlurmOptions, exe: &Path, cwd: &Path)
 
 fn write_script(path: &Path, text: &str) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
-    fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+    crate::ablate::write_atomic(path, text.as_bytes())?;
     fs::set_permissions(path, fs::Permissions::from_mode(0o755))
         .with_context(|| format!("making {} executable", path.display()))
+}
+
+/// A value on an `#SBATCH` line as sbatch reads it back: sbatch splits those lines at
+/// whitespace outside quotes and takes a backslash as an escape, so a value holding either (or
+/// a quote, or `#`) goes in double quotes, with `"` and `\` escaped.
+pub fn sbatch_word(value: &str) -> String {
+    if !value.is_empty()
+        && value
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%~".contains(c))
+    {
+        return value.to_string();
+    }
+    let mut out = String::from("\"");
+    for c in value.chars() {
+        if c == '"' || c == '\\' {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('"');
+    out
+}
+
+/// A folder in an `--output` file pattern: Slurm expands `%` there (`%a`, `%j`), and `%%` is
+/// a literal `%`.
+fn output_pattern(dir: &Path) -> String {
+    dir.display().to_string().replace('%', "%%")
 }
 
 /// `word`, quoted for a POSIX shell when it needs to be.
@@ -417,6 +469,53 @@ mod tests {
         assert_eq!(array_spec(&[0, 2, 3, 5, 7, 8, 9]), "0,2-3,5,7-9");
         assert_eq!(array_spec(&[4]), "4");
         assert_eq!(array_spec(&[]), "");
+    }
+
+    /// sbatch's reading of one `#SBATCH` argument (`_get_argument` in Slurm's sbatch/opt.c):
+    /// quotes group, a backslash escapes the next character.
+    fn sbatch_reads(word: &str) -> (String, usize) {
+        let (mut out, mut quoted, mut escape, mut end) = (String::new(), None, false, word.len());
+        for (i, c) in word.char_indices() {
+            if escape {
+                escape = false;
+                out.push(c);
+            } else if c == '\\' {
+                escape = true;
+            } else if let Some(q) = quoted {
+                if c == q {
+                    quoted = None;
+                } else {
+                    out.push(c);
+                }
+            } else if c == '"' || c == '\'' {
+                quoted = Some(c);
+            } else if c.is_whitespace() {
+                end = i;
+                break;
+            } else {
+                out.push(c);
+            }
+        }
+        (out, end)
+    }
+
+    proptest::proptest! {
+        /// Whatever a path holds (but control characters, refused before), sbatch reads back
+        /// exactly the path from the line, as one argument.
+        #[test]
+        fn sbatch_reads_back_every_quoted_value_whole(value in "[^\\p{Cc}]{1,40}") {
+            let word = sbatch_word(&value);
+            let (read, end) = sbatch_reads(&word);
+            proptest::prop_assert_eq!(read, value);
+            proptest::prop_assert_eq!(end, word.len());
+        }
+    }
+
+    #[test]
+    fn a_path_with_spaces_quotes_and_percent_signs_survives_the_sbatch_line() {
+        assert_eq!(sbatch_word("runs/sweep"), "runs/sweep");
+        assert_eq!(sbatch_word("my runs/a\"b"), "\"my runs/a\\\"b\"");
+        assert_eq!(output_pattern(Path::new("100% runs")), "100%% runs");
     }
 
     #[test]

@@ -227,18 +227,23 @@ fn rerunning_skips_finished_runs_resumes_interrupted_ones_and_refuses_a_changed_
         "a skip keeps the record of the run"
     );
 
-    // The same output directory with another config is refused, and nothing is touched.
+    // The same output directory with another config is refused up front, naming the runs and
+    // the key, and nothing is touched (not even the plan).
     let mut changed = opts.clone();
     changed.overrides.push("train.warmup_steps=1".into());
     let before = fs::read(plan.runs[0].dir.join(SUMMARY)).unwrap();
-    let third = ablate::ablate(&changed).unwrap();
-    assert!(third.runs.iter().all(|r| r.action == RunAction::Refused));
-    assert!(third.any_failed());
-    match &third.runs[0].status {
-        RunStatus::Failed { error, .. } => assert!(error.contains("train.warmup_steps"), "{error}"),
-        other => panic!("{other:?}"),
-    }
+    let grid_before = fs::read(plan.out.join(layout::GRID)).unwrap();
+    let status_before = fs::read(plan.out.join(layout::STATUS)).unwrap();
+    let err = format!("{:#}", ablate::ablate(&changed).unwrap_err());
+    assert!(
+        err.contains("train.warmup_steps")
+            && err.contains("none-lr3e-3-seed1")
+            && err.contains("Nothing was run"),
+        "{err}"
+    );
     assert_eq!(fs::read(plan.runs[0].dir.join(SUMMARY)).unwrap(), before);
+    assert_eq!(fs::read(plan.out.join(layout::GRID)).unwrap(), grid_before);
+    assert_eq!(fs::read(plan.out.join(layout::STATUS)).unwrap(), status_before);
 }
 
 fn opts_for(run_dir: &Path) -> ember_trainer::TrainOptions {

@@ -214,6 +214,7 @@ fn pretrained_tokenizer(ckpt_dir: &Path) -> Result<bool> {
 /// [`HF_FILES`] are overwritten, nothing else there is touched).
 pub fn export_hf(source: &ExportSource, out: &Path) -> Result<HfExport> {
     let arch = source.architecture()?;
+    check_out(out)?;
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let write_json = |name: &str, value: &serde_json::Value| -> Result<()> {
         let path = out.join(name);
@@ -245,6 +246,49 @@ pub fn export_hf(source: &ExportSource, out: &Path) -> Result<HfExport> {
         tensors,
         params,
     })
+}
+
+/// Refuses an export folder whose files would replace what the user did not ask to replace:
+/// a run directory (its own tokenizer.json would be overwritten) or a folder where one of
+/// [`HF_FILES`] is a link (the write would go into the file it points at) or not a regular
+/// file. Nothing is written on a refusal.
+pub fn check_out(out: &Path) -> Result<()> {
+    let is_run = out.join("config.yaml").is_file() || out.join("checkpoints").is_dir();
+    if out.is_dir() && is_run {
+        anyhow::bail!(
+            "OUT {} is a run directory (it holds config.yaml or checkpoints/): the export's \
+             tokenizer.json and model files would replace the run's own. Choose a new folder \
+             for the export. Nothing was written.",
+            out.display()
+        );
+    }
+    if out.exists() && !out.is_dir() {
+        anyhow::bail!(
+            "OUT {} is not a folder; give the folder to write the export into (it is created \
+             if missing). Nothing was written.",
+            out.display()
+        );
+    }
+    for name in HF_FILES {
+        let path = out.join(name);
+        let Ok(meta) = std::fs::symlink_metadata(&path) else {
+            continue;
+        };
+        let what = if meta.file_type().is_symlink() {
+            "a symbolic link: the export would write into the file it points at"
+        } else if !meta.is_file() {
+            "not a regular file"
+        } else {
+            continue;
+        };
+        anyhow::bail!(
+            "OUT {}: {} is {what}. Remove it (or choose a new folder for the export). Nothing \
+             was written.",
+            out.display(),
+            path.display()
+        );
+    }
+    Ok(())
 }
 
 /// Ember's logits for `text`, as JSON `{text, tokens, logits}`: what the exported model must

@@ -190,6 +190,14 @@ pub struct ConfigError {
     pub message: String,
 }
 
+/// The most layers a stack may have: far beyond any published transformer, and well inside
+/// what the autograd graph's depth allows (a deeper stack would overflow the stack walking it).
+pub const MAX_LAYERS: usize = 1024;
+
+/// The longest `max_seq_len`: 2^20 positions (16× the longest `ember eval --context`); the
+/// rotary tables of a longer one take minutes to build and more memory than a run needs.
+pub const MAX_SEQ_LEN: usize = 1 << 20;
+
 fn bad(key: &str, message: impl Into<String>) -> ConfigError {
     ConfigError {
         key: format!("model.{key}"),
@@ -280,14 +288,36 @@ impl ModelConfig {
                 }
             }
         }
+        let layers = |key: &str, n: usize| {
+            positive(key, n)?;
+            if n > MAX_LAYERS {
+                return Err(bad(
+                    key,
+                    format!(
+                        "{n} layers is more than Ember builds (at most {MAX_LAYERS} per stack); use fewer"
+                    ),
+                ));
+            }
+            Ok(())
+        };
         if let Some(n) = self.n_layers {
-            positive("n_layers", n)?;
+            layers("n_layers", n)?;
         }
         if let Some(n) = self.n_encoder_layers {
-            positive("n_encoder_layers", n)?;
+            layers("n_encoder_layers", n)?;
         }
         if let Some(n) = self.n_decoder_layers {
-            positive("n_decoder_layers", n)?;
+            layers("n_decoder_layers", n)?;
+        }
+        if self.max_seq_len > MAX_SEQ_LEN {
+            return Err(bad(
+                "max_seq_len",
+                format!(
+                    "{} positions is more than Ember supports (at most {MAX_SEQ_LEN}); use the \
+                     longest length the model trains or evaluates at",
+                    self.max_seq_len
+                ),
+            ));
         }
         if self.head_dim == Some(0) {
             return Err(bad("head_dim", "must be greater than 0"));

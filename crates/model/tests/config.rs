@@ -123,3 +123,48 @@ fn norm_bias_defaults_to_on_and_reads_from_json() {
     let c: ModelConfig = serde_json::from_value(v).unwrap();
     assert!(!c.norm_bias);
 }
+
+mod bounds {
+    //! Any size above a documented limit is refused by validation, naming its key, before a
+    //! tensor is allocated; every size within the limits passes that check.
+    use ember_model::config::{MAX_LAYERS, MAX_SEQ_LEN};
+    use ember_model::{Arch, ModelConfig};
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn layer_counts_above_the_limit_are_refused_naming_the_key(
+            n in (MAX_LAYERS + 1)..=usize::MAX,
+            which in 0usize..3,
+        ) {
+            let (mut c, key) = match which {
+                0 => (ModelConfig::tiny(Arch::Lm), "model.n_layers"),
+                1 => (ModelConfig::tiny(Arch::Seq2seq), "model.n_encoder_layers"),
+                _ => (ModelConfig::tiny(Arch::Seq2seq), "model.n_decoder_layers"),
+            };
+            match which {
+                0 => c.n_layers = Some(n),
+                1 => c.n_encoder_layers = Some(n),
+                _ => c.n_decoder_layers = Some(n),
+            }
+            let e = c.validate().unwrap_err().to_string();
+            prop_assert!(e.contains(key) && e.contains(&MAX_LAYERS.to_string()), "{}", e);
+        }
+
+        #[test]
+        fn lengths_above_the_limit_are_refused_naming_the_key(n in (MAX_SEQ_LEN + 1)..=usize::MAX) {
+            let mut c = ModelConfig::tiny(Arch::Lm);
+            c.max_seq_len = n;
+            let e = c.validate().unwrap_err().to_string();
+            prop_assert!(e.contains("model.max_seq_len") && e.contains(&MAX_SEQ_LEN.to_string()), "{}", e);
+        }
+
+        #[test]
+        fn sizes_within_the_limits_pass(layers in 1..=MAX_LAYERS, len in 1..=MAX_SEQ_LEN) {
+            let mut c = ModelConfig::tiny(Arch::Lm);
+            c.n_layers = Some(layers);
+            c.max_seq_len = len;
+            prop_assert!(c.validate().is_ok());
+        }
+    }
+}

@@ -122,7 +122,7 @@ fn hex(bytes: &[u8]) -> String {
 /// every checkpoint.
 fn file_hash(path: &Path) -> Result<String> {
     let reading = || format!("reading {}", path.display());
-    let mut file = fs::File::open(path).with_context(reading)?;
+    let mut file = ember_data::io::open_own(path).with_context(reading)?;
     let mut hasher = Sha256::new();
     std::io::copy(&mut file, &mut hasher).with_context(reading)?;
     Ok(hex(&hasher.finalize()))
@@ -177,7 +177,8 @@ fn fsync_dir(dir: &Path) {
     }
 }
 
-/// Writes a checkpoint atomically and returns its directory.
+/// Writes a checkpoint atomically and returns its directory. Every failure names the file it
+/// was writing (a full disk says where).
 pub fn save(
     run_dir: &Path,
     mut state: CheckpointState,
@@ -193,26 +194,18 @@ pub fn save(
         std::process::id()
     ));
     if tmp.exists() {
-        fs::remove_dir_all(&tmp)?;
+        fs::remove_dir_all(&tmp).with_context(|| format!("removing {}", tmp.display()))?;
     }
-    fs::create_dir_all(&tmp)?;
-    params
-        .save(&tmp.join(MODEL))
-        .context("writing model.safetensors")?;
-    candle_core::safetensors::save(optimizer, tmp.join(OPTIMIZER))
-        .context("writing optimizer.safetensors")?;
-    fs::write(tmp.join(CONFIG), config_yaml)?;
-    state.files.clear();
-    for name in [MODEL, OPTIMIZER, CONFIG] {
-        let path = tmp.join(name);
-        fs::File::open(&path)?.sync_all()?;
-        state.files.insert(name.to_string(), file_hash(&path)?);
+    fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    let written = write_into(&tmp, &mut state, params, optimizer, config_yaml);
+    if let Err(e) = written {
+        // A half-written checkpoint would only hold the space a full disk lacks; the
+        // checkpoints saved before are untouched.
+        let _ = fs::remove_dir_all(&tmp);
+        return Err(with_disk_hint(e, &root));
     }
-    let mut f = fs::File::create(tmp.join(STATE))?;
-    f.write_all(serde_json::to_string_pretty(&state)?.as_bytes())?;
-    f.sync_all()?;
-    fsync_dir(&tmp);
     let dest = root.join(step_dir_name(state.step));
+    let moving = || format!("moving {} into place as {}", tmp.display(), dest.display());
     if dest.exists() {
         // Re-saving a step (e.g. final save right after a periodic one): replace it.
         let old = root.join(format!(
@@ -220,20 +213,144 @@ pub fn save(
             step_dir_name(state.step),
             std::process::id()
         ));
-        fs::rename(&dest, &old)?;
-        fs::rename(&tmp, &dest)?;
-        fs::remove_dir_all(&old)?;
+        fs::rename(&dest, &old).with_context(moving)?;
+        fs::rename(&tmp, &dest).with_context(moving)?;
+        fs::remove_dir_all(&old).with_context(|| format!("removing {}", old.display()))?;
     } else {
-        fs::rename(&tmp, &dest)?;
+        fs::rename(&tmp, &dest).with_context(moving)?;
     }
     fsync_dir(&root);
     Ok(dest)
 }
 
+/// A failed write on a full disk says what to do (and that nothing saved before is lost).
+fn with_disk_hint(e: anyhow::Error, root: &Path) -> anyhow::Error {
+    let full = e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>().is_some_and(|io| {
+            matches!(
+                io.kind(),
+                std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+            )
+        }) || c.to_string().contains("No space left on device")
+    });
+    if !full {
+        return e;
+    }
+    e.context(format!(
+        "the disk that holds {} is full: free space there and run again (the half-written \
+         checkpoint was removed; those saved before it are intact)",
+        root.display()
+    ))
+}
+
+/// Writes a checkpoint's files into the temporary directory `tmp` (and `state.files`, their
+/// hashes).
+fn write_into(
+    tmp: &Path,
+    state: &mut CheckpointState,
+    params: &ParamStore,
+    optimizer: &HashMap<String, Tensor>,
+    config_yaml: &str,
+) -> Result<()> {
+    let writing = |p: &Path| format!("writing {}", p.display());
+    params
+        .save(&tmp.join(MODEL))
+        .with_context(|| writing(&tmp.join(MODEL)))?;
+    candle_core::safetensors::save(optimizer, tmp.join(OPTIMIZER))
+        .with_context(|| writing(&tmp.join(OPTIMIZER)))?;
+    fs::write(tmp.join(CONFIG), config_yaml).with_context(|| writing(&tmp.join(CONFIG)))?;
+    state.files.clear();
+    for name in [MODEL, OPTIMIZER, CONFIG] {
+        let path = tmp.join(name);
+        fs::File::open(&path)
+            .and_then(|f| f.sync_all())
+            .with_context(|| writing(&path))?;
+        state.files.insert(name.to_string(), file_hash(&path)?);
+    }
+    let state_path = tmp.join(STATE);
+    let mut f = fs::File::create(&state_path).with_context(|| writing(&state_path))?;
+    f.write_all(serde_json::to_string_pretty(&state)?.as_bytes())
+        .and_then(|()| f.sync_all())
+        .with_context(|| writing(&state_path))?;
+    fsync_dir(tmp);
+    Ok(())
+}
+
+/// The lock file inside `checkpoints/` that orders writers (a run saving and pruning) and
+/// readers (`ember average`) of the checkpoints: a reader never sees a checkpoint half pruned.
+pub const CHECKPOINTS_LOCK: &str = ".lock";
+
+/// A held lock on a run's `checkpoints/` folder (released when dropped).
+pub struct CheckpointsLock {
+    _file: Option<fs::File>,
+}
+
+/// How long a run waits to save while a reader holds the checkpoints: past this it saves
+/// anyway (a reader stopped mid-read must not stall training).
+const WRITER_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Locks `run_dir/checkpoints/` for writing (a save and the pruning after it). Waits for
+/// readers up to [`WRITER_PATIENCE`], then goes on without the lock; a lock file that cannot
+/// be used (a link put in its place) never stops a run from saving its steps.
+pub fn lock_for_writing(run_dir: &Path) -> Result<CheckpointsLock> {
+    use fs4::fs_std::FileExt;
+    let root = run_dir.join(CHECKPOINTS);
+    fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
+    let file = match crate::run_lock::open_lock_file(&root.join(CHECKPOINTS_LOCK)) {
+        Ok(file) => file,
+        Err(e) => {
+            // Said once per process: every save after it goes the same way.
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            let path = root.join(CHECKPOINTS_LOCK);
+            let why = fs::symlink_metadata(&path)
+                .ok()
+                .and_then(|meta| crate::run_lock::not_a_lock_file(&meta, &path))
+                .map_or_else(
+                    || format!("cannot be opened ({})", e.root_cause()),
+                    |w| format!("is {w}"),
+                );
+            WARNED.call_once(|| {
+                crate::tell!(
+                    "warning: {} {why}, not a lock file ember can use: checkpoints are saved \
+                     without the readers' lock, so an `ember average` run meanwhile may find one \
+                     pruned under it. Remove it (`rm {}`) to have the lock back.",
+                    path.display(),
+                    path.display()
+                )
+            });
+            return Ok(CheckpointsLock { _file: None });
+        }
+    };
+    let started = std::time::Instant::now();
+    loop {
+        match FileExt::try_lock_exclusive(&file) {
+            Ok(true) => return Ok(CheckpointsLock { _file: Some(file) }),
+            Ok(false) if started.elapsed() < WRITER_PATIENCE => {
+                std::thread::sleep(std::time::Duration::from_millis(50))
+            }
+            _ => return Ok(CheckpointsLock { _file: None }),
+        }
+    }
+}
+
+/// Locks `run_dir/checkpoints/` for reading, waiting for a save in progress to end. A run
+/// without a `checkpoints/` folder (or one that cannot be locked) is read without the lock.
+pub fn lock_for_reading(run_dir: &Path) -> Result<CheckpointsLock> {
+    use fs4::fs_std::FileExt;
+    let root = run_dir.join(CHECKPOINTS);
+    if !root.is_dir() {
+        return Ok(CheckpointsLock { _file: None });
+    }
+    let file = crate::run_lock::open_lock_file(&root.join(CHECKPOINTS_LOCK))?;
+    FileExt::lock_shared(&file)
+        .with_context(|| format!("locking {}", root.join(CHECKPOINTS_LOCK).display()))?;
+    Ok(CheckpointsLock { _file: Some(file) })
+}
+
 /// Reads and verifies one checkpoint directory.
 pub fn load(dir: &Path, device: &Device) -> Result<Loaded> {
     let state_path = dir.join(STATE);
-    let text = fs::read_to_string(&state_path).with_context(|| {
+    let text = ember_data::io::read_own_to_string(&state_path).with_context(|| {
         format!(
             "{} is missing: the checkpoint is incomplete",
             state_path.display()
@@ -241,6 +358,7 @@ pub fn load(dir: &Path, device: &Device) -> Result<Loaded> {
     })?;
     let state: CheckpointState = serde_json::from_str(&text)
         .with_context(|| format!("{} is corrupt (not valid checkpoint JSON)", state_path.display()))?;
+    check_state(dir, &state_path, &state)?;
     for name in [MODEL, OPTIMIZER, CONFIG] {
         let expected = state
             .files
@@ -266,6 +384,41 @@ pub fn load(dir: &Path, device: &Device) -> Result<Loaded> {
         params,
         optimizer,
     })
+}
+
+/// The step a checkpoint directory's name gives (`step-00000020` → 20; `None` for other names,
+/// such as `average-last-5`).
+fn step_of_dir(dir: &Path) -> Option<u64> {
+    dir.file_name()?.to_str()?.strip_prefix("step-")?.parse().ok()
+}
+
+/// `state.json` must agree with the directory it sits in and with itself: a state copied from
+/// another checkpoint (or edited) would resume at the wrong step and overwrite a checkpoint.
+fn check_state(dir: &Path, state_path: &Path, state: &CheckpointState) -> Result<()> {
+    let corrupt = |what: String| {
+        anyhow::anyhow!(
+            "{} is inconsistent: {what}. It was edited or copied from another checkpoint; restore \
+             it, or resume with --fallback to continue from the newest intact checkpoint. Nothing \
+             was changed.",
+            state_path.display()
+        )
+    };
+    if let Some(step) = step_of_dir(dir) {
+        if step != state.step {
+            return Err(corrupt(format!(
+                "it says step {} but its directory {} holds step {step}",
+                state.step,
+                dir.display()
+            )));
+        }
+    }
+    if state.optimizer_step > state.step {
+        return Err(corrupt(format!(
+            "optimizer_step {} is past step {}",
+            state.optimizer_step, state.step
+        )));
+    }
+    Ok(())
 }
 
 /// Deletes all but the newest `keep_last` checkpoints, sparing the best one.
@@ -316,10 +469,21 @@ pub fn average(run_dir: &Path, last: usize) -> Result<PathBuf> {
     if last == 0 {
         bail!("--last must be at least 1");
     }
+    if !run_dir.join(CHECKPOINTS).is_dir() {
+        bail!(
+            "{} has no {CHECKPOINTS}/ folder: give a run directory (the --run-dir of `ember train`)",
+            run_dir.display()
+        );
+    }
+    // A run training now saves and prunes under this lock: the checkpoints listed are there
+    // until they are read.
+    let reading = lock_for_reading(run_dir)?;
     let all = list(run_dir);
     if all.len() < last {
         bail!(
-            "{} has {} checkpoint(s), fewer than --last {last}; lower --last or raise checkpoint.keep_last",
+            "{} has {} checkpoint(s), fewer than --last {last}; lower --last (a run keeps its newest \
+             checkpoint.keep_last, so wait for more to be saved or raise checkpoint.keep_last for the \
+             next run)",
             run_dir.display(),
             all.len()
         );
@@ -355,26 +519,55 @@ pub fn average(run_dir: &Path, last: usize) -> Result<PathBuf> {
         newest = Some(loaded);
     }
     let (sum, newest) = (sum.expect("last ≥ 1"), newest.expect("last ≥ 1"));
+    drop(reading);
     let averaged = sum
         .into_iter()
         .map(|(k, t)| Ok((k, (t / last as f64)?)))
         .collect::<Result<Vec<_>>>()?;
     let params = ParamStore::from_tensors(averaged, candle_core::DType::F32, &device)?;
-    let config = fs::read_to_string(newest.dir.join(CONFIG))?;
+    let config = ember_data::io::read_own_to_string(newest.dir.join(CONFIG))?;
     let tmp_root = run_dir.join(format!(".average-{}", std::process::id()));
     let _ = fs::remove_dir_all(&tmp_root);
-    let written = save(
+    let dest = run_dir.join(CHECKPOINTS).join(format!("average-last-{last}"));
+    let placed = save(
         &tmp_root,
         newest.state.clone(),
         &params,
         &newest.optimizer,
         &config,
-    )?;
-    let dest = run_dir.join(CHECKPOINTS).join(format!("average-last-{last}"));
-    if dest.exists() {
-        fs::remove_dir_all(&dest)?;
-    }
-    fs::rename(&written, &dest)?;
-    fs::remove_dir_all(&tmp_root)?;
+    )
+    .and_then(|written| {
+        if dest.exists() {
+            fs::remove_dir_all(&dest).with_context(|| format!("replacing {}", dest.display()))?;
+        }
+        fs::rename(&written, &dest).with_context(|| format!("moving the average into {}", dest.display()))
+    });
+    // The temporary folder goes whether or not the average was written.
+    let _ = fs::remove_dir_all(&tmp_root);
+    placed?;
     Ok(dest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_disk_says_where_and_that_earlier_checkpoints_are_intact() {
+        let full = anyhow::Error::new(std::io::Error::from_raw_os_error(28))
+            .context("writing run/checkpoints/.tmp-step-00000001-1/model.safetensors");
+        let said = format!("{:#}", with_disk_hint(full, Path::new("run/checkpoints")));
+        assert!(
+            said.starts_with("the disk that holds run/checkpoints is full")
+                && said.contains("those saved before it are intact")
+                && said.contains("model.safetensors"),
+            "{said}"
+        );
+        // Any other failure is left as it is.
+        let other = anyhow::anyhow!("writing x: permission denied");
+        assert_eq!(
+            format!("{:#}", with_disk_hint(other, Path::new("run"))),
+            "writing x: permission denied"
+        );
+    }
 }

@@ -407,7 +407,7 @@ impl RunConfig {
         // At most one byte past the limit is read, so that `/dev/zero` or a 10 GB file given
         // by mistake is refused by from_yaml's size check instead of filling the memory.
         let mut text = String::new();
-        std::fs::File::open(path)
+        ember_data::io::open_input(path)
             .and_then(|f| f.take(MAX_CONFIG_BYTES as u64 + 1).read_to_string(&mut text))
             .map_err(|e| match e.kind() {
                 std::io::ErrorKind::InvalidData => {
@@ -438,7 +438,13 @@ impl RunConfig {
         }
         let mut tree: Value = serde_saphyr::from_str(text).map_err(|e| {
             let message = first_line(&e.to_string()).to_string();
-            err(yaml_error_line(&message), None, yaml_message(&message))
+            let line = yaml_error_line(&message);
+            // A value the parser refuses (`.inf`) is named by its key; a structural error is not
+            // at a key.
+            let key = line
+                .filter(|_| message.contains("non-finite"))
+                .and_then(|l| key_at(text, l, yaml_error_column(&message)));
+            err(line, key.clone(), yaml_message(&message, key.as_deref()))
         })?;
         if tree.is_null() {
             return Err(err(
@@ -457,13 +463,14 @@ impl RunConfig {
                 )
             })?;
             let value: Value = serde_saphyr::from_str(value).map_err(|e| {
+                let said = yaml_message(first_line(&e.to_string()), Some(key));
                 err(
                     None,
                     Some(key.into()),
                     format!(
-                        "--set: cannot parse {}: {}",
-                        clip(&format!("{value:?}")),
-                        first_line(&e.to_string())
+                        "--set {key}={}: {}",
+                        clip(value),
+                        said.strip_prefix("not valid YAML: ").unwrap_or(&said)
                     ),
                 )
             })?;
@@ -503,7 +510,7 @@ impl RunConfig {
             let message = if overrides.is_empty() {
                 message
             } else {
-                format!("{message} (with --set {})", overrides.join(" --set "))
+                format!("{message} (with --set {})", clip(&overrides.join(" --set ")))
             };
             err(locate(text, &key), Some(key), message)
         })?;
@@ -823,6 +830,7 @@ impl RunConfig {
                  only wait for each other, so training is slower, not faster"
             ));
         }
+        out.extend(self.data.warnings());
         out
     }
 
@@ -845,8 +853,9 @@ pub const MAX_BEAM: usize = 1024;
 /// Configs larger than this are refused before parsing: a real one is a few kilobytes.
 pub const MAX_CONFIG_BYTES: usize = 1 << 20;
 
-/// A serde-saphyr error in the user's words: what is wrong and what to do.
-fn yaml_message(message: &str) -> String {
+/// A serde-saphyr error in the user's words: what is wrong and what to do. `key` is the
+/// dotted key the error is at, when known.
+fn yaml_message(message: &str, key: Option<&str>) -> String {
     let detail = message
         .split_once(": ")
         .filter(|(head, _)| head.starts_with("error"))
@@ -863,20 +872,122 @@ fn yaml_message(message: &str) -> String {
             "the key `{}` is given twice in the same section ({at}); keep one of them",
             clip(key)
         )
+    } else if what.starts_with("budget breached: Depth") || what.contains("recursion limit") {
+        "the file nests sections or lists more deeply than any config does (a config is a \
+         few levels of `key: value`); write it as plain nested mappings"
+            .to_string()
     } else if what.starts_with("budget breached") {
-        "the file expands through its anchors and aliases (`&name` … `*name`) into more values \
-         than any config has (an \"alias bomb\"); write the values out instead"
+        "the file holds, or expands into through its anchors and aliases (`&name` … `*name`: \
+         an \"alias bomb\"), far more values than any config has; write a config's values out \
+         plainly"
             .to_string()
     } else if what.contains("found a tab") {
         format!("{at}: a tab where YAML needs spaces; indent with spaces only")
+    } else if let Some(rest) = what.strip_prefix("non-finite float `") {
+        let value = rest.split('`').next().unwrap_or("");
+        format!(
+            "{} is {}: config values must be finite numbers; give a number",
+            key.map_or("a value".to_string(), |k| format!("`{k}`")),
+            clip(value)
+        )
+    } else if what.starts_with("multiple YAML documents") {
+        format!(
+            "the file holds more than one YAML document (a `---` line starts another, {at}); a \
+             config is one document: remove the `---` line and keep every section in one mapping"
+        )
+    } else if what.contains("policy") || what.contains("from_str") || what.contains("Options") {
+        // Words about the parser's settings mean nothing to a user: say where, not why.
+        format!("{at}: YAML that Ember does not read here; write plain `key: value` mappings")
     } else {
         format!("{at}: {}", clip(what))
     };
     format!("not valid YAML: {said}")
 }
 
-/// Shortens any word of a message longer than 60 characters (a 10 MB value is not echoed back).
+/// Shortens any word of a message longer than 60 characters, and the whole message to 400
+/// characters (a 10 MB value is not echoed back, with or without spaces in it).
 fn clip(message: &str) -> String {
+    const MOST: usize = 400;
+    let words = clip_words(message);
+    let n = words.chars().count();
+    if n <= MOST {
+        return words;
+    }
+    let head: String = words.chars().take(MOST - 60).collect();
+    format!("{head}… ({n} characters in all)")
+}
+
+/// The dotted key a YAML error at `line` (1-based; `column` 1-based, if known) is at: the
+/// block-style keys that enclose the line, then, inside a flow mapping (`train: { lr: .inf }`),
+/// the keys of the mappings open before the column.
+fn key_at(text: &str, line: usize, column: Option<usize>) -> Option<String> {
+    let lines: Vec<&str> = text.lines().collect();
+    let target = *lines.get(line.checked_sub(1)?)?;
+    let mut path: Vec<(usize, String)> = vec![];
+    let simple = |k: &str| !k.is_empty() && k.chars().all(|c| c.is_alphanumeric() || c == '_');
+    for l in &lines[..line] {
+        let trimmed = l.trim_start();
+        let indent = l.len() - trimmed.len();
+        let Some((k, _)) = trimmed.split_once(':') else {
+            continue;
+        };
+        if trimmed.starts_with('#') || !simple(k.trim()) {
+            continue;
+        }
+        while path.last().is_some_and(|(i, _)| *i >= indent) {
+            path.pop();
+        }
+        path.push((indent, k.trim().to_string()));
+    }
+    let mut keys: Vec<String> = path.into_iter().map(|(_, k)| k).collect();
+    // Flow mappings on the line, up to the column.
+    let prefix: String = match column {
+        Some(c) => target.chars().take(c.saturating_sub(1)).collect(),
+        None => target.to_string(),
+    };
+    if prefix.contains('{') {
+        let own = prefix.split_once(':').map(|(k, _)| k.trim().to_string());
+        if own.is_some() && keys.last() == own.as_ref() {
+            keys.pop();
+        }
+        let (mut stack, mut word, mut last): (Vec<String>, String, Option<String>) =
+            (vec![], String::new(), None);
+        for c in prefix.chars() {
+            match c {
+                ':' if simple(word.trim()) => {
+                    last = Some(word.trim().to_string());
+                    word.clear();
+                }
+                '{' => {
+                    stack.extend(last.take());
+                    word.clear();
+                }
+                '}' => {
+                    stack.pop();
+                    last = None;
+                    word.clear();
+                }
+                ',' => {
+                    last = None;
+                    word.clear();
+                }
+                c => word.push(c),
+            }
+        }
+        keys.extend(stack);
+        keys.extend(last);
+    }
+    (!keys.is_empty()).then(|| keys.join("."))
+}
+
+/// The column in a serde-saphyr message ("... line 3 column 7: ...").
+fn yaml_error_column(message: &str) -> Option<usize> {
+    let rest = &message[message.find("column ")? + 7..];
+    rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+}
+
+/// Shortens any word of a message longer than 60 characters.
+fn clip_words(message: &str) -> String {
     const KEEP: usize = 40;
     let mut out = String::new();
     for (i, word) in message.split(' ').enumerate() {
@@ -1048,6 +1159,28 @@ pub fn locate(text: &str, key: &str) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_yaml_error_is_placed_at_its_key_in_block_and_flow_style() {
+        let y = "model:\n  d_model: 1\ntrain:\n  steps: 2\n  lr: .inf\n";
+        assert_eq!(key_at(y, 5, Some(7)).as_deref(), Some("train.lr"));
+        let y = "train: { steps: 2, lr: .nan }\n";
+        assert_eq!(key_at(y, 1, Some(24)).as_deref(), Some("train.lr"));
+        let y = "data:\n  corpus: { kind: text, extra: { x: .inf } }\n";
+        assert_eq!(key_at(y, 2, Some(37)).as_deref(), Some("data.corpus.extra.x"));
+    }
+
+    #[test]
+    fn a_long_value_is_never_echoed_whole() {
+        let long = "ab ".repeat(50_000);
+        let c = clip(&long);
+        assert!(
+            c.chars().count() < 450 && c.contains("150000 characters in all"),
+            "{}",
+            c.len()
+        );
+        assert_eq!(clip("short words stay"), "short words stay");
+    }
 
     #[test]
     fn locate_finds_nested_keys() {

@@ -98,6 +98,24 @@ pub fn evaluate_context(run: &mut OpenRun, opts: ContextOptions) -> Result<Conte
         (true, None) => Some(train_length.max(2)),
     };
     model_cfg.max_seq_len = model_cfg.max_seq_len.max(n);
+    // What the data allows first (the same answer on every machine), then what fits.
+    let Splits::Text(text) = &run.data.splits else {
+        bail!("--context evaluates language models");
+    };
+    let available = text.valid.len().saturating_sub(1) / n;
+    let windows = opts.max_windows.map_or(available, |m| m.min(available));
+    if windows == 0 {
+        bail!(
+            "the validation split has {} tokens, fewer than one window of --context {n} + 1; use a \
+             shorter context",
+            text.valid.len()
+        );
+    }
+    // Attention at N positions holds N² scores per head: refuse what cannot fit before the
+    // model is rebuilt for N positions or a window is cut.
+    let per_batch = (BATCH_TOKENS / n).max(1);
+    let in_batch = windows.clamp(1, per_batch);
+    crate::limits::check_eval_context(&model_cfg, in_batch, n)?;
     let (logn_attention, logn_length) = (model_cfg.logn_attention, model_cfg.logn_length);
     run.rebuild(model_cfg)
         .context("rebuilding the model for the evaluation length")?;
@@ -105,17 +123,6 @@ pub fn evaluate_context(run: &mut OpenRun, opts: ContextOptions) -> Result<Conte
         bail!("--context evaluates language models");
     };
     let valid = &text.valid;
-
-    let available = valid.len().saturating_sub(1) / n;
-    let windows = opts.max_windows.map_or(available, |m| m.min(available));
-    if windows == 0 {
-        bail!(
-            "the validation split has {} tokens, fewer than one window of --context {n} + 1; use a \
-             shorter context",
-            valid.len()
-        );
-    }
-    let per_batch = (BATCH_TOKENS / n).max(1);
     let mut nll = vec![0f64; n];
     let mut entropy = vec![0f64; n];
     // Exactly `windows` windows of the stream, `per_batch` at a time.

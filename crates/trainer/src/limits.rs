@@ -118,25 +118,87 @@ pub fn estimate(m: &ModelConfig, train: BatchShape, eval: BatchShape, shares: us
     MemoryEstimate {
         parameters: (3.0 + shares.max(1) as f64) * parameter_count(m) * F32,
         activations: per_batch(train, 1.0).max(per_batch(eval, 0.25)),
-        // The rotary cos/sin tables (learned tables are parameters, counted above).
+        // The rotary cos/sin tables (learned tables are parameters, counted above), at their
+        // peak while built: per position and head dimension, cos and sin in f64 (16 bytes),
+        // their f32 tensors (8) and the f32 half tables (4): 28 bytes, 7 f32s.
         positions: match m.positions {
-            Positions::Rope => 2.0 * m.max_seq_len as f64 * m.head_dim() as f64 * F32,
+            Positions::Rope => 7.0 * m.max_seq_len as f64 * m.head_dim() as f64 * F32,
             Positions::Learned | Positions::None => 0.0,
         },
     }
 }
 
-/// Memory this process can still use: `MemAvailable` from /proc/meminfo (None elsewhere).
+/// Memory this process can still use: `MemAvailable` from /proc/meminfo, or less where a
+/// container's memory limit (cgroup v2 `memory.max`, v1 `memory.limit_in_bytes`) leaves less
+/// (None where neither is known).
 pub fn available_memory() -> Option<f64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kib: f64 = text
-        .lines()
-        .find(|l| l.starts_with("MemAvailable:"))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()?;
-    Some(kib * 1024.0)
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok().and_then(|text| {
+        let kib: f64 = text
+            .lines()
+            .find(|l| l.starts_with("MemAvailable:"))?
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()?;
+        Some(kib * 1024.0)
+    });
+    let read = |path: &str| -> Option<f64> { std::fs::read_to_string(path).ok()?.trim().parse().ok() };
+    let cgroup = [
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        (
+            "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+            "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+        ),
+    ]
+    .iter()
+    // "max" (no limit) does not parse; a v1 "no limit" is a huge number, which min() ignores.
+    .find_map(|(limit, used)| Some((read(limit)? - read(used).unwrap_or(0.0)).max(0.0)));
+    match (meminfo, cgroup) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// Peak memory of evaluating `m` on `windows` windows of `context` tokens in one forward pass
+/// (no gradients, no optimizer): the weights, the batch's logits, one layer's activations, its
+/// attention scores, probabilities and telemetry (context² per head and window) and the causal
+/// mask, and the rotary tables extended to `context`.
+pub fn estimate_eval(m: &ModelConfig, windows: usize, context: usize) -> f64 {
+    let (w, n) = (windows as f64, context as f64);
+    let d = m.d_model as f64;
+    let tokens = w * n;
+    let weights = parameter_count(m) * F32;
+    let logits = 3.0 * tokens * m.vocab() as f64 * F32;
+    let layer = tokens * (8.0 * d + 3.0 * m.d_ff as f64) * F32;
+    let attention = 3.0 * w * m.n_heads as f64 * n * n * F32;
+    let mask = n * n * F32;
+    let rope = 2.0 * n * m.head_dim() as f64 * F32;
+    weights + logits + layer + attention + mask + rope
+}
+
+/// Refuses `ember eval --context N` where one batch of windows cannot fit in this machine's
+/// memory, before anything is allocated, saying which context would.
+pub fn check_eval_context(m: &ModelConfig, windows: usize, context: usize) -> Result<()> {
+    let Some(available) = available_memory() else {
+        return Ok(());
+    };
+    let need = estimate_eval(m, windows, context);
+    if need <= available {
+        return Ok(());
+    }
+    let mut fits = context;
+    while fits > 1 && estimate_eval(m, 1, fits) > available {
+        fits /= 2;
+    }
+    let attention = 3.0 * windows as f64 * m.n_heads as f64 * (context as f64).powi(2) * F32;
+    bail!(
+        "--context {context}: evaluating {windows} window(s) of {context} tokens at once needs about {} \
+         of memory (attention alone holds {context}² scores per head and window: {}), but this \
+         machine has {} available. Use a shorter --context ({fits} fits here). Nothing was computed.",
+        human(need),
+        human(attention),
+        human(available)
+    )
 }
 
 /// Refuses a run whose estimate exceeds this machine's available memory, naming the keys that
@@ -289,6 +351,17 @@ mod tests {
             parameter_count(&biased) - parameter_count(&plain),
             plain.decoder_layers() as f64 * per_layer
         );
+    }
+
+    #[test]
+    fn an_evaluation_context_grows_with_its_square_and_absurd_ones_are_refused() {
+        let m = ModelConfig::tiny(Arch::Lm);
+        let (a, b) = (estimate_eval(&m, 1, 4096), estimate_eval(&m, 1, 8192));
+        assert!(b > 3.5 * a, "{a} {b}");
+        // 2^20 tokens of context: terabytes, on any machine.
+        let e = check_eval_context(&m, 1, 1 << 20).unwrap_err().to_string();
+        assert!(e.contains("--context 1048576") && e.contains("fits here"), "{e}");
+        check_eval_context(&m, 1, 64).expect("a small context fits");
     }
 
     #[test]

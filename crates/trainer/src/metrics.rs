@@ -2,8 +2,8 @@
 //! the user sees while a run trains: a progress bar on a terminal, plain lines otherwise.
 
 use crate::{say, tell};
-use std::fs::{self, File, OpenOptions};
-use std::io::{BufRead, BufReader, IsTerminal, Write};
+use std::fs::{File, OpenOptions};
+use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
@@ -92,8 +92,10 @@ impl MetricsLog {
     pub fn open(run_dir: &Path, keep_through_step: Option<u64>) -> Result<Self> {
         let path = run_dir.join(METRICS);
         if let Some(last) = keep_through_step {
-            let text = match fs::read_to_string(&path) {
-                Ok(t) => t,
+            // Bytes that are not UTF-8 (a damaged file) become lines no record parses from,
+            // which are dropped below like a torn one.
+            let text = match ember_data::io::read_own(&path) {
+                Ok(t) => String::from_utf8_lossy(&t).into_owned(),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
                 Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
             };
@@ -109,11 +111,23 @@ impl MetricsLog {
                 crate::files::write_atomic(&path, out.as_bytes())?;
             }
         }
+        // O_NOFOLLOW: the log is appended to in place, so a link put in its place would have
+        // the records written into whatever it points at.
+        use std::os::unix::fs::OpenOptionsExt;
         let file = OpenOptions::new()
             .create(true)
             .append(true)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(&path)
-            .with_context(|| format!("opening {}", path.display()))?;
+            .map_err(|e| match e.raw_os_error() {
+                Some(libc::ELOOP) => anyhow::anyhow!(
+                    "{} is a symbolic link, not the metrics log ember keeps there; ember does not \
+                     write through it. Remove it (`rm {}` removes only the link) and run again.",
+                    path.display(),
+                    path.display()
+                ),
+                _ => anyhow::Error::new(e).context(format!("opening {}", path.display())),
+            })?;
         Ok(Self { path, file })
     }
 
@@ -128,17 +142,31 @@ impl MetricsLog {
 
 /// Reads `metrics.jsonl`; a torn last line (the process was killed mid-write) is ignored.
 pub fn read(path: &Path) -> Result<Vec<Record>> {
-    let Ok(file) = File::open(path) else {
-        return Ok(vec![]);
+    Ok(read_counting(path)?.0)
+}
+
+/// As [`read`], also counting the complete lines that are not a record (the file was damaged
+/// or is not a metrics log); a missing file is an empty log.
+pub fn read_counting(path: &Path) -> Result<(Vec<Record>, usize)> {
+    let bytes = match ember_data::io::read_own(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((vec![], 0)),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
     };
-    let mut out = vec![];
-    for line in BufReader::new(file).lines() {
-        let line = line?;
-        if let Ok(r) = serde_json::from_str(&line) {
-            out.push(r);
+    let text = String::from_utf8_lossy(&bytes);
+    let complete = text.ends_with('\n');
+    let lines: Vec<&str> = text.lines().collect();
+    let (mut out, mut bad) = (vec![], 0);
+    for (i, line) in lines.iter().enumerate() {
+        match serde_json::from_str(line) {
+            Ok(r) => out.push(r),
+            // The last line of a log a kill tore is expected; anything else is damage.
+            Err(_) if i + 1 == lines.len() && !complete => {}
+            Err(_) if line.trim().is_empty() => {}
+            Err(_) => bad += 1,
         }
     }
-    Ok(out)
+    Ok((out, bad))
 }
 
 /// Writes `metrics.csv`: one row per record, train and eval columns side by side.
@@ -168,7 +196,8 @@ pub fn export_csv(run_dir: &Path) -> Result<()> {
             )),
         }
     }
-    fs::write(run_dir.join(METRICS_CSV), out).context("writing metrics.csv")
+    // Through a rename: a link put in its place is replaced, never written through.
+    crate::files::write_atomic(&run_dir.join(METRICS_CSV), out.as_bytes())
 }
 
 /// How much the run prints.

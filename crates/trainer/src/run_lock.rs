@@ -17,6 +17,72 @@ use fs4::fs_std::FileExt;
 /// The lock file inside a locked directory.
 pub const LOCK_FILE: &str = ".lock";
 
+/// What a directory is meant to hold, for [`refuse_foreign_dir`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DirKind {
+    /// A training run (`ember train --run-dir`).
+    Run,
+    /// An ablation sweep (`ember ablate --out`).
+    Sweep,
+}
+
+/// Refuses a directory that already belongs to something else, before anything is written
+/// into it: a checkpoint, or a folder inside a run's `checkpoints/` (a run's config.yaml and
+/// lock would replace a checkpoint's own files, which then fail their checksums), a sweep's
+/// output directory for a run, a run directory for a sweep. `flag` names the argument.
+pub fn refuse_foreign_dir(dir: &Path, flag: &str, kind: DirKind) -> Result<()> {
+    let refuse = |what: String| -> Result<()> {
+        bail!(
+            "{flag} {} is {what}; writing a {} there would mix its files with those (or replace \
+             them). Choose another directory. Nothing was changed.",
+            dir.display(),
+            match kind {
+                DirKind::Run => "training run",
+                DirKind::Sweep => "sweep",
+            }
+        )
+    };
+    if dir.join("state.json").is_file() || dir.join("model.safetensors").is_file() {
+        return refuse("a checkpoint (it holds state.json or model.safetensors)".into());
+    }
+    // The nearest folder that exists, without links or `..`: is it (or a folder above it) the
+    // checkpoints/ folder of a run?
+    let existing = dir.ancestors().find(|a| a.is_dir());
+    if let Some(real) = existing.and_then(|a| a.canonicalize().ok()) {
+        let missing: Vec<_> = dir
+            .strip_prefix(existing.unwrap_or(dir))
+            .map(|rest| rest.components().collect())
+            .unwrap_or_default();
+        let mut full = real.clone();
+        full.extend(missing);
+        for a in full.ancestors() {
+            let is_checkpoints = a.file_name().is_some_and(|n| n == "checkpoints");
+            if let (true, Some(run)) = (is_checkpoints, a.parent()) {
+                // A run: its config and what it trained (not any project folder that happens to
+                // hold a config.yaml next to a checkpoints/ folder of runs).
+                let trained =
+                    !crate::checkpoint::list(run).is_empty() || run.join(crate::metrics::METRICS).is_file();
+                if run.join("config.yaml").is_file() && trained {
+                    return refuse(format!("inside the checkpoints of the run {}", run.display()));
+                }
+            }
+        }
+    }
+    match kind {
+        DirKind::Run if dir.join("grid.json").is_file() => {
+            refuse("the output directory of a sweep (it holds grid.json)".into())
+        }
+        DirKind::Sweep
+            if !dir.join("grid.json").is_file()
+                && dir.join("config.yaml").is_file()
+                && dir.join("checkpoints").is_dir() =>
+        {
+            refuse("a training run's directory (it holds config.yaml and checkpoints/)".into())
+        }
+        _ => Ok(()),
+    }
+}
+
 /// The held lock of a directory; dropping it (or exiting) releases it.
 #[derive(Debug)]
 pub struct DirLock {
@@ -31,13 +97,7 @@ impl DirLock {
     pub fn acquire(dir: &Path, what: &str) -> Result<Self> {
         fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let path = dir.join(LOCK_FILE);
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .with_context(|| format!("opening the lock file {}", path.display()))?;
+        let mut file = open_lock_file(&path)?;
         let acquired =
             FileExt::try_lock_exclusive(&file).with_context(|| format!("locking {}", path.display()))?;
         if !acquired {
@@ -70,6 +130,101 @@ impl DirLock {
     pub fn path(&self) -> &Path {
         &self.path
     }
+}
+
+/// Who holds `dir`'s lock now (`pid 1234, started 5 s ago: `ember train …``), or `None` when
+/// no process holds it. Reads the lock file only; creates nothing.
+pub fn holder(dir: &Path) -> Option<String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = dir.join(LOCK_FILE);
+    if !fs::symlink_metadata(&path).ok()?.is_file() {
+        return None;
+    }
+    let mut file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(&path)
+        .ok()?;
+    match FileExt::try_lock_shared(&file) {
+        Ok(true) => {
+            let _ = FileExt::unlock(&file);
+            None
+        }
+        _ => {
+            let mut text = String::new();
+            let _ = (&mut file).take(4096).read_to_string(&mut text);
+            Some(describe_holder(&text))
+        }
+    }
+}
+
+/// Opens (creating it if missing) a lock file that ember writes into, without following a
+/// symbolic link: a `.lock` that is a link, a device, a FIFO, a folder or a second name of
+/// another file (a hard link) is refused, because writing the holder's pid into it would
+/// overwrite whatever it points at.
+pub fn open_lock_file(path: &Path) -> Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let refuse = |what: String| -> anyhow::Error {
+        // A folder is removed with rmdir (if empty: what it holds is the user's to look at).
+        let remove = if what == "a folder" { "rmdir" } else { "rm" };
+        anyhow::anyhow!(
+            "{} is {what}, not the lock file ember keeps there (a regular file of its own), so \
+             ember does not write into it; remove it (`{remove} {}`: only the name is removed) \
+             and try again. Nothing was changed.",
+            path.display(),
+            path.display()
+        )
+    };
+    if let Ok(meta) = fs::symlink_metadata(path) {
+        if let Some(what) = not_a_lock_file(&meta, path) {
+            return Err(refuse(what));
+        }
+    }
+    // O_NOFOLLOW: a link created between the check above and this open is refused too; a FIFO
+    // opened for reading and writing does not block, and is caught by the check below.
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => refuse("a symbolic link".into()),
+            _ => anyhow::Error::new(e).context(format!("opening the lock file {}", path.display())),
+        })?;
+    let meta = file
+        .metadata()
+        .with_context(|| format!("reading the lock file {}", path.display()))?;
+    if let Some(what) = not_a_lock_file(&meta, path) {
+        return Err(refuse(what));
+    }
+    Ok(file)
+}
+
+/// Why `meta` (of `path`, not followed) cannot be a lock file ember writes, if it cannot.
+pub(crate) fn not_a_lock_file(meta: &fs::Metadata, path: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let kind = meta.file_type();
+    if kind.is_symlink() {
+        return Some(match fs::read_link(path) {
+            Ok(target) => format!("a symbolic link to {}", target.display()),
+            Err(_) => "a symbolic link".into(),
+        });
+    }
+    if kind.is_dir() {
+        return Some("a folder".into());
+    }
+    if !kind.is_file() {
+        return Some("a special file (a device, FIFO or socket)".into());
+    }
+    if meta.nlink() > 1 {
+        return Some(format!(
+            "a second name of another file ({} hard links to it)",
+            meta.nlink()
+        ));
+    }
+    None
 }
 
 /// `pid 1234, started 2025-01-31 12:00:00 UTC: ember train ...` from the lock file's text.
@@ -116,5 +271,33 @@ mod tests {
         assert!(err.contains(&format!("pid {}", std::process::id())), "{err}");
         drop(first);
         DirLock::acquire(dir.path(), "training run").expect("released on drop");
+    }
+
+    #[test]
+    fn a_lock_path_that_is_a_link_or_a_special_file_is_refused_and_left_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let precious = dir.path().join("precious.txt");
+        fs::write(&precious, "keep me").unwrap();
+        let run = dir.path().join("run");
+        fs::create_dir(&run).unwrap();
+        // A symbolic link to another file.
+        std::os::unix::fs::symlink(&precious, run.join(LOCK_FILE)).unwrap();
+        let err = DirLock::acquire(&run, "training run").unwrap_err().to_string();
+        assert!(err.contains("symbolic link") && err.contains(".lock"), "{err}");
+        assert_eq!(fs::read_to_string(&precious).unwrap(), "keep me");
+        // A second name (hard link) of another file.
+        fs::remove_file(run.join(LOCK_FILE)).unwrap();
+        fs::hard_link(&precious, run.join(LOCK_FILE)).unwrap();
+        let err = DirLock::acquire(&run, "training run").unwrap_err().to_string();
+        assert!(err.contains("hard link"), "{err}");
+        assert_eq!(fs::read_to_string(&precious).unwrap(), "keep me");
+        // A folder.
+        fs::remove_file(run.join(LOCK_FILE)).unwrap();
+        fs::create_dir(run.join(LOCK_FILE)).unwrap();
+        let err = DirLock::acquire(&run, "training run").unwrap_err().to_string();
+        assert!(err.contains("a folder"), "{err}");
+        // Removed, it is created again as a regular file.
+        fs::remove_dir(run.join(LOCK_FILE)).unwrap();
+        DirLock::acquire(&run, "training run").expect("a fresh lock file");
     }
 }

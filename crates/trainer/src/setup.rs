@@ -199,6 +199,7 @@ impl TrainingRun {
         }
         // Only rank 0 writes the run directory; the other ranks of a job read what it prepared.
         let leader = opts.world.is_leader();
+        crate::run_lock::refuse_foreign_dir(&run_dir, "--run-dir", crate::run_lock::DirKind::Run)?;
         let lock = if leader {
             Some(DirLock::acquire(&run_dir, "training run")?)
         } else {
@@ -224,7 +225,34 @@ impl TrainingRun {
         } else {
             None
         };
+        // A tokenizer this set-up trains is removed again if the run is refused (or stopped)
+        // before it starts: left behind, it would refuse the next plain `--resume`.
+        let mut new_tokenizer = RemoveOnFailure::new(&run_dir.join(ember_data::TOKENIZER_FILE), leader);
+        if let Some(stop) = &opts.stop {
+            stop.set_phase(match &loaded {
+                Some(l) => format!(
+                    "stopping once the data is ready (nothing new has been trained; the checkpoint of \
+                     step {} stays the newest)",
+                    l.state.step
+                ),
+                None => "stopping once the data is ready (nothing has been trained yet, so nothing is \
+                         saved and the run will start over)"
+                    .to_string(),
+            });
+        }
         let mut data = Dataset::prepare(&cfg.data, Some(&run_dir)).context("preparing the data")?;
+        if let Some(signal) = opts
+            .stop
+            .as_ref()
+            .and_then(crate::interrupt::StopRequest::requested)
+        {
+            return Err(anyhow::Error::new(crate::interrupt::Interrupted {
+                signal,
+                step: loaded.as_ref().map_or(0, |l| l.state.step),
+                checkpoint: loaded.as_ref().map(|l| l.dir.clone()),
+                run_dir: run_dir.clone(),
+            }));
+        }
         let identity = RunIdentity::of(&data)?;
         let mut notes = match &loaded {
             Some(l) => resume_check::check_identity(&l.state, &identity, &l.dir, &run_dir, allowed)?,
@@ -232,6 +260,7 @@ impl TrainingRun {
         };
         resolve_model_config(&mut cfg, &data)?;
         check_data_fits(&cfg, &mut data, &mut notes)?;
+        notes.extend(data.warnings());
         limits::check_memory(&cfg, &data)?;
         let (model, params) = match &loaded {
             Some(l) => restore_model(&cfg, l, &run_dir)?,
@@ -259,7 +288,7 @@ impl TrainingRun {
                 }
                 already_finished = l.state.step == total_steps;
                 if !already_finished {
-                    let saved_yaml = fs::read_to_string(l.dir.join(RUN_CONFIG))
+                    let saved_yaml = ember_data::io::read_own_to_string(l.dir.join(RUN_CONFIG))
                         .with_context(|| format!("reading {}", l.dir.join(RUN_CONFIG).display()))?;
                     let changes = resume_check::config_changes(&saved_yaml, &l.dir, &cfg, allowed)?;
                     if !changes.is_empty() && leader {
@@ -292,7 +321,7 @@ impl TrainingRun {
                 }
                 opt.load_state(l.optimizer, l.state.optimizer_step)
                     .with_context(|| format!("restoring the optimizer from {}", l.dir.display()))?;
-                batcher.restore(l.state.cursor)?;
+                restore_cursor(batcher.as_mut(), l.state.cursor, &l.dir, allowed, &mut notes)?;
                 Some(l.state)
             }
             None => None,
@@ -302,6 +331,7 @@ impl TrainingRun {
         if !already_finished && leader {
             write_atomic(&run_dir.join(RUN_CONFIG), config_yaml.as_bytes())?;
         }
+        new_tokenizer.keep();
         Ok(Self {
             cfg,
             run_dir,
@@ -338,6 +368,74 @@ impl TrainingRun {
             self.run_dir.display()
         )
     }
+}
+
+/// A file that did not exist when set-up began, removed again unless [`Self::keep`] is called
+/// (the run was set up): a refused run leaves the directory as it found it.
+struct RemoveOnFailure(Option<PathBuf>);
+
+impl RemoveOnFailure {
+    fn new(path: &Path, writer: bool) -> Self {
+        Self((writer && !path.exists()).then(|| path.to_path_buf()))
+    }
+
+    fn keep(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for RemoveOnFailure {
+    fn drop(&mut self) {
+        if let Some(path) = self.0.take() {
+            let _ = fs::remove_file(path);
+        }
+    }
+}
+
+/// Puts the batcher at the checkpoint's data position. A position past the end of an epoch
+/// of this data (the data shrank, or the batch settings changed) is refused, naming what
+/// changed; with `--allow-data-change` the run goes on from the start of the next epoch.
+fn restore_cursor(
+    batcher: &mut dyn Batcher,
+    cursor: ember_data::Cursor,
+    checkpoint: &Path,
+    allowed: Allowed,
+    notes: &mut Vec<String>,
+) -> Result<()> {
+    let Err(e) = batcher.restore(cursor) else {
+        return Ok(());
+    };
+    let per_epoch = batcher.batches_per_epoch();
+    if !allowed.data_change {
+        let said = format!(
+            "cannot resume: the checkpoint {} stopped at batch {} of epoch {}, but an epoch of this \
+             data has only {per_epoch} batches (the data shrank, or train.batch_size, \
+             train.block_size or train.max_tokens changed). Resume with the data and batch settings \
+             the run was saved with, or pass --allow-data-change to continue from the start of the \
+             next epoch. Nothing was changed.",
+            checkpoint.display(),
+            cursor.position,
+            cursor.epoch
+        );
+        // The message says all the data's own error would (and says what to do).
+        return Err(match e {
+            ember_data::DataError::CursorOutOfRange { .. } => anyhow::anyhow!(said),
+            other => anyhow::Error::new(other).context(said),
+        });
+    }
+    let next = ember_data::Cursor {
+        epoch: cursor.epoch.saturating_add(1),
+        position: 0,
+    };
+    batcher
+        .restore(next)
+        .with_context(|| format!("moving the data position to the start of epoch {}", next.epoch))?;
+    notes.push(format!(
+        "the checkpoint stopped at batch {} of epoch {}, past the {per_epoch} batches an epoch of \
+         this data has: continuing from the start of epoch {} (allowed by --allow-data-change)",
+        cursor.position, cursor.epoch, next.epoch
+    ));
+    Ok(())
 }
 
 /// A changed step count under a decaying schedule moves the rest of the learning-rate curve;
@@ -513,7 +611,23 @@ pub fn open_run(run: &Path, device_override: Option<&str>) -> Result<OpenRun> {
     set_threads(&cfg)?;
     let device = device(&cfg.device)?;
     let data = Dataset::prepare(&cfg.data, Some(&run_dir)).context("preparing the data")?;
-    let loaded = checkpoint::load(&ckpt_dir, &device)?;
+    let loaded = checkpoint::load(&ckpt_dir, &device).map_err(|e| {
+        // Given a run, the newest checkpoint was chosen: an older intact one can be named.
+        let older = checkpoint::list(&run_dir)
+            .into_iter()
+            .rev()
+            .map(|(_, dir)| dir)
+            .find(|dir| *dir != ckpt_dir);
+        match older {
+            Some(dir) if ckpt_dir.as_path() != run => e.context(format!(
+                "the run's newest checkpoint {} cannot be used; to use an earlier one, give its \
+                 folder in place of the run (e.g. {})",
+                ckpt_dir.display(),
+                dir.display()
+            )),
+            _ => e,
+        }
+    })?;
     let model = Model::new(&cfg.model, &loaded.params)?;
     Ok(OpenRun {
         cfg,

@@ -34,8 +34,10 @@ impl RunEvents {
         let mut writer = EventWriter::create(run_dir)
             .with_context(|| format!("creating a TensorBoard event file in {}", run_dir.display()))?;
         if let Some(step) = resumed_after {
-            writer.session_start(step as i64 + 1, now())?;
-            writer.flush()?;
+            writer
+                .session_start(step as i64 + 1, now())
+                .and_then(|()| writer.flush())
+                .with_context(|| format!("writing {}", writer.path().display()))?;
         }
         Ok(Self { writer: Some(writer) })
     }

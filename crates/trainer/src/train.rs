@@ -10,7 +10,6 @@
 //! `run_state`.
 
 use crate::say;
-use std::fs;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -53,13 +52,27 @@ pub fn train(cfg: RunConfig, opts: &TrainOptions) -> Result<Summary> {
     if leader {
         announce(&run, &state, &out.progress, dp.world());
     }
+    let phase = |what: String| {
+        if let Some(stop) = &opts.stop {
+            stop.set_phase(what);
+        }
+    };
     if state.needs_initial_val_loss() {
+        phase(format!(
+            "stopping after the validation before step {} (a few seconds), {}",
+            state.step() + 1,
+            match state.resumed_from_step() {
+                Some(s) => format!("then keeping the checkpoint of step {s}"),
+                None => "then ending with nothing saved (no step has been trained yet)".to_string(),
+            }
+        ));
         let initial = validation_loss(&run.model, &run.data, &run.cfg, &run.device, &dp, state.step())?;
         state.set_initial_val_loss(initial.loss);
     }
     // A job agrees on its stop signal inside each step (any rank's signal stops all of them after
     // that step); a lone process checks before each step.
     let mut agreed_stop = None;
+    phase("stopping after the step in progress, with a checkpoint".into());
 
     while state.step() < run.total_steps {
         let local_stop = opts.stop.as_ref().and_then(StopRequest::requested);
@@ -126,12 +139,20 @@ pub fn train(cfg: RunConfig, opts: &TrainOptions) -> Result<Summary> {
             settle(&mut run, &mut state, &dp, &mut out, started)?;
         }
 
+        if state.is_eval_step() {
+            // Said before the step's record is written: whoever sees the record and stops the
+            // run is told the evaluation comes first.
+            phase(format!(
+                "stopping after this evaluation (step {step} is trained), with a checkpoint of step {step}"
+            ));
+        }
         if log_now {
             let record = state.train_record(epoch, lr, &step_out.attention);
             out.train(record, &step_out.attention, run.total_steps)?;
         }
         if state.is_eval_step() {
             let validation = validate_keeping_the_step(&run, &state, &dp, &out.progress)?;
+            phase("stopping after the step in progress, with a checkpoint".into());
             out.progress.line(&format!("step {step}: {validation}"));
             let record = state.record_eval(&validation);
             out.eval(record)?;
@@ -351,7 +372,7 @@ fn already_finished(run: &TrainingRun, verbosity: Verbosity) -> Result<Summary> 
         );
     }
     let path = run.run_dir.join(SUMMARY);
-    let saved = fs::read_to_string(&path)
+    let saved = ember_data::io::read_own_to_string(&path)
         .ok()
         .and_then(|t| serde_json::from_str::<Summary>(&t).ok());
     Ok(saved.unwrap_or_else(|| {
@@ -408,6 +429,8 @@ fn save_checkpoint(run: &TrainingRun, state: &RunState, dp: &DataParallel) -> Re
     if !dp.is_leader() {
         return Ok(dir);
     }
+    // `ember average` reads the checkpoints under this lock: none is pruned while it reads.
+    let _writing = checkpoint::lock_for_writing(&run.run_dir)?;
     let mut ckpt = state.checkpoint_state(&run.cfg, run.batcher.cursor(), run.opt.step);
     ckpt.tokenizer_sha256 = Some(run.identity.tokenizer_sha256.clone());
     ckpt.data_fingerprint = Some(run.identity.data_fingerprint.clone());

@@ -8,13 +8,12 @@
 //! - [`sweep_status`] (`ember ablate DIR --status`) says which cells are done, running,
 //!   interrupted, failed or pending, from the run directories, their locks and `status.json`.
 
-use std::fs::{self, OpenOptions};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
 use ember_trainer::interrupt::StopRequest;
-use ember_trainer::run_lock::LOCK_FILE;
+use ember_trainer::run_lock::{holder, open_lock_file};
 use fs4::fs_std::FileExt;
 use serde::Serialize;
 
@@ -28,8 +27,32 @@ use crate::layout::{
 
 /// The plan in `out/grid.json`, with an error that says what to do when there is none.
 pub fn load_plan(out: &Path) -> Result<Plan> {
+    if out.is_file() {
+        let hint = match planned_out(out) {
+            Some(dir) => format!(
+                "; if it is the sweep's config, its sweep is planned in {} (`ember ablate {} --status`)",
+                dir.display(),
+                crate::slurm::shell_word(&dir.display().to_string())
+            ),
+            None => String::new(),
+        };
+        anyhow::bail!(
+            "{} is a file, but --cell and --status take the output directory of a planned sweep \
+             (the --out of `ember ablate CONFIG`){hint}",
+            out.display()
+        );
+    }
     let path = out.join(GRID);
-    let text = fs::read_to_string(&path).map_err(|e| {
+    if !path.exists() && out.join("config.yaml").is_file() && out.join("checkpoints").is_dir() {
+        anyhow::bail!(
+            "{} is a training run's directory, not a sweep's: --cell and --status take the output \
+             directory of a planned sweep (the --out of `ember ablate CONFIG`); for this run, see \
+             its summary.json or `ember eval {}`",
+            out.display(),
+            crate::slurm::shell_word(&out.display().to_string())
+        );
+    }
+    let text = ember_data::io::read_own_to_string(&path).map_err(|e| {
         anyhow::anyhow!(
             "{} cannot be read ({e}): {} is not the output directory of a planned sweep; plan it first \
              with `ember ablate CONFIG --out {}` (add `--launcher slurm` to plan it for a cluster)",
@@ -38,13 +61,80 @@ pub fn load_plan(out: &Path) -> Result<Plan> {
             out.display()
         )
     })?;
-    serde_json::from_str(&text).with_context(|| {
+    let plan: Plan = serde_json::from_str(&text).with_context(|| {
         format!(
             "{} is not a plan ember wrote; re-plan with `ember ablate CONFIG --out {}`",
             path.display(),
             out.display()
         )
-    })
+    })?;
+    check_run_dirs(&plan, out, &path)?;
+    Ok(plan)
+}
+
+/// Every run a plan names must live in `out/runs/<its name>`: a plan that was edited (or a
+/// sweep that was moved) would otherwise train into directories outside the sweep.
+fn check_run_dirs(plan: &Plan, out: &Path, grid: &Path) -> Result<()> {
+    let runs = out.join(crate::layout::RUNS);
+    let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    };
+    for run in &plan.runs {
+        let plain = Path::new(&run.name)
+            .file_name()
+            .is_some_and(|n| n == run.name.as_str());
+        let inside = plain
+            && run.dir.file_name().is_some_and(|n| n == run.name.as_str())
+            && run.dir.parent().is_some_and(|p| same(p, &runs));
+        if !inside {
+            anyhow::bail!(
+                "{} plans run {:?} in {}, which is not {}: the plan was edited, or the sweep was \
+                 moved since it was planned. Re-plan it with `ember ablate CONFIG --out {}` (finished \
+                 runs are kept). Nothing was changed.",
+                grid.display(),
+                run.name.chars().take(80).collect::<String>(),
+                run.dir.display(),
+                runs.join(&run.name).display(),
+                crate::slurm::shell_word(&out.display().to_string())
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The output directory `ember ablate CONFIG` plans into, if `config` is a config.
+fn planned_out(config: &Path) -> Option<PathBuf> {
+    let cfg = ember_trainer::config::RunConfig::load(config, &[]).ok()?;
+    Some(cfg.ablation.and_then(|a| a.out).unwrap_or_else(|| {
+        let stem = config
+            .file_stem()
+            .map_or("run".into(), |s| s.to_string_lossy().to_string());
+        PathBuf::from("runs").join(format!("{stem}-ablation"))
+    }))
+}
+
+/// Refuses to touch a cell that a process is training now (its run directory's lock is held),
+/// or any cell while a local sweep holds the output directory: nothing is recorded or
+/// truncated for it.
+fn refuse_if_running(plan: &Plan, cell: &str, run: &PlannedRun) -> Result<()> {
+    if let Some(holder) = holder(&plan.out) {
+        anyhow::bail!(
+            "{} is in use by a local sweep ({holder}), which trains its cells itself; wait for it \
+             to finish, or stop it (kill -INT PID saves a checkpoint first) and run the cell then. \
+             Nothing was changed.",
+            plan.out.display()
+        );
+    }
+    if let Some(holder) = holder(&run.dir) {
+        anyhow::bail!(
+            "cell {cell} ({}) is being trained now by another process ({holder}); `ember ablate {} \
+             --status` shows it as running. Nothing was changed.",
+            run.name,
+            crate::slurm::shell_word(&plan.out.display().to_string())
+        );
+    }
+    Ok(())
 }
 
 /// Cell `cell` of the plan: its index in `grid.json` (as `$SLURM_ARRAY_TASK_ID` gives it) or
@@ -81,6 +171,7 @@ pub fn ablate_cell(
 ) -> Result<RunOutcome> {
     let plan = load_plan(out)?;
     let (i, run) = find_cell(&plan, cell)?;
+    refuse_if_running(&plan, cell, run)?;
     let tag = format!("[cell {i}/{}]", plan.runs.len());
     let outcome = match next(&plan, run) {
         Next::Settled(action, status) => {
@@ -129,12 +220,7 @@ pub fn ablate_cell(
 /// must add its record to the others'.
 fn update_status(out: &Path, change: impl FnOnce(&mut SweepStatus)) -> Result<()> {
     let lock_path = out.join(format!("{STATUS}.lock"));
-    let lock = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .with_context(|| format!("opening {}", lock_path.display()))?;
+    let lock = open_lock_file(&lock_path)?;
     FileExt::lock_exclusive(&lock).with_context(|| format!("locking {}", lock_path.display()))?;
     let path = out.join(STATUS);
     let mut status = read_status(out);
@@ -242,20 +328,7 @@ fn saved_step(disk: &DiskState) -> Option<u64> {
 
 /// Whether a process holds the run directory's lock (the trainer's one-writer lock) now.
 fn is_locked(dir: &Path) -> bool {
-    let Ok(file) = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(dir.join(LOCK_FILE))
-    else {
-        return false;
-    };
-    match FileExt::try_lock_exclusive(&file) {
-        Ok(true) => {
-            let _ = FileExt::unlock(&file);
-            false
-        }
-        _ => true,
-    }
+    holder(dir).is_some()
 }
 
 /// The `--status` table.

@@ -123,6 +123,54 @@ fn yaml_float(x: f64) -> String {
         _ => s,
     }
 }
+/// The most cells (runs) a sweep may plan: settings × variants × learning rates × seeds. A
+/// sweep of 10,000 runs is months of CPU time; a larger one is a typo (`--seeds 1000000`), and
+/// planning it would take hours and gigabytes before the first run.
+pub const MAX_CELLS: u128 = 10_000;
+
+/// The most `--jobs` (runs at a time) and `--threads` (per run) a sweep takes.
+pub const MAX_JOBS: usize = 1024;
+
+/// The number of cells of a grid, computed without enumerating it (saturating: an absurd grid
+/// gives a number above [`MAX_CELLS`], never an overflow).
+pub fn cell_count(axis_levels: &[usize], variants: usize, lrs: usize, seeds: usize) -> u128 {
+    axis_levels
+        .iter()
+        .chain([&variants, &lrs, &seeds])
+        .fold(1u128, |n, &k| n.saturating_mul(k as u128))
+}
+
+/// Refuses a grid above [`MAX_CELLS`] cells before anything is enumerated, naming each factor.
+fn check_size(axes: &[Axis], variants: usize, lrs: usize, seeds: usize) -> Result<()> {
+    let levels: Vec<usize> = axes.iter().map(|a| a.values.len()).collect();
+    let cells = cell_count(&levels, variants, lrs, seeds);
+    if cells > MAX_CELLS {
+        let factors: Vec<String> = axes
+            .iter()
+            .map(|a| format!("{} levels of --grid {}", a.values.len(), a.key))
+            .chain([
+                format!("{variants} variant(s)"),
+                format!("{lrs} learning rate(s)"),
+                format!("{seeds} seed(s)"),
+            ])
+            .collect();
+        bail!(
+            "this sweep would have {cells} cells ({}), more than the {MAX_CELLS} a sweep may plan; \
+             lower --seeds, --lrs, --variants or the levels of --grid. Nothing was planned.",
+            factors.join(" × ")
+        );
+    }
+    Ok(())
+}
+
+/// Planning stops between steps when a stop signal arrives.
+fn check_stop(opts: &AblateOptions) -> Result<()> {
+    match opts.stop.as_ref().and_then(|s| s.requested()) {
+        Some(signal) => Err(super::PlanningInterrupted { signal }.into()),
+        None => Ok(()),
+    }
+}
+
 /// Resolves the grid: flags over the config's `ablation:` section over the defaults.
 pub fn plan(opts: &AblateOptions) -> Result<Plan> {
     let (user_overrides, cfg, section) = load_config(opts)?;
@@ -136,15 +184,19 @@ pub fn plan(opts: &AblateOptions) -> Result<Plan> {
     let (jobs, threads) = jobs_and_threads(opts, &section)?;
     let out = out_dir(opts, &section);
     let axes = axes(opts, &section)?;
+    check_size(&axes, variants.len(), lrs.len(), n_seeds)?;
     let settings = combinations(&axes);
     let keys = GridKeys::new(&cfg, &lrs);
     let base_command = base_command(opts, &user_overrides);
     let mut runs: Vec<PlannedRun> = vec![];
     for levels in &settings {
+        check_stop(opts)?;
         // Each combination must make a valid config on its own (a bad value names its key).
         check_setting(opts, &user_overrides, &level_overrides(&axes, levels))?;
     }
+    let mut names: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
     for seed in 1..=n_seeds as u64 {
+        check_stop(opts)?;
         for levels in &settings {
             for &lr in &lrs {
                 for &variant in &variants {
@@ -159,7 +211,7 @@ pub fn plan(opts: &AblateOptions) -> Result<Plan> {
                         lr,
                     };
                     let run = planned_run(cell, &out, overrides, &base_command);
-                    if let Some(other) = runs.iter().find(|r| r.name == run.name) {
+                    if let Some(other) = names.get(&run.name).map(|&i| &runs[i]) {
                         bail!(
                             "--grid: levels {:?} and {:?} give the same run name {} (their values differ only in \
                              characters a file name cannot hold); choose values that differ in letters or digits",
@@ -168,6 +220,7 @@ pub fn plan(opts: &AblateOptions) -> Result<Plan> {
                             run.name
                         );
                     }
+                    names.insert(run.name.clone(), runs.len());
                     runs.push(run);
                 }
             }
@@ -284,6 +337,9 @@ fn jobs_and_threads(opts: &AblateOptions, section: &AblationConfig) -> Result<(u
     if jobs == 0 {
         bail!("--jobs must be at least 1");
     }
+    if jobs > MAX_JOBS {
+        bail!("--jobs {jobs}: at most {MAX_JOBS} runs at a time (each is a process of its own)");
+    }
     let threads = if in_process {
         None
     } else {
@@ -291,6 +347,12 @@ fn jobs_and_threads(opts: &AblateOptions, section: &AblationConfig) -> Result<(u
         let t = opts.threads.or(section.threads).unwrap_or((cores / jobs).max(1));
         if t == 0 {
             bail!("--threads must be at least 1");
+        }
+        if t > ember_trainer::config::MAX_THREADS {
+            bail!(
+                "--threads {t}: at most {} threads per run (train.threads has the same bound)",
+                ember_trainer::config::MAX_THREADS
+            );
         }
         Some(t)
     };

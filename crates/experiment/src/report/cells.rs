@@ -133,7 +133,7 @@ pub(crate) fn count<'a>(runs: impl Iterator<Item = &'a RunResult>) -> Counts {
             "ok" => c.ok += 1,
             "diverged" => c.diverged += 1,
             "failed" => c.failed += 1,
-            "incomplete" => c.incomplete += 1,
+            "incomplete" | "running" => c.incomplete += 1,
             _ => c.not_run += 1,
         }
     }

@@ -426,6 +426,10 @@ fn unfinished_runs(r: &Report) -> String {
     for x in bad {
         let what = match x.status.as_str() {
             "not_run" => "not run yet".to_string(),
+            "running" => format!(
+                "running{}",
+                x.steps.map_or(String::new(), |s| format!(" (step {s} saved)"))
+            ),
             "incomplete" => format!(
                 "interrupted{} (re-running `ember ablate` resumes it)",
                 x.steps.map_or(String::new(), |s| format!(" at step {s}"))

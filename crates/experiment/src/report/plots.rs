@@ -301,7 +301,7 @@ pub(crate) fn write_figure(dir: &Path, fig: &Figure) -> Result<[String; 2]> {
         let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
         render(root, fig).with_context(|| format!("drawing {}", svg_path.display()))?;
     }
-    fs::write(&svg_path, svg).with_context(|| format!("writing {}", svg_path.display()))?;
+    crate::ablate::write_atomic(&svg_path, svg.as_bytes())?;
     Ok([
         format!("{PLOTS}/{}.png", fig.stem),
         format!("{PLOTS}/{}.svg", fig.stem),
@@ -309,8 +309,8 @@ pub(crate) fn write_figure(dir: &Path, fig: &Figure) -> Result<[String; 2]> {
 }
 
 fn write_png(path: &Path, rgb: &[u8], (w, h): (u32, u32)) -> Result<()> {
-    let file = fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
-    let mut enc = png::Encoder::new(std::io::BufWriter::new(file), w, h);
+    let mut png_bytes = Vec::new();
+    let mut enc = png::Encoder::new(&mut png_bytes, w, h);
     enc.set_color(png::ColorType::Rgb);
     enc.set_depth(png::BitDepth::Eight);
     enc.set_compression(png::Compression::High);
@@ -323,7 +323,7 @@ fn write_png(path: &Path, rgb: &[u8], (w, h): (u32, u32)) -> Result<()> {
     writer
         .finish()
         .with_context(|| format!("writing {}", path.display()))?;
-    Ok(())
+    crate::ablate::write_atomic(path, &png_bytes)
 }
 
 fn err<E: std::fmt::Display>(e: E) -> anyhow::Error {

@@ -27,7 +27,7 @@ pub struct RunResult {
     /// Its value on each of the sweep's axes, in their order (empty without axes).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub levels: Vec<String>,
-    /// `ok`, `diverged`, `failed`, `incomplete` or `not_run`.
+    /// `ok`, `diverged`, `running`, `failed`, `incomplete` or `not_run`.
     pub status: String,
     /// Why it diverged or failed.
     pub detail: Option<String>,
@@ -68,6 +68,8 @@ pub(crate) struct LoadedRun {
     pub result: RunResult,
     pub arch: Option<String>,
     pub planned_steps: Option<u64>,
+    /// Files of the run that could not be read as what they should be, in words.
+    pub warnings: Vec<String>,
 }
 
 impl std::ops::Deref for LoadedRun {
@@ -126,7 +128,7 @@ pub(crate) fn load_runs(
 /// One run directory; `axes` are the keys whose values the run's own config gives as its levels
 /// (a run the plan does not list).
 fn load_run(dir: &Path, name: &str, status: Option<&SweepStatus>, axes: &[Axis]) -> Result<LoadedRun> {
-    let cfg: Option<Value> = fs::read_to_string(dir.join(RUN_CONFIG))
+    let cfg: Option<Value> = ember_data::io::read_own_to_string(dir.join(RUN_CONFIG))
         .ok()
         .and_then(|t| serde_saphyr::from_str(&t).ok());
     let at = |path: &[&str]| {
@@ -136,7 +138,16 @@ fn load_run(dir: &Path, name: &str, status: Option<&SweepStatus>, axes: &[Axis])
         }
         Some(v.clone())
     };
+    let mut warnings = vec![];
     let summary = read_summary(dir);
+    let summary_path = dir.join(ember_trainer::train::SUMMARY);
+    if summary.is_none() && summary_path.is_file() {
+        warnings.push(format!(
+            "{} is not a summary ember wrote (not valid JSON): the run is reported from its \
+             checkpoints and metrics.jsonl instead",
+            summary_path.display()
+        ));
+    }
     let sum = |k: &str| {
         summary
             .as_ref()
@@ -149,6 +160,15 @@ fn load_run(dir: &Path, name: &str, status: Option<&SweepStatus>, axes: &[Axis])
         .then(|| record.and_then(|r| r.stderr_tail.clone()))
         .flatten();
     let progress = read_progress(dir)?;
+    if progress.damaged_lines > 0 {
+        warnings.push(format!(
+            "{}: {} line(s) are not metrics records (the file is damaged or is not a metrics log); \
+             the report uses the {} record(s) it could read",
+            dir.join(metrics::METRICS).display(),
+            progress.damaged_lines,
+            progress.records
+        ));
+    }
     let f = |v: Option<Value>| v.and_then(|v| v.as_f64());
     let result = RunResult {
         name: name.to_string(),
@@ -194,15 +214,22 @@ fn load_run(dir: &Path, name: &str, status: Option<&SweepStatus>, axes: &[Axis])
         result,
         arch: at(&["model", "arch"]).and_then(|v| v.as_str().map(str::to_string)),
         planned_steps: at(&["train", "steps"]).and_then(|v| v.as_u64()),
+        warnings,
     })
 }
 
-/// `ok`, `diverged`, `failed`, `incomplete` or `not_run`, and why it diverged or failed: the run
+/// `ok`, `diverged`, `running`, `failed`, `incomplete` or `not_run`, and why it diverged or failed: the run
 /// directory's own files decide, then the sweep's record of a crash.
 fn run_status(dir: &Path, record: Option<&RunRecord>) -> (&'static str, Option<String>) {
     match disk_state(dir) {
         DiskState::Finished => ("ok", None),
         DiskState::Diverged(reason) => ("diverged", Some(reason)),
+        // A process holds the run directory: it is training now, whatever an earlier
+        // attempt's record says.
+        _ if ember_trainer::run_lock::holder(dir).is_some() => (
+            "running",
+            ember_trainer::run_lock::holder(dir).map(|h| format!("training now ({h})")),
+        ),
         state => match record.map(|r| r.status.as_str()) {
             Some("failed") => ("failed", record.and_then(|r| r.detail.clone())),
             _ if state != DiskState::Empty || dir.join(metrics::METRICS).is_file() => ("incomplete", None),
@@ -223,10 +250,13 @@ struct Progress {
     bleu: Option<f64>,
     /// Median over logged windows.
     tokens_per_sec: Option<f64>,
+    /// Records read, and complete lines that were not one.
+    records: usize,
+    damaged_lines: usize,
 }
 
 fn read_progress(dir: &Path) -> Result<Progress> {
-    let records = metrics::read(&dir.join(metrics::METRICS))?;
+    let (records, damaged_lines) = metrics::read_counting(&dir.join(metrics::METRICS))?;
     let mut curves = Curves::default();
     let mut rates = vec![];
     let (mut bleu, mut val) = (None, None);
@@ -274,13 +304,16 @@ fn read_progress(dir: &Path) -> Result<Progress> {
         bleu,
         tokens_per_sec: rates.get(rates.len() / 2).copied(),
         curves,
+        records: records.len(),
+        damaged_lines,
     })
 }
 
 /// The validation loss before training, as the newest checkpoint that recorded it says.
 fn initial_val_loss(dir: &Path) -> Option<f64> {
     checkpoint::list(dir).iter().rev().find_map(|(_, ckpt)| {
-        let state: Value = serde_json::from_str(&fs::read_to_string(ckpt.join("state.json")).ok()?).ok()?;
+        let state: Value =
+            serde_json::from_str(&ember_data::io::read_own_to_string(ckpt.join("state.json")).ok()?).ok()?;
         state.get("initial_val_loss")?.as_f64()
     })
 }
