@@ -899,30 +899,45 @@ fn separate_processes_at_one_and_three_threads_train_the_same_weights() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let cfg = write(dir, "tiny.yaml", seq2seq_yaml(6, 6, 6));
-    let weights = |threads: &str| {
-        let run_dir = dir.join(format!("runs/t{threads}"));
-        ok(
-            dir,
-            &[
-                "train",
-                s(&cfg),
-                "--run-dir",
-                s(&run_dir),
-                "--quiet",
-                "--set",
-                &format!("train.threads={threads}"),
-                // Large enough that candle splits its elementwise ops (64 Ki elements and up).
-                "--set",
-                "model.d_model=128",
-                "--set",
-                "train.max_tokens=1024",
-            ],
-        );
-        let (_, last) = checkpoints(&run_dir).pop().expect("a checkpoint");
-        std::fs::read(last.join("model.safetensors")).unwrap()
-    };
+    let weights =
+        |threads: &str| final_weights(&train_d128(dir, &cfg, &format!("t{threads}"), threads, None));
     let one = weights("1");
     assert!(one == weights("3"), "weights differ between 1 and 3 threads");
+}
+
+/// Trains `cfg` at d_model 128 and 1,024 tokens a step — large enough that candle splits its
+/// elementwise ops (64 Ki elements and up) — into runs/NAME with `threads` threads, logging
+/// every step, with `EMBER_CPU_VECTOR_UNIT=unit` when given; returns the run directory.
+fn train_d128(dir: &Path, cfg: &Path, name: &str, threads: &str, unit: Option<&str>) -> PathBuf {
+    let run_dir = dir.join("runs").join(name);
+    let mut cmd = ember(dir);
+    cmd.args([
+        "train",
+        s(cfg),
+        "--run-dir",
+        s(&run_dir),
+        "--quiet",
+        "--set",
+        &format!("train.threads={threads}"),
+        "--set",
+        "train.log_every=1",
+        "--set",
+        "model.d_model=128",
+        "--set",
+        "train.max_tokens=1024",
+    ]);
+    if let Some(u) = unit {
+        cmd.env(ember_kernels::VECTOR_UNIT_ENV, u);
+    }
+    let out = cmd.stdin(Stdio::null()).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    run_dir
+}
+
+/// The weights of a run's newest checkpoint, as bytes.
+fn final_weights(run_dir: &Path) -> Vec<u8> {
+    let (_, last) = checkpoints(run_dir).pop().expect("a checkpoint");
+    std::fs::read(last.join("model.safetensors")).unwrap()
 }
 
 /// The one thing that changes a run's bits between machines is the CPU's vector unit: with
@@ -935,28 +950,7 @@ fn the_vector_unit_moves_only_the_last_digits_and_avx2_can_be_chosen() {
     let dir = tmp.path();
     let cfg = write(dir, "tiny.yaml", seq2seq_yaml(6, 6, 6));
     let train = |name: &str, unit: Option<&str>, threads: &str| {
-        let run_dir = dir.join("runs").join(name);
-        let mut cmd = ember(dir);
-        cmd.args([
-            "train",
-            s(&cfg),
-            "--run-dir",
-            s(&run_dir),
-            "--quiet",
-            "--set",
-            &format!("train.threads={threads}"),
-            "--set",
-            "train.log_every=1",
-            "--set",
-            "model.d_model=128",
-            "--set",
-            "train.max_tokens=1024",
-        ]);
-        if let Some(u) = unit {
-            cmd.env(ember_kernels::VECTOR_UNIT_ENV, u);
-        }
-        let out = cmd.stdin(Stdio::null()).output().unwrap();
-        assert!(out.status.success(), "{}", text(&out.stderr));
+        let run_dir = train_d128(dir, &cfg, name, threads, unit);
         let losses: Vec<f64> = std::fs::read_to_string(run_dir.join("metrics.jsonl"))
             .unwrap()
             .lines()
@@ -964,8 +958,7 @@ fn the_vector_unit_moves_only_the_last_digits_and_avx2_can_be_chosen() {
             .filter(|r| r["kind"] == "train")
             .map(|r| r["loss"].as_f64().unwrap())
             .collect();
-        let (_, last) = checkpoints(&run_dir).pop().expect("a checkpoint");
-        (losses, std::fs::read(last.join("model.safetensors")).unwrap())
+        (losses, final_weights(&run_dir))
     };
     let (native_losses, native) = train("native", None, "1");
     let (avx2_losses, avx2) = train("avx2", Some("avx2"), "1");

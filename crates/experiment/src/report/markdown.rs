@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use super::cells::Counts;
+use super::cells::{Cell, Counts};
 use super::runs::RunResult;
 use super::stats::{MeanStd, PairedDiff};
 use super::{Report, BASELINE};
@@ -225,13 +225,7 @@ fn comparison(r: &Report, q: &Quality) -> String {
     );
     for c in &r.cells {
         let quality = if q.is_bleu() { &c.bleu } else { &c.ppl };
-        let vs_none = |key: &str, prec: usize| {
-            if c.variant == BASELINE {
-                "(baseline)".to_string()
-            } else {
-                fmt_diff(c.vs_none.get(key), prec)
-            }
-        };
+        let vs_none = |key: &str, prec: usize| fmt_vs_none(c, key, prec);
         md.push_str(&format!(
             "|{} {} | {} | {} | {} | {} | {} | {} |\n",
             level_cells(&c.levels),
@@ -271,17 +265,9 @@ fn results(r: &Report, q: &Quality) -> String {
             fmt_count(&c.counts),
             fmt_ms(&c.train_loss, 4),
             fmt_ms(&c.val_loss, 4),
-            if c.variant == BASELINE {
-                "(baseline)".into()
-            } else {
-                fmt_diff(c.vs_none.get("val_loss"), 4)
-            },
+            fmt_vs_none(c, "val_loss", 4),
             fmt_ms(quality, q.prec),
-            if c.variant == BASELINE {
-                "(baseline)".into()
-            } else {
-                fmt_diff(c.vs_none.get(q.key), q.prec)
-            },
+            fmt_vs_none(c, q.key, q.prec),
             fmt_ms(&c.max_attn_logit, 2),
             fmt_ms(&c.tokens_per_sec, 0),
         ));
@@ -548,6 +534,15 @@ fn fmt_diff(d: Option<&PairedDiff>, prec: usize) -> String {
             _ => format!("{:+.p$} [n/a] ({})", d.mean, d.n, p = prec),
         },
         None => "–".into(),
+    }
+}
+
+/// A cell's paired difference to `none` in `key`, or `(baseline)` in `none`'s own row.
+fn fmt_vs_none(c: &Cell, key: &str, prec: usize) -> String {
+    if c.variant == BASELINE {
+        "(baseline)".into()
+    } else {
+        fmt_diff(c.vs_none.get(key), prec)
     }
 }
 
