@@ -14,7 +14,7 @@ use ember_model::{BeamConfig, ForwardCtx, Model};
 use ember_sacrebleu::{corpus_bleu, BleuConfig};
 use serde::{Deserialize, Serialize};
 
-use crate::config::RunConfig;
+use crate::config::{Batching, RunConfig};
 use crate::data_parallel::DataParallel;
 use crate::step::BatchTensors;
 use crate::translate::translate_ids;
@@ -116,8 +116,8 @@ pub fn evaluate_share(
         tokens += bt.tokens as u64;
         Ok(())
     };
-    match &data.splits {
-        Splits::Translation(s) => {
+    match (&data.splits, Batching::of(cfg)?) {
+        (Splits::Translation(s), _) => {
             let split = match split {
                 Split::Valid => &s.valid,
                 Split::Test => s
@@ -129,18 +129,21 @@ pub fn evaluate_share(
                 run(Batch::Seq2Seq(b))?;
             }
         }
-        Splits::Text(s) => {
+        (
+            Splits::Text(s),
+            Batching::Windows {
+                batch_size,
+                block_size,
+            },
+        ) => {
             if split == Split::Test {
                 bail!("text corpora have train and valid splits only");
             }
-            let (b, t) = (
-                cfg.train.batch_size.unwrap_or(1),
-                cfg.train.block_size.unwrap_or(1),
-            );
-            for batch in LmEvalBatches::new(&s.valid, b, t, cfg.eval.max_batches)? {
+            for batch in LmEvalBatches::new(&s.valid, batch_size, block_size, cfg.eval.max_batches)? {
                 run(Batch::Lm(batch))?;
             }
         }
+        _ => unreachable!("the corpus decides both its splits and its batching"),
     }
     Ok((nll, tokens))
 }

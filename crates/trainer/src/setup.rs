@@ -15,7 +15,7 @@ use ember_data::{Batcher, Dataset, LmWindowBatcher, Splits, TokenBudgetBatcher, 
 use ember_model::{init_model, Model, ParamStore, QkNorm};
 
 use crate::checkpoint::{self, CheckpointState};
-use crate::config::{RunConfig, Schedule, TrainConfig};
+use crate::config::{Batching, RunConfig, Schedule, TrainConfig};
 use crate::files::write_atomic;
 use crate::limits;
 use crate::optim::{AdamW, LrSchedule};
@@ -133,20 +133,27 @@ pub fn resolve_model_config(cfg: &mut RunConfig, data: &Dataset) -> Result<()> {
 /// The training batcher the config asks for.
 pub fn make_batcher(cfg: &RunConfig, data: &Dataset) -> Result<Box<dyn Batcher>> {
     let t = &cfg.train;
-    Ok(match &data.splits {
-        Splits::Translation(s) => Box::new(TokenBudgetBatcher::new(
+    Ok(match (&data.splits, Batching::of(cfg)?) {
+        (Splits::Translation(s), Batching::TokenBudget { max_tokens }) => Box::new(TokenBudgetBatcher::new(
             s.train.examples.clone(),
-            t.max_tokens.unwrap_or(4096),
+            max_tokens,
             data.tokenizer.specials(),
             t.seed,
         )?),
-        Splits::Text(s) => Box::new(LmWindowBatcher::new(
+        (
+            Splits::Text(s),
+            Batching::Windows {
+                batch_size,
+                block_size,
+            },
+        ) => Box::new(LmWindowBatcher::new(
             s.train.clone(),
-            t.batch_size.unwrap_or(1),
-            t.block_size.unwrap_or(1),
+            batch_size,
+            block_size,
             t.seed,
             t.windows,
         )?),
+        _ => unreachable!("the corpus decides both its splits and its batching"),
     })
 }
 
@@ -458,8 +465,13 @@ fn schedule_note(cfg: &RunConfig, changes: &[resume_check::Change]) -> Option<St
 fn check_data_fits(cfg: &RunConfig, data: &mut Dataset, notes: &mut Vec<String>) -> Result<()> {
     let report = ember_data::fit_to_positions(&mut data.splits, &cfg.data, cfg.model.max_seq_len)?;
     notes.extend(report.describe(cfg.model.max_seq_len));
-    if let Splits::Text(s) = &data.splits {
-        let block = cfg.train.block_size.unwrap_or(1);
+    if let (
+        Splits::Text(s),
+        Batching::Windows {
+            block_size: block, ..
+        },
+    ) = (&data.splits, Batching::of(cfg)?)
+    {
         for (split, len) in [("training", s.train.len()), ("validation", s.valid.len())] {
             if len <= block {
                 let advice = match &cfg.data.corpus {
