@@ -15,7 +15,7 @@ use ember_sacrebleu::{corpus_bleu, BleuConfig};
 use serde::{Deserialize, Serialize};
 
 use crate::config::{Batching, RunConfig};
-use crate::data_parallel::DataParallel;
+use crate::data_parallel::{sum_shares, DataParallel};
 use crate::step::BatchTensors;
 use crate::translate::translate_ids;
 
@@ -73,21 +73,6 @@ pub fn evaluate(
         evaluate_share(model, data, cfg, split, device, share, shares)
     })?;
     Ok(EvalResult::from_sums(nll, tokens))
-}
-
-/// `(nll, tokens)` of `shares`, evaluated one after another and summed in share order: one
-/// order for `ember eval` and for training's validation, so both give the same bits.
-pub fn sum_shares(
-    shares: std::ops::Range<usize>,
-    mut partial: impl FnMut(usize) -> Result<(f64, u64)>,
-) -> Result<(f64, u64)> {
-    let (mut nll, mut tokens) = (0f64, 0u64);
-    for share in shares {
-        let (n, t) = partial(share)?;
-        nll += n;
-        tokens += t;
-    }
-    Ok((nll, tokens))
 }
 
 /// Summed NLL and target tokens of share `share` of `shares` of every batch of a split
