@@ -1,6 +1,7 @@
 //! `metrics.jsonl` (one JSON object per logged step or evaluation), its CSV export, and what
 //! the user sees while a run trains: a progress bar on a terminal, plain lines otherwise.
 
+use crate::run_dir::{METRICS, METRICS_CSV};
 use crate::{say, tell};
 use std::fs::{File, OpenOptions};
 use std::io::{IsTerminal, Write};
@@ -9,9 +10,6 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
-
-pub const METRICS: &str = "metrics.jsonl";
-pub const METRICS_CSV: &str = "metrics.csv";
 
 /// One line of `metrics.jsonl`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

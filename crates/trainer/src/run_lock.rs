@@ -11,11 +11,9 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
+use crate::run_dir::{CHECKPOINTS, LOCK_FILE, METRICS, MODEL, RUN_CONFIG, STATE};
 use anyhow::{bail, Context, Result};
 use fs4::fs_std::FileExt;
-
-/// The lock file inside a locked directory.
-pub const LOCK_FILE: &str = ".lock";
 
 /// What a directory is meant to hold, for [`refuse_foreign_dir`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,7 +40,7 @@ pub fn refuse_foreign_dir(dir: &Path, flag: &str, kind: DirKind) -> Result<()> {
             }
         )
     };
-    if dir.join("state.json").is_file() || dir.join("model.safetensors").is_file() {
+    if dir.join(STATE).is_file() || dir.join(MODEL).is_file() {
         return refuse("a checkpoint (it holds state.json or model.safetensors)".into());
     }
     // The nearest folder that exists, without links or `..`: is it (or a folder above it) the
@@ -56,13 +54,12 @@ pub fn refuse_foreign_dir(dir: &Path, flag: &str, kind: DirKind) -> Result<()> {
         let mut full = real.clone();
         full.extend(missing);
         for a in full.ancestors() {
-            let is_checkpoints = a.file_name().is_some_and(|n| n == "checkpoints");
+            let is_checkpoints = a.file_name().is_some_and(|n| n == CHECKPOINTS);
             if let (true, Some(run)) = (is_checkpoints, a.parent()) {
                 // A run: its config and what it trained (not any project folder that happens to
                 // hold a config.yaml next to a checkpoints/ folder of runs).
-                let trained =
-                    !crate::checkpoint::list(run).is_empty() || run.join(crate::metrics::METRICS).is_file();
-                if run.join("config.yaml").is_file() && trained {
+                let trained = !crate::checkpoint::list(run).is_empty() || run.join(METRICS).is_file();
+                if run.join(RUN_CONFIG).is_file() && trained {
                     return refuse(format!("inside the checkpoints of the run {}", run.display()));
                 }
             }
@@ -74,8 +71,8 @@ pub fn refuse_foreign_dir(dir: &Path, flag: &str, kind: DirKind) -> Result<()> {
         }
         DirKind::Sweep
             if !dir.join("grid.json").is_file()
-                && dir.join("config.yaml").is_file()
-                && dir.join("checkpoints").is_dir() =>
+                && dir.join(RUN_CONFIG).is_file()
+                && dir.join(CHECKPOINTS).is_dir() =>
         {
             refuse("a training run's directory (it holds config.yaml and checkpoints/)".into())
         }
