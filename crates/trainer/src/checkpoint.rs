@@ -17,13 +17,15 @@ use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use crate::run_dir::{CHECKPOINTS, LOCK_FILE, MODEL, OPTIMIZER, RUN_CONFIG, STATE};
 use anyhow::{bail, Context, Result};
 use candle_core::{Device, Tensor};
 use ember_data::Cursor;
 use ember_model::{ModelConfig, ParamStore};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+
+use crate::lock_file::{not_a_lock_file, open_lock_file};
+use crate::run_dir::{CHECKPOINTS, LOCK_FILE, MODEL, OPTIMIZER, RUN_CONFIG, STATE};
 
 /// The best validation result so far.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -287,7 +289,7 @@ pub fn lock_for_writing(run_dir: &Path) -> Result<CheckpointsLock> {
     use fs4::fs_std::FileExt;
     let root = run_dir.join(CHECKPOINTS);
     fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
-    let file = match crate::run_lock::open_lock_file(&root.join(LOCK_FILE)) {
+    let file = match open_lock_file(&root.join(LOCK_FILE)) {
         Ok(file) => file,
         Err(e) => {
             // Said once per process: every save after it goes the same way.
@@ -295,7 +297,7 @@ pub fn lock_for_writing(run_dir: &Path) -> Result<CheckpointsLock> {
             let path = root.join(LOCK_FILE);
             let why = fs::symlink_metadata(&path)
                 .ok()
-                .and_then(|meta| crate::run_lock::not_a_lock_file(&meta, &path))
+                .and_then(|meta| not_a_lock_file(&meta, &path))
                 .map_or_else(
                     || format!("cannot be opened ({})", e.root_cause()),
                     |w| format!("is {w}"),
@@ -332,7 +334,7 @@ pub fn lock_for_reading(run_dir: &Path) -> Result<CheckpointsLock> {
     if !root.is_dir() {
         return Ok(CheckpointsLock { _file: None });
     }
-    let file = crate::run_lock::open_lock_file(&root.join(LOCK_FILE))?;
+    let file = open_lock_file(&root.join(LOCK_FILE))?;
     FileExt::lock_shared(&file).with_context(|| format!("locking {}", root.join(LOCK_FILE).display()))?;
     Ok(CheckpointsLock { _file: Some(file) })
 }

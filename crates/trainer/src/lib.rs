@@ -19,6 +19,7 @@ mod files;
 mod init_from;
 pub mod interrupt;
 pub mod limits;
+mod lock_file;
 pub mod loss;
 pub mod metrics;
 #[cfg(feature = "nccl")]

@@ -1,7 +1,6 @@
 //! `metrics.jsonl` (one JSON object per logged step or evaluation), its CSV export, and what
 //! the user sees while a run trains: a progress bar on a terminal, plain lines otherwise.
 
-use crate::run_dir::{METRICS, METRICS_CSV};
 use crate::{say, tell};
 use std::fs::{File, OpenOptions};
 use std::io::{IsTerminal, Write};
@@ -10,6 +9,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
+
+use crate::run_dir::{METRICS, METRICS_CSV};
 
 /// One line of `metrics.jsonl`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

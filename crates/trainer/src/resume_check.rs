@@ -24,8 +24,6 @@ use crate::checkpoint::CheckpointState;
 use crate::config::RunConfig;
 use crate::run_dir::{CONFIG_HISTORY, RUN_CONFIG};
 
-/// The folder of a run directory that keeps each config a resumed run replaced.
-
 /// What a run was trained on, as recorded in each checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunIdentity {

@@ -39,7 +39,7 @@ pub const METRICS: &str = "metrics.jsonl";
 /// [`METRICS`] as CSV.
 pub const METRICS_CSV: &str = "metrics.csv";
 
-/// The run directory's [`Summary`](crate::Summary), written when the run ends.
+/// How the run ended (the `Summary` that `train` returns), written when it ends.
 pub const SUMMARY: &str = "summary.json";
 
 /// The folder of a run's checkpoints.

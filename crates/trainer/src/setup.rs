@@ -10,12 +10,13 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use candle_core::Device;
+use candle_core::{DType, Device};
 use ember_data::{Batcher, Dataset, LmWindowBatcher, Splits, TokenBudgetBatcher, TOKENIZER_FILE};
-use ember_model::{Model, ParamStore};
+use ember_model::{init_model, Model, ParamStore};
 
 use crate::checkpoint::{self, CheckpointState};
 use crate::config::{Batching, RunConfig, Schedule, TrainConfig};
+use crate::data_parallel::DataParallel;
 use crate::files::write_atomic;
 use crate::limits;
 use crate::optim::{AdamW, LrSchedule};
@@ -24,7 +25,7 @@ use crate::resolve::{check_data_fits, resolve_model_config};
 use crate::resume_check::{self, Allowed, RunIdentity};
 use crate::run_dir::RUN_CONFIG;
 use crate::run_lock::DirLock;
-use crate::training::{initial_model, Training};
+use crate::training::Training;
 use crate::update::Updater;
 
 /// `cpu` or `cuda:N`.
@@ -361,6 +362,45 @@ fn continue_from(
         .with_context(|| format!("restoring the optimizer from {}", l.dir.display()))?;
     restore_cursor(batcher, l.state.cursor, &l.dir, allowed(opts), notes)?;
     Ok(l.state)
+}
+
+impl Training {
+    /// A fresh run of `total_steps` steps on `cfg` with nothing written anywhere (the data is
+    /// prepared without a run directory), set up as [`TrainingRun`] sets up a
+    /// fresh run: for `ember bench`, as one rank of `dp`'s job.
+    pub fn in_memory(mut cfg: RunConfig, total_steps: u64, dp: &DataParallel) -> Result<Self> {
+        set_threads(&cfg)?;
+        let device = device(&cfg.device)?;
+        let mut data = Dataset::prepare(&cfg.data, None)?;
+        resolve_model_config(&mut cfg, &data)?;
+        ember_data::fit_to_positions(&mut data.splits, &cfg.data, cfg.model.max_seq_len)?;
+        crate::limits::check_memory(&cfg, &data)?;
+        let (model, params) = initial_model(&cfg, &device)?;
+        let batcher = make_batcher(&cfg, &data)?;
+        let opt = AdamW::new(params.vars(), &cfg.train)?;
+        let schedule = LrSchedule::new(&cfg.train, total_steps);
+        let updater = Updater::new(&device, &opt, 0, !dp.world().is_launched())?;
+        Ok(Self {
+            cfg,
+            device,
+            data,
+            model,
+            params,
+            opt,
+            updater,
+            schedule,
+            batcher,
+            total_steps,
+        })
+    }
+}
+
+/// A fresh run's model: `model.init_from`'s weights, or initialised from `train.seed`.
+fn initial_model(cfg: &RunConfig, device: &Device) -> Result<(Model, ParamStore)> {
+    match cfg.model.init_from {
+        Some(_) => crate::init_from::load_model(&cfg.model, device),
+        None => Ok(init_model(&cfg.model, cfg.train.seed, DType::F32, device)?),
+    }
 }
 
 /// A file that did not exist when set-up began, removed again unless [`Self::keep`] is called

@@ -1,21 +1,19 @@
 //! A run's model, optimizer, data and schedule, and the step that trains them: what
 //! `ember train` runs in its loop and `ember bench` times, set up once for both.
 //!
-//! [`crate::setup::TrainingRun`] builds a [`Training`] in a run directory (fresh or resumed);
-//! [`Training::in_memory`] builds one with nothing written, for the benchmark.
+//! `setup` builds a [`Training`]: in a run directory, fresh or resumed (`TrainingRun`), or in
+//! memory with nothing written, for the benchmark (`Training::in_memory`).
 
 use std::time::Instant;
 
 use anyhow::Result;
-use candle_core::{DType, Device};
+use candle_core::Device;
 use ember_data::{Batch, Batcher, Dataset};
-use ember_model::{init_model, Model, ParamStore};
+use ember_model::{Model, ParamStore};
 
 use crate::config::RunConfig;
 use crate::data_parallel::DataParallel;
 use crate::optim::{AdamW, LrSchedule};
-use crate::resolve::resolve_model_config;
-use crate::setup::{device, make_batcher, set_threads};
 use crate::step::{micro_batches, StepOutput};
 use crate::update::{Outcome, Updater};
 
@@ -52,35 +50,6 @@ pub(crate) struct Stepped {
 }
 
 impl Training {
-    /// A fresh run of `total_steps` steps on `cfg` with nothing written anywhere (the data is
-    /// prepared without a run directory), set up as [`crate::setup::TrainingRun`] sets up a
-    /// fresh run: for `ember bench`, as one rank of `dp`'s job.
-    pub fn in_memory(mut cfg: RunConfig, total_steps: u64, dp: &DataParallel) -> Result<Self> {
-        set_threads(&cfg)?;
-        let device = device(&cfg.device)?;
-        let mut data = Dataset::prepare(&cfg.data, None)?;
-        resolve_model_config(&mut cfg, &data)?;
-        ember_data::fit_to_positions(&mut data.splits, &cfg.data, cfg.model.max_seq_len)?;
-        crate::limits::check_memory(&cfg, &data)?;
-        let (model, params) = initial_model(&cfg, &device)?;
-        let batcher = make_batcher(&cfg, &data)?;
-        let opt = AdamW::new(params.vars(), &cfg.train)?;
-        let schedule = LrSchedule::new(&cfg.train, total_steps);
-        let updater = Updater::new(&device, &opt, 0, !dp.world().is_launched())?;
-        Ok(Self {
-            cfg,
-            device,
-            data,
-            model,
-            params,
-            opt,
-            updater,
-            schedule,
-            batcher,
-            total_steps,
-        })
-    }
-
     /// Trains step `step` (counted from 1): draws its `train.accumulation` micro-batches, runs
     /// forward and backward over them as this rank's shares of `dp`'s job, and applies the
     /// update at the schedule's learning rate, judged where the updater judges it (the host,
@@ -121,13 +90,5 @@ impl Training {
             began,
             update_began,
         })
-    }
-}
-
-/// A fresh run's model: `model.init_from`'s weights, or initialised from `train.seed`.
-pub(crate) fn initial_model(cfg: &RunConfig, device: &Device) -> Result<(Model, ParamStore)> {
-    match cfg.model.init_from {
-        Some(_) => crate::init_from::load_model(&cfg.model, device),
-        None => Ok(init_model(&cfg.model, cfg.train.seed, DType::F32, device)?),
     }
 }
