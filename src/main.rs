@@ -16,12 +16,13 @@ use ember_distributed::World;
 use ember_experiment::ablate::{PlanningInterrupted, SweepInterrupted};
 use ember_experiment::slurm::shell_word;
 use ember_model::{sample, BeamConfig, Model, SampleConfig};
+use ember_trainer::config::RunConfig;
 use ember_trainer::context::{evaluate_context, ContextEval, ContextOptions};
 use ember_trainer::interrupt::{exit_status, Interrupted, OnRepeat, StopRequest};
 use ember_trainer::metrics::Verbosity;
-use ember_trainer::train::RankFailed;
 use ember_trainer::translate::{score_split, translate_source_lines};
-use ember_trainer::{eval_beam, evaluate, open_run, OpenRun, RunConfig, Split, TrainOptions};
+use ember_trainer::RankFailed;
+use ember_trainer::{eval_beam, evaluate, open_run, OpenRun, Split, TrainOptions};
 
 #[derive(Parser)]
 #[command(
@@ -643,7 +644,7 @@ fn export(args: ExportArgs) -> Result<()> {
     // run it would replace the run's own files (a checkpoint would fail its checksums).
     if let (Ok(out), Ok(run)) = (args.out.canonicalize(), args.run.canonicalize()) {
         let run_dir = ember_trainer::checkpoint::run_and_checkpoint(&run).map_or(run.clone(), |(r, _)| r);
-        if out == run_dir || out.starts_with(run_dir.join(ember_trainer::checkpoint::CHECKPOINTS)) {
+        if out == run_dir || out.starts_with(run_dir.join(ember_trainer::run_dir::CHECKPOINTS)) {
             bail!(
                 "OUT {} is {} itself: the export's tokenizer.json, model.safetensors and config.json \
                  would replace the run's own files. Choose a new folder, e.g. {}. Nothing was written.",
@@ -730,13 +731,13 @@ fn run_files(run: &Path) -> Vec<PathBuf> {
         return vec![];
     };
     let own = [
-        ember_trainer::train::RUN_CONFIG,
+        ember_trainer::run_dir::RUN_CONFIG,
         ember_data::TOKENIZER_FILE,
         ember_data::TOKEN_CACHE_FILE,
-        ember_trainer::train::SUMMARY,
-        ember_trainer::metrics::METRICS,
-        ember_trainer::metrics::METRICS_CSV,
-        ember_trainer::run_lock::LOCK_FILE,
+        ember_trainer::run_dir::SUMMARY,
+        ember_trainer::run_dir::METRICS,
+        ember_trainer::run_dir::METRICS_CSV,
+        ember_trainer::run_dir::LOCK_FILE,
     ];
     let top = std::fs::read_dir(&run_dir)
         .into_iter()

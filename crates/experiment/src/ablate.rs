@@ -33,10 +33,11 @@ use anyhow::{Context, Result};
 use ember_model::QkNorm;
 use ember_trainer::config::RunConfig;
 use ember_trainer::interrupt::{signal_name, Interrupted, StopRequest};
-use ember_trainer::metrics::{self, Verbosity};
+use ember_trainer::metrics::Verbosity;
 use ember_trainer::resume_check::json_changes;
+use ember_trainer::run_dir::{METRICS, METRICS_CSV, RUN_CONFIG, SUMMARY};
 use ember_trainer::run_lock::{holder, DirLock};
-use ember_trainer::train::{self, TrainOptions, RUN_CONFIG, SUMMARY};
+use ember_trainer::{train, TrainOptions};
 use serde::{Deserialize, Serialize};
 
 use crate::layout::{
@@ -62,7 +63,7 @@ pub enum Runner {
     /// `EXE train CONFIG --set ... --run-dir DIR --quiet --json [--resume]`, `jobs` at a time.
     /// The CLI passes `std::env::current_exe()`.
     Process { exe: PathBuf },
-    /// [`ember_trainer::train::train`] in this process, one run after the other (`jobs` is ignored and
+    /// [`ember_trainer::train`] in this process, one run after the other (`jobs` is ignored and
     /// `train.threads` is left as the config says). For tests and embedding.
     InProcess,
 }
@@ -580,7 +581,7 @@ fn execute(
     // metrics of an attempt that never reached a checkpoint.
     let _ = fs::remove_file(run.dir.join(SUMMARY));
     if !resume {
-        for f in [metrics::METRICS, metrics::METRICS_CSV] {
+        for f in [METRICS, METRICS_CSV] {
             let _ = fs::remove_file(run.dir.join(f));
         }
     }
@@ -622,15 +623,16 @@ fn execute(
                     stop: stop.cloned(),
                     ..TrainOptions::new(run.dir.clone())
                 };
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| train::train(cfg, &opts)))
-                    .unwrap_or_else(|p| {
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| train(cfg, &opts))).unwrap_or_else(
+                    |p| {
                         let msg = p
                             .downcast_ref::<String>()
                             .cloned()
                             .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
                             .unwrap_or_else(|| "panic".into());
                         Err(anyhow::anyhow!("panicked: {msg}"))
-                    })
+                    },
+                )
             });
             match result {
                 Ok(_) => (

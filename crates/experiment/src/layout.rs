@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 
 use ember_model::QkNorm;
 use ember_trainer::checkpoint;
-use ember_trainer::train::SUMMARY;
+use ember_trainer::run_dir::SUMMARY;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 

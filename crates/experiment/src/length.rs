@@ -20,8 +20,9 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
+use ember_trainer::config::RunConfig;
 use ember_trainer::context::ContextEval;
-use ember_trainer::{RunConfig, RUN_CONFIG};
+use ember_trainer::run_dir::RUN_CONFIG;
 use serde::Serialize;
 
 use crate::layout::{variant_name, PLOTS, REPORT_JSON, REPORT_MD, RUNS, VARIANT_ORDER};

@@ -17,8 +17,9 @@ use ember_experiment::ablate::{self, AblateOptions, RunAction, RunStatus, Runner
 use ember_experiment::layout;
 use ember_experiment::report::{self, stats};
 use ember_model::{init_model, QkNorm};
-use ember_trainer::train::{make_batcher, RUN_CONFIG, SUMMARY};
-use ember_trainer::{train, RunConfig};
+use ember_trainer::config::RunConfig;
+use ember_trainer::run_dir::{RUN_CONFIG, SUMMARY};
+use ember_trainer::{make_batcher, train};
 
 /// The tiny translation config, written to `dir/tiny.yaml`.
 fn write_config(dir: &Path) -> PathBuf {

@@ -7,8 +7,9 @@ use std::path::{Path, PathBuf};
 use candle_core::Device;
 use ember_experiment::ablate::{self, AblateOptions, RunStatus, Runner};
 use ember_model::QkNorm;
+use ember_trainer::config::RunConfig;
 use ember_trainer::metrics::Verbosity;
-use ember_trainer::{checkpoint, train, RunConfig, TrainOptions};
+use ember_trainer::{checkpoint, train, TrainOptions};
 
 const TRAINING: &str = r#"
 train:

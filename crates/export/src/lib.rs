@@ -22,7 +22,9 @@ use anyhow::{bail, Context, Result};
 use candle_core::{Device, Tensor};
 use ember_data::{Tokenizer, TokenizerKind, TOKENIZER_FILE};
 use ember_model::{Arch, ForwardCtx, MlpKind, Model, ModelConfig, NormKind, Positions, QkNorm};
-use ember_trainer::{checkpoint, RunConfig, RUN_CONFIG};
+use ember_trainer::checkpoint;
+use ember_trainer::config::RunConfig;
+use ember_trainer::run_dir::RUN_CONFIG;
 use serde::Serialize;
 
 pub use weights::hf_weight_name;

@@ -9,8 +9,9 @@ use std::path::Path;
 
 use ember_export::{architecture, export_hf, hf_weight_name, ExportSource, HfArch, HF_FILES};
 use ember_model::{Arch, MlpKind, ModelConfig, NormKind, QkNorm};
+use ember_trainer::config::RunConfig;
 use ember_trainer::metrics::Verbosity;
-use ember_trainer::{train, RunConfig, TrainOptions};
+use ember_trainer::{train, TrainOptions};
 use serde_json::Value;
 
 fn lm_yaml(text: &Path, qk_norm: &str, tie: bool) -> String {

@@ -12,8 +12,9 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device, Tensor};
 use ember_export::{export_hf, ExportSource};
 use ember_model::{Model, ModelConfig};
+use ember_trainer::config::RunConfig;
 use ember_trainer::metrics::Verbosity;
-use ember_trainer::{checkpoint, evaluate, open_run, train, RunConfig, Split, TrainOptions};
+use ember_trainer::{checkpoint, evaluate, open_run, train, Split, TrainOptions};
 use serde_json::Value;
 
 fn corpus(dir: &Path) -> PathBuf {

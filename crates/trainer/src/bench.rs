@@ -1,7 +1,8 @@
 //! `ember bench`: training throughput of a config, measured in process.
 //!
-//! Runs warm-up steps, then N timed steps of the real training step (same batches, loss,
-//! clipping and AdamW as `ember train`, without checkpoints or evaluation), and reports the
+//! Runs warm-up steps, then N timed steps of the very step `ember train` runs
+//! ([`Training::step`], set up in memory by [`Training::in_memory`]: same batches, loss,
+//! clipping and AdamW, without checkpoints or evaluation), and reports the
 //! median and spread of the step time with its forward / backward / optimizer split, tokens/s,
 //! peak RSS, model FLOPs per token and the achieved GFLOP/s against a matmul peak measured on
 //! the spot.
@@ -10,18 +11,15 @@ use std::rc::Rc;
 use std::time::Instant;
 
 use anyhow::Result;
-use candle_core::{DType, Device, Tensor};
-use ember_data::{Batch, Dataset};
+use candle_core::{Device, Tensor};
+use ember_data::Batch;
 use ember_distributed::World;
-use ember_model::{init_model, Arch, ModelConfig};
+use ember_model::{Arch, ModelConfig};
 use serde::Serialize;
 
 use crate::config::RunConfig;
 use crate::data_parallel::DataParallel;
-use crate::optim::{AdamW, LrSchedule};
-use crate::setup::{device, make_batcher, resolve_model_config, set_threads};
-use crate::step::micro_batches;
-use crate::update::Updater;
+use crate::training::{Stepped, Training};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct BenchReport {
@@ -118,119 +116,119 @@ fn median(v: &mut [f64]) -> f64 {
 
 /// Benchmarks `cfg`'s training step; as a rank of a job (`world`), its share of the job's step,
 /// whose gradients the ranks sum as `ember train` does. Every rank returns the report.
-pub fn bench(mut cfg: RunConfig, steps: usize, warmup: usize, world: Rc<World>) -> Result<BenchReport> {
-    set_threads(&cfg)?;
-    let device = device(&cfg.device)?;
-    let mut data = Dataset::prepare(&cfg.data, None)?;
-    resolve_model_config(&mut cfg, &data)?;
-    ember_data::fit_to_positions(&mut data.splits, &cfg.data, cfg.model.max_seq_len)?;
-    crate::limits::check_memory(&cfg, &data)?;
+pub fn bench(cfg: RunConfig, steps: usize, warmup: usize, world: Rc<World>) -> Result<BenchReport> {
     let total_steps = steps
         .checked_add(warmup)
         .filter(|_| steps > 0)
         .ok_or_else(|| anyhow::anyhow!("bench needs at least 1 timed step and fewer than 2^64 in all"))?;
-    let (model, params) = init_model(&cfg.model, cfg.train.seed, DType::F32, &device)?;
-    let mut batcher = make_batcher(&cfg, &data)?;
-    let mut opt = AdamW::new(params.vars(), &cfg.train)?;
     let dp = DataParallel::new(world, cfg.shares(), cfg.distributed.bucket_mib);
-    let mut updater = Updater::new(&device, &opt, 0, !dp.world().is_launched())?;
-    let schedule = LrSchedule::new(&cfg.train, total_steps as u64);
-    let t = &cfg.train;
-    let (mut total, mut fwd, mut bwd, mut optim) = (vec![], vec![], vec![], vec![]);
-    let (mut wait, mut comm, mut rates) = (vec![], vec![], vec![]);
-    let (mut src_tokens, mut tgt_tokens, mut rows) = (0f64, 0f64, 0f64);
+    let mut run = Training::in_memory(cfg, total_steps as u64, &dp)?;
+    let mut timings = Timings::default();
     for step in 0..total_steps {
-        let batches = micro_batches(batcher.as_mut(), t.accumulation);
-        let start = Instant::now();
         // The very step `ember train` runs (telemetry off, as on non-logging steps).
-        let mut out = dp
-            .forward_backward(
-                &model,
-                opt.params(),
-                &batches,
-                t,
-                &device,
-                step as u64 + 1,
-                false,
-                None,
-            )?
-            .out;
-        let (n_tokens, f, b) = (out.tokens, out.forward_secs, out.backward_secs);
-        let (w, c) = (out.wait_secs, out.comm_secs);
-        let t2 = Instant::now();
-        // The update `ember train` applies, judged where it judges it (host, or the device).
-        updater.update(
-            &mut opt,
-            &out,
-            schedule.at(step as u64 + 1),
-            step as u64 + 1,
-            None,
-            t,
-        )?;
-        out.grads.clear();
+        let mut stepped = run.step(&dp, step as u64 + 1, false, None, None)?;
+        stepped.out.grads.clear();
         // A GPU's queued work is done before the clock is read.
-        device.synchronize()?;
-        let o = t2.elapsed().as_secs_f64();
-        let secs = start.elapsed().as_secs_f64();
+        run.device.synchronize()?;
         if step >= warmup {
-            total.push(secs * 1e3);
-            fwd.push(f * 1e3);
-            bwd.push(b * 1e3);
-            optim.push(o * 1e3);
-            wait.push(w * 1e3);
-            comm.push(c * 1e3);
-            rates.push(n_tokens as f64 / secs);
-            for batch in &batches {
-                match batch {
-                    Batch::Seq2Seq(s) => {
-                        src_tokens += s.n_src_tokens as f64;
-                        tgt_tokens += s.n_tgt_tokens as f64;
-                        rows += s.batch_size as f64;
-                    }
-                    Batch::Lm(l) => {
-                        tgt_tokens += l.target.len() as f64;
-                        rows += l.batch_size as f64;
-                    }
+            timings.add(&stepped);
+        }
+    }
+    timings.report(&run, &dp, steps, warmup)
+}
+
+/// The timed steps' times and token counts.
+#[derive(Default)]
+struct Timings {
+    total: Vec<f64>,
+    forward: Vec<f64>,
+    backward: Vec<f64>,
+    optimizer: Vec<f64>,
+    wait: Vec<f64>,
+    comm: Vec<f64>,
+    rates: Vec<f64>,
+    src_tokens: f64,
+    tgt_tokens: f64,
+    rows: f64,
+}
+
+impl Timings {
+    /// Adds a step that has just completed (its device work included).
+    fn add(&mut self, stepped: &Stepped) {
+        let out = &stepped.out;
+        let secs = stepped.began.elapsed().as_secs_f64();
+        self.total.push(secs * 1e3);
+        self.forward.push(out.forward_secs * 1e3);
+        self.backward.push(out.backward_secs * 1e3);
+        self.optimizer
+            .push(stepped.update_began.elapsed().as_secs_f64() * 1e3);
+        self.wait.push(out.wait_secs * 1e3);
+        self.comm.push(out.comm_secs * 1e3);
+        self.rates.push(out.tokens as f64 / secs);
+        for batch in &stepped.batches {
+            match batch {
+                Batch::Seq2Seq(s) => {
+                    self.src_tokens += s.n_src_tokens as f64;
+                    self.tgt_tokens += s.n_tgt_tokens as f64;
+                    self.rows += s.batch_size as f64;
+                }
+                Batch::Lm(l) => {
+                    self.tgt_tokens += l.target.len() as f64;
+                    self.rows += l.batch_size as f64;
                 }
             }
         }
     }
-    let tokens_per_step = tgt_tokens / steps as f64;
-    let (src_len, tgt_len) = (src_tokens / rows.max(1.0), tgt_tokens / rows.max(1.0));
-    let fpt = flops_per_token(&cfg.model, src_len, tgt_len);
-    let tokens_per_sec = median(&mut rates);
-    let achieved = fpt * tokens_per_sec / 1e9;
-    let peak = matmul_gflops(1024, &device)?.max(matmul_gflops(cfg.model.d_model.max(64) * 4, &device)?);
-    let mut rss = [peak_rss_mib()];
-    dp.world()
-        .all_reduce_sum_f64(&mut rss, "the benchmark's memory report");
-    let rss = rss[0];
-    let (p10, p90) = {
-        let mut v = total.clone();
-        v.sort_by(|a, b| a.total_cmp(b));
-        (v[v.len() / 10], v[(v.len() * 9) / 10])
-    };
-    Ok(BenchReport {
-        steps,
-        warmup,
-        params: params.num_params(),
-        threads: ember_kernels::par::threads(),
-        shares: cfg.shares(),
-        ranks: dp.world().size(),
-        ms_per_step_median: median(&mut total),
-        ms_per_step_p10: p10,
-        ms_per_step_p90: p90,
-        forward_ms: median(&mut fwd),
-        backward_ms: median(&mut bwd),
-        optimizer_ms: median(&mut optim),
-        wait_ms: median(&mut wait),
-        comm_ms: median(&mut comm),
-        tokens_per_sec,
-        tokens_per_step,
-        peak_rss_mib: rss,
-        flops_per_token: fpt,
-        achieved_gflops: achieved,
-        matmul_peak_gflops: peak,
-        utilisation: achieved / peak,
-    })
+
+    /// The report of `steps` timed steps after `warmup`, with the matmul peak measured now and
+    /// the peak memory summed over the ranks.
+    fn report(
+        mut self,
+        run: &Training,
+        dp: &DataParallel,
+        steps: usize,
+        warmup: usize,
+    ) -> Result<BenchReport> {
+        let cfg = &run.cfg;
+        let tokens_per_step = self.tgt_tokens / steps as f64;
+        let rows = self.rows.max(1.0);
+        let (src_len, tgt_len) = (self.src_tokens / rows, self.tgt_tokens / rows);
+        let fpt = flops_per_token(&cfg.model, src_len, tgt_len);
+        let tokens_per_sec = median(&mut self.rates);
+        let achieved = fpt * tokens_per_sec / 1e9;
+        let peak =
+            matmul_gflops(1024, &run.device)?.max(matmul_gflops(cfg.model.d_model.max(64) * 4, &run.device)?);
+        let mut rss = [peak_rss_mib()];
+        dp.world()
+            .all_reduce_sum_f64(&mut rss, "the benchmark's memory report");
+        let rss = rss[0];
+        let (p10, p90) = {
+            let mut v = self.total.clone();
+            v.sort_by(|a, b| a.total_cmp(b));
+            (v[v.len() / 10], v[(v.len() * 9) / 10])
+        };
+        Ok(BenchReport {
+            steps,
+            warmup,
+            params: run.params.num_params(),
+            threads: ember_kernels::par::threads(),
+            shares: cfg.shares(),
+            ranks: dp.world().size(),
+            ms_per_step_median: median(&mut self.total),
+            ms_per_step_p10: p10,
+            ms_per_step_p90: p90,
+            forward_ms: median(&mut self.forward),
+            backward_ms: median(&mut self.backward),
+            optimizer_ms: median(&mut self.optimizer),
+            wait_ms: median(&mut self.wait),
+            comm_ms: median(&mut self.comm),
+            tokens_per_sec,
+            tokens_per_step,
+            peak_rss_mib: rss,
+            flops_per_token: fpt,
+            achieved_gflops: achieved,
+            matmul_peak_gflops: peak,
+            utilisation: achieved / peak,
+        })
+    }
 }

@@ -24,11 +24,8 @@ use ember_model::{ModelConfig, ParamStore};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-pub const CHECKPOINTS: &str = "checkpoints";
-const STATE: &str = "state.json";
-const MODEL: &str = "model.safetensors";
-const OPTIMIZER: &str = "optimizer.safetensors";
-const CONFIG: &str = "config.yaml";
+use crate::lock_file::{not_a_lock_file, open_lock_file};
+use crate::run_dir::{CHECKPOINTS, LOCK_FILE, MODEL, OPTIMIZER, RUN_CONFIG, STATE};
 
 /// The best validation result so far.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -140,7 +137,7 @@ pub fn dir_for(run_dir: &Path, step: u64) -> PathBuf {
 /// `run` as (run directory, checkpoint directory): a checkpoint directory names itself and sits
 /// in `<run>/checkpoints/`; a run directory stands for its newest checkpoint.
 pub fn run_and_checkpoint(run: &Path) -> Result<(PathBuf, PathBuf)> {
-    if run.join("state.json").is_file() {
+    if run.join(STATE).is_file() {
         let run_dir = run
             .parent()
             .and_then(Path::parent)
@@ -258,9 +255,9 @@ fn write_into(
         .with_context(|| writing(&tmp.join(MODEL)))?;
     candle_core::safetensors::save(optimizer, tmp.join(OPTIMIZER))
         .with_context(|| writing(&tmp.join(OPTIMIZER)))?;
-    fs::write(tmp.join(CONFIG), config_yaml).with_context(|| writing(&tmp.join(CONFIG)))?;
+    fs::write(tmp.join(RUN_CONFIG), config_yaml).with_context(|| writing(&tmp.join(RUN_CONFIG)))?;
     state.files.clear();
-    for name in [MODEL, OPTIMIZER, CONFIG] {
+    for name in [MODEL, OPTIMIZER, RUN_CONFIG] {
         let path = tmp.join(name);
         fs::File::open(&path)
             .and_then(|f| f.sync_all())
@@ -275,10 +272,6 @@ fn write_into(
     fsync_dir(tmp);
     Ok(())
 }
-
-/// The lock file inside `checkpoints/` that orders writers (a run saving and pruning) and
-/// readers (`ember average`) of the checkpoints: a reader never sees a checkpoint half pruned.
-pub const CHECKPOINTS_LOCK: &str = ".lock";
 
 /// A held lock on a run's `checkpoints/` folder (released when dropped).
 pub struct CheckpointsLock {
@@ -296,15 +289,15 @@ pub fn lock_for_writing(run_dir: &Path) -> Result<CheckpointsLock> {
     use fs4::fs_std::FileExt;
     let root = run_dir.join(CHECKPOINTS);
     fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
-    let file = match crate::run_lock::open_lock_file(&root.join(CHECKPOINTS_LOCK)) {
+    let file = match open_lock_file(&root.join(LOCK_FILE)) {
         Ok(file) => file,
         Err(e) => {
             // Said once per process: every save after it goes the same way.
             static WARNED: std::sync::Once = std::sync::Once::new();
-            let path = root.join(CHECKPOINTS_LOCK);
+            let path = root.join(LOCK_FILE);
             let why = fs::symlink_metadata(&path)
                 .ok()
-                .and_then(|meta| crate::run_lock::not_a_lock_file(&meta, &path))
+                .and_then(|meta| not_a_lock_file(&meta, &path))
                 .map_or_else(
                     || format!("cannot be opened ({})", e.root_cause()),
                     |w| format!("is {w}"),
@@ -341,9 +334,8 @@ pub fn lock_for_reading(run_dir: &Path) -> Result<CheckpointsLock> {
     if !root.is_dir() {
         return Ok(CheckpointsLock { _file: None });
     }
-    let file = crate::run_lock::open_lock_file(&root.join(CHECKPOINTS_LOCK))?;
-    FileExt::lock_shared(&file)
-        .with_context(|| format!("locking {}", root.join(CHECKPOINTS_LOCK).display()))?;
+    let file = open_lock_file(&root.join(LOCK_FILE))?;
+    FileExt::lock_shared(&file).with_context(|| format!("locking {}", root.join(LOCK_FILE).display()))?;
     Ok(CheckpointsLock { _file: Some(file) })
 }
 
@@ -359,7 +351,7 @@ pub fn load(dir: &Path, device: &Device) -> Result<Loaded> {
     let state: CheckpointState = serde_json::from_str(&text)
         .with_context(|| format!("{} is corrupt (not valid checkpoint JSON)", state_path.display()))?;
     check_state(dir, &state_path, &state)?;
-    for name in [MODEL, OPTIMIZER, CONFIG] {
+    for name in [MODEL, OPTIMIZER, RUN_CONFIG] {
         let expected = state
             .files
             .get(name)
@@ -525,7 +517,7 @@ pub fn average(run_dir: &Path, last: usize) -> Result<PathBuf> {
         .map(|(k, t)| Ok((k, (t / last as f64)?)))
         .collect::<Result<Vec<_>>>()?;
     let params = ParamStore::from_tensors(averaged, candle_core::DType::F32, &device)?;
-    let config = ember_data::io::read_own_to_string(newest.dir.join(CONFIG))?;
+    let config = ember_data::io::read_own_to_string(newest.dir.join(RUN_CONFIG))?;
     let tmp_root = run_dir.join(format!(".average-{}", std::process::id()));
     let _ = fs::remove_dir_all(&tmp_root);
     let dest = run_dir.join(CHECKPOINTS).join(format!("average-last-{last}"));

@@ -13,10 +13,10 @@
 use anyhow::{bail, Context, Result};
 use candle_core::{Tensor, D};
 use ember_data::{LmEvalBatches, Splits};
-use ember_model::{ForwardCtx, Positions, Telemetry};
+use ember_model::{ForwardCtx, ModelConfig, Positions, Telemetry};
 use serde::{Deserialize, Serialize};
 
-use crate::setup::OpenRun;
+use crate::OpenRun;
 
 /// Most tokens one forward pass takes (windows per batch = this ÷ N, at least one).
 const BATCH_TOKENS: usize = 8192;
@@ -87,17 +87,7 @@ pub fn evaluate_context(run: &mut OpenRun, opts: ContextOptions) -> Result<Conte
             run.cfg.model.max_seq_len
         );
     }
-    let mut model_cfg = run.cfg.model.clone();
-    if let Some(on) = opts.logn {
-        model_cfg.logn_attention = on;
-    }
-    // m stays the training length however far the tables are extended.
-    model_cfg.logn_length = match (model_cfg.logn_attention, model_cfg.logn_length) {
-        (false, _) => None,
-        (true, Some(m)) => Some(m),
-        (true, None) => Some(train_length.max(2)),
-    };
-    model_cfg.max_seq_len = model_cfg.max_seq_len.max(n);
+    let model_cfg = context_model(&run.cfg.model, opts, train_length);
     // What the data allows first (the same answer on every machine), then what fits.
     let Splits::Text(text) = &run.data.splits else {
         bail!("--context evaluates language models");
@@ -122,14 +112,61 @@ pub fn evaluate_context(run: &mut OpenRun, opts: ContextOptions) -> Result<Conte
     let (Some(lm), Splits::Text(text)) = (run.model.as_lm(), &run.data.splits) else {
         bail!("--context evaluates language models");
     };
-    let valid = &text.valid;
+    // Exactly `windows` windows of the stream, `per_batch` at a time.
+    let stream = &text.valid[..windows * n + 1];
+    let (nll, entropy) = sums_by_position(lm, stream, n, per_batch, &run.device)?;
+    let loss_by_position: Vec<f64> = nll.iter().map(|s| s / windows as f64).collect();
+    let entropy_by_position: Vec<f64> = entropy.iter().map(|s| s / windows as f64).collect();
+    let loss = loss_by_position.iter().sum::<f64>() / n as f64;
+    let buckets = buckets(&loss_by_position, &entropy_by_position, train_length, windows);
+    Ok(ContextEval {
+        context: n,
+        train_length,
+        beyond_training: n > train_length,
+        logn_attention,
+        logn_length,
+        windows,
+        tokens: (windows * n) as u64,
+        loss,
+        ppl: loss.exp(),
+        buckets,
+        loss_by_position,
+        entropy_by_position,
+    })
+}
+
+/// The model config evaluated at `opts.context` positions: log-n scaling as `opts` sets it
+/// (m stays the training length), rotary tables extended to the context.
+fn context_model(trained: &ModelConfig, opts: ContextOptions, train_length: usize) -> ModelConfig {
+    let mut model_cfg = trained.clone();
+    if let Some(on) = opts.logn {
+        model_cfg.logn_attention = on;
+    }
+    // m stays the training length however far the tables are extended.
+    model_cfg.logn_length = match (model_cfg.logn_attention, model_cfg.logn_length) {
+        (false, _) => None,
+        (true, Some(m)) => Some(m),
+        (true, None) => Some(train_length.max(2)),
+    };
+    model_cfg.max_seq_len = model_cfg.max_seq_len.max(opts.context);
+    model_cfg
+}
+
+/// The NLL and the self-attention entropy at each of the `n` window positions, summed over the
+/// windows of `stream` (cut into windows of n + 1 tokens, `per_batch` windows a pass).
+fn sums_by_position(
+    lm: &ember_model::LanguageModel,
+    stream: &[u32],
+    n: usize,
+    per_batch: usize,
+    device: &candle_core::Device,
+) -> Result<(Vec<f64>, Vec<f64>)> {
     let mut nll = vec![0f64; n];
     let mut entropy = vec![0f64; n];
-    // Exactly `windows` windows of the stream, `per_batch` at a time.
-    for batch in LmEvalBatches::new(&valid[..windows * n + 1], per_batch, n, None)? {
+    for batch in LmEvalBatches::new(stream, per_batch, n, None)? {
         let count = batch.batch_size;
-        let inputs = Tensor::from_vec(batch.input, (count, n), &run.device)?;
-        let targets = Tensor::from_vec(batch.target, (count, n, 1), &run.device)?;
+        let inputs = Tensor::from_vec(batch.input, (count, n), device)?;
+        let targets = Tensor::from_vec(batch.target, (count, n, 1), device)?;
         let telemetry = Telemetry::new();
         let logits = lm.forward(&inputs, ForwardCtx::eval().with_telemetry(&telemetry))?;
         let log_probs = candle_nn::ops::log_softmax(&logits.to_dtype(candle_core::DType::F32)?, D::Minus1)?;
@@ -146,10 +183,17 @@ pub fn evaluate_context(run: &mut OpenRun, opts: ContextOptions) -> Result<Conte
             }
         }
     }
-    let loss_by_position: Vec<f64> = nll.iter().map(|s| s / windows as f64).collect();
-    let entropy_by_position: Vec<f64> = entropy.iter().map(|s| s / windows as f64).collect();
-    let loss = loss_by_position.iter().sum::<f64>() / n as f64;
-    let buckets = bucket_edges(n, train_length)
+    Ok((nll, entropy))
+}
+
+/// The per-position means grouped into [`bucket_edges`] from the training length `m`.
+fn buckets(
+    loss_by_position: &[f64],
+    entropy_by_position: &[f64],
+    m: usize,
+    windows: usize,
+) -> Vec<PositionBucket> {
+    bucket_edges(loss_by_position.len(), m)
         .into_iter()
         .map(|(first, last)| {
             let range = first - 1..last;
@@ -162,21 +206,7 @@ pub fn evaluate_context(run: &mut OpenRun, opts: ContextOptions) -> Result<Conte
                 tokens: (range.len() * windows) as u64,
             }
         })
-        .collect();
-    Ok(ContextEval {
-        context: n,
-        train_length,
-        beyond_training: n > train_length,
-        logn_attention,
-        logn_length,
-        windows,
-        tokens: (windows * n) as u64,
-        loss,
-        ppl: loss.exp(),
-        buckets,
-        loss_by_position,
-        entropy_by_position,
-    })
+        .collect()
 }
 
 /// Buckets of 1-based positions up to `n`: 1..m, then doubling (m+1..2m, 2m+1..4m, …), the

@@ -274,8 +274,7 @@ impl DataParallel {
         what: &str,
         mut partial: impl FnMut(usize, usize) -> Result<(f64, u64)>,
     ) -> Result<(f64, u64)> {
-        let (nll, tokens) =
-            crate::evaluate::sum_shares(self.shares.clone(), |share| partial(share, self.n_shares))?;
+        let (nll, tokens) = sum_shares(self.shares.clone(), |share| partial(share, self.n_shares))?;
         let mut sums = [nll, tokens as f64];
         self.world.all_reduce_sum_f64(&mut sums, what);
         Ok((sums[0], sums[1] as u64))
@@ -351,4 +350,19 @@ pub fn buckets(params: &[Param], floats: usize) -> Vec<Range<usize>> {
         out.push(start..params.len());
     }
     out
+}
+
+/// `(nll, tokens)` of `shares`, evaluated one after another and summed in share order: one
+/// order for `ember eval` and for training's validation, so both give the same bits.
+pub fn sum_shares(
+    shares: std::ops::Range<usize>,
+    mut partial: impl FnMut(usize) -> Result<(f64, u64)>,
+) -> Result<(f64, u64)> {
+    let (mut nll, mut tokens) = (0f64, 0u64);
+    for share in shares {
+        let (n, t) = partial(share)?;
+        nll += n;
+        tokens += t;
+    }
+    Ok((nll, tokens))
 }

@@ -14,8 +14,8 @@ use ember_model::{BeamConfig, ForwardCtx, Model};
 use ember_sacrebleu::{corpus_bleu, BleuConfig};
 use serde::{Deserialize, Serialize};
 
-use crate::config::RunConfig;
-use crate::data_parallel::DataParallel;
+use crate::config::{Batching, RunConfig};
+use crate::data_parallel::{sum_shares, DataParallel};
 use crate::step::BatchTensors;
 use crate::translate::translate_ids;
 
@@ -75,21 +75,6 @@ pub fn evaluate(
     Ok(EvalResult::from_sums(nll, tokens))
 }
 
-/// `(nll, tokens)` of `shares`, evaluated one after another and summed in share order: one
-/// order for `ember eval` and for training's validation, so both give the same bits.
-pub fn sum_shares(
-    shares: std::ops::Range<usize>,
-    mut partial: impl FnMut(usize) -> Result<(f64, u64)>,
-) -> Result<(f64, u64)> {
-    let (mut nll, mut tokens) = (0f64, 0u64);
-    for share in shares {
-        let (n, t) = partial(share)?;
-        nll += n;
-        tokens += t;
-    }
-    Ok((nll, tokens))
-}
-
 /// Summed NLL and target tokens of share `share` of `shares` of every batch of a split
 /// ([`Batch::share`]): how the ranks of a job divide an evaluation. (Whole batches dealt out in
 /// turn would leave a rank idle: a validation split is often only a batch or two.)
@@ -116,8 +101,8 @@ pub fn evaluate_share(
         tokens += bt.tokens as u64;
         Ok(())
     };
-    match &data.splits {
-        Splits::Translation(s) => {
+    match (&data.splits, Batching::of(cfg)?) {
+        (Splits::Translation(s), _) => {
             let split = match split {
                 Split::Valid => &s.valid,
                 Split::Test => s
@@ -129,18 +114,21 @@ pub fn evaluate_share(
                 run(Batch::Seq2Seq(b))?;
             }
         }
-        Splits::Text(s) => {
+        (
+            Splits::Text(s),
+            Batching::Windows {
+                batch_size,
+                block_size,
+            },
+        ) => {
             if split == Split::Test {
                 bail!("text corpora have train and valid splits only");
             }
-            let (b, t) = (
-                cfg.train.batch_size.unwrap_or(1),
-                cfg.train.block_size.unwrap_or(1),
-            );
-            for batch in LmEvalBatches::new(&s.valid, b, t, cfg.eval.max_batches)? {
+            for batch in LmEvalBatches::new(&s.valid, batch_size, block_size, cfg.eval.max_batches)? {
                 run(Batch::Lm(batch))?;
             }
         }
+        _ => unreachable!("the corpus decides both its splits and its batching"),
     }
     Ok((nll, tokens))
 }

@@ -20,12 +20,11 @@ use ember_import::{ARCHITECTURE_KEYS, CONFIG_FILE};
 use ember_model::{Model, ModelConfig, ParamStore};
 use serde_json::{Map, Value};
 
-use crate::config::Invalid;
-
 /// Fills in what `model.init_from` decides in the config `tree` (a no-op without it): the model
 /// section from the folder's config.json, and the model's own tokenizer. A `config.yaml` that
-/// already states every architecture key is taken as it is when the folder is gone.
-pub(crate) fn complete(tree: &mut Value) -> Result<(), Invalid> {
+/// already states every architecture key is taken as it is when the folder is gone. A failure
+/// is (key path, message), as the config's own checks give it.
+pub(crate) fn complete(tree: &mut Value) -> Result<(), (String, String)> {
     let Some(dir) = tree
         .get("model")
         .and_then(|m| m.get("init_from"))
@@ -75,7 +74,7 @@ pub(crate) fn complete(tree: &mut Value) -> Result<(), Invalid> {
 }
 
 /// Sets `data.tokenizer` to the model's own tokenizer; a different one given is an error.
-fn own_tokenizer(tree: &mut Value, dir: &Path) -> Result<(), Invalid> {
+fn own_tokenizer(tree: &mut Value, dir: &Path) -> Result<(), (String, String)> {
     let own = TokenizerConfig {
         kind: TokenizerKind::Pretrained,
         path: Some(dir.to_path_buf()),

@@ -1,8 +1,12 @@
 //! Ember's trainer: configuration, the training loop, optimizer, checkpoints, metrics and
 //! evaluation.
 //!
-//! The training loop is [`train()`]; it sets up with [`setup`], steps with [`step`], validates
-//! with [`evaluate`](mod@evaluate) and leaves its bookkeeping to `run_state`.
+//! The training loop is [`train()`]; it sets up with `setup`, steps with `training` (the step
+//! `ember bench` times too), validates with [`evaluate()`] and leaves its bookkeeping to
+//! `run_state`. The files of a run directory are named in [`run_dir`].
+//!
+//! Every public name has one path: the modules below for their own names, the crate root for
+//! the entry points of the private modules (training, evaluation, opening a run).
 
 pub mod bench;
 pub mod checkpoint;
@@ -10,30 +14,36 @@ pub mod config;
 pub mod console;
 pub mod context;
 pub mod data_parallel;
-pub mod evaluate;
+mod evaluate;
 mod files;
 mod init_from;
 pub mod interrupt;
 pub mod limits;
+mod lock_file;
 pub mod loss;
 pub mod metrics;
 #[cfg(feature = "nccl")]
 pub mod nccl;
 pub mod optim;
-pub mod options;
+mod options;
+mod resolve;
 pub mod resume_check;
+pub mod run_dir;
 pub mod run_lock;
 mod run_state;
-pub mod setup;
-pub mod step;
-pub mod summary;
+mod setup;
+mod step;
+mod summary;
 pub mod tensorboard;
-pub mod train;
+mod train;
+mod training;
 pub mod translate;
 pub mod update;
 
-pub use config::RunConfig;
 pub use evaluate::{eval_beam, evaluate, EvalResult, Split};
-pub use setup::{device, make_batcher, open_run, resolve_model_config, OpenRun, RUN_CONFIG};
+pub use options::TrainOptions;
+pub use resolve::{resolve_model_config, DataFilled};
+pub use setup::{device, make_batcher, open_run, OpenRun};
 pub use step::{forward_backward, StepOutput};
-pub use train::{train, Summary, TrainOptions, SUMMARY};
+pub use summary::Summary;
+pub use train::{train, RankFailed};

@@ -11,7 +11,7 @@ use anyhow::{bail, Result};
 use ember_data::{Dataset, Splits};
 use ember_model::{Arch, MlpKind, ModelConfig, Positions};
 
-use crate::config::RunConfig;
+use crate::config::{Batching, RunConfig};
 
 const F32: f64 = 4.0;
 const GIB: f64 = (1u64 << 30) as f64;
@@ -70,13 +70,13 @@ pub struct BatchShape {
 
 /// Training and evaluation batch shapes of `cfg` on `data` (token budgets capped by what the
 /// data can fill, lengths by the longest example and `model.max_seq_len`).
-pub fn batch_shapes(cfg: &RunConfig, data: &Dataset) -> (BatchShape, BatchShape) {
+pub fn batch_shapes(cfg: &RunConfig, batching: Batching, data: &Dataset) -> (BatchShape, BatchShape) {
     let max_len = cfg.model.max_seq_len as f64;
-    match &data.splits {
-        Splits::Translation(s) => {
+    match (&data.splits, batching) {
+        (Splits::Translation(s), Batching::TokenBudget { max_tokens }) => {
             let longest = |st: &ember_data::SplitStats| (st.max_source_len.max(st.max_target_len) + 1) as f64;
             let corpus_tokens = |st: &ember_data::SplitStats| (st.pairs as f64) * longest(st);
-            let train_budget = cfg.train.max_tokens.unwrap_or(4096) as f64;
+            let train_budget = max_tokens as f64;
             let train = BatchShape {
                 tokens: train_budget.min(corpus_tokens(&s.train.stats)).max(1.0),
                 longest: longest(&s.train.stats).min(max_len),
@@ -89,15 +89,20 @@ pub fn batch_shapes(cfg: &RunConfig, data: &Dataset) -> (BatchShape, BatchShape)
             };
             (train, eval)
         }
-        Splits::Text(_) => {
-            let block = cfg.train.block_size.unwrap_or(1) as f64;
-            let rows = cfg.train.batch_size.unwrap_or(1) as f64;
+        (
+            Splits::Text(_),
+            Batching::Windows {
+                batch_size,
+                block_size,
+            },
+        ) => {
             let shape = BatchShape {
-                tokens: rows * block,
-                longest: block,
+                tokens: batch_size as f64 * block_size as f64,
+                longest: block_size as f64,
             };
             (shape, shape)
         }
+        _ => unreachable!("the corpus decides both its splits and its batching"),
     }
 }
 
@@ -204,7 +209,8 @@ pub fn check_eval_context(m: &ModelConfig, windows: usize, context: usize) -> Re
 /// Refuses a run whose estimate exceeds this machine's available memory, naming the keys that
 /// drive the largest part.
 pub fn check_memory(cfg: &RunConfig, data: &Dataset) -> Result<MemoryEstimate> {
-    let (train, eval) = batch_shapes(cfg, data);
+    let batching = Batching::of(cfg)?;
+    let (train, eval) = batch_shapes(cfg, batching, data);
     let e = estimate(&cfg.model, train, eval, cfg.shares());
     let Some(available) = available_memory() else {
         return Ok(e);
@@ -213,18 +219,15 @@ pub fn check_memory(cfg: &RunConfig, data: &Dataset) -> Result<MemoryEstimate> {
         return Ok(e);
     }
     let m = &cfg.model;
-    let batch_keys = if data.splits.translation().is_some() {
-        format!(
-            "train.max_tokens = {}, eval.max_tokens = {}",
-            cfg.train.max_tokens.unwrap_or(4096),
+    let batch_keys = match batching {
+        Batching::TokenBudget { max_tokens } => format!(
+            "train.max_tokens = {max_tokens}, eval.max_tokens = {}",
             cfg.eval.max_tokens
-        )
-    } else {
-        format!(
-            "train.batch_size = {}, train.block_size = {}",
-            cfg.train.batch_size.unwrap_or(1),
-            cfg.train.block_size.unwrap_or(1)
-        )
+        ),
+        Batching::Windows {
+            batch_size,
+            block_size,
+        } => format!("train.batch_size = {batch_size}, train.block_size = {block_size}"),
     };
     // An imported model's sizes are its weights': the way out is another model.
     let imported = m

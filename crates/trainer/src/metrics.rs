@@ -10,8 +10,7 @@ use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 
-pub const METRICS: &str = "metrics.jsonl";
-pub const METRICS_CSV: &str = "metrics.csv";
+use crate::run_dir::{METRICS, METRICS_CSV};
 
 /// One line of `metrics.jsonl`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

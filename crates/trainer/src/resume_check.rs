@@ -22,9 +22,7 @@ use sha2::{Digest, Sha256};
 
 use crate::checkpoint::CheckpointState;
 use crate::config::RunConfig;
-
-/// The folder of a run directory that keeps each config a resumed run replaced.
-pub const CONFIG_HISTORY: &str = "config-history";
+use crate::run_dir::{CONFIG_HISTORY, RUN_CONFIG};
 
 /// What a run was trained on, as recorded in each checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -155,7 +153,7 @@ pub fn config_changes(
     now: &RunConfig,
     allowed: Allowed,
 ) -> Result<Vec<Change>> {
-    let mut saved = RunConfig::from_yaml(saved_yaml, &checkpoint.join("config.yaml"), &[])
+    let mut saved = RunConfig::from_yaml(saved_yaml, &checkpoint.join(RUN_CONFIG), &[])
         .with_context(|| format!("reading the config stored in {}", checkpoint.display()))?;
     let mut now = now.clone();
     saved.ablation = None;

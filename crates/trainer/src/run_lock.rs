@@ -14,8 +14,10 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use fs4::fs_std::FileExt;
 
-/// The lock file inside a locked directory.
-pub const LOCK_FILE: &str = ".lock";
+use crate::run_dir::{CHECKPOINTS, LOCK_FILE, METRICS, MODEL, RUN_CONFIG, STATE};
+
+// The one public path of the lock-file opener, which `checkpoint` uses too.
+pub use crate::lock_file::open_lock_file;
 
 /// What a directory is meant to hold, for [`refuse_foreign_dir`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,7 +44,7 @@ pub fn refuse_foreign_dir(dir: &Path, flag: &str, kind: DirKind) -> Result<()> {
             }
         )
     };
-    if dir.join("state.json").is_file() || dir.join("model.safetensors").is_file() {
+    if dir.join(STATE).is_file() || dir.join(MODEL).is_file() {
         return refuse("a checkpoint (it holds state.json or model.safetensors)".into());
     }
     // The nearest folder that exists, without links or `..`: is it (or a folder above it) the
@@ -56,13 +58,12 @@ pub fn refuse_foreign_dir(dir: &Path, flag: &str, kind: DirKind) -> Result<()> {
         let mut full = real.clone();
         full.extend(missing);
         for a in full.ancestors() {
-            let is_checkpoints = a.file_name().is_some_and(|n| n == "checkpoints");
+            let is_checkpoints = a.file_name().is_some_and(|n| n == CHECKPOINTS);
             if let (true, Some(run)) = (is_checkpoints, a.parent()) {
                 // A run: its config and what it trained (not any project folder that happens to
                 // hold a config.yaml next to a checkpoints/ folder of runs).
-                let trained =
-                    !crate::checkpoint::list(run).is_empty() || run.join(crate::metrics::METRICS).is_file();
-                if run.join("config.yaml").is_file() && trained {
+                let trained = !crate::checkpoint::list(run).is_empty() || run.join(METRICS).is_file();
+                if run.join(RUN_CONFIG).is_file() && trained {
                     return refuse(format!("inside the checkpoints of the run {}", run.display()));
                 }
             }
@@ -74,8 +75,8 @@ pub fn refuse_foreign_dir(dir: &Path, flag: &str, kind: DirKind) -> Result<()> {
         }
         DirKind::Sweep
             if !dir.join("grid.json").is_file()
-                && dir.join("config.yaml").is_file()
-                && dir.join("checkpoints").is_dir() =>
+                && dir.join(RUN_CONFIG).is_file()
+                && dir.join(CHECKPOINTS).is_dir() =>
         {
             refuse("a training run's directory (it holds config.yaml and checkpoints/)".into())
         }
@@ -156,75 +157,6 @@ pub fn holder(dir: &Path) -> Option<String> {
             Some(describe_holder(&text))
         }
     }
-}
-
-/// Opens (creating it if missing) a lock file that ember writes into, without following a
-/// symbolic link: a `.lock` that is a link, a device, a FIFO, a folder or a second name of
-/// another file (a hard link) is refused, because writing the holder's pid into it would
-/// overwrite whatever it points at.
-pub fn open_lock_file(path: &Path) -> Result<File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let refuse = |what: String| -> anyhow::Error {
-        // A folder is removed with rmdir (if empty: what it holds is the user's to look at).
-        let remove = if what == "a folder" { "rmdir" } else { "rm" };
-        anyhow::anyhow!(
-            "{} is {what}, not the lock file ember keeps there (a regular file of its own), so \
-             ember does not write into it; remove it (`{remove} {}`: only the name is removed) \
-             and try again. Nothing was changed.",
-            path.display(),
-            path.display()
-        )
-    };
-    if let Ok(meta) = fs::symlink_metadata(path) {
-        if let Some(what) = not_a_lock_file(&meta, path) {
-            return Err(refuse(what));
-        }
-    }
-    // O_NOFOLLOW: a link created between the check above and this open is refused too; a FIFO
-    // opened for reading and writing does not block, and is caught by the check below.
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| match e.raw_os_error() {
-            Some(libc::ELOOP) => refuse("a symbolic link".into()),
-            _ => anyhow::Error::new(e).context(format!("opening the lock file {}", path.display())),
-        })?;
-    let meta = file
-        .metadata()
-        .with_context(|| format!("reading the lock file {}", path.display()))?;
-    if let Some(what) = not_a_lock_file(&meta, path) {
-        return Err(refuse(what));
-    }
-    Ok(file)
-}
-
-/// Why `meta` (of `path`, not followed) cannot be a lock file ember writes, if it cannot.
-pub(crate) fn not_a_lock_file(meta: &fs::Metadata, path: &Path) -> Option<String> {
-    use std::os::unix::fs::MetadataExt;
-    let kind = meta.file_type();
-    if kind.is_symlink() {
-        return Some(match fs::read_link(path) {
-            Ok(target) => format!("a symbolic link to {}", target.display()),
-            Err(_) => "a symbolic link".into(),
-        });
-    }
-    if kind.is_dir() {
-        return Some("a folder".into());
-    }
-    if !kind.is_file() {
-        return Some("a special file (a device, FIFO or socket)".into());
-    }
-    if meta.nlink() > 1 {
-        return Some(format!(
-            "a second name of another file ({} hard links to it)",
-            meta.nlink()
-        ));
-    }
-    None
 }
 
 /// `pid 1234, started 2025-01-31 12:00:00 UTC: ember train ...` from the lock file's text.

@@ -1,9 +1,9 @@
 //! Everything a run needs before its first step, and opening a trained run again.
 //!
-//! For training: the device and thread pools, the config completed from the data (vocabulary
-//! size, the QK-norm length), the batcher, the run directory (never silently over an earlier
-//! run's checkpoints), and the model, optimizer and data position — fresh, or restored from the
-//! newest checkpoint. For evaluation and decoding: [`open_run`].
+//! For training: the device and thread pools, the batcher, the run directory (never silently
+//! over an earlier run's checkpoints), the config completed from the data (`resolve`), and the
+//! model, optimizer and data position — fresh, or restored from the newest checkpoint — as a
+//! [`Training`] that the loop steps. For evaluation and decoding: [`open_run`].
 
 use crate::tell;
 use std::fs;
@@ -11,21 +11,22 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device};
-use ember_data::{Batcher, Dataset, LmWindowBatcher, Splits, TokenBudgetBatcher, TokenizerKind};
-use ember_model::{init_model, Model, ParamStore, QkNorm};
+use ember_data::{Batcher, Dataset, LmWindowBatcher, Splits, TokenBudgetBatcher, TOKENIZER_FILE};
+use ember_model::{init_model, Model, ParamStore};
 
 use crate::checkpoint::{self, CheckpointState};
-use crate::config::{RunConfig, Schedule, TrainConfig};
+use crate::config::{Batching, RunConfig, Schedule, TrainConfig};
+use crate::data_parallel::DataParallel;
 use crate::files::write_atomic;
 use crate::limits;
 use crate::optim::{AdamW, LrSchedule};
 use crate::options::TrainOptions;
+use crate::resolve::{check_data_fits, resolve_model_config};
 use crate::resume_check::{self, Allowed, RunIdentity};
+use crate::run_dir::RUN_CONFIG;
 use crate::run_lock::DirLock;
+use crate::training::Training;
 use crate::update::Updater;
-
-/// The resolved config a run directory holds (also copied into every checkpoint).
-pub const RUN_CONFIG: &str = "config.yaml";
 
 /// `cpu` or `cuda:N`.
 pub fn device(spec: &str) -> Result<Device> {
@@ -64,7 +65,7 @@ pub fn device(spec: &str) -> Result<Device> {
 /// measured 3–7% faster per step than one (docs/performance.md). Those ops are elementwise, so
 /// the thread count changes no bit. candle's own matmul (unused: Ember's GEMM replaces it) stays
 /// at one thread.
-pub fn set_threads(cfg: &RunConfig) -> Result<()> {
+pub(crate) fn set_threads(cfg: &RunConfig) -> Result<()> {
     let n = cfg.train.threads.unwrap_or_else(default_threads);
     // With several shares each thread computes a share of its own, and candle's ops are best
     // run on it too (measured: 1.1x faster than handing them to candle's pool).
@@ -79,92 +80,44 @@ pub fn set_threads(cfg: &RunConfig) -> Result<()> {
 
 /// Physical cores available to this process: SMT siblings share one core's arithmetic units, and
 /// a second thread on them slowed Ember's compute-bound kernels down rather than up.
-pub fn default_threads() -> usize {
+pub(crate) fn default_threads() -> usize {
     let allowed = std::thread::available_parallelism().map_or(1, |n| n.get());
     allowed.min(num_cpus::get_physical()).max(1)
-}
-
-/// Fills in what the config leaves to the data: the vocabulary size; for `qk_norm: l2`, the
-/// length L of g₀ = log2(L² − L) (the 97.5th-percentile training length, as Henry et al.); and
-/// for `logn_attention` on a text corpus, the training length m = `train.block_size`.
-pub fn resolve_model_config(cfg: &mut RunConfig, data: &Dataset) -> Result<()> {
-    let vocab = data.tokenizer.vocab_size();
-    match cfg.model.vocab_size {
-        None => cfg.model.vocab_size = Some(vocab),
-        // A pretrained model's embedding may have rows no token uses (Qwen3 pads its 151,669
-        // tokens to 151,936); an id past its rows would have no embedding at all.
-        Some(v) if data.tokenizer.kind() == TokenizerKind::Pretrained => {
-            if v < vocab {
-                bail!(
-                    "model.vocab_size is {v}, but the tokenizer has {vocab} tokens: ids from {v} on \
-                     would have no embedding; the tokenizer is not the model's own"
-                )
-            }
-        }
-        Some(v) if v != vocab => bail!(
-            "model.vocab_size is {v} but the tokenizer has {vocab} tokens; remove model.vocab_size \
-                        to take it from the tokenizer"
-        ),
-        Some(_) => {}
-    }
-    let text_length = cfg.text_training_length();
-    let m = &mut cfg.model;
-    if m.qk_norm == QkNorm::L2 && m.qk_norm_init_scale.is_none() && m.qk_norm_length.is_none() {
-        let length = match &data.splits {
-            // +1: the decoder sees bos + target, the loss target + eos.
-            Splits::Translation(s) => s
-                .train
-                .stats
-                .p975_source_len
-                .max(s.train.stats.p975_target_len + 1),
-            Splits::Text(_) => text_length,
-        };
-        m.qk_norm_length = Some(length.max(2));
-    }
-    if m.logn_attention && m.logn_length.is_none() {
-        if let Splits::Text(_) = &data.splits {
-            m.logn_length = Some(text_length.max(2));
-        }
-    }
-    m.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
-    Ok(())
 }
 
 /// The training batcher the config asks for.
 pub fn make_batcher(cfg: &RunConfig, data: &Dataset) -> Result<Box<dyn Batcher>> {
     let t = &cfg.train;
-    Ok(match &data.splits {
-        Splits::Translation(s) => Box::new(TokenBudgetBatcher::new(
+    Ok(match (&data.splits, Batching::of(cfg)?) {
+        (Splits::Translation(s), Batching::TokenBudget { max_tokens }) => Box::new(TokenBudgetBatcher::new(
             s.train.examples.clone(),
-            t.max_tokens.unwrap_or(4096),
+            max_tokens,
             data.tokenizer.specials(),
             t.seed,
         )?),
-        Splits::Text(s) => Box::new(LmWindowBatcher::new(
+        (
+            Splits::Text(s),
+            Batching::Windows {
+                batch_size,
+                block_size,
+            },
+        ) => Box::new(LmWindowBatcher::new(
             s.train.clone(),
-            t.batch_size.unwrap_or(1),
-            t.block_size.unwrap_or(1),
+            batch_size,
+            block_size,
             t.seed,
             t.windows,
         )?),
+        _ => unreachable!("the corpus decides both its splits and its batching"),
     })
 }
 
-/// A training run ready for its next step: fresh, or restored from its newest checkpoint.
+/// A training run ready for its next step: fresh, or restored from its newest checkpoint, in
+/// its run directory.
 pub(crate) struct TrainingRun {
-    /// The config completed from the data, as written to `config.yaml`.
-    pub cfg: RunConfig,
+    /// The model, optimizer, data and schedule, and their step.
+    pub training: Training,
     pub run_dir: PathBuf,
-    pub device: Device,
-    pub data: Dataset,
-    pub model: Model,
-    pub params: ParamStore,
-    pub opt: AdamW,
-    /// Where each step's update is judged: the host, or the device (CUDA).
-    pub updater: Updater,
-    pub schedule: LrSchedule,
-    pub batcher: Box<dyn Batcher>,
-    pub total_steps: u64,
     /// The state of the checkpoint this invocation continues from (`--resume`).
     pub resumed: Option<CheckpointState>,
     /// `config.yaml`'s text, stored again in every checkpoint.
@@ -189,73 +142,23 @@ impl TrainingRun {
         set_threads(&cfg)?;
         let device = device(&cfg.device)?;
         let run_dir = opts.run_dir.clone();
-        // A missing directory is not created just to find it has nothing to resume; an existing
-        // one is locked first, so that a writer in it is named rather than its half-written state.
-        if opts.resume && !run_dir.is_dir() {
-            bail!(
-                "{} does not exist, so there is nothing to resume; run without --resume to start training",
-                run_dir.display()
-            );
-        }
         // Only rank 0 writes the run directory; the other ranks of a job read what it prepared.
         let leader = opts.world.is_leader();
-        crate::run_lock::refuse_foreign_dir(&run_dir, "--run-dir", crate::run_lock::DirKind::Run)?;
-        let lock = if leader {
-            Some(DirLock::acquire(&run_dir, "training run")?)
-        } else {
-            None
-        };
-        if opts.resume && checkpoint::list(&run_dir).is_empty() {
-            bail!(
-                "{} has no complete checkpoint to resume from; run without --resume to start training",
-                run_dir.display()
-            );
-        }
-        if leader {
-            claim_run_dir(&run_dir, opts.resume)?;
-        }
-        let allowed = Allowed {
-            data_change: opts.allow_data_change,
-            tokenizer_change: opts.allow_tokenizer_change,
-        };
+        let lock = lock_run_dir(opts)?;
         let loaded = if opts.resume {
             let l = load_latest(&run_dir, &device, opts.fallback)?;
-            resume_check::check_tokenizer_present(&run_dir, &l.dir, allowed)?;
+            resume_check::check_tokenizer_present(&run_dir, &l.dir, allowed(opts))?;
             Some(l)
         } else {
             None
         };
         // A tokenizer this set-up trains is removed again if the run is refused (or stopped)
         // before it starts: left behind, it would refuse the next plain `--resume`.
-        let mut new_tokenizer = RemoveOnFailure::new(&run_dir.join(ember_data::TOKENIZER_FILE), leader);
-        if let Some(stop) = &opts.stop {
-            stop.set_phase(match &loaded {
-                Some(l) => format!(
-                    "stopping once the data is ready (nothing new has been trained; the checkpoint of \
-                     step {} stays the newest)",
-                    l.state.step
-                ),
-                None => "stopping once the data is ready (nothing has been trained yet, so nothing is \
-                         saved and the run will start over)"
-                    .to_string(),
-            });
-        }
-        let mut data = Dataset::prepare(&cfg.data, Some(&run_dir)).context("preparing the data")?;
-        if let Some(signal) = opts
-            .stop
-            .as_ref()
-            .and_then(crate::interrupt::StopRequest::requested)
-        {
-            return Err(anyhow::Error::new(crate::interrupt::Interrupted {
-                signal,
-                step: loaded.as_ref().map_or(0, |l| l.state.step),
-                checkpoint: loaded.as_ref().map(|l| l.dir.clone()),
-                run_dir: run_dir.clone(),
-            }));
-        }
+        let mut new_tokenizer = RemoveOnFailure::new(&run_dir.join(TOKENIZER_FILE), leader);
+        let mut data = prepare_data(&cfg, opts, loaded.as_ref())?;
         let identity = RunIdentity::of(&data)?;
         let mut notes = match &loaded {
-            Some(l) => resume_check::check_identity(&l.state, &identity, &l.dir, &run_dir, allowed)?,
+            Some(l) => resume_check::check_identity(&l.state, &identity, &l.dir, &run_dir, allowed(opts))?,
             None => vec![],
         };
         resolve_model_config(&mut cfg, &data)?;
@@ -264,8 +167,7 @@ impl TrainingRun {
         limits::check_memory(&cfg, &data)?;
         let (model, params) = match &loaded {
             Some(l) => restore_model(&cfg, l, &run_dir)?,
-            None if cfg.model.init_from.is_some() => crate::init_from::load_model(&cfg.model, &device)?,
-            None => init_model(&cfg.model, cfg.train.seed, DType::F32, &device)?,
+            None => initial_model(&cfg, &device)?,
         };
         let config_yaml = cfg.to_yaml();
 
@@ -273,58 +175,14 @@ impl TrainingRun {
         let total_steps = total_steps(&cfg.train, batcher.as_ref())?;
         let mut opt = AdamW::new(params.vars(), &cfg.train)?;
         let schedule = LrSchedule::new(&cfg.train, total_steps);
-        let mut already_finished = false;
-        let resumed = match loaded {
+        let (resumed, already_finished) = match loaded {
             Some(l) => {
-                if l.state.step > total_steps {
-                    bail!(
-                        "cannot resume: the newest checkpoint {} is at step {}, beyond the {total_steps} \
-                        steps this config asks for; to train longer, raise train.steps above {}. \
-                        Nothing was changed.",
-                        l.dir.display(),
-                        l.state.step,
-                        l.state.step
-                    );
-                }
-                already_finished = l.state.step == total_steps;
-                if !already_finished {
-                    let saved_yaml = ember_data::io::read_own_to_string(l.dir.join(RUN_CONFIG))
-                        .with_context(|| format!("reading {}", l.dir.join(RUN_CONFIG).display()))?;
-                    let changes = resume_check::config_changes(&saved_yaml, &l.dir, &cfg, allowed)?;
-                    if !changes.is_empty() && leader {
-                        let kept = resume_check::keep_config_history(
-                            &run_dir,
-                            &l.dir.join(RUN_CONFIG),
-                            l.state.step,
-                        )?;
-                        notes.push(format!(
-                            "resuming with a changed config: {} (the config of steps 1-{} is kept as {})",
-                            changes
-                                .iter()
-                                .map(|c| c.to_string())
-                                .collect::<Vec<_>>()
-                                .join(", "),
-                            l.state.step,
-                            kept.display()
-                        ));
-                        notes.extend(schedule_note(&cfg, &changes));
-                    }
-                }
-                let (saved, now) = (l.state.shares.unwrap_or(1), opts.world.size() * cfg.shares());
-                if saved != now && !already_finished {
-                    notes.push(format!(
-                        "the checkpoint's batches were split {saved} way(s) (ranks x train.shares), this \
-                         run splits them {now}: it continues with the same batches from the same data \
-                         position (so its dropout masks, and the bits of every sum, differ from a run \
-                         split {saved} ways)"
-                    ));
-                }
-                opt.load_state(l.optimizer, l.state.optimizer_step)
-                    .with_context(|| format!("restoring the optimizer from {}", l.dir.display()))?;
-                restore_cursor(batcher.as_mut(), l.state.cursor, &l.dir, allowed, &mut notes)?;
-                Some(l.state)
+                let finished = l.state.step == total_steps;
+                let state =
+                    continue_from(l, &cfg, opts, total_steps, &mut opt, batcher.as_mut(), &mut notes)?;
+                (Some(state), finished)
             }
-            None => None,
+            None => (None, false),
         };
         let skipped = resumed.as_ref().map_or(0, |s| s.skipped_steps);
         let updater = Updater::new(&device, &opt, skipped, !opts.world.is_launched())?;
@@ -333,17 +191,19 @@ impl TrainingRun {
         }
         new_tokenizer.keep();
         Ok(Self {
-            cfg,
+            training: Training {
+                cfg,
+                device,
+                data,
+                model,
+                params,
+                opt,
+                updater,
+                schedule,
+                batcher,
+                total_steps,
+            },
             run_dir,
-            device,
-            data,
-            model,
-            params,
-            opt,
-            updater,
-            schedule,
-            batcher,
-            total_steps,
             resumed,
             config_yaml,
             identity,
@@ -355,18 +215,191 @@ impl TrainingRun {
 
     /// The line a run starts with: model, size, length, data and where it is written.
     pub fn describe(&self) -> String {
-        let start = match (&self.cfg.model.init_from, &self.resumed) {
+        let t = &self.training;
+        let start = match (&t.cfg.model.init_from, &self.resumed) {
             (Some(dir), None) => format!(" from {}", dir.display()),
             _ => String::new(),
         };
         format!(
             "{} model{start}, {} parameters, {} steps, data: {}; run directory {}",
-            format!("{:?}", self.cfg.model.arch).to_lowercase(),
-            self.params.num_params(),
-            self.total_steps,
-            describe_data(&self.data),
+            format!("{:?}", t.cfg.model.arch).to_lowercase(),
+            t.params.num_params(),
+            t.total_steps,
+            describe_data(&t.data),
             self.run_dir.display()
         )
+    }
+}
+
+/// The changes `--resume` was told to accept.
+fn allowed(opts: &TrainOptions) -> Allowed {
+    Allowed {
+        data_change: opts.allow_data_change,
+        tokenizer_change: opts.allow_tokenizer_change,
+    }
+}
+
+/// Checks that `opts.run_dir` can take this run and, on rank 0, locks it for the run. A
+/// missing directory is not created just to find it has nothing to resume; an existing one is
+/// locked first, so that a writer in it is named rather than its half-written state.
+fn lock_run_dir(opts: &TrainOptions) -> Result<Option<DirLock>> {
+    let run_dir = &opts.run_dir;
+    if opts.resume && !run_dir.is_dir() {
+        bail!(
+            "{} does not exist, so there is nothing to resume; run without --resume to start training",
+            run_dir.display()
+        );
+    }
+    let leader = opts.world.is_leader();
+    crate::run_lock::refuse_foreign_dir(run_dir, "--run-dir", crate::run_lock::DirKind::Run)?;
+    let lock = if leader {
+        Some(DirLock::acquire(run_dir, "training run")?)
+    } else {
+        None
+    };
+    if opts.resume && checkpoint::list(run_dir).is_empty() {
+        bail!(
+            "{} has no complete checkpoint to resume from; run without --resume to start training",
+            run_dir.display()
+        );
+    }
+    if leader {
+        claim_run_dir(run_dir, opts.resume)?;
+    }
+    Ok(lock)
+}
+
+/// Prepares the data in the run directory (training or copying the tokenizer, filling the token
+/// cache), first telling a stop signal what stopping then means; a signal that came meanwhile
+/// ends the set-up as an interruption, with nothing trained.
+fn prepare_data(
+    cfg: &RunConfig,
+    opts: &TrainOptions,
+    loaded: Option<&checkpoint::Loaded>,
+) -> Result<Dataset> {
+    if let Some(stop) = &opts.stop {
+        stop.set_phase(match loaded {
+            Some(l) => format!(
+                "stopping once the data is ready (nothing new has been trained; the checkpoint of \
+                 step {} stays the newest)",
+                l.state.step
+            ),
+            None => "stopping once the data is ready (nothing has been trained yet, so nothing is \
+                     saved and the run will start over)"
+                .to_string(),
+        });
+    }
+    let data = Dataset::prepare(&cfg.data, Some(&opts.run_dir)).context("preparing the data")?;
+    if let Some(signal) = opts
+        .stop
+        .as_ref()
+        .and_then(crate::interrupt::StopRequest::requested)
+    {
+        return Err(anyhow::Error::new(crate::interrupt::Interrupted {
+            signal,
+            step: loaded.map_or(0, |l| l.state.step),
+            checkpoint: loaded.map(|l| l.dir.clone()),
+            run_dir: opts.run_dir.clone(),
+        }));
+    }
+    Ok(data)
+}
+
+/// Continues from the checkpoint `l` (`--resume`): refuses a checkpoint past this config's
+/// `total_steps`, notes (and keeps a copy of the old config for) changed config keys and a
+/// changed split of the batches, and restores the optimizer and the data position. Returns the
+/// checkpoint's state.
+fn continue_from(
+    l: checkpoint::Loaded,
+    cfg: &RunConfig,
+    opts: &TrainOptions,
+    total_steps: u64,
+    opt: &mut AdamW,
+    batcher: &mut dyn Batcher,
+    notes: &mut Vec<String>,
+) -> Result<CheckpointState> {
+    if l.state.step > total_steps {
+        bail!(
+            "cannot resume: the newest checkpoint {} is at step {}, beyond the {total_steps} \
+            steps this config asks for; to train longer, raise train.steps above {}. \
+            Nothing was changed.",
+            l.dir.display(),
+            l.state.step,
+            l.state.step
+        );
+    }
+    let already_finished = l.state.step == total_steps;
+    if !already_finished {
+        let saved_yaml = ember_data::io::read_own_to_string(l.dir.join(RUN_CONFIG))
+            .with_context(|| format!("reading {}", l.dir.join(RUN_CONFIG).display()))?;
+        let changes = resume_check::config_changes(&saved_yaml, &l.dir, cfg, allowed(opts))?;
+        if !changes.is_empty() && opts.world.is_leader() {
+            let kept =
+                resume_check::keep_config_history(&opts.run_dir, &l.dir.join(RUN_CONFIG), l.state.step)?;
+            notes.push(format!(
+                "resuming with a changed config: {} (the config of steps 1-{} is kept as {})",
+                changes
+                    .iter()
+                    .map(|c| c.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                l.state.step,
+                kept.display()
+            ));
+            notes.extend(schedule_note(cfg, &changes));
+        }
+    }
+    let (saved, now) = (l.state.shares.unwrap_or(1), opts.world.size() * cfg.shares());
+    if saved != now && !already_finished {
+        notes.push(format!(
+            "the checkpoint's batches were split {saved} way(s) (ranks x train.shares), this \
+             run splits them {now}: it continues with the same batches from the same data \
+             position (so its dropout masks, and the bits of every sum, differ from a run \
+             split {saved} ways)"
+        ));
+    }
+    opt.load_state(l.optimizer, l.state.optimizer_step)
+        .with_context(|| format!("restoring the optimizer from {}", l.dir.display()))?;
+    restore_cursor(batcher, l.state.cursor, &l.dir, allowed(opts), notes)?;
+    Ok(l.state)
+}
+
+impl Training {
+    /// A fresh run of `total_steps` steps on `cfg` with nothing written anywhere (the data is
+    /// prepared without a run directory), set up as [`TrainingRun`] sets up a
+    /// fresh run: for `ember bench`, as one rank of `dp`'s job.
+    pub fn in_memory(mut cfg: RunConfig, total_steps: u64, dp: &DataParallel) -> Result<Self> {
+        set_threads(&cfg)?;
+        let device = device(&cfg.device)?;
+        let mut data = Dataset::prepare(&cfg.data, None)?;
+        resolve_model_config(&mut cfg, &data)?;
+        ember_data::fit_to_positions(&mut data.splits, &cfg.data, cfg.model.max_seq_len)?;
+        crate::limits::check_memory(&cfg, &data)?;
+        let (model, params) = initial_model(&cfg, &device)?;
+        let batcher = make_batcher(&cfg, &data)?;
+        let opt = AdamW::new(params.vars(), &cfg.train)?;
+        let schedule = LrSchedule::new(&cfg.train, total_steps);
+        let updater = Updater::new(&device, &opt, 0, !dp.world().is_launched())?;
+        Ok(Self {
+            cfg,
+            device,
+            data,
+            model,
+            params,
+            opt,
+            updater,
+            schedule,
+            batcher,
+            total_steps,
+        })
+    }
+}
+
+/// A fresh run's model: `model.init_from`'s weights, or initialised from `train.seed`.
+fn initial_model(cfg: &RunConfig, device: &Device) -> Result<(Model, ParamStore)> {
+    match cfg.model.init_from {
+        Some(_) => crate::init_from::load_model(&cfg.model, device),
+        None => Ok(init_model(&cfg.model, cfg.train.seed, DType::F32, device)?),
     }
 }
 
@@ -450,45 +483,6 @@ fn schedule_note(cfg: &RunConfig, changes: &[resume_check::Change]) -> Option<St
                         train.schedule: constant to extend runs exactly)"
             .to_string()
     })
-}
-
-/// Checks the data against the model's positions and the batch shape at load, before any
-/// training time is spent: over-long pairs by `data.too_long`, and a language model's
-/// validation text long enough for one window.
-fn check_data_fits(cfg: &RunConfig, data: &mut Dataset, notes: &mut Vec<String>) -> Result<()> {
-    let report = ember_data::fit_to_positions(&mut data.splits, &cfg.data, cfg.model.max_seq_len)?;
-    notes.extend(report.describe(cfg.model.max_seq_len));
-    if let Splits::Text(s) = &data.splits {
-        let block = cfg.train.block_size.unwrap_or(1);
-        for (split, len) in [("training", s.train.len()), ("validation", s.valid.len())] {
-            if len <= block {
-                let advice = match &cfg.data.corpus {
-                    ember_data::CorpusConfig::Text(t) if t.path.is_some() && split == "validation" => {
-                        format!(
-                            "raise data.corpus.val_fraction (now {}) so that more of the text is held out, \
-                        or lower train.block_size",
-                            t.val_fraction.unwrap_or(ember_data::config::DEFAULT_VAL_FRACTION)
-                        )
-                    }
-                    ember_data::CorpusConfig::Text(t) if split == "validation" => format!(
-                        "add text to data.corpus.val_files ({}), or lower train.block_size",
-                        t.val_files
-                            .iter()
-                            .map(|p| p.display().to_string())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ),
-                    _ => "add training text, or lower train.block_size".to_string(),
-                };
-                bail!(
-                    "the {split} text has {len} tokens, but one window needs train.block_size + 1 = {} \
-                        (the inputs and the next-token targets); {advice}",
-                    block + 1
-                );
-            }
-        }
-    }
-    Ok(())
 }
 
 /// Refuses to start a fresh run over an earlier run's checkpoints (the directory exists: the

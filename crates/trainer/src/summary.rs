@@ -6,9 +6,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::Best;
 
-/// The run directory's [`Summary`], written when the run ends.
-pub const SUMMARY: &str = "summary.json";
-
 /// What a run reports when it ends; also written to `summary.json`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Summary {

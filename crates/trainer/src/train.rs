@@ -5,15 +5,15 @@
 //! random derives from the run seed, the step and the micro-batch index, so the same config
 //! gives bit-identical losses, and a resumed run continues exactly as if never stopped.
 //!
-//! Set-up is in [`crate::setup`], validation in [`crate::evaluate`](mod@crate::evaluate), and
-//! the bookkeeping (what to log, when to evaluate and checkpoint, best and divergence) in
-//! `run_state`.
+//! Set-up is in `setup`, the step itself in `training` (shared with `ember bench`), validation
+//! in `evaluate`, and the bookkeeping (what to log, when to evaluate and checkpoint, best and
+//! divergence) in `run_state`.
 
 use crate::say;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, Result};
 
 use ember_distributed::World;
 use ember_model::AttentionStats;
@@ -24,17 +24,14 @@ use crate::data_parallel::DataParallel;
 use crate::evaluate::{validate, validation_loss, Validation};
 use crate::interrupt::{signal_name, Interrupted, StopRequest};
 use crate::metrics::{self, EvalRecord, MetricsLog, Progress, Record, TrainRecord, Verbosity};
+use crate::options::TrainOptions;
+use crate::run_dir::SUMMARY;
 use crate::run_state::RunState;
 use crate::setup::TrainingRun;
-use crate::step::micro_batches;
+use crate::summary::Summary;
 use crate::tensorboard::RunEvents;
+use crate::training::Stepped;
 use crate::update::Outcome;
-
-// The ablation runner, its report and their tests import these through `train::`.
-pub use crate::setup::{make_batcher, RUN_CONFIG};
-
-pub use crate::options::TrainOptions;
-pub use crate::summary::{Summary, SUMMARY};
 
 /// Trains `cfg` into `opts.run_dir`: fresh, or resumed from its newest checkpoint. As one rank
 /// of a data-parallel job (`opts.world`), it trains its share of every batch; rank 0 alone
@@ -42,39 +39,26 @@ pub use crate::summary::{Summary, SUMMARY};
 pub fn train(cfg: RunConfig, opts: &TrainOptions) -> Result<Summary> {
     let started = Instant::now();
     let dp = DataParallel::new(opts.world.clone(), cfg.shares(), cfg.distributed.bucket_mib);
-    let leader = dp.is_leader();
     let mut run = prepare_in_turn(&dp, cfg, opts)?;
     if run.already_finished {
         return already_finished(&run, opts.verbosity);
     }
-    let mut state = RunState::new(&run.cfg, run.total_steps, run.resumed.as_ref(), opts.stop_after);
-    let mut out = Outputs::open(&run, &state, opts, leader)?;
-    if leader {
+    let (cfg, total_steps) = (&run.training.cfg, run.training.total_steps);
+    let mut state = RunState::new(cfg, total_steps, run.resumed.as_ref(), opts.stop_after);
+    let mut out = Outputs::open(&run, &state, opts, dp.is_leader())?;
+    if dp.is_leader() {
         announce(&run, &state, &out.progress, dp.world());
     }
-    let phase = |what: String| {
-        if let Some(stop) = &opts.stop {
-            stop.set_phase(what);
-        }
-    };
+    let phase = Phase(opts.stop.as_ref());
     if state.needs_initial_val_loss() {
-        phase(format!(
-            "stopping after the validation before step {} (a few seconds), {}",
-            state.step() + 1,
-            match state.resumed_from_step() {
-                Some(s) => format!("then keeping the checkpoint of step {s}"),
-                None => "then ending with nothing saved (no step has been trained yet)".to_string(),
-            }
-        ));
-        let initial = validation_loss(&run.model, &run.data, &run.cfg, &run.device, &dp, state.step())?;
-        state.set_initial_val_loss(initial.loss);
+        initial_validation(&run, &mut state, &dp, &phase)?;
     }
     // A job agrees on its stop signal inside each step (any rank's signal stops all of them after
     // that step); a lone process checks before each step.
     let mut agreed_stop = None;
-    phase("stopping after the step in progress, with a checkpoint".into());
+    phase.set("stopping after the step in progress, with a checkpoint".into());
 
-    while state.step() < run.total_steps {
+    while state.step() < total_steps {
         let local_stop = opts.stop.as_ref().and_then(StopRequest::requested);
         if let Some(signal) = agreed_stop.or(local_stop.filter(|_| !dp.world().is_launched())) {
             out.progress.finish();
@@ -87,76 +71,22 @@ pub fn train(cfg: RunConfig, opts: &TrainOptions) -> Result<Summary> {
             break;
         }
         let step = state.step() + 1;
-        let epoch = run.batcher.cursor().epoch;
-        let batches = micro_batches(run.batcher.as_mut(), run.cfg.train.accumulation);
+        let epoch = run.training.batcher.cursor().epoch;
+        // Attention telemetry on every step that logs, the last one included. The kernel
+        // measures it in the pass that computes the output, so measuring changes no value: a
+        // 30-step run extended to 60 ends with the weights of a 60-step run (tested).
         let log_now = state.is_log_step(step);
-        let t0 = Instant::now();
-        let reduced = dp.forward_backward(
-            &run.model,
-            run.opt.params(),
-            &batches,
-            &run.cfg.train,
-            &run.device,
-            step,
-            // Attention telemetry on every step that logs, the last one included. The kernel
-            // measures it in the pass that computes the output, so measuring changes no value: a
-            // 30-step run extended to 60 ends with the weights of a 60-step run (tested).
-            log_now,
-            local_stop,
-        )?;
-        agreed_stop = reduced.stop;
-        let step_out = reduced.out;
-        let lr = run.schedule.at(step);
-        let spike = state.spike_loss();
-        let outcome = run
-            .updater
-            .update(&mut run.opt, &step_out, lr, step, spike, &run.cfg.train)?;
-        let secs = t0.elapsed().as_secs_f64();
-        match outcome {
-            Outcome::Judged {
-                loss,
-                nll,
-                grad_norm,
-                skipped,
-            } => {
-                if let Some(what) = skipped {
-                    let skipped = state.skip_update();
-                    out.progress
-                        .line(&format!("step {step}: {what}; update skipped ({skipped} so far)"));
-                }
-                state.record(step_out.tokens, secs, Some((loss, nll, grad_norm)));
-            }
-            Outcome::Stop(what) => {
-                out.progress.finish();
-                let reason = format!("step {step}: {what}");
-                return Err(stop_non_finite(&run, &mut state, &dp, reason, started));
-            }
-            Outcome::Pending => state.record(step_out.tokens, secs, None),
-        }
+        let stepped = run
+            .training
+            .step(&dp, step, log_now, state.spike_loss(), local_stop)?;
+        agreed_stop = stepped.stop;
+        record_step(&run, &mut state, &dp, &mut out, &stepped, started)?;
         // A step judged on the device is known to the host from here on: whatever follows
         // (the record, validation, a checkpoint, the end) reads it.
         if log_now || state.is_eval_step() || state.checkpoint_due() {
             settle(&mut run, &mut state, &dp, &mut out, started)?;
         }
-
-        if state.is_eval_step() {
-            // Said before the step's record is written: whoever sees the record and stops the
-            // run is told the evaluation comes first.
-            phase(format!(
-                "stopping after this evaluation (step {step} is trained), with a checkpoint of step {step}"
-            ));
-        }
-        if log_now {
-            let record = state.train_record(epoch, lr, &step_out.attention);
-            out.train(record, &step_out.attention, run.total_steps)?;
-        }
-        if state.is_eval_step() {
-            let validation = validate_keeping_the_step(&run, &state, &dp, &out.progress)?;
-            phase("stopping after the step in progress, with a checkpoint".into());
-            out.progress.line(&format!("step {step}: {validation}"));
-            let record = state.record_eval(&validation);
-            out.eval(record)?;
-        }
+        log_and_validate(&run, &mut state, &dp, &mut out, &phase, epoch, &stepped)?;
         state.check_skipped();
         if state.checkpoint_due() {
             save_checkpoint(&run, &state, &dp)?;
@@ -169,6 +99,110 @@ pub fn train(cfg: RunConfig, opts: &TrainOptions) -> Result<Summary> {
     settle(&mut run, &mut state, &dp, &mut out, started)?;
     out.progress.finish();
     write_summary(&run, &state, &dp, started)
+}
+
+/// What stopping now means, told to the stop signals (when connected) as the run moves on.
+struct Phase<'a>(Option<&'a StopRequest>);
+
+impl Phase<'_> {
+    fn set(&self, what: String) {
+        if let Some(stop) = self.0 {
+            stop.set_phase(what);
+        }
+    }
+}
+
+/// The validation loss at initialisation, which divergence detection compares against.
+fn initial_validation(
+    run: &TrainingRun,
+    state: &mut RunState,
+    dp: &DataParallel,
+    phase: &Phase,
+) -> Result<()> {
+    phase.set(format!(
+        "stopping after the validation before step {} (a few seconds), {}",
+        state.step() + 1,
+        match state.resumed_from_step() {
+            Some(s) => format!("then keeping the checkpoint of step {s}"),
+            None => "then ending with nothing saved (no step has been trained yet)".to_string(),
+        }
+    ));
+    let t = &run.training;
+    let initial = validation_loss(&t.model, &t.data, &t.cfg, &t.device, dp, state.step())?;
+    state.set_initial_val_loss(initial.loss);
+    Ok(())
+}
+
+/// Records the step just trained: its tokens and time, and its losses where the host judged
+/// them; a skipped update is reported, and a step that stops the run under
+/// `train.on_nonfinite: stop` ends it here.
+fn record_step(
+    run: &TrainingRun,
+    state: &mut RunState,
+    dp: &DataParallel,
+    out: &mut Outputs,
+    stepped: &Stepped,
+    started: Instant,
+) -> Result<()> {
+    let secs = stepped.began.elapsed().as_secs_f64();
+    let step = state.step() + 1;
+    let tokens = stepped.out.tokens;
+    match &stepped.outcome {
+        Outcome::Judged {
+            loss,
+            nll,
+            grad_norm,
+            skipped,
+        } => {
+            if let Some(what) = skipped {
+                let skipped = state.skip_update();
+                out.progress
+                    .line(&format!("step {step}: {what}; update skipped ({skipped} so far)"));
+            }
+            state.record(tokens, secs, Some((*loss, *nll, *grad_norm)));
+        }
+        Outcome::Stop(what) => {
+            out.progress.finish();
+            let reason = format!("step {step}: {what}");
+            return Err(stop_non_finite(run, state, dp, reason, started));
+        }
+        Outcome::Pending => state.record(tokens, secs, None),
+    }
+    Ok(())
+}
+
+/// Logs the step just recorded (on a logging step) and validates after it (on an evaluation
+/// step).
+fn log_and_validate(
+    run: &TrainingRun,
+    state: &mut RunState,
+    dp: &DataParallel,
+    out: &mut Outputs,
+    phase: &Phase,
+    epoch: u64,
+    stepped: &Stepped,
+) -> Result<()> {
+    let step = state.step();
+    if state.is_eval_step() {
+        // Said before the step's record is written: whoever sees the record and stops the
+        // run is told the evaluation comes first.
+        phase.set(format!(
+            "stopping after this evaluation (step {step} is trained), with a checkpoint of step {step}"
+        ));
+    }
+    if state.is_log_step(step) {
+        let attention = &stepped.out.attention;
+        let record = state.train_record(epoch, stepped.lr, attention);
+        out.train(record, attention, run.training.total_steps)?;
+    }
+    if state.is_eval_step() {
+        let validation = validate_keeping_the_step(run, state, dp, &out.progress)?;
+        phase.set("stopping after the step in progress, with a checkpoint".into());
+        out.progress.line(&format!("step {step}: {validation}"));
+        let record = state.record_eval(&validation);
+        out.eval(record)?;
+    }
+    Ok(())
 }
 
 /// Sets the run up on rank 0 first (it writes the run directory: tokenizer, token cache,
@@ -237,11 +271,15 @@ impl Outputs {
         }
         // A fresh run starts a fresh log (a run killed before its first checkpoint may have left one).
         let log = MetricsLog::open(&run.run_dir, Some(state.resumed_from_step().unwrap_or(0)))?;
-        let events = RunEvents::open(&run.run_dir, run.cfg.log.tensorboard, state.resumed_from_step())?;
+        let events = RunEvents::open(
+            &run.run_dir,
+            run.training.cfg.log.tensorboard,
+            state.resumed_from_step(),
+        )?;
         let progress = if opts.world.size() > 1 {
             Progress::plain(opts.verbosity)
         } else {
-            Progress::new(run.total_steps, state.step(), opts.verbosity)
+            Progress::new(run.training.total_steps, state.step(), opts.verbosity)
         };
         Ok(Outputs {
             progress,
@@ -297,7 +335,7 @@ fn settle(
     out: &mut Outputs,
     started: Instant,
 ) -> Result<()> {
-    let Some(s) = run.updater.settle(&mut run.opt)? else {
+    let Some(s) = run.training.updater.settle(&mut run.training.opt)? else {
         return Ok(());
     };
     state.settle(&s);
@@ -345,7 +383,14 @@ fn validate_keeping_the_step(
     dp: &DataParallel,
     progress: &Progress,
 ) -> Result<Validation> {
-    let e = match validate(&run.model, &run.data, &run.cfg, &run.device, dp, state.step()) {
+    let e = match validate(
+        &run.training.model,
+        &run.training.data,
+        &run.training.cfg,
+        &run.training.device,
+        dp,
+        state.step(),
+    ) {
         Ok(v) => return Ok(v),
         Err(e) => e,
     };
@@ -363,7 +408,7 @@ fn validate_keeping_the_step(
 /// `--resume` of a run that already reached its last step: say so, change nothing, and return
 /// the summary it ended with.
 fn already_finished(run: &TrainingRun, verbosity: Verbosity) -> Result<Summary> {
-    let step = run.total_steps;
+    let step = run.training.total_steps;
     if verbosity == Verbosity::Normal {
         say!(
             "{} already finished its {step} steps; nothing to do (nothing was changed). To train \
@@ -376,8 +421,13 @@ fn already_finished(run: &TrainingRun, verbosity: Verbosity) -> Result<Summary> 
         .ok()
         .and_then(|t| serde_json::from_str::<Summary>(&t).ok());
     Ok(saved.unwrap_or_else(|| {
-        let state = RunState::new(&run.cfg, run.total_steps, run.resumed.as_ref(), None);
-        state.summary(&run.run_dir, run.params.num_params(), 0.0)
+        let state = RunState::new(
+            &run.training.cfg,
+            run.training.total_steps,
+            run.resumed.as_ref(),
+            None,
+        );
+        state.summary(&run.run_dir, run.training.params.num_params(), 0.0)
     }))
 }
 
@@ -423,7 +473,7 @@ fn interrupted(
 /// checks that all hold the same weights; rank 0 writes.
 fn save_checkpoint(run: &TrainingRun, state: &RunState, dp: &DataParallel) -> Result<PathBuf> {
     if dp.world().size() > 1 {
-        dp.agreed_weights_sha256(run.opt.params(), state.step())?;
+        dp.agreed_weights_sha256(run.training.opt.params(), state.step())?;
     }
     let dir = checkpoint::dir_for(&run.run_dir, state.step());
     if !dp.is_leader() {
@@ -431,18 +481,26 @@ fn save_checkpoint(run: &TrainingRun, state: &RunState, dp: &DataParallel) -> Re
     }
     // `ember average` reads the checkpoints under this lock: none is pruned while it reads.
     let _writing = checkpoint::lock_for_writing(&run.run_dir)?;
-    let mut ckpt = state.checkpoint_state(&run.cfg, run.batcher.cursor(), run.opt.step);
+    let mut ckpt = state.checkpoint_state(
+        &run.training.cfg,
+        run.training.batcher.cursor(),
+        run.training.opt.step,
+    );
     ckpt.tokenizer_sha256 = Some(run.identity.tokenizer_sha256.clone());
     ckpt.data_fingerprint = Some(run.identity.data_fingerprint.clone());
     ckpt.shares = dp.shares_per_batch();
     let dir = checkpoint::save(
         &run.run_dir,
         ckpt,
-        &run.params,
-        &run.opt.state_tensors()?,
+        &run.training.params,
+        &run.training.opt.state_tensors()?,
         &run.config_yaml,
     )?;
-    checkpoint::prune(&run.run_dir, run.cfg.checkpoint.keep_last, state.best_step())?;
+    checkpoint::prune(
+        &run.run_dir,
+        run.training.cfg.checkpoint.keep_last,
+        state.best_step(),
+    )?;
     metrics::export_csv(&run.run_dir)?;
     Ok(dir)
 }
@@ -457,20 +515,19 @@ fn write_summary(
 ) -> Result<Summary> {
     let mut summary = state.summary(
         &run.run_dir,
-        run.params.num_params(),
+        run.training.params.num_params(),
         started.elapsed().as_secs_f64(),
     );
     if dp.world().size() > 1 {
         summary.world_size = Some(dp.world().size());
-        summary.weights_sha256 = Some(dp.agreed_weights_sha256(run.opt.params(), state.step())?);
+        summary.weights_sha256 = Some(dp.agreed_weights_sha256(run.training.opt.params(), state.step())?);
     }
     if !dp.is_leader() {
         return Ok(summary);
     }
     metrics::export_csv(&run.run_dir)?;
     let path = run.run_dir.join(SUMMARY);
-    crate::files::write_atomic(&path, serde_json::to_string_pretty(&summary)?.as_bytes())
-        .with_context(|| format!("writing {}", path.display()))?;
+    crate::files::write_atomic(&path, serde_json::to_string_pretty(&summary)?.as_bytes())?;
     Ok(summary)
 }
 

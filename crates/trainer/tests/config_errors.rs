@@ -5,8 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use ember_trainer::config::ConfigFileError;
-use ember_trainer::RunConfig;
+use ember_trainer::config::{ConfigFileError, RunConfig};
 
 const FILE: &str = "configs/x.yaml";
 

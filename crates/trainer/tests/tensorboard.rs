@@ -10,6 +10,7 @@ use std::path::Path;
 use common::*;
 use ember_tensorboard::{event_files, proto, read_records, FILE_VERSION};
 use ember_trainer::metrics::{self, Record};
+use ember_trainer::run_dir::METRICS;
 use ember_trainer::train;
 
 /// Every event of every event file in `dir`, in TensorBoard's reading order, per file.
@@ -50,7 +51,7 @@ fn a_language_model_run_logs_its_metrics_as_tensorboard_scalars() {
     assert_eq!(files[0][0].file_version.as_deref(), Some(FILE_VERSION));
     let got = scalars(&files[0]);
 
-    let records = metrics::read(&run.join(metrics::METRICS)).unwrap();
+    let records = metrics::read(&run.join(METRICS)).unwrap();
     let mut expected: BTreeMap<String, Vec<(i64, f32)>> = BTreeMap::new();
     let mut push = |tag: &str, step: u64, v: f64| {
         expected
@@ -134,5 +135,5 @@ fn log_tensorboard_false_writes_no_event_file() {
     )
     .unwrap();
     assert!(event_files(&run).unwrap().is_empty());
-    assert!(run.join(metrics::METRICS).is_file());
+    assert!(run.join(METRICS).is_file());
 }

@@ -11,6 +11,7 @@ mod common;
 
 use common::*;
 use ember_trainer::metrics::{self, Record};
+use ember_trainer::run_dir::METRICS;
 use ember_trainer::train;
 
 /// The kernels' pool is process-wide and `train` resizes it: the tests of this binary take
@@ -109,7 +110,7 @@ fn attention_is_measured_when_a_batch_has_fewer_rows_than_shares() {
         &opts(&run),
     )
     .unwrap();
-    let records = metrics::read(&run.join(metrics::METRICS)).unwrap();
+    let records = metrics::read(&run.join(METRICS)).unwrap();
     let logged: Vec<_> = records
         .iter()
         .filter_map(|r| match r {

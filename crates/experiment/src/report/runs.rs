@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 use ember_trainer::checkpoint;
 use ember_trainer::metrics::{self, Record};
-use ember_trainer::train::RUN_CONFIG;
+use ember_trainer::run_dir::{METRICS, RUN_CONFIG, SUMMARY};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -140,7 +140,7 @@ fn load_run(dir: &Path, name: &str, status: Option<&SweepStatus>, axes: &[Axis])
     };
     let mut warnings = vec![];
     let summary = read_summary(dir);
-    let summary_path = dir.join(ember_trainer::train::SUMMARY);
+    let summary_path = dir.join(SUMMARY);
     if summary.is_none() && summary_path.is_file() {
         warnings.push(format!(
             "{} is not a summary ember wrote (not valid JSON): the run is reported from its \
@@ -164,7 +164,7 @@ fn load_run(dir: &Path, name: &str, status: Option<&SweepStatus>, axes: &[Axis])
         warnings.push(format!(
             "{}: {} line(s) are not metrics records (the file is damaged or is not a metrics log); \
              the report uses the {} record(s) it could read",
-            dir.join(metrics::METRICS).display(),
+            dir.join(METRICS).display(),
             progress.damaged_lines,
             progress.records
         ));
@@ -232,7 +232,7 @@ fn run_status(dir: &Path, record: Option<&RunRecord>) -> (&'static str, Option<S
         ),
         state => match record.map(|r| r.status.as_str()) {
             Some("failed") => ("failed", record.and_then(|r| r.detail.clone())),
-            _ if state != DiskState::Empty || dir.join(metrics::METRICS).is_file() => ("incomplete", None),
+            _ if state != DiskState::Empty || dir.join(METRICS).is_file() => ("incomplete", None),
             _ => ("not_run", None),
         },
     }
@@ -256,7 +256,7 @@ struct Progress {
 }
 
 fn read_progress(dir: &Path) -> Result<Progress> {
-    let (records, damaged_lines) = metrics::read_counting(&dir.join(metrics::METRICS))?;
+    let (records, damaged_lines) = metrics::read_counting(&dir.join(METRICS))?;
     let mut curves = Curves::default();
     let mut rates = vec![];
     let (mut bleu, mut val) = (None, None);

@@ -3,8 +3,10 @@
 
 use std::path::{Path, PathBuf};
 
+use ember_trainer::config::RunConfig;
 use ember_trainer::metrics::{self, Record, Verbosity};
-use ember_trainer::{RunConfig, TrainOptions};
+use ember_trainer::run_dir::METRICS;
+use ember_trainer::TrainOptions;
 
 /// A seq2seq config on a small slice of the embedded task: milliseconds per step.
 pub fn seq2seq_yaml() -> String {
@@ -103,7 +105,7 @@ pub fn opts(run_dir: &Path) -> TrainOptions {
 
 /// Per-step training losses from a run's metrics.jsonl.
 pub fn losses(run_dir: &Path) -> Vec<(u64, f64)> {
-    metrics::read(&run_dir.join(metrics::METRICS))
+    metrics::read(&run_dir.join(METRICS))
         .unwrap()
         .into_iter()
         .filter_map(|r| match r {

@@ -1,0 +1,20 @@
+//! The run configuration: one YAML file with the sections `model`, `data`, `train`, `eval`,
+//! `checkpoint`, `log` and `device`, each a struct field for field.
+//!
+//! Loading goes YAML text → generic tree → `--set` overrides → typed config → range checks, and
+//! every failure names the file, the key path, and (where the key came from the file) its line.
+//! The schema is in `schema`, the checks in `validate`, the loading in `load`, and the batch
+//! shape the `train:` keys resolve to in `batching`.
+
+mod batching;
+mod load;
+mod schema;
+mod validate;
+
+pub use batching::Batching;
+pub use load::{ConfigFileError, MAX_CONFIG_BYTES};
+pub use schema::{
+    AblationConfig, CheckpointConfig, DistributedConfig, EvalConfig, KeepBestBy, LogConfig, NonFinitePolicy,
+    RunConfig, Schedule, TrainConfig, DEFAULT_CPU_SHARES,
+};
+pub use validate::{Invalid, MAX_ACCUMULATION, MAX_BEAM, MAX_THREADS};
