@@ -40,8 +40,8 @@ use ember_trainer::train::{self, TrainOptions, RUN_CONFIG, SUMMARY};
 use serde::{Deserialize, Serialize};
 
 use crate::layout::{
-    disk_state, read_status, read_summary, utc_now, DiskState, Invocation, Plan, PlannedRun, RunRecord,
-    SweepStatus, GRID, REPORT_MD, RUNS, STATUS, STDERR_LOG, STDOUT_LOG,
+    disk_state, read_status, read_summary, utc_now, write_json, DiskState, Invocation, Plan, PlannedRun,
+    RunRecord, SweepStatus, GRID, REPORT_MD, RUNS, STATUS, STDERR_LOG, STDOUT_LOG,
 };
 use crate::report::{self, Report};
 
@@ -239,7 +239,7 @@ pub fn ablate(opts: &AblateOptions) -> Result<AblateOutcome> {
     }
     fs::create_dir_all(plan.out.join(RUNS))
         .with_context(|| format!("creating {}", plan.out.join(RUNS).display()))?;
-    write_json_atomic(&plan.out.join(GRID), &plan)?;
+    write_json(&plan.out.join(GRID), &plan)?;
     say(opts.quiet, header(&plan));
     let sweep = Sweep::start(&plan, opts, started)?;
     let queue = sweep.settle_or_queue()?;
@@ -404,7 +404,7 @@ impl<'a> Sweep<'a> {
             executed: 0,
             skipped: 0,
         });
-        write_json_atomic(&status_path, &status)?;
+        write_json(&status_path, &status)?;
         Ok(Self {
             plan,
             opts,
@@ -451,7 +451,7 @@ impl<'a> Sweep<'a> {
             inv.executed = queue.len();
             inv.skipped = skipped;
         }
-        write_json_atomic(&self.status_path, &guard.0)?;
+        write_json(&self.status_path, &guard.0)?;
         Ok(queue)
     }
 
@@ -512,7 +512,7 @@ impl<'a> Sweep<'a> {
         {
             let mut guard = self.lock();
             guard.0.runs.insert(run.name.clone(), running_record(resume_from));
-            let _ = write_json_atomic(&self.status_path, &guard.0);
+            let _ = write_json(&self.status_path, &guard.0);
         }
         let t0 = Instant::now();
         let st = execute(
@@ -530,7 +530,7 @@ impl<'a> Sweep<'a> {
         say(self.opts.quiet, format!("{tag} {}", describe(&outcome)));
         let mut guard = self.lock();
         record(&mut guard.0, &outcome, self.started);
-        let _ = write_json_atomic(&self.status_path, &guard.0);
+        let _ = write_json(&self.status_path, &guard.0);
         guard.1[i] = Some(outcome);
     }
 
@@ -540,7 +540,7 @@ impl<'a> Sweep<'a> {
         if let Some(inv) = status.invocations.last_mut() {
             inv.wall_secs = self.started.elapsed().as_secs_f64();
         }
-        write_json_atomic(&self.status_path, &status)?;
+        write_json(&self.status_path, &status)?;
         Ok(outcomes.into_iter().flatten().collect())
     }
 }
@@ -926,27 +926,6 @@ fn tail_lines(path: &Path, n: usize) -> String {
     let text = String::from_utf8_lossy(&buf);
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
-}
-
-/// Writes pretty JSON through a temporary file and a rename.
-pub(crate) fn write_json_atomic<T: Serialize>(path: &Path, value: &T) -> Result<()> {
-    write_atomic(path, (serde_json::to_string_pretty(value)? + "\n").as_bytes())
-}
-
-/// Writes a file of a sweep (a plan, a report, a script, a plot) through a temporary file and
-/// a rename: a crash leaves the old content or the new, and a link put in the file's place is
-/// replaced, never written through. A failed write leaves no temporary file behind.
-pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(format!(".tmp{}", std::process::id()));
-    let tmp = PathBuf::from(tmp);
-    let written = fs::write(&tmp, bytes)
-        .and_then(|()| fs::rename(&tmp, path))
-        .with_context(|| format!("writing {}", path.display()));
-    if written.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    written
 }
 
 /// Creates (or truncates) a log file of a run, replacing a link put in its place rather than

@@ -24,7 +24,7 @@ use ember_trainer::context::ContextEval;
 use ember_trainer::{RunConfig, RUN_CONFIG};
 use serde::Serialize;
 
-use crate::layout::{variant_name, PLOTS, REPORT_JSON, REPORT_MD, RUNS, VARIANT_ORDER};
+use crate::layout::{variant_name, write_json, PLOTS, REPORT_JSON, REPORT_MD, RUNS, VARIANT_ORDER};
 use crate::report::plots::{band, color, register_font, write_figure, Figure, Series};
 use crate::report::stats::{mean_std, paired_diff, t_half_width, PairedDiff};
 
@@ -249,9 +249,10 @@ pub fn length_report(dir: &Path) -> Result<LengthReport> {
         bleu_by_source_length,
         plots,
     };
-    let json = serde_json::to_string_pretty(&report)?;
-    crate::ablate::write_atomic(&dir.join(REPORT_JSON), (json + "\n").as_bytes())?;
-    crate::ablate::write_atomic(&dir.join(REPORT_MD), markdown(&report).as_bytes())?;
+    write_json(&dir.join(REPORT_JSON), &report)?;
+    let md_path = dir.join(REPORT_MD);
+    ember_data::io::write_atomic(&md_path, markdown(&report).as_bytes())
+        .with_context(|| format!("writing {}", md_path.display()))?;
     Ok(report)
 }
 

@@ -36,8 +36,9 @@ pub use effects::AxisEffect;
 pub use runs::RunResult;
 pub use sensitivity::Sensitivity;
 
-use crate::ablate::write_atomic;
-use crate::layout::{Axis, Hardware, Plan, SweepStatus, GRID, REPORT_JSON, REPORT_MD, RUNS, STATUS};
+use crate::layout::{
+    write_json, Axis, Hardware, Plan, SweepStatus, GRID, REPORT_JSON, REPORT_MD, RUNS, STATUS,
+};
 use grid::Grid;
 use runs::{load_runs, LoadedRun};
 
@@ -233,11 +234,10 @@ fn wall_secs(status: Option<&SweepStatus>) -> Option<f64> {
 
 /// `report.md` and `report.json`.
 fn write(out_dir: &Path, report: &Report) -> Result<()> {
-    write_atomic(&out_dir.join(REPORT_MD), markdown::markdown(report).as_bytes())?;
-    write_atomic(
-        &out_dir.join(REPORT_JSON),
-        (serde_json::to_string_pretty(report)? + "\n").as_bytes(),
-    )
+    let md_path = out_dir.join(REPORT_MD);
+    ember_data::io::write_atomic(&md_path, markdown::markdown(report).as_bytes())
+        .with_context(|| format!("writing {}", md_path.display()))?;
+    write_json(&out_dir.join(REPORT_JSON), report)
 }
 
 fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Option<T>> {

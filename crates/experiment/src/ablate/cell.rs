@@ -18,11 +18,11 @@ use fs4::fs_std::FileExt;
 use serde::Serialize;
 
 use super::{
-    describe, execute, next, outcome, record_run, running_record, say, write_json_atomic, Next, RunAction,
-    RunOutcome, RunStatus, Runner, SweepInterrupted,
+    describe, execute, next, outcome, record_run, running_record, say, Next, RunAction, RunOutcome,
+    RunStatus, Runner, SweepInterrupted,
 };
 use crate::layout::{
-    disk_state, read_status, read_summary, DiskState, Plan, PlannedRun, SweepStatus, GRID, STATUS,
+    disk_state, read_status, read_summary, write_json, DiskState, Plan, PlannedRun, SweepStatus, GRID, STATUS,
 };
 
 /// The plan in `out/grid.json`, with an error that says what to do when there is none.
@@ -225,7 +225,7 @@ fn update_status(out: &Path, change: impl FnOnce(&mut SweepStatus)) -> Result<()
     let path = out.join(STATUS);
     let mut status = read_status(out);
     change(&mut status);
-    write_json_atomic(&path, &status)
+    write_json(&path, &status)
     // The lock is released when `lock` is closed.
 }
 
