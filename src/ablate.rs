@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use ember_experiment::slurm::shell_word;
+use ember_experiment::shell::shell_word;
 use ember_trainer::interrupt::OnRepeat;
 
 use crate::install_stop_signals;

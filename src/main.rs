@@ -14,7 +14,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use ember_distributed::World;
 use ember_experiment::ablate::{PlanningInterrupted, SweepInterrupted};
-use ember_experiment::slurm::shell_word;
+use ember_experiment::shell::shell_word;
 use ember_model::{sample, BeamConfig, Model, SampleConfig};
 use ember_trainer::context::{evaluate_context, ContextEval, ContextOptions};
 use ember_trainer::interrupt::{exit_status, Interrupted, OnRepeat, StopRequest};

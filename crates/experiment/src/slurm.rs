@@ -35,6 +35,7 @@ use ember_trainer::run_lock::DirLock;
 
 use crate::ablate::{plan, AblateOptions};
 use crate::layout::{disk_state, write_json, DiskState, Plan, GRID, RUNS};
+use crate::shell::shell_word;
 
 /// The folder of the batch scripts and logs, in the output directory.
 pub const SLURM_DIR: &str = "slurm";
@@ -445,19 +446,6 @@ pub fn sbatch_word(value: &str) -> String {
 /// a literal `%`.
 fn output_pattern(dir: &Path) -> String {
     dir.display().to_string().replace('%', "%%")
-}
-
-/// `word`, quoted for a POSIX shell when it needs to be.
-pub fn shell_word(word: &str) -> String {
-    if !word.is_empty()
-        && word
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c))
-    {
-        word.to_string()
-    } else {
-        format!("'{}'", word.replace('\'', "'\\''"))
-    }
 }
 
 #[cfg(test)]

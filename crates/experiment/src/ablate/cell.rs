@@ -24,6 +24,7 @@ use super::{
 use crate::layout::{
     disk_state, read_status, read_summary, write_json, DiskState, Plan, PlannedRun, SweepStatus, GRID, STATUS,
 };
+use crate::shell::shell_word;
 
 /// The plan in `out/grid.json`, with an error that says what to do when there is none.
 pub fn load_plan(out: &Path) -> Result<Plan> {
@@ -32,7 +33,7 @@ pub fn load_plan(out: &Path) -> Result<Plan> {
             Some(dir) => format!(
                 "; if it is the sweep's config, its sweep is planned in {} (`ember ablate {} --status`)",
                 dir.display(),
-                crate::slurm::shell_word(&dir.display().to_string())
+                shell_word(&dir.display().to_string())
             ),
             None => String::new(),
         };
@@ -49,7 +50,7 @@ pub fn load_plan(out: &Path) -> Result<Plan> {
              directory of a planned sweep (the --out of `ember ablate CONFIG`); for this run, see \
              its summary.json or `ember eval {}`",
             out.display(),
-            crate::slurm::shell_word(&out.display().to_string())
+            shell_word(&out.display().to_string())
         );
     }
     let text = ember_data::io::read_own_to_string(&path).map_err(|e| {
@@ -96,7 +97,7 @@ fn check_run_dirs(plan: &Plan, out: &Path, grid: &Path) -> Result<()> {
                 run.name.chars().take(80).collect::<String>(),
                 run.dir.display(),
                 runs.join(&run.name).display(),
-                crate::slurm::shell_word(&out.display().to_string())
+                shell_word(&out.display().to_string())
             );
         }
     }
@@ -131,7 +132,7 @@ fn refuse_if_running(plan: &Plan, cell: &str, run: &PlannedRun) -> Result<()> {
             "cell {cell} ({}) is being trained now by another process ({holder}); `ember ablate {} \
              --status` shows it as running. Nothing was changed.",
             run.name,
-            crate::slurm::shell_word(&plan.out.display().to_string())
+            shell_word(&plan.out.display().to_string())
         );
     }
     Ok(())
