@@ -12,15 +12,18 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
+use ember_trainer::checkpoint::CHECKPOINTS;
 use ember_trainer::interrupt::StopRequest;
 use ember_trainer::run_lock::{holder, open_lock_file};
+use ember_trainer::train::RUN_CONFIG;
 use fs4::fs_std::FileExt;
 use serde::Serialize;
 
-use super::{
-    describe, execute, next, outcome, record_run, running_record, say, Next, RunAction, RunOutcome,
-    RunStatus, Runner, SweepInterrupted,
-};
+use super::execute::execute;
+use super::existing_runs::{next, Next};
+use super::print::{describe, say};
+use super::status::{outcome, record_run, running_record};
+use super::{RunAction, RunOutcome, RunStatus, Runner, SweepInterrupted};
 use crate::layout::{
     disk_state, read_status, read_summary, write_json, DiskState, Plan, PlannedRun, SweepStatus, GRID, STATUS,
 };
@@ -44,7 +47,7 @@ pub fn load_plan(out: &Path) -> Result<Plan> {
         );
     }
     let path = out.join(GRID);
-    if !path.exists() && out.join("config.yaml").is_file() && out.join("checkpoints").is_dir() {
+    if !path.exists() && out.join(RUN_CONFIG).is_file() && out.join(CHECKPOINTS).is_dir() {
         anyhow::bail!(
             "{} is a training run's directory, not a sweep's: --cell and --status take the output \
              directory of a planned sweep (the --out of `ember ablate CONFIG`); for this run, see \
