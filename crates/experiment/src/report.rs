@@ -15,13 +15,13 @@
 //!
 //! One submodule per step: `runs` reads the run directories, `grid` lays them out by setting ×
 //! variant × learning rate × seed, `cells`, `sensitivity` and `effects` compute the statistics,
-//! `markdown` writes report.md section by section, and [`plots`] draws the figures.
+//! `markdown` writes report.md section by section, and `plots` draws the figures.
 
 mod cells;
 mod effects;
 mod grid;
 mod markdown;
-pub mod plots;
+pub(crate) mod plots;
 mod runs;
 mod sensitivity;
 pub mod stats;
@@ -118,25 +118,7 @@ pub fn report(out_dir: &Path) -> Result<Report> {
         }
     };
     let runs = load_runs(out_dir, plan.as_ref(), status.as_ref())?;
-    if !out_dir.is_dir() {
-        bail!(
-            "{} is not a folder{}: give the output directory of a sweep (the --out of `ember \
-             ablate`, runs/NAME-ablation by default)",
-            out_dir.display(),
-            if out_dir.exists() {
-                ""
-            } else {
-                " (it does not exist)"
-            }
-        );
-    }
-    if runs.is_empty() {
-        bail!(
-            "{} holds no runs: expected {GRID} or run directories under {}/",
-            out_dir.display(),
-            out_dir.join(RUNS).display()
-        );
-    }
+    refuse_without_runs(out_dir, &runs)?;
     let grid = Grid::new(plan.as_ref(), &runs);
     let quality = quality(&runs);
     let cells: Vec<Cell> = grid
@@ -197,6 +179,30 @@ pub fn report(out_dir: &Path) -> Result<Report> {
     };
     write(out_dir, &report)?;
     Ok(report)
+}
+
+/// Refuses an `out_dir` that is not a folder, or holds no runs to report.
+fn refuse_without_runs(out_dir: &Path, runs: &[LoadedRun]) -> Result<()> {
+    if !out_dir.is_dir() {
+        bail!(
+            "{} is not a folder{}: give the output directory of a sweep (the --out of `ember \
+             ablate`, runs/NAME-ablation by default)",
+            out_dir.display(),
+            if out_dir.exists() {
+                ""
+            } else {
+                " (it does not exist)"
+            }
+        );
+    }
+    if runs.is_empty() {
+        bail!(
+            "{} holds no runs: expected {GRID} or run directories under {}/",
+            out_dir.display(),
+            out_dir.join(RUNS).display()
+        );
+    }
+    Ok(())
 }
 
 /// `positions=learned, decay_embeddings=true`: a setting in words (empty without axes).
