@@ -12,13 +12,14 @@
 //! ```
 //!
 //! Besides the names, this module owns the types of `grid.json` and `status.json` (with the
-//! machine and the UTC time stamps they record), how runs and learning rates are named, and how a
-//! run directory's state is judged from its files.
+//! machine and the UTC time stamps they record), how they are written, how runs and learning
+//! rates are named, and how a run directory's state is judged from its files.
 
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use anyhow::{Context, Result};
 use ember_model::QkNorm;
 use ember_trainer::checkpoint;
 use ember_trainer::run_dir::SUMMARY;
@@ -293,4 +294,12 @@ pub const VARIANT_ORDER: [&str; 4] = ["none", "layernorm", "rmsnorm", "l2"];
 pub fn read_summary(dir: &Path) -> Option<Value> {
     let text = ember_data::io::read_own_to_string(dir.join(SUMMARY)).ok()?;
     serde_json::from_str(&text).ok()
+}
+
+/// Writes a sweep's JSON file (`grid.json`, `status.json`, `report.json`) as pretty JSON with
+/// [`ember_data::io::write_atomic`]: a crash leaves the old content or the new, and a link put in
+/// its place is replaced, never written through.
+pub(crate) fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+    let text = serde_json::to_string_pretty(value)? + "\n";
+    ember_data::io::write_atomic(path, text.as_bytes()).with_context(|| format!("writing {}", path.display()))
 }

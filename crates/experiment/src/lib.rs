@@ -7,4 +7,5 @@ pub mod ablate;
 pub mod layout;
 pub mod length;
 pub mod report;
+pub mod shell;
 pub mod slurm;

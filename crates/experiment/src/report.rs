@@ -15,13 +15,13 @@
 //!
 //! One submodule per step: `runs` reads the run directories, `grid` lays them out by setting ×
 //! variant × learning rate × seed, `cells`, `sensitivity` and `effects` compute the statistics,
-//! `markdown` writes report.md section by section, and [`plots`] draws the figures.
+//! `markdown` writes report.md section by section, and `plots` draws the figures.
 
 mod cells;
 mod effects;
 mod grid;
 mod markdown;
-pub mod plots;
+pub(crate) mod plots;
 mod runs;
 mod sensitivity;
 pub mod stats;
@@ -36,8 +36,9 @@ pub use effects::AxisEffect;
 pub use runs::RunResult;
 pub use sensitivity::Sensitivity;
 
-use crate::ablate::write_atomic;
-use crate::layout::{Axis, Hardware, Plan, SweepStatus, GRID, REPORT_JSON, REPORT_MD, RUNS, STATUS};
+use crate::layout::{
+    write_json, Axis, Hardware, Plan, SweepStatus, GRID, REPORT_JSON, REPORT_MD, RUNS, STATUS,
+};
 use grid::Grid;
 use runs::{load_runs, LoadedRun};
 
@@ -117,25 +118,7 @@ pub fn report(out_dir: &Path) -> Result<Report> {
         }
     };
     let runs = load_runs(out_dir, plan.as_ref(), status.as_ref())?;
-    if !out_dir.is_dir() {
-        bail!(
-            "{} is not a folder{}: give the output directory of a sweep (the --out of `ember \
-             ablate`, runs/NAME-ablation by default)",
-            out_dir.display(),
-            if out_dir.exists() {
-                ""
-            } else {
-                " (it does not exist)"
-            }
-        );
-    }
-    if runs.is_empty() {
-        bail!(
-            "{} holds no runs: expected {GRID} or run directories under {}/",
-            out_dir.display(),
-            out_dir.join(RUNS).display()
-        );
-    }
+    refuse_without_runs(out_dir, &runs)?;
     let grid = Grid::new(plan.as_ref(), &runs);
     let quality = quality(&runs);
     let cells: Vec<Cell> = grid
@@ -198,6 +181,30 @@ pub fn report(out_dir: &Path) -> Result<Report> {
     Ok(report)
 }
 
+/// Refuses an `out_dir` that is not a folder, or holds no runs to report.
+fn refuse_without_runs(out_dir: &Path, runs: &[LoadedRun]) -> Result<()> {
+    if !out_dir.is_dir() {
+        bail!(
+            "{} is not a folder{}: give the output directory of a sweep (the --out of `ember \
+             ablate`, runs/NAME-ablation by default)",
+            out_dir.display(),
+            if out_dir.exists() {
+                ""
+            } else {
+                " (it does not exist)"
+            }
+        );
+    }
+    if runs.is_empty() {
+        bail!(
+            "{} holds no runs: expected {GRID} or run directories under {}/",
+            out_dir.display(),
+            out_dir.join(RUNS).display()
+        );
+    }
+    Ok(())
+}
+
 /// `positions=learned, decay_embeddings=true`: a setting in words (empty without axes).
 pub(crate) fn setting_words(axes: &[Axis], levels: &[String]) -> String {
     axes.iter()
@@ -233,11 +240,10 @@ fn wall_secs(status: Option<&SweepStatus>) -> Option<f64> {
 
 /// `report.md` and `report.json`.
 fn write(out_dir: &Path, report: &Report) -> Result<()> {
-    write_atomic(&out_dir.join(REPORT_MD), markdown::markdown(report).as_bytes())?;
-    write_atomic(
-        &out_dir.join(REPORT_JSON),
-        (serde_json::to_string_pretty(report)? + "\n").as_bytes(),
-    )
+    let md_path = out_dir.join(REPORT_MD);
+    ember_data::io::write_atomic(&md_path, markdown::markdown(report).as_bytes())
+        .with_context(|| format!("writing {}", md_path.display()))?;
+    write_json(&out_dir.join(REPORT_JSON), report)
 }
 
 fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Option<T>> {

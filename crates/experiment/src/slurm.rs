@@ -33,8 +33,9 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 use ember_trainer::run_lock::DirLock;
 
-use crate::ablate::{plan, write_json_atomic, AblateOptions};
-use crate::layout::{disk_state, DiskState, Plan, GRID, RUNS};
+use crate::ablate::{plan, AblateOptions};
+use crate::layout::{disk_state, write_json, DiskState, Plan, GRID, RUNS};
+use crate::shell::shell_word;
 
 /// The folder of the batch scripts and logs, in the output directory.
 pub const SLURM_DIR: &str = "slurm";
@@ -132,7 +133,7 @@ pub fn prepare(opts: &AblateOptions, slurm: &SlurmOptions, exe: &Path) -> Result
     fs::create_dir_all(dir.join(LOGS)).with_context(|| format!("creating {}", dir.join(LOGS).display()))?;
     fs::create_dir_all(plan.out.join(RUNS))
         .with_context(|| format!("creating {}", plan.out.join(RUNS).display()))?;
-    write_json_atomic(&plan.out.join(GRID), &plan)?;
+    write_json(&plan.out.join(GRID), &plan)?;
     let cells: Vec<usize> = plan
         .runs
         .iter()
@@ -413,7 +414,8 @@ fn report_script_text(plan: &Plan, slurm: &SlurmOptions, exe: &Path, cwd: &Path)
 
 fn write_script(path: &Path, text: &str) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
-    crate::ablate::write_atomic(path, text.as_bytes())?;
+    ember_data::io::write_atomic(path, text.as_bytes())
+        .with_context(|| format!("writing {}", path.display()))?;
     fs::set_permissions(path, fs::Permissions::from_mode(0o755))
         .with_context(|| format!("making {} executable", path.display()))
 }
@@ -444,19 +446,6 @@ pub fn sbatch_word(value: &str) -> String {
 /// a literal `%`.
 fn output_pattern(dir: &Path) -> String {
     dir.display().to_string().replace('%', "%%")
-}
-
-/// `word`, quoted for a POSIX shell when it needs to be.
-pub fn shell_word(word: &str) -> String {
-    if !word.is_empty()
-        && word
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c))
-    {
-        word.to_string()
-    } else {
-        format!("'{}'", word.replace('\'', "'\\''"))
-    }
 }
 
 #[cfg(test)]

@@ -13,17 +13,21 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use ember_trainer::interrupt::StopRequest;
+use ember_trainer::run_dir::CHECKPOINTS;
+use ember_trainer::run_dir::RUN_CONFIG;
 use ember_trainer::run_lock::{holder, open_lock_file};
 use fs4::fs_std::FileExt;
 use serde::Serialize;
 
-use super::{
-    describe, execute, next, outcome, record_run, running_record, say, write_json_atomic, Next, RunAction,
-    RunOutcome, RunStatus, Runner, SweepInterrupted,
-};
+use super::execute::execute;
+use super::existing_runs::{next, Next};
+use super::print::{describe, say};
+use super::status::{outcome, record_run, running_record};
+use super::{RunAction, RunOutcome, RunStatus, Runner, SweepInterrupted};
 use crate::layout::{
-    disk_state, read_status, read_summary, DiskState, Plan, PlannedRun, SweepStatus, GRID, STATUS,
+    disk_state, read_status, read_summary, write_json, DiskState, Plan, PlannedRun, SweepStatus, GRID, STATUS,
 };
+use crate::shell::shell_word;
 
 /// The plan in `out/grid.json`, with an error that says what to do when there is none.
 pub fn load_plan(out: &Path) -> Result<Plan> {
@@ -32,7 +36,7 @@ pub fn load_plan(out: &Path) -> Result<Plan> {
             Some(dir) => format!(
                 "; if it is the sweep's config, its sweep is planned in {} (`ember ablate {} --status`)",
                 dir.display(),
-                crate::slurm::shell_word(&dir.display().to_string())
+                shell_word(&dir.display().to_string())
             ),
             None => String::new(),
         };
@@ -43,13 +47,13 @@ pub fn load_plan(out: &Path) -> Result<Plan> {
         );
     }
     let path = out.join(GRID);
-    if !path.exists() && out.join("config.yaml").is_file() && out.join("checkpoints").is_dir() {
+    if !path.exists() && out.join(RUN_CONFIG).is_file() && out.join(CHECKPOINTS).is_dir() {
         anyhow::bail!(
             "{} is a training run's directory, not a sweep's: --cell and --status take the output \
              directory of a planned sweep (the --out of `ember ablate CONFIG`); for this run, see \
              its summary.json or `ember eval {}`",
             out.display(),
-            crate::slurm::shell_word(&out.display().to_string())
+            shell_word(&out.display().to_string())
         );
     }
     let text = ember_data::io::read_own_to_string(&path).map_err(|e| {
@@ -96,7 +100,7 @@ fn check_run_dirs(plan: &Plan, out: &Path, grid: &Path) -> Result<()> {
                 run.name.chars().take(80).collect::<String>(),
                 run.dir.display(),
                 runs.join(&run.name).display(),
-                crate::slurm::shell_word(&out.display().to_string())
+                shell_word(&out.display().to_string())
             );
         }
     }
@@ -131,7 +135,7 @@ fn refuse_if_running(plan: &Plan, cell: &str, run: &PlannedRun) -> Result<()> {
             "cell {cell} ({}) is being trained now by another process ({holder}); `ember ablate {} \
              --status` shows it as running. Nothing was changed.",
             run.name,
-            crate::slurm::shell_word(&plan.out.display().to_string())
+            shell_word(&plan.out.display().to_string())
         );
     }
     Ok(())
@@ -225,7 +229,7 @@ fn update_status(out: &Path, change: impl FnOnce(&mut SweepStatus)) -> Result<()
     let path = out.join(STATUS);
     let mut status = read_status(out);
     change(&mut status);
-    write_json_atomic(&path, &status)
+    write_json(&path, &status)
     // The lock is released when `lock` is closed.
 }
 

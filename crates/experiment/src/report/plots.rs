@@ -301,7 +301,8 @@ pub(crate) fn write_figure(dir: &Path, fig: &Figure) -> Result<[String; 2]> {
         let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
         render(root, fig).with_context(|| format!("drawing {}", svg_path.display()))?;
     }
-    crate::ablate::write_atomic(&svg_path, svg.as_bytes())?;
+    ember_data::io::write_atomic(&svg_path, svg.as_bytes())
+        .with_context(|| format!("writing {}", svg_path.display()))?;
     Ok([
         format!("{PLOTS}/{}.png", fig.stem),
         format!("{PLOTS}/{}.svg", fig.stem),
@@ -323,7 +324,7 @@ fn write_png(path: &Path, rgb: &[u8], (w, h): (u32, u32)) -> Result<()> {
     writer
         .finish()
         .with_context(|| format!("writing {}", path.display()))?;
-    crate::ablate::write_atomic(path, &png_bytes)
+    ember_data::io::write_atomic(path, &png_bytes).with_context(|| format!("writing {}", path.display()))
 }
 
 fn err<E: std::fmt::Display>(e: E) -> anyhow::Error {

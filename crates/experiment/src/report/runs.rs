@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 use ember_trainer::checkpoint;
 use ember_trainer::metrics::{self, Record};
-use ember_trainer::run_dir::{METRICS, RUN_CONFIG, SUMMARY};
+use ember_trainer::run_dir::{METRICS, RUN_CONFIG, STATE, SUMMARY};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -313,7 +313,7 @@ fn read_progress(dir: &Path) -> Result<Progress> {
 fn initial_val_loss(dir: &Path) -> Option<f64> {
     checkpoint::list(dir).iter().rev().find_map(|(_, ckpt)| {
         let state: Value =
-            serde_json::from_str(&ember_data::io::read_own_to_string(ckpt.join("state.json")).ok()?).ok()?;
+            serde_json::from_str(&ember_data::io::read_own_to_string(ckpt.join(STATE)).ok()?).ok()?;
         state.get("initial_val_loss")?.as_f64()
     })
 }

@@ -2,15 +2,15 @@
 //! here, one cell (`--cell`, what each Slurm array task runs), or as a Slurm job array — and
 //! `--status` of a planned sweep. The sweep itself lives in the experiment crate.
 
-use ember_trainer::say;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use ember_experiment::slurm::shell_word;
-use ember_trainer::interrupt::OnRepeat;
+use ember_experiment::shell::shell_word;
+use ember_trainer::interrupt::{self, OnRepeat};
+use ember_trainer::say;
 
-use crate::install_stop_signals;
+use super::print_result;
 
 #[derive(Args)]
 #[command(
@@ -158,7 +158,7 @@ pub(crate) fn run(args: AblateArgs) -> Result<()> {
         quiet: args.quiet || args.json,
         // Planning checks it between steps; a local sweep passes each signal on to its running
         // children, which stop with a checkpoint.
-        stop: Some(install_stop_signals(OnRepeat::Count)?),
+        stop: Some(interrupt::install(OnRepeat::Count)?),
     };
     if args.launcher == Launcher::Slurm {
         return ablate_slurm(&args, &opts);
@@ -197,7 +197,7 @@ fn ablate_cell(args: &AblateArgs, cell: &str) -> Result<()> {
     };
     // Each stop signal (Slurm's USR1 warning included) goes on to `ember train`, which stops
     // with a checkpoint; the cell then ends in SweepInterrupted, exit status 128 + signal.
-    let stop = install_stop_signals(OnRepeat::Count)?;
+    let stop = interrupt::install(OnRepeat::Count)?;
     stop.set_phase("passing it on to the cell's run, which stops after its current step with a checkpoint");
     let outcome = ablate_cell(&args.config, cell, &runner, Some(&stop), args.quiet || args.json)?;
     if args.json {
@@ -222,12 +222,7 @@ fn ablate_cell(args: &AblateArgs, cell: &str) -> Result<()> {
 fn ablate_status(args: &AblateArgs) -> Result<()> {
     use ember_experiment::ablate::{status_table, sweep_status};
     let cells = sweep_status(&args.config)?;
-    if args.json {
-        say!("{}", serde_json::to_string_pretty(&cells)?);
-    } else {
-        say!("{}", status_table(&cells));
-    }
-    Ok(())
+    print_result(args.json, &cells, || status_table(&cells))
 }
 
 /// `ember ablate CONFIG --launcher slurm [--submit]`.

@@ -1,13 +1,13 @@
 //! `ember bleu`: BLEU and chrF of a hypothesis file exactly as sacreBLEU 2.x scores them, for the
 //! whole corpus and, with `--source`, per source-length bucket.
 
-use ember_trainer::say;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use ember_sacrebleu::{corpus_bleu, corpus_chrf, BleuConfig, ChrfConfig, Tokenize};
+use ember_trainer::say;
 
 #[derive(Args)]
 pub(crate) struct BleuArgs {
@@ -108,39 +108,7 @@ fn split_lines(text: &str) -> Vec<String> {
 }
 
 pub(crate) fn run(args: BleuArgs) -> Result<()> {
-    let hyps = match &args.input {
-        Some(path) => read_lines(path, "-i")?,
-        None => {
-            let mut text = String::new();
-            std::io::stdin()
-                .read_to_string(&mut text)
-                .context("reading the hypothesis from stdin")?;
-            split_lines(&text)
-        }
-    };
-    let refs = args
-        .references
-        .iter()
-        .map(|p| read_lines(p, "-r"))
-        .collect::<Result<Vec<_>>>()?;
-    let hyp_name = args
-        .input
-        .as_ref()
-        .map_or("standard input".to_string(), |p| p.display().to_string());
-    if hyps.is_empty() {
-        bail!("the hypothesis ({hyp_name}) has no lines: nothing to score");
-    }
-    for (path, lines) in args.references.iter().zip(&refs) {
-        if lines.len() != hyps.len() {
-            bail!(
-                "-r {} has {} line(s) but the hypothesis ({hyp_name}) has {}: each reference file \
-                 needs one line per hypothesis line, in the same order",
-                path.display(),
-                lines.len(),
-                hyps.len()
-            );
-        }
-    }
+    let (hyps, refs) = read_hypothesis_and_references(&args)?;
     let tokenize: Tokenize = args
         .tokenize
         .parse()
@@ -165,28 +133,8 @@ pub(crate) fn run(args: BleuArgs) -> Result<()> {
     let mut json = serde_json::Map::new();
     for metric in &args.metrics {
         // The whole corpus, then each source-length bucket.
-        let score = |hyps: &[String], refs: &[Vec<String>]| -> Result<(String, serde_json::Value)> {
-            Ok(match metric.as_str() {
-                "bleu" => {
-                    let cfg = BleuConfig {
-                        tokenize,
-                        lowercase: args.lowercase,
-                        ..BleuConfig::default()
-                    };
-                    let score = corpus_bleu(hyps, refs, &cfg)?;
-                    (score.format(), serde_json::to_value(&score)?)
-                }
-                "chrf" => {
-                    let cfg = ChrfConfig {
-                        lowercase: args.lowercase,
-                        ..ChrfConfig::default()
-                    };
-                    let score = corpus_chrf(hyps, refs, &cfg)?;
-                    (score.format(), serde_json::to_value(&score)?)
-                }
-                other => unreachable!("--metrics {other:?} was checked above"),
-            })
-        };
+        let score =
+            |hyps: &[String], refs: &[Vec<String>]| score(metric, tokenize, args.lowercase, hyps, refs);
         let (line, value) = score(&hyps, &refs)?;
         let mut by_length = Vec::new();
         for b in &buckets {
@@ -223,4 +171,74 @@ pub(crate) fn run(args: BleuArgs) -> Result<()> {
         say!("{}", serde_json::to_string_pretty(&json)?);
     }
     Ok(())
+}
+
+/// The hypothesis lines (from `-i` or stdin) and each reference file's, refused unless every
+/// reference has one line per hypothesis line.
+fn read_hypothesis_and_references(args: &BleuArgs) -> Result<(Vec<String>, Vec<Vec<String>>)> {
+    let hyps = match &args.input {
+        Some(path) => read_lines(path, "-i")?,
+        None => {
+            let mut text = String::new();
+            std::io::stdin()
+                .read_to_string(&mut text)
+                .context("reading the hypothesis from stdin")?;
+            split_lines(&text)
+        }
+    };
+    let refs = args
+        .references
+        .iter()
+        .map(|p| read_lines(p, "-r"))
+        .collect::<Result<Vec<_>>>()?;
+    let hyp_name = args
+        .input
+        .as_ref()
+        .map_or("standard input".to_string(), |p| p.display().to_string());
+    if hyps.is_empty() {
+        bail!("the hypothesis ({hyp_name}) has no lines: nothing to score");
+    }
+    for (path, lines) in args.references.iter().zip(&refs) {
+        if lines.len() != hyps.len() {
+            bail!(
+                "-r {} has {} line(s) but the hypothesis ({hyp_name}) has {}: each reference file \
+                 needs one line per hypothesis line, in the same order",
+                path.display(),
+                lines.len(),
+                hyps.len()
+            );
+        }
+    }
+    Ok((hyps, refs))
+}
+
+/// One metric (`bleu` or `chrf`, checked before) of `hyps` against `refs`: its line as
+/// sacreBLEU prints it, and its JSON.
+fn score(
+    metric: &str,
+    tokenize: Tokenize,
+    lowercase: bool,
+    hyps: &[String],
+    refs: &[Vec<String>],
+) -> Result<(String, serde_json::Value)> {
+    Ok(match metric {
+        "bleu" => {
+            let cfg = BleuConfig {
+                tokenize,
+                lowercase,
+                ..BleuConfig::default()
+            };
+            let score = corpus_bleu(hyps, refs, &cfg)?;
+            (score.format(), serde_json::to_value(&score)?)
+        }
+        "chrf" => {
+            let cfg = ChrfConfig {
+                lowercase,
+                ..ChrfConfig::default()
+            };
+            let score = corpus_chrf(hyps, refs, &cfg)?;
+            (score.format(), serde_json::to_value(&score)?)
+        }
+        other => unreachable!("--metrics {other:?} was checked above"),
+    })
 }

@@ -1,0 +1,51 @@
+//! A trained run to decode with, and how: the arguments `eval` and `translate` share.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Result};
+use clap::Args;
+use ember_model::BeamConfig;
+use ember_trainer::{eval_beam, open_run, OpenRun};
+
+/// `--beam` bound: the one `eval.beam` has (beam search keeps beam × vocabulary scores per
+/// sentence; beyond a few dozen it stops helping, and a beam of 100,000 needs gigabytes).
+const MAX_BEAM: i64 = ember_trainer::config::MAX_BEAM as i64;
+
+/// A trained run to decode with, and how: the options `eval` and `translate` share.
+#[derive(Args)]
+pub(super) struct DecodeArgs {
+    /// A run directory (its newest checkpoint) or a checkpoint directory inside it.
+    pub run: PathBuf,
+    /// Beam size (1 = greedy; at most 1024).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=MAX_BEAM))]
+    pub beam: u32,
+    /// GNMT length penalty α.
+    #[arg(long, default_value_t = 0.6)]
+    length_penalty: f64,
+    /// Decode without the KV cache (same output, slower: for timing the cache).
+    #[arg(long)]
+    pub no_cache: bool,
+    /// Run on this device instead of the run's own: `cpu` or `cuda:N`.
+    #[arg(long)]
+    device: Option<String>,
+}
+
+impl DecodeArgs {
+    pub fn open(&self) -> Result<OpenRun> {
+        open_run(&self.run, self.device.as_deref())
+    }
+
+    /// The run's evaluation decoder with these options.
+    pub fn beam_config(&self, run: &OpenRun) -> Result<BeamConfig> {
+        if !(self.length_penalty.is_finite() && self.length_penalty >= 0.0) {
+            bail!(
+                "--length-penalty must be a number ≥ 0 (0.6 is GNMT's α), got {}",
+                self.length_penalty
+            );
+        }
+        let mut beam = eval_beam(&run.cfg, self.beam as usize);
+        beam.length_penalty = self.length_penalty;
+        beam.use_cache = !self.no_cache;
+        Ok(beam)
+    }
+}
