@@ -1,7 +1,7 @@
 """Ember's data pipeline, ported to Python so the PyTorch reference trains on the same batches.
 
 Ember's batchers are pure functions of (seed, epoch, position) built on SplitMix64
-(crates/data/src/rng.rs and batch.rs). Porting them exactly costs a few dozen lines and buys
+(crates/data/src/rng.rs and batch/). Porting them exactly costs a few dozen lines and buys
 identical batches: same windows for the language model, same token-budget batches (shapes *and*
 composition) for translation. Speed comparisons then measure the framework, not the data.
 
@@ -33,7 +33,7 @@ SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
 MASK64 = (1 << 64) - 1
 GOLDEN_GAMMA = 0x9E3779B97F4A7C15
 
-# Stream tags of crates/data/src/batch.rs: the ASCII names as big-endian integers
+# Stream tags of crates/data/src/batch/mod.rs: the ASCII names as big-endian integers
 # ("tiebreak" = 0x7469_6562_7265_616b, ...).
 def _tag(name: str) -> int:
     return int.from_bytes(name.encode(), "big")
@@ -93,7 +93,7 @@ class SplitMix64:
 
 
 # ---------------------------------------------------------------------------------------------
-# Reading text (crates/data/src/io.rs, corpus.rs)
+# Reading text (crates/data/src/io.rs, corpus/read.rs)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -219,7 +219,7 @@ def ember_splits(run_dir: str, translation: bool, max_source_len: int, max_targe
         if len(groups) not in (4, 6):
             raise SystemExit(f"error: {run_dir}/token-cache.bin has {len(groups)} groups, expected 4 or 6")
         train_src, train_tgt, valid_src, valid_tgt = groups[:4]
-        # Only the training split is length-filtered (corpus.rs, PairSplit::build).
+        # Only the training split is length-filtered (corpus/splits.rs, PairSplit::build).
         train = [
             (s, t)
             for s, t in zip(train_src, train_tgt)
@@ -233,7 +233,7 @@ def ember_splits(run_dir: str, translation: bool, max_source_len: int, max_targe
 
 
 def percentile(values, q: float) -> int:
-    """Nearest-rank percentile, as corpus.rs computes it."""
+    """Nearest-rank percentile, as corpus/splits.rs computes it."""
     if len(values) == 0:
         return 0
     v = sorted(values)
@@ -242,7 +242,7 @@ def percentile(values, q: float) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
-# Batches (crates/data/src/batch.rs)
+# Batches (crates/data/src/batch/)
 # ---------------------------------------------------------------------------------------------
 
 

@@ -3,7 +3,8 @@
 //! Tokenising all of Multi30k through the HF pipeline costs a second or two on two busy cores;
 //! reading the ids back costs milliseconds. The cache is keyed by a 128-bit hash of the exact
 //! `tokenizer.json` and every input text, so any change to either is a miss, never stale data.
-//! A missing, truncated or foreign cache file is simply a miss; writing is atomic (temp + rename).
+//! A missing, truncated or foreign cache file is simply a miss; writing is atomic
+//! ([`write_atomic`]).
 //!
 //! Layout (little-endian): magic `EMBRTOK1`, key (2×u64), group count (u64), then per group:
 //! sequence count (u64), that many lengths (u32), then the concatenated ids (u32).
@@ -11,6 +12,8 @@
 use std::path::Path;
 
 use ember_rng::mix64;
+
+use crate::io::write_atomic;
 
 const MAGIC: &[u8; 8] = b"EMBRTOK1";
 
@@ -138,12 +141,7 @@ pub fn store(path: &Path, key: [u64; 2], groups: &Groups) -> std::io::Result<()>
             }
         }
     }
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    let written = std::fs::write(&tmp, &out).and_then(|()| std::fs::rename(&tmp, path));
-    if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written
+    write_atomic(path, &out)
 }
 
 struct Reader<'a> {

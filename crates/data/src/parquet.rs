@@ -254,50 +254,7 @@ pub fn write_text_columns(
             "every column needs the same number of rows, and rows_per_group must be > 0",
         ));
     }
-    // Top-level columns in order of first appearance; a struct's fields stay together, so the
-    // leaves below are in the schema's depth-first order, the order the writer asks for them.
-    let mut tops: Vec<(&str, Vec<usize>)> = Vec::new();
-    for (i, (name, _)) in columns.iter().enumerate() {
-        let top = name.split_once('.').map_or(*name, |(g, _)| g);
-        match tops.iter_mut().find(|(t, _)| *t == top) {
-            Some((_, leaves)) => leaves.push(i),
-            None => tops.push((top, vec![i])),
-        }
-    }
-    let string = |name: &str| {
-        Type::primitive_type_builder(name, PhysicalType::BYTE_ARRAY)
-            .with_repetition(Repetition::OPTIONAL)
-            .with_logical_type(Some(LogicalType::String))
-            .build()
-            .map(Arc::new)
-    };
-    let mut fields = Vec::new();
-    let mut leaves = Vec::new();
-    for (top, idx) in &tops {
-        let nested = columns[idx[0]].0.contains('.');
-        if nested {
-            let inner = idx
-                .iter()
-                .map(|&i| string(columns[i].0.split_once('.').map_or("", |(_, f)| f)))
-                .collect::<parquet::errors::Result<Vec<_>>>()
-                .map_err(err)?;
-            let group = Type::group_type_builder(top)
-                .with_repetition(Repetition::OPTIONAL)
-                .with_fields(inner)
-                .build()
-                .map_err(err)?;
-            fields.push(Arc::new(group));
-        } else {
-            fields.push(string(top).map_err(err)?);
-        }
-        leaves.extend(idx.iter().map(|&i| (i, nested)));
-    }
-    let schema = Arc::new(
-        Type::group_type_builder("schema")
-            .with_fields(fields)
-            .build()
-            .map_err(err)?,
-    );
+    let (schema, leaves) = text_schema(columns).map_err(err)?;
     let props = Arc::new(
         WriterProperties::builder()
             .set_compression(Compression::SNAPPY)
@@ -343,6 +300,52 @@ pub fn write_text_columns(
     }
     writer.close().map_err(err)?;
     Ok(())
+}
+
+/// A parquet schema, and its leaves in the order the writer asks for them: each as its column's
+/// index and whether it is a field of a struct column.
+type TextSchema = (Arc<Type>, Vec<(usize, bool)>);
+
+/// The schema of [`write_text_columns`]' columns: nullable strings, a dotted name a struct field.
+fn text_schema(columns: &[(&str, Vec<Option<&str>>)]) -> parquet::errors::Result<TextSchema> {
+    // Top-level columns in order of first appearance; a struct's fields stay together, so the
+    // leaves below are in the schema's depth-first order, the order the writer asks for them.
+    let mut tops: Vec<(&str, Vec<usize>)> = Vec::new();
+    for (i, (name, _)) in columns.iter().enumerate() {
+        let top = name.split_once('.').map_or(*name, |(g, _)| g);
+        match tops.iter_mut().find(|(t, _)| *t == top) {
+            Some((_, leaves)) => leaves.push(i),
+            None => tops.push((top, vec![i])),
+        }
+    }
+    let string = |name: &str| {
+        Type::primitive_type_builder(name, PhysicalType::BYTE_ARRAY)
+            .with_repetition(Repetition::OPTIONAL)
+            .with_logical_type(Some(LogicalType::String))
+            .build()
+            .map(Arc::new)
+    };
+    let mut fields = Vec::new();
+    let mut leaves = Vec::new();
+    for (top, idx) in &tops {
+        let nested = columns[idx[0]].0.contains('.');
+        if nested {
+            let inner = idx
+                .iter()
+                .map(|&i| string(columns[i].0.split_once('.').map_or("", |(_, f)| f)))
+                .collect::<parquet::errors::Result<Vec<_>>>()?;
+            let group = Type::group_type_builder(top)
+                .with_repetition(Repetition::OPTIONAL)
+                .with_fields(inner)
+                .build()?;
+            fields.push(Arc::new(group));
+        } else {
+            fields.push(string(top)?);
+        }
+        leaves.extend(idx.iter().map(|&i| (i, nested)));
+    }
+    let schema = Type::group_type_builder("schema").with_fields(fields).build()?;
+    Ok((Arc::new(schema), leaves))
 }
 
 #[cfg(test)]

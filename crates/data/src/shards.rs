@@ -10,11 +10,10 @@
 //! those Ember's `kind: text` corpus gives the same file (one `encode` of the whole file, no
 //! bos/eos added), so training on the shards reproduces training on the text.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::error::{DataError, Result};
-use crate::io::read_text;
+use crate::io::{read_text, write_atomic};
 use crate::tokenizer::Tokenizer;
 
 /// Bytes per token id in a shard.
@@ -72,8 +71,8 @@ fn looks_like_u32(ids: &[u32]) -> bool {
         && ids.iter().step_by(2).any(|&id| id != 0)
 }
 
-/// Writes `ids` as a shard (to a temporary file, then renamed into place). Errors if an id does
-/// not fit in 16 bits.
+/// Writes `ids` as a shard (through [`write_atomic`]: the old shard or the new, never half).
+/// Errors if an id does not fit in 16 bits.
 pub fn write_shard(path: &Path, ids: &[u32]) -> Result<()> {
     if let Some((i, id)) = ids.iter().enumerate().find(|(_, &id)| id > u16::MAX as u32) {
         return Err(DataError::arg(
@@ -93,17 +92,7 @@ pub fn write_shard(path: &Path, ids: &[u32]) -> Result<()> {
         hint: crate::io::write_hint(&e, path),
         source: e,
     };
-    let tmp = path.with_extension(format!("bin.tmp{}", std::process::id()));
-    let written = std::fs::File::create(&tmp).and_then(|mut file| {
-        file.write_all(&bytes)?;
-        file.sync_all()?;
-        std::fs::rename(&tmp, path)
-    });
-    if written.is_err() {
-        // A partial temporary file would only take the space a full disk lacks.
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written.map_err(io)
+    write_atomic(path, &bytes).map_err(io)
 }
 
 /// Tokenises the text file `input` with `tokenizer` and writes the ids to the shard `output`;

@@ -40,6 +40,7 @@ use tokenizers::{AddedToken, SplitDelimiterBehavior};
 
 use crate::config::{TokenizerConfig, TokenizerKind, NUM_SPECIAL_TOKENS};
 use crate::error::{DataError, Result};
+use crate::io::write_atomic;
 
 pub const PAD_TOKEN: &str = "<pad>";
 pub const BOS_TOKEN: &str = "<s>";
@@ -347,20 +348,17 @@ impl Tokenizer {
         }
     }
 
-    /// Writes `tokenizer.json` (pretty-printed, written to a temporary file then renamed so an
-    /// interrupted run never leaves half a tokenizer behind).
+    /// Writes `tokenizer.json` (pretty-printed, through [`write_atomic`] so an interrupted run
+    /// never leaves half a tokenizer behind).
     pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
         let json = self.to_json()?;
-        let tmp = path.with_extension(format!("json.tmp{}", std::process::id()));
-        let io = |e: std::io::Error| DataError::Io {
+        write_atomic(path, json.as_bytes()).map_err(|e| DataError::Io {
             path: path.to_path_buf(),
             key: None,
             source: e,
             hint: "check that the run directory exists and is writable".into(),
-        };
-        std::fs::write(&tmp, json.as_bytes()).map_err(io)?;
-        std::fs::rename(&tmp, path).map_err(io)
+        })
     }
 
     /// The exact JSON `save` writes.

@@ -193,10 +193,26 @@ fn rope_variant(key: &str, v: Option<&Value>) -> Option<String> {
 
 fn from_map(map: &Map<String, Value>) -> Result<HfModel> {
     let f = Fields(map);
+    let family = family(&f)?;
+    let shape = Shape::read(&f, family)?;
+    let mut blockers = feature_blockers(&f, family)?;
+    blockers.extend(attention_blockers(&f, family, &shape)?);
+    if !blockers.is_empty() {
+        bail!("Ember cannot represent this model:\n  {}", blockers.join("\n  "));
+    }
+    Ok(HfModel {
+        family,
+        architecture: architecture(family, &shape),
+        defaults: defaults(&f)?,
+    })
+}
+
+/// The model family named by `model_type`; a family Ember does not map is an error.
+fn family(f: &Fields) -> Result<Family> {
     let model_type = f.text("model_type").context(
         "`model_type` is missing; Ember reads transformers configs of model_type llama, mistral, qwen2 or qwen3",
     )?;
-    let family = match model_type {
+    Ok(match model_type {
         "llama" => Family::Llama,
         "mistral" => Family::Mistral,
         "qwen2" => Family::Qwen2,
@@ -209,35 +225,68 @@ fn from_map(map: &Map<String, Value>) -> Result<HfModel> {
             "Ember cannot represent this model:\n  model_type: {other} (Ember maps the decoders of \
              model_type llama, mistral, qwen2 and qwen3)"
         ),
-    };
+    })
+}
 
-    let vocab = f.required("vocab_size")?;
-    let hidden = f.required("hidden_size")?;
-    let ff = f.required("intermediate_size")?;
-    let layers = f.required("num_hidden_layers")?;
-    let heads = f.required("num_attention_heads")?;
-    let kv_heads = f.count("num_key_value_heads")?.unwrap_or(heads);
-    // transformers' Qwen3Config defaults head_dim to 128; the others' to hidden / heads.
-    let head_dim = match (f.count("head_dim")?, family) {
-        (Some(d), _) => d,
-        (None, Family::Qwen3) => 128,
-        (None, _) => hidden / heads,
-    };
-    let eps = f.number("rms_norm_eps")?.unwrap_or(1e-6);
-    let rope_params = f.present("rope_parameters");
-    let rope_theta = match f.number("rope_theta")? {
-        Some(t) => t,
-        None => match rope_params.and_then(|p| p.get("rope_theta")) {
-            Some(t) => t
-                .as_f64()
-                .context("`rope_parameters.rope_theta` must be a number")?,
-            None => 10_000.0,
-        },
-    };
-    let tie = f.flag("tie_word_embeddings")?.unwrap_or(false);
+/// The sizes of the model, with transformers' defaults for the keys a config may leave out.
+#[derive(Clone, Copy)]
+struct Shape {
+    vocab: usize,
+    hidden: usize,
+    ff: usize,
+    layers: usize,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    eps: f64,
+    rope_theta: f64,
+    tie: bool,
+}
 
+impl Shape {
+    fn read(f: &Fields, family: Family) -> Result<Self> {
+        let vocab = f.required("vocab_size")?;
+        let hidden = f.required("hidden_size")?;
+        let ff = f.required("intermediate_size")?;
+        let layers = f.required("num_hidden_layers")?;
+        let heads = f.required("num_attention_heads")?;
+        let kv_heads = f.count("num_key_value_heads")?.unwrap_or(heads);
+        // transformers' Qwen3Config defaults head_dim to 128; the others' to hidden / heads.
+        let head_dim = match (f.count("head_dim")?, family) {
+            (Some(d), _) => d,
+            (None, Family::Qwen3) => 128,
+            (None, _) => hidden / heads,
+        };
+        let eps = f.number("rms_norm_eps")?.unwrap_or(1e-6);
+        let rope_theta = match f.number("rope_theta")? {
+            Some(t) => t,
+            None => match f.present("rope_parameters").and_then(|p| p.get("rope_theta")) {
+                Some(t) => t
+                    .as_f64()
+                    .context("`rope_parameters.rope_theta` must be a number")?,
+                None => 10_000.0,
+            },
+        };
+        let tie = f.flag("tie_word_embeddings")?.unwrap_or(false);
+        Ok(Shape {
+            vocab,
+            hidden,
+            ff,
+            layers,
+            heads,
+            kv_heads,
+            head_dim,
+            eps,
+            rope_theta,
+            tie,
+        })
+    }
+}
+
+/// Parts a model may have that Ember's blocks lack: experts, quantized weights, another
+/// activation, biases outside q, k and v.
+fn feature_blockers(f: &Fields, family: Family) -> Result<Vec<String>> {
     let mut blockers: Vec<String> = vec![];
-
     for key in ["num_experts", "num_local_experts", "n_routed_experts"] {
         if let Some(n) = f.count(key).ok().flatten() {
             blockers.push(format!(
@@ -269,6 +318,13 @@ fn from_map(map: &Map<String, Value>) -> Result<HfModel> {
             "mlp_bias: true (biases on gate_proj, up_proj and down_proj; Ember's MLP has none)".to_string(),
         );
     }
+    Ok(blockers)
+}
+
+/// Attention Ember cannot stand in for: a sliding window, other layer kinds, scaled or partial
+/// rotary embeddings, and head counts or widths it cannot split.
+fn attention_blockers(f: &Fields, family: Family, shape: &Shape) -> Result<Vec<String>> {
+    let mut blockers: Vec<String> = vec![];
     let positions = f.count("max_position_embeddings")?;
     let window = f.count("sliding_window")?;
     let windowed = match family {
@@ -299,12 +355,18 @@ fn from_map(map: &Map<String, Value>) -> Result<HfModel> {
         }
     }
     blockers.extend(rope_variant("rope_scaling", f.present("rope_scaling")));
-    blockers.extend(rope_variant("rope_parameters", rope_params));
+    blockers.extend(rope_variant("rope_parameters", f.present("rope_parameters")));
     if let Some(p) = f.number("partial_rotary_factor")?.filter(|p| *p != 1.0) {
         blockers.push(format!(
             "partial_rotary_factor: {p} (rotary embeddings on part of each head; Ember rotates all of it)"
         ));
     }
+    let Shape {
+        heads,
+        kv_heads,
+        head_dim,
+        ..
+    } = *shape;
     if kv_heads > heads || heads % kv_heads != 0 {
         blockers.push(format!(
             "num_key_value_heads: {kv_heads} (must divide num_attention_heads = {heads})"
@@ -315,10 +377,11 @@ fn from_map(map: &Map<String, Value>) -> Result<HfModel> {
             "head_dim: {head_dim} (rotary embeddings need an even width)"
         ));
     }
-    if !blockers.is_empty() {
-        bail!("Ember cannot represent this model:\n  {}", blockers.join("\n  "));
-    }
+    Ok(blockers)
+}
 
+/// Ember's architecture keys with their values, each beside the config.json key it comes from.
+fn architecture(family: Family, shape: &Shape) -> Vec<(&'static str, Value, &'static str)> {
     let qk_norm = if family == Family::Qwen3 {
         "rmsnorm"
     } else {
@@ -326,25 +389,31 @@ fn from_map(map: &Map<String, Value>) -> Result<HfModel> {
     };
     let architecture = vec![
         ("arch", json!("lm"), "model_type"),
-        ("vocab_size", json!(vocab), "vocab_size"),
-        ("d_model", json!(hidden), "hidden_size"),
-        ("n_layers", json!(layers), "num_hidden_layers"),
-        ("n_heads", json!(heads), "num_attention_heads"),
-        ("n_kv_heads", json!(kv_heads), "num_key_value_heads"),
-        ("head_dim", json!(head_dim), "head_dim"),
+        ("vocab_size", json!(shape.vocab), "vocab_size"),
+        ("d_model", json!(shape.hidden), "hidden_size"),
+        ("n_layers", json!(shape.layers), "num_hidden_layers"),
+        ("n_heads", json!(shape.heads), "num_attention_heads"),
+        ("n_kv_heads", json!(shape.kv_heads), "num_key_value_heads"),
+        ("head_dim", json!(shape.head_dim), "head_dim"),
         ("qkv_bias", json!(family == Family::Qwen2), "model_type"),
-        ("d_ff", json!(ff), "intermediate_size"),
+        ("d_ff", json!(shape.ff), "intermediate_size"),
         ("mlp", json!("swiglu"), "hidden_act"),
         ("norm", json!("rmsnorm"), "model_type"),
-        ("norm_eps", json!(eps), "rms_norm_eps"),
+        ("norm_eps", json!(shape.eps), "rms_norm_eps"),
         ("positions", json!("rope"), "model_type"),
-        ("rope_theta", json!(rope_theta), "rope_theta"),
+        ("rope_theta", json!(shape.rope_theta), "rope_theta"),
         ("qk_norm", json!(qk_norm), "model_type"),
-        ("tie_embeddings", json!(tie), "tie_word_embeddings"),
+        ("tie_embeddings", json!(shape.tie), "tie_word_embeddings"),
     ];
     debug_assert!(architecture.iter().map(|(k, ..)| *k).eq(ARCHITECTURE_KEYS));
+    architecture
+}
+
+/// The settings config.json suggests for keys that are not architecture (Ember's defaults stand
+/// where it has none).
+fn defaults(f: &Fields) -> Result<Vec<(&'static str, Value)>> {
     let mut defaults = vec![];
-    if let Some(p) = positions {
+    if let Some(p) = f.count("max_position_embeddings")? {
         defaults.push(("max_seq_len", json!(p)));
     }
     if let Some(p) = f.number("attention_dropout")? {
@@ -353,11 +422,7 @@ fn from_map(map: &Map<String, Value>) -> Result<HfModel> {
     if let Some(s) = f.number("initializer_range")?.filter(|s| *s > 0.0) {
         defaults.push(("init_std", json!(s)));
     }
-    Ok(HfModel {
-        family,
-        architecture,
-        defaults,
-    })
+    Ok(defaults)
 }
 
 #[cfg(test)]

@@ -205,6 +205,14 @@ fn bad(key: &str, message: impl Into<String>) -> ConfigError {
     }
 }
 
+fn positive(key: &str, v: usize) -> Result<(), ConfigError> {
+    if v == 0 {
+        Err(bad(key, "must be greater than 0"))
+    } else {
+        Ok(())
+    }
+}
+
 impl ModelConfig {
     /// A small valid configuration to start from in code and tests.
     pub fn tiny(arch: Arch) -> Self {
@@ -241,14 +249,19 @@ impl ModelConfig {
     }
 
     /// Checks everything the constructors rely on, so that building a model never panics.
+    /// The checks run in a fixed order, section by section, and the first failure is reported.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let positive = |key: &str, v: usize| {
-            if v == 0 {
-                Err(bad(key, "must be greater than 0"))
-            } else {
-                Ok(())
-            }
-        };
+        self.check_widths()?;
+        self.check_layers()?;
+        self.check_max_seq_len()?;
+        self.check_heads()?;
+        self.check_scalars()?;
+        self.check_logn()?;
+        self.check_combinations()
+    }
+
+    /// The vocabulary and the widths every layer is built with.
+    fn check_widths(&self) -> Result<(), ConfigError> {
         match self.vocab_size {
             None => return Err(bad(
                 "vocab_size",
@@ -261,6 +274,11 @@ impl ModelConfig {
         positive("n_heads", self.n_heads)?;
         positive("d_ff", self.d_ff)?;
         positive("max_seq_len", self.max_seq_len)?;
+        Ok(())
+    }
+
+    /// The layer counts the architecture needs, each within what Ember builds.
+    fn check_layers(&self) -> Result<(), ConfigError> {
         match self.arch {
             Arch::Lm => {
                 if self.n_layers.is_none() {
@@ -309,6 +327,11 @@ impl ModelConfig {
         if let Some(n) = self.n_decoder_layers {
             layers("n_decoder_layers", n)?;
         }
+        Ok(())
+    }
+
+    /// The longest sequence, within the positions Ember supports.
+    fn check_max_seq_len(&self) -> Result<(), ConfigError> {
         if self.max_seq_len > MAX_SEQ_LEN {
             return Err(bad(
                 "max_seq_len",
@@ -319,6 +342,11 @@ impl ModelConfig {
                 ),
             ));
         }
+        Ok(())
+    }
+
+    /// The attention heads: their width (even for rotary embeddings) and the key/value groups.
+    fn check_heads(&self) -> Result<(), ConfigError> {
         if self.head_dim == Some(0) {
             return Err(bad("head_dim", "must be greater than 0"));
         }
@@ -356,6 +384,11 @@ impl ModelConfig {
                 ),
             ));
         }
+        Ok(())
+    }
+
+    /// The numeric settings' ranges: norm epsilon, RoPE base, dropouts, init and QK-norm scales.
+    fn check_scalars(&self) -> Result<(), ConfigError> {
         if !(self.norm_eps > 0.0 && self.norm_eps.is_finite()) {
             return Err(bad(
                 "norm_eps",
@@ -392,6 +425,11 @@ impl ModelConfig {
                 return Err(bad("qk_norm_length", format!("must be at least 2, got {l}")));
             }
         }
+        Ok(())
+    }
+
+    /// Log-n attention scaling: its training length, and a length to take it from.
+    fn check_logn(&self) -> Result<(), ConfigError> {
         if let Some(m) = self.logn_length {
             if m < 2 {
                 return Err(bad(
@@ -412,6 +450,11 @@ impl ModelConfig {
                 "needs a training length of at least 2: set logn_length (or max_seq_len ≥ 2)",
             ));
         }
+        Ok(())
+    }
+
+    /// Settings that apply only together with others.
+    fn check_combinations(&self) -> Result<(), ConfigError> {
         if self.qkv_bias && (self.arch != Arch::Lm || self.positions != Positions::Rope) {
             return Err(bad(
                 "qkv_bias",
