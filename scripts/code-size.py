@@ -6,8 +6,8 @@
 Lists the N longest non-test source files (whole files, lines as `wc -l` counts them) and the N
 longest functions outside tests (from the `fn` line to its closing brace), then every file over
 --max-file (default 700) and function over --max-fn (default 100) lines, and exits 1 if there
-is any. Test code is left out: files under a `tests/` or `benches/` folder and everything after
-a `#[cfg(test)]` line. A function whose doc comment contains "long because" is listed as excused.
+is any. Test code is left out: files under a `tests/` or `benches/` folder, files declared
+`#[cfg(test)] mod name;` and everything after a `#[cfg(test)]` line. A function whose doc comment contains "long because" is listed as excused.
 Braces are counted outside strings, chars and comments, which is enough for rustfmt-formatted code.
 """
 import argparse
@@ -20,8 +20,26 @@ FN = re.compile(r'^\s*(pub(\([^)]*\))?\s+)?((const|async|unsafe|extern "C")\s+)*
 TOKEN = re.compile(r'//.*|/\*.*?\*/|r(#*)".*?"\1|b?"(\\.|[^"\\])*"|b?\'(\\.|[^\\\'])\'|[{}]')
 
 
+def test_modules():
+    """Files declared `#[cfg(test)] mod name;` by their parent: test code kept in a file of its own."""
+    found = set()
+    for path in ROOT.rglob("*.rs"):
+        if path.relative_to(ROOT).parts[0].startswith("target"):
+            continue
+        lines = path.read_text().splitlines()
+        for prev, line in zip(lines, lines[1:]):
+            m = re.match(r"\s*(pub(\([^)]*\))?\s+)?mod\s+(\w+)\s*;", line)
+            if m and prev.strip() == "#[cfg(test)]":
+                base = path.parent if path.name in ("lib.rs", "mod.rs", "main.rs") else path.with_suffix("")
+                found |= {base / f"{m.group(3)}.rs", base / m.group(3) / "mod.rs"}
+    return found
+
+
 def sources():
+    tests = test_modules()
     for path in sorted(ROOT.rglob("*.rs")):
+        if path in tests:
+            continue
         rel = path.relative_to(ROOT)
         parts = rel.parts
         if parts[0].startswith("target") or parts[0] in ("runs", "data", ".dev"):

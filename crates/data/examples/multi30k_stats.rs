@@ -77,7 +77,7 @@ fn report(name: &str, cfg: &DataConfig, dir: &Path) -> Result<(), Box<dyn std::e
         first.report.cache
     );
     // The tokenizer now exists: what a resumed or evaluated run pays.
-    std::fs::remove_file(dir.join(ember_data::corpus::TOKEN_CACHE_FILE))?;
+    std::fs::remove_file(dir.join(ember_data::TOKEN_CACHE_FILE))?;
     let t = Instant::now();
     let no_cache = Dataset::prepare(cfg, Some(dir))?;
     println!(

@@ -26,21 +26,21 @@
 //! [`hf_dataset`] and [`parquet`] (Hugging Face datasets' parquet files), [`shards`] (llama2.c
 //! token shards).
 
-pub mod batch;
+mod batch;
 pub mod cache;
-pub mod config;
-pub mod corpus;
+mod config;
+mod corpus;
 pub mod embedded;
-pub mod error;
+mod error;
 pub mod hf_dataset;
 #[cfg(feature = "hf-hub")]
 pub mod hub;
 pub mod io;
-pub mod lengths;
+mod lengths;
 pub mod parquet;
-pub mod raw;
+mod raw;
 pub mod shards;
-pub mod tokenizer;
+mod tokenizer;
 
 pub use batch::{
     Batch, Batcher, Cursor, EvalBatches, LmBatch, LmEvalBatches, LmWindowBatcher, Seq2SeqBatch,
@@ -49,6 +49,7 @@ pub use batch::{
 pub use config::{
     CorpusConfig, DataConfig, EmbeddedConfig, HfColumns, HfDatasetConfig, HfSplits, PairPaths,
     ParallelConfig, TextConfig, TokenShardsConfig, TokenizerConfig, TokenizerKind, TooLong,
+    DEFAULT_VAL_FRACTION,
 };
 pub use corpus::{
     CacheStatus, Dataset, Example, LoadReport, PairSplit, SplitStats, Splits, TextSplits, TextStats,
@@ -58,8 +59,8 @@ pub use error::{DataError, Result};
 pub use lengths::{fit_to_positions, LengthReport};
 pub use raw::{RawCorpus, RawPairs, RawText, TokenShard};
 pub use tokenizer::{
-    SpecialIds, SpecialTokens, Tokenizer, BOS_ID, EOS_ID, PAD_ID, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE,
-    UNK_ID,
+    SpecialIds, SpecialTokens, Tokenizer, BOS_ID, BOS_TOKEN, EOS_ID, EOS_TOKEN, PAD_ID, PAD_TOKEN,
+    TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, UNK_ID, UNK_TOKEN,
 };
 
 /// Locates the data folder for data-dependent tests and examples: `$EMBER_SHARED_DATA` when set

@@ -4,7 +4,7 @@ mod common;
 
 use std::path::Path;
 
-use ember_data::corpus::{CacheStatus, TokenizerOrigin, TOKEN_CACHE_FILE};
+use ember_data::{CacheStatus, TokenizerOrigin, TOKEN_CACHE_FILE};
 use ember_data::{
     CorpusConfig, DataConfig, DataError, Dataset, EmbeddedConfig, PairPaths, ParallelConfig, RawCorpus,
     Splits, TextConfig, TokenizerConfig, TokenizerKind, TOKENIZER_FILE,

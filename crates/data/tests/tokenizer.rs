@@ -2,9 +2,9 @@
 
 mod common;
 
-use ember_data::config::{TokenizerConfig, TokenizerKind};
 use ember_data::io::{lines, read_text};
 use ember_data::{embedded, DataError, EmbeddedConfig, Tokenizer, BOS_ID, EOS_ID, PAD_ID, UNK_ID};
+use ember_data::{TokenizerConfig, TokenizerKind};
 
 fn toy_bpe(vocab: usize) -> Tokenizer {
     let (en, de) = common::toy_parallel();

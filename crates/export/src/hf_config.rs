@@ -6,8 +6,8 @@
 //! a run on a pretrained model's tokenizer (`model.init_from`) has that model's instead, and
 //! hands its `tokenizer_config.json` on unchanged.
 
-use ember_data::tokenizer::{BOS_TOKEN, EOS_TOKEN, PAD_TOKEN, UNK_TOKEN};
 use ember_data::{SpecialTokens, Tokenizer};
+use ember_data::{BOS_TOKEN, EOS_TOKEN, PAD_TOKEN, UNK_TOKEN};
 use ember_model::ModelConfig;
 use serde_json::{json, Value};
 

@@ -34,21 +34,23 @@ mod host;
 pub mod par;
 pub(crate) mod simd;
 
-pub mod activation;
+mod activation;
 pub mod adamw;
-pub mod attention;
-pub mod cross_entropy;
-pub mod dropout;
+mod attention;
+mod cross_entropy;
+mod dropout;
 pub mod ledger;
-pub mod linear;
-pub mod linear_cross_entropy;
-pub mod norm;
-pub mod rope;
-pub mod softmax;
-pub mod sum;
+mod linear;
+mod linear_cross_entropy;
+mod norm;
+mod rope;
+mod softmax;
+mod sum;
 
 pub use activation::{gelu_erf, swiglu, swiglu_unfused};
-pub use attention::{attention, attention_unfused, AttentionOptions, AttentionTelemetry};
+pub use attention::{
+    attention, attention_unfused, causal_mask, cuda_fuses, padding_mask, AttentionOptions, AttentionTelemetry,
+};
 pub use cross_entropy::cross_entropy_unfused;
 pub use dropout::{dropout, dropout_unfused};
 pub use linear::{

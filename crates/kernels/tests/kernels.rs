@@ -331,7 +331,7 @@ fn softmax_matches_the_unfused_composition() {
 /// Causal (1, 1, T, S) and padding (B, 1, 1, S) masks as the model builds them, the padding one
 /// with one batch row fully masked.
 fn masks(b: usize, t: usize, s: usize) -> Vec<(&'static str, Option<Tensor>)> {
-    let causal = kernels::attention::causal_mask(t, s - t, DType::F32, &Device::Cpu).unwrap();
+    let causal = kernels::causal_mask(t, s - t, DType::F32, &Device::Cpu).unwrap();
     let keep: Vec<f32> = (0..b * s)
         .map(|i| {
             let (row, col) = (i / s, i % s);
@@ -344,7 +344,7 @@ fn masks(b: usize, t: usize, s: usize) -> Vec<(&'static str, Option<Tensor>)> {
         })
         .collect();
     let keep = Tensor::from_vec(keep, (b, s), &Device::Cpu).unwrap();
-    let padding = kernels::attention::padding_mask(&keep, DType::F32).unwrap();
+    let padding = kernels::padding_mask(&keep, DType::F32).unwrap();
     let both = causal.broadcast_add(&padding).unwrap();
     vec![
         ("none", None),
@@ -454,7 +454,7 @@ fn attention_with_huge_logits_does_not_skip_keys_it_needs() {
     let q = (randn(80, &[b, t, h * d]) * 1e4).unwrap();
     let k = (randn(81, &[b, t, h * d]) * 1e3).unwrap();
     let v = randn(82, &[b, t, h * d]);
-    let mask = kernels::attention::causal_mask(t, 0, DType::F32, &Device::Cpu).unwrap();
+    let mask = kernels::causal_mask(t, 0, DType::F32, &Device::Cpu).unwrap();
     let opts = attn_opts(h, h, None);
     let a = kernels::attention(&q, &k, &v, Some(&mask), &opts).unwrap().0;
     let u = kernels::attention_unfused(&q, &k, &v, Some(&mask), &opts)
@@ -770,7 +770,7 @@ fn kernels_give_the_same_bits_at_any_thread_count() {
     .unwrap();
     let ones = Tensor::ones(b * t, DType::F32, &Device::Cpu).unwrap();
     let tables = RopeTables::new(d, t, 10_000.0, DType::F32, &Device::Cpu).unwrap();
-    let mask = kernels::attention::causal_mask(t, 0, DType::F32, &Device::Cpu).unwrap();
+    let mask = kernels::causal_mask(t, 0, DType::F32, &Device::Cpu).unwrap();
     let opts = attn_opts(h, h, Some((0.1, 5)));
     let cases: Vec<(&str, Vec<Tensor>, Composition<'_>)> = vec![
         (

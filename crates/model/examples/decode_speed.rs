@@ -19,7 +19,7 @@
 use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
-use ember_model::decoding::{beam_search, greedy, BeamConfig};
+use ember_model::{beam_search, greedy, BeamConfig};
 use ember_model::{init_model, Arch, MlpKind, ModelConfig, NormKind, Seq2Seq};
 use ember_rng::SplitMix64;
 

@@ -16,17 +16,20 @@
 //! # Ok(()) }
 //! ```
 
-pub mod attention;
-pub mod config;
-pub mod decoding;
-pub mod layers;
-pub mod params;
-pub mod rope;
-pub mod transformer;
+mod attention;
+mod config;
+mod decoding;
+mod layers;
+mod params;
+mod rope;
+mod transformer;
 
-pub use attention::{CrossKv, KvCache};
-pub use config::{Arch, ConfigError, MlpKind, ModelConfig, NormKind, Positions, QkNorm};
+pub use attention::{Attention, CrossKv, KvCache};
+pub use config::{
+    Arch, ConfigError, MlpKind, ModelConfig, NormKind, Positions, QkNorm, MAX_LAYERS, MAX_SEQ_LEN,
+};
 pub use decoding::{beam_search, greedy, sample, BeamConfig, Hypothesis, SampleConfig};
 pub use layers::{AttentionStats, DropoutRng, ForwardCtx, Telemetry};
 pub use params::ParamStore;
+pub use rope::Rotary;
 pub use transformer::{init_model, DecoderCache, LanguageModel, Memory, Model, ModelError, Seq2Seq};

@@ -27,7 +27,7 @@
 
 use candle_core::{DType, Result, Tensor};
 use candle_nn::VarBuilder;
-use ember_kernels::attention::{causal_mask, padding_mask};
+use ember_kernels::{causal_mask, padding_mask};
 
 use crate::attention::{Attention, CrossKv, KvCache};
 use crate::config::Positions;

@@ -5,8 +5,8 @@ mod common;
 
 use candle_core::{DType, Device, IndexOp, Tensor, D};
 use common::*;
-use ember_model::attention::Attention;
-use ember_model::rope::Rotary;
+use ember_model::Attention;
+use ember_model::Rotary;
 use ember_model::{
     Arch, DecoderCache, ForwardCtx, MlpKind, Model, ModelConfig, NormKind, ParamStore, Positions, QkNorm,
     Telemetry,

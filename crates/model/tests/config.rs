@@ -127,8 +127,8 @@ fn norm_bias_defaults_to_on_and_reads_from_json() {
 mod bounds {
     //! Any size above a documented limit is refused by validation, naming its key, before a
     //! tensor is allocated; every size within the limits passes that check.
-    use ember_model::config::{MAX_LAYERS, MAX_SEQ_LEN};
     use ember_model::{Arch, ModelConfig};
+    use ember_model::{MAX_LAYERS, MAX_SEQ_LEN};
     use proptest::prelude::*;
 
     proptest! {

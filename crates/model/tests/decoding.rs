@@ -4,7 +4,7 @@ mod common;
 
 use candle_core::{DType, Device, Tensor};
 use common::*;
-use ember_model::decoding::{beam_search, greedy, sample, BeamConfig, Hypothesis, SampleConfig};
+use ember_model::{beam_search, greedy, sample, BeamConfig, Hypothesis, SampleConfig};
 use ember_model::{Arch, ForwardCtx, LanguageModel, MlpKind, Model, ModelConfig, NormKind, QkNorm, Seq2Seq};
 
 const BOS: u32 = 1;

@@ -120,7 +120,7 @@ pub(crate) fn check_data_fits(cfg: &RunConfig, data: &mut Dataset, notes: &mut V
                     format!(
                         "raise data.corpus.val_fraction (now {}) so that more of the text is held out, \
                         or lower train.block_size",
-                        t.val_fraction.unwrap_or(ember_data::config::DEFAULT_VAL_FRACTION)
+                        t.val_fraction.unwrap_or(ember_data::DEFAULT_VAL_FRACTION)
                     )
                 }
                 ember_data::CorpusConfig::Text(t) if split == "validation" => format!(

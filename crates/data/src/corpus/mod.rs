@@ -22,9 +22,8 @@ use crate::error::{DataError, Result};
 use crate::raw::RawCorpus;
 use crate::tokenizer::{Tokenizer, TOKENIZER_FILE};
 
-pub use read::split_point;
 pub use splits::{
-    percentile, CacheStatus, Example, PairSplit, SplitStats, Splits, TextSplits, TextStats, TranslationSplits,
+    CacheStatus, Example, PairSplit, SplitStats, Splits, TextSplits, TextStats, TranslationSplits,
 };
 
 /// File name of the token-id cache inside a run directory.

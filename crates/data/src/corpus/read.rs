@@ -250,7 +250,7 @@ fn load_text(t: &TextConfig) -> Result<RawCorpus> {
 
 /// Byte index where the validation tail starts: the first line start at or after
 /// `(1 - fraction)` of the text, or that exact character if no newline follows it.
-pub fn split_point(text: &str, val_fraction: f64) -> usize {
+fn split_point(text: &str, val_fraction: f64) -> usize {
     let target = ((text.len() as f64) * (1.0 - val_fraction)).floor() as usize;
     let mut cut = target.min(text.len());
     while !text.is_char_boundary(cut) {

@@ -163,7 +163,7 @@ impl SplitStats {
 }
 
 /// Nearest-rank percentile (`q` in 0..=1) of unsorted values; 0 for an empty slice.
-pub fn percentile(values: &[usize], q: f64) -> usize {
+fn percentile(values: &[usize], q: f64) -> usize {
     if values.is_empty() {
         return 0;
     }

@@ -7,8 +7,8 @@
 use crate::common::{assert_close, compare, gpu, randn, randn_cpu, run, same_bits, strided};
 use candle_core::{DType, Device, Tensor};
 use ember_kernels as kernels;
-use ember_kernels::attention::{causal_mask, cuda_fuses, padding_mask};
 use ember_kernels::AttentionOptions;
+use ember_kernels::{causal_mask, cuda_fuses, padding_mask};
 
 /// f32 kernel against f32 composition (‖a − b‖/‖b‖).
 const TOL: f64 = 1e-5;
