@@ -311,8 +311,10 @@ pub fn read_lines(path: &Path, key: Option<&str>) -> Result<(String, usize)> {
 /// processes never share one), flushed to the disk, renamed over `path`, and the directory
 /// flushed so the rename itself survives a power cut. A link put in `path`'s place is replaced,
 /// never written through. A failed write leaves no temporary file behind. Every file Ember
-/// writes whole (run files, checkpoints' small files, tokenizers, token caches, shards, a
-/// sweep's plans and reports) goes through here.
+/// writes whole from memory into a place of its own (a run directory's files, tokenizers,
+/// token caches, shards, a sweep's plans and reports, an export's JSON) goes through here;
+/// checkpoints are written into a temporary folder that is renamed whole, and outputs the user
+/// names (`--hypotheses`, `/dev/stdout`) are written in place.
 pub fn write_atomic(path: impl AsRef<Path>, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     let path = path.as_ref();

@@ -318,7 +318,7 @@ impl Tokenizer {
         self.save(dir.join(TOKENIZER_FILE))?;
         if let Some((Some(config), _)) = &self.pretrained {
             let path = dir.join(TOKENIZER_CONFIG_FILE);
-            std::fs::write(&path, config).map_err(|e| DataError::Io {
+            crate::io::write_atomic(&path, config.as_bytes()).map_err(|e| DataError::Io {
                 path,
                 key: None,
                 source: e,

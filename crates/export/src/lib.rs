@@ -220,7 +220,7 @@ pub fn export_hf(source: &ExportSource, out: &Path) -> Result<HfExport> {
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let write_json = |name: &str, value: &serde_json::Value| -> Result<()> {
         let path = out.join(name);
-        std::fs::write(&path, serde_json::to_string_pretty(value)? + "\n")
+        ember_data::io::write_atomic(&path, (serde_json::to_string_pretty(value)? + "\n").as_bytes())
             .with_context(|| format!("writing {}", path.display()))
     };
     let (tensors, params) = weights::write(
