@@ -373,8 +373,10 @@ impl Training {
         let device = device(&cfg.device)?;
         let mut data = Dataset::prepare(&cfg.data, None)?;
         resolve_model_config(&mut cfg, &data)?;
-        ember_data::fit_to_positions(&mut data.splits, &cfg.data, cfg.model.max_seq_len)?;
-        crate::limits::check_memory(&cfg, &data)?;
+        // The same checks as a run's (data too short for a window is refused); their notes are
+        // for a run's log, which a benchmark has not.
+        check_data_fits(&cfg, &mut data, &mut Vec::new())?;
+        limits::check_memory(&cfg, &data)?;
         let (model, params) = initial_model(&cfg, &device)?;
         let batcher = make_batcher(&cfg, &data)?;
         let opt = AdamW::new(params.vars(), &cfg.train)?;
