@@ -14,7 +14,7 @@ use ember_model::{BeamConfig, ForwardCtx, Model};
 use ember_sacrebleu::{corpus_bleu, BleuConfig};
 use serde::{Deserialize, Serialize};
 
-use crate::config::{Batching, RunConfig};
+use crate::config::{Batched, Batching, RunConfig};
 use crate::data_parallel::{sum_shares, DataParallel};
 use crate::step::BatchTensors;
 use crate::translate::translate_ids;
@@ -101,8 +101,8 @@ pub fn evaluate_share(
         tokens += bt.tokens as u64;
         Ok(())
     };
-    match (&data.splits, Batching::of(cfg)?) {
-        (Splits::Translation(s), _) => {
+    match Batching::of_data(cfg, &data.splits)? {
+        Batched::Translation { splits: s, .. } => {
             let split = match split {
                 Split::Valid => &s.valid,
                 Split::Test => s
@@ -114,13 +114,11 @@ pub fn evaluate_share(
                 run(Batch::Seq2Seq(b))?;
             }
         }
-        (
-            Splits::Text(s),
-            Batching::Windows {
-                batch_size,
-                block_size,
-            },
-        ) => {
+        Batched::Text {
+            splits: s,
+            batch_size,
+            block_size,
+        } => {
             if split == Split::Test {
                 bail!("text corpora have train and valid splits only");
             }
@@ -128,7 +126,6 @@ pub fn evaluate_share(
                 run(Batch::Lm(batch))?;
             }
         }
-        _ => unreachable!("the corpus decides both its splits and its batching"),
     }
     Ok((nll, tokens))
 }

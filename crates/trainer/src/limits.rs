@@ -8,10 +8,10 @@
 //! refused. All arithmetic is in f64, so absurd sizes give a huge number, not an overflow.
 
 use anyhow::{bail, Result};
-use ember_data::{Dataset, Splits};
+use ember_data::Dataset;
 use ember_model::{Arch, MlpKind, ModelConfig, Positions};
 
-use crate::config::{Batching, RunConfig};
+use crate::config::{Batched, Batching, RunConfig};
 
 const F32: f64 = 4.0;
 const GIB: f64 = (1u64 << 30) as f64;
@@ -70,10 +70,13 @@ pub struct BatchShape {
 
 /// Training and evaluation batch shapes of `cfg` on `data` (token budgets capped by what the
 /// data can fill, lengths by the longest example and `model.max_seq_len`).
-pub fn batch_shapes(cfg: &RunConfig, batching: Batching, data: &Dataset) -> (BatchShape, BatchShape) {
+pub(crate) fn batch_shapes(cfg: &RunConfig, batched: &Batched) -> (BatchShape, BatchShape) {
     let max_len = cfg.model.max_seq_len as f64;
-    match (&data.splits, batching) {
-        (Splits::Translation(s), Batching::TokenBudget { max_tokens }) => {
+    match *batched {
+        Batched::Translation {
+            splits: s,
+            max_tokens,
+        } => {
             let longest = |st: &ember_data::SplitStats| (st.max_source_len.max(st.max_target_len) + 1) as f64;
             let corpus_tokens = |st: &ember_data::SplitStats| (st.pairs as f64) * longest(st);
             let train_budget = max_tokens as f64;
@@ -89,20 +92,17 @@ pub fn batch_shapes(cfg: &RunConfig, batching: Batching, data: &Dataset) -> (Bat
             };
             (train, eval)
         }
-        (
-            Splits::Text(_),
-            Batching::Windows {
-                batch_size,
-                block_size,
-            },
-        ) => {
+        Batched::Text {
+            batch_size,
+            block_size,
+            ..
+        } => {
             let shape = BatchShape {
                 tokens: batch_size as f64 * block_size as f64,
                 longest: block_size as f64,
             };
             (shape, shape)
         }
-        _ => unreachable!("the corpus decides both its splits and its batching"),
     }
 }
 
@@ -210,7 +210,7 @@ pub fn check_eval_context(m: &ModelConfig, windows: usize, context: usize) -> Re
 /// drive the largest part.
 pub fn check_memory(cfg: &RunConfig, data: &Dataset) -> Result<MemoryEstimate> {
     let batching = Batching::of(cfg)?;
-    let (train, eval) = batch_shapes(cfg, batching, data);
+    let (train, eval) = batch_shapes(cfg, &Batching::of_data(cfg, &data.splits)?);
     let e = estimate(&cfg.model, train, eval, cfg.shares());
     let Some(available) = available_memory() else {
         return Ok(e);

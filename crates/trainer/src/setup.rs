@@ -15,7 +15,7 @@ use ember_data::{Batcher, Dataset, LmWindowBatcher, Splits, TokenBudgetBatcher, 
 use ember_model::{init_model, Model, ParamStore};
 
 use crate::checkpoint::{self, CheckpointState};
-use crate::config::{Batching, RunConfig, Schedule, TrainConfig};
+use crate::config::{Batched, Batching, RunConfig, Schedule, TrainConfig};
 use crate::data_parallel::DataParallel;
 use crate::files::write_atomic;
 use crate::limits;
@@ -88,27 +88,24 @@ pub(crate) fn default_threads() -> usize {
 /// The training batcher the config asks for.
 pub fn make_batcher(cfg: &RunConfig, data: &Dataset) -> Result<Box<dyn Batcher>> {
     let t = &cfg.train;
-    Ok(match (&data.splits, Batching::of(cfg)?) {
-        (Splits::Translation(s), Batching::TokenBudget { max_tokens }) => Box::new(TokenBudgetBatcher::new(
-            s.train.examples.clone(),
+    Ok(match Batching::of_data(cfg, &data.splits)? {
+        Batched::Translation { splits, max_tokens } => Box::new(TokenBudgetBatcher::new(
+            splits.train.examples.clone(),
             max_tokens,
             data.tokenizer.specials(),
             t.seed,
         )?),
-        (
-            Splits::Text(s),
-            Batching::Windows {
-                batch_size,
-                block_size,
-            },
-        ) => Box::new(LmWindowBatcher::new(
-            s.train.clone(),
+        Batched::Text {
+            splits,
+            batch_size,
+            block_size,
+        } => Box::new(LmWindowBatcher::new(
+            splits.train.clone(),
             batch_size,
             block_size,
             t.seed,
             t.windows,
         )?),
-        _ => unreachable!("the corpus decides both its splits and its batching"),
     })
 }
 

@@ -7,6 +7,8 @@
 //! the corpus and the model, and gives the one [`Batching`] that the batcher, the memory
 //! estimate and validation read.
 
+use ember_data::{Splits, TextSplits, TranslationSplits};
+
 use super::validate::{bad, Invalid};
 use super::RunConfig;
 
@@ -21,11 +23,49 @@ pub enum Batching {
     Windows { batch_size: usize, block_size: usize },
 }
 
+/// A corpus's splits with the batching that forms their micro-batches.
+pub(crate) enum Batched<'a> {
+    Translation {
+        splits: &'a TranslationSplits,
+        max_tokens: usize,
+    },
+    Text {
+        splits: &'a TextSplits,
+        batch_size: usize,
+        block_size: usize,
+    },
+}
+
 impl Batching {
     /// [`RunConfig::batching`] for code that reports errors with `anyhow`.
     pub(crate) fn of(cfg: &RunConfig) -> anyhow::Result<Self> {
         cfg.batching()
             .map_err(|(key, message)| anyhow::anyhow!("{key}: {message}"))
+    }
+
+    /// `cfg`'s batching with the splits of its data. The corpus decides both, so they agree
+    /// for every config that passed validation; a mismatch is refused, not a panic.
+    pub(crate) fn of_data<'a>(cfg: &RunConfig, splits: &'a Splits) -> anyhow::Result<Batched<'a>> {
+        match (splits, Self::of(cfg)?) {
+            (Splits::Translation(splits), Batching::TokenBudget { max_tokens }) => {
+                Ok(Batched::Translation { splits, max_tokens })
+            }
+            (
+                Splits::Text(splits),
+                Batching::Windows {
+                    batch_size,
+                    block_size,
+                },
+            ) => Ok(Batched::Text {
+                splits,
+                batch_size,
+                block_size,
+            }),
+            (_, batching) => anyhow::bail!(
+                "the data's splits do not fit the batching {batching:?} of the config \
+                 (translation needs train.max_tokens, a text corpus batch_size and block_size)"
+            ),
+        }
     }
 }
 

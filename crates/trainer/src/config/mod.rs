@@ -11,6 +11,7 @@ mod load;
 mod schema;
 mod validate;
 
+pub(crate) use batching::Batched;
 pub use batching::Batching;
 pub use load::{ConfigFileError, MAX_CONFIG_BYTES};
 pub use schema::{
