@@ -16,14 +16,11 @@ import pathlib
 import re
 import sys
 
+from rust_source import code_of, split_group
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PATH = re.compile(r"\b(crate|super|self)((?:::\w+)+)")
 GROUP = re.compile(r"\b(crate|super|self)((?:::\w+)*)::\{")
-
-
-def strip_comments(text):
-    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
-    return "\n".join(re.sub(r"//.*", "", line) for line in text.splitlines())
 
 
 def module_of(src, path):
@@ -58,16 +55,7 @@ def expand_groups(code):
         while i < len(code) and depth:
             depth += {"{": 1, "}": -1}.get(code[i], 0)
             i += 1
-        inner = code[start : i - 1]
-        parts, depth, cur = [], 0, ""
-        for ch in inner:
-            if ch == "," and depth == 0:
-                parts.append(cur)
-                cur = ""
-                continue
-            depth += {"{": 1, "}": -1}.get(ch, 0)
-            cur += ch
-        parts.append(cur)
+        parts = split_group(code[start : i - 1])
         prefix = m.group(1) + m.group(2)
         expanded = " ".join(f"{prefix}::{p.strip()}" for p in parts if p.strip())
         code = code[: m.start()] + expanded + code[i:]
@@ -77,11 +65,7 @@ def expand_groups(code):
 def edges_of_crate(src):
     edges = {}
     for path in sorted(src.rglob("*.rs")):
-        text = strip_comments(path.read_text())
-        cut = text.find("#[cfg(test)]")
-        if cut >= 0:
-            text = text[:cut]
-        text = expand_groups(text)
+        text = expand_groups(code_of(path))
         here = module_of(src, path)
         # `self::` and `super::` are relative to the file's module (mod.rs/lib.rs: the folder).
         for m in PATH.finditer(text):

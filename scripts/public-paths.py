@@ -16,19 +16,13 @@ import pathlib
 import re
 import sys
 
+from rust_source import code_of, split_group
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MOD = re.compile(r"^\s*(pub\s+)?mod\s+(\w+)\s*;", re.M)
 ITEM = re.compile(r"^pub\s+(?:const\s+fn|async\s+fn|unsafe\s+fn|fn|struct|enum|const|static|trait|type|union)\s+(\w+)", re.M)
 MACRO = re.compile(r"#\[macro_export\]\s*macro_rules!\s*(\w+)")
 PUB_USE = re.compile(r"^pub\s+use\s+([^;]+);", re.M | re.S)
-
-
-def code_of(path):
-    text = path.read_text()
-    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
-    text = "\n".join(re.sub(r"//.*", "", line) for line in text.splitlines())
-    cut = text.find("#[cfg(test)]")
-    return text if cut < 0 else text[:cut]
 
 
 def child_file(path, name):
@@ -48,16 +42,7 @@ def use_leaves(spec):
         if alias:
             return [(alias.group(1).strip(), alias.group(2))]
         return [(spec, spec.split("::")[-1])]
-    prefix, inner = m.group(1), m.group(2)
-    parts, depth, cur = [], 0, ""
-    for ch in inner:
-        if ch == "," and depth == 0:
-            parts.append(cur)
-            cur = ""
-            continue
-        depth += {"{": 1, "}": -1}.get(ch, 0)
-        cur += ch
-    parts.append(cur)
+    prefix, parts = m.group(1), split_group(m.group(2))
     out = []
     for p in parts:
         p = p.strip()
