@@ -282,7 +282,8 @@ pub fn check_memory(cfg: &RunConfig, data: &Dataset) -> Result<MemoryEstimate> {
     };
     bail!(
         "this config needs about {} of memory but this machine has {} available: {}. Most of it \
-         is {} ({}); {advice}. Nothing was allocated or written.",
+         is {} ({}); {advice}. No model was allocated and no run started (only the data's token \
+         cache may have been written, for the next try).",
         human(e.total()),
         human(available),
         parts
