@@ -43,6 +43,9 @@ enum Command {
     Bench(cmd::bench::BenchArgs),
     /// Average the weights of a run's newest checkpoints into a new checkpoint.
     Average(cmd::average::AverageArgs),
+    /// Write a model folder (weights, tokenizer, config) that translate, generate and eval open
+    /// in place of a run.
+    Package(cmd::package::PackageArgs),
     /// Export a trained language model for other tools (a Hugging Face transformers directory).
     Export(cmd::export::ExportArgs),
     /// Tokenise a text file into a llama2.c token shard (raw u16 ids) with a run's tokenizer.
@@ -85,6 +88,7 @@ fn main() -> ExitCode {
         Command::Export(args) => cmd::export::run(args),
         Command::Tokenize(args) => cmd::tokenize::run(args),
         Command::Average(args) => cmd::average::run(args),
+        Command::Package(args) => cmd::package::run(args),
     };
     exit::exit_code(result)
 }

@@ -75,6 +75,7 @@ fn help_exits_zero_and_every_subcommand_documents_its_arguments() {
         ("ablate", &["<CONFIG>"]),
         ("bench", &["<CONFIG>", "--steps"]),
         ("export", &["<RUN>", "<OUT>", "--format", "--reference-logits"]),
+        ("package", &["<RUN>", "<OUT>", "--json"]),
         ("tokenize", &["<TOKENIZER>", "<INPUT>", "<OUTPUT>"]),
     ];
     for (sub, args) in expected {

@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 use clap::Args;
 use ember_model::BeamConfig;
-use ember_trainer::{eval_beam, open_run, OpenRun};
+use ember_trainer::config::RunConfig;
+use ember_trainer::{eval_beam, open_model, open_run, OpenModel, OpenRun};
 
 /// `--beam` bound: the one `eval.beam` has (beam search keeps beam × vocabulary scores per
 /// sentence; beyond a few dozen it stops helping, and a beam of 100,000 needs gigabytes).
@@ -14,7 +15,8 @@ const MAX_BEAM: i64 = ember_trainer::config::MAX_BEAM as i64;
 /// A trained run to decode with, and how: the options `eval` and `translate` share.
 #[derive(Args)]
 pub(super) struct DecodeArgs {
-    /// A run directory (its newest checkpoint) or a checkpoint directory inside it.
+    /// A run directory (its newest checkpoint), a checkpoint directory inside it, or a model
+    /// folder (`ember package`).
     pub run: PathBuf,
     /// Beam size (1 = greedy; at most 1024).
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=MAX_BEAM))]
@@ -31,19 +33,25 @@ pub(super) struct DecodeArgs {
 }
 
 impl DecodeArgs {
+    /// The model with the data its config names, for evaluation.
     pub fn open(&self) -> Result<OpenRun> {
         open_run(&self.run, self.device.as_deref())
     }
 
+    /// The model and its tokenizer alone, for decoding (the corpus is not read).
+    pub fn open_model(&self) -> Result<OpenModel> {
+        open_model(&self.run, self.device.as_deref())
+    }
+
     /// The run's evaluation decoder with these options.
-    pub fn beam_config(&self, run: &OpenRun) -> Result<BeamConfig> {
+    pub fn beam_config(&self, cfg: &RunConfig) -> Result<BeamConfig> {
         if !(self.length_penalty.is_finite() && self.length_penalty >= 0.0) {
             bail!(
                 "--length-penalty must be a number ≥ 0 (0.6 is GNMT's α), got {}",
                 self.length_penalty
             );
         }
-        let mut beam = eval_beam(&run.cfg, self.beam as usize);
+        let mut beam = eval_beam(cfg, self.beam as usize);
         beam.length_penalty = self.length_penalty;
         beam.use_cache = !self.no_cache;
         Ok(beam)

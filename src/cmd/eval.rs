@@ -93,7 +93,7 @@ pub(crate) fn run(args: EvalArgs) -> Result<()> {
                 .as_ref()
                 .context("this run's corpus has no test split")?,
         };
-        let beam = args.decode.beam_config(&run)?;
+        let beam = args.decode.beam_config(&run.cfg)?;
         let scores = score_split(m, &run.data.tokenizer, pairs, &beam, None, &run.device)?;
         if let Some(path) = &args.output {
             std::fs::write(path, scores.hypotheses.join("\n") + "\n")

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 use clap::Args;
 use ember_model::{sample, Model, SampleConfig};
-use ember_trainer::{open_run, tell};
+use ember_trainer::{open_model, tell};
 
 use super::print_result;
 
@@ -15,7 +15,8 @@ const MAX_GENERATE_TOKENS: u64 = 1_000_000;
 
 #[derive(Args)]
 pub(crate) struct GenerateArgs {
-    /// A language-model run directory or one of its checkpoint directories.
+    /// A language-model run directory, one of its checkpoint directories, or a model folder
+    /// (`ember package`).
     run: PathBuf,
     /// Text to continue (default: a newline, as nanoGPT's sampler starts).
     #[arg(long, default_value = "\n")]
@@ -53,14 +54,14 @@ pub(crate) fn run(args: GenerateArgs) -> Result<()> {
     if let Some(p) = args.top_p.filter(|p| !(*p > 0.0 && *p <= 1.0)) {
         bail!("--top-p must be a probability in (0, 1] (leave it out to sample from every token), got {p}");
     }
-    let run = open_run(&args.run, args.device.as_deref())?;
+    let run = open_model(&args.run, args.device.as_deref())?;
     let Model::Lm(m) = &run.model else {
         bail!(
             "{} is a translation model; use `ember translate`",
             args.run.display()
         );
     };
-    let tok = &run.data.tokenizer;
+    let tok = &run.tokenizer;
     let prompt = tok.encode(&args.prompt)?;
     if prompt.is_empty() {
         bail!("--prompt encodes to no tokens; give at least one character the tokenizer knows");

@@ -11,6 +11,7 @@ pub(crate) mod eval;
 pub(crate) mod export;
 pub(crate) mod generate;
 pub(crate) mod length_report;
+pub(crate) mod package;
 pub(crate) mod report;
 mod run_output;
 pub(crate) mod tokenize;

@@ -21,14 +21,14 @@ pub(crate) struct TranslateArgs {
 }
 
 pub(crate) fn run(args: TranslateArgs) -> Result<()> {
-    let run = args.decode.open()?;
+    let run = args.decode.open_model()?;
     let Model::Seq2seq(m) = &run.model else {
         bail!(
             "{} is a language model; use `ember generate`",
             args.decode.run.display()
         );
     };
-    let beam = args.decode.beam_config(&run)?;
+    let beam = args.decode.beam_config(&run.cfg)?;
     let mut bytes = Vec::new();
     std::io::stdin()
         .read_to_end(&mut bytes)
@@ -47,7 +47,7 @@ pub(crate) fn run(args: TranslateArgs) -> Result<()> {
         .collect();
     let out = translate_source_lines(
         m,
-        &run.data.tokenizer,
+        &run.tokenizer,
         &lines,
         run.cfg.model.max_seq_len,
         &beam,

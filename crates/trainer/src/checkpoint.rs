@@ -117,7 +117,7 @@ fn hex(bytes: &[u8]) -> String {
 /// SHA-256 of a file, read in pieces: the optimizer's moments of a model imported with
 /// `model.init_from` are gigabytes, which reading whole would hold in memory a second time at
 /// every checkpoint.
-fn file_hash(path: &Path) -> Result<String> {
+pub(crate) fn file_hash(path: &Path) -> Result<String> {
     let reading = || format!("reading {}", path.display());
     let mut file = ember_data::io::open_own(path).with_context(reading)?;
     let mut hasher = Sha256::new();

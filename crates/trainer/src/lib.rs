@@ -22,8 +22,10 @@ pub mod limits;
 mod lock_file;
 pub mod loss;
 pub mod metrics;
+pub mod model_dir;
 #[cfg(feature = "nccl")]
 pub mod nccl;
+mod open;
 pub mod optim;
 mod options;
 mod resolve;
@@ -41,9 +43,10 @@ pub mod translate;
 pub mod update;
 
 pub use evaluate::{eval_beam, evaluate, EvalResult, Split};
+pub use open::{open_model, open_run, OpenModel, OpenRun};
 pub use options::TrainOptions;
 pub use resolve::{resolve_model_config, DataFilled};
-pub use setup::{device, make_batcher, open_run, OpenRun};
+pub use setup::{device, make_batcher};
 pub use step::{forward_backward, StepOutput};
 pub use summary::Summary;
 pub use train::{train, RankFailed};

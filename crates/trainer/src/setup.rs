@@ -3,7 +3,8 @@
 //! For training: the device and thread pools, the batcher, the run directory (never silently
 //! over an earlier run's checkpoints), the config completed from the data (`resolve`), and the
 //! model, optimizer and data position — fresh, or restored from the newest checkpoint — as a
-//! [`Training`] that the loop steps. For evaluation and decoding: [`open_run`].
+//! [`Training`] that the loop steps. Opening a trained model again for evaluation and decoding is
+//! `open`'s.
 
 use crate::tell;
 use std::fs;
@@ -578,66 +579,5 @@ fn describe_data(data: &Dataset) -> String {
             s.valid.len(),
             data.tokenizer.vocab_size()
         ),
-    }
-}
-
-/// A trained run opened for evaluation or decoding: its config, data and newest (or best) weights.
-pub struct OpenRun {
-    pub cfg: RunConfig,
-    pub data: Dataset,
-    pub model: Model,
-    /// The checkpoint's parameters, for rebuilding the model with another configuration
-    /// ([`OpenRun::rebuild`]).
-    pub params: ParamStore,
-    pub device: Device,
-    pub checkpoint: PathBuf,
-}
-
-/// Opens a run (its newest checkpoint) or one checkpoint for evaluation or decoding, on the
-/// run's own device or on `device` when given (a run trained on a GPU, evaluated on a CPU).
-pub fn open_run(run: &Path, device_override: Option<&str>) -> Result<OpenRun> {
-    let (run_dir, ckpt_dir) = checkpoint::run_and_checkpoint(run)?;
-    let mut cfg = RunConfig::load(&run_dir.join(RUN_CONFIG), &[])?;
-    if let Some(d) = device_override {
-        cfg.device = d.to_string();
-    }
-    set_threads(&cfg)?;
-    let device = device(&cfg.device)?;
-    let data = Dataset::prepare(&cfg.data, Some(&run_dir)).context("preparing the data")?;
-    let loaded = checkpoint::load(&ckpt_dir, &device).map_err(|e| {
-        // Given a run, the newest checkpoint was chosen: an older intact one can be named.
-        let older = checkpoint::list(&run_dir)
-            .into_iter()
-            .rev()
-            .map(|(_, dir)| dir)
-            .find(|dir| *dir != ckpt_dir);
-        match older {
-            Some(dir) if ckpt_dir.as_path() != run => e.context(format!(
-                "the run's newest checkpoint {} cannot be used; to use an earlier one, give its \
-                 folder in place of the run (e.g. {})",
-                ckpt_dir.display(),
-                dir.display()
-            )),
-            _ => e,
-        }
-    })?;
-    let model = Model::new(&cfg.model, &loaded.params)?;
-    Ok(OpenRun {
-        cfg,
-        data,
-        model,
-        params: loaded.params,
-        device,
-        checkpoint: ckpt_dir,
-    })
-}
-
-impl OpenRun {
-    /// Rebuilds the model from the same parameters under `model` (e.g. rotary tables past the
-    /// training length, log-n scaling switched); `model` must name the same parameters.
-    pub fn rebuild(&mut self, model: ember_model::ModelConfig) -> Result<()> {
-        self.model = Model::new(&model, &self.params)?;
-        self.cfg.model = model;
-        Ok(())
     }
 }

@@ -1,0 +1,241 @@
+//! A model folder: one checkpoint's weights with the tokenizer and config that give them meaning,
+//! and nothing else — the form a trained model is released in, and that `ember translate`,
+//! `ember generate` and `ember eval` open in place of a run.
+//!
+//! ```text
+//! multi30k-layernorm/
+//! ├── model.json               MANIFEST: format, the checkpoint it came from, SHA-256 of the rest
+//! ├── model.safetensors        MODEL: the weights, as in a checkpoint
+//! ├── config.yaml              RUN_CONFIG: the config the checkpoint was trained with
+//! ├── tokenizer.json           the run's tokenizer
+//! └── tokenizer_config.json    a pretrained tokenizer's special tokens (only for those)
+//! ```
+//!
+//! A checkpoint cannot serve as one: it needs the run directory around it for its tokenizer,
+//! and carries the optimizer's moments (twice the weights) that only a resume reads.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, Device};
+use ember_data::{Tokenizer, TokenizerKind, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE};
+use ember_model::ParamStore;
+use serde::{Deserialize, Serialize};
+
+use crate::checkpoint::{self, file_hash};
+use crate::config::RunConfig;
+use crate::files::write_atomic;
+use crate::run_dir::{MODEL, RUN_CONFIG};
+
+/// The manifest that makes a folder a model folder.
+pub const MANIFEST: &str = "model.json";
+
+/// [`Manifest::format`]'s one value.
+const FORMAT: &str = "ember-model";
+/// The layout version this build writes and reads.
+const VERSION: u32 = 1;
+
+/// `model.json`: what the folder is, where it came from, and the checksum of every other file.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format: String,
+    pub version: u32,
+    /// The checkpoint directory the weights were read from, as it was given.
+    pub source: String,
+    /// The training step of that checkpoint (of the newest one averaged, for an average).
+    pub step: u64,
+    /// The Ember version that wrote the folder.
+    pub ember: String,
+    /// SHA-256 of each file in the folder except this one.
+    pub files: BTreeMap<String, String>,
+}
+
+/// Whether `dir` is a model folder (it holds a [`MANIFEST`]).
+pub fn is_model_dir(dir: &Path) -> bool {
+    dir.join(MANIFEST).is_file()
+}
+
+/// What [`package`] wrote.
+#[derive(Clone, Debug, Serialize)]
+pub struct Packaged {
+    pub dir: PathBuf,
+    pub checkpoint: PathBuf,
+    pub step: u64,
+    /// Bytes of every file in the folder.
+    pub bytes: u64,
+}
+
+/// Writes the model folder `out` from a run (its newest checkpoint) or one checkpoint directory
+/// (e.g. `checkpoints/average-last-10`). The checkpoint is verified first; the folder is written
+/// beside `out` and renamed into place, so `out` is whole or absent. An existing `out` is refused.
+pub fn package(source: &Path, out: &Path) -> Result<Packaged> {
+    if out.exists() {
+        bail!(
+            "{} already exists; give a new folder (a model folder is written whole or not at all)",
+            out.display()
+        );
+    }
+    let (run_dir, ckpt_dir) = checkpoint::run_and_checkpoint(source)?;
+    // Verifies every file of the checkpoint against its state.json before anything is copied.
+    let loaded = checkpoint::load(&ckpt_dir, &Device::Cpu)?;
+    let config_text = ember_data::io::read_own_to_string(ckpt_dir.join(RUN_CONFIG))
+        .with_context(|| format!("reading {}", ckpt_dir.join(RUN_CONFIG).display()))?;
+    let cfg = RunConfig::from_yaml(&config_text, &ckpt_dir.join(RUN_CONFIG), &[])?;
+    let tokenizer = read_tokenizer(&run_dir, cfg.data.tokenizer.kind)?;
+    check_tokenizer_fits(&tokenizer, &run_dir, &cfg)?;
+
+    let parent = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    fs::create_dir_all(&parent).with_context(|| format!("creating {}", parent.display()))?;
+    let name = out
+        .file_name()
+        .with_context(|| format!("{} names no folder", out.display()))?
+        .to_string_lossy();
+    let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&tmp);
+    let written = (|| -> Result<u64> {
+        fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+        fs::copy(ckpt_dir.join(MODEL), tmp.join(MODEL))
+            .with_context(|| format!("writing {}", tmp.join(MODEL).display()))?;
+        write_atomic(&tmp.join(RUN_CONFIG), config_text.as_bytes())?;
+        tokenizer.save_in(&tmp)?;
+        let mut files = BTreeMap::new();
+        for name in [MODEL, RUN_CONFIG, TOKENIZER_FILE, TOKENIZER_CONFIG_FILE] {
+            if tmp.join(name).is_file() {
+                files.insert(name.to_string(), file_hash(&tmp.join(name))?);
+            }
+        }
+        let manifest = Manifest {
+            format: FORMAT.into(),
+            version: VERSION,
+            source: ckpt_dir.display().to_string(),
+            step: loaded.state.step,
+            ember: env!("CARGO_PKG_VERSION").into(),
+            files,
+        };
+        let json = serde_json::to_string_pretty(&manifest)? + "\n";
+        write_atomic(&tmp.join(MANIFEST), json.as_bytes())?;
+        let mut bytes = 0;
+        for entry in fs::read_dir(&tmp)? {
+            bytes += entry?.metadata()?.len();
+        }
+        Ok(bytes)
+    })();
+    let bytes = match written {
+        Ok(b) => b,
+        Err(e) => {
+            let _ = fs::remove_dir_all(&tmp);
+            return Err(e);
+        }
+    };
+    if let Err(e) = fs::rename(&tmp, out) {
+        let _ = fs::remove_dir_all(&tmp);
+        return Err(e).with_context(|| format!("moving the finished folder to {}", out.display()));
+    }
+    if let Ok(d) = fs::File::open(&parent) {
+        let _ = d.sync_all();
+    }
+    Ok(Packaged {
+        dir: out.to_path_buf(),
+        checkpoint: ckpt_dir,
+        step: loaded.state.step,
+        bytes,
+    })
+}
+
+/// A model folder read back and verified.
+pub struct LoadedModelDir {
+    pub manifest: Manifest,
+    pub cfg: RunConfig,
+    pub tokenizer: Tokenizer,
+    pub params: ParamStore,
+}
+
+/// Reads a model folder, checking every file against the manifest's checksum first.
+pub fn load(dir: &Path, device: &Device) -> Result<LoadedModelDir> {
+    let manifest_path = dir.join(MANIFEST);
+    let text = ember_data::io::read_own_to_string(&manifest_path)
+        .with_context(|| format!("reading {}", manifest_path.display()))?;
+    let manifest: Manifest = serde_json::from_str(&text).with_context(|| {
+        format!(
+            "{} is not a model folder's manifest (not the JSON `ember package` writes)",
+            manifest_path.display()
+        )
+    })?;
+    if manifest.format != FORMAT || manifest.version != VERSION {
+        bail!(
+            "{} is format {:?} version {}; this build reads {FORMAT:?} version {VERSION}",
+            manifest_path.display(),
+            manifest.format,
+            manifest.version
+        );
+    }
+    for name in [MODEL, RUN_CONFIG, TOKENIZER_FILE] {
+        if !manifest.files.contains_key(name) {
+            bail!(
+                "{} lists no {name}: the folder is incomplete",
+                manifest_path.display()
+            );
+        }
+    }
+    for (name, expected) in &manifest.files {
+        let path = dir.join(name);
+        let actual = file_hash(&path).with_context(|| format!("{} is missing", path.display()))?;
+        if &actual != expected {
+            bail!(
+                "{} is corrupt: its SHA-256 does not match the one in {MANIFEST} (the file was \
+                 truncated or modified); restore the folder",
+                path.display()
+            );
+        }
+    }
+    let cfg = RunConfig::load(&dir.join(RUN_CONFIG), &[])?;
+    let tokenizer = read_tokenizer(dir, cfg.data.tokenizer.kind)?;
+    check_tokenizer_fits(&tokenizer, dir, &cfg)?;
+    let params = ParamStore::load(&dir.join(MODEL), DType::F32, device)
+        .with_context(|| format!("loading {}", dir.join(MODEL).display()))?;
+    Ok(LoadedModelDir {
+        manifest,
+        cfg,
+        tokenizer,
+        params,
+    })
+}
+
+/// The tokenizer a run directory (or model folder) holds, read as the run wrote it.
+pub(crate) fn read_tokenizer(dir: &Path, kind: TokenizerKind) -> Result<Tokenizer> {
+    Ok(match kind {
+        TokenizerKind::Pretrained => Tokenizer::load_pretrained(dir)?,
+        _ => Tokenizer::load(dir.join(TOKENIZER_FILE))?,
+    })
+}
+
+/// The tokenizer of `dir` must give ids the model has rows for: as many as `model.vocab_size`,
+/// or (a pretrained model's padded embedding) no more.
+pub(crate) fn check_tokenizer_fits(tokenizer: &Tokenizer, dir: &Path, cfg: &RunConfig) -> Result<()> {
+    let path = dir.join(TOKENIZER_FILE);
+    let vocab = tokenizer.vocab_size();
+    let Some(rows) = cfg.model.vocab_size else {
+        bail!(
+            "{} has no model.vocab_size: it is not the config of a trained model (a run fills it in \
+             from its tokenizer)",
+            dir.join(RUN_CONFIG).display()
+        );
+    };
+    let fits = match tokenizer.kind() {
+        TokenizerKind::Pretrained => vocab <= rows,
+        _ => vocab == rows,
+    };
+    if !fits {
+        bail!(
+            "{} has {vocab} tokens but the model has {rows} embedding rows (model.vocab_size): it is \
+             not the tokenizer this model was trained with; restore the original",
+            path.display()
+        );
+    }
+    Ok(())
+}
