@@ -6,6 +6,14 @@
 #
 #   test-avg10.hyp / .eval.json / .bleu.json    averaged checkpoint (checkpoints/average-last-10)
 #   test-last.hyp  / .eval.json / .bleu.json    the newest checkpoint alone
+#   test-avg10.detok.bleu.json                   the averaged checkpoint's output detokenised
+#                                                (sacremoses' Moses detokenizer) and scored with
+#                                                sacreBLEU's default 13a against the raw test2016
+#                                                reference, case-insensitively (the output is
+#                                                lowercased): the score of detokenised-text papers
+#
+# sacremoses lives in a virtual environment outside the repository ($EMBER_MOSES_VENV, default
+# ~/.cache/ember/moses-venv), created on first use.
 #
 # Runs that are not finished, or already evaluated, are skipped, so it can run after every cell.
 #
@@ -17,6 +25,16 @@ if [[ ${1:-} == --ember ]]; then ember=$2; shift 2; fi
 [[ $# -gt 0 ]] || { echo "usage: $0 [--ember BIN] SWEEP_DIR..." >&2; exit 2; }
 ref=data/multi30k/test_2016_flickr.lc.norm.tok.de
 [[ -f $ref ]] || { echo "$ref is missing: run scripts/get-data.sh" >&2; exit 1; }
+
+venv=${EMBER_MOSES_VENV:-$HOME/.cache/ember/moses-venv}
+py=$venv/bin/python
+if ! "$py" -c 'import sacremoses' 2>/dev/null; then
+  echo "== installing sacremoses into $venv (once)" >&2
+  python3 -m venv "$venv" && "$py" -m pip install --quiet sacremoses==0.1.1 \
+    || { echo "cannot install sacremoses into $venv" >&2; exit 1; }
+fi
+raw_ref=$(mktemp); trap 'rm -f "$raw_ref"' EXIT
+gzip -dc data/multi30k/test_2016_flickr.de.gz > "$raw_ref"
 
 finished() { python3 -c 'import json,sys; sys.exit(0 if json.load(open(sys.argv[1])).get("finished") else 1)' "$1" 2>/dev/null; }
 
@@ -38,6 +56,13 @@ for sweep in "$@"; do
       newest=$(ls -d "$run"/checkpoints/step-* | sort | tail -1)
       score "$newest" "$run/test-last"
     fi
+    if [[ ! -f $run/test-avg10.detok.bleu.json ]]; then
+      "$py" -c 'import sys; from sacremoses import MosesDetokenizer as D; d = D(lang="de")
+for line in open(sys.argv[1], encoding="utf-8"): print(d.detokenize(line.split()))' \
+        "$run/test-avg10.hyp" > "$run/test-avg10.detok.hyp"
+      "$ember" bleu -r "$raw_ref" -i "$run/test-avg10.detok.hyp" --lowercase --metrics bleu,chrf --json \
+        > "$run/test-avg10.detok.bleu.json"
+    fi
     python3 - "$run" <<'PY'
 import json, sys
 run = sys.argv[1]
@@ -45,6 +70,8 @@ for tag in ("avg10", "last"):
     b = json.load(open(f"{run}/test-{tag}.bleu.json"))
     e = json.load(open(f"{run}/test-{tag}.eval.json"))
     print(f"{run} {tag}: BLEU {b['bleu']['score']:.2f} chrF {b['chrf']['score']:.2f} | test loss {e['loss']:.4f}")
+d = json.load(open(f"{run}/test-avg10.detok.bleu.json"))
+print(f"{run} avg10 detokenised: sacreBLEU {d['bleu']['score']:.2f} ({d['bleu']['signature']})")
 PY
   done
 done
