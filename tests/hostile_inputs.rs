@@ -220,6 +220,43 @@ fn cases() -> Vec<Case> {
             Refused(&["run directory"]),
             &[],
         ),
+        case("package", &["package", "run", "released"], Ok(&[]), &["released"]),
+        case(
+            "package into a folder that exists",
+            &["package", "run", "run"],
+            Refused(&["run", "already exists"]),
+            &[],
+        ),
+        case(
+            "package into a dangling link",
+            &["package", "run", "dangling"],
+            Refused(&["dangling", "already exists"]),
+            &[],
+        )
+        .setup(|d| std::os::unix::fs::symlink("nowhere", d.join("dangling")).unwrap())
+        .after(|d, _| assert!(!d.join("nowhere").exists(), "nothing written through the link")),
+        case(
+            "package under a file",
+            &["package", "run", "precious.txt/model"],
+            Refused(&["precious.txt"]),
+            &[],
+        ),
+        case(
+            "package a folder that is no run",
+            &["package", "in.txt", "released"],
+            Refused(&["in.txt", "run directory"]),
+            &[],
+        ),
+        case(
+            "generate from a model folder whose manifest lies",
+            &["generate", "released", "--max-tokens", "4"],
+            Refused(&["released/model.json"]),
+            &["released"],
+        )
+        .setup(|d| {
+            ok(d, &["package", "run", "released"]);
+            std::fs::write(d.join("released/model.json"), "{\"format\": \"ember-model\"}").unwrap();
+        }),
         case(
             "eval --output over the config",
             &["eval", "run", "--output", "run/config.yaml"],

@@ -71,7 +71,8 @@ pub struct Packaged {
 /// (e.g. `checkpoints/average-last-10`). The checkpoint is verified first; the folder is written
 /// beside `out` and renamed into place, so `out` is whole or absent. An existing `out` is refused.
 pub fn package(source: &Path, out: &Path) -> Result<Packaged> {
-    if out.exists() {
+    // A link counts as there, dangling or not: the folder is never written through one.
+    if out.symlink_metadata().is_ok() {
         bail!(
             "{} already exists; give a new folder (a model folder is written whole or not at all)",
             out.display()
