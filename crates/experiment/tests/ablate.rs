@@ -343,11 +343,12 @@ fn a_diverging_run_is_recorded_as_diverged_and_the_sweep_goes_on() {
     let md = fs::read_to_string(outcome.plan.out.join(layout::REPORT_MD)).unwrap();
     assert!(md.contains("| rmsnorm | 1e3 | 0/2, 2 div. |"), "{md}");
     assert!(md.contains("## LR sensitivity") && md.contains("diverged"));
-    for plot in ["loss_lr3e-3", "max_logit_lr3e-3", "val_loss_vs_lr"] {
+    // A translation sweep over several learning rates also gets final BLEU against the LR.
+    for plot in ["loss_lr3e-3", "max_logit_lr3e-3", "val_loss_vs_lr", "bleu_vs_lr"] {
         let png = fs::read(outcome.plan.out.join("plots").join(format!("{plot}.png"))).unwrap();
         assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
         let svg = fs::read_to_string(outcome.plan.out.join("plots").join(format!("{plot}.svg"))).unwrap();
-        assert!(svg.contains("<svg") && svg.contains("step") || plot == "val_loss_vs_lr");
+        assert!(svg.contains("<svg") && (svg.contains("step") || plot.ends_with("_vs_lr")));
     }
 }
 

@@ -495,7 +495,7 @@ fn plots(r: &Report) -> String {
     }
     // One set of figures per setting: the final-loss figures inline, the per-step ones linked.
     let (inline, linked): (Vec<&String>, Vec<&String>) =
-        pngs.partition(|p| p.ends_with("val_loss_vs_lr.png"));
+        pngs.partition(|p| p.ends_with("val_loss_vs_lr.png") || p.ends_with("bleu_vs_lr.png"));
     for p in inline {
         md.push_str(&format!("![{}]({p})\n\n", stem(p)));
     }

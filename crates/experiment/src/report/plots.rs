@@ -2,7 +2,9 @@
 //! - `loss_lr<LR>`: training loss vs step per variant (mean over seeds, band min–max);
 //! - `max_logit_lr<LR>`: max |attention logit| vs step per variant (log axis);
 //! - `bleu_lr<LR>`: BLEU vs step per variant (translation runs whose evals carry BLEU);
-//! - `val_loss_vs_lr`: final validation loss vs peak learning rate per variant (log axis).
+//! - `val_loss_vs_lr`: final validation loss vs peak learning rate per variant (log axis);
+//! - `bleu_vs_lr`: final validation BLEU vs peak learning rate per variant (translation sweeps
+//!   over several learning rates).
 //!
 //! Text is drawn with DejaVu Sans 2.37 embedded from the `dejavu` crate (Bitstream Vera license),
 //! so PNGs render the same on a machine without system fonts. PNGs are encoded with the `png` crate
@@ -139,6 +141,9 @@ fn figures(variants: &[String], lrs: &[f64], runs: &[&RunResult], quality: &str)
         figures.extend(curves_at(lr, variants, runs, quality, &band));
     }
     figures.extend(val_loss_vs_lr(variants, lrs, runs, &band));
+    if quality == "bleu" && lrs.len() > 1 {
+        figures.extend(bleu_vs_lr(variants, lrs, runs, &band));
+    }
     figures
 }
 
@@ -259,6 +264,58 @@ fn final_losses(v: &str, i: usize, lrs: &[f64], runs: &[&RunResult]) -> Option<S
                 (Some(l), None) => l,
                 (None, Some(i)) => i,
                 (None, None) => continue,
+            };
+            vals.push(y);
+            markers.push((lr, y, diverged));
+        }
+        if let Some((mean, lo, hi)) = band(&vals) {
+            points.push((lr, mean, lo, hi));
+        }
+    }
+    (!points.is_empty()).then(|| Series {
+        label: v.to_string(),
+        color: color(v, i),
+        points,
+        markers,
+    })
+}
+
+/// Final validation BLEU vs peak learning rate, one line per variant (none when no run ended).
+fn bleu_vs_lr(variants: &[String], lrs: &[f64], runs: &[&RunResult], band: &str) -> Option<Figure> {
+    let series: Vec<Series> = variants
+        .iter()
+        .enumerate()
+        .filter_map(|(i, v)| final_bleus(v, i, lrs, runs))
+        .collect();
+    (!series.is_empty()).then(|| Figure {
+        stem: "bleu_vs_lr".into(),
+        title: format!("Final validation BLEU vs peak LR ({band})"),
+        x_label: "peak learning rate (log scale)".into(),
+        y_label: "final validation BLEU (sacreBLEU, 0–100)".into(),
+        x_log: true,
+        y_log: false,
+        x_steps: false,
+        series,
+        y_cap: None,
+    })
+}
+
+/// Variant `v`'s line of [`bleu_vs_lr`]: per seed the BLEU of the last evaluation; a diverged
+/// run counts what it last scored, 0 if it never decoded, and is marked ×.
+fn final_bleus(v: &str, i: usize, lrs: &[f64], runs: &[&RunResult]) -> Option<Series> {
+    let mut points = vec![];
+    let mut markers = vec![];
+    for &lr in lrs {
+        let mut vals = vec![];
+        for r in runs
+            .iter()
+            .filter(|r| r.variant == v && lr_label(r.lr) == lr_label(lr))
+        {
+            let diverged = r.status == "diverged";
+            let y = match (r.status.as_str(), r.bleu) {
+                ("ok", Some(b)) => b,
+                ("diverged", b) => b.unwrap_or(0.0),
+                _ => continue,
             };
             vals.push(y);
             markers.push((lr, y, diverged));
