@@ -223,112 +223,92 @@ fn curves_at(lr: f64, variants: &[String], runs: &[&RunResult], quality: &str, b
     figures
 }
 
-/// Final validation loss vs peak learning rate, one line per variant (none when no run ended).
+/// Final validation loss vs peak learning rate, one line per variant (none when no run ended):
+/// per seed min(loss, loss at init), so that a diverged run (marked ×) sits at the loss at init.
 fn val_loss_vs_lr(variants: &[String], lrs: &[f64], runs: &[&RunResult], band: &str) -> Option<Figure> {
-    let series: Vec<Series> = variants
-        .iter()
-        .enumerate()
-        .filter_map(|(i, v)| final_losses(v, i, lrs, runs))
-        .collect();
-    (!series.is_empty()).then(|| Figure {
-        stem: "val_loss_vs_lr".into(),
-        title: format!("Final validation loss vs peak LR ({band})"),
-        x_label: "peak learning rate (log scale)".into(),
-        y_label: "final validation loss, capped at the loss at init (nats/token)".into(),
-        x_log: true,
-        y_log: false,
-        x_steps: false,
-        series,
-        y_cap: None,
-    })
+    let capped_loss = |r: &RunResult| {
+        let init = r.init_val_loss.or_else(|| r.vocab_size.map(|n| (n as f64).ln()));
+        match (r.val_loss.filter(|l| l.is_finite()), init) {
+            (Some(l), Some(i)) => Some(l.min(i)),
+            (Some(l), None) => Some(l),
+            (None, init) => init,
+        }
+    };
+    final_vs_lr(
+        "val_loss_vs_lr",
+        format!("Final validation loss vs peak LR ({band})"),
+        "final validation loss, capped at the loss at init (nats/token)",
+        (variants, lrs, runs),
+        &capped_loss,
+    )
 }
 
-/// Variant `v`'s line of [`val_loss_vs_lr`]: per seed min(loss, loss at init), a diverged run
-/// marked ×.
-fn final_losses(v: &str, i: usize, lrs: &[f64], runs: &[&RunResult]) -> Option<Series> {
-    let mut points = vec![];
-    let mut markers = vec![];
-    for &lr in lrs {
-        let mut vals = vec![];
-        for r in runs
-            .iter()
-            .filter(|r| r.variant == v && lr_label(r.lr) == lr_label(lr))
-        {
-            let diverged = r.status == "diverged";
-            if r.status != "ok" && !diverged {
-                continue;
-            }
-            let init = r.init_val_loss.or_else(|| r.vocab_size.map(|n| (n as f64).ln()));
-            let y = match (r.val_loss.filter(|l| l.is_finite()), init) {
-                (Some(l), Some(i)) => l.min(i),
-                (Some(l), None) => l,
-                (None, Some(i)) => i,
-                (None, None) => continue,
-            };
-            vals.push(y);
-            markers.push((lr, y, diverged));
-        }
-        if let Some((mean, lo, hi)) = band(&vals) {
-            points.push((lr, mean, lo, hi));
-        }
-    }
-    (!points.is_empty()).then(|| Series {
-        label: v.to_string(),
-        color: color(v, i),
-        points,
-        markers,
-    })
-}
-
-/// Final validation BLEU vs peak learning rate, one line per variant (none when no run ended).
+/// Final validation BLEU vs peak learning rate, one line per variant (none when no run ended):
+/// per seed the BLEU of the last evaluation; a diverged run (marked ×) counts what it last
+/// scored, 0 if it never decoded.
 fn bleu_vs_lr(variants: &[String], lrs: &[f64], runs: &[&RunResult], band: &str) -> Option<Figure> {
-    let series: Vec<Series> = variants
-        .iter()
-        .enumerate()
-        .filter_map(|(i, v)| final_bleus(v, i, lrs, runs))
-        .collect();
+    let bleu = |r: &RunResult| match r.status.as_str() {
+        "diverged" => Some(r.bleu.unwrap_or(0.0)),
+        _ => r.bleu,
+    };
+    final_vs_lr(
+        "bleu_vs_lr",
+        format!("Final validation BLEU vs peak LR ({band})"),
+        "final validation BLEU (sacreBLEU, 0–100)",
+        (variants, lrs, runs),
+        &bleu,
+    )
+}
+
+/// A final value (`value` of each finished or diverged run; `None` leaves a run out) against the
+/// peak learning rate on a log axis: per variant the mean over seeds, shaded min–max, each seed a
+/// marker (× where it diverged).
+fn final_vs_lr(
+    stem: &str,
+    title: String,
+    y_label: &str,
+    (variants, lrs, runs): (&[String], &[f64], &[&RunResult]),
+    value: &dyn Fn(&RunResult) -> Option<f64>,
+) -> Option<Figure> {
+    let mut series = vec![];
+    for (i, v) in variants.iter().enumerate() {
+        let mut points = vec![];
+        let mut markers = vec![];
+        for &lr in lrs {
+            let mut vals = vec![];
+            for r in runs
+                .iter()
+                .filter(|r| r.variant == *v && lr_label(r.lr) == lr_label(lr))
+                .filter(|r| r.status == "ok" || r.status == "diverged")
+            {
+                if let Some(y) = value(r) {
+                    vals.push(y);
+                    markers.push((lr, y, r.status == "diverged"));
+                }
+            }
+            if let Some((mean, lo, hi)) = band(&vals) {
+                points.push((lr, mean, lo, hi));
+            }
+        }
+        if !points.is_empty() {
+            series.push(Series {
+                label: v.clone(),
+                color: color(v, i),
+                points,
+                markers,
+            });
+        }
+    }
     (!series.is_empty()).then(|| Figure {
-        stem: "bleu_vs_lr".into(),
-        title: format!("Final validation BLEU vs peak LR ({band})"),
+        stem: stem.into(),
+        title,
         x_label: "peak learning rate (log scale)".into(),
-        y_label: "final validation BLEU (sacreBLEU, 0–100)".into(),
+        y_label: y_label.into(),
         x_log: true,
         y_log: false,
         x_steps: false,
         series,
         y_cap: None,
-    })
-}
-
-/// Variant `v`'s line of [`bleu_vs_lr`]: per seed the BLEU of the last evaluation; a diverged
-/// run counts what it last scored, 0 if it never decoded, and is marked ×.
-fn final_bleus(v: &str, i: usize, lrs: &[f64], runs: &[&RunResult]) -> Option<Series> {
-    let mut points = vec![];
-    let mut markers = vec![];
-    for &lr in lrs {
-        let mut vals = vec![];
-        for r in runs
-            .iter()
-            .filter(|r| r.variant == v && lr_label(r.lr) == lr_label(lr))
-        {
-            let diverged = r.status == "diverged";
-            let y = match (r.status.as_str(), r.bleu) {
-                ("ok", Some(b)) => b,
-                ("diverged", b) => b.unwrap_or(0.0),
-                _ => continue,
-            };
-            vals.push(y);
-            markers.push((lr, y, diverged));
-        }
-        if let Some((mean, lo, hi)) = band(&vals) {
-            points.push((lr, mean, lo, hi));
-        }
-    }
-    (!points.is_empty()).then(|| Series {
-        label: v.to_string(),
-        color: color(v, i),
-        points,
-        markers,
     })
 }
 
@@ -459,11 +439,21 @@ where
     let (plot, legend) = body.split_horizontally(SIZE.0 as i32 - LEGEND_WIDTH);
     let ((x0, x1), (y0, y1)) = ranges(fig);
     let r = ((x0, x1), (y0, y1));
+    // A log x axis is the swept learning rates: labelled at each of them, since a sweep within
+    // one decade (2.5e-3 … 2e-2) would otherwise show a single decade label or none.
+    let mut swept: Vec<f64> = fig
+        .series
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| p.0))
+        .collect();
+    swept.sort_by(f64::total_cmp);
+    swept.dedup();
+    let log_x = || (x0..x1).log_scale().with_key_points(swept.clone());
     match (fig.x_log, fig.y_log) {
         (false, false) => draw(&plot, fig, x0..x1, y0..y1, r)?,
-        (true, false) => draw(&plot, fig, (x0..x1).log_scale(), y0..y1, r)?,
+        (true, false) => draw(&plot, fig, log_x(), y0..y1, r)?,
         (false, true) => draw(&plot, fig, x0..x1, (y0..y1).log_scale(), r)?,
-        (true, true) => draw(&plot, fig, (x0..x1).log_scale(), (y0..y1).log_scale(), r)?,
+        (true, true) => draw(&plot, fig, log_x(), (y0..y1).log_scale(), r)?,
     }
     draw_legend(&legend, fig)?;
     root.present().map_err(err)?;
