@@ -341,6 +341,22 @@ pub fn lock_for_reading(run_dir: &Path) -> Result<CheckpointsLock> {
 
 /// Reads and verifies one checkpoint directory.
 pub fn load(dir: &Path, device: &Device) -> Result<Loaded> {
+    let state = verify(dir)?;
+    let params = ParamStore::load(&dir.join(MODEL), candle_core::DType::F32, device)
+        .with_context(|| format!("loading {}", dir.join(MODEL).display()))?;
+    let optimizer = candle_core::safetensors::load(dir.join(OPTIMIZER), device)
+        .with_context(|| format!("loading {}", dir.join(OPTIMIZER).display()))?;
+    Ok(Loaded {
+        dir: dir.to_path_buf(),
+        state,
+        params,
+        optimizer,
+    })
+}
+
+/// Checks one checkpoint directory without loading it: its `state.json` agrees with itself and
+/// its directory, and every file matches the checksum recorded when it was saved.
+pub fn verify(dir: &Path) -> Result<CheckpointState> {
     let state_path = dir.join(STATE);
     let text = ember_data::io::read_own_to_string(&state_path).with_context(|| {
         format!(
@@ -366,16 +382,7 @@ pub fn load(dir: &Path, device: &Device) -> Result<Loaded> {
             );
         }
     }
-    let params = ParamStore::load(&dir.join(MODEL), candle_core::DType::F32, device)
-        .with_context(|| format!("loading {}", dir.join(MODEL).display()))?;
-    let optimizer = candle_core::safetensors::load(dir.join(OPTIMIZER), device)
-        .with_context(|| format!("loading {}", dir.join(OPTIMIZER).display()))?;
-    Ok(Loaded {
-        dir: dir.to_path_buf(),
-        state,
-        params,
-        optimizer,
-    })
+    Ok(state)
 }
 
 /// The step a checkpoint directory's name gives (`step-00000020` → 20; `None` for other names,

@@ -79,8 +79,9 @@ pub fn package(source: &Path, out: &Path) -> Result<Packaged> {
         );
     }
     let (run_dir, ckpt_dir) = checkpoint::run_and_checkpoint(source)?;
-    // Verifies every file of the checkpoint against its state.json before anything is copied.
-    let loaded = checkpoint::load(&ckpt_dir, &Device::Cpu)?;
+    // Every file of the checkpoint against its state.json, before anything is copied (the
+    // weights are copied as bytes, never loaded).
+    let state = checkpoint::verify(&ckpt_dir)?;
     let config_text = ember_data::io::read_own_to_string(ckpt_dir.join(RUN_CONFIG))
         .with_context(|| format!("reading {}", ckpt_dir.join(RUN_CONFIG).display()))?;
     let cfg = RunConfig::from_yaml(&config_text, &ckpt_dir.join(RUN_CONFIG), &[])?;
@@ -114,7 +115,7 @@ pub fn package(source: &Path, out: &Path) -> Result<Packaged> {
             format: FORMAT.into(),
             version: VERSION,
             source: ckpt_dir.display().to_string(),
-            step: loaded.state.step,
+            step: state.step,
             ember: env!("CARGO_PKG_VERSION").into(),
             files,
         };
@@ -143,21 +144,14 @@ pub fn package(source: &Path, out: &Path) -> Result<Packaged> {
     Ok(Packaged {
         dir: out.to_path_buf(),
         checkpoint: ckpt_dir,
-        step: loaded.state.step,
+        step: state.step,
         bytes,
     })
 }
 
-/// A model folder read back and verified.
-pub struct LoadedModelDir {
-    pub manifest: Manifest,
-    pub cfg: RunConfig,
-    pub tokenizer: Tokenizer,
-    pub params: ParamStore,
-}
-
-/// Reads a model folder, checking every file against the manifest's checksum first.
-pub fn load(dir: &Path, device: &Device) -> Result<LoadedModelDir> {
+/// Checks a model folder without loading it: its manifest is one this build reads, names the
+/// files a model needs, and every file matches its checksum.
+pub fn verify(dir: &Path) -> Result<Manifest> {
     let manifest_path = dir.join(MANIFEST);
     let text = ember_data::io::read_own_to_string(&manifest_path)
         .with_context(|| format!("reading {}", manifest_path.display()))?;
@@ -194,17 +188,16 @@ pub fn load(dir: &Path, device: &Device) -> Result<LoadedModelDir> {
             );
         }
     }
-    let cfg = RunConfig::load(&dir.join(RUN_CONFIG), &[])?;
+    Ok(manifest)
+}
+
+/// The tokenizer and weights of a [`verify`]d model folder whose `config.yaml` is `cfg`.
+pub fn read(dir: &Path, cfg: &RunConfig, device: &Device) -> Result<(Tokenizer, ParamStore)> {
     let tokenizer = read_tokenizer(dir, cfg.data.tokenizer.kind)?;
-    check_tokenizer_fits(&tokenizer, dir, &cfg)?;
+    check_tokenizer_fits(&tokenizer, dir, cfg)?;
     let params = ParamStore::load(&dir.join(MODEL), DType::F32, device)
         .with_context(|| format!("loading {}", dir.join(MODEL).display()))?;
-    Ok(LoadedModelDir {
-        manifest,
-        cfg,
-        tokenizer,
-        params,
-    })
+    Ok((tokenizer, params))
 }
 
 /// The tokenizer a run directory (or model folder) holds, read as the run wrote it.

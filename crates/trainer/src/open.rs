@@ -34,14 +34,16 @@ pub struct OpenModel {
 /// corpus is not read.
 pub fn open_model(path: &Path, device_override: Option<&str>) -> Result<OpenModel> {
     if is_model_dir(path) {
+        // Checksums first: the config is read only once it is known to be the packaged one.
+        model_dir::verify(path)?;
         let (cfg, device) = config_and_device(&path.join(RUN_CONFIG), device_override)?;
-        let folder = model_dir::load(path, &device)?;
-        let model = Model::new(&cfg.model, &folder.params)?;
+        let (tokenizer, params) = model_dir::read(path, &cfg, &device)?;
+        let model = Model::new(&cfg.model, &params)?;
         return Ok(OpenModel {
             cfg,
-            tokenizer: folder.tokenizer,
+            tokenizer,
             model,
-            params: folder.params,
+            params,
             device,
             checkpoint: path.to_path_buf(),
         });
