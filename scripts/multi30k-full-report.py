@@ -122,8 +122,9 @@ def main():
         cells = []
         for m, _, digits in METRICS:
             xs = [runs[k][m] for k in keys]
-            sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
-            cells.append(f"{fmt(statistics.mean(xs), digits)} ± {fmt(sd, digits)}")
+            # One seed has no spread to show: its value alone, not "± 0".
+            sd = f" ± {fmt(statistics.stdev(xs), digits)}" if len(xs) > 1 else ""
+            cells.append(f"{fmt(statistics.mean(xs), digits)}{sd}")
         print(f"| {v} | {len(keys)} | " + " | ".join(cells) + " |")
     print()
     print("| variant | paired seeds | " + " | ".join(f"Δ {name} [95% CI]" for _, name, _ in METRICS) + " |")
