@@ -621,6 +621,13 @@ fn a_parquet_dataset_trains_exports_to_hugging_face_and_tokenizes_to_shards() {
     ] {
         assert!(out.join(f).is_file(), "{f}");
     }
+    #[cfg(unix)]
+    {
+        // Written through a 0600 temporary file, the weights still get the mode of the rest.
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |f: &str| std::fs::metadata(out.join(f)).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode("model.safetensors"), mode("config.json"));
+    }
 
     // A run that does not map is refused, naming the setting.
     let gelu = write(

@@ -129,6 +129,25 @@ fn a_model_folder_translates_and_evaluates_exactly_as_the_checkpoint_it_was_pack
         std::fs::read(average.join("model.safetensors")).unwrap(),
         "the checkpoint's weights, unchanged"
     );
+    #[cfg(unix)]
+    {
+        // The weights are written through a temporary file created 0600; they must end up
+        // readable as every other file is (the umask's mode), in a checkpoint and a folder.
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: PathBuf| std::fs::metadata(&p).unwrap().permissions().mode() & 0o777;
+        for dir in [&average, &folder] {
+            for name in ["model.safetensors", "optimizer.safetensors"] {
+                if dir.join(name).exists() {
+                    assert_eq!(
+                        mode(dir.join(name)),
+                        mode(dir.join("config.yaml")),
+                        "{}",
+                        dir.join(name).display()
+                    );
+                }
+            }
+        }
+    }
 
     // Evaluation reads the corpus the config names and scores as the checkpoint does.
     let from_run = eval_test(dir, &average, "run.hyp");
@@ -214,4 +233,26 @@ fn packaging_never_overwrites_and_a_damaged_folder_is_refused_by_name() {
     std::fs::write(dir.join("other/model.json"), "not json").unwrap();
     let err = fails(dir, &["eval", "other"]);
     assert!(err.contains("model.json"), "{err}");
+}
+
+/// The study's released models (docs/results/multi30k-full) are what users download: a change to
+/// the folder format, the config or the model's forward pass must not leave them unreadable or
+/// translating differently.
+#[test]
+fn the_released_multi30k_models_still_open_and_translate() {
+    let released = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/results/multi30k-full");
+    let input = "a man in a red shirt is riding a bike .\n\
+                 two dogs are playing in the snow .\n\
+                 a little girl is eating an apple .\n";
+    let expected = "ein mann in einem roten hemd fährt fahrrad .\n\
+                    zwei hunde spielen im schnee .\n\
+                    ein kleines mädchen isst einen apfel .\n";
+    let elsewhere = tempfile::tempdir().unwrap();
+    for name in ["none-seed1-avg10", "layernorm-seed1-avg10"] {
+        assert_eq!(
+            translate(elsewhere.path(), &released.join(name), input),
+            expected,
+            "{name}"
+        );
+    }
 }

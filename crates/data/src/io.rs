@@ -334,6 +334,14 @@ pub fn write_atomic(path: impl AsRef<Path>, bytes: &[u8]) -> std::io::Result<()>
     sync_parent(path)
 }
 
+/// Gives `path` the permissions of `like`, a file this process created the ordinary way (so
+/// with the umask's mode). The safetensors crate writes through `tempfile`, which creates files
+/// `0600` whatever the umask: without this a checkpoint or a released model folder would be
+/// unreadable by the user's group on a shared cluster.
+pub fn permissions_like(path: &Path, like: &Path) -> std::io::Result<()> {
+    std::fs::set_permissions(path, std::fs::metadata(like)?.permissions())
+}
+
 /// Flushes the directory holding `path`, so that a rename into it survives a power cut.
 /// A directory that cannot be opened for reading (no read permission) is left as it is: the
 /// rename happened, and only its durability over a power cut is not guaranteed.

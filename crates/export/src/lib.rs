@@ -233,6 +233,8 @@ pub fn export_hf(source: &ExportSource, out: &Path) -> Result<HfExport> {
         "config.json",
         &hf_config::model_config(arch, &source.model, specials),
     )?;
+    ember_data::io::permissions_like(&out.join("model.safetensors"), &out.join("config.json"))
+        .with_context(|| format!("writing {}", out.join("model.safetensors").display()))?;
     write_json("generation_config.json", &hf_config::generation_config(specials))?;
     let tokenizer_config = hf_config::tokenizer_config(&source.model, &source.tokenizer)
         .context("the run's tokenizer_config.json is not valid JSON")?;

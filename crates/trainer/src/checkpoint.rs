@@ -250,12 +250,16 @@ fn write_into(
     config_yaml: &str,
 ) -> Result<()> {
     let writing = |p: &Path| format!("writing {}", p.display());
+    fs::write(tmp.join(RUN_CONFIG), config_yaml).with_context(|| writing(&tmp.join(RUN_CONFIG)))?;
     params
         .save(&tmp.join(MODEL))
         .with_context(|| writing(&tmp.join(MODEL)))?;
     candle_core::safetensors::save(optimizer, tmp.join(OPTIMIZER))
         .with_context(|| writing(&tmp.join(OPTIMIZER)))?;
-    fs::write(tmp.join(RUN_CONFIG), config_yaml).with_context(|| writing(&tmp.join(RUN_CONFIG)))?;
+    for name in [MODEL, OPTIMIZER] {
+        ember_data::io::permissions_like(&tmp.join(name), &tmp.join(RUN_CONFIG))
+            .with_context(|| writing(&tmp.join(name)))?;
+    }
     state.files.clear();
     for name in [MODEL, OPTIMIZER, RUN_CONFIG] {
         let path = tmp.join(name);

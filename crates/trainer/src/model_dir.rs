@@ -104,6 +104,9 @@ pub fn package(source: &Path, out: &Path) -> Result<Packaged> {
         fs::copy(ckpt_dir.join(MODEL), tmp.join(MODEL))
             .with_context(|| format!("writing {}", tmp.join(MODEL).display()))?;
         write_atomic(&tmp.join(RUN_CONFIG), config_text.as_bytes())?;
+        // fs::copy keeps the checkpoint's mode: give the weights the umask's, as the config has.
+        ember_data::io::permissions_like(&tmp.join(MODEL), &tmp.join(RUN_CONFIG))
+            .with_context(|| format!("writing {}", tmp.join(MODEL).display()))?;
         tokenizer.save_in(&tmp)?;
         let mut files = BTreeMap::new();
         for name in [MODEL, RUN_CONFIG, TOKENIZER_FILE, TOKENIZER_CONFIG_FILE] {
