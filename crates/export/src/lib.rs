@@ -233,6 +233,7 @@ pub fn export_hf(source: &ExportSource, out: &Path) -> Result<HfExport> {
         "config.json",
         &hf_config::model_config(arch, &source.model, specials),
     )?;
+    // The weights were written through a 0600 temporary file: give them config.json's mode.
     ember_data::io::permissions_like(&out.join("model.safetensors"), &out.join("config.json"))
         .with_context(|| format!("writing {}", out.join("model.safetensors").display()))?;
     write_json("generation_config.json", &hf_config::generation_config(specials))?;

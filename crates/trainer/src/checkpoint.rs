@@ -250,6 +250,7 @@ fn write_into(
     config_yaml: &str,
 ) -> Result<()> {
     let writing = |p: &Path| format!("writing {}", p.display());
+    // The config first: written the ordinary way, its mode is the one the weights are given.
     fs::write(tmp.join(RUN_CONFIG), config_yaml).with_context(|| writing(&tmp.join(RUN_CONFIG)))?;
     params
         .save(&tmp.join(MODEL))
