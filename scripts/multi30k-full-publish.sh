@@ -3,7 +3,7 @@
 # scripts/multi30k-full-eval.sh has scored the finished runs:
 #
 #   runs/<run>/   each finished, evaluated run's config, metrics, summary, test hypotheses and
-#                 scores (no checkpoints or token caches)
+#                 scores (no checkpoints or token caches); a diverged run's config, metrics, summary
 #   report.md, report.json, plots/
 #                 `ember report` over those runs: training curves (loss, max attention logit,
 #                 validation BLEU vs update), validation figures, LR sensitivity when the sweep
@@ -21,12 +21,21 @@ if [[ ${1:-} == --ember ]]; then ember=$(realpath "$2"); shift 2; fi
 sweep=${1%/}
 docs=${2:-docs/results/multi30k-full}
 mkdir -p "$docs/runs"
+# Finished runs only: a run in flight would draw half a curve into the seeds' mean (ember report).
+finished() { python3 -c 'import json,sys; sys.exit(0 if json.load(open(sys.argv[1])).get("finished") else 1)' "$1" 2>/dev/null; }
+# A diverged run is a result too (the LR sweep counts it): its record, without test files.
+diverged() { python3 -c 'import json,sys; sys.exit(0 if json.load(open(sys.argv[1])).get("diverged") else 1)' "$1" 2>/dev/null; }
 for run in "$sweep"/runs/*/; do
   run=${run%/}
-  [[ -f $run/test-avg10.detok.bleu.json && -f $run/test-last.bleu.json ]] || continue
-  out=$docs/runs/$(basename "$run")
-  mkdir -p "$out"
-  cp "$run"/config.yaml "$run"/metrics.jsonl "$run"/summary.json "$run"/test-*.hyp "$run"/test-*.json "$out"/
+  if [[ -f $run/test-avg10.bleu.json ]] && finished "$run/summary.json"; then
+    out=$docs/runs/$(basename "$run")
+    mkdir -p "$out"
+    cp "$run"/config.yaml "$run"/metrics.jsonl "$run"/summary.json "$run"/test-*.hyp "$run"/test-*.json "$out"/
+  elif diverged "$run/summary.json"; then
+    out=$docs/runs/$(basename "$run")
+    mkdir -p "$out"
+    cp "$run"/config.yaml "$run"/metrics.jsonl "$run"/summary.json "$out"/
+  fi
 done
 cp "$sweep"/grid.json "$sweep"/status.json "$docs"/
 
@@ -35,11 +44,9 @@ cp "$sweep"/grid.json "$sweep"/status.json "$docs"/
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/$sweep/runs"
 cp "$sweep"/grid.json "$sweep"/status.json "$work/$sweep"/
-# Finished runs only: a run in flight would draw half a curve into the seeds' mean.
-finished() { python3 -c 'import json,sys; sys.exit(0 if json.load(open(sys.argv[1])).get("finished") else 1)' "$1" 2>/dev/null; }
 for run in "$sweep"/runs/*/; do
   run=${run%/}
-  finished "$run/summary.json" || continue
+  finished "$run/summary.json" || diverged "$run/summary.json" || continue
   mkdir -p "$work/$run"
   for f in config.yaml metrics.jsonl summary.json ablate-stdout.log ablate-stderr.log; do
     [[ -f $run/$f ]] && cp "$run/$f" "$work/$run/"

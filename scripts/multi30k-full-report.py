@@ -11,7 +11,14 @@ mean ± sample standard deviation over seeds; against `none`, the paired differe
 same initial weights shared, same batches) with a two-sided 95% t interval, df = n - 1, the
 statistics of `ember report`.
 
-    scripts/multi30k-full-report.py SWEEP_DIR [SWEEP_DIR ...] [--markdown]
+A sweep over several peak learning rates (part c, configs/multi30k-tiny-lc-lr.yaml) gets, instead,
+the tables per variant and learning rate, and each variant's LR sensitivity in test BLEU: Wortsman
+et al.'s (2023) measure with BLEU for the loss, i.e. per seed the mean over the swept learning rates
+of BLEU* − BLEU(η), BLEU* the seed's best; a run that diverged counts as BLEU 0 (the analogue of
+their capping at the initial loss). Its runs may be scored by the averaged checkpoint alone
+(scripts/multi30k-full-eval.sh --avg10-only): the other columns then read "–".
+
+    scripts/multi30k-full-report.py SWEEP_DIR [SWEEP_DIR ...]
 """
 import argparse
 import json
@@ -32,16 +39,23 @@ METRICS = [
 ]
 
 
+NAN = float("nan")
+
+
 def run_row(d: Path):
-    files = {t: d / f"test-{t}.bleu.json" for t in ("avg10", "last")}
-    if not all(f.is_file() for f in files.values()):
+    """One run's figures; None while it has no averaged-checkpoint score (and has not diverged)."""
+    summary = json.loads((d / "summary.json").read_text()) if (d / "summary.json").is_file() else {}
+    if summary.get("diverged"):
+        return {"diverged": True, "bleu": 0.0}
+    avg_file = d / "test-avg10.bleu.json"
+    if not avg_file.is_file():
         return None
-    avg = json.loads(files["avg10"].read_text())
-    last = json.loads(files["last"].read_text())
+    avg = json.loads(avg_file.read_text())
+    last_file = d / "test-last.bleu.json"
+    bleu_last = json.loads(last_file.read_text())["bleu"]["score"] if last_file.is_file() else NAN
     ev = json.loads((d / "test-avg10.eval.json").read_text())
     detok = d / "test-avg10.detok.bleu.json"
-    bleu_detok = json.loads(detok.read_text())["bleu"]["score"] if detok.is_file() else float("nan")
-    summary = json.loads((d / "summary.json").read_text())
+    bleu_detok = json.loads(detok.read_text())["bleu"]["score"] if detok.is_file() else NAN
     logits = []
     for line in (d / "metrics.jsonl").read_text().splitlines():
         try:
@@ -53,12 +67,13 @@ def run_row(d: Path):
     return {
         "bleu": avg["bleu"]["score"],
         "chrf": avg["chrf"]["score"],
-        "bleu_last": last["bleu"]["score"],
+        "bleu_last": bleu_last,
         "bleu_detok": bleu_detok,
         "loss": ev["loss"],
         "max_logit": max(logits) if logits else float("nan"),
-        "train_h": summary.get("train_secs", float("nan")) / 3600,
-        "wall_h": summary.get("wall_secs", float("nan")) / 3600,
+        "train_h": summary.get("train_secs", NAN) / 3600,
+        "wall_h": summary.get("wall_secs", NAN) / 3600,
+        "diverged": False,
     }
 
 
@@ -100,7 +115,68 @@ def reference_table(runs, variants):
 
 
 def fmt(x, digits):
-    return f"{x:.{digits}f}"
+    return "–" if math.isnan(x) else f"{x:.{digits}f}"
+
+
+def mean_sd(xs, digits):
+    """Mean ± sample sd; one value alone (no "± 0"); "–" when a value is missing."""
+    if any(math.isnan(x) for x in xs):
+        return "–"
+    sd = f" ± {fmt(statistics.stdev(xs), digits)}" if len(xs) > 1 else ""
+    return f"{fmt(statistics.mean(xs), digits)}{sd}"
+
+
+def t_interval(d, digits):
+    """Mean of the differences `d` with its two-sided 95% t interval, as a table cell."""
+    mu = statistics.mean(d)
+    if len(d) < 2:
+        return f"{mu:+.{digits}f} (n = 1)"
+    half = T975.get(len(d) - 1, 1.96) * statistics.stdev(d) / math.sqrt(len(d))
+    return f"{mu:+.{digits}f} [{mu - half:+.{digits}f}, {mu + half:+.{digits}f}]"
+
+
+def lr_sweep_tables(runs, variants, lrs):
+    """Part (c): test figures per variant and learning rate, and the LR sensitivity in test BLEU."""
+    seeds = sorted({k[2] for k in runs})
+    print("Test set per variant and peak learning rate, mean ± sample sd over seeds (a diverged run counts as BLEU 0; the loss is over the runs that did not diverge):")
+    print()
+    print("| variant | " + " | ".join(f"lr {lr}: BLEU" for lr in lrs) + " | "
+          + " | ".join(f"lr {lr}: loss" for lr in lrs) + " |")
+    print("|---|" + "---|" * (2 * len(lrs)))
+    for v in variants:
+        bleu, loss = [], []
+        for lr in lrs:
+            rows = [runs[(v, lr, s)] for s in seeds if (v, lr, s) in runs]
+            div = sum(r["diverged"] for r in rows)
+            note = f" ({div} diverged)" if div else ""
+            bleu.append((mean_sd([r["bleu"] for r in rows], 2) if rows else "–") + note)
+            ok = [r["loss"] for r in rows if not r["diverged"]]
+            loss.append(mean_sd(ok, 4) if ok else "–")
+        print(f"| {v} | " + " | ".join(bleu) + " | " + " | ".join(loss) + " |")
+    print()
+    # Per seed: only seeds with a result at every learning rate give a sensitivity.
+    sens = {}
+    for v in variants:
+        for s in seeds:
+            xs = [runs[(v, lr, s)]["bleu"] for lr in lrs if (v, lr, s) in runs]
+            if len(xs) == len(lrs):
+                sens[(v, s)] = statistics.mean(max(xs) - x for x in xs)
+    print("LR sensitivity in test BLEU (per seed, the mean over the learning rates of the seed's best "
+          "BLEU minus the BLEU at that rate; lower is more robust), and the paired Δ vs `none`:")
+    print()
+    print("| variant | seeds | LR sensitivity (BLEU) | Δ vs none [95% CI] | best lr (mean BLEU) |")
+    print("|---|---|---|---|---|")
+    for v in variants:
+        mine = [s for s in seeds if (v, s) in sens]
+        if not mine:
+            continue
+        pairs = [sens[(v, s)] - sens[("none", s)] for s in mine if ("none", s) in sens]
+        delta = "" if v == "none" or not pairs else t_interval(pairs, 2)
+        by_lr = {lr: [runs[(v, lr, s)]["bleu"] for s in seeds if (v, lr, s) in runs] for lr in lrs}
+        best = max((lr for lr in lrs if by_lr[lr]), key=lambda lr: statistics.mean(by_lr[lr]))
+        print(f"| {v} | {len(mine)} | {mean_sd([sens[(v, s)] for s in mine], 2)} | {delta} | "
+              f"{best} ({statistics.mean(by_lr[best]):.2f}) |")
+    print()
 
 
 def main():
@@ -115,16 +191,18 @@ def main():
             if row:
                 runs[(m[1], m[2], int(m[3]))] = row
     variants = sorted({v for v, _, _ in runs}, key=lambda v: ORDER.index(v) if v in ORDER else 99)
+    lrs = sorted({lr for _, lr, _ in runs}, key=float)
+    if len(lrs) > 1:
+        lr_sweep_tables(runs, variants, lrs)
+        every_run_table(runs)
+        return
+    runs = {k: r for k, r in runs.items() if not r["diverged"]}
     print("| variant | seeds | " + " | ".join(name for _, name, _ in METRICS) + " |")
     print("|---|---|" + "---|" * len(METRICS))
     for v in variants:
         keys = sorted(k for k in runs if k[0] == v)
-        cells = []
-        for m, _, digits in METRICS:
-            xs = [runs[k][m] for k in keys]
-            # One seed has no spread to show: its value alone, not "± 0".
-            sd = f" ± {fmt(statistics.stdev(xs), digits)}" if len(xs) > 1 else ""
-            cells.append(f"{fmt(statistics.mean(xs), digits)}{sd}")
+        # One seed has no spread to show: its value alone, not "± 0".
+        cells = [mean_sd([runs[k][m] for k in keys], digits) for m, _, digits in METRICS]
         print(f"| {v} | {len(keys)} | " + " | ".join(cells) + " |")
     print()
     print("| variant | paired seeds | " + " | ".join(f"Δ {name} [95% CI]" for _, name, _ in METRICS) + " |")
@@ -148,12 +226,20 @@ def main():
     print()
     reference_table(runs, variants)
     print()
+    every_run_table(runs)
+
+
+def every_run_table(runs):
     print("| run | test BLEU avg10 | last | detok. | chrF | test loss | max logit | training h | wall h |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for k in sorted(runs, key=lambda k: (k[2], ORDER.index(k[0]) if k[0] in ORDER else 99)):
+    for k in sorted(runs, key=lambda k: (k[2], ORDER.index(k[0]) if k[0] in ORDER else 99, float(k[1]))):
         r = runs[k]
-        print(f"| {k[0]}-lr{k[1]}-seed{k[2]} | {r['bleu']:.2f} | {r['bleu_last']:.2f} | {r['bleu_detok']:.2f} | {r['chrf']:.2f} | "
-              f"{r['loss']:.4f} | {r['max_logit']:.1f} | {r['train_h']:.2f} | {r['wall_h']:.2f} |")
+        name = f"{k[0]}-lr{k[1]}-seed{k[2]}"
+        if r["diverged"]:
+            print(f"| {name} | diverged |  |  |  |  |  |  |  |")
+            continue
+        print(f"| {name} | {fmt(r['bleu'], 2)} | {fmt(r['bleu_last'], 2)} | {fmt(r['bleu_detok'], 2)} | {fmt(r['chrf'], 2)} | "
+              f"{fmt(r['loss'], 4)} | {fmt(r['max_logit'], 1)} | {fmt(r['train_h'], 2)} | {fmt(r['wall_h'], 2)} |")
 
 
 if __name__ == "__main__":
