@@ -459,6 +459,31 @@ fn the_report_regenerates_identically_without_training() {
 }
 
 #[test]
+fn a_plot_names_the_seeds_behind_each_line_when_the_variants_have_different_counts() {
+    let (_, outcome) = divergent_sweep();
+    let tmp = tempdir();
+    let out = tmp.path().join("copy");
+    copy_tree(&outcome.plan.out, &out);
+    // As if rmsnorm's second seed at 3e-3 were still to run: its line there is one seed, not a mean.
+    fs::remove_dir_all(out.join("runs").join("rmsnorm-lr3e-3-seed2")).unwrap();
+    report::report(&out).unwrap();
+    let svg = |stem: &str| fs::read_to_string(out.join("plots").join(format!("{stem}.svg"))).unwrap();
+    let uneven = svg("loss_lr3e-3");
+    assert!(
+        uneven.contains("rmsnorm (1 seed)") && uneven.contains("none (2 seeds)"),
+        "{uneven}"
+    );
+    assert!(!uneven.contains("mean over 2 seeds"), "{uneven}");
+    // Where every variant has both seeds, the count is said once, in the title.
+    let even = fs::read_to_string(outcome.plan.out.join("plots").join("loss_lr3e-3.svg")).unwrap();
+    assert!(even.contains("mean over 2 seeds"), "{even}");
+    assert!(
+        !even.contains("(2 seeds)") && !even.contains("(1 seed)"),
+        "{even}"
+    );
+}
+
+#[test]
 fn a_crashing_run_is_recorded_as_failed_with_its_stderr_and_the_sweep_goes_on() {
     // A stand-in for `ember`: it writes a finished summary for `none` and crashes for `rmsnorm`.
     let tmp = tempdir();

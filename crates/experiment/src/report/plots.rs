@@ -127,29 +127,78 @@ pub(crate) fn write_plots(
 /// The figures of one group of runs: per-step curves at each peak learning rate, and final
 /// validation loss against it.
 fn figures(variants: &[String], lrs: &[f64], runs: &[&RunResult], quality: &str) -> Vec<Figure> {
-    let n_seeds = runs
-        .iter()
-        .map(|r| r.seed)
-        .collect::<std::collections::BTreeSet<_>>()
-        .len();
-    let band = format!(
-        "mean over {n_seeds} seed{}, shaded min–max",
-        if n_seeds == 1 { "" } else { "s" }
-    );
     let mut figures = vec![];
     for &lr in lrs {
-        figures.extend(curves_at(lr, variants, runs, quality, &band));
+        let at_lr: Vec<&RunResult> = runs
+            .iter()
+            .copied()
+            .filter(|r| lr_label(r.lr) == lr_label(lr))
+            .collect();
+        figures.extend(curves_at(lr, variants, &at_lr, quality));
     }
-    figures.extend(val_loss_vs_lr(variants, lrs, runs, &band));
+    let legend = Legend::new(variants, runs);
+    figures.extend(val_loss_vs_lr(variants, lrs, runs, &legend));
     if quality == "bleu" && lrs.len() > 1 {
-        figures.extend(bleu_vs_lr(variants, lrs, runs, &band));
+        figures.extend(bleu_vs_lr(variants, lrs, runs, &legend));
     }
     figures
 }
 
+/// What a figure's lines average over. Every variant over the same number of seeds: that number,
+/// in the title. Otherwise (a sweep still running, a run that failed) each variant's own count
+/// beside its name, so that a line drawn from one seed does not pass for a mean of three.
+struct Legend {
+    band: String,
+    names: BTreeMap<String, String>,
+}
+
+impl Legend {
+    /// Seeds are counted over the runs that logged a training curve.
+    fn new(variants: &[String], runs: &[&RunResult]) -> Self {
+        let seeds = |v: &str| {
+            runs.iter()
+                .filter(|r| r.variant == v && !r.curves.train_loss.is_empty())
+                .map(|r| r.seed)
+                .collect::<std::collections::BTreeSet<_>>()
+                .len()
+        };
+        let counts: BTreeMap<&String, usize> = variants
+            .iter()
+            .map(|v| (v, seeds(v)))
+            .filter(|&(_, n)| n > 0)
+            .collect();
+        let seeds_phrase = |n: usize| format!("{n} seed{}", if n == 1 { "" } else { "s" });
+        let mut distinct = counts.values().copied().collect::<Vec<_>>();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let same_for_all = distinct.len() <= 1;
+        let names = variants
+            .iter()
+            .map(|v| match counts.get(v) {
+                Some(&n) if !same_for_all => (v.clone(), format!("{v} ({})", seeds_phrase(n))),
+                _ => (v.clone(), v.clone()),
+            })
+            .collect();
+        let band = match distinct.first() {
+            Some(&n) if same_for_all => format!("mean over {}, shaded min–max", seeds_phrase(n)),
+            _ => "mean over each variant's seeds, shaded min–max".to_string(),
+        };
+        Legend { band, names }
+    }
+
+    fn name(&self, variant: &str) -> String {
+        self.names
+            .get(variant)
+            .cloned()
+            .unwrap_or_else(|| variant.to_string())
+    }
+}
+
 /// The per-step figures of one peak learning rate: training loss, max attention logit and (for
 /// translation runs that decode) BLEU, one line per variant.
-fn curves_at(lr: f64, variants: &[String], runs: &[&RunResult], quality: &str, band: &str) -> Vec<Figure> {
+fn curves_at(lr: f64, variants: &[String], runs: &[&RunResult], quality: &str) -> Vec<Figure> {
+    let legend = Legend::new(variants, runs);
+    let band = &legend.band;
     let cell = |v: &str| -> Vec<&RunResult> {
         runs.iter()
             .copied()
@@ -161,7 +210,7 @@ fn curves_at(lr: f64, variants: &[String], runs: &[&RunResult], quality: &str, b
             .iter()
             .enumerate()
             .map(|(i, v)| Series {
-                label: v.clone(),
+                label: legend.name(v),
                 color: color(v, i),
                 points: aggregate(cell(v).into_iter().map(f)),
                 markers: vec![],
@@ -225,7 +274,7 @@ fn curves_at(lr: f64, variants: &[String], runs: &[&RunResult], quality: &str, b
 
 /// Final validation loss vs peak learning rate, one line per variant (none when no run ended):
 /// per seed min(loss, loss at init), so that a diverged run (marked ×) sits at the loss at init.
-fn val_loss_vs_lr(variants: &[String], lrs: &[f64], runs: &[&RunResult], band: &str) -> Option<Figure> {
+fn val_loss_vs_lr(variants: &[String], lrs: &[f64], runs: &[&RunResult], legend: &Legend) -> Option<Figure> {
     let capped_loss = |r: &RunResult| {
         let init = r.init_val_loss.or_else(|| r.vocab_size.map(|n| (n as f64).ln()));
         match (r.val_loss.filter(|l| l.is_finite()), init) {
@@ -236,9 +285,9 @@ fn val_loss_vs_lr(variants: &[String], lrs: &[f64], runs: &[&RunResult], band: &
     };
     final_vs_lr(
         "val_loss_vs_lr",
-        format!("Final validation loss vs peak LR ({band})"),
+        format!("Final validation loss vs peak LR ({})", legend.band),
         "final validation loss, capped at the loss at init (nats/token)",
-        (variants, lrs, runs),
+        (variants, lrs, runs, legend),
         &capped_loss,
     )
 }
@@ -246,16 +295,16 @@ fn val_loss_vs_lr(variants: &[String], lrs: &[f64], runs: &[&RunResult], band: &
 /// Final validation BLEU vs peak learning rate, one line per variant (none when no run ended):
 /// per seed the BLEU of the last evaluation; a diverged run (marked ×) counts what it last
 /// scored, 0 if it never decoded.
-fn bleu_vs_lr(variants: &[String], lrs: &[f64], runs: &[&RunResult], band: &str) -> Option<Figure> {
+fn bleu_vs_lr(variants: &[String], lrs: &[f64], runs: &[&RunResult], legend: &Legend) -> Option<Figure> {
     let bleu = |r: &RunResult| match r.status.as_str() {
         "diverged" => Some(r.bleu.unwrap_or(0.0)),
         _ => r.bleu,
     };
     final_vs_lr(
         "bleu_vs_lr",
-        format!("Final validation BLEU vs peak LR ({band})"),
+        format!("Final validation BLEU vs peak LR ({})", legend.band),
         "final validation BLEU (sacreBLEU, 0–100)",
-        (variants, lrs, runs),
+        (variants, lrs, runs, legend),
         &bleu,
     )
 }
@@ -267,7 +316,7 @@ fn final_vs_lr(
     stem: &str,
     title: String,
     y_label: &str,
-    (variants, lrs, runs): (&[String], &[f64], &[&RunResult]),
+    (variants, lrs, runs, legend): (&[String], &[f64], &[&RunResult], &Legend),
     value: &dyn Fn(&RunResult) -> Option<f64>,
 ) -> Option<Figure> {
     let mut series = vec![];
@@ -292,7 +341,7 @@ fn final_vs_lr(
         }
         if !points.is_empty() {
             series.push(Series {
-                label: v.clone(),
+                label: legend.name(v),
                 color: color(v, i),
                 points,
                 markers,
