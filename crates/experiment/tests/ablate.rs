@@ -426,13 +426,20 @@ fn snapshot(out: &Path) -> BTreeMap<String, Vec<u8>> {
     files
 }
 
-#[test]
-fn the_report_regenerates_identically_without_training() {
-    let (dir, outcome) = divergent_sweep();
+/// A scratch copy of the divergent sweep's output directory, alive as long as the returned
+/// directory handle.
+fn copy_of_divergent_sweep() -> (tempfile::TempDir, PathBuf) {
+    let (_, outcome) = divergent_sweep();
     let tmp = tempdir();
     let out = tmp.path().join("copy");
     copy_tree(&outcome.plan.out, &out);
-    let _ = dir;
+    (tmp, out)
+}
+
+#[test]
+fn the_report_regenerates_identically_without_training() {
+    let (_, outcome) = divergent_sweep();
+    let (_tmp, out) = copy_of_divergent_sweep();
     report::report(&out).unwrap();
     let before = snapshot(&out);
     assert!(
@@ -461,9 +468,7 @@ fn the_report_regenerates_identically_without_training() {
 #[test]
 fn a_plot_names_the_seeds_behind_each_line_when_the_variants_have_different_counts() {
     let (_, outcome) = divergent_sweep();
-    let tmp = tempdir();
-    let out = tmp.path().join("copy");
-    copy_tree(&outcome.plan.out, &out);
+    let (_tmp, out) = copy_of_divergent_sweep();
     // As if rmsnorm's second seed at 3e-3 were still to run: its line there is one seed, not a mean.
     fs::remove_dir_all(out.join("runs").join("rmsnorm-lr3e-3-seed2")).unwrap();
     report::report(&out).unwrap();
