@@ -21,21 +21,20 @@ if [[ ${1:-} == --ember ]]; then ember=$(realpath "$2"); shift 2; fi
 sweep=${1%/}
 docs=${2:-docs/results/multi30k-full}
 mkdir -p "$docs/runs"
-# Finished runs only: a run in flight would draw half a curve into the seeds' mean (ember report).
-finished() { python3 -c 'import json,sys; sys.exit(0 if json.load(open(sys.argv[1])).get("finished") else 1)' "$1" 2>/dev/null; }
-# A diverged run is a result too (the LR sweep counts it): its record, without test files.
-diverged() { python3 -c 'import json,sys; sys.exit(0 if json.load(open(sys.argv[1])).get("diverged") else 1)' "$1" 2>/dev/null; }
+# Whether a run's summary.json sets KEY ("finished", "diverged"). Finished runs only: a run in
+# flight would draw half a curve into the seeds' mean (ember report). A diverged run is a result
+# too (the LR sweep counts it): its record is published, without test files.
+summary_says() { python3 -c 'import json,sys; sys.exit(0 if json.load(open(sys.argv[2])).get(sys.argv[1]) else 1)' "$1" "$2/summary.json" 2>/dev/null; }
 for run in "$sweep"/runs/*/; do
   run=${run%/}
-  if [[ -f $run/test-avg10.bleu.json ]] && finished "$run/summary.json"; then
-    out=$docs/runs/$(basename "$run")
-    mkdir -p "$out"
-    cp "$run"/config.yaml "$run"/metrics.jsonl "$run"/summary.json "$run"/test-*.hyp "$run"/test-*.json "$out"/
-  elif diverged "$run/summary.json"; then
-    out=$docs/runs/$(basename "$run")
-    mkdir -p "$out"
-    cp "$run"/config.yaml "$run"/metrics.jsonl "$run"/summary.json "$out"/
+  record=("$run"/config.yaml "$run"/metrics.jsonl "$run"/summary.json)
+  if [[ -f $run/test-avg10.bleu.json ]] && summary_says finished "$run"; then
+    record+=("$run"/test-*.hyp "$run"/test-*.json)
+  elif ! summary_says diverged "$run"; then
+    continue
   fi
+  mkdir -p "$docs/runs/$(basename "$run")"
+  cp "${record[@]}" "$docs/runs/$(basename "$run")"/
 done
 cp "$sweep"/grid.json "$sweep"/status.json "$docs"/
 
@@ -46,7 +45,7 @@ mkdir -p "$work/$sweep/runs"
 cp "$sweep"/grid.json "$sweep"/status.json "$work/$sweep"/
 for run in "$sweep"/runs/*/; do
   run=${run%/}
-  finished "$run/summary.json" || diverged "$run/summary.json" || continue
+  summary_says finished "$run" || summary_says diverged "$run" || continue
   mkdir -p "$work/$run"
   for f in config.yaml metrics.jsonl summary.json ablate-stdout.log ablate-stderr.log; do
     [[ -f $run/$f ]] && cp "$run/$f" "$work/$run/"

@@ -78,13 +78,9 @@ def run_row(d: Path):
 
 
 def paired(runs, variant, metric):
-    """Differences variant − none on the seeds both finished: (mean, half-width or None, n)."""
-    d = [runs[k][metric] - runs[("none", k[1], k[2])][metric]
-         for k in sorted(runs) if k[0] == variant and ("none", k[1], k[2]) in runs]
-    if not d:
-        return None
-    half = T975.get(len(d) - 1, 1.96) * statistics.stdev(d) / math.sqrt(len(d)) if len(d) > 1 else None
-    return statistics.mean(d), half, len(d)
+    """Differences variant − none on the seeds both finished (empty when none are)."""
+    return [runs[k][metric] - runs[("none", k[1], k[2])][metric]
+            for k in sorted(runs) if k[0] == variant and ("none", k[1], k[2]) in runs]
 
 
 def reference_table(runs, variants):
@@ -94,12 +90,10 @@ def reference_table(runs, variants):
         return f"{statistics.mean(xs):.{digits}f}" if xs else "–"
 
     def delta(v, m, digits):
-        p = paired(runs, v, m)
-        if p is None:
+        d = paired(runs, v, m)
+        if not d:
             return "–"
-        mu, half, n = p
-        ci = f" [{mu - half:+.{digits}f}, {mu + half:+.{digits}f}]" if half is not None else ""
-        return f"{mu:+.{digits}f}{ci} (n = {n})"
+        return t_interval(d, digits) + (f" (n = {len(d)})" if len(d) > 1 else "")
 
     print("| source | task, model | baseline | QK-norm | Δ |")
     print("|---|---|---|---|---|")
@@ -210,18 +204,10 @@ def main():
     for v in variants:
         if v == "none":
             continue
-        cells, n = [], 0
-        for m, _, digits in METRICS:
-            p = paired(runs, v, m)
-            if p is None:
-                break
-            mu, half, n = p
-            if half is None:
-                cells.append(f"{mu:+.{digits}f} (n = 1)")
-            else:
-                cells.append(f"{mu:+.{digits}f} [{mu - half:+.{digits}f}, {mu + half:+.{digits}f}]")
-        if not cells:
+        n = len(paired(runs, v, "bleu"))
+        if not n:
             continue
+        cells = [t_interval(paired(runs, v, m), digits) for m, _, digits in METRICS]
         print(f"| {v} | {n} | " + " | ".join(cells) + " |")
     print()
     reference_table(runs, variants)

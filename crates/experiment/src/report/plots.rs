@@ -149,7 +149,8 @@ fn figures(variants: &[String], lrs: &[f64], runs: &[&RunResult], quality: &str)
 /// beside its name, so that a line drawn from one seed does not pass for a mean of three.
 struct Legend {
     band: String,
-    names: BTreeMap<String, String>,
+    /// Seeds per variant, kept only when the variants differ.
+    uneven_seeds: BTreeMap<String, usize>,
 }
 
 impl Legend {
@@ -162,49 +163,43 @@ impl Legend {
                 .collect::<std::collections::BTreeSet<_>>()
                 .len()
         };
-        let counts: BTreeMap<&String, usize> = variants
+        let mut counts: BTreeMap<String, usize> = variants
             .iter()
-            .map(|v| (v, seeds(v)))
+            .map(|v| (v.clone(), seeds(v)))
             .filter(|&(_, n)| n > 0)
             .collect();
-        let seeds_phrase = |n: usize| format!("{n} seed{}", if n == 1 { "" } else { "s" });
-        let mut distinct = counts.values().copied().collect::<Vec<_>>();
-        distinct.sort_unstable();
-        distinct.dedup();
-        let same_for_all = distinct.len() <= 1;
-        let names = variants
-            .iter()
-            .map(|v| match counts.get(v) {
-                Some(&n) if !same_for_all => (v.clone(), format!("{v} ({})", seeds_phrase(n))),
-                _ => (v.clone(), v.clone()),
-            })
-            .collect();
-        let band = match distinct.first() {
-            Some(&n) if same_for_all => format!("mean over {}, shaded min–max", seeds_phrase(n)),
+        let first = counts.values().next().copied();
+        if counts.values().all(|&n| Some(n) == first) {
+            counts.clear();
+        }
+        let band = match first {
+            Some(n) if counts.is_empty() => format!("mean over {}, shaded min–max", seeds_phrase(n)),
             _ => "mean over each variant's seeds, shaded min–max".to_string(),
         };
-        Legend { band, names }
+        Legend {
+            band,
+            uneven_seeds: counts,
+        }
     }
 
     fn name(&self, variant: &str) -> String {
-        self.names
-            .get(variant)
-            .cloned()
-            .unwrap_or_else(|| variant.to_string())
+        match self.uneven_seeds.get(variant) {
+            Some(&n) => format!("{variant} ({})", seeds_phrase(n)),
+            None => variant.to_string(),
+        }
     }
 }
 
+fn seeds_phrase(n: usize) -> String {
+    format!("{n} seed{}", if n == 1 { "" } else { "s" })
+}
+
 /// The per-step figures of one peak learning rate: training loss, max attention logit and (for
-/// translation runs that decode) BLEU, one line per variant.
+/// translation runs that decode) BLEU, one line per variant; `runs` are that rate's.
 fn curves_at(lr: f64, variants: &[String], runs: &[&RunResult], quality: &str) -> Vec<Figure> {
     let legend = Legend::new(variants, runs);
     let band = &legend.band;
-    let cell = |v: &str| -> Vec<&RunResult> {
-        runs.iter()
-            .copied()
-            .filter(|r| r.variant == v && lr_label(r.lr) == lr_label(lr))
-            .collect()
-    };
+    let cell = |v: &str| -> Vec<&RunResult> { runs.iter().copied().filter(|r| r.variant == v).collect() };
     let series_of = |f: &dyn Fn(&RunResult) -> &Vec<(u64, f64)>| -> Vec<Series> {
         variants
             .iter()
