@@ -248,7 +248,12 @@ fn the_released_multi30k_models_still_open_and_translate() {
                     zwei hunde spielen im schnee .\n\
                     ein kleines mädchen isst einen apfel .\n";
     let elsewhere = tempfile::tempdir().unwrap();
-    for name in ["none-seed1-avg10", "layernorm-seed1-avg10", "rmsnorm-seed1-avg10"] {
+    for name in [
+        "none-seed1-avg10",
+        "layernorm-seed1-avg10",
+        "rmsnorm-seed1-avg10",
+        "l2-seed1-avg10",
+    ] {
         assert_eq!(
             translate(elsewhere.path(), &released.join(name), input),
             expected,
