@@ -16,22 +16,18 @@
 # ~/.cache/ember/moses-venv), created on first use.
 #
 # Runs that are not finished, or already evaluated, are skipped, so it can run after every cell.
-# --avg10-only scores the averaged checkpoint alone (test-avg10.*): for the LR sweep (part c), whose
-# question is the final BLEU per learning rate, it halves the decoding time.
 #
-#   scripts/multi30k-full-eval.sh [--ember BIN] [--avg10-only] SWEEP_DIR...
+#   scripts/multi30k-full-eval.sh [--ember BIN] SWEEP_DIR...
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ember=target/release/ember
-avg10_only=false
 while [[ ${1:-} == --* ]]; do
   case $1 in
     --ember) ember=$2; shift 2 ;;
-    --avg10-only) avg10_only=true; shift ;;
-    *) echo "unknown option $1; usage: $0 [--ember BIN] [--avg10-only] SWEEP_DIR..." >&2; exit 2 ;;
+    *) echo "unknown option $1; usage: $0 [--ember BIN] SWEEP_DIR..." >&2; exit 2 ;;
   esac
 done
-[[ $# -gt 0 ]] || { echo "usage: $0 [--ember BIN] [--avg10-only] SWEEP_DIR..." >&2; exit 2; }
+[[ $# -gt 0 ]] || { echo "usage: $0 [--ember BIN] SWEEP_DIR..." >&2; exit 2; }
 ref=data/multi30k/test_2016_flickr.lc.norm.tok.de
 [[ -f $ref ]] || { echo "$ref is missing: run scripts/get-data.sh" >&2; exit 1; }
 
@@ -61,18 +57,16 @@ for sweep in "$@"; do
       "$ember" average "$run" --last 10 > /dev/null
       score "$run/checkpoints/average-last-10" "$run/test-avg10"
     fi
-    if ! $avg10_only; then
-      if [[ ! -f $run/test-last.bleu.json ]]; then
-        newest=$(ls -d "$run"/checkpoints/step-* | sort | tail -1)
-        score "$newest" "$run/test-last"
-      fi
-      if [[ ! -f $run/test-avg10.detok.bleu.json ]]; then
-        "$py" -c 'import sys; from sacremoses import MosesDetokenizer as D; d = D(lang="de")
+    if [[ ! -f $run/test-last.bleu.json ]]; then
+      newest=$(ls -d "$run"/checkpoints/step-* | sort | tail -1)
+      score "$newest" "$run/test-last"
+    fi
+    if [[ ! -f $run/test-avg10.detok.bleu.json ]]; then
+      "$py" -c 'import sys; from sacremoses import MosesDetokenizer as D; d = D(lang="de")
 for line in open(sys.argv[1], encoding="utf-8"): print(d.detokenize(line.split()))' \
-          "$run/test-avg10.hyp" > "$run/test-avg10.detok.hyp"
-        "$ember" bleu -r "$raw_ref" -i "$run/test-avg10.detok.hyp" --lowercase --metrics bleu,chrf --json \
-          > "$run/test-avg10.detok.bleu.json"
-      fi
+        "$run/test-avg10.hyp" > "$run/test-avg10.detok.hyp"
+      "$ember" bleu -r "$raw_ref" -i "$run/test-avg10.detok.hyp" --lowercase --metrics bleu,chrf --json \
+        > "$run/test-avg10.detok.bleu.json"
     fi
     python3 - "$run" <<'PY'
 import json, os, sys

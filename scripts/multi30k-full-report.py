@@ -15,8 +15,7 @@ A sweep over several peak learning rates (part c, configs/multi30k-tiny-lc-lr.ya
 the tables per variant and learning rate, and each variant's LR sensitivity in test BLEU: Wortsman
 et al.'s (2023) measure with BLEU for the loss, i.e. per seed the mean over the swept learning rates
 of BLEU* − BLEU(η), BLEU* the seed's best; a run that diverged counts as BLEU 0 (the analogue of
-their capping at the initial loss). Its runs may be scored by the averaged checkpoint alone
-(scripts/multi30k-full-eval.sh --avg10-only): the other columns then read "–".
+their capping at the initial loss).
 
     scripts/multi30k-full-report.py SWEEP_DIR [SWEEP_DIR ...]
 """
