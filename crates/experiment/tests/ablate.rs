@@ -479,6 +479,10 @@ fn a_plot_names_the_seeds_behind_each_line_when_the_variants_have_different_coun
         "{uneven}"
     );
     assert!(!uneven.contains("mean over 2 seeds"), "{uneven}");
+    // Across the rates, rmsnorm has both seeds at some and one at 3e-3: a range, not "2 seeds".
+    let across = svg("val_loss_vs_lr");
+    assert!(across.contains("rmsnorm (1–2 seeds)"), "{across}");
+    assert!(!across.contains("mean over 2 seeds"), "{across}");
     // Where every variant has both seeds, the count is said once, in the title.
     let even = fs::read_to_string(outcome.plan.out.join("plots").join("loss_lr3e-3.svg")).unwrap();
     assert!(even.contains("mean over 2 seeds"), "{even}");

@@ -144,54 +144,65 @@ fn figures(variants: &[String], lrs: &[f64], runs: &[&RunResult], quality: &str)
     figures
 }
 
-/// What a figure's lines average over. Every variant over the same number of seeds: that number,
-/// in the title. Otherwise (a sweep still running, a run that failed) each variant's own count
-/// beside its name, so that a line drawn from one seed does not pass for a mean of three.
+/// What a figure's lines average over. Every variant over the same number of seeds at every
+/// rate: that number, in the title. Otherwise (a sweep still running, a run that failed) each
+/// variant's own count beside its name — a range when it differs between rates — so that a point
+/// drawn from one seed does not pass for a mean of three.
 struct Legend {
     band: String,
-    /// Seeds per variant, kept only when the variants differ.
-    uneven_seeds: BTreeMap<String, usize>,
+    /// Fewest and most seeds per rate, per variant, kept only when the counts differ.
+    uneven_seeds: BTreeMap<String, (usize, usize)>,
 }
 
 impl Legend {
-    /// Seeds are counted over the runs that logged a training curve.
+    /// Seeds are counted per rate over the runs that logged a training curve.
     fn new(variants: &[String], runs: &[&RunResult]) -> Self {
-        let seeds = |v: &str| {
-            runs.iter()
+        let seed_range = |v: &str| {
+            let mut per_lr: BTreeMap<String, std::collections::BTreeSet<u64>> = BTreeMap::new();
+            for r in runs
+                .iter()
                 .filter(|r| r.variant == v && !r.curves.train_loss.is_empty())
-                .map(|r| r.seed)
-                .collect::<std::collections::BTreeSet<_>>()
-                .len()
+            {
+                per_lr.entry(lr_label(r.lr)).or_default().insert(r.seed);
+            }
+            let counts = per_lr.values().map(|s| s.len());
+            Some((counts.clone().min()?, counts.max()?))
         };
-        let mut counts: BTreeMap<String, usize> = variants
+        let mut ranges: BTreeMap<String, (usize, usize)> = variants
             .iter()
-            .map(|v| (v.clone(), seeds(v)))
-            .filter(|&(_, n)| n > 0)
+            .filter_map(|v| Some((v.clone(), seed_range(v)?)))
             .collect();
-        let first = counts.values().next().copied();
-        if counts.values().all(|&n| Some(n) == first) {
-            counts.clear();
+        let first = ranges.values().next().copied();
+        if ranges
+            .values()
+            .all(|&(lo, hi)| lo == hi && Some((lo, hi)) == first)
+        {
+            ranges.clear();
         }
         let band = match first {
-            Some(n) if counts.is_empty() => format!("mean over {}, shaded min–max", seeds_phrase(n)),
+            Some((n, _)) if ranges.is_empty() => format!("mean over {}, shaded min–max", seeds_phrase(n, n)),
             _ => "mean over each variant's seeds, shaded min–max".to_string(),
         };
         Legend {
             band,
-            uneven_seeds: counts,
+            uneven_seeds: ranges,
         }
     }
 
     fn name(&self, variant: &str) -> String {
         match self.uneven_seeds.get(variant) {
-            Some(&n) => format!("{variant} ({})", seeds_phrase(n)),
+            Some(&(lo, hi)) => format!("{variant} ({})", seeds_phrase(lo, hi)),
             None => variant.to_string(),
         }
     }
 }
 
-fn seeds_phrase(n: usize) -> String {
-    format!("{n} seed{}", if n == 1 { "" } else { "s" })
+fn seeds_phrase(lo: usize, hi: usize) -> String {
+    match (lo, hi) {
+        (1, 1) => "1 seed".to_string(),
+        (n, m) if n == m => format!("{n} seeds"),
+        (n, m) => format!("{n}–{m} seeds"),
+    }
 }
 
 /// The per-step figures of one peak learning rate: training loss, max attention logit and (for
