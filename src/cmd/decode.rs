@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Result};
 use clap::Args;
-use ember_model::BeamConfig;
+use ember_model::{BeamConfig, LengthPenalty};
 use ember_trainer::config::RunConfig;
 use ember_trainer::{eval_beam, open_model, open_run, OpenModel, OpenRun};
 
@@ -21,9 +21,10 @@ pub(super) struct DecodeArgs {
     /// Beam size (1 = greedy; at most 1024).
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=MAX_BEAM))]
     pub beam: u32,
-    /// GNMT length penalty α.
-    #[arg(long, default_value_t = 0.6)]
-    length_penalty: f64,
+    /// Length penalty: GNMT's α (`0.6`, `gnmt:0.6`: logprob / ((5 + len) / 6)^α) or fairseq's
+    /// `--lenpen` (`fairseq:1`: logprob / len^p).
+    #[arg(long, default_value = "0.6", value_delimiter = ',', value_parser = parse_penalty)]
+    pub length_penalty: Vec<LengthPenalty>,
     /// Decode without the KV cache (same output, slower: for timing the cache).
     #[arg(long)]
     pub no_cache: bool,
@@ -43,17 +44,20 @@ impl DecodeArgs {
         open_model(&self.run, self.device.as_deref())
     }
 
-    /// The run's evaluation decoder with these options.
+    /// The run's evaluation decoder with these options (the first length penalty given; a
+    /// command that scores several ranks the same search under each).
     pub fn beam_config(&self, cfg: &RunConfig) -> Result<BeamConfig> {
-        if !(self.length_penalty.is_finite() && self.length_penalty >= 0.0) {
-            bail!(
-                "--length-penalty must be a number ≥ 0 (0.6 is GNMT's α), got {}",
-                self.length_penalty
-            );
-        }
+        let Some(&penalty) = self.length_penalty.first() else {
+            bail!("--length-penalty needs a value, e.g. 0.6 (GNMT's α) or fairseq:1");
+        };
         let mut beam = eval_beam(cfg, self.beam as usize);
-        beam.length_penalty = self.length_penalty;
+        beam.length_penalty = penalty;
         beam.use_cache = !self.no_cache;
         Ok(beam)
     }
+}
+
+/// `--length-penalty` values: `gnmt:α`, `fairseq:p` or a bare α.
+fn parse_penalty(s: &str) -> std::result::Result<LengthPenalty, String> {
+    s.parse()
 }

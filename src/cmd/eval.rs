@@ -7,8 +7,10 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use ember_model::Model;
+use ember_sacrebleu::{BleuConfig, Tokenize};
 use ember_trainer::context::{evaluate_context, ContextEval, ContextOptions};
-use ember_trainer::translate::score_split;
+use ember_trainer::tell;
+use ember_trainer::translate::score_split_under;
 use ember_trainer::{evaluate, say, Split};
 
 use super::decode::DecodeArgs;
@@ -23,7 +25,11 @@ const MAX_CONTEXT: u64 = 65_536;
 #[derive(Args)]
 #[command(
     mut_arg("beam", |a| a.help("Translation: beam size for BLEU/chrF (1 = greedy)")),
-    mut_arg("length_penalty", |a| a.help("Translation: GNMT length penalty α")),
+    mut_arg("length_penalty", |a| a.help(
+        "Translation: length penalty, GNMT's α (0.6 or gnmt:0.6) or fairseq's lenpen (fairseq:1); \
+         several, comma-separated, rank one search under each and report every one (--output and \
+         the headline take the highest BLEU; choose on --split valid)"
+    )),
     mut_arg("no_cache", |a| a.help(
         "Translation: decode without the KV cache (re-runs the decoder over the whole prefix at \
          every step; the same output, slower: for timing the cache)"
@@ -41,6 +47,10 @@ pub(crate) struct EvalArgs {
     /// Translation: write the detokenised hypotheses to this file.
     #[arg(long)]
     output: Option<PathBuf>,
+    /// Translation: BLEU's tokenisation, as `ember bleu --tokenize`: 13a (sacreBLEU's default),
+    /// intl, or none (for text that is tokenised already, e.g. Multi30k's *.lc.norm.tok.*).
+    #[arg(long, default_value = "13a", value_parser = parse_tokenize)]
+    tokenize: Tokenize,
     /// Language models: evaluate windows of N tokens of the validation split (past the training
     /// length too) and report loss and attention entropy by position.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=MAX_CONTEXT))]
@@ -94,10 +104,53 @@ pub(crate) fn run(args: EvalArgs) -> Result<()> {
                 .context("this run's corpus has no test split")?,
         };
         let beam = args.decode.beam_config(&run.cfg)?;
-        let scores = score_split(m, &run.data.tokenizer, pairs, &beam, None, &run.device)?;
+        let penalties = &args.decode.length_penalty;
+        if penalties.len() > 1 && split == Split::Test {
+            tell!(
+                "warning: comparing {} length penalties on the test split; choose one on \
+                 `--split valid` and score test with it alone, or the test score is no longer held out",
+                penalties.len()
+            );
+        }
+        let bleu = BleuConfig {
+            tokenize: args.tokenize,
+            ..BleuConfig::default()
+        };
+        let all = score_split_under(
+            m,
+            &run.data.tokenizer,
+            pairs,
+            &beam,
+            penalties,
+            &bleu,
+            None,
+            &run.device,
+        )?;
+        // The first of the highest BLEU: ties go to the penalty listed first.
+        let best = (0..all.len())
+            .rev()
+            .max_by(|&a, &b| all[a].bleu.score.total_cmp(&all[b].bleu.score))
+            .context("no length penalty to score")?;
+        let scores = &all[best];
         if let Some(path) = &args.output {
             std::fs::write(path, scores.hypotheses.join("\n") + "\n")
                 .with_context(|| format!("writing {}", path.display()))?;
+        }
+        if all.len() > 1 {
+            for s in &all {
+                lines.push(format!(
+                    "length penalty {:<12} BLEU {:6.2}  BP {:.3}  ratio {:.3}  chrF {:6.2}",
+                    s.length_penalty.to_string(),
+                    s.bleu.score,
+                    s.bleu.bp,
+                    s.bleu.ratio,
+                    s.chrf.score
+                ));
+            }
+            lines.push(format!(
+                "highest BLEU under length penalty {}:",
+                scores.length_penalty
+            ));
         }
         lines.push(scores.bleu.format());
         lines.push(scores.chrf.format());
@@ -115,6 +168,10 @@ pub(crate) fn run(args: EvalArgs) -> Result<()> {
         ));
         out["bleu"] = serde_json::to_value(&scores.bleu)?;
         out["chrf"] = serde_json::to_value(&scores.chrf)?;
+        out["length_penalty"] = scores.length_penalty.to_string().into();
+        if all.len() > 1 {
+            out["length_penalties"] = serde_json::to_value(&all)?;
+        }
         out["beam"] = args.decode.beam.into();
         out["kv_cache"] = (!args.decode.no_cache).into();
         out["sentences_per_sec"] = (scores.sentences as f64 / scores.secs.max(1e-9)).into();
@@ -172,4 +229,9 @@ fn context_lines(checkpoint: &Path, r: &ContextEval) -> Vec<String> {
         ));
     }
     lines
+}
+
+/// `--tokenize`: a sacreBLEU tokenizer name.
+fn parse_tokenize(s: &str) -> std::result::Result<Tokenize, String> {
+    s.parse().map_err(|e| format!("{e}"))
 }

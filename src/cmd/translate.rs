@@ -28,6 +28,13 @@ pub(crate) fn run(args: TranslateArgs) -> Result<()> {
             args.decode.run.display()
         );
     };
+    if args.decode.length_penalty.len() > 1 {
+        bail!(
+            "translate takes one --length-penalty, got {}; to compare several, score them on the \
+             validation split with `ember eval RUN --split valid --length-penalty A,B,...`",
+            args.decode.length_penalty.len()
+        );
+    }
     let beam = args.decode.beam_config(&run.cfg)?;
     let mut bytes = Vec::new();
     std::io::stdin()

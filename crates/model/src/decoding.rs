@@ -19,8 +19,9 @@
 //!
 //! At step `t` (hypotheses of `t` tokens after BOS), each sentence takes its `2·k` best
 //! continuations over all its live hypotheses, ranked by cumulative log-probability. An EOS
-//! continuation among the first `k` finishes a hypothesis, scored with the GNMT length penalty
-//! (Wu et al. 2016): `score = logprob / ((5 + len) / 6)^α`, `len` counting the EOS. The first `k`
+//! continuation among the first `k` finishes a hypothesis, scored with the length penalty
+//! ([`LengthPenalty`]: GNMT's `logprob / ((5 + len) / 6)^α` by default, or fairseq's
+//! `logprob / len^p`), `len` counting the EOS. The first `k`
 //! non-EOS continuations form the next beam (taking `2·k` candidates guarantees `k` of them,
 //! since each live hypothesis contributes at most one EOS).
 //!
@@ -29,6 +30,9 @@
 //! the sentence's real tokens), where EOS is forced on every live hypothesis. EOS is suppressed
 //! before `min_len` tokens (the maximum length wins if `min_len` exceeds it). Its n-best list is
 //! its best `n_best` finished hypotheses by score. With `k = 1` this is exactly greedy search.
+//! Which hypotheses finish depends on log-probabilities alone, never on the length penalty, so
+//! [`beam_search_finished`] returns them all and [`rank`] orders them for any penalty: one
+//! search, every penalty (how a study tunes α on its validation set at the cost of one decode).
 //! Like fairseq's, the rule does not prove that no live hypothesis could still overtake the
 //! finished ones; it stops where the beam itself says the search is over, which keeps
 //! decoding time proportional to the output length.
@@ -40,6 +44,7 @@
 use candle_core::{bail, DType, Device, Result, Tensor};
 
 use crate::layers::ForwardCtx;
+use crate::length_penalty::LengthPenalty;
 use crate::transformer::{DecoderCache, LanguageModel, Memory, Seq2Seq};
 use ember_rng::SplitMix64;
 
@@ -48,9 +53,10 @@ use ember_rng::SplitMix64;
 pub struct BeamConfig {
     /// Hypotheses kept per sentence (`k`). Greedy search ignores it.
     pub beam_size: usize,
-    /// GNMT length-penalty exponent α: `score = logprob / ((5 + len) / 6)^α`. 0 ranks by raw
-    /// log-probability (which favours short outputs); larger values favour longer ones.
-    pub length_penalty: f64,
+    /// How finished hypotheses of different lengths are ranked (GNMT's α or fairseq's p). 0
+    /// ranks by raw log-probability (which favours short outputs); larger values favour longer
+    /// ones.
+    pub length_penalty: LengthPenalty,
     /// Maximum output length (tokens, EOS excluded) is `⌊max_len_a · src_len + max_len_b⌋`,
     /// with `src_len` the real (unpadded) length of each source.
     pub max_len_a: f64,
@@ -75,7 +81,7 @@ impl Default for BeamConfig {
     fn default() -> Self {
         Self {
             beam_size: 5,
-            length_penalty: 0.6,
+            length_penalty: LengthPenalty::Gnmt(0.6),
             max_len_a: 1.2,
             max_len_b: 10,
             min_len: 0,
@@ -106,11 +112,8 @@ impl BeamConfig {
                 self.n_best
             );
         }
-        if !self.length_penalty.is_finite() {
-            bail!(
-                "length_penalty must be a finite number, got {}",
-                self.length_penalty
-            );
+        if let Err(e) = self.length_penalty.check() {
+            bail!("{e}");
         }
         if !(self.max_len_a.is_finite() && self.max_len_a >= 0.0) {
             bail!("max_len_a must be a non-negative number, got {}", self.max_len_a);
@@ -132,8 +135,7 @@ impl BeamConfig {
 
     /// The length-penalised score of a finished hypothesis of `tokens` tokens plus EOS.
     pub fn score(&self, logprob: f64, tokens: usize) -> f64 {
-        let len = (tokens + 1) as f64;
-        logprob / ((5.0 + len) / 6.0).powf(self.length_penalty)
+        self.length_penalty.score(logprob, tokens)
     }
 }
 
@@ -190,6 +192,40 @@ pub fn greedy(
 /// `src` (B, S), its `n_best` hypotheses, best first; `src_mask` (B, S) is 1 at real tokens.
 /// Sentences of different lengths decode exactly as they would alone.
 pub fn beam_search(
+    model: &Seq2Seq,
+    src: &Tensor,
+    src_mask: Option<&Tensor>,
+    bos: u32,
+    eos: u32,
+    cfg: &BeamConfig,
+) -> Result<Vec<Vec<Hypothesis>>> {
+    Ok(beam_search_finished(model, src, src_mask, bos, eos, cfg)?
+        .into_iter()
+        .map(|list| rank(list, cfg.length_penalty, cfg.n_best))
+        .collect())
+}
+
+/// The `n` best of a sentence's finished hypotheses (as [`beam_search_finished`] returns them)
+/// under `penalty`, best first, each scored with it. Equal scores keep the order in which the
+/// hypotheses finished, as [`beam_search`] does.
+pub fn rank(finished: Vec<Hypothesis>, penalty: LengthPenalty, n: usize) -> Vec<Hypothesis> {
+    let mut list: Vec<Hypothesis> = finished
+        .into_iter()
+        .map(|h| Hypothesis {
+            score: penalty.score(h.logprob, h.tokens.len()),
+            ..h
+        })
+        .collect();
+    // Stable: equal scores keep the order in which they finished.
+    list.sort_by(|a, b| b.score.total_cmp(&a.score));
+    list.truncate(n);
+    list
+}
+
+/// Beam search's every finished hypothesis per sentence, in the order they finished (scored
+/// with `cfg`'s length penalty, which does not change which ones finish). [`rank`] with any
+/// penalty then gives exactly what [`beam_search`] with that penalty returns.
+pub fn beam_search_finished(
     model: &Seq2Seq,
     src: &Tensor,
     src_mask: Option<&Tensor>,
@@ -254,11 +290,6 @@ pub fn beam_search(
         stepper.select(&parents)?;
         rows = next;
         step += 1;
-    }
-    for list in &mut finished {
-        // Stable: equal scores keep the order in which they finished.
-        list.sort_by(|a, b| b.score.total_cmp(&a.score));
-        list.truncate(cfg.n_best);
     }
     Ok(finished)
 }

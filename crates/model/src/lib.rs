@@ -20,6 +20,7 @@ mod attention;
 mod config;
 mod decoding;
 mod layers;
+mod length_penalty;
 mod params;
 mod rope;
 mod transformer;
@@ -28,8 +29,11 @@ pub use attention::{Attention, CrossKv, KvCache};
 pub use config::{
     Arch, ConfigError, MlpKind, ModelConfig, NormKind, Positions, QkNorm, MAX_LAYERS, MAX_SEQ_LEN,
 };
-pub use decoding::{beam_search, greedy, sample, BeamConfig, Hypothesis, SampleConfig};
+pub use decoding::{
+    beam_search, beam_search_finished, greedy, rank, sample, BeamConfig, Hypothesis, SampleConfig,
+};
 pub use layers::{AttentionStats, DropoutRng, ForwardCtx, Telemetry};
+pub use length_penalty::LengthPenalty;
 pub use params::ParamStore;
 pub use rope::Rotary;
 pub use transformer::{init_model, DecoderCache, LanguageModel, Memory, Model, ModelError, Seq2Seq};

@@ -4,7 +4,10 @@ mod common;
 
 use candle_core::{DType, Device, Tensor};
 use common::*;
-use ember_model::{beam_search, greedy, sample, BeamConfig, Hypothesis, SampleConfig};
+use ember_model::{
+    beam_search, beam_search_finished, greedy, rank, sample, BeamConfig, Hypothesis, LengthPenalty,
+    SampleConfig,
+};
 use ember_model::{Arch, ForwardCtx, LanguageModel, MlpKind, Model, ModelConfig, NormKind, QkNorm, Seq2Seq};
 
 const BOS: u32 = 1;
@@ -115,7 +118,7 @@ fn beam(k: usize, n_best: usize, alpha: f64) -> BeamConfig {
     BeamConfig {
         beam_size: k,
         n_best,
-        length_penalty: alpha,
+        length_penalty: LengthPenalty::Gnmt(alpha),
         ..BeamConfig::default()
     }
 }
@@ -461,7 +464,11 @@ fn invalid_settings_and_inputs_are_errors_not_panics() {
             ..ok.clone()
         },
         BeamConfig {
-            length_penalty: f64::NAN,
+            length_penalty: LengthPenalty::Gnmt(f64::NAN),
+            ..ok.clone()
+        },
+        BeamConfig {
+            length_penalty: LengthPenalty::Fairseq(-1.0),
             ..ok.clone()
         },
         BeamConfig {
@@ -564,6 +571,80 @@ fn beam_search_matches_a_direct_transcription_of_the_stopping_rule() {
                 assert_same(a, b, &format!("k={k} α={alpha} sentence {i} hypothesis {j}"));
             }
         }
+    }
+}
+
+#[test]
+fn one_search_ranked_under_any_length_penalty_is_the_search_with_that_penalty() {
+    let (model, c) = translator(32);
+    let m = model.as_seq2seq().unwrap();
+    let sents = sentences(&[5, 8, 3, 6, 1, 9], c.vocab(), 1500);
+    let (src, mask) = padded(&sents);
+    let searched_once = beam_search_finished(m, &src, Some(&mask), BOS, EOS, &beam(5, 5, 0.6)).unwrap();
+    let penalties = [
+        LengthPenalty::Gnmt(0.0),
+        LengthPenalty::Gnmt(0.6),
+        LengthPenalty::Gnmt(1.2),
+        LengthPenalty::Fairseq(0.5),
+        LengthPenalty::Fairseq(1.0),
+    ];
+    let mut winners = std::collections::BTreeSet::new();
+    for penalty in penalties {
+        let cfg = BeamConfig {
+            length_penalty: penalty,
+            ..beam(5, 3, 0.0)
+        };
+        let direct = beam_search(m, &src, Some(&mask), BOS, EOS, &cfg).unwrap();
+        for (i, (list, finished)) in direct.iter().zip(&searched_once).enumerate() {
+            let ranked = rank(finished.clone(), penalty, 3);
+            assert_eq!(ranked.len(), list.len(), "{penalty} sentence {i}");
+            for (a, b) in ranked.iter().zip(list) {
+                assert_eq!(a.tokens, b.tokens, "{penalty} sentence {i}");
+                assert_eq!(a.score, b.score, "{penalty} sentence {i}");
+            }
+            winners.insert((i, list[0].tokens.clone()));
+        }
+    }
+    // The test means something only if the penalties disagree somewhere.
+    assert!(
+        winners.len() > sents.len(),
+        "every penalty picked the same outputs"
+    );
+}
+
+#[test]
+fn fairseqs_length_penalty_divides_by_the_length_to_the_power_p() {
+    let (model, c) = translator(32);
+    let m = model.as_seq2seq().unwrap();
+    let (src, mask) = padded(&sentences(&[4, 7], c.vocab(), 1600));
+    let cfg = BeamConfig {
+        length_penalty: LengthPenalty::Fairseq(1.0),
+        ..beam(4, 4, 0.0)
+    };
+    for list in beam_search(m, &src, Some(&mask), BOS, EOS, &cfg).unwrap() {
+        for hyp in &list {
+            // fairseq's default: the mean log-probability per token, EOS counted.
+            let mean = hyp.logprob / (hyp.tokens.len() + 1) as f64;
+            assert!((hyp.score - mean).abs() <= 1e-12, "{hyp:?}");
+        }
+    }
+}
+
+#[test]
+fn length_penalties_read_and_print_as_kind_colon_strength() {
+    for (text, penalty) in [
+        ("0.6", LengthPenalty::Gnmt(0.6)),
+        ("gnmt:1.2", LengthPenalty::Gnmt(1.2)),
+        ("fairseq:1", LengthPenalty::Fairseq(1.0)),
+        (" fairseq : 0.5 ", LengthPenalty::Fairseq(0.5)),
+    ] {
+        let read: LengthPenalty = text.parse().unwrap();
+        assert_eq!(read, penalty, "{text}");
+        assert_eq!(read.to_string().parse::<LengthPenalty>().unwrap(), penalty);
+    }
+    for bad in ["", "x", "gnmt:", "fairseq:-1", "gnmt:nan", "wu:0.6", "gnmt:inf"] {
+        let err = bad.parse::<LengthPenalty>().unwrap_err();
+        assert!(err.contains("length") || err.contains("penalty"), "{bad}: {err}");
     }
 }
 

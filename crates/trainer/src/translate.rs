@@ -4,7 +4,7 @@
 use anyhow::{bail, Result};
 use candle_core::{Device, Tensor};
 use ember_data::{PairSplit, Tokenizer};
-use ember_model::{beam_search, greedy, BeamConfig, Seq2Seq};
+use ember_model::{beam_search_finished, greedy, rank, BeamConfig, Hypothesis, LengthPenalty, Seq2Seq};
 use ember_sacrebleu::{corpus_bleu, corpus_chrf, BleuConfig, BleuScore, ChrfConfig, ChrfScore};
 use serde::Serialize;
 
@@ -29,11 +29,42 @@ pub fn translate_ids(
     beam: &BeamConfig,
     device: &Device,
 ) -> Result<Vec<Translation>> {
+    decode_finished(model, tokenizer, sources, beam, device)?
+        .into_iter()
+        .map(|finished| best_translation(tokenizer, finished, beam.length_penalty))
+        .collect()
+}
+
+/// The best of a sentence's finished hypotheses under `penalty`, as text.
+fn best_translation(
+    tokenizer: &Tokenizer,
+    finished: Vec<Hypothesis>,
+    penalty: LengthPenalty,
+) -> Result<Translation> {
+    let Some(hyp) = rank(finished, penalty, 1).pop() else {
+        bail!("a sentence ended without a hypothesis");
+    };
+    Ok(Translation {
+        text: tokenizer.decode(&hyp.tokens)?,
+        tokens: hyp.tokens,
+        score: hyp.score,
+    })
+}
+
+/// Every finished hypothesis of each source (in the sources' order; for greedy search, the one),
+/// to be ranked under any length penalty: the search does not depend on it.
+pub fn decode_finished(
+    model: &Seq2Seq,
+    tokenizer: &Tokenizer,
+    sources: &[Vec<u32>],
+    beam: &BeamConfig,
+    device: &Device,
+) -> Result<Vec<Vec<Hypothesis>>> {
     let pad = tokenizer.pad_id();
     // Longest first: batches of similar lengths waste little on padding.
     let mut order: Vec<usize> = (0..sources.len()).collect();
     order.sort_by_key(|&i| std::cmp::Reverse(sources[i].len()));
-    let mut out: Vec<Option<Translation>> = vec![None; sources.len()];
+    let mut out: Vec<Vec<Hypothesis>> = vec![Vec::new(); sources.len()];
     let mut start = 0;
     while start < order.len() {
         let longest = sources[order[start]].len().max(1);
@@ -50,30 +81,26 @@ pub fn translate_ids(
         let src = Tensor::from_vec(ids, (batch.len(), longest), device)?;
         let src_mask = Tensor::from_vec(mask, (batch.len(), longest), device)?;
         let (bos, eos) = (tokenizer.bos_id(), tokenizer.eos_id());
-        let best: Vec<_> = if beam.beam_size <= 1 {
+        let finished: Vec<Vec<Hypothesis>> = if beam.beam_size <= 1 {
             greedy(model, &src, Some(&src_mask), bos, eos, beam)?
-        } else {
-            beam_search(model, &src, Some(&src_mask), bos, eos, beam)?
                 .into_iter()
-                .map(|mut n| n.remove(0))
+                .map(|h| vec![h])
                 .collect()
+        } else {
+            beam_search_finished(model, &src, Some(&src_mask), bos, eos, beam)?
         };
-        if best.len() != batch.len() {
+        if finished.len() != batch.len() {
             bail!(
-                "decoding returned {} hypotheses for {} sentences",
-                best.len(),
+                "decoding returned {} hypothesis lists for {} sentences",
+                finished.len(),
                 batch.len()
             );
         }
-        for (&i, hyp) in batch.iter().zip(best) {
-            out[i] = Some(Translation {
-                text: tokenizer.decode(&hyp.tokens)?,
-                tokens: hyp.tokens,
-                score: hyp.score,
-            });
+        for (&i, list) in batch.iter().zip(finished) {
+            out[i] = list;
         }
     }
-    Ok(out.into_iter().flatten().collect())
+    Ok(out)
 }
 
 /// Translates raw text lines.
@@ -140,6 +167,9 @@ pub fn translate_source_lines(
 pub struct SplitScores {
     pub bleu: BleuScore,
     pub chrf: ChrfScore,
+    /// The length penalty the hypotheses were ranked under.
+    #[serde(serialize_with = "as_text")]
+    pub length_penalty: LengthPenalty,
     pub sentences: usize,
     pub secs: f64,
     #[serde(skip)]
@@ -155,20 +185,52 @@ pub fn score_split(
     limit: Option<usize>,
     device: &Device,
 ) -> Result<SplitScores> {
+    let penalties = [beam.length_penalty];
+    let bleu = BleuConfig::default();
+    let mut scores = score_split_under(model, tokenizer, split, beam, &penalties, &bleu, limit, device)?;
+    Ok(scores.remove(0))
+}
+
+/// [`score_split`] under each of `penalties` (in that order), from one search, with BLEU as
+/// `bleu` says: what a study tunes its length penalty with. Each result's `secs` is the one
+/// search's time.
+#[allow(clippy::too_many_arguments)]
+pub fn score_split_under(
+    model: &Seq2Seq,
+    tokenizer: &Tokenizer,
+    split: &PairSplit,
+    beam: &BeamConfig,
+    penalties: &[LengthPenalty],
+    bleu: &BleuConfig,
+    limit: Option<usize>,
+    device: &Device,
+) -> Result<Vec<SplitScores>> {
     let n = limit.unwrap_or(usize::MAX).min(split.examples.len());
     let sources: Vec<Vec<u32>> = split.examples[..n].iter().map(|e| e.source.clone()).collect();
     let t0 = std::time::Instant::now();
-    let hyps: Vec<String> = translate_ids(model, tokenizer, &sources, beam, device)?
-        .into_iter()
-        .map(|t| t.text)
-        .collect();
+    let finished = decode_finished(model, tokenizer, &sources, beam, device)?;
     let secs = t0.elapsed().as_secs_f64();
     let refs = [split.references[..n].to_vec()];
-    Ok(SplitScores {
-        bleu: corpus_bleu(&hyps, &refs, &BleuConfig::default())?,
-        chrf: corpus_chrf(&hyps, &refs, &ChrfConfig::default())?,
-        sentences: n,
-        secs,
-        hypotheses: hyps,
-    })
+    penalties
+        .iter()
+        .map(|&penalty| {
+            let hyps: Vec<String> = finished
+                .iter()
+                .map(|list| Ok(best_translation(tokenizer, list.clone(), penalty)?.text))
+                .collect::<Result<_>>()?;
+            Ok(SplitScores {
+                bleu: corpus_bleu(&hyps, &refs, bleu)?,
+                chrf: corpus_chrf(&hyps, &refs, &ChrfConfig::default())?,
+                length_penalty: penalty,
+                sentences: n,
+                secs,
+                hypotheses: hyps,
+            })
+        })
+        .collect()
+}
+
+/// A length penalty in JSON: its `gnmt:0.6` form.
+fn as_text<S: serde::Serializer>(penalty: &LengthPenalty, s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.collect_str(penalty)
 }
