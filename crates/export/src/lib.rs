@@ -21,7 +21,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use candle_core::{Device, Tensor};
 use ember_data::{Tokenizer, TokenizerKind, TOKENIZER_FILE};
-use ember_model::{Arch, ForwardCtx, MlpKind, Model, ModelConfig, NormKind, Positions, QkNorm};
+use ember_model::{
+    Arch, ForwardCtx, MlpKind, Model, ModelConfig, NormKind, NormPlacement, Positions, QkNorm,
+};
 use ember_trainer::checkpoint;
 use ember_trainer::config::RunConfig;
 use ember_trainer::run_dir::RUN_CONFIG;
@@ -69,8 +71,20 @@ pub fn architecture(cfg: &ModelConfig) -> std::result::Result<HfArch, Vec<String
     if cfg.norm == NormKind::Layernorm {
         blockers.push("model.norm: layernorm (Llama and Qwen3 use RMSNorm)".to_string());
     }
-    if cfg.mlp == MlpKind::Gelu {
-        blockers.push("model.mlp: gelu (Llama and Qwen3 use SwiGLU)".to_string());
+    match cfg.mlp {
+        MlpKind::Gelu => blockers.push("model.mlp: gelu (Llama and Qwen3 use SwiGLU)".to_string()),
+        MlpKind::Relu => blockers.push("model.mlp: relu (Llama and Qwen3 use SwiGLU)".to_string()),
+        MlpKind::Swiglu => {}
+    }
+    if cfg.norm_placement == NormPlacement::Post {
+        blockers
+            .push("model.norm_placement: post (Llama and Qwen3 are pre-norm, with a final norm)".to_string());
+    }
+    if cfg.scale_embeddings {
+        blockers.push(
+            "model.scale_embeddings: true (Llama and Qwen3 do not scale their embeddings by sqrt(d_model))"
+                .to_string(),
+        );
     }
     match cfg.qk_norm {
         QkNorm::Layernorm => blockers.push(

@@ -22,6 +22,21 @@ pub enum MlpKind {
     Swiglu,
     /// `down(gelu(up(x)))` with the exact (erf) GELU, as in the original GPT/BERT blocks.
     Gelu,
+    /// `down(relu(up(x)))`, as in the original Transformer and fairseq's `transformer` models.
+    Relu,
+}
+
+/// Where each block's norms sit relative to its residual adds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NormPlacement {
+    /// `x + branch(norm(x))`, with a final norm after each stack (GPT-2 onwards, LLaMA;
+    /// fairseq's `--encoder-normalize-before`).
+    #[default]
+    Pre,
+    /// `norm(x + branch(x))` and no final norm (the original Transformer, Vaswani et al. 2017;
+    /// fairseq's `transformer` default, Wu et al.'s Transformer-Tiny).
+    Post,
 }
 
 /// The residual-stream normalisation (pre-norm) and, for `qk_norm`, the per-head normalisation.
@@ -45,6 +60,10 @@ pub enum Positions {
     Learned,
     /// No position information at all (causal attention alone; NoPE).
     None,
+    /// The fixed sinusoids of Vaswani et al. 2017, added to the token embeddings, in fairseq's
+    /// layout: the first half of each vector holds sin(p·ωᵢ), the second cos(p·ωᵢ), with
+    /// ωᵢ = 10000^(−i / (d/2 − 1)). No parameters; `max_seq_len` bounds the positions.
+    Sinusoidal,
 }
 
 /// How queries and keys are normalised per head before their dot product.
@@ -103,6 +122,13 @@ pub struct ModelConfig {
     pub mlp: MlpKind,
     #[serde(default = "default_norm")]
     pub norm: NormKind,
+    /// Where the residual-stream norms sit: `pre` (default) or `post` (the original
+    /// Transformer's `norm(x + branch(x))`, without a final norm). Post-norm projections all
+    /// start at `init_std`: the norm after every residual add already bounds the stream, so the
+    /// depth scaling of pre-norm's output projections does not apply. Left out when `pre`, so
+    /// configs written before it hash the same.
+    #[serde(default, skip_serializing_if = "NormPlacement::is_pre")]
+    pub norm_placement: NormPlacement,
     /// `norm: layernorm` only: give the residual-stream LayerNorms (each block's pre-norms and
     /// the final norm) a learned bias. nanoGPT's default (`bias=False`) and OLMo drop it, the
     /// original GPT-2 keeps it; `false` matches the former. RMSNorm never has a bias, and the
@@ -116,9 +142,15 @@ pub struct ModelConfig {
     /// Longest sequence (source or target) the rotary tables or learned positions cover.
     #[serde(default = "default_max_seq_len")]
     pub max_seq_len: usize,
-    /// Position information: `rope` (default), `learned` or `none`.
+    /// Position information: `rope` (default), `learned`, `sinusoidal` or `none`.
     #[serde(default = "default_positions")]
     pub positions: Positions,
+    /// Multiply token embeddings by √d_model before positions are added (Vaswani et al.;
+    /// fairseq unless `--no-scale-embedding`): with `init_std` = d_model^−½ the scaled
+    /// embeddings have unit variance, like the sinusoids they are added to. Left out when
+    /// false, so configs written before it hash the same.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub scale_embeddings: bool,
     #[serde(default = "default_qk_norm")]
     pub qk_norm: QkNorm,
     /// `l2` only: the initial value g₀ of the learnable logit scale. Leave it out for Henry et
@@ -182,6 +214,12 @@ fn default_init_std() -> f64 {
     0.02
 }
 
+impl NormPlacement {
+    fn is_pre(&self) -> bool {
+        *self == NormPlacement::Pre
+    }
+}
+
 /// A configuration value that cannot build a model. `key` is the YAML path of the offending field.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("{key}: {message}")]
@@ -231,11 +269,13 @@ impl ModelConfig {
             d_ff: 32,
             mlp: default_mlp(),
             norm: default_norm(),
+            norm_placement: NormPlacement::Pre,
             norm_bias: true,
             norm_eps: default_norm_eps(),
             rope_theta: default_rope_theta(),
             max_seq_len: 64,
             positions: default_positions(),
+            scale_embeddings: false,
             qk_norm: default_qk_norm(),
             qk_norm_init_scale: None,
             qk_norm_length: None,

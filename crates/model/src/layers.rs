@@ -8,7 +8,7 @@
 
 use std::sync::Mutex;
 
-use candle_core::{Result, Tensor, D};
+use candle_core::{DType, Device, Result, Tensor, D};
 use candle_nn::{Init, VarBuilder};
 
 use ember_rng::SplitMix64;
@@ -118,17 +118,43 @@ impl Telemetry {
     }
 }
 
-/// A learned table of position embeddings (GPT-2's `wpe`), added to a stack's token embeddings.
+/// The sinusoidal position embeddings of positions `0..max_len` (max_len × dim, f32), in
+/// fairseq's layout: the first half of each row holds sin(p·ωᵢ), the second cos(p·ωᵢ), with
+/// ωᵢ = 10000^(−i / (dim/2 − 1)); a last column of zeros when `dim` is odd. Computed in f64.
+pub fn sinusoids(max_len: usize, dim: usize, device: &Device) -> Result<Tensor> {
+    let half = dim / 2;
+    let step = 10_000f64.ln() / (half.max(2) - 1) as f64;
+    let mut table = vec![0f32; max_len * dim];
+    if dim > 0 {
+        for (p, row) in table.chunks_mut(dim).enumerate() {
+            for i in 0..half {
+                let angle = p as f64 * (-(i as f64) * step).exp();
+                row[i] = angle.sin() as f32;
+                row[half + i] = angle.cos() as f32;
+            }
+        }
+    }
+    Tensor::from_vec(table, (max_len, dim), device)
+}
+
+/// A table of position embeddings added to a stack's token embeddings: learned (GPT-2's
+/// `wpe`, a parameter) or the fixed sinusoids of Vaswani et al. (a constant).
 #[derive(Clone)]
-pub struct LearnedPositions {
+pub struct PositionTable {
     table: Tensor,
     max_len: usize,
 }
 
-impl LearnedPositions {
-    /// A `max_len` × `dim` table, initialised (and named `weight`) like the token embedding.
-    pub fn new(vb: VarBuilder, max_len: usize, dim: usize, std: f64) -> Result<Self> {
+impl PositionTable {
+    /// A learned `max_len` × `dim` table, initialised (and named `weight`) like the token embedding.
+    pub fn learned(vb: VarBuilder, max_len: usize, dim: usize, std: f64) -> Result<Self> {
         let table = Embedding::new(vb, max_len, dim, std)?.weight().clone();
+        Ok(Self { table, max_len })
+    }
+
+    /// The fixed table of [`sinusoids`], stored in `dtype`.
+    pub fn sinusoidal(max_len: usize, dim: usize, dtype: DType, device: &Device) -> Result<Self> {
+        let table = sinusoids(max_len, dim, device)?.to_dtype(dtype)?;
         Ok(Self { table, max_len })
     }
 
@@ -137,8 +163,9 @@ impl LearnedPositions {
         let t = x.dim(1)?;
         if offset + t > self.max_len {
             candle_core::bail!(
-                "sequence position {} is beyond model.max_seq_len = {}, the length of the learned \
-                 position table; raise max_seq_len (and retrain) or shorten the input",
+                "sequence position {} is beyond model.max_seq_len = {}, the length of the \
+                 position table; raise max_seq_len (and retrain, for learned positions) or \
+                 shorten the input",
                 offset + t,
                 self.max_len
             );
@@ -278,6 +305,7 @@ pub fn l2_normalize(x: &Tensor, d: usize, eps: f64) -> Result<Tensor> {
 /// The feed-forward block.
 #[derive(Clone)]
 pub struct Mlp {
+    kind: MlpKind,
     gate: Option<Linear>,
     up: Linear,
     down: Linear,
@@ -295,9 +323,10 @@ impl Mlp {
     ) -> Result<Self> {
         let gate = match kind {
             MlpKind::Swiglu => Some(Linear::new(vb.pp("gate_proj"), d_model, d_ff, std)?),
-            MlpKind::Gelu => None,
+            MlpKind::Gelu | MlpKind::Relu => None,
         };
         Ok(Self {
+            kind,
             gate,
             up: Linear::new(vb.pp("up_proj"), d_model, d_ff, std)?,
             down: Linear::new(vb.pp("down_proj"), d_ff, d_model, down_std)?,
@@ -306,9 +335,10 @@ impl Mlp {
 
     /// The block of `x` written into the residual stream `to`.
     pub fn forward(&self, x: &Tensor, to: Residual, ctx: ForwardCtx) -> Result<Tensor> {
-        let hidden = match &self.gate {
-            Some(gate) => ember_kernels::swiglu(&gate.forward(x)?, &self.up.forward(x)?)?,
-            None => self.up.forward_gelu(x)?,
+        let hidden = match (&self.gate, self.kind) {
+            (Some(gate), _) => ember_kernels::swiglu(&gate.forward(x)?, &self.up.forward(x)?)?,
+            (None, MlpKind::Relu) => self.up.forward(x)?.relu()?,
+            (None, _) => self.up.forward_gelu(x)?,
         };
         self.down.forward_residual(&hidden, to, ctx)
     }

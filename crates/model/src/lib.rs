@@ -27,12 +27,13 @@ mod transformer;
 
 pub use attention::{Attention, CrossKv, KvCache};
 pub use config::{
-    Arch, ConfigError, MlpKind, ModelConfig, NormKind, Positions, QkNorm, MAX_LAYERS, MAX_SEQ_LEN,
+    Arch, ConfigError, MlpKind, ModelConfig, NormKind, NormPlacement, Positions, QkNorm, MAX_LAYERS,
+    MAX_SEQ_LEN,
 };
 pub use decoding::{
     beam_search, beam_search_finished, greedy, rank, sample, BeamConfig, Hypothesis, SampleConfig,
 };
-pub use layers::{AttentionStats, DropoutRng, ForwardCtx, Telemetry};
+pub use layers::{sinusoids, AttentionStats, DropoutRng, ForwardCtx, Telemetry};
 pub use length_penalty::LengthPenalty;
 pub use params::ParamStore;
 pub use rope::Rotary;

@@ -1,7 +1,8 @@
-//! Pre-norm transformer stacks and the two models built from them.
+//! Transformer stacks and the two models built from them.
 //!
-//! Every block is `x + branch(norm(x))`, and each stack ends in a final norm. Parameter names
-//! (as saved in `model.safetensors`):
+//! Every block is `x + branch(norm(x))` and each stack ends in a final norm (pre-norm, the
+//! default), or every block is `norm(x + branch(x))` with no final norm (`norm_placement:
+//! post`, the original Transformer's). Parameter names (as saved in `model.safetensors`):
 //!
 //! ```text
 //! embed.weight                                  token embedding (shared by encoder and decoder)
@@ -11,10 +12,10 @@
 //! encoder.layers.{i}.self_attn.{q,k}_norm.{weight,bias}   qk_norm: rmsnorm | layernorm
 //! encoder.layers.{i}.self_attn.qk_scale         qk_norm: l2 (the learnable g)
 //! encoder.layers.{i}.mlp_norm.*, encoder.layers.{i}.mlp.{gate,up,down}_proj.weight
-//! encoder.norm.*
+//! encoder.norm.*                                pre-norm only
 //! encoder.embed_positions.weight                positions: learned (max_seq_len × d_model)
 //! decoder.layers.{i}.{attn_norm,self_attn,cross_attn_norm,cross_attn,mlp_norm,mlp}.*
-//! decoder.norm.*
+//! decoder.norm.*                                pre-norm only
 //! decoder.embed_positions.weight                positions: learned
 //! ```
 //! A language model has the `decoder.*` stack only, without cross-attention.
@@ -22,7 +23,8 @@
 //! Initialisation: embeddings and projections are normal(0, init_std); the projections that
 //! write into the residual stream (attention `o_proj`, MLP `down_proj`) use init_std/√R, with R
 //! the number of residual branches in their stack (2 per encoder or LM layer, 3 per seq2seq
-//! decoder layer), so the stream's variance at init does not grow with depth (GPT-2's rule).
+//! decoder layer), so the stream's variance at init does not grow with depth (GPT-2's rule;
+//! post-norm keeps init_std there, since its norms rescale the stream after every branch).
 //! Norm gains start at 1, biases at 0, and the `l2` scale g at g₀.
 
 use candle_core::{DType, Result, Tensor};
@@ -30,9 +32,9 @@ use candle_nn::VarBuilder;
 use ember_kernels::{causal_mask, padding_mask};
 
 use crate::attention::{Attention, CrossKv, KvCache};
-use crate::config::Positions;
 use crate::config::{Arch, ConfigError, ModelConfig};
-use crate::layers::{dropout, Embedding, ForwardCtx, LearnedPositions, Linear, Mlp, Norm, Residual};
+use crate::config::{NormPlacement, Positions};
+use crate::layers::{dropout, Embedding, ForwardCtx, Linear, Mlp, Norm, PositionTable, Residual};
 use crate::params::ParamStore;
 use crate::rope::Rotary;
 
@@ -131,14 +133,19 @@ impl DecoderCache {
     }
 }
 
-/// Number of residual branches per layer → init std of the residual output projections.
+/// Number of residual branches per layer → init std of the residual output projections
+/// (pre-norm's depth scaling; post-norm keeps `init_std`).
 fn residual_std(cfg: &ModelConfig, layers: usize, branches_per_layer: usize) -> f64 {
-    cfg.init_std / ((layers * branches_per_layer) as f64).sqrt()
+    match cfg.norm_placement {
+        NormPlacement::Pre => cfg.init_std / ((layers * branches_per_layer) as f64).sqrt(),
+        NormPlacement::Post => cfg.init_std,
+    }
 }
 
-/// One pre-norm block: self-attention, cross-attention (seq2seq decoder layers only), MLP — each
-/// `x + branch(norm(x))`. Encoder layers and decoder layers differ only in the cross-attention
-/// and in the mask they are given (padding vs causal).
+/// One block: self-attention, cross-attention (seq2seq decoder layers only), MLP — each
+/// `x + branch(norm(x))` (pre-norm) or `norm(x + branch(x))` (post-norm). Encoder layers and
+/// decoder layers differ only in the cross-attention and in the mask they are given (padding
+/// vs causal).
 struct Layer {
     attn_norm: Norm,
     self_attn: Attention,
@@ -147,6 +154,7 @@ struct Layer {
     mlp: Mlp,
     /// Dropout on each branch's output, applied in the residual add.
     dropout: f64,
+    placement: NormPlacement,
 }
 
 impl Layer {
@@ -181,7 +189,25 @@ impl Layer {
                 out_std,
             )?,
             dropout: cfg.dropout,
+            placement: cfg.norm_placement,
         })
+    }
+
+    /// One residual branch around `norm`: `branch` gets its input and the stream to write into.
+    fn sublayer(
+        &self,
+        norm: &Norm,
+        x: &Tensor,
+        branch: impl FnOnce(&Tensor, Residual) -> Result<Tensor>,
+    ) -> Result<Tensor> {
+        let into = Residual {
+            stream: x,
+            dropout: self.dropout,
+        };
+        match self.placement {
+            NormPlacement::Pre => branch(&norm.forward(x)?, into),
+            NormPlacement::Post => norm.forward(&branch(x, into)?),
+        }
     }
 
     fn forward(
@@ -196,16 +222,11 @@ impl Layer {
             Some(c) => (Some(&mut c.self_kv), Some(&mut c.cross_kv)),
             None => (None, None),
         };
-        let into = |stream| Residual {
-            stream,
-            dropout: self.dropout,
-        };
-        let x = self
-            .self_attn
-            .forward_self(&self.attn_norm.forward(x)?, into(x), self_mask, self_kv, ctx)?;
+        let x = self.sublayer(&self.attn_norm, x, |h, into| {
+            self.self_attn.forward_self(h, into, self_mask, self_kv, ctx)
+        })?;
         let x = match (&self.cross, memory) {
-            (Some((norm, attn)), Some(memory)) => {
-                let h = norm.forward(&x)?;
+            (Some((norm, attn)), Some(memory)) => self.sublayer(norm, &x, |h, into| {
                 let mask = memory.mask.as_ref();
                 match cross_kv {
                     Some(slot) => {
@@ -213,36 +234,64 @@ impl Layer {
                             *slot = Some(attn.cross_kv(&memory.hidden)?);
                         }
                         let kv = slot.as_ref().expect("filled above");
-                        attn.forward_cross(&h, kv, into(&x), mask, ctx)?
+                        attn.forward_cross(h, kv, into, mask, ctx)
                     }
-                    None => attn.forward_cross(&h, &attn.cross_kv(&memory.hidden)?, into(&x), mask, ctx)?,
+                    None => attn.forward_cross(h, &attn.cross_kv(&memory.hidden)?, into, mask, ctx),
                 }
-            }
+            })?,
             (Some(_), None) => candle_core::bail!("a seq2seq decoder needs the encoder output"),
             (None, _) => x,
         };
-        self.mlp.forward(&self.mlp_norm.forward(&x)?, into(&x), ctx)
+        self.sublayer(&self.mlp_norm, &x, |h, into| self.mlp.forward(h, into, ctx))
     }
 }
 
-/// The learned position table of a stack, when the model uses learned positions.
-fn learned_positions(vb: &VarBuilder, cfg: &ModelConfig) -> Result<Option<LearnedPositions>> {
+/// The position table of a stack, when the model adds one to its embeddings.
+fn position_table(vb: &VarBuilder, cfg: &ModelConfig) -> Result<Option<PositionTable>> {
     match cfg.positions {
-        Positions::Learned => Ok(Some(LearnedPositions::new(
+        Positions::Learned => Ok(Some(PositionTable::learned(
             vb.pp("embed_positions"),
             cfg.max_seq_len,
             cfg.d_model,
             cfg.init_std,
         )?)),
+        Positions::Sinusoidal => Ok(Some(PositionTable::sinusoidal(
+            cfg.max_seq_len,
+            cfg.d_model,
+            vb.dtype(),
+            vb.device(),
+        )?)),
         Positions::Rope | Positions::None => Ok(None),
+    }
+}
+
+/// The final norm of a pre-norm stack (a post-norm stack's last block ends in its own norm).
+fn final_norm(vb: &VarBuilder, cfg: &ModelConfig) -> Result<Option<Norm>> {
+    match cfg.norm_placement {
+        NormPlacement::Pre => Ok(Some(Norm::new(
+            vb.pp("norm"),
+            cfg.norm,
+            cfg.d_model,
+            cfg.norm_eps,
+            cfg.norm_bias,
+        )?)),
+        NormPlacement::Post => Ok(None),
+    }
+}
+
+/// `x` through the final norm, when the stack has one.
+fn finish(norm: &Option<Norm>, x: Tensor) -> Result<Tensor> {
+    match norm {
+        Some(norm) => norm.forward(&x),
+        None => Ok(x),
     }
 }
 
 /// The encoder stack of a seq2seq model.
 struct Encoder {
-    positions: Option<LearnedPositions>,
+    positions: Option<PositionTable>,
     layers: Vec<Layer>,
-    norm: Norm,
+    norm: Option<Norm>,
 }
 
 impl Encoder {
@@ -254,9 +303,9 @@ impl Encoder {
             .map(|i| Layer::new(vb.pp(format!("layers.{i}")), cfg, rotary, None, out_std, false))
             .collect::<Result<_>>()?;
         Ok(Self {
-            positions: learned_positions(&vb, cfg)?,
+            positions: position_table(&vb, cfg)?,
             layers,
-            norm: Norm::new(vb.pp("norm"), cfg.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias)?,
+            norm: final_norm(&vb, cfg)?,
         })
     }
 
@@ -265,15 +314,15 @@ impl Encoder {
         for layer in &self.layers {
             x = layer.forward(&x, mask, None, None, ctx)?;
         }
-        self.norm.forward(&x)
+        finish(&self.norm, x)
     }
 }
 
 /// The decoder stack: the whole of a language model, the target side of a seq2seq model.
 struct Decoder {
-    positions: Option<LearnedPositions>,
+    positions: Option<PositionTable>,
     layers: Vec<Layer>,
-    norm: Norm,
+    norm: Option<Norm>,
 }
 
 impl Decoder {
@@ -293,9 +342,9 @@ impl Decoder {
             .map(|i| Layer::new(vb.pp(format!("layers.{i}")), cfg, rotary, logn, out_std, cross))
             .collect::<Result<_>>()?;
         Ok(Self {
-            positions: learned_positions(&vb, cfg)?,
+            positions: position_table(&vb, cfg)?,
             layers,
-            norm: Norm::new(vb.pp("norm"), cfg.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias)?,
+            norm: final_norm(&vb, cfg)?,
         })
     }
 
@@ -330,7 +379,7 @@ impl Decoder {
                 }
             }
         }
-        self.norm.forward(&x)
+        finish(&self.norm, x)
     }
 }
 
@@ -338,6 +387,8 @@ impl Decoder {
 struct TokenIo {
     embed: Embedding,
     lm_head: Linear,
+    /// √d_model with `scale_embeddings`, else 1.
+    embed_scale: f64,
     dropout: f64,
 }
 
@@ -352,19 +403,29 @@ impl TokenIo {
         Ok(Self {
             embed,
             lm_head,
+            embed_scale: if cfg.scale_embeddings {
+                (cfg.d_model as f64).sqrt()
+            } else {
+                1.0
+            },
             dropout: cfg.dropout,
         })
     }
-    /// Token embeddings of `ids` (B, T), plus the learned positions `offset..offset + T` of the
-    /// stack they feed when it has them, then dropout.
+    /// Token embeddings of `ids` (B, T) (times √d_model with `scale_embeddings`), plus the
+    /// positions `offset..offset + T` of the stack they feed when it has a table, then dropout.
     fn embed(
         &self,
         ids: &Tensor,
-        positions: Option<&LearnedPositions>,
+        positions: Option<&PositionTable>,
         offset: usize,
         ctx: ForwardCtx,
     ) -> Result<Tensor> {
         let x = self.embed.forward(ids)?;
+        let x = if self.embed_scale == 1.0 {
+            x
+        } else {
+            (x * self.embed_scale)?
+        };
         let x = match positions {
             Some(p) => p.add(&x, offset)?,
             None => x,
@@ -510,7 +571,7 @@ impl Model {
                 params.dtype(),
                 params.device(),
             )?),
-            Positions::Learned | Positions::None => None,
+            Positions::Learned | Positions::Sinusoidal | Positions::None => None,
         };
         Ok(match cfg.arch {
             Arch::Lm => Model::Lm(LanguageModel::new(vb, cfg, rotary.as_ref())?),

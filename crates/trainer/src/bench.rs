@@ -75,7 +75,7 @@ pub fn flops_per_token(cfg: &ModelConfig, src_len: f64, tgt_len: f64) -> f64 {
     let attn_proj = 2.0 * d * q + 2.0 * d * kv;
     let mlp = match cfg.mlp {
         ember_model::MlpKind::Swiglu => 3.0 * d * cfg.d_ff as f64,
-        ember_model::MlpKind::Gelu => 2.0 * d * cfg.d_ff as f64,
+        ember_model::MlpKind::Gelu | ember_model::MlpKind::Relu => 2.0 * d * cfg.d_ff as f64,
     };
     let layer = attn_proj + mlp;
     let head = cfg.vocab() as f64 * d;

@@ -44,7 +44,7 @@ pub fn parameter_count(m: &ModelConfig) -> f64 {
     let attention = 2.0 * d * q + 2.0 * d * kv + bias;
     let mlp = match m.mlp {
         MlpKind::Swiglu => 3.0 * d * m.d_ff as f64,
-        MlpKind::Gelu => 2.0 * d * m.d_ff as f64,
+        MlpKind::Gelu | MlpKind::Relu => 2.0 * d * m.d_ff as f64,
     };
     let norms = 4.0 * d;
     let vocab = m.vocab() as f64;
@@ -56,7 +56,7 @@ pub fn parameter_count(m: &ModelConfig) -> f64 {
     let stacks = if m.arch == Arch::Seq2seq { 2.0 } else { 1.0 };
     let learned = match m.positions {
         Positions::Learned => stacks * m.max_seq_len as f64 * d,
-        Positions::Rope | Positions::None => 0.0,
+        Positions::Rope | Positions::Sinusoidal | Positions::None => 0.0,
     };
     embeddings + learned + encoder + decoder
 }
@@ -128,6 +128,8 @@ pub fn estimate(m: &ModelConfig, train: BatchShape, eval: BatchShape, shares: us
         // their f32 tensors (8) and the f32 half tables (4): 28 bytes, 7 f32s.
         positions: match m.positions {
             Positions::Rope => 7.0 * m.max_seq_len as f64 * m.head_dim() as f64 * F32,
+            // The sinusoid table: one f32 per position and model dimension per stack.
+            Positions::Sinusoidal => 2.0 * m.max_seq_len as f64 * m.d_model as f64 * F32,
             Positions::Learned | Positions::None => 0.0,
         },
     }

@@ -7,7 +7,7 @@ use ember_rng::SplitMix64;
 
 pub const ALL_QK: [QkNorm; 4] = [QkNorm::None, QkNorm::Layernorm, QkNorm::Rmsnorm, QkNorm::L2];
 pub const ALL_NORMS: [NormKind; 2] = [NormKind::Rmsnorm, NormKind::Layernorm];
-pub const ALL_MLPS: [MlpKind; 2] = [MlpKind::Swiglu, MlpKind::Gelu];
+pub const ALL_MLPS: [MlpKind; 3] = [MlpKind::Swiglu, MlpKind::Gelu, MlpKind::Relu];
 pub const ALL_ARCHS: [Arch; 2] = [Arch::Lm, Arch::Seq2seq];
 
 pub fn cfg(arch: Arch, qk: QkNorm, norm: NormKind, mlp: MlpKind) -> ModelConfig {
@@ -96,4 +96,44 @@ pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f64 {
         .unwrap()
         .to_scalar::<f64>()
         .unwrap()
+}
+
+/// Central differences in f64 against autograd, on a few entries of every parameter.
+pub fn check_against_finite_differences(c: &ModelConfig) {
+    let (model, params) = build(c, DType::F64);
+    perturb(&params, 0.1, 7);
+    let vocab = c.vocab();
+    let grads = loss(&model, vocab).unwrap().backward().unwrap();
+    let h = 1e-6;
+    for (name, var) in params.vars() {
+        let analytic: Vec<f64> = grads
+            .get(var.as_tensor())
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let base: Vec<f64> = var.as_tensor().flatten_all().unwrap().to_vec1().unwrap();
+        let n = base.len();
+        for &i in &[0, n / 2, n - 1] {
+            let eval_at = |delta: f64| {
+                let mut v = base.clone();
+                v[i] += delta;
+                var.set(&Tensor::from_vec(v, var.shape(), var.device()).unwrap())
+                    .unwrap();
+                loss(&model, vocab).unwrap().to_scalar::<f64>().unwrap()
+            };
+            let numeric = (eval_at(h) - eval_at(-h)) / (2.0 * h);
+            var.set(&Tensor::from_vec(base.clone(), var.shape(), var.device()).unwrap())
+                .unwrap();
+            let err = (numeric - analytic[i]).abs();
+            assert!(
+                err <= 1e-6 + 1e-5 * analytic[i].abs(),
+                "{:?}/{:?}: d loss / d {name}[{i}]: autograd {} vs finite difference {numeric}",
+                c.arch,
+                c.qk_norm,
+                analytic[i]
+            );
+        }
+    }
 }

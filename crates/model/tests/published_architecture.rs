@@ -1,0 +1,210 @@
+//! Specification: the original Transformer's block as fairseq builds it (Wu et al.'s
+//! Transformer-Tiny): post-norm residual blocks, sinusoidal positions added to √d-scaled
+//! embeddings, and a ReLU MLP — each checked against its definition, and every parameter of
+//! every combination learning with autograd's gradient equal to the finite difference.
+
+mod common;
+
+use candle_core::{DType, Device, Tensor, Var, D};
+use common::*;
+use ember_model::{
+    sinusoids, Arch, ForwardCtx, MlpKind, ModelConfig, NormKind, NormPlacement, Positions, QkNorm,
+};
+
+fn fairseq_block(arch: Arch, qk: QkNorm) -> ModelConfig {
+    let mut c = cfg(arch, qk, NormKind::Layernorm, MlpKind::Relu);
+    c.norm_placement = NormPlacement::Post;
+    c.positions = Positions::Sinusoidal;
+    c.scale_embeddings = true;
+    c
+}
+
+fn var(params: &ember_model::ParamStore, name: &str) -> Var {
+    params
+        .vars()
+        .into_iter()
+        .find(|(n, _)| n == name)
+        .unwrap_or_else(|| panic!("no parameter {name}"))
+        .1
+}
+
+fn layer_norm(x: &Tensor, gain: &Tensor, bias: &Tensor, eps: f64) -> Tensor {
+    let mean = x.mean_keepdim(D::Minus1).unwrap();
+    let centred = x.broadcast_sub(&mean).unwrap();
+    let var = centred.sqr().unwrap().mean_keepdim(D::Minus1).unwrap();
+    centred
+        .broadcast_div(&(var + eps).unwrap().sqrt().unwrap())
+        .unwrap()
+        .broadcast_mul(gain)
+        .unwrap()
+        .broadcast_add(bias)
+        .unwrap()
+}
+
+#[test]
+fn the_sinusoids_are_fairseqs_sines_then_cosines() {
+    let table: Vec<Vec<f32>> = sinusoids(3, 4, &Device::Cpu).unwrap().to_vec2().unwrap();
+    // dim 4: two frequencies, ω₀ = 1 and ω₁ = 10000^(−1/(2 − 1)) = 1e-4.
+    for (p, row) in table.iter().enumerate() {
+        let p = p as f64;
+        let expected = [p.sin(), (p * 1e-4).sin(), p.cos(), (p * 1e-4).cos()];
+        for (got, want) in row.iter().zip(expected) {
+            assert!((*got as f64 - want).abs() < 1e-6, "position {p}: {row:?}");
+        }
+    }
+    // An odd width leaves its last column at zero, as fairseq pads it.
+    let odd: Vec<Vec<f32>> = sinusoids(2, 5, &Device::Cpu).unwrap().to_vec2().unwrap();
+    assert_eq!(odd[1][4], 0.0);
+    assert!((odd[1][0] - 1f32.sin()).abs() < 1e-6);
+}
+
+#[test]
+fn a_post_norm_block_is_norm_of_x_plus_branch_and_its_stack_has_no_final_norm() {
+    let mut c = fairseq_block(Arch::Lm, QkNorm::None);
+    c.n_layers = Some(1);
+    c.tie_embeddings = false;
+    let (model, params) = build(&c, DType::F64);
+    perturb(&params, 0.1, 11);
+    let names: Vec<String> = params.vars().into_iter().map(|(n, _)| n).collect();
+    assert!(!names.iter().any(|n| n.starts_with("decoder.norm")), "{names:?}");
+    // The attention branch silenced (its output projection zero), the block is
+    // h = LN₂(y + relu(y·Uᵀ)·Dᵀ) with y = LN₁(x): computed here by hand.
+    let o = var(&params, "decoder.layers.0.self_attn.o_proj.weight");
+    o.set(&o.as_tensor().zeros_like().unwrap()).unwrap();
+    let ids = tokens(2, 5, c.vocab(), 4);
+    let embed = var(&params, "embed.weight").as_tensor().clone();
+    let x = embed
+        .index_select(&ids.flatten_all().unwrap(), 0)
+        .unwrap()
+        .reshape((2, 5, c.d_model))
+        .unwrap();
+    let x = ((x * (c.d_model as f64).sqrt()).unwrap())
+        .broadcast_add(
+            &sinusoids(5, c.d_model, &Device::Cpu)
+                .unwrap()
+                .to_dtype(DType::F64)
+                .unwrap(),
+        )
+        .unwrap();
+    let p = |name: &str| {
+        var(&params, &format!("decoder.layers.0.{name}"))
+            .as_tensor()
+            .clone()
+    };
+    let y = layer_norm(&x, &p("attn_norm.weight"), &p("attn_norm.bias"), c.norm_eps);
+    let mlp = y
+        .broadcast_matmul(&p("mlp.up_proj.weight").t().unwrap())
+        .unwrap()
+        .relu()
+        .unwrap()
+        .broadcast_matmul(&p("mlp.down_proj.weight").t().unwrap())
+        .unwrap();
+    let expected = layer_norm(
+        &(&y + mlp).unwrap(),
+        &p("mlp_norm.weight"),
+        &p("mlp_norm.bias"),
+        c.norm_eps,
+    );
+    let got = model.as_lm().unwrap().hidden(&ids, ForwardCtx::eval()).unwrap();
+    assert!(
+        max_abs_diff(&got, &expected) < 1e-10,
+        "{}",
+        max_abs_diff(&got, &expected)
+    );
+}
+
+#[test]
+fn scaled_embeddings_are_the_table_times_the_square_root_of_d_model() {
+    // Untied, so the table feeds the input alone: scaling on ≡ a table √d times larger.
+    let mut scaled = fairseq_block(Arch::Seq2seq, QkNorm::Layernorm);
+    scaled.tie_embeddings = false;
+    let plain = ModelConfig {
+        scale_embeddings: false,
+        ..scaled.clone()
+    };
+    let (a, pa) = build(&scaled, DType::F64);
+    let (b, pb) = build(&plain, DType::F64);
+    let table = var(&pb, "embed.weight");
+    table
+        .set(&(var(&pa, "embed.weight").as_tensor() * (scaled.d_model as f64).sqrt()).unwrap())
+        .unwrap();
+    let (la, lb) = (
+        logits(&a, scaled.vocab(), ForwardCtx::eval()).unwrap(),
+        logits(&b, plain.vocab(), ForwardCtx::eval()).unwrap(),
+    );
+    assert!(max_abs_diff(&la, &lb) < 1e-9, "{}", max_abs_diff(&la, &lb));
+}
+
+#[test]
+fn sinusoidal_positions_have_no_parameters_yet_tell_positions_apart() {
+    let c = fairseq_block(Arch::Lm, QkNorm::None);
+    let (model, params) = build(&c, DType::F32);
+    assert!(params.vars().iter().all(|(n, _)| !n.contains("embed_positions")));
+    // The same token at every position: without positions every row of a causal LM's first
+    // position-independent pass would agree at the last layer only by the attention's
+    // averaging; with sinusoids the rows differ.
+    let same = Tensor::new(&[[7u32, 7, 7, 7]], &Device::Cpu).unwrap();
+    let h: Vec<Vec<f32>> = model
+        .as_lm()
+        .unwrap()
+        .hidden(&same, ForwardCtx::eval())
+        .unwrap()
+        .squeeze(0)
+        .unwrap()
+        .to_vec2()
+        .unwrap();
+    let none = ModelConfig {
+        positions: Positions::None,
+        ..c.clone()
+    };
+    let (nopos, _) = build(&none, DType::F32);
+    let h0: Vec<Vec<f32>> = nopos
+        .as_lm()
+        .unwrap()
+        .hidden(&same, ForwardCtx::eval())
+        .unwrap()
+        .squeeze(0)
+        .unwrap()
+        .to_vec2()
+        .unwrap();
+    let spread = |h: &[Vec<f32>]| {
+        h.iter()
+            .map(|r| {
+                r.iter()
+                    .zip(&h[0])
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0f32, f32::max)
+            })
+            .fold(0f32, f32::max)
+    };
+    // Attention over identical keys and values returns that value: no positions, no difference.
+    assert!(spread(&h0) < 1e-5, "{}", spread(&h0));
+    assert!(spread(&h) > 1e-2, "{}", spread(&h));
+}
+
+#[test]
+fn every_parameter_of_the_published_block_learns_and_matches_finite_differences() {
+    for arch in ALL_ARCHS {
+        for qk in [QkNorm::None, QkNorm::Layernorm] {
+            for positions in [Positions::Sinusoidal, Positions::Learned] {
+                for placement in [NormPlacement::Post, NormPlacement::Pre] {
+                    let mut c = fairseq_block(arch, qk);
+                    c.positions = positions;
+                    c.norm_placement = placement;
+                    let what = format!("{arch:?}/{qk:?}/{positions:?}/{placement:?}");
+                    let (model, params) = build(&c, DType::F32);
+                    let grads = loss(&model, c.vocab()).unwrap().backward().unwrap();
+                    for (name, var) in params.vars() {
+                        let g = grads
+                            .get(var.as_tensor())
+                            .unwrap_or_else(|| panic!("{what}: {name} has no gradient"));
+                        let norm2 = g.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap();
+                        assert!(norm2 > 0.0 && norm2.is_finite(), "{what}: {name} {norm2}");
+                    }
+                }
+            }
+            let c = fairseq_block(arch, qk);
+            check_against_finite_differences(&c);
+        }
+    }
+}
