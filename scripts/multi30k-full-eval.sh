@@ -1,21 +1,28 @@
 #!/usr/bin/env bash
-# Evaluates the finished runs of the full-recipe Multi30k study (configs/multi30k-tiny-lc.yaml) as
-# Transformer-Tiny was evaluated (Wu et al. 2021, fairseq): the average of the last 10 epoch
-# checkpoints, beam 5, BLEU-4 on the lowercased tokenised test2016 with --tokenize none; also
-# chrF, the test loss, and the same for the last checkpoint alone. Writes, per run directory:
+# Scores the finished runs of the Multi30k study (configs/multi30k-tiny-lc*.yaml) under the
+# study's validation-only protocol (docs/results/multi30k-full/README.md, "Protocol"):
 #
-#   test-avg10.hyp / .eval.json / .bleu.json    averaged checkpoint (checkpoints/average-last-10)
-#   test-last.hyp  / .eval.json / .bleu.json    the newest checkpoint alone
-#   test-avg10.detok.bleu.json                   the averaged checkpoint's output detokenised
-#                                                (sacremoses' Moses detokenizer) and scored with
-#                                                sacreBLEU's default 13a against the raw test2016
-#                                                reference, case-insensitively (the output is
-#                                                lowercased): the score of detokenised-text papers
+# 1. Three candidate models per run: the newest checkpoint (`last`) and the averages of the last
+#    5 and last 10 checkpoints (`avg5`, `avg10`; `ember average`).
+# 2. Each decoded once on the validation split (val, 1,014 sentences) with beam 5. Beam search
+#    finishes the same hypotheses under any length penalty (the penalty only ranks them), so one
+#    search per model is ranked under every penalty of the grid: GNMT's α = 0, 0.2, …, 2.0 and
+#    fairseq's lenpen 1. Scored with BLEU-4, --tokenize none, like test.
+# 3. The (model, penalty) with the highest validation BLEU is the run's final model; ties go to
+#    the longer average, then to the penalty listed first.
+# 4. That one model is decoded once on test2016 with that one penalty and scored: BLEU-4
+#    (--tokenize none on the lowercased tokenised reference, the published metric), chrF, the
+#    brevity penalty and length ratio, the test loss; and the output detokenised (sacremoses)
+#    and scored with sacreBLEU's default 13a against the raw reference, case-insensitively.
 #
-# sacremoses lives in a virtual environment outside the repository ($EMBER_MOSES_VENV, default
-# ~/.cache/ember/moses-venv), created on first use.
+# Writes, per run directory:
+#   valid-{last,avg5,avg10}.eval.json   validation BLEU/chrF/BP under every penalty, and loss
+#   selection.json                       the chosen model and penalty, and why
+#   test.hyp / test.eval.json / test.bleu.json / test.detok.hyp / test.detok.bleu.json
 #
-# Runs that are not finished, or already evaluated, are skipped, so it can run after every cell.
+# Runs not finished, or already scored, are skipped (a diverged run is skipped here and counted
+# by the report), so it can run after every cell. sacremoses lives in a virtual environment
+# outside the repository ($EMBER_MOSES_VENV, default ~/.cache/ember/moses-venv), made on first use.
 #
 #   scripts/multi30k-full-eval.sh [--ember BIN] SWEEP_DIR...
 set -euo pipefail
@@ -31,6 +38,9 @@ done
 ref=data/multi30k/test_2016_flickr.lc.norm.tok.de
 [[ -f $ref ]] || { echo "$ref is missing: run scripts/get-data.sh" >&2; exit 1; }
 
+PENALTIES=0,0.2,0.4,0.6,0.8,1.0,1.2,1.4,1.6,1.8,2.0,fairseq:1
+WINDOWS=(avg10 avg5 last)   # the order ties are broken in
+
 venv=${EMBER_MOSES_VENV:-$HOME/.cache/ember/moses-venv}
 py=$venv/bin/python
 if ! "$py" -c 'import sacremoses' 2>/dev/null; then
@@ -41,46 +51,67 @@ fi
 raw_ref=$(mktemp); trap 'rm -f "$raw_ref"' EXIT
 gzip -dc data/multi30k/test_2016_flickr.de.gz > "$raw_ref"
 
-finished() { python3 -c 'import json,sys; sys.exit(0 if json.load(open(sys.argv[1])).get("finished") else 1)' "$1" 2>/dev/null; }
+finished() { python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); sys.exit(0 if s.get("finished") and not s.get("diverged") else 1)' "$1" 2>/dev/null; }
 
-score() {  # checkpoint dir, output prefix
-  "$ember" eval "$1" --split test --beam 5 --output "$2.hyp" --json > "$2.eval.json"
-  "$ember" bleu -r "$ref" -i "$2.hyp" --tokenize none --metrics bleu,chrf --json > "$2.bleu.json"
+checkpoint() {  # run dir, window → checkpoint dir
+  case $2 in
+    last) ls -d "$1"/checkpoints/step-* | sort | tail -1 ;;
+    avg5) echo "$1/checkpoints/average-last-5" ;;
+    avg10) echo "$1/checkpoints/average-last-10" ;;
+  esac
 }
 
 for sweep in "$@"; do
   for run in "$sweep"/runs/*/; do
     run=${run%/}
-    finished "$run/summary.json" || { echo "skip (not finished): $run"; continue; }
-    if [[ ! -f $run/test-avg10.bleu.json ]]; then
-      echo "== $run: averaging the last 10 checkpoints"
-      "$ember" average "$run" --last 10 > /dev/null
-      score "$run/checkpoints/average-last-10" "$run/test-avg10"
-    fi
-    if [[ ! -f $run/test-last.bleu.json ]]; then
-      newest=$(ls -d "$run"/checkpoints/step-* | sort | tail -1)
-      score "$newest" "$run/test-last"
-    fi
-    if [[ ! -f $run/test-avg10.detok.bleu.json ]]; then
-      "$py" -c 'import sys; from sacremoses import MosesDetokenizer as D; d = D(lang="de")
+    finished "$run/summary.json" || { echo "skip (not finished or diverged): $run"; continue; }
+    [[ -f $run/test.bleu.json ]] && { echo "skip (scored): $run"; continue; }
+    for n in 5 10; do
+      [[ -d $run/checkpoints/average-last-$n ]] || "$ember" average "$run" --last $n > /dev/null
+    done
+    for w in "${WINDOWS[@]}"; do
+      out=$run/valid-$w.eval.json
+      [[ -f $out ]] && continue
+      echo "== $run: $w on validation"
+      "$ember" eval "$(checkpoint "$run" "$w")" --split valid --beam 5 --tokenize none \
+        --length-penalty "$PENALTIES" --json > "$out.tmp"
+      mv "$out.tmp" "$out"
+    done
+    python3 - "$run" "${WINDOWS[@]}" > "$run/selection.json" <<'PY'
+import json, sys
+run, windows = sys.argv[1], sys.argv[2:]
+grid, best = [], None
+for w in windows:
+    e = json.load(open(f"{run}/valid-{w}.eval.json"))
+    for s in e["length_penalties"]:
+        row = {"model": w, "length_penalty": s["length_penalty"], "bleu": s["bleu"]["score"],
+               "bp": s["bleu"]["bp"], "ratio": s["bleu"]["ratio"], "chrf": s["chrf"]["score"]}
+        grid.append(row)
+        if best is None or row["bleu"] > best["bleu"]:
+            best = row
+print(json.dumps({"rule": "highest validation BLEU (beam 5, --tokenize none); ties: "
+                  "the longer average, then the penalty listed first",
+                  "model": best["model"], "length_penalty": best["length_penalty"],
+                  "valid_bleu": best["bleu"], "grid": grid}, indent=1))
+PY
+    read -r model penalty < <(python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); print(s["model"], s["length_penalty"])' "$run/selection.json")
+    echo "== $run: final model $model, length penalty $penalty (validation); scoring test once"
+    "$ember" eval "$(checkpoint "$run" "$model")" --split test --beam 5 --tokenize none \
+      --length-penalty "$penalty" --output "$run/test.hyp" --json > "$run/test.eval.json"
+    "$ember" bleu -r "$ref" -i "$run/test.hyp" --tokenize none --metrics bleu,chrf --json > "$run/test.bleu.json"
+    "$py" -c 'import sys; from sacremoses import MosesDetokenizer as D; d = D(lang="de")
 for line in open(sys.argv[1], encoding="utf-8"): print(d.detokenize(line.split()))' \
-        "$run/test-avg10.hyp" > "$run/test-avg10.detok.hyp"
-      "$ember" bleu -r "$raw_ref" -i "$run/test-avg10.detok.hyp" --lowercase --metrics bleu,chrf --json \
-        > "$run/test-avg10.detok.bleu.json"
-    fi
+      "$run/test.hyp" > "$run/test.detok.hyp"
+    "$ember" bleu -r "$raw_ref" -i "$run/test.detok.hyp" --lowercase --metrics bleu,chrf --json \
+      > "$run/test.detok.bleu.json"
     python3 - "$run" <<'PY'
-import json, os, sys
+import json, sys
 run = sys.argv[1]
-for tag in ("avg10", "last"):
-    if not os.path.exists(f"{run}/test-{tag}.bleu.json"):
-        continue
-    b = json.load(open(f"{run}/test-{tag}.bleu.json"))
-    e = json.load(open(f"{run}/test-{tag}.eval.json"))
-    print(f"{run} {tag}: BLEU {b['bleu']['score']:.2f} chrF {b['chrf']['score']:.2f} | test loss {e['loss']:.4f}")
-if not os.path.exists(f"{run}/test-avg10.detok.bleu.json"):
-    sys.exit()
-d = json.load(open(f"{run}/test-avg10.detok.bleu.json"))
-print(f"{run} avg10 detokenised: sacreBLEU {d['bleu']['score']:.2f} ({d['bleu']['signature']})")
+sel = json.load(open(f"{run}/selection.json"))
+b = json.load(open(f"{run}/test.bleu.json"))["bleu"]
+e = json.load(open(f"{run}/test.eval.json"))
+print(f"{run}: {sel['model']} {sel['length_penalty']} (valid BLEU {sel['valid_bleu']:.2f}) | "
+      f"test BLEU {b['score']:.2f} BP {b['bp']:.3f} ratio {b['ratio']:.3f} | test loss {e['loss']:.4f}")
 PY
   done
 done
