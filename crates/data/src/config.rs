@@ -19,6 +19,7 @@
 
 use std::path::PathBuf;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{DataError, Result};
@@ -30,8 +31,17 @@ pub const DEFAULT_BPE_VOCAB_SIZE: usize = 8000;
 pub const NUM_SPECIAL_TOKENS: usize = 4;
 
 /// `data:` — what to read, how to tokenize it, and which training pairs to drop.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend("allOf" = [
+    {"$comment": "`tokenizer.kind: pretrained` is for language models read as text (`corpus.kind: text`, or `hf_dataset` with a `text` column); token shards bring their own tokenizer.",
+     "if": {"properties": {"tokenizer": {"properties": {"kind": {"const": "pretrained"}}, "required": ["kind"]}},
+            "required": ["tokenizer"]},
+     "then": {"required": ["corpus"], "properties": {"corpus": {
+        "required": ["kind"], "properties": {"kind": {"enum": ["text", "hf_dataset"]}},
+        "if": {"properties": {"kind": {"const": "hf_dataset"}}},
+        "then": {"properties": {"columns": {"required": ["text"], "properties": {"text": {"type": "string"}}}}}}}}}
+]))]
 pub struct DataConfig {
     /// Where the text comes from.
     #[serde(default)]
@@ -43,9 +53,11 @@ pub struct DataConfig {
     /// and counted. Validation and test pairs are never dropped: evaluation must see every line.
     /// Ignored by `kind: text`.
     #[serde(default = "default_max_len")]
+    #[schemars(range(min = 1))]
     pub max_source_len: usize,
     /// As `max_source_len`, for the target side.
     #[serde(default = "default_max_len")]
+    #[schemars(range(min = 1))]
     pub max_target_len: usize,
     /// What to do with a pair (any split) that does not fit the model's positions
     /// (`model.max_seq_len`: the source, or the target plus its bos/eos): `error` (default: stop
@@ -55,7 +67,7 @@ pub struct DataConfig {
 }
 
 /// `data.too_long`: the fate of an example longer than the model's positions.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum TooLong {
     /// Refuse the data at load, naming the file and line of the first such example.
@@ -84,7 +96,7 @@ impl Default for DataConfig {
 }
 
 /// `data.corpus:` — exactly one kind of corpus, chosen by `kind:`.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum CorpusConfig {
     /// The procedurally generated English→German number task (no files needed).
@@ -118,17 +130,23 @@ impl CorpusConfig {
 }
 
 /// `data.corpus` with `kind: embedded`.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EmbeddedConfig {
     /// Generation seed; the same seed gives byte-identical splits on every machine.
     #[serde(default = "default_embedded_seed")]
     pub seed: u64,
+    /// Training pairs to generate; `train_size + val_size + test_size` is at most 1,000,000.
     #[serde(default = "default_embedded_train")]
+    #[schemars(range(min = 1, max = EmbeddedConfig::MAX_TOTAL_SIZE))]
     pub train_size: usize,
+    /// Validation pairs to generate.
     #[serde(default = "default_embedded_eval")]
+    #[schemars(range(min = 1, max = EmbeddedConfig::MAX_TOTAL_SIZE))]
     pub val_size: usize,
+    /// Test pairs to generate (0: no test split).
     #[serde(default = "default_embedded_eval")]
+    #[schemars(range(max = EmbeddedConfig::MAX_TOTAL_SIZE))]
     pub test_size: usize,
 }
 
@@ -159,10 +177,12 @@ impl Default for EmbeddedConfig {
 }
 
 /// `data.corpus` with `kind: parallel`.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ParallelConfig {
+    /// The training pairs.
     pub train: PairPaths,
+    /// The validation pairs.
     pub valid: PairPaths,
     /// Optional held-out test set (BLEU is reported on it when present).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -170,26 +190,45 @@ pub struct ParallelConfig {
 }
 
 /// A source file and its line-aligned target file.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PairPaths {
+    /// The source-language file (one sentence a line; plain or `.gz`).
+    #[schemars(length(min = 1))]
     pub source: PathBuf,
+    /// The target-language file, line-aligned with `source`.
+    #[schemars(length(min = 1))]
     pub target: PathBuf,
 }
 
 /// `data.corpus` with `kind: text`: either one `path` split by `val_fraction`, or explicit
 /// `train_files` and `val_files`.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend(
+    "$comment" = "Either `path` (split by `val_fraction`) or `train_files` with `val_files`, not both.",
+    "if" = {"properties": {"path": {"type": "string"}}, "required": ["path"]},
+    "then" = {"properties": {"train_files": {"maxItems": 0}, "val_files": {"maxItems": 0}}},
+    "else" = {"required": ["train_files", "val_files"],
+              "properties": {"train_files": {"minItems": 1}, "val_files": {"minItems": 1},
+                             "val_fraction": {"type": "null"}}}
+))]
 pub struct TextConfig {
+    /// One text file, split into training and validation by `val_fraction`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
     pub path: Option<PathBuf>,
     /// Fraction of `path` (its tail, cut at a line boundary) held out for validation; default 0.1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("exclusiveMinimum" = 0, "exclusiveMaximum" = 1))]
     pub val_fraction: Option<f64>,
+    /// Training text files, read in order as one stream (instead of `path`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(inner(length(min = 1)), extend("default" = []))]
     pub train_files: Vec<PathBuf>,
+    /// Validation text files (with `train_files`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(inner(length(min = 1)), extend("default" = []))]
     pub val_files: Vec<PathBuf>,
 }
 
@@ -210,28 +249,40 @@ pub struct TextConfig {
 /// parquet conversion `config/S/0000.parquet`, or its name is `S` or starts with `S-`, as in
 /// `data/S-00000-of-00001.parquet`. Files are read in path order, so a run reads the same rows
 /// in the same order every time (which resuming relies on).
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend(
+    "$comment" = "Exactly one of `path` and `repo`; `revision` only with `repo`.",
+    "oneOf" = [{"required": ["path"], "properties": {"path": {"type": "string"}, "repo": {"type": "null"}}},
+               {"required": ["repo"], "properties": {"repo": {"type": "string"}, "path": {"type": "null"}}}],
+    "if" = {"properties": {"revision": {"type": "string"}}, "required": ["revision"]},
+    "then" = {"required": ["repo"], "properties": {"repo": {"type": "string"}}}
+))]
 pub struct HfDatasetConfig {
     /// A local folder holding the dataset's parquet files (searched recursively).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
     pub path: Option<PathBuf>,
     /// A Hub dataset id (`owner/name`). Its parquet conversion (the `refs/convert/parquet`
     /// branch) is read from the Hugging Face cache (`HF_HUB_CACHE`, `HF_HOME/hub` or
     /// `~/.cache/huggingface/hub`); a build with `--features hf-hub` fetches it there first when
     /// it is missing. Exactly one of `path` and `repo`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[^/]+(/[^/]+)?$"), extend("not" = {"pattern": "^\\s*$"}))]
     pub repo: Option<String>,
     /// With `repo`: the branch, tag or commit whose snapshot in the cache is read; defaults to
     /// `refs/convert/parquet`, the Hub's parquet conversion (the only one `--features hf-hub`
     /// fetches). Use e.g. `main` for a dataset uploaded as parquet, fetched with
     /// `huggingface-cli download --repo-type dataset OWNER/NAME --revision main`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"\S"))]
     pub revision: Option<String>,
     /// The dataset's config (subset): the first folder level of its parquet conversion, e.g.
     /// `default` or `de-en`. Needed only when the dataset has several.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"\S"))]
     pub config: Option<String>,
+    /// The dataset's split names for Ember's train, valid and test splits.
     #[serde(default)]
     pub splits: HfSplits,
     /// Which columns hold the text.
@@ -239,15 +290,20 @@ pub struct HfDatasetConfig {
 }
 
 /// `data.corpus.splits` of `kind: hf_dataset`: the dataset's split names for each of Ember's.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HfSplits {
+    /// The dataset's training split.
     #[serde(default = "default_train_split")]
+    #[schemars(regex(pattern = r"\S"))]
     pub train: String,
+    /// The dataset's validation split.
     #[serde(default = "default_valid_split")]
+    #[schemars(regex(pattern = r"\S"))]
     pub valid: String,
     /// Optional held-out test split (translation reports BLEU on it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"\S"))]
     pub test: Option<String>,
 }
 
@@ -271,18 +327,26 @@ impl Default for HfSplits {
 /// `data.corpus.columns` of `kind: hf_dataset`: `text` for a language model, or `source` and
 /// `target` for translation. A dotted name reaches into a struct column, e.g.
 /// `translation.de` for the WMT datasets' `translation: {de, en}` column.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend("$comment" = "Either `text` (a language model) or both `source` and `target` (translation).", "oneOf" = [
+    {"required": ["text"], "properties": {"text": {"type": "string"}, "source": {"type": "null"}, "target": {"type": "null"}}},
+    {"required": ["source", "target"],
+     "properties": {"text": {"type": "null"}, "source": {"type": "string"}, "target": {"type": "string"}}}
+]))]
 pub struct HfColumns {
     /// Language modelling: the column with each row's text; rows are joined with a newline,
     /// as if they were the lines of a text file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"\S"))]
     pub text: Option<String>,
     /// Translation: the source-language column.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"\S"))]
     pub source: Option<String>,
     /// Translation: the target-language column.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"\S"))]
     pub target: Option<String>,
 }
 
@@ -297,13 +361,18 @@ impl HfColumns {
 /// u16 token ids, no header), as `ember tokenize` writes them. Each list is read in order and
 /// concatenated into one token stream; an entry may be a file or a folder (its `*.bin` files
 /// in name order).
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TokenShardsConfig {
+    /// Training shards (files, or folders of `*.bin` files in name order), concatenated.
+    #[schemars(length(min = 1), inner(length(min = 1)))]
     pub train_files: Vec<PathBuf>,
+    /// Validation shards, as `train_files`.
+    #[schemars(length(min = 1), inner(length(min = 1)))]
     pub val_files: Vec<PathBuf>,
     /// The `tokenizer.json` the shards were written with, or a run directory holding one. It
     /// becomes the run's tokenizer (`data.tokenizer` is not used).
+    #[schemars(length(min = 1))]
     pub tokenizer: PathBuf,
 }
 
@@ -311,9 +380,20 @@ pub struct TokenShardsConfig {
 pub const DEFAULT_VAL_FRACTION: f64 = 0.1;
 
 /// `data.tokenizer:`.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend(
+    "$comment" = "`kind: pretrained` needs `path` and takes neither `vocab_size` nor `lowercase: true`; `path` is for `pretrained` only; `kind: char` takes no `vocab_size`; a `bpe` vocabulary is 5 to 2147483647.",
+    "if" = {"properties": {"kind": {"const": "pretrained"}}, "required": ["kind"]},
+    "then" = {"required": ["path"], "properties": {"path": {"type": "string", "minLength": 1},
+              "vocab_size": {"type": "null"}, "lowercase": {"const": false}}},
+    "else" = {"properties": {"path": {"type": "null"}}, "allOf": [
+        {"if": {"properties": {"kind": {"const": "char"}}, "required": ["kind"]},
+         "then": {"properties": {"vocab_size": {"type": "null"}}},
+         "else": {"properties": {"vocab_size": {"minimum": 5, "maximum": 2147483647}}}}]}
+))]
 pub struct TokenizerConfig {
+    /// `bpe` (trained on the corpus), `char`, or `pretrained` (a model's own).
     #[serde(default)]
     pub kind: TokenizerKind,
     /// `kind: pretrained` only: the folder holding the model's `tokenizer.json` (and its
@@ -348,7 +428,7 @@ impl TokenizerConfig {
 }
 
 /// Which tokenizer to train when the run directory has none.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum TokenizerKind {
     /// Byte-pair encoding over SentencePiece-style `▁`-marked words (joint vocabulary for translation).
