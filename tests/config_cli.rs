@@ -106,3 +106,34 @@ fn show_refuses_a_broken_config_as_train_does() {
         "{message}"
     );
 }
+
+#[test]
+fn show_names_what_the_model_folder_of_init_from_filled_in() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("llama")).unwrap();
+    write(
+        dir.path(),
+        "llama/config.json",
+        r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 64,
+            "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+            "num_attention_heads": 2, "num_key_value_heads": 1, "hidden_act": "silu",
+            "max_position_embeddings": 64, "rms_norm_eps": 1e-05, "rope_theta": 10000,
+            "tie_word_embeddings": true}"#,
+    );
+    write(
+        dir.path(),
+        "ft.yaml",
+        "model: { init_from: llama, max_seq_len: 32 }\n\
+         data: { corpus: { kind: text, path: text.txt } }\n\
+         train: { steps: 2, lr: 1.0e-4, batch_size: 2, block_size: 16 }\n",
+    );
+    let json = ok(dir.path(), &["config", "show", "ft.yaml", "--json"]);
+    let shown: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let sources = &shown["sources"];
+    assert_eq!(sources["model.d_model"], "model_folder", "{json}");
+    assert_eq!(shown["config"]["model"]["d_model"], 16);
+    assert_eq!(sources["model.n_kv_heads"], "model_folder");
+    assert_eq!(sources["data.tokenizer.kind"], "model_folder");
+    assert_eq!(sources["model.max_seq_len"], "file");
+    assert_eq!(sources["model.init_from"], "file");
+}
