@@ -23,8 +23,8 @@
 //! # let _ = resume_point; Ok(()) }
 //! ```
 //!
-//! Modules: [`config`] (the YAML `data:` section), [`tokenizer`] (HF `tokenizers` BPE / char),
-//! [`raw`] (the corpus as read), [`corpus`] (reading, tokenising, statistics, the token cache), [`batch`] (token-budget and
+//! Modules: `config` (the YAML `data:` section), `tokenizer` (HF `tokenizers` BPE / char),
+//! `raw` (the corpus as read), `corpus` (reading, tokenising, statistics, the token cache), `batch` (token-budget and
 //! window batchers with a resumable [`Cursor`]), [`embedded`] (the built-in translation task),
 //! [`hf_dataset`] and [`parquet`] (Hugging Face datasets' parquet files), [`shards`] (llama2.c
 //! token shards).
