@@ -22,17 +22,17 @@ fn main() -> anyhow::Result<()> {
     let device = Device::Cpu;
     let (model, params) = init_model(&cfg.model, cfg.train.seed, DType::F32, &device)?;
     let mut batcher = make_batcher(&cfg, &data)?;
-    let mut optimizer = AdamW::new(params.vars(), &cfg.train)?;
+    let mut opt = AdamW::new(params.vars(), &cfg.train)?;
     let steps = cfg.train.steps.unwrap_or(1);
     let schedule = LrSchedule::new(&cfg.train, steps);
     for step in 1..=steps {
         let batch = [batcher.next_batch()];
-        let out = forward_backward(&model, optimizer.params(), &batch, &cfg.train, &device, step, false)?;
-        let clip = clip_grad_norm(optimizer.params(), &out.grads, cfg.train.clip_grad_norm)?;
-        optimizer.step(&out.grads, schedule.at(step), clip.scale)?;
+        let out = forward_backward(&model, opt.params(), &batch, &cfg.train, &device, step, false)?;
+        let clip = clip_grad_norm(opt.params(), &out.grads, cfg.train.clip_grad_norm)?;
+        opt.step(&out.grads, schedule.at(step), clip.scale)?;
         if step % 100 == 0 {
             let (loss, _) = out.losses.to_host()?;
-            println!("step {step}: loss {:.3}, grad norm {:.2}", loss / out.tokens as f64, clip.norm);
+            println!("step {step}: loss {:.3}", loss / out.tokens as f64);
         }
     }
     let source = vec!["i see twenty-one red cats".to_string()];
