@@ -41,6 +41,17 @@ pub fn json_schema_text() -> String {
     text
 }
 
+/// [`json_schema`] and its `definitions` (what its `$ref`s name), for walking it.
+pub(super) fn schema_and_definitions() -> (Value, Map<String, Value>) {
+    let schema = json_schema();
+    let defs = schema
+        .get("definitions")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    (schema, defs)
+}
+
 /// The definition a `$ref` points to in `defs` — alone, wrapped in `allOf` (as draft-07 needs
 /// beside a description or default), or in `anyOf` beside `null` (an optional section) — or
 /// the schema itself.

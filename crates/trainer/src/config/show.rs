@@ -9,7 +9,7 @@ use std::path::Path;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use super::json_schema::{json_schema, resolve, variants};
+use super::json_schema::{resolve, schema_and_definitions, variants};
 use super::{ConfigFileError, RunConfig};
 
 /// Where a resolved value came from.
@@ -57,12 +57,7 @@ impl RunConfig {
         // Cannot fail: loading above did the same.
         let _ = crate::init_from::complete(&mut completed);
         let mut resolved = serde_json::to_value(&config).unwrap_or(Value::Null);
-        let schema = json_schema();
-        let defs = schema
-            .get("definitions")
-            .and_then(Value::as_object)
-            .cloned()
-            .unwrap_or_default();
+        let (schema, defs) = schema_and_definitions();
         fill(&mut resolved, &schema, &defs);
         let set_keys: Vec<&str> = overrides
             .iter()

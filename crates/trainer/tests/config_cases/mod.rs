@@ -90,7 +90,7 @@ pub fn load_shipped(path: &Path, tmp: &Path) -> RunConfig {
     RunConfig::load(path, &sets).unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// A valid language-model config in flow style, as the CLI specifications write theirs.
+/// A valid language-model config in flow style: the one `tests/hostile_inputs.rs` trains.
 pub const LM: &str = "\
 model: { arch: lm, d_model: 16, n_layers: 1, n_heads: 2, d_ff: 32, max_seq_len: 16 }
 data:
@@ -98,6 +98,7 @@ data:
   tokenizer: { kind: char }
 train: { steps: 4, lr: 3.0e-3, batch_size: 2, block_size: 8, threads: 1, log_every: 1 }
 eval: { every: 0 }
+checkpoint: { every: 2, keep_last: 3 }
 ";
 
 /// One config the suite feeds to Ember, and the test that does.
