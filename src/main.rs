@@ -13,7 +13,10 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "ember",
     version,
-    about = "Train small transformers on candle, and measure QK-norm."
+    about = "Train small transformers on candle, and measure QK-norm.",
+    after_help = "Examples:\n  ember ablate configs/quickstart.yaml          # the QK-norm ablation on the embedded task\n  \
+                  ember train configs/quickstart.yaml --set model.qk_norm=rmsnorm\n\n\
+                  `ember COMMAND --help` shows each command's options and examples; the user guide is docs/guide/."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -140,11 +143,12 @@ mod tests {
 
     use super::Cli;
 
-    /// The `ember …` invocations of an `Examples:` help text (from `ember` on: what a pipe
-    /// feeds it comes before), cut at a pipe out of it, a redirection or a comment, and split
-    /// into words with double quotes kept together.
+    /// The `ember …` invocations on the indented lines of an `Examples:` help text (from `ember`
+    /// on: what a pipe feeds it comes before), cut at a pipe out of it, a redirection or a
+    /// comment, and split into words with double quotes kept together.
     fn examples(help: &str) -> Vec<Vec<String>> {
         help.lines()
+            .filter(|l| l.starts_with("  "))
             .filter_map(|l| Some(&l[l.find("ember ")?..]))
             .map(|l| l.split(['#', '<', '>', '|']).next().unwrap_or(l))
             .map(|l| {
@@ -166,6 +170,10 @@ mod tests {
     fn every_command_shows_examples_that_parse() {
         let mut cli = Cli::command();
         cli.build();
+        for words in examples(&cli.get_after_help().map(|h| h.to_string()).unwrap_or_default()) {
+            Cli::try_parse_from(&words)
+                .unwrap_or_else(|e| panic!("`{}` does not parse: {e}", words.join(" ")));
+        }
         // clap's own `help` subcommands aside.
         let mut commands: Vec<&clap::Command> =
             cli.get_subcommands().filter(|c| c.get_name() != "help").collect();
