@@ -25,15 +25,11 @@ use std::time::{Duration, Instant};
 mod common;
 use common::*;
 
-const LM: &str = "\
-model: { arch: lm, d_model: 16, n_layers: 1, n_heads: 2, d_ff: 32, max_seq_len: 16 }
-data:
-  corpus: { kind: text, path: text.txt, val_fraction: 0.2 }
-  tokenizer: { kind: char }
-train: { steps: 4, lr: 3.0e-3, batch_size: 2, block_size: 8, threads: 1, log_every: 1 }
-eval: { every: 0 }
-checkpoint: { every: 2, keep_last: 3 }
-";
+// The config the cases train, shared with the config specifications of ember-trainer (whose
+// schema test checks the JSON Schema's verdict on these same configs).
+#[path = "../crates/trainer/tests/config_cases/mod.rs"]
+mod config_cases;
+use config_cases::LM;
 
 const TEXT: &str = "First Citizen:\nBefore we proceed any further, hear me speak.\n";
 

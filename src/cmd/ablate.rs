@@ -91,7 +91,7 @@ pub(crate) struct AblateArgs {
     /// CPU threads per run (default: cores / jobs).
     #[arg(long)]
     threads: Option<usize>,
-    /// Output directory (default: runs/<config name>-ablation).
+    /// Output directory (default: `runs/<config name>-ablation`).
     #[arg(long)]
     out: Option<PathBuf>,
     /// Print only errors.

@@ -6,6 +6,7 @@ pub(crate) mod ablate;
 pub(crate) mod average;
 pub(crate) mod bench;
 pub(crate) mod bleu;
+pub(crate) mod config;
 mod decode;
 pub(crate) mod eval;
 pub(crate) mod export;

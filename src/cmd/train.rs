@@ -21,7 +21,7 @@ pub(crate) struct TrainArgs {
     /// Override a config key, e.g. `--set train.lr=3e-3` (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
-    /// Where to write checkpoints and metrics (default: runs/<config name>).
+    /// Where to write checkpoints and metrics (default: `runs/<config name>`).
     #[arg(long)]
     run_dir: Option<PathBuf>,
     /// Continue from the latest complete checkpoint in the run directory.

@@ -4,7 +4,7 @@
 //! the Python tools and hf-hub keep them (`datasets--owner--name/snapshots/<commit>/`). Finding
 //! them in the cache needs no network, so a run with a warm cache works offline; a build with
 //! the `hf-hub` feature fetches a missing dataset there first through candle-datasets (see
-//! [`crate::hub`]). From then on the files are read like local ones: the rows become a
+//! `crate::hub`). From then on the files are read like local ones: the rows become a
 //! [`RawCorpus`] and go through Ember's own tokenisation, token cache and seeded batchers, so a
 //! run on a Hub dataset resumes exactly like one on text files.
 

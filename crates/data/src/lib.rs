@@ -7,21 +7,24 @@
 //!
 //! Typical use by a trainer:
 //!
-//! ```no_run
-//! use ember_data::{Dataset, DataConfig, Splits, TokenBudgetBatcher, Batcher};
+//! ```
+//! use ember_data::{Batcher, CorpusConfig, DataConfig, Dataset, EmbeddedConfig, Splits, TokenBudgetBatcher};
 //! # fn main() -> ember_data::Result<()> {
-//! let cfg = DataConfig::default(); // the embedded English→German task
-//! let data = Dataset::prepare(&cfg, Some(std::path::Path::new("runs/demo")))?;
+//! let mut cfg = DataConfig::default(); // the embedded English→German task, a BPE tokenizer
+//! cfg.corpus = CorpusConfig::Embedded(EmbeddedConfig { train_size: 300, val_size: 20, test_size: 0, seed: 1 });
+//! cfg.tokenizer.vocab_size = Some(200);
+//! let data = Dataset::prepare(&cfg, None)?; // Some(run_dir) would also cache the token ids
 //! let Splits::Translation(splits) = &data.splits else { unreachable!() };
 //! let mut batcher = TokenBudgetBatcher::new(
-//!     splits.train.examples.clone(), 4096, data.tokenizer.specials(), 42)?;
+//!     splits.train.examples.clone(), 512, data.tokenizer.specials(), 42)?;
 //! let batch = batcher.next_seq2seq();
+//! assert!(batch.batch_size > 0 && batch.batch_size * batch.src_len <= 512);
 //! let resume_point = batcher.cursor(); // store in the checkpoint; `restore` it later
-//! # let _ = (batch, resume_point); Ok(()) }
+//! # let _ = resume_point; Ok(()) }
 //! ```
 //!
-//! Modules: [`config`] (the YAML `data:` section), [`tokenizer`] (HF `tokenizers` BPE / char),
-//! [`raw`] (the corpus as read), [`corpus`] (reading, tokenising, statistics, the token cache), [`batch`] (token-budget and
+//! Modules: `config` (the YAML `data:` section), `tokenizer` (HF `tokenizers` BPE / char),
+//! `raw` (the corpus as read), `corpus` (reading, tokenising, statistics, the token cache), `batch` (token-budget and
 //! window batchers with a resumable [`Cursor`]), [`embedded`] (the built-in translation task),
 //! [`hf_dataset`] and [`parquet`] (Hugging Face datasets' parquet files), [`shards`] (llama2.c
 //! token shards).

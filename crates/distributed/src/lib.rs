@@ -14,6 +14,16 @@
 //! watchdog prints which collective, which rank and how long, and ends the process; the launcher
 //! then ends the job (`mpirun` at once; Slurm with `srun --kill-on-bad-exit=1`). A rank that
 //! dies outright is reported by the launcher itself, which names it.
+//!
+//! ```
+//! use ember_distributed::World;
+//! // Started without a launcher: a world of one, and MPI is never initialised.
+//! let world = World::single();
+//! assert_eq!((world.rank(), world.size(), world.is_leader()), (0, 1, true));
+//! let mut gradients = vec![1.5f32, -2.0];
+//! world.all_reduce_sum_f32(&mut gradients, "gradients"); // the sum over one rank
+//! assert_eq!(gradients, [1.5, -2.0]);
+//! ```
 
 use std::io::Write;
 use std::sync::{Arc, Condvar, Mutex};

@@ -10,6 +10,17 @@
 //! writes the config; no weight is permuted or changed. A run that does not map is refused with
 //! every blocking setting named ([`architecture`]).
 //!
+//! ```
+//! use ember_model::{Arch, ModelConfig, QkNorm};
+//! let mut cfg = ModelConfig::tiny(Arch::Lm); // RMSNorm, SwiGLU, rotary positions
+//! assert_eq!(ember_export::architecture(&cfg).unwrap().class_name(), "LlamaForCausalLM");
+//! cfg.qk_norm = QkNorm::Rmsnorm; // per-head RMSNorm on q and k: Qwen3's q_norm/k_norm
+//! assert_eq!(ember_export::architecture(&cfg).unwrap().class_name(), "Qwen3ForCausalLM");
+//! cfg.qk_norm = QkNorm::L2; // a learnable logit scale, which no transformers class has
+//! let blockers = ember_export::architecture(&cfg).unwrap_err();
+//! assert!(blockers.iter().any(|b| b.contains("qk_norm")));
+//! ```
+//!
 //! A separate crate because it is a translation into another project's conventions, not part of
 //! training: it reads a finished run (config, checkpoint, tokenizer) and nothing reads it back.
 

@@ -11,6 +11,13 @@
 //! Whatever Ember cannot represent (other biases, sliding windows, scaled RoPE, experts, other
 //! activations) is refused by name before a weight is read.
 //!
+//! ```
+//! use ember_import::{ember_weight_name, hf_weight_name};
+//! let ember = ember_weight_name("model.layers.3.self_attn.q_proj.weight").unwrap();
+//! assert_eq!(hf_weight_name(&ember).as_deref(), Some("model.layers.3.self_attn.q_proj.weight"));
+//! assert_eq!(ember_weight_name("model.layers.0.mlp.experts.0.up_proj.weight"), None);
+//! ```
+//!
 //! The tokenizer is read by `ember-data` (`data.tokenizer.kind: pretrained`), and the trainer
 //! joins the three (`crates/trainer/src/init_from.rs`).
 

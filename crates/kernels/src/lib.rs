@@ -7,17 +7,17 @@
 //!
 //! | module | op |
 //! |---|---|
-//! | [`linear`] | `x·Wᵀ` through [`gemm`] (Ember's in-place AVX-512 kernel or matrixmultiply), alone, followed by GELU or by the rotary rotation, or ending a residual branch |
-//! | [`norm`] | RMSNorm and LayerNorm over the last dimension |
+//! | [`linear`] | `x·Wᵀ` through `gemm` (Ember's in-place AVX-512 kernel or matrixmultiply), alone, followed by GELU or by the rotary rotation, or ending a residual branch |
+//! | `norm` | RMSNorm and LayerNorm over the last dimension |
 //! | [`rope`] | rotary position embeddings with a folded-in output scale (constant, or grown per position by log-n scaling) |
-//! | [`softmax`] | softmax over the last dimension |
-//! | [`activation`] | GELU (erf form) and SwiGLU |
+//! | `softmax` | softmax over the last dimension |
+//! | `activation` | GELU (erf form) and SwiGLU |
 //! | [`dropout`] | inverted dropout from a counter-based SplitMix64 mask, alone or on a residual branch |
 //! | [`attention`] | softmax(q·kᵀ + mask)·v with grouped-query heads |
-//! | [`cross_entropy`] | log-softmax, label smoothing, z-loss and padding: the per-row math, and its unfused reference |
+//! | `cross_entropy` | log-softmax, label smoothing, z-loss and padding: the per-row math, and its unfused reference |
 //! | [`linear_cross_entropy`] | the output projection and that loss, a block of rows at a time (the logits are never stored whole) |
 //! | [`adamw`] | the AdamW update of one parameter |
-//! | [`sum`] | the shares' gradients summed in order, and a gradient's sum of squares |
+//! | `sum` | the shares' gradients summed in order, and a gradient's sum of squares |
 //!
 //! **One convention.** Every public op takes and returns tensors and decides by itself which
 //! path to take: the fused CPU kernel for f32 CPU tensors, the unfused reference (`*_unfused`,
@@ -27,6 +27,22 @@
 //!
 //! **Determinism.** Every CPU kernel sums in a fixed order, so the same inputs give the same
 //! bits on every run.
+//!
+//! A fused op equals its unfused reference, and gradients flow through it:
+//!
+//! ```
+//! use candle_core::{DType, Device, Tensor, Var};
+//! # fn main() -> candle_core::Result<()> {
+//! let x = Var::from_tensor(&Tensor::new(&[[1f32, 2., 3., 4.], [0.5, -1., 2., 0.]], &Device::Cpu)?)?;
+//! let gain = Tensor::ones(4, DType::F32, &Device::Cpu)?;
+//! let fused = ember_kernels::rms_norm(x.as_tensor(), &gain, 1e-5)?;
+//! let reference = ember_kernels::rms_norm_unfused(x.as_tensor(), &gain, 1e-5)?;
+//! let gap = (&fused - &reference)?.abs()?.max_all()?.to_scalar::<f32>()?;
+//! assert!(gap < 1e-6);
+//! let grads = fused.sqr()?.sum_all()?.backward()?; // candle's own rms_norm would give none
+//! assert!(grads.get(x.as_tensor()).is_some());
+//! # Ok(()) }
+//! ```
 
 pub mod cuda;
 mod gemm;

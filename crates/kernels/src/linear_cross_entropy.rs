@@ -61,7 +61,7 @@ fn block_rows(v: usize) -> usize {
     ((BLOCK_FLOATS / v.max(1)) / 8 * 8).max(8)
 }
 
-/// The unfused composition [`linear_cross_entropy`] equals: [`crate::cross_entropy`]'s
+/// The unfused composition [`linear_cross_entropy`] equals: `crate::cross_entropy`'s
 /// (2, N) per-token losses of the logits `h·Wᵀ`, h (…, d) folded into N rows.
 pub fn linear_cross_entropy_unfused(
     h: &Tensor,
@@ -77,7 +77,7 @@ pub fn linear_cross_entropy_unfused(
 }
 
 /// Per-token losses (2, N) — row 0 the training objective, row 1 the NLL, both masked, as
-/// [`crate::cross_entropy`] gives them — of the logits `h·Wᵀ` for hidden states h (…, d) folded
+/// `crate::cross_entropy` gives them — of the logits `h·Wᵀ` for hidden states h (…, d) folded
 /// into N rows and an output weight W (V, d). `grads`: the caller will call backward with the
 /// trainer's upstream gradient (see the module docs); without it the forward pass computes the
 /// losses only. On f32 CUDA tensors with the cross-entropy kernel switched on this is the CUDA op

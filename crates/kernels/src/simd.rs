@@ -253,7 +253,7 @@ pub(crate) fn avx512() -> bool {
 /// The vector unit this process's CPU kernels run on: `"AVX-512"`, `"AVX2"` or
 /// `"baseline x86-64"` (the best the CPU has, unless [`VECTOR_UNIT_ENV`] names a lower one).
 ///
-/// [`simd_dispatch`]'s loops give the same bits on all three, but the matrix products do not:
+/// `simd_dispatch`'s loops give the same bits on all three, but the matrix products do not:
 /// with AVX-512 they run Ember's own GEMM kernel, otherwise matrixmultiply, which sums in another
 /// order. A run is bit-identical across thread counts and reruns on one machine; between
 /// machines whose vector units differ its first steps differ in the last digits, which training

@@ -72,7 +72,7 @@ pub fn sum_in_order_unfused(parts: &[Tensor]) -> Result<Tensor> {
     rest.iter().try_fold(first.clone(), |acc, p| acc + p)
 }
 
-/// Σ x² of a tensor, in f64. On the CPU, blocks of [`SQUARES_PER_BLOCK`] elements are summed in
+/// Σ x² of a tensor, in f64. On the CPU, blocks of `SQUARES_PER_BLOCK` elements are summed in
 /// parallel, each with eight f32 lanes, and the blocks' sums added in order in f64: the
 /// blocks depend on the size alone, so the result is the same at any thread count. Tensor ops
 /// in f64 elsewhere.

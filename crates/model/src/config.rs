@@ -2,10 +2,11 @@
 
 use std::path::PathBuf;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// Which shape of transformer to build.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Arch {
     /// Decoder-only language model (causal self-attention).
@@ -15,7 +16,7 @@ pub enum Arch {
 }
 
 /// The feed-forward block inside every layer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum MlpKind {
     /// `down(silu(gate(x)) * up(x))`, as in LLaMA, Qwen and OLMo.
@@ -27,7 +28,7 @@ pub enum MlpKind {
 }
 
 /// Where each block's norms sit relative to its residual adds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum NormPlacement {
     /// `x + branch(norm(x))`, with a final norm after each stack (GPT-2 onwards, LLaMA;
@@ -40,7 +41,7 @@ pub enum NormPlacement {
 }
 
 /// The residual-stream normalisation (pre-norm) and, for `qk_norm`, the per-head normalisation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum NormKind {
     /// `x / rms(x) * gain`.
@@ -50,7 +51,7 @@ pub enum NormKind {
 }
 
 /// How the model knows where a token is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Positions {
     /// Rotary embeddings on self-attention's queries and keys (LLaMA, Qwen, OLMo).
@@ -67,7 +68,7 @@ pub enum Positions {
 }
 
 /// How queries and keys are normalised per head before their dot product.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum QkNorm {
     /// Plain scaled dot-product attention: `softmax(q·kᵀ / √d)`.
@@ -82,44 +83,98 @@ pub enum QkNorm {
 
 /// Every knob of the architecture. One struct for both architectures; fields that only one of
 /// them reads say so.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+///
+/// The schema states the rules between keys that a JSON Schema can (see the `allOf` below);
+/// Ember checks those and the rest: `d_model` divisible by `n_heads` (unless `head_dim` is
+/// given), `n_heads` by `n_kv_heads`, and an even head width for rotary embeddings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend("allOf" = [
+    {"$comment": "Without `init_from`, `arch`, `d_model`, `n_heads` and `d_ff` are required, `arch: lm` needs `n_layers` (and no `n_encoder_layers`/`n_decoder_layers`), and `arch: seq2seq` needs `n_layers` or both stacks' counts; with `init_from` the model folder gives them and `arch` can only be `lm`.",
+     "if": {"properties": {"init_from": {"type": "string"}}, "required": ["init_from"]},
+     "then": {"properties": {"arch": {"const": "lm"}}},
+     "else": {"required": ["arch", "d_model", "n_heads", "d_ff"], "allOf": [
+        {"if": {"properties": {"arch": {"const": "lm"}}},
+         "then": {"required": ["n_layers"],
+                  "properties": {"n_layers": {"type": "integer"},
+                                 "n_encoder_layers": {"type": "null"}, "n_decoder_layers": {"type": "null"}}}},
+        {"if": {"properties": {"arch": {"const": "seq2seq"}}},
+         "then": {"allOf": [
+            {"anyOf": [{"required": ["n_layers"], "properties": {"n_layers": {"type": "integer"}}},
+                       {"required": ["n_encoder_layers"], "properties": {"n_encoder_layers": {"type": "integer"}}}]},
+            {"anyOf": [{"required": ["n_layers"], "properties": {"n_layers": {"type": "integer"}}},
+                       {"required": ["n_decoder_layers"], "properties": {"n_decoder_layers": {"type": "integer"}}}]}]}}]}},
+    {"$comment": "`qkv_bias: true` needs `arch: lm` and `positions: rope`.",
+     "if": {"properties": {"qkv_bias": {"const": true}}, "required": ["qkv_bias"]},
+     "then": {"properties": {"arch": {"const": "lm"}, "positions": {"const": "rope"}}}},
+    {"$comment": "`qk_norm_init_scale` and `qk_norm_length` apply to `qk_norm: l2` only.",
+     "if": {"properties": {"qk_norm": {"const": "l2"}}, "required": ["qk_norm"]},
+     "else": {"properties": {"qk_norm_init_scale": {"type": "null"}, "qk_norm_length": {"type": "null"}}}},
+    {"$comment": "`logn_length` needs `logn_attention: true`.",
+     "if": {"properties": {"logn_length": {"type": "integer"}}, "required": ["logn_length"]},
+     "then": {"properties": {"logn_attention": {"const": true}}, "required": ["logn_attention"]}},
+    {"$comment": "`logn_attention: true` without `logn_length` needs `max_seq_len` of at least 2.",
+     "if": {"properties": {"logn_attention": {"const": true}, "logn_length": {"type": "null"}},
+            "required": ["logn_attention"]},
+     "then": {"properties": {"max_seq_len": {"minimum": 2}}}},
+    {"$comment": "With rotary positions (the default) `head_dim` must be even: they turn pairs of a head's dimensions.",
+     "if": {"properties": {"positions": {"enum": ["learned", "none"]}}, "required": ["positions"]},
+     "else": {"properties": {"head_dim": {"multipleOf": 2}}}}
+]))]
+#[schemars(transform = required_by_the_rules_above)]
 pub struct ModelConfig {
     /// A Hugging Face model folder to start from (`config.json`, `*.safetensors`,
     /// `tokenizer.json`): its config gives the architecture keys of this section, its weights
     /// the initial parameters and its tokenizer the run's (see the `ember-import` crate).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub init_from: Option<PathBuf>,
+    /// `lm` (decoder-only language model) or `seq2seq` (encoder–decoder translation model).
     pub arch: Arch,
     /// Size of the (joint) vocabulary. Leave it out to take it from the tokenizer: the trainer
     /// fills it in before the model is built, and saves the resolved value with the run.
     #[serde(default)]
+    #[schemars(range(min = 2))]
     pub vocab_size: Option<usize>,
+    /// Width of the residual stream (the embedding size).
+    #[schemars(range(min = 1))]
     pub d_model: usize,
     /// Layers of the LM, and the default for both stacks of a seq2seq model.
     #[serde(default)]
+    #[schemars(range(min = 1, max = MAX_LAYERS))]
     pub n_layers: Option<usize>,
     /// seq2seq only: encoder layers (defaults to `n_layers`).
     #[serde(default)]
+    #[schemars(range(min = 1, max = MAX_LAYERS))]
     pub n_encoder_layers: Option<usize>,
     /// seq2seq only: decoder layers (defaults to `n_layers`).
     #[serde(default)]
+    #[schemars(range(min = 1, max = MAX_LAYERS))]
     pub n_decoder_layers: Option<usize>,
+    /// Attention (query) heads per layer; `d_model` must be divisible by it unless `head_dim`
+    /// is given.
+    #[schemars(range(min = 1))]
     pub n_heads: usize,
     /// Key/value heads for grouped-query attention; defaults to `n_heads` (plain multi-head).
     #[serde(default)]
+    #[schemars(range(min = 1))]
     pub n_kv_heads: Option<usize>,
     /// Width of each attention head; defaults to `d_model / n_heads`. Some models set it apart
     /// from the residual width (Qwen3-0.6B: d_model 1024, 16 heads of 128).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
     pub head_dim: Option<usize>,
     /// Biases on the query, key and value projections (Qwen2's; the output projection has none),
     /// initialised to zero. Left out when false, so configs written before it hash the same.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    #[schemars(extend("default" = false))]
     pub qkv_bias: bool,
+    /// Hidden width of each feed-forward block.
+    #[schemars(range(min = 1))]
     pub d_ff: usize,
+    /// The feed-forward block: `swiglu`, `gelu` or `relu`.
     #[serde(default = "default_mlp")]
     pub mlp: MlpKind,
+    /// The residual-stream normalisation: `rmsnorm` or `layernorm`.
     #[serde(default = "default_norm")]
     pub norm: NormKind,
     /// Where the residual-stream norms sit: `pre` (default) or `post` (the original
@@ -128,6 +183,7 @@ pub struct ModelConfig {
     /// depth scaling of pre-norm's output projections does not apply. Left out when `pre`, so
     /// configs written before it hash the same.
     #[serde(default, skip_serializing_if = "NormPlacement::is_pre")]
+    #[schemars(extend("default" = "pre"))]
     pub norm_placement: NormPlacement,
     /// `norm: layernorm` only: give the residual-stream LayerNorms (each block's pre-norms and
     /// the final norm) a learned bias. nanoGPT's default (`bias=False`) and OLMo drop it, the
@@ -135,12 +191,17 @@ pub struct ModelConfig {
     /// qk-norm LayerNorms keep their own (see `qk_norm`).
     #[serde(default = "default_true")]
     pub norm_bias: bool,
+    /// The ε added to the variance in every norm.
     #[serde(default = "default_norm_eps")]
+    #[schemars(extend("exclusiveMinimum" = 0))]
     pub norm_eps: f64,
+    /// The base of the rotary embeddings' frequencies.
     #[serde(default = "default_rope_theta")]
+    #[schemars(extend("exclusiveMinimum" = 1))]
     pub rope_theta: f64,
     /// Longest sequence (source or target) the rotary tables or learned positions cover.
     #[serde(default = "default_max_seq_len")]
+    #[schemars(range(min = 1, max = MAX_SEQ_LEN))]
     pub max_seq_len: usize,
     /// Position information: `rope` (default), `learned`, `sinusoidal` or `none`.
     #[serde(default = "default_positions")]
@@ -150,16 +211,21 @@ pub struct ModelConfig {
     /// embeddings have unit variance, like the sinusoids they are added to. Left out when
     /// false, so configs written before it hash the same.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    #[schemars(extend("default" = false))]
     pub scale_embeddings: bool,
+    /// How queries and keys are normalised per head before their dot product: `none` (the
+    /// baseline), `layernorm`, `rmsnorm` or `l2`.
     #[serde(default = "default_qk_norm")]
     pub qk_norm: QkNorm,
     /// `l2` only: the initial value g₀ of the learnable logit scale. Leave it out for Henry et
     /// al.'s rule g₀ = log2(L² − L), with L = `qk_norm_length` (or `max_seq_len`).
     #[serde(default)]
+    #[schemars(extend("exclusiveMinimum" = 0))]
     pub qk_norm_init_scale: Option<f64>,
     /// `l2` only: the length L in g₀ = log2(L² − L); Henry et al. use the 97.5th percentile of
     /// training sequence lengths, which the trainer measures and fills in when left out.
     #[serde(default)]
+    #[schemars(range(min = 2))]
     pub qk_norm_length: Option<usize>,
     /// Log-n attention scaling (entropy-invariant attention; Qwen's `use_logn_attn`): in causal
     /// self-attention a query that sees n > m keys has its logits scaled by ln n / ln m on top
@@ -170,12 +236,15 @@ pub struct ModelConfig {
     /// The training length m of `logn_attention` (default `max_seq_len`). Evaluating past the
     /// training length raises `max_seq_len`, so `ember eval --context` pins m here first.
     #[serde(default)]
+    #[schemars(range(min = 2))]
     pub logn_length: Option<usize>,
     /// Dropout on embeddings and on each residual branch's output.
     #[serde(default)]
+    #[schemars(range(min = 0), extend("exclusiveMaximum" = 1))]
     pub dropout: f64,
     /// Dropout on attention probabilities.
     #[serde(default)]
+    #[schemars(range(min = 0), extend("exclusiveMaximum" = 1))]
     pub attn_dropout: f64,
     /// Use the token embedding as the output projection. In seq2seq the encoder and decoder
     /// always share one embedding (the vocabulary is joint).
@@ -183,7 +252,15 @@ pub struct ModelConfig {
     pub tie_embeddings: bool,
     /// Standard deviation of the normal initialisation of embeddings and projections.
     #[serde(default = "default_init_std")]
+    #[schemars(extend("exclusiveMinimum" = 0))]
     pub init_std: f64,
+}
+
+/// The keys serde requires (`arch`, `d_model`, …) are required only without `init_from`, whose
+/// model folder fills them in before serde sees the section: the `allOf` rules say so, in place
+/// of schemars' unconditional list.
+fn required_by_the_rules_above(schema: &mut schemars::Schema) {
+    schema.remove("required");
 }
 
 fn default_mlp() -> MlpKind {

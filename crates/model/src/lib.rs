@@ -6,13 +6,15 @@
 //! parameter's gradient for every architecture variant, and check gradients against finite
 //! differences.
 //!
-//! ```no_run
-//! use ember_model::{init_model, Arch, ForwardCtx, ModelConfig};
+//! ```
+//! use ember_model::{init_model, Arch, ForwardCtx, ModelConfig, QkNorm};
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let cfg = ModelConfig::tiny(Arch::Lm);
+//! let mut cfg = ModelConfig::tiny(Arch::Lm); // 2 layers of width 16, a vocabulary of 32
+//! cfg.qk_norm = QkNorm::Rmsnorm;
 //! let (model, params) = init_model(&cfg, 0, candle_core::DType::F32, &candle_core::Device::Cpu)?;
 //! let tokens = candle_core::Tensor::new(&[[1u32, 2, 3]], params.device())?;
 //! let logits = model.as_lm().unwrap().forward(&tokens, ForwardCtx::eval())?;
+//! assert_eq!(logits.dims(), &[1, 3, 32]); // (batch, positions, vocabulary)
 //! # Ok(()) }
 //! ```
 

@@ -9,6 +9,18 @@
 //! Because the state only steps by a constant, draw i of a generator is
 //! [`mix64`]`(state + i·`[`GAMMA`]`)`: the dropout kernels compute any draw directly, and a
 //! generator is moved past n draws in O(1) ([`SplitMix64::skip`]).
+//!
+//! ```
+//! use ember_rng::SplitMix64;
+//! let (mut a, mut b) = (SplitMix64::new(42), SplitMix64::new(42));
+//! assert_eq!(a.next_u64(), b.next_u64()); // one seed, one stream, on every machine
+//! b.skip(99); // 99 draws further on, without drawing them
+//! for _ in 0..99 {
+//!     a.next_u64();
+//! }
+//! assert_eq!(a.next_u64(), b.next_u64());
+//! assert!((0.0..1.0).contains(&a.uniform()));
+//! ```
 
 /// The constant SplitMix64's state steps by on every draw (the golden ratio in 64 bits).
 pub const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;

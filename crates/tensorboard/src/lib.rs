@@ -18,6 +18,21 @@
 //! every file whose name contains `tfevents`, per directory, in name order; [`EventWriter`]
 //! names a new file so that it sorts after those already there, so a resumed run appends a new
 //! file and never rewrites an old one.
+//!
+//! ```
+//! use ember_tensorboard::{proto, read_records, EventWriter};
+//! # fn main() -> std::io::Result<()> {
+//! let dir = std::env::temp_dir().join(format!("ember-tensorboard-doc-{}", std::process::id()));
+//! std::fs::create_dir_all(&dir)?;
+//! let mut writer = EventWriter::create(&dir)?;
+//! writer.scalars(7, ember_tensorboard::now(), &[("train/loss", 2.5)])?;
+//! writer.flush()?;
+//! let records = read_records(writer.path())?; // the file-version event, then ours
+//! let event = proto::decode_event(&records[1]).unwrap();
+//! assert_eq!((event.step, event.scalars), (7, vec![("train/loss".to_string(), 2.5)]));
+//! std::fs::remove_dir_all(&dir)?;
+//! # Ok(()) }
+//! ```
 
 pub mod proto;
 

@@ -1,7 +1,7 @@
 //! `ember bench`: training throughput of a config, measured in process.
 //!
 //! Runs warm-up steps, then N timed steps of the very step `ember train` runs
-//! ([`Training::step`], set up in memory by [`Training::in_memory`]: same batches, loss,
+//! (`Training::step`, set up in memory by `Training::in_memory`: same batches, loss,
 //! clipping and AdamW, without checkpoints or evaluation), and reports the
 //! median and spread of the step time with its forward / backward / optimizer split, tokens/s,
 //! peak RSS, model FLOPs per token and the achieved GFLOP/s against a matmul peak measured on

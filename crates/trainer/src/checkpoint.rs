@@ -68,7 +68,7 @@ pub struct CheckpointState {
     #[serde(default)]
     pub evals_above_initial: u32,
     /// Whether a training loss since the last evaluation spiked past
-    /// [`crate::run_state::SPIKE_FACTOR`] × `initial_val_loss`.
+    /// `run_state::SPIKE_FACTOR` × `initial_val_loss`.
     #[serde(default)]
     pub spiked_since_eval: bool,
     /// Sums of the training-metrics window open at this step, so a resumed run logs exactly
@@ -288,7 +288,7 @@ pub struct CheckpointsLock {
 const WRITER_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Locks `run_dir/checkpoints/` for writing (a save and the pruning after it). Waits for
-/// readers up to [`WRITER_PATIENCE`], then goes on without the lock; a lock file that cannot
+/// readers up to `WRITER_PATIENCE`, then goes on without the lock; a lock file that cannot
 /// be used (a link put in its place) never stops a run from saving its steps.
 pub fn lock_for_writing(run_dir: &Path) -> Result<CheckpointsLock> {
     use fs4::fs_std::FileExt;

@@ -7,6 +7,35 @@
 //!
 //! Every public name has one path: the modules below for their own names, the crate root for
 //! the entry points of the private modules (training, evaluation, opening a run).
+//!
+//! [`train()`] runs a whole run from a config, as `ember train` does. Its parts are public too;
+//! here, one training step of a small translation model (`examples/train_small.rs` loops it):
+//!
+//! ```
+//! use candle_core::{DType, Device};
+//! use ember_trainer::config::RunConfig;
+//! use ember_trainer::optim::AdamW;
+//! use ember_trainer::{forward_backward, make_batcher, resolve_model_config};
+//! # fn main() -> anyhow::Result<()> {
+//! let yaml = "
+//! model: { arch: seq2seq, d_model: 32, n_layers: 1, n_heads: 4, d_ff: 64 }
+//! data:
+//!   corpus: { kind: embedded, train_size: 200, val_size: 20, test_size: 0 }
+//!   tokenizer: { kind: bpe, vocab_size: 100 }
+//! train: { steps: 1, lr: 1.0e-3, max_tokens: 256 }
+//! ";
+//! let mut cfg = RunConfig::from_yaml(yaml, "demo.yaml".as_ref(), &[])?;
+//! let data = ember_data::Dataset::prepare(&cfg.data, None)?;
+//! resolve_model_config(&mut cfg, &data)?; // the vocabulary size, from the tokenizer
+//! let (model, params) = ember_model::init_model(&cfg.model, cfg.train.seed, DType::F32, &Device::Cpu)?;
+//! let mut optimizer = AdamW::new(params.vars(), &cfg.train)?;
+//! let batch = [make_batcher(&cfg, &data)?.next_batch()];
+//! let step = forward_backward(&model, optimizer.params(), &batch, &cfg.train, &Device::Cpu, 1, false)?;
+//! optimizer.step(&step.grads, cfg.train.lr, 1.0)?;
+//! let (loss_sum, _) = step.losses.to_host()?;
+//! assert!((loss_sum / step.tokens as f64).is_finite());
+//! # Ok(()) }
+//! ```
 
 pub mod bench;
 pub mod checkpoint;

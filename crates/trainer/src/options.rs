@@ -19,7 +19,7 @@ pub struct TrainOptions {
     pub verbosity: Verbosity,
     /// Stop (with a checkpoint) after this many steps of this invocation, as an interruption would.
     pub stop_after: Option<u64>,
-    /// Stop signals: honoured at the next step boundary with a checkpoint, ending in [`Interrupted`].
+    /// Stop signals: honoured at the next step boundary with a checkpoint, ending in [`Interrupted`](crate::interrupt::Interrupted).
     pub stop: Option<StopRequest>,
     /// With `resume`: continue although the data differs from the checkpoint's.
     pub allow_data_change: bool,

@@ -7,44 +7,11 @@ use std::path::{Path, PathBuf};
 
 use ember_trainer::config::{ConfigFileError, RunConfig};
 
-const FILE: &str = "configs/x.yaml";
+mod config_cases;
 
-/// A complete, valid translation config in block style, so every key has its own line.
-const BASE: &str = "\
-model:
-  arch: seq2seq
-  d_model: 32
-  n_layers: 1
-  n_heads: 4
-  d_ff: 64
-  max_seq_len: 64
-  qk_norm: none
-  dropout: 0.1
-data:
-  corpus:
-    kind: embedded
-    seed: 7
-    train_size: 300
-    val_size: 40
-    test_size: 40
-  tokenizer:
-    kind: bpe
-    vocab_size: 200
-train:
-  steps: 8
-  seed: 3
-  lr: 3.0e-3
-  warmup_steps: 2
-  max_tokens: 300
-  label_smoothing: 0.1
-  z_loss: 1.0e-4
-  log_every: 1
-eval:
-  every: 4
-checkpoint:
-  every: 2
-  keep_last: 2
-";
+use config_cases::{edit, load_shipped, shipped_configs, BASE};
+
+const FILE: &str = "configs/x.yaml";
 
 fn owned(overrides: &[&str]) -> Vec<String> {
     overrides.iter().map(|s| s.to_string()).collect()
@@ -63,12 +30,6 @@ fn error(text: &str, overrides: &[&str]) -> ConfigFileError {
         Ok(cfg) => panic!("should be refused, but loaded: {cfg:?}"),
         Err(e) => e,
     }
-}
-
-/// `text` with the first occurrence of `from` replaced (which must exist).
-fn edit(text: &str, from: &str, to: &str) -> String {
-    assert!(text.contains(from), "{from:?} is not in the config");
-    text.replacen(from, to, 1)
 }
 
 /// The 1-based line of the first line of `text` that contains `needle`.
@@ -524,46 +485,6 @@ fn load_names_the_path_it_read_or_could_not_read() {
 
     std::fs::write(&path, BASE).unwrap();
     assert_eq!(RunConfig::load(&path, &[]).unwrap(), load(BASE, &[]));
-}
-
-fn shipped_configs() -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs");
-    let mut out: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
-        .collect();
-    out.sort();
-    assert!(
-        out.iter().any(|p| p.ends_with("quickstart.yaml")),
-        "configs/quickstart.yaml is shipped: {out:?}"
-    );
-    out
-}
-
-/// A config.json in SmolLM2-135M's shape (Llama, 30 layers of d 576, 9 heads over 3 key/value
-/// heads, tied embeddings), for the shipped config that fine-tunes it.
-const SMOLLM2_135M: &str = r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama",
-  "vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
-  "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_act": "silu",
-  "max_position_embeddings": 8192, "rms_norm_eps": 1e-05, "rope_theta": 100000,
-  "rope_scaling": null, "attention_bias": false, "attention_dropout": 0.0,
-  "tie_word_embeddings": true, "initializer_range": 0.041666666666666664,
-  "bos_token_id": 0, "eos_token_id": 0, "torch_dtype": "bfloat16"}"#;
-
-/// Loads a shipped config. One that fine-tunes a downloaded model (`model.init_from`) is given a
-/// stand-in folder with that model's config.json, since nothing is downloaded here (the
-/// weights and tokenizer are only read when a run starts).
-fn load_shipped(path: &Path, tmp: &Path) -> RunConfig {
-    let text = std::fs::read_to_string(path).unwrap();
-    let mut sets = vec![];
-    if text.contains("init_from:") {
-        let folder = tmp.join("SmolLM2-135M");
-        std::fs::create_dir_all(&folder).unwrap();
-        std::fs::write(folder.join("config.json"), SMOLLM2_135M).unwrap();
-        sets.push(format!("model.init_from={}", folder.display()));
-    }
-    RunConfig::load(path, &sets).unwrap_or_else(|e| panic!("{e}"))
 }
 
 #[test]

@@ -10,7 +10,7 @@ use super::{normalize_cursor, Batch, Batcher, Cursor, LmBatch, TAG_WINDOWS};
 use crate::error::{DataError, Result};
 
 /// How [`LmWindowBatcher`] picks windows.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum WindowMode {
     /// Independent uniform offsets per row (nanoGPT's `get_batch`); offsets are a function of

@@ -3,7 +3,7 @@
 //!
 //! Each kernel lives in `crates/kernels/cuda/NAME.cu` (compiled to PTX at build time, see
 //! `build.rs`), its per-element arithmetic in `cuda/common.cuh`, which the CPU test suite also
-//! compiles as plain C++ and compares with the Rust kernels ([`mirror`]). The op that launches a
+//! compiles as plain C++ and compares with the Rust kernels (`mirror`). The op that launches a
 //! kernel is the CPU kernel's own custom op: its `cuda_fwd` beside its `cpu_fwd`, in the op's
 //! module.
 //!

@@ -21,35 +21,63 @@ pub struct ConfigFileError {
 impl RunConfig {
     /// Reads `path`, applies `--set KEY=VALUE` overrides, and validates.
     pub fn load(path: &Path, overrides: &[String]) -> Result<Self, ConfigFileError> {
-        use std::io::Read;
-        let err = |message: String| ConfigFileError {
-            file: path.to_path_buf(),
-            line: None,
-            key: None,
-            message,
-        };
-        // At most one byte past the limit is read, so that `/dev/zero` or a 10 GB file given
-        // by mistake is refused by from_yaml's size check instead of filling the memory.
-        let mut text = String::new();
-        ember_data::io::open_input(path)
-            .and_then(|f| f.take(MAX_CONFIG_BYTES as u64 + 1).read_to_string(&mut text))
-            .map_err(|e| match e.kind() {
-                std::io::ErrorKind::InvalidData => {
-                    err("cannot read the config: it is not UTF-8 text (is it the YAML file?)".into())
-                }
-                _ => err(format!("cannot read the config: {e}")),
-            })?;
-        Self::from_yaml(&text, path, overrides)
+        Self::from_yaml(&read_text(path)?, path, overrides)
     }
 
     /// As [`load`](Self::load), from YAML text; `path` only labels errors.
     pub fn from_yaml(text: &str, path: &Path, overrides: &[String]) -> Result<Self, ConfigFileError> {
-        let err = |line, key: Option<String>, message: String| ConfigFileError {
-            file: path.to_path_buf(),
-            line,
-            key,
-            message,
-        };
+        let err = error_in(path);
+        let mut tree = Self::yaml_tree(text, path, overrides)?;
+        let overridden: Vec<&str> = overrides
+            .iter()
+            .filter_map(|o| o.split_once('='))
+            .map(|(k, _)| k)
+            .collect();
+        if let Some((key, message)) = misshapen_section(&tree) {
+            let line = locate(text, &key);
+            return Err(err(line, (key != ".").then_some(key), message));
+        }
+        crate::init_from::complete(&mut tree)
+            .map_err(|(key, message)| err(locate(text, &key), Some(key), message))?;
+        let cfg: RunConfig = serde_path_to_error::deserialize(&tree).map_err(|e| {
+            let mut key = e.path().to_string();
+            let mut message = e.into_inner().to_string();
+            if key == "data.corpus" {
+                // The corpus is an internally tagged enum, where serde loses the field's path;
+                // deserialising the chosen variant on its own recovers it.
+                if let Some((field, m)) = corpus_error(&tree["data"]["corpus"]) {
+                    key = format!("data.corpus.{field}");
+                    message = m;
+                }
+            }
+            let from_set = overridden
+                .iter()
+                .any(|k| key.starts_with(k) || k.starts_with(key.as_str()));
+            let key = (key != ".").then_some(key);
+            let line = if from_set {
+                None
+            } else {
+                key.as_deref().and_then(|k| locate(text, k))
+            };
+            err(line, key, clip(&message))
+        })?;
+        cfg.validate().map_err(|(key, message)| {
+            let message = if overrides.is_empty() {
+                message
+            } else {
+                format!("{message} (with --set {})", clip(&overrides.join(" --set ")))
+            };
+            err(locate(text, &key), Some(key), message)
+        })?;
+        Ok(cfg)
+    }
+
+    /// The config's YAML as a tree with the `--set` overrides applied: what the schema
+    /// (`ember config schema`) describes, before the model folder of `model.init_from` fills
+    /// anything in and before any type or range is checked. Fails only on YAML that does not
+    /// parse, an empty file and a malformed override.
+    pub fn yaml_tree(text: &str, path: &Path, overrides: &[String]) -> Result<Value, ConfigFileError> {
+        let err = error_in(path);
         if text.len() > MAX_CONFIG_BYTES {
             return Err(err(
                 None,
@@ -77,7 +105,6 @@ impl RunConfig {
                 "the file is empty; see configs/quickstart.yaml for a complete example".into(),
             ));
         }
-        let mut overridden = vec![];
         for o in overrides {
             let (key, value) = o.split_once('=').ok_or_else(|| {
                 err(
@@ -100,45 +127,35 @@ impl RunConfig {
             })?;
             set_path(&mut tree, key, value)
                 .map_err(|m| err(None, Some(key.into()), format!("--set: {m}")))?;
-            overridden.push(key.to_string());
         }
-        if let Some((key, message)) = misshapen_section(&tree) {
-            let line = locate(text, &key);
-            return Err(err(line, (key != ".").then_some(key), message));
-        }
-        crate::init_from::complete(&mut tree)
-            .map_err(|(key, message)| err(locate(text, &key), Some(key), message))?;
-        let cfg: RunConfig = serde_path_to_error::deserialize(&tree).map_err(|e| {
-            let mut key = e.path().to_string();
-            let mut message = e.into_inner().to_string();
-            if key == "data.corpus" {
-                // The corpus is an internally tagged enum, where serde loses the field's path;
-                // deserialising the chosen variant on its own recovers it.
-                if let Some((field, m)) = corpus_error(&tree["data"]["corpus"]) {
-                    key = format!("data.corpus.{field}");
-                    message = m;
-                }
+        Ok(tree)
+    }
+}
+
+/// The text of a config file. At most one byte past the limit is read, so that `/dev/zero` or a
+/// 10 GB file given by mistake is refused by the size check instead of filling the memory.
+pub(super) fn read_text(path: &Path) -> Result<String, ConfigFileError> {
+    use std::io::Read;
+    let err = |message: String| error_in(path)(None, None, message);
+    let mut text = String::new();
+    ember_data::io::open_input(path)
+        .and_then(|f| f.take(MAX_CONFIG_BYTES as u64 + 1).read_to_string(&mut text))
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::InvalidData => {
+                err("cannot read the config: it is not UTF-8 text (is it the YAML file?)".into())
             }
-            let from_set = overridden
-                .iter()
-                .any(|k| key.starts_with(k.as_str()) || k.starts_with(&key));
-            let key = (key != ".").then_some(key);
-            let line = if from_set {
-                None
-            } else {
-                key.as_deref().and_then(|k| locate(text, k))
-            };
-            err(line, key, clip(&message))
+            _ => err(format!("cannot read the config: {e}")),
         })?;
-        cfg.validate().map_err(|(key, message)| {
-            let message = if overrides.is_empty() {
-                message
-            } else {
-                format!("{message} (with --set {})", clip(&overrides.join(" --set ")))
-            };
-            err(locate(text, &key), Some(key), message)
-        })?;
-        Ok(cfg)
+    Ok(text)
+}
+
+/// The error maker of one file: `(line, key, message)` to a [`ConfigFileError`].
+fn error_in(path: &Path) -> impl Fn(Option<usize>, Option<String>, String) -> ConfigFileError + '_ {
+    |line, key, message| ConfigFileError {
+        file: path.to_path_buf(),
+        line,
+        key,
+        message,
     }
 }
 
