@@ -12,7 +12,7 @@
 //! activations) is refused by name before a weight is read.
 //!
 //! The tokenizer is read by `ember-data` (`data.tokenizer.kind: pretrained`), and the trainer
-//! joins the three (`crates/trainer/src/init_from.rs`).
+//! joins the three (`crates/trainer/src/setup/init_from.rs`).
 
 mod config;
 mod names;

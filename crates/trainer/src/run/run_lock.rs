@@ -17,7 +17,7 @@ use fs4::fs_std::FileExt;
 use crate::run_dir::{CHECKPOINTS, LOCK_FILE, METRICS, MODEL, RUN_CONFIG, STATE};
 
 // The one public path of the lock-file opener, which `checkpoint` uses too.
-pub use crate::lock_file::open_lock_file;
+pub use crate::run::lock_file::open_lock_file;
 
 /// What a directory is meant to hold, for [`refuse_foreign_dir`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

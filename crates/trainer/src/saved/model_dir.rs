@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{self, file_hash};
 use crate::config::RunConfig;
-use crate::files::write_atomic;
+use crate::run::files::write_atomic;
 use crate::run_dir::{MODEL, RUN_CONFIG};
 
 /// The manifest that makes a folder a model folder.

@@ -4,7 +4,12 @@
 //! over an earlier run's checkpoints), the config completed from the data (`resolve`), and the
 //! model, optimizer and data position — fresh, or restored from the newest checkpoint — as a
 //! [`Training`] that the loop steps. Opening a trained model again for evaluation and decoding is
-//! `open`'s.
+//! `open`'s (in `saved/`). Beside it: completing the config from the data (`resolve`), starting
+//! from an imported model (`init_from`), and the memory [`limits`] checked before allocating.
+
+pub(crate) mod init_from;
+pub mod limits;
+pub(crate) mod resolve;
 
 use crate::tell;
 use std::fs;
@@ -18,15 +23,14 @@ use ember_model::{init_model, Model, ParamStore};
 use crate::checkpoint::{self, CheckpointState};
 use crate::config::{Batched, Batching, RunConfig, Schedule, TrainConfig};
 use crate::data_parallel::DataParallel;
-use crate::files::write_atomic;
-use crate::limits;
 use crate::optim::{AdamW, LrSchedule};
-use crate::options::TrainOptions;
-use crate::resolve::{check_data_fits, resolve_model_config};
 use crate::resume_check::{self, Allowed, RunIdentity};
+use crate::run::files::write_atomic;
+use crate::run::options::TrainOptions;
 use crate::run_dir::RUN_CONFIG;
 use crate::run_lock::DirLock;
-use crate::training::Training;
+use crate::setup::resolve::{check_data_fits, resolve_model_config};
+use crate::step::training::Training;
 use crate::update::Updater;
 
 /// `cpu` or `cuda:N`.
@@ -398,7 +402,7 @@ impl Training {
 /// A fresh run's model: `model.init_from`'s weights, or initialised from `train.seed`.
 fn initial_model(cfg: &RunConfig, device: &Device) -> Result<(Model, ParamStore)> {
     match cfg.model.init_from {
-        Some(_) => crate::init_from::load_model(&cfg.model, device),
+        Some(_) => crate::setup::init_from::load_model(&cfg.model, device),
         None => Ok(init_model(&cfg.model, cfg.train.seed, DType::F32, device)?),
     }
 }

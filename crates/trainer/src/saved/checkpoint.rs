@@ -24,7 +24,7 @@ use ember_model::{ModelConfig, ParamStore};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::lock_file::{not_a_lock_file, open_lock_file};
+use crate::run::lock_file::{not_a_lock_file, open_lock_file};
 use crate::run_dir::{CHECKPOINTS, LOCK_FILE, MODEL, OPTIMIZER, RUN_CONFIG, STATE};
 
 /// The best validation result so far.
@@ -68,7 +68,7 @@ pub struct CheckpointState {
     #[serde(default)]
     pub evals_above_initial: u32,
     /// Whether a training loss since the last evaluation spiked past
-    /// [`crate::run_state::SPIKE_FACTOR`] × `initial_val_loss`.
+    /// [`crate::run::run_state::SPIKE_FACTOR`] × `initial_val_loss`.
     #[serde(default)]
     pub spiked_since_eval: bool,
     /// Sums of the training-metrics window open at this step, so a resumed run logs exactly
