@@ -51,7 +51,8 @@ pub(super) fn read_evals(dir: &Path) -> Result<Vec<Eval>> {
             .collect();
         files.sort();
         for file in files {
-            let text = fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+            let text = ember_data::io::read_small_text(&file, 1 << 28)
+                .with_context(|| format!("reading {}", file.display()))?;
             let result: ContextEval = serde_json::from_str(&text).with_context(|| {
                 format!(
                     "{} is not an `ember eval --context --json` result",
