@@ -20,4 +20,4 @@ mod weights;
 
 pub use config::{model_config, read as read_config, Family, HfModel, ARCHITECTURE_KEYS, CONFIG_FILE};
 pub use names::{ember_weight_name, hf_weight_name};
-pub use weights::{expected_shapes, load as load_weights, INDEX_FILE, SINGLE_FILE};
+pub use weights::{expected_shapes, load as load_weights, Imported, INDEX_FILE, SINGLE_FILE};
