@@ -96,7 +96,7 @@ pub(crate) fn run(args: EvalArgs) -> Result<()> {
         let beam = args.decode.beam_config(&run.cfg)?;
         let scores = score_split(m, &run.data.tokenizer, pairs, &beam, None, &run.device)?;
         if let Some(path) = &args.output {
-            std::fs::write(path, scores.hypotheses.join("\n") + "\n")
+            ember_data::io::write_atomic(path, (scores.hypotheses.join("\n") + "\n").as_bytes())
                 .with_context(|| format!("writing {}", path.display()))?;
         }
         lines.push(scores.bleu.format());

@@ -67,6 +67,13 @@ pub struct Plan {
     pub runs: Vec<PlannedRun>,
 }
 
+/// Refuses `out` as a sweep's output directory by the one rule of [`ember_trainer::protected`]
+/// (not a run's directory, not inside a checkpoint, a model folder or a Hugging Face folder),
+/// before anything is written into it.
+pub(crate) fn check_out_dir(out: &Path) -> Result<()> {
+    ember_trainer::protected::check(out, "--out", ember_trainer::protected::Output::SweepDir, &[], &[])
+}
+
 /// One factorial axis of a sweep: a config key and the values it takes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Axis {

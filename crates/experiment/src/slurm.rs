@@ -126,7 +126,7 @@ pub fn prepare(opts: &AblateOptions, slurm: &SlurmOptions, exe: &Path) -> Result
             );
         }
     }
-    ember_trainer::run_lock::refuse_foreign_dir(&plan.out, "--out", ember_trainer::run_lock::DirKind::Sweep)?;
+    crate::layout::check_out_dir(&plan.out)?;
     // No local sweep may be writing into the directory while it is planned for the cluster.
     let _lock = DirLock::acquire(&plan.out, "ablation sweep")?;
     let dir = plan.out.join(SLURM_DIR);

@@ -15,7 +15,8 @@
 //! - `run/` — the run directory and its life: its names ([`run_dir`]), lock ([`run_lock`]),
 //!   atomic files, bookkeeping, options and stop requests ([`interrupt`]);
 //! - `saved/` — what a run leaves and reading it back: [`checkpoint`]s, what `--resume` checks
-//!   ([`resume_check`]), [`model_dir`]s, opening a trained model;
+//!   ([`resume_check`]), [`model_dir`]s, opening a trained model; what a folder is to Ember
+//!   ([`places`]) and the one rule for what no command writes over ([`protected`]);
 //! - `eval/` — [`evaluate()`], [`context`] evaluation, decoding and scoring ([`translate`]);
 //! - `output/` — what the user sees and the logs: [`console`], [`metrics`], [`tensorboard`],
 //!   the summary.
@@ -41,7 +42,7 @@ pub use output::{console, metrics, tensorboard};
 pub use run::options::TrainOptions;
 pub use run::{interrupt, run_dir, run_lock};
 pub use saved::open::{open_model, open_run, OpenModel, OpenRun};
-pub use saved::{checkpoint, model_dir, resume_check};
+pub use saved::{checkpoint, model_dir, places, protected, resume_check};
 pub use setup::limits;
 pub use setup::resolve::{resolve_model_config, DataFilled};
 pub use setup::{device, make_batcher};

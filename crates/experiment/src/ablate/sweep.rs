@@ -30,7 +30,7 @@ pub fn ablate(opts: &AblateOptions) -> Result<AblateOutcome> {
         stop.set_phase("stopping the planning of the sweep (nothing has been written yet)");
     }
     let plan = plan(opts)?;
-    ember_trainer::run_lock::refuse_foreign_dir(&plan.out, "--out", ember_trainer::run_lock::DirKind::Sweep)?;
+    crate::layout::check_out_dir(&plan.out)?;
     // One sweep per output directory: two would train the same runs into the same directories.
     let _lock = DirLock::acquire(&plan.out, "ablation sweep")?;
     refuse_other_configs(&plan)?;

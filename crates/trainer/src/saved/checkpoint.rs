@@ -135,19 +135,67 @@ pub fn dir_for(run_dir: &Path, step: u64) -> PathBuf {
 }
 
 /// `run` as (run directory, checkpoint directory): a checkpoint directory names itself and sits
-/// in `<run>/checkpoints/`; a run directory stands for its newest checkpoint.
+/// in `<run>/checkpoints/`; a run directory stands for its newest checkpoint. Anything else is
+/// refused naming what it is (a model folder, a Hugging Face folder, a sweep, a run that has
+/// saved nothing yet).
 pub fn run_and_checkpoint(run: &Path) -> Result<(PathBuf, PathBuf)> {
     if run.join(STATE).is_file() {
         let run_dir = run
             .parent()
             .and_then(Path::parent)
             .context("a checkpoint directory must sit in <run>/checkpoints/")?;
-        Ok((run_dir.to_path_buf(), run.to_path_buf()))
-    } else {
-        let newest = list(run)
-            .pop()
-            .with_context(|| format!("{} has no checkpoint (is it a run directory?)", run.display()))?;
-        Ok((run.to_path_buf(), newest.1))
+        return Ok((run_dir.to_path_buf(), run.to_path_buf()));
+    }
+    match list(run).pop() {
+        Some((_, newest)) => Ok((run.to_path_buf(), newest)),
+        None => bail!("{}", no_checkpoint(run)),
+    }
+}
+
+/// Why `path` gives no checkpoint to read, in terms of what it is.
+fn no_checkpoint(path: &Path) -> String {
+    use crate::places::Place;
+    let p = path.display();
+    let take = "give a run directory (the --run-dir of `ember train`) or one checkpoint in it";
+    if path.symlink_metadata().is_err() {
+        return format!("{p} does not exist; {take}");
+    }
+    if !path.is_dir() {
+        return format!("{p} is a file, not a run directory; {take}");
+    }
+    match crate::places::of(path) {
+        Place::ModelFolder { manifest: true } => format!(
+            "{p} is a model folder (`ember package` made it), not a run: translate, generate and \
+             eval open it, but it holds no checkpoint to package, export or average; give the run \
+             it came from (its model.json names the checkpoint)"
+        ),
+        place @ Place::ModelFolder { manifest: false } => format!(
+            "{p} is {}: the folder is incomplete. Put its model.json back, or package the run \
+             again (`ember package RUN {p}` into a new folder)",
+            place.describe(path)
+        ),
+        place @ (Place::HfFolder | Place::Sweep) => format!(
+            "{p} is {}, not a run; {}",
+            place.describe(path),
+            if place == Place::HfFolder {
+                "train from it with `model.init_from`, then use that run"
+            } else {
+                "give one of the runs in its runs/ folder"
+            }
+        ),
+        Place::Checkpoints { run } => format!(
+            "{p} is the checkpoints folder of the run {} and holds no finished checkpoint yet; give \
+             the run, or one checkpoint in it, once training has saved one",
+            run.display()
+        ),
+        Place::Run => format!(
+            "{p} is a run that has no finished checkpoint yet (training saves one every \
+             checkpoint.every steps and when it ends); wait for one, or resume it"
+        ),
+        Place::Checkpoint { .. } => {
+            format!("{p} has a {STATE} that is not a regular file, so it is not a checkpoint ember can read")
+        }
+        Place::Other => format!("{p} has no checkpoint (it is not a run directory); {take}"),
     }
 }
 

@@ -24,6 +24,7 @@ use crate::checkpoint::{self, CheckpointState};
 use crate::config::{Batched, Batching, RunConfig, Schedule, TrainConfig};
 use crate::data_parallel::DataParallel;
 use crate::optim::{AdamW, LrSchedule};
+use crate::protected::Output;
 use crate::resume_check::{self, Allowed, RunIdentity};
 use crate::run::files::write_atomic;
 use crate::run::options::TrainOptions;
@@ -146,7 +147,7 @@ impl TrainingRun {
         let run_dir = opts.run_dir.clone();
         // Only rank 0 writes the run directory; the other ranks of a job read what it prepared.
         let leader = opts.world.is_leader();
-        let lock = lock_run_dir(opts)?;
+        let lock = lock_run_dir(&cfg, opts)?;
         let loaded = if opts.resume {
             let l = load_latest(&run_dir, &device, opts.fallback)?;
             resume_check::check_tokenizer_present(&run_dir, &l.dir, allowed(opts))?;
@@ -241,10 +242,12 @@ fn allowed(opts: &TrainOptions) -> Allowed {
     }
 }
 
-/// Checks that `opts.run_dir` can take this run and, on rank 0, locks it for the run. A
-/// missing directory is not created just to find it has nothing to resume; an existing one is
-/// locked first, so that a writer in it is named rather than its half-written state.
-fn lock_run_dir(opts: &TrainOptions) -> Result<Option<DirLock>> {
+/// Checks that `opts.run_dir` can take this run (the one rule of [`crate::protected`]: not in a
+/// checkpoint, a model folder or the folder `model.init_from` reads) and, on rank 0, locks it
+/// for the run. A missing directory is not created just to find it has nothing to resume; an
+/// existing one is locked first, so that a writer in it is named rather than its half-written
+/// state.
+fn lock_run_dir(cfg: &RunConfig, opts: &TrainOptions) -> Result<Option<DirLock>> {
     let run_dir = &opts.run_dir;
     if opts.resume && !run_dir.is_dir() {
         bail!(
@@ -253,7 +256,19 @@ fn lock_run_dir(opts: &TrainOptions) -> Result<Option<DirLock>> {
         );
     }
     let leader = opts.world.is_leader();
-    crate::run_lock::refuse_foreign_dir(run_dir, "--run-dir", crate::run_lock::DirKind::Run)?;
+    // The folders the config reads a model or tokenizer from: the run never writes into them.
+    let mut reads: Vec<(&Path, &'static str)> = vec![];
+    reads.extend(cfg.model.init_from.as_deref().map(|d| (d, "model.init_from")));
+    if cfg.data.tokenizer.kind == ember_data::TokenizerKind::Pretrained {
+        reads.extend(
+            cfg.data
+                .tokenizer
+                .path
+                .as_deref()
+                .map(|d| (d, "data.tokenizer.path")),
+        );
+    }
+    crate::protected::check(run_dir, "--run-dir", Output::RunDir, &[], &reads)?;
     let lock = if leader {
         Some(DirLock::acquire(run_dir, "training run")?)
     } else {
