@@ -204,6 +204,54 @@ pub fn hardware() -> Hardware {
     }
 }
 
+/// The vector units the sweep in `out` has computed with so far: its plan's machine, every
+/// invocation's, and what each run's checkpoints record.
+fn units_so_far(out: &Path) -> std::collections::BTreeSet<String> {
+    let plan: Option<Plan> = ember_data::io::read_own_to_string(out.join(GRID))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok());
+    let status = read_status(out);
+    let machines = plan
+        .iter()
+        .map(|p| &p.hardware)
+        .chain(status.invocations.iter().map(|i| &i.hardware))
+        .filter_map(|h| h.vector_unit.clone());
+    let runs = fs::read_dir(out.join(RUNS))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| checkpoint::list(&e.path()).pop())
+        .filter_map(|(_, ckpt)| {
+            let text = ember_data::io::read_own_to_string(ckpt.join(ember_trainer::run_dir::STATE)).ok()?;
+            let state: Value = serde_json::from_str(&text).ok()?;
+            serde_json::from_value::<Vec<String>>(state.get("vector_units")?.clone()).ok()
+        })
+        .flatten();
+    machines.chain(runs).collect()
+}
+
+/// A warning when the sweep in `out` was computed with a vector unit other than `now`'s (an
+/// extension, a resume or a cell on another CPU, or under `EMBER_CPU_VECTOR_UNIT`): its runs
+/// would not all be comparable bit for bit. `None` for a new sweep or the same unit.
+pub fn unit_change(out: &Path, now: &Hardware) -> Option<String> {
+    let now_unit = now.vector_unit.as_deref()?;
+    let before: Vec<String> = units_so_far(out).into_iter().filter(|u| u != now_unit).collect();
+    if before.is_empty() {
+        return None;
+    }
+    let env = ember_kernels::VECTOR_UNIT_ENV;
+    let chosen = std::env::var(env)
+        .map(|v| format!(" ({env}={v})"))
+        .unwrap_or_default();
+    Some(format!(
+        "{} was computed with {} so far, this invocation computes with {now_unit}{chosen}: runs \
+         it starts differ from the earlier ones in their last digits, and a run it resumes is no \
+         longer bit-identical to an uninterrupted one; the report names each run's units",
+        out.display(),
+        before.join(" and ")
+    ))
+}
+
 /// Now, UTC, ISO 8601 (`2025-01-31T12:00:00Z`).
 pub fn utc_now() -> String {
     let secs = std::time::SystemTime::now()

@@ -129,6 +129,9 @@ pub fn prepare(opts: &AblateOptions, slurm: &SlurmOptions, exe: &Path) -> Result
     crate::layout::check_out_dir(&plan.out)?;
     // No local sweep may be writing into the directory while it is planned for the cluster.
     let _lock = DirLock::acquire(&plan.out, "ablation sweep")?;
+    if let Some(warning) = crate::layout::unit_change(&plan.out, &plan.hardware) {
+        ember_trainer::tell!("warning: {warning}");
+    }
     let dir = plan.out.join(SLURM_DIR);
     fs::create_dir_all(dir.join(LOGS)).with_context(|| format!("creating {}", dir.join(LOGS).display()))?;
     fs::create_dir_all(plan.out.join(RUNS))

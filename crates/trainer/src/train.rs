@@ -489,6 +489,7 @@ fn save_checkpoint(run: &TrainingRun, state: &RunState, dp: &DataParallel) -> Re
     ckpt.tokenizer_sha256 = Some(run.identity.tokenizer_sha256.clone());
     ckpt.data_fingerprint = Some(run.identity.data_fingerprint.clone());
     ckpt.shares = dp.shares_per_batch();
+    ckpt.vector_units = run.vector_units.clone();
     let dir = checkpoint::save(
         &run.run_dir,
         ckpt,

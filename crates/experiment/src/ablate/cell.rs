@@ -173,9 +173,13 @@ pub fn ablate_cell(
     stop: Option<&StopRequest>,
     quiet: bool,
 ) -> Result<RunOutcome> {
+    super::refuse_foreign_launcher(|k| std::env::var(k).ok())?;
     let plan = load_plan(out)?;
     let (i, run) = find_cell(&plan, cell)?;
     refuse_if_running(&plan, cell, run)?;
+    if let Some(warning) = crate::layout::unit_change(out, &crate::layout::hardware()) {
+        ember_trainer::tell!("warning: {warning}");
+    }
     let tag = format!("[cell {i}/{}]", plan.runs.len());
     let outcome = match next(&plan, run) {
         Next::Settled(action, status) => {

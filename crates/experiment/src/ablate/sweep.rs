@@ -26,6 +26,7 @@ use crate::report;
 /// Runs (or resumes, or skips) every run of the grid, then writes the report.
 pub fn ablate(opts: &AblateOptions) -> Result<AblateOutcome> {
     let started = Instant::now();
+    super::refuse_foreign_launcher(|k| std::env::var(k).ok())?;
     if let Some(stop) = &opts.stop {
         stop.set_phase("stopping the planning of the sweep (nothing has been written yet)");
     }
@@ -39,6 +40,9 @@ pub fn ablate(opts: &AblateOptions) -> Result<AblateOutcome> {
             "passing it on to the running run(s), which stop after their current step with a \
              checkpoint; no further run starts",
         );
+    }
+    if let Some(warning) = crate::layout::unit_change(&plan.out, &plan.hardware) {
+        ember_trainer::tell!("warning: {warning}");
     }
     fs::create_dir_all(plan.out.join(RUNS))
         .with_context(|| format!("creating {}", plan.out.join(RUNS).display()))?;

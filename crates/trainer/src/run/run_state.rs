@@ -358,6 +358,7 @@ impl RunState {
             tokenizer_sha256: None,
             data_fingerprint: None,
             shares: None,
+            vector_units: vec![],
             files: Default::default(),
         }
     }

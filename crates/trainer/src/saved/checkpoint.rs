@@ -92,6 +92,14 @@ pub struct CheckpointState {
     /// global and only the split of each batch (and its dropout masks) changes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shares: Option<usize>,
+    /// What computed the run's steps so far, in the order first used: the CPU's vector unit
+    /// (`AVX-512`, `AVX2`, as [`ember_kernels::vector_unit`] names it, which
+    /// `EMBER_CPU_VECTOR_UNIT` chooses) or `CUDA`. The matrix products sum in another order on
+    /// another unit, so a run computed with two is not bit-identical to one computed with
+    /// either; `--resume` says so, and the report names each run's units. Empty in checkpoints
+    /// from before it was recorded.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub vector_units: Vec<String>,
     /// SHA-256 of each file in the directory (except this one).
     pub files: BTreeMap<String, String>,
 }

@@ -127,6 +127,9 @@ pub(crate) struct TrainingRun {
     pub config_yaml: String,
     /// The tokenizer and data this run trains on, recorded in every checkpoint.
     pub identity: RunIdentity,
+    /// The vector units (or CUDA) the run's steps were computed with, this invocation's last,
+    /// recorded in every checkpoint.
+    pub vector_units: Vec<String>,
     /// `--resume` of a run that already reached `train.steps`: nothing to train, nothing written.
     pub already_finished: bool,
     /// What the set-up has to tell the user (changed config keys, allowed changes, data fitting).
@@ -163,6 +166,15 @@ impl TrainingRun {
         let mut notes = match &loaded {
             Some(l) => resume_check::check_identity(&l.state, &identity, &l.dir, &run_dir, allowed(opts))?,
             None => vec![],
+        };
+        let unit = resume_check::compute_unit(&device);
+        let vector_units = match &loaded {
+            Some(l) => {
+                let (units, warning) = resume_check::vector_units(&l.state, &l.dir, &unit);
+                notes.extend(warning);
+                units
+            }
+            None => vec![unit],
         };
         resolve_model_config(&mut cfg, &data)?;
         check_data_fits(&cfg, &mut data, &mut notes)?;
@@ -210,6 +222,7 @@ impl TrainingRun {
             resumed,
             config_yaml,
             identity,
+            vector_units,
             already_finished,
             notes,
             _lock: lock,
