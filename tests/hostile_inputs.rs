@@ -756,7 +756,7 @@ fn cases() -> Vec<Case> {
             let grid = d.join("sweep/grid.json");
             let text = std::fs::read_to_string(&grid)
                 .unwrap()
-                .replace("sweep/runs/none-lr3e-3-seed1", "outside");
+                .replace("\"runs/none-lr3e-3-seed1\"", "\"outside\"");
             std::fs::write(grid, text).unwrap();
         }),
         case(

@@ -34,7 +34,7 @@ use anyhow::{bail, Context, Result};
 use ember_trainer::run_lock::DirLock;
 
 use crate::ablate::{plan, AblateOptions};
-use crate::layout::{disk_state, write_json, DiskState, Plan, GRID, RUNS};
+use crate::layout::{disk_state, write_plan, DiskState, Plan, GRID, RUNS};
 use crate::shell::shell_word;
 
 /// The folder of the batch scripts and logs, in the output directory.
@@ -136,7 +136,7 @@ pub fn prepare(opts: &AblateOptions, slurm: &SlurmOptions, exe: &Path) -> Result
     fs::create_dir_all(dir.join(LOGS)).with_context(|| format!("creating {}", dir.join(LOGS).display()))?;
     fs::create_dir_all(plan.out.join(RUNS))
         .with_context(|| format!("creating {}", plan.out.join(RUNS).display()))?;
-    write_json(&plan.out.join(GRID), &plan)?;
+    write_plan(&mut plan)?;
     let cells: Vec<usize> = plan
         .runs
         .iter()

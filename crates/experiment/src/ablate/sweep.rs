@@ -19,7 +19,7 @@ use super::print::{describe, header, say, summary_table};
 use super::status::{outcome, record, running_record};
 use super::{AblateOptions, AblateOutcome, RunAction, RunOutcome, RunStatus, SweepInterrupted};
 use crate::layout::{
-    read_status, utc_now, write_json, Invocation, Plan, SweepStatus, GRID, REPORT_MD, RUNS, STATUS,
+    read_status, utc_now, write_json, write_plan, Invocation, Plan, SweepStatus, REPORT_MD, RUNS, STATUS,
 };
 use crate::report;
 
@@ -46,7 +46,8 @@ pub fn ablate(opts: &AblateOptions) -> Result<AblateOutcome> {
     }
     fs::create_dir_all(plan.out.join(RUNS))
         .with_context(|| format!("creating {}", plan.out.join(RUNS).display()))?;
-    write_json(&plan.out.join(GRID), &plan)?;
+    let mut plan = plan;
+    write_plan(&mut plan)?;
     say(opts.quiet, header(&plan));
     let sweep = Sweep::start(&plan, opts, started)?;
     let queue = sweep.settle_or_queue()?;
