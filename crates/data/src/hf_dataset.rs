@@ -331,10 +331,7 @@ fn read_text(root: &Path, files: &[PathBuf], cols: &HfColumns, name: &str) -> Re
             format!("column {column:?} of {} holds no text", files_label(root, files)),
         ));
     }
-    Ok(RawText {
-        name: name.to_string(),
-        text,
-    })
+    Ok(RawText::plain_newlines(name.to_string(), text))
 }
 
 fn files_label(root: &Path, files: &[PathBuf]) -> String {
