@@ -620,6 +620,12 @@ fn translate_keeps_one_output_line_per_input_line_and_names_the_lines_it_cannot_
         err.contains("2 of 5 lines could not be translated (lines 3, 4)"),
         "{err}"
     );
+    // The closing line says why, so a user who reads only it knows what to fix.
+    assert!(
+        err.contains("1 not valid UTF-8 (re-encode the input as UTF-8")
+            && err.contains("1 longer than the model's max_seq_len"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -522,6 +522,31 @@ pub fn config_differences(saved: &ModelConfig, current: &ModelConfig) -> Vec<Str
         .collect()
 }
 
+/// Who is writing `run_dir`'s checkpoints now, in words: a training run holding its lock, or a
+/// save in progress (its temporary folder); `None` when nobody is.
+fn being_written(run_dir: &Path) -> Option<String> {
+    if let Some(holder) = crate::run_lock::holder(run_dir) {
+        return Some(format!("the run is training now ({holder})"));
+    }
+    fs::read_dir(run_dir.join(CHECKPOINTS))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .find(|n| {
+            // A save's temporary folder ends with the saving process's id: a live one is saving.
+            let pid = n.rsplit('-').next().and_then(|p| p.parse::<u32>().ok());
+            (n.starts_with(".tmp-") || n.starts_with(".old-"))
+                && pid.is_some_and(|p| Path::new("/proc").join(p.to_string()).exists())
+        })
+        .map(|n| {
+            format!(
+                "a checkpoint is being saved ({}/{n})",
+                run_dir.join(CHECKPOINTS).display()
+            )
+        })
+}
+
 /// Averages the weights of the newest `last` checkpoints into `checkpoints/average-last-N/`
 /// (Vaswani et al. 2017; fairseq's `average_checkpoints.py`). The result is a checkpoint for
 /// evaluation and decoding; it carries the newest checkpoint's state, and `--resume` ignores it.
@@ -540,6 +565,15 @@ pub fn average(run_dir: &Path, last: usize) -> Result<PathBuf> {
     let reading = lock_for_reading(run_dir)?;
     let all = list(run_dir);
     if all.len() < last {
+        if let Some(busy) = being_written(run_dir) {
+            bail!(
+                "{} has {} finished checkpoint(s), fewer than --last {last}, because its checkpoints \
+                 are being written: {busy}, saving and pruning as it goes. Average once it has saved \
+                 {last} (or has finished), or lower --last",
+                run_dir.display(),
+                all.len()
+            );
+        }
         bail!(
             "{} has {} checkpoint(s), fewer than --last {last}; lower --last (a run keeps its newest \
              checkpoint.keep_last, so wait for more to be saved or raise checkpoint.keep_last for the \
@@ -553,7 +587,14 @@ pub fn average(run_dir: &Path, last: usize) -> Result<PathBuf> {
     let mut sum: Option<HashMap<String, Tensor>> = None;
     let mut newest = None;
     for (_, dir) in chosen {
-        let loaded = load(dir, &device)?;
+        let loaded = load(dir, &device).map_err(|e| match being_written(run_dir) {
+            Some(busy) => e.context(format!(
+                "{} changed while it was read, because the run's checkpoints are being written \
+                 ({busy}); average again",
+                dir.display()
+            )),
+            None => e,
+        })?;
         let tensors: HashMap<String, Tensor> = loaded
             .params
             .vars()
@@ -611,6 +652,28 @@ pub fn average(run_dir: &Path, last: usize) -> Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn average_says_the_checkpoints_are_being_written_when_a_run_is_training() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path();
+        let step = run.join(CHECKPOINTS).join("step-00000002");
+        fs::create_dir_all(&step).unwrap();
+        fs::write(step.join(STATE), "{}").unwrap();
+        // Nobody writes: the run simply has too few.
+        let e = average(run, 2).unwrap_err().to_string();
+        assert!(
+            e.contains("fewer than --last 2") && !e.contains("being written"),
+            "{e}"
+        );
+        // A run trains there now (it holds the run's lock): its checkpoints are being written.
+        let _training = crate::run_lock::DirLock::acquire(run, "training run").unwrap();
+        let e = average(run, 2).unwrap_err().to_string();
+        assert!(
+            e.contains("fewer than --last 2") && e.contains("being written") && e.contains("training now"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn a_full_disk_says_where_and_that_earlier_checkpoints_are_intact() {
