@@ -110,6 +110,10 @@ fn a_second_writer_is_refused_at_once_naming_the_holder_and_a_stale_lock_does_no
     first.kill().unwrap();
     first.wait().unwrap();
     assert!(run_dir.join(".lock").exists());
+    // A few steps past the newest checkpoint, wherever the killed run got to (on a loaded
+    // machine it may have saved more than one before the kill).
+    let newest = checkpoints(&run_dir).last().unwrap().0;
+    let steps = format!("train.steps={}", newest + 7);
     ok_output(
         tmp.path(),
         &[
@@ -120,7 +124,7 @@ fn a_second_writer_is_refused_at_once_naming_the_holder_and_a_stale_lock_does_no
             "--resume",
             "--quiet",
             "--set",
-            "train.steps=12",
+            &steps,
         ],
     );
     // Strictly increasing: a stretch logged twice (…, 7, 8, 6, 7, 8, …) fails it.
