@@ -5,7 +5,8 @@ that is already public where it is defined), for keeping one path per name.
     scripts/public-paths.py [--all]
 
 For each library crate, walks the modules from lib.rs (`pub mod` is public, `mod` private; a
-`#[cfg(...)]` module counts as public if declared `pub`), collects the items declared `pub` at the top level of
+`#[cfg(...)]` module counts as public if declared `pub`; a module of a private folder that a
+public module re-exports, `pub use group::module;`, is public at the re-exported path), collects the items declared `pub` at the top level of
 public modules and the `pub use` re-exports in public modules, and prints every name reachable
 by two or more paths; exits 1 if there is one. `--all` prints every public path. Test code
 (after a `#[cfg(test)]` line) is left out; `pub use` of another crate's item counts as a path of
@@ -31,6 +32,21 @@ def child_file(path, name):
         if cand.exists():
             return cand
     return None
+
+
+def module_file(path, full, lib):
+    """The file of the module `full` (`a::b`, `crate::a::b`, `self::a`) names, seen from the module
+    in `path`; None when it names no module of this crate."""
+    parts = full.split("::")
+    if parts[0] == "crate":
+        path, parts = lib, parts[1:]
+    elif parts[0] == "self":
+        parts = parts[1:]
+    for name in parts:
+        path = child_file(path, name)
+        if path is None:
+            return None
+    return path if parts else None
 
 
 def use_leaves(spec):
@@ -79,6 +95,10 @@ def crate_paths(lib):
         for m in PUB_USE.finditer(code):
             for full, name in use_leaves(m.group(1)):
                 if name in ("*", "self"):
+                    continue
+                reexported = module_file(path, full, lib)
+                if reexported is not None:
+                    todo.append((reexported, module + [name], True))
                     continue
                 exported.setdefault(name, set()).add("::".join(module + [name]))
     # Two items of one name in two modules are two names (`cache::load`, `hf_dataset::load`);

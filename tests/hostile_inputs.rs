@@ -13,7 +13,10 @@
 //!   it reads, not the file a link points at, not `/dev/null`.
 //!
 //! Each case runs in a fresh copy of one fixture (a trained tiny language model and its
-//! files), so they cannot disturb each other; the table takes about 20 s on 2 cores.
+//! files), so they cannot disturb each other; the table takes about 20 s on 2 cores, plus 20 s
+//! for each FIFO that nothing writes into (the documented wait). The cases of imported and
+//! packaged models, import folders, vector units, launchers and moved sweeps are in
+//! `hostile_inputs/models_and_sweeps.rs`.
 
 use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
@@ -31,11 +34,25 @@ use common::*;
 mod config_cases;
 use config_cases::LM;
 
+#[path = "hostile_inputs/models_and_sweeps.rs"]
+mod models_and_sweeps;
+
 const TEXT: &str = "First Citizen:\nBefore we proceed any further, hear me speak.\n";
 
+/// The fine-tune of the fixture: the exported run (`hf/`) as its starting point.
+const FT: &str = "\
+model: { init_from: hf }
+data:
+  corpus: { kind: text, path: text.txt, val_fraction: 0.2 }
+train: { steps: 2, lr: 3.0e-3, batch_size: 2, block_size: 8, threads: 1, log_every: 1 }
+eval: { every: 0 }
+checkpoint: { every: 2, keep_last: 3 }
+";
+
 /// The fixture every case copies: `lm.yaml`, `text.txt`, `in.txt`, `ref.txt`, a file a link
-/// may point at (`precious.txt`), and `run/`, the model trained from `lm.yaml` (checkpoints at
-/// steps 2 and 4).
+/// may point at (`precious.txt`), `run/`, the model trained from `lm.yaml` (checkpoints at
+/// steps 2 and 4), `hf/`, that run exported for transformers, and `ft/`, trained from `ft.yaml`
+/// (`model.init_from: hf`).
 fn fixture() -> &'static Path {
     static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
     DIR.get_or_init(|| {
@@ -48,6 +65,9 @@ fn fixture() -> &'static Path {
         write(p, "hyp.txt", "a cat sat\n");
         write(p, "precious.txt", "the user's own file\n");
         ok(p, &["train", "lm.yaml", "--run-dir", "run", "--quiet"]);
+        ok(p, &["export", "run", "hf"]);
+        write(p, "ft.yaml", FT);
+        ok(p, &["train", "ft.yaml", "--run-dir", "ft", "--quiet"]);
         dir
     })
     .path()
@@ -71,6 +91,8 @@ struct Case {
     setup: fn(&Path),
     /// Checks what the command left (beyond the table's rules).
     after: fn(&Path, &Output),
+    /// Environment variables the command runs with.
+    env: &'static [(&'static str, &'static str)],
 }
 
 fn nothing(_: &Path) {}
@@ -84,6 +106,7 @@ fn case(name: &'static str, args: &[&str], expect: Expect, writable: &'static [&
         writable,
         setup: nothing,
         after: no_check,
+        env: &[],
     }
 }
 
@@ -93,6 +116,9 @@ impl Case {
     }
     fn after(self, after: fn(&Path, &Output)) -> Self {
         Case { after, ..self }
+    }
+    fn env(self, env: &'static [(&'static str, &'static str)]) -> Self {
+        Case { env, ..self }
     }
 }
 
@@ -110,7 +136,7 @@ fn cases() -> Vec<Case> {
     let long_word = "a".repeat(100_000);
     let long_key = format!("model.{long_word}=1");
     let long_grid = format!("{long_word}=1,2");
-    vec![
+    let mut cases = vec![
         // Outputs that are not what the user asked to be written.
         case(
             "tokenize over its input",
@@ -201,15 +227,15 @@ fn cases() -> Vec<Case> {
         }),
         case(
             "export through a link in its folder",
-            &["export", "run", "hf"],
-            Refused(&["hf/config.json", "symbolic link"]),
-            &["hf"],
+            &["export", "run", "out"],
+            Refused(&["out/config.json", "symbolic link", "already exists"]),
+            &[],
         )
         .setup(|d| {
-            std::fs::create_dir(d.join("hf")).unwrap();
-            std::os::unix::fs::symlink("../precious.txt", d.join("hf/config.json")).unwrap();
+            std::fs::create_dir(d.join("out")).unwrap();
+            std::os::unix::fs::symlink("../precious.txt", d.join("out/config.json")).unwrap();
         }),
-        case("export", &["export", "run", "hf"], Ok(&[]), &["hf"]),
+        case("export", &["export", "run", "hf2"], Ok(&[]), &["hf2"]),
         case(
             "export into the run",
             &["export", "run", "run"],
@@ -220,7 +246,7 @@ fn cases() -> Vec<Case> {
         case(
             "package into a folder that exists",
             &["package", "run", "run"],
-            Refused(&["run", "already exists"]),
+            Refused(&["run", "already exists", "run directory"]),
             &[],
         ),
         case(
@@ -682,7 +708,12 @@ fn cases() -> Vec<Case> {
             Ok(&["CRLF", "text.txt"]),
             &["new"],
         )
-        .setup(|d| std::fs::write(d.join("text.txt"), TEXT.replace('\n', "\r\n").repeat(20)).unwrap()),
+        .setup(|d| std::fs::write(d.join("text.txt"), TEXT.replace('\n', "\r\n").repeat(20)).unwrap())
+        .after(|d, _| {
+            // Read as plain newlines: no '\r' in the vocabulary the run keeps.
+            let vocab = std::fs::read_to_string(d.join("new/tokenizer.json")).unwrap();
+            assert!(!vocab.contains("\\r"), "{vocab}");
+        }),
         case(
             "a corpus that is a device",
             &[
@@ -752,7 +783,7 @@ fn cases() -> Vec<Case> {
             let grid = d.join("sweep/grid.json");
             let text = std::fs::read_to_string(&grid)
                 .unwrap()
-                .replace("sweep/runs/none-lr3e-3-seed1", "outside");
+                .replace("\"runs/none-lr3e-3-seed1\"", "\"outside\"");
             std::fs::write(grid, text).unwrap();
         }),
         case(
@@ -773,7 +804,9 @@ fn cases() -> Vec<Case> {
             Refused(&["/dev/zero", "device"]),
             &[],
         ),
-    ]
+    ];
+    cases.extend(models_and_sweeps::cases());
+    cases
 }
 
 /// Everything under `root` but the writable paths: kind, size and a hash of the content (or a
@@ -794,6 +827,9 @@ fn snapshot(root: &Path, writable: &[PathBuf]) -> BTreeMap<PathBuf, (String, u64
             } else if meta.is_dir() {
                 walk(root, &path, writable, out);
                 "dir"
+            } else if !meta.is_file() {
+                // A FIFO a case made: reading it would wait for a writer.
+                "special"
             } else {
                 std::fs::read(&path).unwrap().hash(&mut h);
                 "file"
@@ -806,11 +842,13 @@ fn snapshot(root: &Path, writable: &[PathBuf]) -> BTreeMap<PathBuf, (String, u64
     out
 }
 
-/// Runs `ember ARGS` in `dir`, killing it after `limit` (then the case fails as a hang).
-fn run_limited(dir: &Path, args: &[String], limit: Duration) -> Output {
+/// Runs `ember ARGS` in `dir` with `env` set, killing it after `limit` (then the case fails as
+/// a hang).
+fn run_limited(dir: &Path, args: &[String], env: &[(&str, &str)], limit: Duration) -> Output {
     // Backtraces on, as many shells have them: none may reach the user's screen.
     let mut child = ember(dir)
         .env("RUST_BACKTRACE", "1")
+        .envs(env.iter().copied())
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -859,7 +897,7 @@ fn every_hostile_invocation_ends_in_a_clear_refusal_or_a_correct_success_and_tou
         (case.setup)(dir.path());
         let writable: Vec<PathBuf> = case.writable.iter().map(|w| dir.path().join(w)).collect();
         let before = snapshot(dir.path(), &writable);
-        let out = run_limited(dir.path(), &case.args, Duration::from_secs(90));
+        let out = run_limited(dir.path(), &case.args, case.env, Duration::from_secs(90));
         let stderr = text(&out.stderr);
         let mut problems = vec![];
         let code = out.status.code();

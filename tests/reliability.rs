@@ -110,6 +110,10 @@ fn a_second_writer_is_refused_at_once_naming_the_holder_and_a_stale_lock_does_no
     first.kill().unwrap();
     first.wait().unwrap();
     assert!(run_dir.join(".lock").exists());
+    // A few steps past the newest checkpoint, wherever the killed run got to (on a loaded
+    // machine it may have saved more than one before the kill).
+    let newest = checkpoints(&run_dir).last().unwrap().0;
+    let steps = format!("train.steps={}", newest + 7);
     ok_output(
         tmp.path(),
         &[
@@ -120,7 +124,7 @@ fn a_second_writer_is_refused_at_once_naming_the_holder_and_a_stale_lock_does_no
             "--resume",
             "--quiet",
             "--set",
-            "train.steps=12",
+            &steps,
         ],
     );
     // Strictly increasing: a stretch logged twice (…, 7, 8, 6, 7, 8, …) fails it.
@@ -620,6 +624,12 @@ fn translate_keeps_one_output_line_per_input_line_and_names_the_lines_it_cannot_
         err.contains("2 of 5 lines could not be translated (lines 3, 4)"),
         "{err}"
     );
+    // The closing line says why, so a user who reads only it knows what to fix.
+    assert!(
+        err.contains("1 not valid UTF-8 (re-encode the input as UTF-8")
+            && err.contains("1 longer than the model's max_seq_len"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -694,9 +704,9 @@ fn unclear_inputs_get_messages_in_user_words() {
         "{}",
         &err[..err.len().min(3000)]
     );
-    // Not a text file at all: /dev/zero is read only as far as the size limit.
+    // Not a text file at all: /dev/zero is refused as a device before a byte is read.
     let err = fails(tmp.path(), &["train", "/dev/zero"]);
-    assert!(err.contains("/dev/zero") && err.contains("bytes"), "{err}");
+    assert!(err.contains("/dev/zero") && err.contains("a device"), "{err}");
     // More threads than cores: accepted, with a warning saying why it is slower.
     let cores = std::thread::available_parallelism().unwrap().get();
     let out = run(

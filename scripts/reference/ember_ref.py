@@ -240,7 +240,7 @@ def to_tensors(batch) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# Loss, optimizer, schedule (crates/trainer/src/loss.rs, optim.rs)
+# Loss, optimizer, schedule (crates/trainer/src/step/loss.rs, optim.rs)
 # ---------------------------------------------------------------------------------------------
 
 

@@ -133,7 +133,7 @@ pub(crate) fn run(args: EvalArgs) -> Result<()> {
             .context("no length penalty to score")?;
         let scores = &all[best];
         if let Some(path) = &args.output {
-            std::fs::write(path, scores.hypotheses.join("\n") + "\n")
+            ember_data::io::write_atomic(path, (scores.hypotheses.join("\n") + "\n").as_bytes())
                 .with_context(|| format!("writing {}", path.display()))?;
         }
         if all.len() > 1 {

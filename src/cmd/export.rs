@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 
 use super::print_result;
@@ -41,40 +41,27 @@ const REFERENCE_TEXT: &str = "First Citizen:\nBefore we proceed any further, hea
 
 pub(crate) fn run(args: ExportArgs) -> Result<()> {
     let ExportFormat::Hf = args.format;
-    // The export writes tokenizer.json, model.safetensors and config.json into OUT: inside the
-    // run it would replace the run's own files (a checkpoint would fail its checksums).
-    if let (Ok(out), Ok(run)) = (args.out.canonicalize(), args.run.canonicalize()) {
-        let run_dir = ember_trainer::checkpoint::run_and_checkpoint(&run).map_or(run.clone(), |(r, _)| r);
-        if out == run_dir || out.starts_with(run_dir.join(ember_trainer::run_dir::CHECKPOINTS)) {
-            bail!(
-                "OUT {} is {} itself: the export's tokenizer.json, model.safetensors and config.json \
-                 would replace the run's own files. Choose a new folder, e.g. {}. Nothing was written.",
-                args.out.display(),
-                if out == run_dir {
-                    "the run directory"
-                } else {
-                    "inside the run's checkpoints"
-                },
-                run_dir
-                    .with_file_name(format!(
-                        "{}-hf",
-                        run_dir
-                            .file_name()
-                            .map_or("export".into(), |n| n.to_string_lossy())
-                    ))
-                    .display()
-            );
-        }
-    }
+    // Both outputs by the one rule, before anything is read or written: OUT a new folder outside
+    // any run's checkpoints, model folder or Hugging Face folder (the run's own model.init_from
+    // above all), the logits file none of the run's own files.
+    ember_export::check_out(&args.out, &args.run)?;
     if let Some(path) = &args.reference_logits {
         check_run_output(path, &args.run, "--reference-logits")?;
     }
     let source = ember_export::ExportSource::open(&args.run)?;
+    source.architecture()?;
+    // The reference logits are computed before anything is written: a text that cannot be
+    // encoded refuses the export whole.
+    let reference = match &args.reference_logits {
+        Some(_) => {
+            let text = args.reference_text.as_deref().unwrap_or(REFERENCE_TEXT);
+            Some(ember_export::reference_logits(&source, text)?)
+        }
+        None => None,
+    };
     let exported = ember_export::export_hf(&source, &args.out)?;
-    if let Some(path) = &args.reference_logits {
-        let text = args.reference_text.as_deref().unwrap_or(REFERENCE_TEXT);
-        let reference = ember_export::reference_logits(&source, text)?;
-        std::fs::write(path, serde_json::to_string(&reference)?)
+    if let (Some(path), Some(reference)) = (&args.reference_logits, &reference) {
+        ember_data::io::write_atomic(path, serde_json::to_string(reference)?.as_bytes())
             .with_context(|| format!("writing {}", path.display()))?;
     }
     print_result(args.json, &exported, || {

@@ -8,6 +8,9 @@ use super::report::ReportArgs;
 
 pub(crate) fn run(args: ReportArgs) -> Result<()> {
     let r = ember_experiment::length::length_report(&args.dir)?;
+    for w in &r.warnings {
+        ember_trainer::tell!("warning: {w}");
+    }
     print_result(args.json, &r, || {
         format!(
             "{} variants x {} seeds x log-n off/on at contexts {:?} (trained at {}): wrote {}, {} and {} plots",

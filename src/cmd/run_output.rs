@@ -1,47 +1,14 @@
 //! Output files of commands that read a trained run (`eval --output`, `export
-//! --reference-logits`): refused when they would replace one of the run's own files.
+//! --reference-logits`): checked by the one rule of [`ember_trainer::protected`], so none
+//! replaces one of the run's own files, a checkpoint's, or goes into a model folder.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::Result;
+use ember_trainer::protected::{check, Output};
 
-/// The files of a run that Ember wrote (its config, tokenizer, token cache, metrics, summary,
-/// events and lock, and every file of the checkpoint a command uses): an output path must be
-/// none of them.
-fn run_files(run: &Path) -> Vec<PathBuf> {
-    let Ok((run_dir, ckpt)) = ember_trainer::checkpoint::run_and_checkpoint(run) else {
-        return vec![];
-    };
-    let own = [
-        ember_trainer::run_dir::RUN_CONFIG,
-        ember_data::TOKENIZER_FILE,
-        ember_data::TOKEN_CACHE_FILE,
-        ember_trainer::run_dir::SUMMARY,
-        ember_trainer::run_dir::METRICS,
-        ember_trainer::run_dir::METRICS_CSV,
-        ember_trainer::run_dir::LOCK_FILE,
-    ];
-    let top = std::fs::read_dir(&run_dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| own.contains(&n) || n.starts_with("events.out.tfevents"))
-        });
-    let checkpoint = std::fs::read_dir(&ckpt)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path());
-    top.chain(checkpoint).filter(|p| p.is_file()).collect()
-}
-
-/// Refuses an output file that is one of the run's own files (or a device, or a folder).
+/// Refuses an output file that is one of the run's own files (by any name), a device, a folder
+/// or a link, or that lies in a checkpoint, a model folder or a Hugging Face model folder.
 pub(super) fn check_run_output(output: &Path, run: &Path, flag: &str) -> Result<()> {
-    let files = run_files(run);
-    let inputs: Vec<&Path> = files.iter().map(PathBuf::as_path).collect();
-    Ok(ember_data::io::check_output(output, &inputs, flag)?)
+    check(output, flag, Output::File, &[run], &[])
 }

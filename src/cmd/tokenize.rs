@@ -23,8 +23,15 @@ pub(crate) fn run(args: TokenizeArgs) -> Result<()> {
     } else {
         args.tokenizer.clone()
     };
-    // Before anything is read: the shard must not replace the text, the tokenizer or a device.
-    ember_data::io::check_output(&args.output, &[&args.input, &path], "OUTPUT")?;
+    // Before anything is read, by the one rule: the shard must not replace the text, the
+    // tokenizer, a run's own file or a device, nor go into a checkpoint or model folder.
+    ember_trainer::protected::check(
+        &args.output,
+        "OUTPUT",
+        ember_trainer::protected::Output::File,
+        &[&args.input, &args.tokenizer, &path],
+        &[],
+    )?;
     let tokenizer = ember_data::Tokenizer::load(&path)?;
     let t = ember_data::shards::tokenize_file_counting(&tokenizer, &args.input, &args.output)?;
     if t.unknown > 0 {

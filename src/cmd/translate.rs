@@ -62,6 +62,7 @@ pub(crate) fn run(args: TranslateArgs) -> Result<()> {
     )?;
     let mut stdout = std::io::stdout().lock();
     let mut failed = vec![];
+    let mut reasons: Vec<(&str, usize)> = vec![];
     for (i, t) in out.iter().enumerate() {
         match t {
             Ok(t) if args.json => writeln!(stdout, "{}", serde_json::to_string(t)?)?,
@@ -69,6 +70,11 @@ pub(crate) fn run(args: TranslateArgs) -> Result<()> {
             Err(reason) => {
                 tell!("stdin:{}: {reason}; its output line is left blank", i + 1);
                 failed.push(i + 1);
+                let kind = reason_kind(reason);
+                match reasons.iter_mut().find(|(k, _)| *k == kind) {
+                    Some((_, n)) => *n += 1,
+                    None => reasons.push((kind, 1)),
+                }
                 if args.json {
                     let line = serde_json::json!({"line": i + 1, "error": reason});
                     writeln!(stdout, "{line}")?;
@@ -80,8 +86,8 @@ pub(crate) fn run(args: TranslateArgs) -> Result<()> {
     }
     if !failed.is_empty() {
         bail!(
-            "{} of {} lines could not be translated (line{} {}); their output lines are blank and \
-             every other line was translated",
+            "{} of {} lines could not be translated (line{} {}): {}; their output lines are blank \
+             and every other line was translated",
             failed.len(),
             out.len(),
             if failed.len() == 1 { "" } else { "s" },
@@ -90,10 +96,26 @@ pub(crate) fn run(args: TranslateArgs) -> Result<()> {
                 .take(20)
                 .map(|l| l.to_string())
                 .collect::<Vec<_>>()
+                .join(", "),
+            reasons
+                .iter()
+                .map(|(kind, n)| format!("{n} {kind}"))
+                .collect::<Vec<_>>()
                 .join(", ")
         );
     }
     Ok(())
+}
+
+/// Why a line failed, as the closing summary counts it ("not valid UTF-8 (re-encode …)").
+fn reason_kind(reason: &str) -> &'static str {
+    if reason.starts_with("not valid UTF-8") {
+        "not valid UTF-8 (re-encode the input as UTF-8, e.g. `iconv -f LATIN1 -t UTF-8`)"
+    } else if reason.contains("max_seq_len") {
+        "longer than the model's max_seq_len (split them into shorter sentences)"
+    } else {
+        "refused for the reason given above"
+    }
 }
 
 /// Lines of raw input as `split_lines` cuts text: on '\n', a trailing newline ends the last

@@ -83,7 +83,7 @@ pub fn load(path: &Path, key: [u64; 2]) -> Option<Groups> {
     if !std::fs::symlink_metadata(path).is_ok_and(|m| m.is_file()) {
         return None;
     }
-    let bytes = std::fs::read(path).ok()?;
+    let bytes = crate::io::read_own(path).ok()?;
     let mut r = Reader {
         bytes: &bytes,
         pos: 0,

@@ -139,7 +139,7 @@ pub fn hub_cache_dir() -> PathBuf {
 /// commit hash with a snapshot; `None` when that snapshot is not there.
 pub fn cached_snapshot(cache: &Path, repo: &str, revision: &str) -> Option<PathBuf> {
     let repo_dir = cache.join(format!("datasets--{}", repo.replace('/', "--")));
-    let commit = std::fs::read_to_string(repo_dir.join("refs").join(revision))
+    let commit = crate::io::read_small_text(&repo_dir.join("refs").join(revision), 4096)
         .map(|c| c.trim().to_string())
         .unwrap_or_else(|_| revision.to_string());
     if commit.is_empty() || commit.contains(['/', '\\']) || commit.starts_with('.') {
@@ -331,10 +331,7 @@ fn read_text(root: &Path, files: &[PathBuf], cols: &HfColumns, name: &str) -> Re
             format!("column {column:?} of {} holds no text", files_label(root, files)),
         ));
     }
-    Ok(RawText {
-        name: name.to_string(),
-        text,
-    })
+    Ok(RawText::plain_newlines(name.to_string(), text))
 }
 
 fn files_label(root: &Path, files: &[PathBuf]) -> String {

@@ -63,46 +63,92 @@ pub fn read_text(path: &Path, key: Option<&str>) -> Result<String> {
 /// it is refused: a named pipe no program writes into would otherwise be waited on forever.
 pub const FIFO_PATIENCE: std::time::Duration = std::time::Duration::from_secs(20);
 
-/// Opens `path` for reading. A FIFO is waited on for [`FIFO_PATIENCE`] at most: if nothing was
-/// written into it by then, the open fails with a `TimedOut` error that says what to do.
-pub fn open_input(path: &Path) -> std::io::Result<std::fs::File> {
+/// What a path holds, when it is not a regular file: a FIFO is read if something writes into
+/// it, anything else is never read.
+fn special_kind(kind: std::fs::FileType) -> Option<&'static str> {
     use std::os::unix::fs::FileTypeExt;
-    if !std::fs::metadata(path).is_ok_and(|m| m.file_type().is_fifo()) {
-        return std::fs::File::open(path);
+    if kind.is_dir() {
+        Some("a folder")
+    } else if kind.is_char_device() || kind.is_block_device() {
+        Some("a device")
+    } else if kind.is_socket() {
+        Some("a socket")
+    } else if kind.is_fifo() {
+        Some("a FIFO (named pipe)")
+    } else {
+        None
     }
-    open_fifo(path, FIFO_PATIENCE)
 }
 
-/// Reads the whole of `path`, as [`open_input`] opens it.
-pub fn read_bytes(path: &Path) -> std::io::Result<Vec<u8>> {
-    let mut out = Vec::new();
-    open_input(path)?.read_to_end(&mut out)?;
-    Ok(out)
+/// What [`open_checked`] does with a FIFO.
+#[derive(Clone, Copy)]
+enum Fifo {
+    /// Waits this long for its first bytes, then reads it as it comes.
+    Wait(std::time::Duration),
+    /// Refuses it, saying why this file must be a regular one.
+    Refuse(&'static str),
 }
 
-/// Opens the FIFO `path` without waiting for a writer, then waits up to `patience` for its
-/// first bytes (or its end); the file it returns reads as usual (blocking).
-pub fn open_fifo(path: &Path, patience: std::time::Duration) -> std::io::Result<std::fs::File> {
+/// The one way Ember opens a file to read it: without blocking (so a FIFO nothing writes into,
+/// or one put in a file's place after a check, cannot hang the open), then judged by what was
+/// opened (`fstat`, not the name): a regular file is read, a FIFO as `fifo` says, and a folder,
+/// device or socket is refused with an error that says what it is. The returned file reads as
+/// usual (blocking). Errors say what the path is, not the path: callers name the file.
+fn open_checked(path: &Path, fifo: Fifo) -> std::io::Result<std::fs::File> {
     use std::os::fd::AsRawFd;
     use std::os::unix::fs::OpenOptionsExt;
+    let refuse = |what: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, what);
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK)
-        .open(path)?;
-    let fd = file.as_raw_fd();
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            // open(2) of a socket.
+            Some(libc::ENXIO) => refuse("it is a socket, not a file".into()),
+            _ => e,
+        })?;
+    let kind = file.metadata()?.file_type();
+    match (special_kind(kind), fifo) {
+        (None, _) => {}
+        (Some(_), Fifo::Wait(patience)) if kind_is_fifo(kind) => wait_for_data(&file, patience)?,
+        (Some(what), Fifo::Refuse(why)) if kind_is_fifo(kind) => {
+            return Err(refuse(format!("it is {what}, not a regular file: {why}")))
+        }
+        (Some(what), _) => return Err(refuse(format!("it is {what}, not a file"))),
+    }
+    // SAFETY: fcntl on the descriptor owned by `file`: back to blocking reads.
+    unsafe {
+        let fd = file.as_raw_fd();
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        if flags >= 0 {
+            libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK);
+        }
+    }
+    Ok(file)
+}
+
+fn kind_is_fifo(kind: std::fs::FileType) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    kind.is_fifo()
+}
+
+/// Waits up to `patience` for the first bytes (or the end) of the FIFO `file`, opened without
+/// blocking.
+fn wait_for_data(file: &std::fs::File, patience: std::time::Duration) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
     let deadline = std::time::Instant::now() + patience;
     loop {
         let mut pfd = libc::pollfd {
-            fd,
+            fd: file.as_raw_fd(),
             events: libc::POLLIN,
             revents: 0,
         };
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         let ms = i32::try_from(left.as_millis()).unwrap_or(i32::MAX);
-        // SAFETY: one valid pollfd, for a file descriptor this function owns.
+        // SAFETY: one valid pollfd, for a file descriptor `file` owns.
         let n = unsafe { libc::poll(&mut pfd, 1, ms) };
         if n > 0 {
-            break;
+            return Ok(());
         }
         let e = std::io::Error::last_os_error();
         if n < 0 && e.kind() == std::io::ErrorKind::Interrupted {
@@ -120,14 +166,54 @@ pub fn open_fifo(path: &Path, patience: std::time::Duration) -> std::io::Result<
             ),
         ));
     }
-    // SAFETY: fcntl on the descriptor owned by `file`: back to blocking reads.
-    unsafe {
-        let flags = libc::fcntl(fd, libc::F_GETFL);
-        if flags >= 0 {
-            libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK);
-        }
+}
+
+/// Opens an input for reading: a regular file, or a FIFO waited on for [`FIFO_PATIENCE`] at
+/// most (then a `TimedOut` error says what to do); a folder, device or socket is refused
+/// (`InvalidInput`). Every file the user gives Ember to read is opened here or through
+/// [`open_regular`].
+pub fn open_input(path: &Path) -> std::io::Result<std::fs::File> {
+    open_checked(path, Fifo::Wait(FIFO_PATIENCE))
+}
+
+/// As [`open_input`], for a file that must be a regular one because it is read in place
+/// (safetensors weights: their header, then their tensors; parquet files): a FIFO is refused
+/// at once, with `why`.
+pub fn open_regular(path: &Path, why: &'static str) -> std::io::Result<std::fs::File> {
+    open_checked(path, Fifo::Refuse(why))
+}
+
+/// Reads the whole of `path`, as [`open_input`] opens it.
+pub fn read_bytes(path: &Path) -> std::io::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    open_input(path)?.read_to_end(&mut out)?;
+    Ok(out)
+}
+
+/// Reads at most `limit` bytes of `path` (as [`open_input`] opens it) as UTF-8 text; a longer
+/// file is refused (`InvalidData`, naming the limit), so that a huge file given by mistake is
+/// not read into memory.
+pub fn read_small_text(path: &Path, limit: u64) -> std::io::Result<String> {
+    let mut bytes = Vec::new();
+    open_input(path)?.take(limit + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > limit {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("it is larger than {limit} bytes, too large for what it should hold"),
+        ));
     }
-    Ok(file)
+    String::from_utf8(bytes).map_err(|e| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("it is not UTF-8 text ({})", e.utf8_error()),
+        )
+    })
+}
+
+/// Opens the FIFO `path` without waiting for a writer, then waits up to `patience` for its
+/// first bytes (or its end); the file it returns reads as usual (blocking).
+pub fn open_fifo(path: &Path, patience: std::time::Duration) -> std::io::Result<std::fs::File> {
+    open_checked(path, Fifo::Wait(patience))
 }
 
 /// Opens a file Ember wrote itself (a checkpoint's state, a run's metrics or summary, a sweep's
@@ -135,16 +221,18 @@ pub fn open_fifo(path: &Path, patience: std::time::Duration) -> std::io::Result<
 /// at once instead of read (a FIFO would be waited on forever, a device never ends).
 pub fn open_own(path: impl AsRef<Path>) -> std::io::Result<std::fs::File> {
     let path = path.as_ref();
-    if let Ok(meta) = std::fs::metadata(path) {
-        if !meta.is_file() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                "not a regular file (a folder, FIFO or device is in the place of a file ember \
-                 writes); remove it",
-            ));
-        }
-    }
-    std::fs::File::open(path)
+    open_checked(
+        path,
+        Fifo::Refuse("a FIFO is in the place of a file ember writes; remove it"),
+    )
+    .map_err(|e| match e.kind() {
+        std::io::ErrorKind::InvalidInput => std::io::Error::new(
+            e.kind(),
+            "not a regular file (a folder, FIFO or device is in the place of a file ember \
+             writes); remove it",
+        ),
+        _ => e,
+    })
 }
 
 /// Reads the whole of a file Ember wrote itself, as [`open_own`] opens it.
@@ -163,19 +251,12 @@ pub fn read_own_to_string(path: impl AsRef<Path>) -> std::io::Result<String> {
 /// Refuses to read a device (`/dev/zero`, `/dev/urandom` would fill the memory) or a folder
 /// as a text file. FIFOs (`<(zcat corpus.gz)`) are read as they come.
 pub fn refuse_special_input(path: &Path, key: Option<&str>) -> Result<()> {
-    use std::os::unix::fs::FileTypeExt;
     let Ok(meta) = std::fs::metadata(path) else {
         return Ok(()); // the read reports a missing file with its hint
     };
-    let kind = meta.file_type();
-    let what = if kind.is_dir() {
-        "a folder"
-    } else if kind.is_char_device() || kind.is_block_device() {
-        "a device"
-    } else if kind.is_socket() {
-        "a socket"
-    } else {
-        return Ok(());
+    let what = match special_kind(meta.file_type()) {
+        Some(what) if !kind_is_fifo(meta.file_type()) => what,
+        _ => return Ok(()),
     };
     Err(DataError::arg(
         key.unwrap_or("input"),
@@ -437,6 +518,46 @@ mod tests {
             .unwrap();
         writer.join().unwrap();
         assert_eq!(text.len(), 6 * 50_000);
+    }
+
+    #[test]
+    fn every_input_is_judged_by_what_was_opened_not_by_its_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("weights.safetensors");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo on a path in a fresh temporary folder.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        // A file read in place refuses a FIFO at once, saying why; no wait.
+        let t0 = std::time::Instant::now();
+        let e = open_regular(&fifo, "it is read in place").unwrap_err();
+        assert!(
+            e.to_string().contains("FIFO") && e.to_string().contains("read in place"),
+            "{e}"
+        );
+        assert!(t0.elapsed() < std::time::Duration::from_secs(5));
+        // A folder, a device and a link to a device are refused by what they are.
+        let e = open_input(dir.path()).unwrap_err();
+        assert!(e.to_string().contains("a folder"), "{e}");
+        assert!(open_input(Path::new("/dev/zero"))
+            .unwrap_err()
+            .to_string()
+            .contains("a device"));
+        let link = dir.path().join("tokenizer.json");
+        std::os::unix::fs::symlink("/dev/zero", &link).unwrap();
+        assert!(read_bytes(&link).unwrap_err().to_string().contains("a device"));
+        // A file ember wrote itself refuses a FIFO in its place at once.
+        assert!(open_own(&fifo)
+            .unwrap_err()
+            .to_string()
+            .contains("not a regular file"));
+        // Text with a size bound: a larger file is refused, not read whole.
+        let big = dir.path().join("config.json");
+        std::fs::write(&big, "x".repeat(100)).unwrap();
+        assert_eq!(read_small_text(&big, 100).unwrap().len(), 100);
+        assert!(read_small_text(&big, 99)
+            .unwrap_err()
+            .to_string()
+            .contains("larger than 99"));
     }
 
     #[test]

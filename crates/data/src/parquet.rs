@@ -83,7 +83,11 @@ pub fn read_text_columns(path: &Path, columns: &[(&str, &str)]) -> Result<Vec<Ve
 }
 
 fn open(path: &Path) -> Result<SerializedFileReader<File>> {
-    let file = File::open(path).map_err(|e| DataError::Io {
+    let file = crate::io::open_regular(
+        path,
+        "a parquet file is read in place (its footer first), so it must be a regular file",
+    )
+    .map_err(|e| DataError::Io {
         path: path.to_path_buf(),
         key: None,
         source: e,

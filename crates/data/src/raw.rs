@@ -22,6 +22,22 @@ pub struct RawText {
     /// Where it came from, for reports (`input.txt[0..90%]`).
     pub name: String,
     pub text: String,
+    /// Windows line endings (CRLF) the file had, read as plain newlines (the model and a char
+    /// vocabulary never see the `\r`).
+    pub crlf: usize,
+}
+
+impl RawText {
+    /// The text of `name` with its Windows line endings read as plain newlines, counted.
+    pub fn plain_newlines(name: String, text: String) -> Self {
+        let crlf = text.matches("\r\n").count();
+        let text = if crlf > 0 {
+            text.replace("\r\n", "\n")
+        } else {
+            text
+        };
+        Self { name, text, crlf }
+    }
 }
 
 /// The ids of one llama2.c shard file.

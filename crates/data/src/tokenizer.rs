@@ -274,11 +274,18 @@ impl Tokenizer {
     /// `<|endoftext|>`.
     pub fn load_pretrained(dir: &Path) -> Result<Self> {
         let path = dir.join(TOKENIZER_FILE);
-        let bytes = std::fs::read(&path).map_err(|e| DataError::Io {
+        let bytes = crate::io::read_bytes(&path).map_err(|e| DataError::Io {
             path: path.clone(),
             key: Some("data.tokenizer.path".into()),
+            hint: match e.kind() {
+                std::io::ErrorKind::NotFound => {
+                    "a pretrained model's folder holds its tokenizer.json next to config.json"
+                }
+                std::io::ErrorKind::TimedOut => "nothing was read",
+                _ => "it must be the model's tokenizer.json, a regular file",
+            }
+            .into(),
             source: e,
-            hint: "a pretrained model's folder holds its tokenizer.json next to config.json".into(),
         })?;
         let mut inner = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| {
             DataError::tokenizer(
@@ -289,7 +296,7 @@ impl Tokenizer {
         inner.with_truncation(None).map_err(tk_err)?;
         inner.with_padding(None);
         let config_path = dir.join(TOKENIZER_CONFIG_FILE);
-        let config = match std::fs::read_to_string(&config_path) {
+        let config = match crate::io::read_small_text(&config_path, 1 << 24) {
             Ok(text) => Some(text),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => {

@@ -23,7 +23,20 @@ fn windows_line_endings_are_named_with_their_file_and_count() {
     let data = Dataset::prepare(&text_config(&path), None).unwrap();
     let w = data.warnings().join("\n");
     assert!(w.contains("dos.txt has 40 Windows line ending(s) (CRLF)"), "{w}");
-    assert!(w.contains("a character of its own"), "{w}");
+    assert!(w.contains("read as plain newlines"), "{w}");
+    // The '\r' is no character of the vocabulary, and no token of the text.
+    assert!(
+        data.tokenizer
+            .encode("\r")
+            .unwrap()
+            .iter()
+            .all(|&id| id == ember_data::UNK_ID),
+        "{w}"
+    );
+    let ember_data::RawCorpus::Text { train, .. } = &data.raw else {
+        panic!("a text corpus")
+    };
+    assert!(train.iter().all(|t| !t.text.contains('\r')));
 
     std::fs::write(&path, "hello there\ngeneral kenobi\n".repeat(20)).unwrap();
     let data = Dataset::prepare(&text_config(&path), None).unwrap();

@@ -40,6 +40,7 @@ mod children;
 mod execute;
 mod existing_runs;
 mod grid;
+mod launcher;
 mod print;
 mod status;
 mod sweep;
@@ -48,6 +49,7 @@ pub use cell::{ablate_cell, find_cell, load_plan, status_table, sweep_status, Ce
 pub use grid::{
     cell_count, parse_axis, parse_lrs, parse_variant, parse_variants, plan, run_config, MAX_CELLS, MAX_JOBS,
 };
+pub use launcher::refuse_foreign_launcher;
 pub use print::summary_table;
 pub use sweep::ablate;
 

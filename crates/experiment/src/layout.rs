@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! OUT/grid.json                           the plan: every run, its overrides, its command
+//! OUT/base.yaml                           the base config, as it was when the sweep was planned
 //! OUT/status.json                         each run's latest outcome, each invocation's wall time
 //! OUT/runs/[<levels>_]<variant>-lr<lr>-seed<s>/  an ordinary run directory per grid cell
 //!     ablate-stdout.log, ablate-stderr.log    a subprocess run's output
@@ -14,6 +15,13 @@
 //! Besides the names, this module owns the types of `grid.json` and `status.json` (with the
 //! machine and the UTC time stamps they record), how they are written, how runs and learning
 //! rates are named, and how a run directory's state is judged from its files.
+//!
+//! A sweep can be moved or copied (planned in a cluster's scratch, copied home): `grid.json`
+//! names its base config and its runs relative to the sweep ([`Plan::stored`]), and every reader
+//! makes them point into the directory where the sweep now lies ([`Plan::rebased`]), so
+//! `--status`, `--cell`, `ember report` and resuming work in the copy. Plans from before (paths
+//! relative to the directory the sweep was planned from, or absolute) are read the same way,
+//! their config where it was.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -40,10 +48,18 @@ pub const REPORT_MD: &str = "report.md";
 pub const REPORT_JSON: &str = "report.json";
 pub const PLOTS: &str = "plots";
 
+/// The base config a sweep keeps, in the output directory: the runs train from this copy, so that
+/// the sweep holds all it needs wherever it is moved.
+pub const BASE_CONFIG: &str = "base.yaml";
+
 /// The resolved grid, as written to `grid.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Plan {
+    /// The base config the runs train from: the sweep's [`BASE_CONFIG`] once it is written.
     pub config: PathBuf,
+    /// The config the sweep was planned from, as it was given (absent in plans from before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_source: Option<PathBuf>,
     /// The user's `--set` overrides, applied to every run before the grid's own.
     pub overrides: Vec<String>,
     pub variants: Vec<QkNorm>,
@@ -65,6 +81,103 @@ pub struct Plan {
     pub hardware: Hardware,
     /// In the order they are run: seed, then the axes' levels, then learning rate, then variant.
     pub runs: Vec<PlannedRun>,
+}
+
+/// `EXE train CONFIG [--set O]... [--run-dir DIR] --quiet --json`: the command of a run of a
+/// sweep (with its directory), or the base every run's command extends (without).
+pub fn train_command(exe: &str, config: &Path, overrides: &[String], dir: Option<&Path>) -> Vec<String> {
+    let mut command = vec![exe.to_string(), "train".into(), config.display().to_string()];
+    for o in overrides {
+        command.extend(["--set".to_string(), o.clone()]);
+    }
+    if let Some(dir) = dir {
+        command.extend(["--run-dir".to_string(), dir.display().to_string()]);
+    }
+    command.extend(["--quiet".to_string(), "--json".to_string()]);
+    command
+}
+
+impl Plan {
+    /// The plan with its paths under `out` and `config` (the sweep's output directory and base
+    /// config, as the caller names them), every run's directory and command made from them.
+    fn placed(&self, out: &Path, config: &Path) -> Plan {
+        let exe = self
+            .base_command
+            .first()
+            .cloned()
+            .unwrap_or_else(|| "ember".into());
+        let mut plan = self.clone();
+        plan.out = out.to_path_buf();
+        plan.config = config.to_path_buf();
+        plan.base_command = train_command(&exe, config, &self.overrides, None);
+        // Inside the sweep (as grid.json stores it): `runs/NAME`, not `./runs/NAME`.
+        let runs = match out == Path::new(".") {
+            true => PathBuf::from(RUNS),
+            false => out.join(RUNS),
+        };
+        for run in &mut plan.runs {
+            run.dir = runs.join(&run.name);
+            run.command = train_command(&exe, config, &run.overrides, Some(&run.dir));
+        }
+        plan
+    }
+
+    /// The plan as `grid.json` stores it: its output directory `.`, its base config and runs
+    /// relative to the sweep.
+    pub fn stored(&self) -> Plan {
+        let config = match self.config.file_name() {
+            Some(name) if name == BASE_CONFIG => PathBuf::from(BASE_CONFIG),
+            _ => self.config.clone(),
+        };
+        self.placed(Path::new("."), &config)
+    }
+
+    /// A plan read from `out/grid.json`, its paths made to point into `out` wherever the sweep
+    /// lies now: the base config it keeps (or, for a plan from before, the config where it
+    /// was), each run in `out/runs/`.
+    pub fn rebased(&self, out: &Path) -> Plan {
+        let kept = out.join(&self.config);
+        let config = if self.config.is_relative() && kept.is_file() {
+            kept
+        } else {
+            self.config.clone()
+        };
+        self.placed(out, &config)
+    }
+}
+
+/// Copies the config `plan` was planned from into its output directory as [`BASE_CONFIG`] (the
+/// runs train from the copy from now on) and writes `grid.json` with paths relative to the
+/// sweep. Re-planning from the copy itself leaves it as it is.
+pub(crate) fn write_plan(plan: &mut Plan) -> Result<()> {
+    let copy = plan.out.join(BASE_CONFIG);
+    let same = fs::canonicalize(&copy)
+        .ok()
+        .zip(fs::canonicalize(&plan.config).ok())
+        .is_some_and(|(a, b)| a == b);
+    if same {
+        // Planned again from its own copy: the config it came from stays on record.
+        let earlier: Option<Plan> = ember_data::io::read_own_to_string(plan.out.join(GRID))
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok());
+        plan.config_source = earlier.and_then(|p| p.config_source);
+    } else {
+        let text =
+            ember_data::io::read_small_text(&plan.config, ember_trainer::config::MAX_CONFIG_BYTES as u64)
+                .with_context(|| format!("reading {}", plan.config.display()))?;
+        ember_data::io::write_atomic(&copy, text.as_bytes())
+            .with_context(|| format!("writing {}", copy.display()))?;
+        plan.config_source.get_or_insert(plan.config.clone());
+    }
+    *plan = plan.placed(&plan.out.clone(), &copy);
+    write_json(&plan.out.join(GRID), &plan.stored())
+}
+
+/// Refuses `out` as a sweep's output directory by the one rule of [`ember_trainer::protected`]
+/// (not a run's directory, not inside a checkpoint, a model folder or a Hugging Face folder),
+/// before anything is written into it.
+pub(crate) fn check_out_dir(out: &Path) -> Result<()> {
+    ember_trainer::protected::check(out, "--out", ember_trainer::protected::Output::SweepDir, &[], &[])
 }
 
 /// One factorial axis of a sweep: a config key and the values it takes.
@@ -195,6 +308,54 @@ pub fn hardware() -> Hardware {
         logical_cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
         vector_unit: Some(ember_kernels::vector_unit().to_string()),
     }
+}
+
+/// The vector units the sweep in `out` has computed with so far: its plan's machine, every
+/// invocation's, and what each run's checkpoints record.
+fn units_so_far(out: &Path) -> std::collections::BTreeSet<String> {
+    let plan: Option<Plan> = ember_data::io::read_own_to_string(out.join(GRID))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok());
+    let status = read_status(out);
+    let machines = plan
+        .iter()
+        .map(|p| &p.hardware)
+        .chain(status.invocations.iter().map(|i| &i.hardware))
+        .filter_map(|h| h.vector_unit.clone());
+    let runs = fs::read_dir(out.join(RUNS))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| checkpoint::list(&e.path()).pop())
+        .filter_map(|(_, ckpt)| {
+            let text = ember_data::io::read_own_to_string(ckpt.join(ember_trainer::run_dir::STATE)).ok()?;
+            let state: Value = serde_json::from_str(&text).ok()?;
+            serde_json::from_value::<Vec<String>>(state.get("vector_units")?.clone()).ok()
+        })
+        .flatten();
+    machines.chain(runs).collect()
+}
+
+/// A warning when the sweep in `out` was computed with a vector unit other than `now`'s (an
+/// extension, a resume or a cell on another CPU, or under `EMBER_CPU_VECTOR_UNIT`): its runs
+/// would not all be comparable bit for bit. `None` for a new sweep or the same unit.
+pub fn unit_change(out: &Path, now: &Hardware) -> Option<String> {
+    let now_unit = now.vector_unit.as_deref()?;
+    let before: Vec<String> = units_so_far(out).into_iter().filter(|u| u != now_unit).collect();
+    if before.is_empty() {
+        return None;
+    }
+    let env = ember_kernels::VECTOR_UNIT_ENV;
+    let chosen = std::env::var(env)
+        .map(|v| format!(" ({env}={v})"))
+        .unwrap_or_default();
+    Some(format!(
+        "{} was computed with {} so far, this invocation computes with {now_unit}{chosen}: runs \
+         it starts differ from the earlier ones in their last digits, and a run it resumes is no \
+         longer bit-identical to an uninterrupted one; the report names each run's units",
+        out.display(),
+        before.join(" and ")
+    ))
 }
 
 /// Now, UTC, ISO 8601 (`2025-01-31T12:00:00Z`).

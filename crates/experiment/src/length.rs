@@ -105,6 +105,8 @@ pub struct LengthReport {
     /// BLEU by source length of translation runs, when `DIR/multi30k` holds them.
     pub bleu_by_source_length: Vec<BleuBucket>,
     pub plots: Vec<String>,
+    /// Evaluations the study lacks (an arm without a seed at a context), each naming its file.
+    pub warnings: Vec<String>,
 }
 
 /// Reads the study in `dir` and writes `report.md`, `report.json` and the plots there.
@@ -124,6 +126,7 @@ pub fn length_report(dir: &Path) -> Result<LengthReport> {
         .into_iter()
         .collect();
     let variants = variant_order(evals.iter().map(|e| e.variant.clone()));
+    let warnings = evals::missing(dir, &evals, &seeds, &contexts);
     let index = EvalIndex::new(&evals, &seeds);
     let compared = losses::compare(&index, &variants, &contexts, train_length);
     let longest = *contexts.last().context("no evaluations")?;
@@ -142,6 +145,7 @@ pub fn length_report(dir: &Path) -> Result<LengthReport> {
         entropy_buckets,
         bleu_by_source_length,
         plots,
+        warnings,
     };
     write_json(&dir.join(REPORT_JSON), &report)?;
     let md_path = dir.join(REPORT_MD);

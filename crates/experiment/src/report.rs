@@ -98,7 +98,7 @@ pub struct Report {
 /// Reads every run under `out_dir`, writes `report.md`, `report.json` and `plots/`, and returns
 /// the report.
 pub fn report(out_dir: &Path) -> Result<Report> {
-    let plan: Option<Plan> = read_json(&out_dir.join(GRID)).with_context(|| {
+    let plan: Option<Plan> = read_json::<Plan>(&out_dir.join(GRID)).with_context(|| {
         format!(
             "{} is not a plan ember wrote; re-plan with `ember ablate CONFIG --out {}` (finished runs \
              are kept), or remove it to report the run directories alone",
@@ -106,6 +106,8 @@ pub fn report(out_dir: &Path) -> Result<Report> {
             out_dir.display()
         )
     })?;
+    // Wherever the sweep lies now (moved, copied): its runs and base config are read there.
+    let plan = plan.map(|p| p.rebased(out_dir));
     let mut warnings = vec![];
     let status: Option<SweepStatus> = match read_json(&out_dir.join(STATUS)) {
         Ok(s) => s,
@@ -148,7 +150,9 @@ pub fn report(out_dir: &Path) -> Result<Report> {
     } = grid;
     let report = Report {
         out_dir: out_dir.to_path_buf(),
-        config: plan.as_ref().map(|p| p.config.clone()),
+        config: plan
+            .as_ref()
+            .map(|p| p.config_source.clone().unwrap_or_else(|| p.config.clone())),
         overrides: plan.as_ref().map(|p| p.overrides.clone()).unwrap_or_default(),
         base_command: plan.as_ref().map(|p| p.base_command.clone()),
         arch: runs.iter().find_map(|r| r.arch.clone()),

@@ -34,7 +34,7 @@ use anyhow::{bail, Context, Result};
 use ember_trainer::run_lock::DirLock;
 
 use crate::ablate::{plan, AblateOptions};
-use crate::layout::{disk_state, write_json, DiskState, Plan, GRID, RUNS};
+use crate::layout::{disk_state, write_plan, DiskState, Plan, GRID, RUNS};
 use crate::shell::shell_word;
 
 /// The folder of the batch scripts and logs, in the output directory.
@@ -126,14 +126,17 @@ pub fn prepare(opts: &AblateOptions, slurm: &SlurmOptions, exe: &Path) -> Result
             );
         }
     }
-    ember_trainer::run_lock::refuse_foreign_dir(&plan.out, "--out", ember_trainer::run_lock::DirKind::Sweep)?;
+    crate::layout::check_out_dir(&plan.out)?;
     // No local sweep may be writing into the directory while it is planned for the cluster.
     let _lock = DirLock::acquire(&plan.out, "ablation sweep")?;
+    if let Some(warning) = crate::layout::unit_change(&plan.out, &plan.hardware) {
+        ember_trainer::tell!("warning: {warning}");
+    }
     let dir = plan.out.join(SLURM_DIR);
     fs::create_dir_all(dir.join(LOGS)).with_context(|| format!("creating {}", dir.join(LOGS).display()))?;
     fs::create_dir_all(plan.out.join(RUNS))
         .with_context(|| format!("creating {}", plan.out.join(RUNS).display()))?;
-    write_json(&plan.out.join(GRID), &plan)?;
+    write_plan(&mut plan)?;
     let cells: Vec<usize> = plan
         .runs
         .iter()

@@ -544,7 +544,12 @@ printf '{"finished": true, "steps": 4, "total_steps": 4, "diverged": null, "val_
     assert!(outcome.any_failed());
     assert_eq!(outcome.failed().len(), 2);
     let args = fs::read_to_string(outcome.runs[0].run_dir.join("args.txt")).unwrap();
-    let config = tmp.path().join("tiny.yaml");
+    // The runs train from the copy of the config the sweep keeps (it moves with the sweep).
+    let config = outcome.plan.out.join(layout::BASE_CONFIG);
+    assert_eq!(
+        fs::read_to_string(&config).unwrap(),
+        fs::read_to_string(tmp.path().join("tiny.yaml")).unwrap()
+    );
     assert_eq!(
         args.trim(),
         format!(

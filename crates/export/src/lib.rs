@@ -237,38 +237,44 @@ fn pretrained_tokenizer(ckpt_dir: &Path) -> Result<bool> {
     Ok(cfg.data.tokenizer.kind == TokenizerKind::Pretrained)
 }
 
-/// Writes `source` as a Hugging Face model directory `out` (created if needed; the five
-/// [`HF_FILES`] are overwritten, nothing else there is touched).
+/// Writes `source` as a Hugging Face model directory `out`: a new folder (or an empty one),
+/// written whole into a temporary sibling and renamed into place, so that it holds the five
+/// [`HF_FILES`] or does not exist. Everything that can refuse the export (the architecture, the
+/// folder, the tokenizer's config) is settled before the first byte is written.
 pub fn export_hf(source: &ExportSource, out: &Path) -> Result<HfExport> {
     let arch = source.architecture()?;
-    check_out(out)?;
-    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
-    let write_json = |name: &str, value: &serde_json::Value| -> Result<()> {
-        let path = out.join(name);
-        ember_data::io::write_atomic(&path, (serde_json::to_string_pretty(value)? + "\n").as_bytes())
-            .with_context(|| format!("writing {}", path.display()))
-    };
-    let (tensors, params) = weights::write(
-        &source.model,
-        &source.checkpoint.params,
-        &out.join("model.safetensors"),
-    )?;
+    check_out(out, &source.checkpoint.dir)?;
     let specials = source.tokenizer.special_tokens();
-    write_json(
-        "config.json",
-        &hf_config::model_config(arch, &source.model, specials),
-    )?;
-    // The weights were written through a 0600 temporary file: give them config.json's mode.
-    ember_data::io::permissions_like(&out.join("model.safetensors"), &out.join("config.json"))
-        .with_context(|| format!("writing {}", out.join("model.safetensors").display()))?;
-    write_json("generation_config.json", &hf_config::generation_config(specials))?;
     let tokenizer_config = hf_config::tokenizer_config(&source.model, &source.tokenizer)
         .context("the run's tokenizer_config.json is not valid JSON")?;
-    write_json("tokenizer_config.json", &tokenizer_config)?;
-    source
-        .tokenizer
-        .save(out.join("tokenizer.json"))
-        .context("writing tokenizer.json")?;
+    let json_files = [
+        (
+            "config.json",
+            hf_config::model_config(arch, &source.model, specials),
+        ),
+        ("generation_config.json", hf_config::generation_config(specials)),
+        ("tokenizer_config.json", tokenizer_config),
+    ];
+    let (tensors, params) = ember_trainer::protected::write_folder(out, |tmp| {
+        let written = weights::write(
+            &source.model,
+            &source.checkpoint.params,
+            &tmp.join("model.safetensors"),
+        )?;
+        for (name, value) in &json_files {
+            let path = tmp.join(name);
+            ember_data::io::write_atomic(&path, (serde_json::to_string_pretty(value)? + "\n").as_bytes())
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
+        // The weights were written through a 0600 temporary file: give them config.json's mode.
+        ember_data::io::permissions_like(&tmp.join("model.safetensors"), &tmp.join("config.json"))
+            .with_context(|| format!("writing {}", tmp.join("model.safetensors").display()))?;
+        source
+            .tokenizer
+            .save(tmp.join("tokenizer.json"))
+            .context("writing tokenizer.json")?;
+        Ok(written)
+    })?;
     Ok(HfExport {
         arch,
         checkpoint: source.checkpoint.dir.clone(),
@@ -278,47 +284,12 @@ pub fn export_hf(source: &ExportSource, out: &Path) -> Result<HfExport> {
     })
 }
 
-/// Refuses an export folder whose files would replace what the user did not ask to replace:
-/// a run directory (its own tokenizer.json would be overwritten) or a folder where one of
-/// [`HF_FILES`] is a link (the write would go into the file it points at) or not a regular
-/// file. Nothing is written on a refusal.
-pub fn check_out(out: &Path) -> Result<()> {
-    let is_run = out.join("config.yaml").is_file() || out.join("checkpoints").is_dir();
-    if out.is_dir() && is_run {
-        anyhow::bail!(
-            "OUT {} is a run directory (it holds config.yaml or checkpoints/): the export's \
-             tokenizer.json and model files would replace the run's own. Choose a new folder \
-             for the export. Nothing was written.",
-            out.display()
-        );
-    }
-    if out.exists() && !out.is_dir() {
-        anyhow::bail!(
-            "OUT {} is not a folder; give the folder to write the export into (it is created \
-             if missing). Nothing was written.",
-            out.display()
-        );
-    }
-    for name in HF_FILES {
-        let path = out.join(name);
-        let Ok(meta) = std::fs::symlink_metadata(&path) else {
-            continue;
-        };
-        let what = if meta.file_type().is_symlink() {
-            "a symbolic link: the export would write into the file it points at"
-        } else if !meta.is_file() {
-            "not a regular file"
-        } else {
-            continue;
-        };
-        anyhow::bail!(
-            "OUT {}: {} is {what}. Remove it (or choose a new folder for the export). Nothing \
-             was written.",
-            out.display(),
-            path.display()
-        );
-    }
-    Ok(())
+/// Refuses an export folder by the one rule of [`ember_trainer::protected`]: `out` must be a new
+/// (or empty) folder, not inside a run's checkpoints, a model folder or a Hugging Face folder —
+/// the one the run `run` starts from (`model.init_from`) above all. Nothing is written on a
+/// refusal.
+pub fn check_out(out: &Path, run: &Path) -> Result<()> {
+    ember_trainer::protected::check(out, "OUT", ember_trainer::protected::Output::Folder, &[run], &[])
 }
 
 /// Ember's logits for `text`, as JSON `{text, tokens, logits}`: what the exported model must

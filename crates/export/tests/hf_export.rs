@@ -192,6 +192,7 @@ fn model(arch: Arch, norm: NormKind, mlp: MlpKind, qk_norm: QkNorm) -> ModelConf
         d_ff: 64,
         mlp,
         norm,
+        norm_placement: ember_model::NormPlacement::Pre,
         norm_bias: true,
         norm_eps: 1e-5,
         rope_theta: 10000.0,
@@ -205,6 +206,7 @@ fn model(arch: Arch, norm: NormKind, mlp: MlpKind, qk_norm: QkNorm) -> ModelConf
         dropout: 0.0,
         attn_dropout: 0.0,
         tie_embeddings: true,
+        scale_embeddings: false,
         init_std: 0.02,
     }
 }

@@ -136,7 +136,9 @@ fn an_exported_run_imports_as_the_same_model_bit_for_bit() {
         assert_eq!(back, source.model, "{what}");
 
         // Every parameter, bit for bit, and nothing else.
-        let params = ember_import::load_weights(&hf, &cfg.model, &Device::Cpu).unwrap();
+        let params = ember_import::load_weights(&hf, &cfg.model, &Device::Cpu)
+            .unwrap()
+            .params;
         let original = &source.checkpoint.params;
         assert_eq!(params.names(), original.names(), "{what}");
         let biases = original.names().iter().filter(|n| n.ends_with(".bias")).count();
@@ -305,7 +307,9 @@ fn sharded_and_half_precision_checkpoints_load_as_their_exact_f32_values() {
             vec![(name.to_string(), t.to_dtype(dtype).unwrap())]
         });
         let cfg = load(&import_yaml(tmp.path(), &hf, 1)).unwrap();
-        let params = ember_import::load_weights(&hf, &cfg.model, &Device::Cpu).unwrap();
+        let params = ember_import::load_weights(&hf, &cfg.model, &Device::Cpu)
+            .unwrap()
+            .params;
         for (name, var) in source.checkpoint.params.vars() {
             let rounded = var
                 .as_tensor()

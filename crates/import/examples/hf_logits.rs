@@ -28,7 +28,7 @@ fn main() -> Result<()> {
         bail!("give at least one token id");
     }
     let cfg = ember_import::model_config(&dir)?;
-    let params = ember_import::load_weights(&dir, &cfg, &Device::Cpu)?;
+    let params = ember_import::load_weights(&dir, &cfg, &Device::Cpu)?.params;
     let model = Model::new(&cfg, &params)?;
     let lm = model.as_lm().context("an imported model is a language model")?;
     let input = Tensor::new(ids.as_slice(), &Device::Cpu)?.unsqueeze(0)?;

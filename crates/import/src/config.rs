@@ -118,20 +118,19 @@ pub fn read(dir: &Path) -> Result<HfModel> {
     from_map(&map).with_context(|| format!("reading {}", path.display()))
 }
 
+/// Reads `path` as other inputs are read ([`ember_data::io::open_input`]), naming it and, when
+/// it is missing, what a model folder holds.
 fn read_small(path: &Path) -> Result<String> {
-    use std::io::Read;
-    let mut text = String::new();
-    std::fs::File::open(path)
-        .and_then(|f| f.take(MAX_CONFIG_BYTES).read_to_string(&mut text))
-        .with_context(|| {
-            format!(
-                "cannot read {} (model.init_from must be a Hugging Face model folder: config.json, \
-                 *.safetensors and tokenizer.json, e.g. from `huggingface-cli download OWNER/NAME \
-                 --local-dir DIR`)",
-                path.display()
-            )
-        })?;
-    Ok(text)
+    ember_data::io::read_small_text(path, MAX_CONFIG_BYTES).map_err(|e| {
+        let hint = match e.kind() {
+            std::io::ErrorKind::NotFound => {
+                " (model.init_from must be a Hugging Face model folder: config.json, *.safetensors \
+                 and tokenizer.json, e.g. from `huggingface-cli download OWNER/NAME --local-dir DIR`)"
+            }
+            _ => "",
+        };
+        anyhow::anyhow!("cannot read {}{hint}: {e}", path.display())
+    })
 }
 
 /// The typed fields of a config.json, each read once with its key in any error.

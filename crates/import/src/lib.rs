@@ -19,7 +19,7 @@
 //! ```
 //!
 //! The tokenizer is read by `ember-data` (`data.tokenizer.kind: pretrained`), and the trainer
-//! joins the three (`crates/trainer/src/init_from.rs`).
+//! joins the three (`crates/trainer/src/setup/init_from.rs`).
 
 mod config;
 mod names;
@@ -27,4 +27,4 @@ mod weights;
 
 pub use config::{model_config, read as read_config, Family, HfModel, ARCHITECTURE_KEYS, CONFIG_FILE};
 pub use names::{ember_weight_name, hf_weight_name};
-pub use weights::{expected_shapes, load as load_weights, INDEX_FILE, SINGLE_FILE};
+pub use weights::{expected_shapes, load as load_weights, Imported, INDEX_FILE, SINGLE_FILE};

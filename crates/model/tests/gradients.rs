@@ -2,7 +2,7 @@
 
 mod common;
 
-use candle_core::{DType, Tensor};
+use candle_core::DType;
 use common::*;
 
 #[test]

@@ -19,7 +19,7 @@ use serde::Serialize;
 
 use crate::config::RunConfig;
 use crate::data_parallel::DataParallel;
-use crate::training::{Stepped, Training};
+use crate::step::training::{Stepped, Training};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct BenchReport {

@@ -1,12 +1,29 @@
 //! Ember's trainer: configuration, the training loop, optimizer, checkpoints, metrics and
 //! evaluation.
 //!
-//! The training loop is [`train()`]; it sets up with `setup`, steps with `training` (the step
-//! `ember bench` times too), validates with [`evaluate()`] and leaves its bookkeeping to
-//! `run_state`. The files of a run directory are named in [`run_dir`].
+//! The training loop is [`train()`]; it sets up with `setup`, steps with `step::training` (the
+//! step `ember bench` times too), validates with [`evaluate()`] and leaves its bookkeeping to
+//! `run::run_state`. The files of a run directory are named in [`run_dir`].
 //!
-//! Every public name has one path: the modules below for their own names, the crate root for
-//! the entry points of the private modules (training, evaluation, opening a run).
+//! The source is grouped by concern, each folder a private module:
+//!
+//! - `setup/` — everything before the first step: device, data, the config completed from the
+//!   data (`resolve`), an imported model (`init_from`), memory [`limits`];
+//! - `step/` — one training step: forward and backward, the [`loss`], the [`update`] with
+//!   [`optim`]'s AdamW, [`data_parallel`] sums, and the `training` state both `ember train` and
+//!   `ember bench` step;
+//! - `run/` — the run directory and its life: its names ([`run_dir`]), lock ([`run_lock`]),
+//!   atomic files, bookkeeping, options and stop requests ([`interrupt`]);
+//! - `saved/` — what a run leaves and reading it back: [`checkpoint`]s, what `--resume` checks
+//!   ([`resume_check`]), [`model_dir`]s, opening a trained model; what a folder is to Ember
+//!   ([`places`]) and the one rule for what no command writes over ([`protected`]);
+//! - `eval/` — [`evaluate()`], [`context`] evaluation, decoding and scoring ([`translate`]);
+//! - `output/` — what the user sees and the logs: [`console`], [`metrics`], [`tensorboard`],
+//!   the summary.
+//!
+//! Every public name has one path: the modules re-exported below (at the paths other crates
+//! have always used) for their own names, the crate root for the entry points of the private
+//! modules (training, evaluation, opening a run).
 //!
 //! [`train()`] runs a whole run from a config, as `ember train` does. Its parts are public too;
 //! here, one training step of a small translation model (`examples/train_small.rs` loops it):
@@ -38,44 +55,27 @@
 //! ```
 
 pub mod bench;
-pub mod checkpoint;
 pub mod config;
-pub mod console;
-pub mod context;
-pub mod data_parallel;
-mod evaluate;
-mod files;
-mod init_from;
-pub mod interrupt;
-pub mod limits;
-mod lock_file;
-pub mod loss;
-pub mod metrics;
-pub mod model_dir;
-#[cfg(feature = "nccl")]
-pub mod nccl;
-mod open;
-pub mod optim;
-mod options;
-mod resolve;
-pub mod resume_check;
-pub mod run_dir;
-pub mod run_lock;
-mod run_state;
+mod eval;
+mod output;
+mod run;
+mod saved;
 mod setup;
 mod step;
-mod summary;
-pub mod tensorboard;
 mod train;
-mod training;
-pub mod translate;
-pub mod update;
 
-pub use evaluate::{eval_beam, evaluate, EvalResult, Split};
-pub use open::{open_model, open_run, OpenModel, OpenRun};
-pub use options::TrainOptions;
-pub use resolve::{resolve_model_config, DataFilled};
+pub use eval::evaluate::{eval_beam, evaluate, EvalResult, Split};
+pub use eval::{context, translate};
+pub use output::summary::Summary;
+pub use output::{console, metrics, tensorboard};
+pub use run::options::TrainOptions;
+pub use run::{interrupt, run_dir, run_lock};
+pub use saved::open::{open_model, open_run, OpenModel, OpenRun};
+pub use saved::{checkpoint, model_dir, places, protected, resume_check};
+pub use setup::limits;
+pub use setup::resolve::{resolve_model_config, DataFilled};
 pub use setup::{device, make_batcher};
-pub use step::{forward_backward, StepOutput};
-pub use summary::Summary;
+#[cfg(feature = "nccl")]
+pub use step::nccl;
+pub use step::{data_parallel, forward_backward, loss, optim, update, StepOutput};
 pub use train::{train, RankFailed};

@@ -21,16 +21,16 @@ use ember_model::AttentionStats;
 use crate::checkpoint;
 use crate::config::RunConfig;
 use crate::data_parallel::DataParallel;
-use crate::evaluate::{validate, validation_loss, Validation};
+use crate::eval::evaluate::{validate, validation_loss, Validation};
 use crate::interrupt::{signal_name, Interrupted, StopRequest};
 use crate::metrics::{self, EvalRecord, MetricsLog, Progress, Record, TrainRecord, Verbosity};
-use crate::options::TrainOptions;
+use crate::output::summary::Summary;
+use crate::run::options::TrainOptions;
+use crate::run::run_state::RunState;
 use crate::run_dir::SUMMARY;
-use crate::run_state::RunState;
 use crate::setup::TrainingRun;
-use crate::summary::Summary;
+use crate::step::training::Stepped;
 use crate::tensorboard::RunEvents;
-use crate::training::Stepped;
 use crate::update::Outcome;
 
 /// Trains `cfg` into `opts.run_dir`: fresh, or resumed from its newest checkpoint. As one rank
@@ -489,6 +489,7 @@ fn save_checkpoint(run: &TrainingRun, state: &RunState, dp: &DataParallel) -> Re
     ckpt.tokenizer_sha256 = Some(run.identity.tokenizer_sha256.clone());
     ckpt.data_fingerprint = Some(run.identity.data_fingerprint.clone());
     ckpt.shares = dp.shares_per_batch();
+    ckpt.vector_units = run.vector_units.clone();
     let dir = checkpoint::save(
         &run.run_dir,
         ckpt,
@@ -527,7 +528,7 @@ fn write_summary(
     }
     metrics::export_csv(&run.run_dir)?;
     let path = run.run_dir.join(SUMMARY);
-    crate::files::write_atomic(&path, serde_json::to_string_pretty(&summary)?.as_bytes())?;
+    crate::run::files::write_atomic(&path, serde_json::to_string_pretty(&summary)?.as_bytes())?;
     Ok(summary)
 }
 

@@ -242,13 +242,13 @@ fn pretrained_tokenizer(source: &Path, run_dir: Option<&Path>) -> Result<(Tokeni
 impl Dataset {
     /// What the data lost on its way to token ids, in words, for the run to print as warnings:
     /// characters the tokenizer does not know (each read as `<unk>`), and Windows line endings
-    /// (the `\r` before each newline stays in the text the model learns).
+    /// (read as plain newlines: the `\r` before each newline is dropped).
     pub fn warnings(&self) -> Vec<String> {
         let mut out = vec![];
         if let RawCorpus::Text { train, valid } = &self.raw {
             let mut crlf: Vec<(String, usize)> = vec![];
             for t in train.iter().chain(valid) {
-                let n = t.text.matches("\r\n").count();
+                let n = t.crlf;
                 // `input.txt[0..90%]` and `input.txt[90%..]` are one file.
                 let file = match t.name.rsplit_once('[') {
                     Some((file, part)) if part.contains('%') && part.ends_with(']') => file.to_string(),
@@ -262,14 +262,9 @@ impl Dataset {
             }
             for (file, n) in crlf.into_iter().filter(|(_, n)| *n > 0) {
                 out.push(format!(
-                    "{file} has {n} Windows line ending(s) (CRLF): the '\\r' before each newline is \
-                     part of the text the model learns{}; convert the file to plain newlines \
-                     (`dos2unix {file}`) and start a new run to train without them",
-                    if self.tokenizer.kind() == TokenizerKind::Char {
-                        " (a character of its own in the vocabulary)"
-                    } else {
-                        ""
-                    }
+                    "{file} has {n} Windows line ending(s) (CRLF): they are read as plain newlines, \
+                     so the '\\r' before each newline is neither in the text the model learns nor a \
+                     token of its vocabulary (`dos2unix {file}` converts the file itself)"
                 ));
             }
         }

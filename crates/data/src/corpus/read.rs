@@ -177,7 +177,12 @@ fn read_pairs(paths: &PairPaths, key: &str) -> Result<RawPairs> {
 
 fn load_text(t: &TextConfig) -> Result<RawCorpus> {
     if let Some(path) = &t.path {
-        let text = read_text(path, Some("data.corpus.path"))?;
+        // Windows line endings are counted before the split, then read as plain newlines.
+        let whole = RawText::plain_newlines(
+            path.display().to_string(),
+            read_text(path, Some("data.corpus.path"))?,
+        );
+        let text = whole.text;
         if text.trim().is_empty() {
             return Err(DataError::EmptyFile {
                 path: path.clone(),
@@ -187,6 +192,8 @@ fn load_text(t: &TextConfig) -> Result<RawCorpus> {
         let fraction = t.val_fraction.unwrap_or(DEFAULT_VAL_FRACTION);
         let cut = split_point(&text, fraction);
         let (train, valid) = text.split_at(cut);
+        // The count goes with the training part: the file's, said once.
+        let crlf = whole.crlf;
         if train.trim().is_empty() || valid.trim().is_empty() {
             return Err(DataError::config(
                 "data.corpus.val_fraction",
@@ -208,10 +215,12 @@ fn load_text(t: &TextConfig) -> Result<RawCorpus> {
             train: vec![RawText {
                 name: format!("{name}[..{pct:.1}%]"),
                 text: train.to_string(),
+                crlf,
             }],
             valid: vec![RawText {
                 name: format!("{name}[{pct:.1}%..]"),
                 text: valid.to_string(),
+                crlf: 0,
             }],
         })
     } else {
@@ -228,10 +237,7 @@ fn load_text(t: &TextConfig) -> Result<RawCorpus> {
                             key: Some(k),
                         });
                     }
-                    Ok(RawText {
-                        name: p.display().to_string(),
-                        text,
-                    })
+                    Ok(RawText::plain_newlines(p.display().to_string(), text))
                 })
                 .collect()
         };

@@ -73,33 +73,33 @@ pub fn load_plan(out: &Path) -> Result<Plan> {
         )
     })?;
     check_run_dirs(&plan, out, &path)?;
-    Ok(plan)
+    Ok(plan.rebased(out))
 }
 
-/// Every run a plan names must live in `out/runs/<its name>`: a plan that was edited (or a
-/// sweep that was moved) would otherwise train into directories outside the sweep.
+/// Every run a plan names must live in `runs/<its name>` of the sweep (as `grid.json` stores
+/// it, relative to the sweep; or, in plans from before, under the path the sweep had then): a
+/// plan that was edited to put a run elsewhere is refused rather than trained. A sweep that was
+/// moved or copied is read where it lies now ([`Plan::rebased`]).
 fn check_run_dirs(plan: &Plan, out: &Path, grid: &Path) -> Result<()> {
-    let runs = out.join(crate::layout::RUNS);
-    let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
-        (Ok(a), Ok(b)) => a == b,
-        _ => a == b,
-    };
     for run in &plan.runs {
         let plain = Path::new(&run.name)
             .file_name()
             .is_some_and(|n| n == run.name.as_str());
         let inside = plain
             && run.dir.file_name().is_some_and(|n| n == run.name.as_str())
-            && run.dir.parent().is_some_and(|p| same(p, &runs));
+            && run
+                .dir
+                .parent()
+                .and_then(Path::file_name)
+                .is_some_and(|p| p == crate::layout::RUNS);
         if !inside {
             anyhow::bail!(
-                "{} plans run {:?} in {}, which is not {}: the plan was edited, or the sweep was \
-                 moved since it was planned. Re-plan it with `ember ablate CONFIG --out {}` (finished \
-                 runs are kept). Nothing was changed.",
+                "{} plans run {:?} in {}, which is not {}: the plan was edited. Re-plan it with \
+                 `ember ablate CONFIG --out {}` (finished runs are kept). Nothing was changed.",
                 grid.display(),
                 run.name.chars().take(80).collect::<String>(),
                 run.dir.display(),
-                runs.join(&run.name).display(),
+                out.join(crate::layout::RUNS).join(&run.name).display(),
                 shell_word(&out.display().to_string())
             );
         }
@@ -173,9 +173,13 @@ pub fn ablate_cell(
     stop: Option<&StopRequest>,
     quiet: bool,
 ) -> Result<RunOutcome> {
+    super::refuse_foreign_launcher(|k| std::env::var(k).ok())?;
     let plan = load_plan(out)?;
     let (i, run) = find_cell(&plan, cell)?;
     refuse_if_running(&plan, cell, run)?;
+    if let Some(warning) = crate::layout::unit_change(out, &crate::layout::hardware()) {
+        ember_trainer::tell!("warning: {warning}");
+    }
     let tag = format!("[cell {i}/{}]", plan.runs.len());
     let outcome = match next(&plan, run) {
         Next::Settled(action, status) => {

@@ -91,7 +91,7 @@ fn run_child(mut command: Command, stop: Option<&StopRequest>) -> std::io::Resul
 
 /// The last `n` lines of a text file (reads at most its last 64 KiB).
 fn tail_lines(path: &Path, n: usize) -> String {
-    let Ok(mut f) = fs::File::open(path) else {
+    let Ok(mut f) = ember_data::io::open_own(path) else {
         return String::new();
     };
     let len = f.metadata().map_or(0, |m| m.len());

@@ -10,7 +10,8 @@ use serde_json::Value;
 
 use super::{AblateOptions, Runner};
 use crate::layout::{
-    hardware, levels_label, lr_label, round_sig, run_name, variant_name, Axis, Plan, PlannedRun, RUNS,
+    hardware, levels_label, lr_label, round_sig, run_name, train_command, variant_name, Axis, Plan,
+    PlannedRun, RUNS,
 };
 
 /// A QK-norm variant from its config name (`none`, `layernorm`, `rmsnorm`, `l2`).
@@ -228,6 +229,7 @@ pub fn plan(opts: &AblateOptions) -> Result<Plan> {
     }
     Ok(Plan {
         config: opts.config.clone(),
+        config_source: None,
         overrides: user_overrides,
         notes: keys.notes(&variants),
         variants,
@@ -376,12 +378,7 @@ fn base_command(opts: &AblateOptions, user_overrides: &[String]) -> Vec<String> 
         Runner::Process { exe } => exe.display().to_string(),
         Runner::InProcess => "ember".into(),
     };
-    let mut base_command = vec![exe, "train".into(), opts.config.display().to_string()];
-    for o in user_overrides {
-        base_command.extend(["--set".to_string(), o.clone()]);
-    }
-    base_command.extend(["--quiet".to_string(), "--json".to_string()]);
-    base_command
+    train_command(&exe, &opts.config, user_overrides, None)
 }
 
 /// The keys the grid sets for every run besides the variant, seed and learning rate.
@@ -481,16 +478,8 @@ fn planned_run(cell: Cell, out: &Path, overrides: Vec<String>, base_command: &[S
     } = cell;
     let name = run_name(&label, variant, lr, seed);
     let dir = out.join(RUNS).join(&name);
-    let mut command = base_command[..3].to_vec();
-    for o in &overrides {
-        command.extend(["--set".to_string(), o.clone()]);
-    }
-    command.extend([
-        "--run-dir".to_string(),
-        dir.display().to_string(),
-        "--quiet".to_string(),
-        "--json".to_string(),
-    ]);
+    let config = Path::new(&base_command[2]);
+    let command = train_command(&base_command[0], config, &overrides, Some(&dir));
     PlannedRun {
         name,
         variant,

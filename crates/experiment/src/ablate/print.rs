@@ -23,7 +23,7 @@ pub(super) fn header(plan: &Plan) -> String {
             .iter()
             .map(|a| format!(" × {} {}", a.values.len(), a.label(&plan.axes)))
             .collect::<String>(),
-        plan.config.display(),
+        plan.config_source.as_ref().unwrap_or(&plan.config).display(),
         plan.out.display(),
         plan.jobs,
         plan.threads.map_or(String::new(), |t| format!(

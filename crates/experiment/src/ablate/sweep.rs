@@ -19,18 +19,19 @@ use super::print::{describe, header, say, summary_table};
 use super::status::{outcome, record, running_record};
 use super::{AblateOptions, AblateOutcome, RunAction, RunOutcome, RunStatus, SweepInterrupted};
 use crate::layout::{
-    read_status, utc_now, write_json, Invocation, Plan, SweepStatus, GRID, REPORT_MD, RUNS, STATUS,
+    read_status, utc_now, write_json, write_plan, Invocation, Plan, SweepStatus, REPORT_MD, RUNS, STATUS,
 };
 use crate::report;
 
 /// Runs (or resumes, or skips) every run of the grid, then writes the report.
 pub fn ablate(opts: &AblateOptions) -> Result<AblateOutcome> {
     let started = Instant::now();
+    super::refuse_foreign_launcher(|k| std::env::var(k).ok())?;
     if let Some(stop) = &opts.stop {
         stop.set_phase("stopping the planning of the sweep (nothing has been written yet)");
     }
     let plan = plan(opts)?;
-    ember_trainer::run_lock::refuse_foreign_dir(&plan.out, "--out", ember_trainer::run_lock::DirKind::Sweep)?;
+    crate::layout::check_out_dir(&plan.out)?;
     // One sweep per output directory: two would train the same runs into the same directories.
     let _lock = DirLock::acquire(&plan.out, "ablation sweep")?;
     refuse_other_configs(&plan)?;
@@ -40,9 +41,13 @@ pub fn ablate(opts: &AblateOptions) -> Result<AblateOutcome> {
              checkpoint; no further run starts",
         );
     }
+    if let Some(warning) = crate::layout::unit_change(&plan.out, &plan.hardware) {
+        ember_trainer::tell!("warning: {warning}");
+    }
     fs::create_dir_all(plan.out.join(RUNS))
         .with_context(|| format!("creating {}", plan.out.join(RUNS).display()))?;
-    write_json(&plan.out.join(GRID), &plan)?;
+    let mut plan = plan;
+    write_plan(&mut plan)?;
     say(opts.quiet, header(&plan));
     let sweep = Sweep::start(&plan, opts, started)?;
     let queue = sweep.settle_or_queue()?;

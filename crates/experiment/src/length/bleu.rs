@@ -32,7 +32,8 @@ pub(super) fn bleu_buckets(dir: &Path) -> Result<Vec<BleuBucket>> {
         ) else {
             bail!("{}: expected a run name like none-lr5e-3-seed1", file.display());
         };
-        let text = fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+        let text = ember_data::io::read_small_text(&file, 1 << 28)
+            .with_context(|| format!("reading {}", file.display()))?;
         let json: serde_json::Value = serde_json::from_str(&text)
             .with_context(|| format!("{} is not `ember bleu --json` output", file.display()))?;
         let buckets = json["bleu_by_source_length"].as_array().with_context(|| {

@@ -11,12 +11,14 @@ use ember_trainer::config::RunConfig;
 use ember_trainer::context::ContextEval;
 use ember_trainer::run_dir::RUN_CONFIG;
 
-use super::{EVALS, SWEEP};
+use super::{on_off, EVALS, SWEEP};
 use crate::layout::{variant_name, RUNS};
 
 /// One evaluation of one run.
 #[derive(Debug, Clone)]
 pub(super) struct Eval {
+    /// The run's name (its folder under `DIR/evals/`).
+    pub run: String,
     pub variant: String,
     pub seed: u64,
     pub logn: bool,
@@ -51,14 +53,29 @@ pub(super) fn read_evals(dir: &Path) -> Result<Vec<Eval>> {
             .collect();
         files.sort();
         for file in files {
-            let text = fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+            let text = ember_data::io::read_small_text(&file, 1 << 28)
+                .with_context(|| format!("reading {}", file.display()))?;
             let result: ContextEval = serde_json::from_str(&text).with_context(|| {
                 format!(
                     "{} is not an `ember eval --context --json` result",
                     file.display()
                 )
             })?;
+            check_name(&file, &result)?;
+            if let Some(other) = out.iter().find(|e: &&Eval| {
+                e.run == name && e.logn == result.logn_attention && e.result.context == result.context
+            }) {
+                bail!(
+                    "{} holds the same evaluation as another file of {} (context {}, log-n {}): \
+                     remove one of them",
+                    file.display(),
+                    run.display(),
+                    other.result.context,
+                    on_off(other.logn)
+                );
+            }
             out.push(Eval {
+                run: name.clone(),
                 variant: variant.clone(),
                 seed: cfg.train.seed,
                 logn: result.logn_attention,
@@ -70,6 +87,63 @@ pub(super) fn read_evals(dir: &Path) -> Result<Vec<Eval>> {
         bail!("{} holds no evaluations", evals_dir.display());
     }
     Ok(out)
+}
+
+/// The name a study gives the evaluation `result`: `context-<N>-logn-<on|off>.json`.
+pub(super) fn file_name(context: usize, logn: bool) -> String {
+    format!("context-{context}-logn-{}.json", on_off(logn))
+}
+
+/// A result whose file name says another context or log-n setting than it holds is refused: the
+/// study would report it under the wrong arm.
+fn check_name(file: &Path, result: &ContextEval) -> Result<()> {
+    let name = file.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    let holds = file_name(result.context, result.logn_attention);
+    if name.starts_with("context-") && name != holds {
+        bail!(
+            "{} holds an evaluation at context {} with log-n {}, which its name does not say (it \
+             would be {holds}); rename it or evaluate again",
+            file.display(),
+            result.context,
+            on_off(result.logn_attention)
+        );
+    }
+    Ok(())
+}
+
+/// Every evaluation the study lacks: for each arm (variant, log-n) and context that some run
+/// was evaluated at, the seeds of the study with no evaluation there, naming the file that would
+/// hold it. Its paired effects use the seeds that are there; the report says which are not.
+pub(super) fn missing(dir: &Path, evals: &[Eval], seeds: &[u64], contexts: &[usize]) -> Vec<String> {
+    let arms: std::collections::BTreeSet<(String, bool)> =
+        evals.iter().map(|e| (e.variant.clone(), e.logn)).collect();
+    let mut out = vec![];
+    for (variant, logn) in arms {
+        for &context in contexts {
+            for &seed in seeds {
+                let have = |e: &&Eval| {
+                    e.variant == variant && e.logn == logn && e.result.context == context && e.seed == seed
+                };
+                if evals.iter().any(|e| have(&e)) {
+                    continue;
+                }
+                let run = evals
+                    .iter()
+                    .find(|e| e.variant == variant && e.seed == seed)
+                    .map_or_else(
+                        || format!("<the {variant} run of seed {seed}>"),
+                        |e| e.run.clone(),
+                    );
+                out.push(format!(
+                    "{variant} with log-n {} has no evaluation at context {context} for seed {seed} \
+                     ({} is missing): its paired effects there use the other seeds",
+                    on_off(logn),
+                    dir.join(EVALS).join(run).join(file_name(context, logn)).display()
+                ));
+            }
+        }
+    }
+    out
 }
 
 /// The evaluations by (variant, log-n, context, seed), for pairing them by seed.

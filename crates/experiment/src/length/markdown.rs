@@ -13,6 +13,13 @@ pub(super) fn markdown(r: &LengthReport) -> String {
     let mut md = String::new();
     let m = r.train_length;
     intro_and_losses(&mut md, r);
+    if !r.warnings.is_empty() {
+        md.push_str("**Missing evaluations** (the tables pair the seeds that are there):\n\n");
+        for w in &r.warnings {
+            md.push_str(&format!("- {w}\n"));
+        }
+        md.push('\n');
+    }
     effect_table(
         &mut md,
         "Log-n scaling: loss with it on minus off (paired by seed; negative = log-n helps)",

@@ -154,9 +154,7 @@ fn hardware_sentence(r: &Report) -> String {
         "Hardware: {} ({} logical cores{})",
         h.cpu,
         h.logical_cores,
-        h.vector_unit
-            .as_ref()
-            .map_or(String::new(), |u| format!(", {u} kernels"))
+        units_phrase(r, h.vector_unit.as_deref())
     );
     if let (Some(j), Some(t)) = (r.jobs, r.threads) {
         p.push_str(&format!(
@@ -171,6 +169,50 @@ fn hardware_sentence(r: &Report) -> String {
     p.push_str(". ");
     p.push_str(REPRODUCIBILITY);
     p
+}
+
+/// The kernels that computed the runs, as each run's checkpoints record them (`fallback`, the
+/// sweep's machine, for runs from before they did): one unit, or each unit with its runs.
+fn units_phrase(r: &Report, fallback: Option<&str>) -> String {
+    let mut by_unit: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
+    for run in r.runs.iter().filter(|run| run.status != "not_run") {
+        let units: Vec<&str> = match run.vector_units.is_empty() {
+            true => fallback.into_iter().collect(),
+            false => run.vector_units.iter().map(String::as_str).collect(),
+        };
+        for unit in units {
+            by_unit.entry(unit).or_default().push(&run.name);
+        }
+    }
+    if by_unit.is_empty() {
+        return fallback.map_or(String::new(), |u| format!(", {u} kernels"));
+    }
+    if by_unit.len() == 1 {
+        return by_unit
+            .keys()
+            .next()
+            .map_or(String::new(), |u| format!(", {u} kernels"));
+    }
+    let most = by_unit.values().map(Vec::len).max().unwrap_or(0);
+    let parts: Vec<String> = by_unit
+        .iter()
+        .map(|(unit, runs)| {
+            let n = runs.len();
+            let s = if n == 1 { "" } else { "s" };
+            if n == most {
+                format!("{unit} kernels for {n} run{s}")
+            } else {
+                let shown: Vec<&str> = runs.iter().take(6).copied().collect();
+                let more = if n > 6 { ", …" } else { "" };
+                format!("{unit} kernels for {n} run{s} ({}{more})", shown.join(", "))
+            }
+        })
+        .collect();
+    format!(
+        "; the runs were computed on more than one vector unit: {} (a run resumed on another unit \
+         counts under both; its numbers differ in the last digits from a run on one unit)",
+        parts.join(", ")
+    )
 }
 
 const REPRODUCIBILITY: &str =

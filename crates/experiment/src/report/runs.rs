@@ -49,6 +49,10 @@ pub struct RunResult {
     /// Median over logged windows.
     pub tokens_per_sec: Option<f64>,
     pub train_secs: Option<f64>,
+    /// What computed its steps (`AVX-512`, `AVX2`, `CUDA`), as its newest checkpoint records it;
+    /// two when it was resumed on another unit, none for checkpoints from before.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub vector_units: Vec<String>,
     #[serde(skip)]
     pub(crate) curves: Curves,
 }
@@ -199,6 +203,7 @@ fn load_run(dir: &Path, name: &str, status: Option<&SweepStatus>, axes: &[Axis])
         val_ppl: progress.val_ppl.or_else(|| f(sum("val_ppl"))),
         bleu: progress.bleu,
         init_val_loss: initial_val_loss(dir),
+        vector_units: vector_units(dir),
         vocab_size: at(&["model", "vocab_size"])
             .and_then(|v| v.as_u64())
             .map(|v| v as usize),
@@ -307,6 +312,18 @@ fn read_progress(dir: &Path) -> Result<Progress> {
         records: records.len(),
         damaged_lines,
     })
+}
+
+/// The units that computed the run's steps, as its newest checkpoint records them.
+fn vector_units(dir: &Path) -> Vec<String> {
+    let newest = checkpoint::list(dir).pop();
+    newest
+        .and_then(|(_, ckpt)| {
+            let state: Value =
+                serde_json::from_str(&ember_data::io::read_own_to_string(ckpt.join(STATE)).ok()?).ok()?;
+            serde_json::from_value(state.get("vector_units")?.clone()).ok()
+        })
+        .unwrap_or_default()
 }
 
 /// The validation loss before training, as the newest checkpoint that recorded it says.

@@ -60,7 +60,7 @@ fn linear_cross_entropy_matches_the_composition_on_the_gpu() {
     }
 }
 
-/// What the trainer does (crates/trainer/src/loss.rs): the objective row summed and divided by
+/// What the trainer does (crates/trainer/src/step/loss.rs): the objective row summed and divided by
 /// the token count, the NLL row summed off the graph. Returns (objective, NLL, dh, dW).
 fn trainer_step(h: &Tensor, w: &Tensor, targets: &Tensor, mask: &Tensor, fused: bool) -> [Tensor; 4] {
     let (hv, wv) = (Var::from_tensor(h).unwrap(), Var::from_tensor(w).unwrap());

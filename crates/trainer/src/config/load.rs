@@ -37,7 +37,7 @@ impl RunConfig {
             let line = locate(text, &key);
             return Err(err(line, (key != ".").then_some(key), message));
         }
-        crate::init_from::complete(&mut tree)
+        crate::setup::init_from::complete(&mut tree)
             .map_err(|(key, message)| err(locate(text, &key), Some(key), message))?;
         let cfg: RunConfig = serde_path_to_error::deserialize(&tree).map_err(|e| {
             let mut key = e.path().to_string();

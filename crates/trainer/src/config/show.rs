@@ -55,7 +55,7 @@ impl RunConfig {
         let in_file = Self::yaml_tree(&text, path, &[])?;
         let mut completed = Self::yaml_tree(&text, path, overrides)?;
         // Cannot fail: loading above did the same.
-        let _ = crate::init_from::complete(&mut completed);
+        let _ = crate::setup::init_from::complete(&mut completed);
         let mut resolved = serde_json::to_value(&config).unwrap_or(Value::Null);
         let (schema, defs) = schema_and_definitions();
         fill(&mut resolved, &schema, &defs);

@@ -265,8 +265,27 @@ impl RunConfig {
                  only wait for each other, so training is slower, not faster"
             ));
         }
+        out.extend(self.logn_warning());
         out.extend(self.data.warnings());
         out
+    }
+
+    /// `model.logn_length` below the length a language model trains at: log-n scaling is a
+    /// no-op up to m, meant for lengths past training, but with m below the block it scales the
+    /// queries of training positions too (a different model, and no longer the one `ember eval
+    /// --logn off` compares with at the training length).
+    fn logn_warning(&self) -> Option<String> {
+        let m = self.model.logn_length.filter(|_| self.model.logn_attention)?;
+        let trained = self.text_training_length();
+        (self.model.arch == ember_model::Arch::Lm && m < trained).then(|| {
+            format!(
+                "model.logn_length = {m} is below the training length ({trained}, train.block_size \
+                 or model.max_seq_len): log-n scaling, meant for lengths past training, then also \
+                 scales the queries of training positions {}..{trained}; leave model.logn_length \
+                 out to take the training length",
+                m + 1
+            )
+        })
     }
 }
 

@@ -13,9 +13,9 @@ use ember_model::AttentionStats;
 
 use crate::checkpoint::{self, Best, CheckpointState, LogWindow};
 use crate::config::{KeepBestBy, RunConfig};
-use crate::evaluate::{EvalResult, Validation};
+use crate::eval::evaluate::{EvalResult, Validation};
 use crate::metrics::{EvalRecord, TrainRecord};
-use crate::summary::Summary;
+use crate::output::summary::Summary;
 use crate::update::Settled;
 
 /// Skipped steps before the skipped fraction can end a run as diverged.
@@ -358,6 +358,7 @@ impl RunState {
             tokenizer_sha256: None,
             data_fingerprint: None,
             shares: None,
+            vector_units: vec![],
             files: Default::default(),
         }
     }

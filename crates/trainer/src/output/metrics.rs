@@ -107,7 +107,7 @@ impl MetricsLog {
                 if !out.is_empty() {
                     out.push('\n');
                 }
-                crate::files::write_atomic(&path, out.as_bytes())?;
+                crate::run::files::write_atomic(&path, out.as_bytes())?;
             }
         }
         // O_NOFOLLOW: the log is appended to in place, so a link put in its place would have
@@ -196,7 +196,7 @@ pub fn export_csv(run_dir: &Path) -> Result<()> {
         }
     }
     // Through a rename: a link put in its place is replaced, never written through.
-    crate::files::write_atomic(&run_dir.join(METRICS_CSV), out.as_bytes())
+    crate::run::files::write_atomic(&run_dir.join(METRICS_CSV), out.as_bytes())
 }
 
 /// How much the run prints.

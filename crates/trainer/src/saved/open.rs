@@ -52,8 +52,9 @@ pub fn open_model(path: &Path, device_override: Option<&str>) -> Result<OpenMode
     let (cfg, device) = config_and_device(&run_dir.join(RUN_CONFIG), device_override)?;
     let tokenizer = model_dir::read_tokenizer(&run_dir, cfg.data.tokenizer.kind)?;
     model_dir::check_tokenizer_fits(&tokenizer, &run_dir, &cfg)?;
-    let params = load_checkpoint(path, &run_dir, &ckpt_dir, &device)?;
-    let model = Model::new(&cfg.model, &params)?;
+    let loaded = load_checkpoint(path, &run_dir, &ckpt_dir, &device)?;
+    let model = build_model(&cfg, &run_dir, &loaded)?;
+    let params = loaded.params;
     Ok(OpenModel {
         cfg,
         tokenizer,
@@ -101,8 +102,9 @@ pub fn open_run(path: &Path, device_override: Option<&str>) -> Result<OpenRun> {
     let (run_dir, ckpt_dir) = checkpoint::run_and_checkpoint(path)?;
     let (cfg, device) = config_and_device(&run_dir.join(RUN_CONFIG), device_override)?;
     let data = Dataset::prepare(&cfg.data, Some(&run_dir)).context("preparing the data")?;
-    let params = load_checkpoint(path, &run_dir, &ckpt_dir, &device)?;
-    let model = Model::new(&cfg.model, &params)?;
+    let loaded = load_checkpoint(path, &run_dir, &ckpt_dir, &device)?;
+    let model = build_model(&cfg, &run_dir, &loaded)?;
+    let params = loaded.params;
     Ok(OpenRun {
         cfg,
         data,
@@ -135,8 +137,33 @@ fn config_and_device(config: &Path, device_override: Option<&str>) -> Result<(Ru
     Ok((cfg, device))
 }
 
+/// The model the run's `config.yaml` describes, from the checkpoint `loaded`. A config edited
+/// since the checkpoint was saved (another `d_model`, say) is named with the keys that differ,
+/// instead of leaving a tensor's shape to speak for it.
+fn build_model(cfg: &RunConfig, run_dir: &Path, loaded: &checkpoint::Loaded) -> Result<Model> {
+    Model::new(&cfg.model, &loaded.params).map_err(|e| {
+        let differences = checkpoint::config_differences(&loaded.state.model_config, &cfg.model);
+        if differences.is_empty() {
+            return e.into();
+        }
+        anyhow::anyhow!(
+            "{} does not describe the model of the checkpoint {} ({}): it was edited after \
+             training. Restore it; the checkpoint keeps the config it was trained with, {}",
+            run_dir.join(RUN_CONFIG).display(),
+            loaded.dir.display(),
+            differences.join("; "),
+            loaded.dir.join(RUN_CONFIG).display()
+        )
+    })
+}
+
 /// The weights of `ckpt_dir`, verified; a corrupt newest checkpoint names an older one to use.
-fn load_checkpoint(given: &Path, run_dir: &Path, ckpt_dir: &Path, device: &Device) -> Result<ParamStore> {
+fn load_checkpoint(
+    given: &Path,
+    run_dir: &Path,
+    ckpt_dir: &Path,
+    device: &Device,
+) -> Result<checkpoint::Loaded> {
     let loaded = checkpoint::load(ckpt_dir, device).map_err(|e| {
         // Given a run, the newest checkpoint was chosen: an older intact one can be named.
         let older = checkpoint::list(run_dir)
@@ -154,5 +181,5 @@ fn load_checkpoint(given: &Path, run_dir: &Path, ckpt_dir: &Path, device: &Devic
             _ => e,
         }
     })?;
-    Ok(loaded.params)
+    Ok(loaded)
 }

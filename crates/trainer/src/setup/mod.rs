@@ -4,7 +4,12 @@
 //! over an earlier run's checkpoints), the config completed from the data (`resolve`), and the
 //! model, optimizer and data position — fresh, or restored from the newest checkpoint — as a
 //! [`Training`] that the loop steps. Opening a trained model again for evaluation and decoding is
-//! `open`'s.
+//! `open`'s (in `saved/`). Beside it: completing the config from the data (`resolve`), starting
+//! from an imported model (`init_from`), and the memory [`limits`] checked before allocating.
+
+pub(crate) mod init_from;
+pub mod limits;
+pub(crate) mod resolve;
 
 use crate::tell;
 use std::fs;
@@ -18,15 +23,15 @@ use ember_model::{init_model, Model, ParamStore};
 use crate::checkpoint::{self, CheckpointState};
 use crate::config::{Batched, Batching, RunConfig, Schedule, TrainConfig};
 use crate::data_parallel::DataParallel;
-use crate::files::write_atomic;
-use crate::limits;
 use crate::optim::{AdamW, LrSchedule};
-use crate::options::TrainOptions;
-use crate::resolve::{check_data_fits, resolve_model_config};
+use crate::protected::Output;
 use crate::resume_check::{self, Allowed, RunIdentity};
+use crate::run::files::write_atomic;
+use crate::run::options::TrainOptions;
 use crate::run_dir::RUN_CONFIG;
 use crate::run_lock::DirLock;
-use crate::training::Training;
+use crate::setup::resolve::{check_data_fits, resolve_model_config};
+use crate::step::training::Training;
 use crate::update::Updater;
 
 /// `cpu` or `cuda:N`.
@@ -122,6 +127,9 @@ pub(crate) struct TrainingRun {
     pub config_yaml: String,
     /// The tokenizer and data this run trains on, recorded in every checkpoint.
     pub identity: RunIdentity,
+    /// The vector units (or CUDA) the run's steps were computed with, this invocation's last,
+    /// recorded in every checkpoint.
+    pub vector_units: Vec<String>,
     /// `--resume` of a run that already reached `train.steps`: nothing to train, nothing written.
     pub already_finished: bool,
     /// What the set-up has to tell the user (changed config keys, allowed changes, data fitting).
@@ -142,7 +150,7 @@ impl TrainingRun {
         let run_dir = opts.run_dir.clone();
         // Only rank 0 writes the run directory; the other ranks of a job read what it prepared.
         let leader = opts.world.is_leader();
-        let lock = lock_run_dir(opts)?;
+        let lock = lock_run_dir(&cfg, opts)?;
         let loaded = if opts.resume {
             let l = load_latest(&run_dir, &device, opts.fallback)?;
             resume_check::check_tokenizer_present(&run_dir, &l.dir, allowed(opts))?;
@@ -158,6 +166,15 @@ impl TrainingRun {
         let mut notes = match &loaded {
             Some(l) => resume_check::check_identity(&l.state, &identity, &l.dir, &run_dir, allowed(opts))?,
             None => vec![],
+        };
+        let unit = resume_check::compute_unit(&device);
+        let vector_units = match &loaded {
+            Some(l) => {
+                let (units, warning) = resume_check::vector_units(&l.state, &l.dir, &unit);
+                notes.extend(warning);
+                units
+            }
+            None => vec![unit],
         };
         resolve_model_config(&mut cfg, &data)?;
         check_data_fits(&cfg, &mut data, &mut notes)?;
@@ -205,6 +222,7 @@ impl TrainingRun {
             resumed,
             config_yaml,
             identity,
+            vector_units,
             already_finished,
             notes,
             _lock: lock,
@@ -237,10 +255,12 @@ fn allowed(opts: &TrainOptions) -> Allowed {
     }
 }
 
-/// Checks that `opts.run_dir` can take this run and, on rank 0, locks it for the run. A
-/// missing directory is not created just to find it has nothing to resume; an existing one is
-/// locked first, so that a writer in it is named rather than its half-written state.
-fn lock_run_dir(opts: &TrainOptions) -> Result<Option<DirLock>> {
+/// Checks that `opts.run_dir` can take this run (the one rule of [`crate::protected`]: not in a
+/// checkpoint, a model folder or the folder `model.init_from` reads) and, on rank 0, locks it
+/// for the run. A missing directory is not created just to find it has nothing to resume; an
+/// existing one is locked first, so that a writer in it is named rather than its half-written
+/// state.
+fn lock_run_dir(cfg: &RunConfig, opts: &TrainOptions) -> Result<Option<DirLock>> {
     let run_dir = &opts.run_dir;
     if opts.resume && !run_dir.is_dir() {
         bail!(
@@ -249,7 +269,19 @@ fn lock_run_dir(opts: &TrainOptions) -> Result<Option<DirLock>> {
         );
     }
     let leader = opts.world.is_leader();
-    crate::run_lock::refuse_foreign_dir(run_dir, "--run-dir", crate::run_lock::DirKind::Run)?;
+    // The folders the config reads a model or tokenizer from: the run never writes into them.
+    let mut reads: Vec<(&Path, &'static str)> = vec![];
+    reads.extend(cfg.model.init_from.as_deref().map(|d| (d, "model.init_from")));
+    if cfg.data.tokenizer.kind == ember_data::TokenizerKind::Pretrained {
+        reads.extend(
+            cfg.data
+                .tokenizer
+                .path
+                .as_deref()
+                .map(|d| (d, "data.tokenizer.path")),
+        );
+    }
+    crate::protected::check(run_dir, "--run-dir", Output::RunDir, &[], &reads)?;
     let lock = if leader {
         Some(DirLock::acquire(run_dir, "training run")?)
     } else {
@@ -398,7 +430,7 @@ impl Training {
 /// A fresh run's model: `model.init_from`'s weights, or initialised from `train.seed`.
 fn initial_model(cfg: &RunConfig, device: &Device) -> Result<(Model, ParamStore)> {
     match cfg.model.init_from {
-        Some(_) => crate::init_from::load_model(&cfg.model, device),
+        Some(_) => crate::setup::init_from::load_model(&cfg.model, device),
         None => Ok(init_model(&cfg.model, cfg.train.seed, DType::F32, device)?),
     }
 }

@@ -5,6 +5,18 @@
 //! gradient equals that of one big batch. Dropout for micro-batch i of step s draws from a
 //! stream derived from (seed, s, i): no generator state to save, and a resumed run draws the
 //! same masks as an uninterrupted one.
+//!
+//! The rest of a step lives beside it: the [`loss`], how gradients become the [`update`] (with
+//! [`optim`]'s AdamW and clipping), the sum over ranks ([`data_parallel`], `nccl`), and the
+//! `training` state that `ember train` and `ember bench` step.
+
+pub mod data_parallel;
+pub mod loss;
+#[cfg(feature = "nccl")]
+pub mod nccl;
+pub mod optim;
+pub(crate) mod training;
+pub mod update;
 
 use std::time::Instant;
 

@@ -8,6 +8,10 @@
 //!   stored too; a different corpus, or a change of the keys that select examples from it
 //!   (`data.max_source_len`, `data.max_target_len`, `data.too_long`), is refused unless
 //!   `--allow-data-change`.
+//! - **Compute**: the vector unit (or `CUDA`) that computed the checkpoint's steps is recorded;
+//!   resuming on another (another CPU, or `EMBER_CPU_VECTOR_UNIT`) continues from the same
+//!   state with a warning that the run is no longer bit-identical to an uninterrupted one, as a
+//!   changed split of the batches does.
 //! - **Config**: model keys were never allowed to change (the checkpoint's tensors would not
 //!   fit); every other change is listed, the previous `config.yaml` is kept under
 //!   `config-history/`, and the run goes on.
@@ -43,6 +47,50 @@ impl RunIdentity {
 
 fn sha256_hex(bytes: &[u8]) -> String {
     Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// What computes a run's steps on `device`: the CPU's vector unit (as
+/// [`ember_kernels::vector_unit`] names it, `EMBER_CPU_VECTOR_UNIT` included) or `CUDA`.
+pub fn compute_unit(device: &candle_core::Device) -> String {
+    if device.is_cpu() {
+        ember_kernels::vector_unit().to_string()
+    } else {
+        "CUDA".to_string()
+    }
+}
+
+/// The units a run resumed from `saved` has computed with, `now` added, and a warning when
+/// `now` is not the one the checkpoint's last steps were computed with.
+pub fn vector_units(saved: &CheckpointState, checkpoint: &Path, now: &str) -> (Vec<String>, Option<String>) {
+    let mut units = saved.vector_units.clone();
+    let warning = units
+        .last()
+        .filter(|last| *last != now)
+        .map(|last| unit_change(last, now, checkpoint));
+    if !units.iter().any(|u| u == now) {
+        units.push(now.to_string());
+    }
+    (units, warning)
+}
+
+/// The warning for a run computed with `before` that goes on with `now`.
+fn unit_change(before: &str, now: &str, checkpoint: &Path) -> String {
+    let env = ember_kernels::VECTOR_UNIT_ENV;
+    let chosen = std::env::var(env)
+        .map(|v| format!(" ({env}={v})"))
+        .unwrap_or_default();
+    let back = match before {
+        "AVX-512" => format!("; set {env}=avx512 (or unset it) to go on with AVX-512 where the CPU has it"),
+        "AVX2" => format!("; set {env}=avx2 to go on with AVX2"),
+        "CUDA" => "; resume on the GPU to go on as before".to_string(),
+        _ => format!("; set {env}=baseline to go on as before"),
+    };
+    format!(
+        "the checkpoint {} was computed with {before}, this run computes with {now}{chosen}: it \
+         continues from the same state, but its numbers differ in the last digits from a run \
+         that stayed on {before}, so it is no longer bit-identical to one{back}",
+        checkpoint.display()
+    )
 }
 
 /// The changes `--resume` accepts without refusing.

@@ -14,75 +14,10 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use fs4::fs_std::FileExt;
 
-use crate::run_dir::{CHECKPOINTS, LOCK_FILE, METRICS, MODEL, RUN_CONFIG, STATE};
+use crate::run_dir::LOCK_FILE;
 
 // The one public path of the lock-file opener, which `checkpoint` uses too.
-pub use crate::lock_file::open_lock_file;
-
-/// What a directory is meant to hold, for [`refuse_foreign_dir`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DirKind {
-    /// A training run (`ember train --run-dir`).
-    Run,
-    /// An ablation sweep (`ember ablate --out`).
-    Sweep,
-}
-
-/// Refuses a directory that already belongs to something else, before anything is written
-/// into it: a checkpoint, or a folder inside a run's `checkpoints/` (a run's config.yaml and
-/// lock would replace a checkpoint's own files, which then fail their checksums), a sweep's
-/// output directory for a run, a run directory for a sweep. `flag` names the argument.
-pub fn refuse_foreign_dir(dir: &Path, flag: &str, kind: DirKind) -> Result<()> {
-    let refuse = |what: String| -> Result<()> {
-        bail!(
-            "{flag} {} is {what}; writing a {} there would mix its files with those (or replace \
-             them). Choose another directory. Nothing was changed.",
-            dir.display(),
-            match kind {
-                DirKind::Run => "training run",
-                DirKind::Sweep => "sweep",
-            }
-        )
-    };
-    if dir.join(STATE).is_file() || dir.join(MODEL).is_file() {
-        return refuse("a checkpoint (it holds state.json or model.safetensors)".into());
-    }
-    // The nearest folder that exists, without links or `..`: is it (or a folder above it) the
-    // checkpoints/ folder of a run?
-    let existing = dir.ancestors().find(|a| a.is_dir());
-    if let Some(real) = existing.and_then(|a| a.canonicalize().ok()) {
-        let missing: Vec<_> = dir
-            .strip_prefix(existing.unwrap_or(dir))
-            .map(|rest| rest.components().collect())
-            .unwrap_or_default();
-        let mut full = real.clone();
-        full.extend(missing);
-        for a in full.ancestors() {
-            let is_checkpoints = a.file_name().is_some_and(|n| n == CHECKPOINTS);
-            if let (true, Some(run)) = (is_checkpoints, a.parent()) {
-                // A run: its config and what it trained (not any project folder that happens to
-                // hold a config.yaml next to a checkpoints/ folder of runs).
-                let trained = !crate::checkpoint::list(run).is_empty() || run.join(METRICS).is_file();
-                if run.join(RUN_CONFIG).is_file() && trained {
-                    return refuse(format!("inside the checkpoints of the run {}", run.display()));
-                }
-            }
-        }
-    }
-    match kind {
-        DirKind::Run if dir.join("grid.json").is_file() => {
-            refuse("the output directory of a sweep (it holds grid.json)".into())
-        }
-        DirKind::Sweep
-            if !dir.join("grid.json").is_file()
-                && dir.join(RUN_CONFIG).is_file()
-                && dir.join(CHECKPOINTS).is_dir() =>
-        {
-            refuse("a training run's directory (it holds config.yaml and checkpoints/)".into())
-        }
-        _ => Ok(()),
-    }
-}
+pub use crate::run::lock_file::open_lock_file;
 
 /// The held lock of a directory; dropping it (or exiting) releases it.
 #[derive(Debug)]

@@ -24,7 +24,7 @@ use ember_model::{ModelConfig, ParamStore};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::lock_file::{not_a_lock_file, open_lock_file};
+use crate::run::lock_file::{not_a_lock_file, open_lock_file};
 use crate::run_dir::{CHECKPOINTS, LOCK_FILE, MODEL, OPTIMIZER, RUN_CONFIG, STATE};
 
 /// The best validation result so far.
@@ -92,6 +92,14 @@ pub struct CheckpointState {
     /// global and only the split of each batch (and its dropout masks) changes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shares: Option<usize>,
+    /// What computed the run's steps so far, in the order first used: the CPU's vector unit
+    /// (`AVX-512`, `AVX2`, as [`ember_kernels::vector_unit`] names it, which
+    /// `EMBER_CPU_VECTOR_UNIT` chooses) or `CUDA`. The matrix products sum in another order on
+    /// another unit, so a run computed with two is not bit-identical to one computed with
+    /// either; `--resume` says so, and the report names each run's units. Empty in checkpoints
+    /// from before it was recorded.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub vector_units: Vec<String>,
     /// SHA-256 of each file in the directory (except this one).
     pub files: BTreeMap<String, String>,
 }
@@ -135,19 +143,67 @@ pub fn dir_for(run_dir: &Path, step: u64) -> PathBuf {
 }
 
 /// `run` as (run directory, checkpoint directory): a checkpoint directory names itself and sits
-/// in `<run>/checkpoints/`; a run directory stands for its newest checkpoint.
+/// in `<run>/checkpoints/`; a run directory stands for its newest checkpoint. Anything else is
+/// refused naming what it is (a model folder, a Hugging Face folder, a sweep, a run that has
+/// saved nothing yet).
 pub fn run_and_checkpoint(run: &Path) -> Result<(PathBuf, PathBuf)> {
     if run.join(STATE).is_file() {
         let run_dir = run
             .parent()
             .and_then(Path::parent)
             .context("a checkpoint directory must sit in <run>/checkpoints/")?;
-        Ok((run_dir.to_path_buf(), run.to_path_buf()))
-    } else {
-        let newest = list(run)
-            .pop()
-            .with_context(|| format!("{} has no checkpoint (is it a run directory?)", run.display()))?;
-        Ok((run.to_path_buf(), newest.1))
+        return Ok((run_dir.to_path_buf(), run.to_path_buf()));
+    }
+    match list(run).pop() {
+        Some((_, newest)) => Ok((run.to_path_buf(), newest)),
+        None => bail!("{}", no_checkpoint(run)),
+    }
+}
+
+/// Why `path` gives no checkpoint to read, in terms of what it is.
+fn no_checkpoint(path: &Path) -> String {
+    use crate::places::Place;
+    let p = path.display();
+    let take = "give a run directory (the --run-dir of `ember train`) or one checkpoint in it";
+    if path.symlink_metadata().is_err() {
+        return format!("{p} does not exist; {take}");
+    }
+    if !path.is_dir() {
+        return format!("{p} is a file, not a run directory; {take}");
+    }
+    match crate::places::of(path) {
+        Place::ModelFolder { manifest: true } => format!(
+            "{p} is a model folder (`ember package` made it), not a run: translate, generate and \
+             eval open it, but it holds no checkpoint to package, export or average; give the run \
+             it came from (its model.json names the checkpoint)"
+        ),
+        place @ Place::ModelFolder { manifest: false } => format!(
+            "{p} is {}: the folder is incomplete. Put its model.json back, or package the run \
+             again (`ember package RUN {p}` into a new folder)",
+            place.describe(path)
+        ),
+        place @ (Place::HfFolder | Place::Sweep) => format!(
+            "{p} is {}, not a run; {}",
+            place.describe(path),
+            if place == Place::HfFolder {
+                "train from it with `model.init_from`, then use that run"
+            } else {
+                "give one of the runs in its runs/ folder"
+            }
+        ),
+        Place::Checkpoints { run } => format!(
+            "{p} is the checkpoints folder of the run {} and holds no finished checkpoint yet; give \
+             the run, or one checkpoint in it, once training has saved one",
+            run.display()
+        ),
+        Place::Run => format!(
+            "{p} is a run that has no finished checkpoint yet (training saves one every \
+             checkpoint.every steps and when it ends); wait for one, or resume it"
+        ),
+        Place::Checkpoint { .. } => {
+            format!("{p} has a {STATE} that is not a regular file, so it is not a checkpoint ember can read")
+        }
+        Place::Other => format!("{p} has no checkpoint (it is not a run directory); {take}"),
     }
 }
 
@@ -466,6 +522,31 @@ pub fn config_differences(saved: &ModelConfig, current: &ModelConfig) -> Vec<Str
         .collect()
 }
 
+/// Who is writing `run_dir`'s checkpoints now, in words: a training run holding its lock, or a
+/// save in progress (its temporary folder); `None` when nobody is.
+fn being_written(run_dir: &Path) -> Option<String> {
+    if let Some(holder) = crate::run_lock::holder(run_dir) {
+        return Some(format!("the run is training now ({holder})"));
+    }
+    fs::read_dir(run_dir.join(CHECKPOINTS))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .find(|n| {
+            // A save's temporary folder ends with the saving process's id: a live one is saving.
+            let pid = n.rsplit('-').next().and_then(|p| p.parse::<u32>().ok());
+            (n.starts_with(".tmp-") || n.starts_with(".old-"))
+                && pid.is_some_and(|p| Path::new("/proc").join(p.to_string()).exists())
+        })
+        .map(|n| {
+            format!(
+                "a checkpoint is being saved ({}/{n})",
+                run_dir.join(CHECKPOINTS).display()
+            )
+        })
+}
+
 /// Averages the weights of the newest `last` checkpoints into `checkpoints/average-last-N/`
 /// (Vaswani et al. 2017; fairseq's `average_checkpoints.py`). The result is a checkpoint for
 /// evaluation and decoding; it carries the newest checkpoint's state, and `--resume` ignores it.
@@ -484,6 +565,15 @@ pub fn average(run_dir: &Path, last: usize) -> Result<PathBuf> {
     let reading = lock_for_reading(run_dir)?;
     let all = list(run_dir);
     if all.len() < last {
+        if let Some(busy) = being_written(run_dir) {
+            bail!(
+                "{} has {} finished checkpoint(s), fewer than --last {last}, because its checkpoints \
+                 are being written: {busy}, saving and pruning as it goes. Average once it has saved \
+                 {last} (or has finished), or lower --last",
+                run_dir.display(),
+                all.len()
+            );
+        }
         bail!(
             "{} has {} checkpoint(s), fewer than --last {last}; lower --last (a run keeps its newest \
              checkpoint.keep_last, so wait for more to be saved or raise checkpoint.keep_last for the \
@@ -497,7 +587,14 @@ pub fn average(run_dir: &Path, last: usize) -> Result<PathBuf> {
     let mut sum: Option<HashMap<String, Tensor>> = None;
     let mut newest = None;
     for (_, dir) in chosen {
-        let loaded = load(dir, &device)?;
+        let loaded = load(dir, &device).map_err(|e| match being_written(run_dir) {
+            Some(busy) => e.context(format!(
+                "{} changed while it was read, because the run's checkpoints are being written \
+                 ({busy}); average again",
+                dir.display()
+            )),
+            None => e,
+        })?;
         let tensors: HashMap<String, Tensor> = loaded
             .params
             .vars()
@@ -555,6 +652,28 @@ pub fn average(run_dir: &Path, last: usize) -> Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn average_says_the_checkpoints_are_being_written_when_a_run_is_training() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path();
+        let step = run.join(CHECKPOINTS).join("step-00000002");
+        fs::create_dir_all(&step).unwrap();
+        fs::write(step.join(STATE), "{}").unwrap();
+        // Nobody writes: the run simply has too few.
+        let e = average(run, 2).unwrap_err().to_string();
+        assert!(
+            e.contains("fewer than --last 2") && !e.contains("being written"),
+            "{e}"
+        );
+        // A run trains there now (it holds the run's lock): its checkpoints are being written.
+        let _training = crate::run_lock::DirLock::acquire(run, "training run").unwrap();
+        let e = average(run, 2).unwrap_err().to_string();
+        assert!(
+            e.contains("fewer than --last 2") && e.contains("being written") && e.contains("training now"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn a_full_disk_says_where_and_that_earlier_checkpoints_are_intact() {

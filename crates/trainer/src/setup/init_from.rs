@@ -126,14 +126,20 @@ fn show(v: &Value) -> String {
 }
 
 /// The model of a run that starts from `cfg.init_from`: the folder's weights (checked against
-/// `cfg` from the files' headers before any value is read) as f32 parameters on `device`.
+/// `cfg` from the files' headers before any value is read, and finite) as f32 parameters on
+/// `device`; what the import has to say (which weight files, an unused head) is said as a
+/// warning.
 pub(crate) fn load_model(cfg: &ModelConfig, device: &Device) -> Result<(Model, ParamStore)> {
     let dir = cfg
         .init_from
         .as_deref()
         .context("load_model needs model.init_from")?;
-    let params = ember_import::load_weights(dir, cfg, device)
+    let imported = ember_import::load_weights(dir, cfg, device)
         .with_context(|| format!("model.init_from: loading the weights of {}", dir.display()))?;
+    for note in &imported.notes {
+        crate::tell!("warning: model.init_from: {note}");
+    }
+    let params = imported.params;
     let model = Model::new(cfg, &params)
         .with_context(|| format!("model.init_from: building the model from {}", dir.display()))?;
     Ok((model, params))

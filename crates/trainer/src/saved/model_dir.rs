@@ -26,7 +26,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{self, file_hash};
 use crate::config::RunConfig;
-use crate::files::write_atomic;
+use crate::protected::Output;
+use crate::run::files::write_atomic;
 use crate::run_dir::{MODEL, RUN_CONFIG};
 
 /// The manifest that makes a folder a model folder.
@@ -68,16 +69,12 @@ pub struct Packaged {
 }
 
 /// Writes the model folder `out` from a run (its newest checkpoint) or one checkpoint directory
-/// (e.g. `checkpoints/average-last-10`). The checkpoint is verified first; the folder is written
-/// beside `out` and renamed into place, so `out` is whole or absent. An existing `out` is refused.
+/// (e.g. `checkpoints/average-last-10`). `out` is checked first by the one rule of
+/// [`crate::protected`] (new, and not in a checkpoint, model folder or Hugging Face folder),
+/// then the checkpoint is verified; the folder is written beside `out` and renamed into place,
+/// so `out` is whole or absent.
 pub fn package(source: &Path, out: &Path) -> Result<Packaged> {
-    // A link counts as there, dangling or not: the folder is never written through one.
-    if out.symlink_metadata().is_ok() {
-        bail!(
-            "{} already exists; give a new folder (a model folder is written whole or not at all)",
-            out.display()
-        );
-    }
+    crate::protected::check(out, "OUT", Output::Folder, &[source], &[])?;
     let (run_dir, ckpt_dir) = checkpoint::run_and_checkpoint(source)?;
     // Every file of the checkpoint against its state.json, before anything is copied (the
     // weights are copied as bytes, never loaded).
@@ -87,27 +84,14 @@ pub fn package(source: &Path, out: &Path) -> Result<Packaged> {
     let cfg = RunConfig::from_yaml(&config_text, &ckpt_dir.join(RUN_CONFIG), &[])?;
     let tokenizer = read_tokenizer(&run_dir, cfg.data.tokenizer.kind)?;
     check_tokenizer_fits(&tokenizer, &run_dir, &cfg)?;
-
-    let parent = match out.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    fs::create_dir_all(&parent).with_context(|| format!("creating {}", parent.display()))?;
-    let name = out
-        .file_name()
-        .with_context(|| format!("{} names no folder", out.display()))?
-        .to_string_lossy();
-    let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&tmp);
-    let written = (|| -> Result<u64> {
-        fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    let bytes = crate::protected::write_folder(out, |tmp| {
         fs::copy(ckpt_dir.join(MODEL), tmp.join(MODEL))
             .with_context(|| format!("writing {}", tmp.join(MODEL).display()))?;
         write_atomic(&tmp.join(RUN_CONFIG), config_text.as_bytes())?;
         // fs::copy keeps the checkpoint's mode: give the weights the umask's, as the config has.
         ember_data::io::permissions_like(&tmp.join(MODEL), &tmp.join(RUN_CONFIG))
             .with_context(|| format!("writing {}", tmp.join(MODEL).display()))?;
-        tokenizer.save_in(&tmp)?;
+        tokenizer.save_in(tmp)?;
         let mut files = BTreeMap::new();
         for name in [MODEL, RUN_CONFIG, TOKENIZER_FILE, TOKENIZER_CONFIG_FILE] {
             if tmp.join(name).is_file() {
@@ -125,25 +109,11 @@ pub fn package(source: &Path, out: &Path) -> Result<Packaged> {
         let json = serde_json::to_string_pretty(&manifest)? + "\n";
         write_atomic(&tmp.join(MANIFEST), json.as_bytes())?;
         let mut bytes = 0;
-        for entry in fs::read_dir(&tmp)? {
+        for entry in fs::read_dir(tmp)? {
             bytes += entry?.metadata()?.len();
         }
         Ok(bytes)
-    })();
-    let bytes = match written {
-        Ok(b) => b,
-        Err(e) => {
-            let _ = fs::remove_dir_all(&tmp);
-            return Err(e);
-        }
-    };
-    if let Err(e) = fs::rename(&tmp, out) {
-        let _ = fs::remove_dir_all(&tmp);
-        return Err(e).with_context(|| format!("moving the finished folder to {}", out.display()));
-    }
-    if let Ok(d) = fs::File::open(&parent) {
-        let _ = d.sync_all();
-    }
+    })?;
     Ok(Packaged {
         dir: out.to_path_buf(),
         checkpoint: ckpt_dir,
