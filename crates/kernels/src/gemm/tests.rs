@@ -3,7 +3,7 @@
 use super::*;
 
 /// Deterministic values in [−1, 1).
-fn values(n: usize, seed: u64) -> Vec<f32> {
+pub(super) fn values(n: usize, seed: u64) -> Vec<f32> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     (0..n)
         .map(|_| {
