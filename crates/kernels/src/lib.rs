@@ -56,10 +56,11 @@ pub use attention::{
 pub use cross_entropy::cross_entropy_unfused;
 pub use dropout::{dropout, dropout_unfused};
 pub use linear::{
-    linear, linear_gelu, linear_gelu_unfused, linear_residual, linear_residual_unfused, linear_rope,
-    linear_rope_unfused, linear_scaled, linear_scaled_unfused, linear_unfused,
+    linear, linear_gelu, linear_gelu_in, linear_gelu_unfused, linear_in, linear_residual, linear_residual_in,
+    linear_residual_unfused, linear_rope, linear_rope_in, linear_rope_unfused, linear_scaled,
+    linear_scaled_in, linear_scaled_unfused, linear_unfused,
 };
-pub use linear_cross_entropy::{linear_cross_entropy, linear_cross_entropy_unfused};
+pub use linear_cross_entropy::{linear_cross_entropy, linear_cross_entropy_in, linear_cross_entropy_unfused};
 pub use norm::{layer_norm, layer_norm_unfused, rms_norm, rms_norm_unfused};
 pub use precision::Precision;
 pub use rope::{logn_factor, rope, rope_unfused, PositionScale, RopeTables};

@@ -5,6 +5,7 @@
 //! loss, every elementwise op — stays f32, and so do its inputs and outputs: the operands are
 //! rounded to bf16 as the product packs them ([`crate::gemm`]'s `bf16` module).
 
+use candle_core::{DType, Result, Tensor};
 use serde::{Deserialize, Serialize};
 
 /// What a product's operands are rounded to before they are multiplied; the sums are f32
@@ -45,6 +46,28 @@ impl Precision {
             ));
         }
         Some("AVX512_BF16".into())
+    }
+
+    /// An error naming the missing CPU feature unless this CPU runs these products: the ops
+    /// refuse rather than compute in another precision or emulate it slowly.
+    pub(crate) fn check_cpu(self) -> Result<()> {
+        match self.missing_cpu_feature() {
+            None => Ok(()),
+            Some(missing) => {
+                candle_core::bail!("{self} products need {missing}, which this CPU does not offer")
+            }
+        }
+    }
+
+    /// `x` with its values rounded as this precision rounds a product's operands: unchanged
+    /// for f32; to bf16 and back for bf16 (candle's casts, differentiable: the gradient passes
+    /// through unrounded). The unfused references of the bf16 ops are the f32 compositions of
+    /// their rounded operands.
+    pub fn round(self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Precision::F32 => Ok(x.clone()),
+            Precision::Bf16 => x.to_dtype(DType::BF16)?.to_dtype(x.dtype()),
+        }
     }
 
     /// The instructions the CPU's products run on, for reports: e.g. `bf16 products on
