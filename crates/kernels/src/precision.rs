@@ -29,23 +29,26 @@ impl Precision {
         }
     }
 
-    /// The CPU feature this process lacks to run these products, or `None` when it can.
-    /// bf16 needs AVX512_BF16 with the AVX-512 unit in use (`EMBER_CPU_VECTOR_UNIT=avx2` turns
-    /// it off as it turns off the rest of AVX-512).
+    /// What this process lacks to run these products on the CPU, as a clause naming the
+    /// feature (`AVX512_BF16, which this CPU does not have …`), or `None` when it can. bf16
+    /// needs AVX512_BF16 with the AVX-512 unit in use (`EMBER_CPU_VECTOR_UNIT=avx2` turns it off
+    /// as it turns off the rest of AVX-512).
     pub fn missing_cpu_feature(self) -> Option<String> {
         if self == Precision::F32 || crate::gemm::bf16_supported() {
             return None;
         }
+        let unit = crate::vector_unit();
         #[cfg(target_arch = "x86_64")]
         if std::is_x86_feature_detected!("avx512bf16") {
             return Some(format!(
-                "AVX512_BF16 (this CPU has it, but {}={} keeps the kernels on {})",
+                "AVX512_BF16, which {}={} turns off on this CPU (its kernels run on {unit})",
                 crate::VECTOR_UNIT_ENV,
-                std::env::var(crate::VECTOR_UNIT_ENV).unwrap_or_default(),
-                crate::vector_unit()
+                std::env::var(crate::VECTOR_UNIT_ENV).unwrap_or_default()
             ));
         }
-        Some("AVX512_BF16".into())
+        Some(format!(
+            "AVX512_BF16, which this CPU does not have (its kernels run on {unit})"
+        ))
     }
 
     /// An error naming the missing CPU feature unless this CPU runs these products: the ops

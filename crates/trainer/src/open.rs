@@ -14,8 +14,10 @@ use ember_model::{Model, ParamStore};
 use crate::checkpoint;
 use crate::config::RunConfig;
 use crate::model_dir::{self, is_model_dir};
+use crate::precision;
 use crate::run_dir::RUN_CONFIG;
 use crate::setup::{device, set_threads};
+use crate::tell;
 
 /// A trained model opened for decoding: its config, tokenizer and weights.
 pub struct OpenModel {
@@ -38,7 +40,7 @@ pub fn open_model(path: &Path, device_override: Option<&str>) -> Result<OpenMode
         model_dir::verify(path)?;
         let (cfg, device) = config_and_device(&path.join(RUN_CONFIG), device_override)?;
         let (tokenizer, params) = model_dir::read(path, &cfg, &device)?;
-        let model = Model::new(&cfg.model, &params)?;
+        let model = model_in_precision(&cfg, &params)?;
         return Ok(OpenModel {
             cfg,
             tokenizer,
@@ -53,7 +55,7 @@ pub fn open_model(path: &Path, device_override: Option<&str>) -> Result<OpenMode
     let tokenizer = model_dir::read_tokenizer(&run_dir, cfg.data.tokenizer.kind)?;
     model_dir::check_tokenizer_fits(&tokenizer, &run_dir, &cfg)?;
     let params = load_checkpoint(path, &run_dir, &ckpt_dir, &device)?;
-    let model = Model::new(&cfg.model, &params)?;
+    let model = model_in_precision(&cfg, &params)?;
     Ok(OpenModel {
         cfg,
         tokenizer,
@@ -102,7 +104,7 @@ pub fn open_run(path: &Path, device_override: Option<&str>) -> Result<OpenRun> {
     let (cfg, device) = config_and_device(&run_dir.join(RUN_CONFIG), device_override)?;
     let data = Dataset::prepare(&cfg.data, Some(&run_dir)).context("preparing the data")?;
     let params = load_checkpoint(path, &run_dir, &ckpt_dir, &device)?;
-    let model = Model::new(&cfg.model, &params)?;
+    let model = model_in_precision(&cfg, &params)?;
     Ok(OpenRun {
         cfg,
         data,
@@ -117,10 +119,24 @@ impl OpenRun {
     /// Rebuilds the model from the same parameters under `model` (e.g. rotary tables past the
     /// training length, log-n scaling switched); `model` must name the same parameters.
     pub fn rebuild(&mut self, model: ember_model::ModelConfig) -> Result<()> {
+        let precision = self.model.precision();
         self.model = Model::new(&model, &self.params)?;
+        self.model.set_precision(precision);
         self.cfg.model = model;
         Ok(())
     }
+}
+
+/// The model of `cfg` over `params`, its products in the run's precision where this machine
+/// runs it (else f32, saying so).
+fn model_in_precision(cfg: &RunConfig, params: &ParamStore) -> Result<Model> {
+    let mut model = Model::new(&cfg.model, params)?;
+    let (precision, note) = precision::for_inference(cfg);
+    if let Some(note) = note {
+        tell!("note: {note}");
+    }
+    model.set_precision(precision);
+    Ok(model)
 }
 
 /// The config at `config` with the device override applied, the thread pools sized from it and

@@ -8,6 +8,9 @@
 //!   stored too; a different corpus, or a change of the keys that select examples from it
 //!   (`data.max_source_len`, `data.max_target_len`, `data.too_long`), is refused unless
 //!   `--allow-data-change`.
+//! - **Precision**: `train.precision` changes the numerics of every product, so a run continued
+//!   in another precision is not the run its checkpoints describe: refused unless
+//!   `--allow-precision-change`.
 //! - **Config**: model keys were never allowed to change (the checkpoint's tensors would not
 //!   fit); every other change is listed, the previous `config.yaml` is kept under
 //!   `config-history/`, and the run goes on.
@@ -17,6 +20,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use ember_data::{Dataset, TOKENIZER_FILE};
+use ember_kernels::Precision;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -50,6 +54,7 @@ fn sha256_hex(bytes: &[u8]) -> String {
 pub struct Allowed {
     pub data_change: bool,
     pub tokenizer_change: bool,
+    pub precision_change: bool,
 }
 
 /// Before the data is prepared: a resumed run's tokenizer must exist, or preparing the data
@@ -159,7 +164,15 @@ pub fn config_changes(
     saved.ablation = None;
     now.ablation = None;
     let (a, b) = (serde_json::to_value(&saved)?, serde_json::to_value(&now)?);
-    let changes = json_changes(&a, &b);
+    let mut changes = json_changes(&a, &b);
+    // An f32 config leaves the key out (its files stay as before the key existed): say f32.
+    for c in changes.iter_mut().filter(|c| c.key == "train.precision") {
+        for v in [&mut c.before, &mut c.after] {
+            if v.is_null() {
+                *v = Value::String(Precision::F32.name().into());
+            }
+        }
+    }
     let selection: Vec<&Change> = changes
         .iter()
         .filter(|c| DATA_SELECTION_KEYS.contains(&c.key.as_str()))
@@ -179,6 +192,16 @@ pub fn config_changes(
                 .map(|c| c.to_string())
                 .collect::<Vec<_>>()
                 .join("; ")
+        );
+    }
+    if saved.train.precision != now.train.precision && !allowed.precision_change {
+        bail!(
+            "cannot resume: the checkpoint {} was trained with train.precision: {}, and the config              now says {}. A run continued in another precision is no longer the run its              checkpoints describe (every product's rounding changes). Resume with              train.precision: {}, or pass --allow-precision-change to continue in {} anyway.",
+            checkpoint.display(),
+            saved.train.precision,
+            now.train.precision,
+            saved.train.precision,
+            now.train.precision
         );
     }
     Ok(changes)

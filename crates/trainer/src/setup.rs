@@ -22,6 +22,7 @@ use crate::files::write_atomic;
 use crate::limits;
 use crate::optim::{AdamW, LrSchedule};
 use crate::options::TrainOptions;
+use crate::precision;
 use crate::resolve::{check_data_fits, resolve_model_config};
 use crate::resume_check::{self, Allowed, RunIdentity};
 use crate::run_dir::RUN_CONFIG;
@@ -139,6 +140,7 @@ impl TrainingRun {
     pub fn prepare(mut cfg: RunConfig, opts: &TrainOptions) -> Result<Self> {
         set_threads(&cfg)?;
         let device = device(&cfg.device)?;
+        let precision = precision::for_training(&cfg)?;
         let run_dir = opts.run_dir.clone();
         // Only rank 0 writes the run directory; the other ranks of a job read what it prepared.
         let leader = opts.world.is_leader();
@@ -163,10 +165,11 @@ impl TrainingRun {
         check_data_fits(&cfg, &mut data, &mut notes)?;
         notes.extend(data.warnings());
         limits::check_memory(&cfg, &data)?;
-        let (model, params) = match &loaded {
+        let (mut model, params) = match &loaded {
             Some(l) => restore_model(&cfg, l, &run_dir)?,
             None => initial_model(&cfg, &device)?,
         };
+        model.set_precision(precision);
         let config_yaml = cfg.to_yaml();
 
         let mut batcher = make_batcher(&cfg, &data)?;
@@ -218,8 +221,13 @@ impl TrainingRun {
             (Some(dir), None) => format!(" from {}", dir.display()),
             _ => String::new(),
         };
+        // f32 says nothing (the line as it always was); bf16 names its instructions.
+        let precision = match t.model.precision() {
+            ember_kernels::Precision::F32 => String::new(),
+            p => format!(", {}", p.cpu_products()),
+        };
         format!(
-            "{} model{start}, {} parameters, {} steps, data: {}; run directory {}",
+            "{} model{start}, {} parameters, {} steps{precision}, data: {}; run directory {}",
             format!("{:?}", t.cfg.model.arch).to_lowercase(),
             t.params.num_params(),
             t.total_steps,
@@ -234,6 +242,7 @@ fn allowed(opts: &TrainOptions) -> Allowed {
     Allowed {
         data_change: opts.allow_data_change,
         tokenizer_change: opts.allow_tokenizer_change,
+        precision_change: opts.allow_precision_change,
     }
 }
 
@@ -369,13 +378,15 @@ impl Training {
     pub fn in_memory(mut cfg: RunConfig, total_steps: u64, dp: &DataParallel) -> Result<Self> {
         set_threads(&cfg)?;
         let device = device(&cfg.device)?;
+        let precision = precision::for_training(&cfg)?;
         let mut data = Dataset::prepare(&cfg.data, None)?;
         resolve_model_config(&mut cfg, &data)?;
         // The same checks as a run's (data too short for a window is refused); their notes are
         // for a run's log, which a benchmark has not.
         check_data_fits(&cfg, &mut data, &mut Vec::new())?;
         limits::check_memory(&cfg, &data)?;
-        let (model, params) = initial_model(&cfg, &device)?;
+        let (mut model, params) = initial_model(&cfg, &device)?;
+        model.set_precision(precision);
         let batcher = make_batcher(&cfg, &data)?;
         let opt = AdamW::new(params.vars(), &cfg.train)?;
         let schedule = LrSchedule::new(&cfg.train, total_steps);

@@ -106,6 +106,7 @@ impl BatchTensors {
             label_smoothing,
             z_loss,
             grads,
+            model.precision(),
         )?)
     }
 
