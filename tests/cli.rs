@@ -74,7 +74,10 @@ fn help_exits_zero_and_every_subcommand_documents_its_arguments() {
         ),
         ("ablate", &["<CONFIG>"]),
         ("bench", &["<CONFIG>", "--steps"]),
-        ("export", &["<RUN>", "<OUT>", "--format", "--reference-logits"]),
+        (
+            "export",
+            &["<RUN>", "<OUT>", "--format", "--dtype", "--reference-logits"],
+        ),
         ("package", &["<RUN>", "<OUT>", "--json"]),
         ("tokenize", &["<TOKENIZER>", "<INPUT>", "<OUTPUT>"]),
     ];
@@ -627,6 +630,15 @@ fn a_parquet_dataset_trains_exports_to_hugging_face_and_tokenizes_to_shards() {
     let out = dir.join("hf-out");
     let exported = json(&ok(dir, &["export", s(&run_dir), s(&out), "--json"]));
     assert_eq!(exported["arch"], "Qwen3", "{exported}");
+    assert_eq!(exported["dtype"], "f32", "{exported}");
+    let half = dir.join("hf-bf16");
+    let said = ok(dir, &["export", s(&run_dir), s(&half), "--dtype", "bf16"]);
+    assert!(said.contains("bfloat16"), "{said}");
+    let weights = |d: &Path| std::fs::metadata(d.join("model.safetensors")).unwrap().len();
+    assert!(
+        2 * weights(&half) < weights(&out) + 4096,
+        "bf16 weights are half the size"
+    );
     for f in [
         "config.json",
         "model.safetensors",

@@ -177,10 +177,15 @@ pub struct Hardware {
     /// digits between units ([`ember_kernels::vector_unit`]). Absent in sweeps from before.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vector_unit: Option<String>,
+    /// The precision of the sweep's matrix products and the instructions they run on here
+    /// (`f32 products on AVX-512 FMA`; `bf16 products on AVX512_BF16 (vdpbf16ps), f32 sums`),
+    /// one for each precision its runs use. Absent in sweeps from before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub products: Option<String>,
 }
 
-/// This machine.
-pub fn hardware() -> Hardware {
+/// This machine, running products as `products` says ([`ember_trainer::precision::describe_products`]).
+pub fn hardware(products: String) -> Hardware {
     let cpu = fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|t| {
@@ -194,6 +199,7 @@ pub fn hardware() -> Hardware {
         cpu,
         logical_cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
         vector_unit: Some(ember_kernels::vector_unit().to_string()),
+        products: Some(products),
     }
 }
 

@@ -240,11 +240,7 @@ impl Timings {
             matmul_peak_gflops: peak,
             utilisation: achieved / peak,
             precision: precision.name().into(),
-            products: if run.device.is_cpu() {
-                precision.cpu_products()
-            } else {
-                format!("{precision} products on cuBLAS")
-            },
+            products: crate::precision::describe_products(cfg),
         })
     }
 }

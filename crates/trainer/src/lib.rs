@@ -28,7 +28,7 @@ pub mod nccl;
 mod open;
 pub mod optim;
 mod options;
-mod precision;
+pub mod precision;
 mod resolve;
 pub mod resume_check;
 pub mod run_dir;

@@ -19,9 +19,20 @@ use ember_kernels::Precision;
 
 use crate::config::RunConfig;
 
+/// What the products of `cfg`'s run compute in and on, for reports: e.g. `bf16 products on
+/// AVX512_BF16 (vdpbf16ps), f32 sums` on this CPU, `f32 products on cuBLAS` on a GPU.
+pub fn describe_products(cfg: &RunConfig) -> String {
+    let precision = cfg.train.precision;
+    if cfg.device.starts_with("cuda") {
+        format!("{precision} products on cuBLAS")
+    } else {
+        precision.cpu_products()
+    }
+}
+
 /// The precision of a training run's (or a benchmark's) products, or an error naming what this
 /// machine lacks to run `train.precision`.
-pub(crate) fn for_training(cfg: &RunConfig) -> Result<Precision> {
+pub fn for_training(cfg: &RunConfig) -> Result<Precision> {
     let precision = cfg.train.precision;
     if precision == Precision::F32 {
         return Ok(precision);
@@ -48,7 +59,7 @@ pub(crate) fn for_training(cfg: &RunConfig) -> Result<Precision> {
 /// The precision to evaluate or decode a trained run in: its own where this machine runs it,
 /// else f32, with a note saying so (the weights are f32 either way; only the last digits of
 /// the products differ).
-pub(crate) fn for_inference(cfg: &RunConfig) -> (Precision, Option<String>) {
+pub fn for_inference(cfg: &RunConfig) -> (Precision, Option<String>) {
     match for_training(cfg) {
         Ok(p) => (p, None),
         Err(e) => (

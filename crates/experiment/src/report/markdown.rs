@@ -151,12 +151,13 @@ fn hardware_sentence(r: &Report) -> String {
         return String::new();
     };
     let mut p = format!(
-        "Hardware: {} ({} logical cores{})",
+        "Hardware: {} ({} logical cores{}){}",
         h.cpu,
         h.logical_cores,
         h.vector_unit
             .as_ref()
-            .map_or(String::new(), |u| format!(", {u} kernels"))
+            .map_or(String::new(), |u| format!(", {u} kernels")),
+        h.products.as_ref().map_or(String::new(), |p| format!(", {p}"))
     );
     if let (Some(j), Some(t)) = (r.jobs, r.threads) {
         p.push_str(&format!(
