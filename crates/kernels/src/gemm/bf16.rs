@@ -207,9 +207,11 @@ pub(crate) unsafe fn pack_b(k: usize, n: usize, b: Operand) -> PackedPairs {
     let (kq, strips) = (k.div_ceil(2), n.div_ceil(NR));
     let mut data = Aligned::zeros(strips * kq * NR);
     let out = SharedMut(data.ptr_mut());
-    crate::par::for_each(strips, |s| {
-        // SAFETY: strip s (NR·kq elements from its start) is this task's alone.
-        unsafe { pack_strip(k, n, b, s, out.at(s * kq * NR)) }
+    pack_tasks(k * n, strips, 1, |range| {
+        for s in range {
+            // SAFETY: strip s (NR·kq elements from its start) is this task's alone.
+            unsafe { pack_strip(k, n, b, s, out.at(s * kq * NR)) }
+        }
     });
     PackedPairs { data, k, n }
 }
@@ -268,6 +270,28 @@ unsafe fn pack_strip(k: usize, n: usize, b: Operand, s: usize, out: *mut u32) {
     }
 }
 
+/// Elements from which an operand is packed by parallel tasks: below, waking the pool's threads
+/// costs more than the packing. With every pack in parallel tasks, d 128's products at 2 threads
+/// measured 1.04× f32 per layer (0.43–1.74× per product); packed like this, 1.49× and 1.60× in two
+/// runs (`gemm::timing` on a loaded machine, docs/performance-raw/2026-11-29-bf16).
+const PAR_MIN_PACK: usize = 1 << 16;
+
+/// `task` over `0..len` in pieces of `chunk`, as parallel tasks when the operand has at least
+/// [`PAR_MIN_PACK`] elements, else in turn on this thread. Each piece writes its own part of the
+/// packed operand, so the bits are the same either way.
+fn pack_tasks(
+    elements: usize,
+    len: usize,
+    chunk: usize,
+    task: impl Fn(std::ops::Range<usize>) + Sync + Send,
+) {
+    if elements >= PAR_MIN_PACK {
+        crate::par::for_each_chunk(len, chunk, task);
+    } else {
+        task(0..len);
+    }
+}
+
 /// Converts A (m×k, any strides) into pairs, in parallel pieces.
 ///
 /// # Safety
@@ -280,7 +304,7 @@ unsafe fn pack_a(m: usize, k: usize, a: Operand) -> PairsA {
         // two panels (16 rows) at a time.
         let mut data = Aligned::zeros(tiles * MR * kq);
         let out = SharedMut(data.ptr_mut());
-        crate::par::for_each_chunk(tiles.div_ceil(2), 64, |panel_pairs| {
+        pack_tasks(m * k, tiles.div_ceil(2), 64, |panel_pairs| {
             for pp in panel_pairs {
                 // SAFETY: panels 2pp and 2pp+1 are this task's alone.
                 unsafe { pack_panels(m, k, a, 2 * pp * MR, out.at(2 * pp * MR * kq)) }
@@ -296,7 +320,7 @@ unsafe fn pack_a(m: usize, k: usize, a: Operand) -> PairsA {
     // Rows of pairs, each row converted where it lies.
     let mut data = Aligned::zeros(m * kq);
     let out = SharedMut(data.ptr_mut());
-    crate::par::for_each_chunk(m, crate::par::rows_per_task(k), |rows| {
+    pack_tasks(m * k, m, crate::par::rows_per_task(k), |rows| {
         for i in rows {
             // SAFETY: row i is this task's alone.
             unsafe { pack_row(k, a.skip_rows(i), out.at(i * kq)) }
