@@ -8,7 +8,7 @@
 mod common;
 
 use candle_core::{DType, Device, Tensor};
-use common::{assert_close, randn_cpu, rel_error, run, same_bits, strided};
+use common::{assert_close, compare, randn_cpu, rel_error, run, same_bits, strided};
 use ember_kernels::{self as kernels, Precision, RopeTables};
 
 const BF16: Precision = Precision::Bf16;
@@ -27,8 +27,9 @@ fn randn(seed: u64, shape: &[usize]) -> Tensor {
     randn_cpu(seed, shape, 1.0)
 }
 
-/// The op against its composition on rounded operands, forward and every gradient; its bits
-/// the same on a second run; and its forward not the f32 op's (`f32_op`).
+/// The op against its composition on rounded operands: forward and every gradient to bf16's
+/// rounding and the same bits on a second run (`compare`), the forward to f32's rounding, and
+/// the forward not the f32 op's (`f32_op`).
 fn check(
     what: &str,
     inputs: &[Tensor],
@@ -36,21 +37,9 @@ fn check(
     composition: &dyn Fn(&[Tensor]) -> Tensor,
     f32_op: &dyn Fn(&[Tensor]) -> Tensor,
 ) {
-    let probe = randn(99, op(inputs).dims());
-    let (y, g) = run(inputs, &probe, op);
-    let (yc, gc) = run(inputs, &probe, composition);
-    assert_close(&format!("{what} forward"), &y, &yc, FORWARD_TOL);
-    for (i, (a, b)) in g.iter().zip(&gc).enumerate() {
-        assert_close(&format!("{what} gradient {i}"), a, b, GRADIENT_TOL);
-    }
-    let (y2, g2) = run(inputs, &probe, op);
-    assert!(
-        same_bits(&y, &y2),
-        "{what}: the forward pass is not deterministic"
-    );
-    for (i, (a, b)) in g.iter().zip(&g2).enumerate() {
-        assert!(same_bits(a, b), "{what}: gradient {i} is not deterministic");
-    }
+    compare(what, inputs, op, composition, GRADIENT_TOL);
+    let y = op(inputs);
+    assert_close(&format!("{what} forward"), &y, &composition(inputs), FORWARD_TOL);
     let e = rel_error(&y, &f32_op(inputs));
     assert!(
         e > 1e-4,

@@ -26,6 +26,7 @@
 
 use std::arch::x86_64::*;
 
+use super::x86::avx512::{lane_mask as lanes, start_sums, store_sums};
 use super::{blocks_for, for_each_block, Operand};
 use crate::par::SharedMut;
 
@@ -145,16 +146,6 @@ unsafe fn pairs_of_run(x: *const f32, count: usize) -> __m512i {
     let lo = _mm512_maskz_loadu_ps(lanes(count), x);
     let hi = _mm512_maskz_loadu_ps(lanes(count.saturating_sub(16)), x.wrapping_add(16));
     std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo))
-}
-
-/// The first `count` (≤ 16) lanes.
-#[inline(always)]
-fn lanes(count: usize) -> __mmask16 {
-    if count >= 16 {
-        0xffff
-    } else {
-        ((1u32 << count) - 1) as __mmask16
-    }
 }
 
 /// `dst[c·16 + r] = src[r][c]` for a 16×16 block of u32 (rows `r` of `src` are vectors).
@@ -524,17 +515,7 @@ unsafe fn run_rows<const WIDE: bool>(rows: usize, t: Tile) {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bf16")]
 unsafe fn tile<const R: usize, const WIDE: bool>(t: Tile) {
-    let mut lo = [_mm512_setzero_ps(); R];
-    let mut hi = [_mm512_setzero_ps(); R];
-    if t.resume {
-        for i in 0..R {
-            let c_lo = t.c.add(i * t.ldc);
-            lo[i] = _mm512_maskz_loadu_ps(t.lo, c_lo);
-            if WIDE {
-                hi[i] = _mm512_maskz_loadu_ps(t.hi, c_lo.wrapping_add(16));
-            }
-        }
-    }
+    let (mut lo, mut hi) = start_sums::<R, WIDE>(t.c, t.ldc, (t.lo, t.hi), t.resume);
     // One base pointer per row and a shared offset, as in the f32 kernel (independent
     // addresses for the broadcasts).
     let rows: [*const u32; R] = std::array::from_fn(|i| t.a.wrapping_add(i * t.rsa));
@@ -557,20 +538,5 @@ unsafe fn tile<const R: usize, const WIDE: bool>(t: Tile) {
         offset += t.qsa;
         b = b.add(NR);
     }
-    for i in 0..R {
-        let c_lo = t.c.add(i * t.ldc);
-        let c_hi = c_lo.wrapping_add(16);
-        let (mut r_lo, mut r_hi) = (lo[i], hi[i]);
-        if t.beta != 0.0 && !t.resume {
-            let beta = _mm512_set1_ps(t.beta);
-            r_lo = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(t.lo, c_lo), r_lo);
-            if WIDE {
-                r_hi = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(t.hi, c_hi), r_hi);
-            }
-        }
-        _mm512_mask_storeu_ps(c_lo, t.lo, r_lo);
-        if WIDE {
-            _mm512_mask_storeu_ps(c_hi, t.hi, r_hi);
-        }
-    }
+    store_sums::<R, WIDE>((lo, hi), t.c, t.ldc, (t.lo, t.hi), t.beta, t.resume);
 }

@@ -4,7 +4,7 @@
 use std::arch::x86_64::*;
 
 use super::bf16::{from_bf16, gemm, pack_b, supported, to_bf16};
-use super::tests::{operands, values};
+use super::tests::{b_view, operands, values, LAYOUTS};
 use super::{Mat, Operand, PackedIn};
 use crate::Precision;
 
@@ -138,15 +138,7 @@ fn bf16_gemm_gives_the_modelled_bits_for_every_layout_and_edge() {
     for &m in &[1usize, 7, 8, 9, 17, 33] {
         for &k in &[0usize, 1, 2, 3, 32, 33, 129] {
             for &n in &[1usize, 15, 16, 17, 32, 33, 70] {
-                for (case, (a_t, b_t, beta)) in [
-                    (false, false, 0.0f32),
-                    (false, true, 1.0),
-                    (true, false, 0.5),
-                    (true, true, 0.0),
-                ]
-                .into_iter()
-                .enumerate()
-                {
+                for (case, (a_t, b_t, beta)) in LAYOUTS.into_iter().enumerate() {
                     let a = values(m * k, (m * 31 + k * 7 + n) as u64);
                     let b = values(k * n, (n * 17 + k + case) as u64);
                     let ldc = n + 5;
@@ -262,11 +254,7 @@ fn a_b_packed_once_in_bf16_gives_the_bits_of_each_product() {
     for ((k, n), b_t) in [((37, 70), false), ((37, 70), true), ((1100, 40), true)] {
         let b = values(k * n, 21);
         let (_, bo) = operands(&[], &b, (0, k, n), false, b_t);
-        let view = Mat {
-            data: &b,
-            row_stride: bo.row_stride,
-            col_stride: bo.col_stride,
-        };
+        let view = b_view(&b, (k, n), b_t);
         let packed = PackedIn::new(Precision::Bf16, k, n, view);
         for (m, beta) in [(1usize, 0.0f32), (9, 1.0), (131, 0.0), (300, 0.5)] {
             let a = values(m * k, m as u64);
