@@ -56,9 +56,7 @@ impl Precision {
     pub(crate) fn check_cpu(self) -> Result<()> {
         match self.missing_cpu_feature() {
             None => Ok(()),
-            Some(missing) => {
-                candle_core::bail!("{self} products need {missing}, which this CPU does not offer")
-            }
+            Some(missing) => candle_core::bail!("{self} products need {missing}"),
         }
     }
 
