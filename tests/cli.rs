@@ -74,7 +74,10 @@ fn help_exits_zero_and_every_subcommand_documents_its_arguments() {
         ),
         ("ablate", &["<CONFIG>"]),
         ("bench", &["<CONFIG>", "--steps"]),
-        ("export", &["<RUN>", "<OUT>", "--format", "--reference-logits"]),
+        (
+            "export",
+            &["<RUN>", "<OUT>", "--format", "--dtype", "--reference-logits"],
+        ),
         ("package", &["<RUN>", "<OUT>", "--json"]),
         ("tokenize", &["<TOKENIZER>", "<INPUT>", "<OUTPUT>"]),
     ];
@@ -311,10 +314,25 @@ fn train_and_kill(
 
 #[test]
 fn a_run_killed_with_sigkill_resumes_to_the_bit_identical_result_of_an_uninterrupted_run() {
+    assert_sigkill_resume_is_exact("");
+}
+
+/// The same in bf16 mixed precision (`train.precision: bf16`), on a CPU that runs it.
+#[test]
+fn a_bf16_run_killed_with_sigkill_resumes_to_the_bit_identical_result_of_an_uninterrupted_run() {
+    if ember_kernels::Precision::Bf16.missing_cpu_feature().is_none() {
+        assert_sigkill_resume_is_exact("  precision: bf16\n");
+    }
+}
+
+/// A run with `train_keys` added to its `train:` section, killed with SIGKILL mid-run and
+/// resumed, against the same run uninterrupted: every file and logged loss bit-identical.
+fn assert_sigkill_resume_is_exact(train_keys: &str) {
     let tmp = tempfile::tempdir().unwrap();
     const STEPS: u64 = 80;
     // Frequent checkpoints (keep_last 2, so older ones are pruned) and no intermediate evaluation.
-    let cfg = write(tmp.path(), "kill.yaml", kill_yaml(STEPS, 5, 1));
+    let yaml = kill_yaml(STEPS, 5, 1).replacen("\ntrain:\n", &format!("\ntrain:\n{train_keys}"), 1);
+    let cfg = write(tmp.path(), "kill.yaml", yaml);
     let (killed, straight) = (tmp.path().join("killed"), tmp.path().join("straight"));
 
     // Kill mid-run: a few checkpoints are complete and training has gone past the newest.
@@ -612,6 +630,15 @@ fn a_parquet_dataset_trains_exports_to_hugging_face_and_tokenizes_to_shards() {
     let out = dir.join("hf-out");
     let exported = json(&ok(dir, &["export", s(&run_dir), s(&out), "--json"]));
     assert_eq!(exported["arch"], "Qwen3", "{exported}");
+    assert_eq!(exported["dtype"], "f32", "{exported}");
+    let half = dir.join("hf-bf16");
+    let said = ok(dir, &["export", s(&run_dir), s(&half), "--dtype", "bf16"]);
+    assert!(said.contains("bfloat16"), "{said}");
+    let weights = |d: &Path| std::fs::metadata(d.join("model.safetensors")).unwrap().len();
+    assert!(
+        2 * weights(&half) < weights(&out) + 4096,
+        "bf16 weights are half the size"
+    );
     for f in [
         "config.json",
         "model.safetensors",
@@ -897,6 +924,54 @@ fn bleu_by_source_length_scores_each_bucket_of_line_aligned_segments() {
         ],
     );
     assert!(err.contains("ascending"), "{err}");
+}
+
+/// On a CPU without AVX512_BF16 (here one acting as an AVX2 machine) `train.precision: bf16` is
+/// refused before any work, naming the key and the missing feature: no run directory is
+/// created, and `ember bench` refuses alike.
+#[test]
+fn bf16_on_a_cpu_without_avx512_bf16_is_refused_before_any_work() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let cfg = write(dir, "tiny.yaml", seq2seq_yaml(4, 4, 2));
+    let run_dir = dir.join("run");
+    for args in [
+        vec![
+            "train",
+            s(&cfg),
+            "--run-dir",
+            s(&run_dir),
+            "--set",
+            "train.precision=bf16",
+        ],
+        vec!["bench", s(&cfg), "--steps", "2", "--set", "train.precision=bf16"],
+    ] {
+        let out = ember(dir)
+            .env(ember_kernels::VECTOR_UNIT_ENV, "avx2")
+            .args(&args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let err = assert_clear_failure(&out, "bf16 on an AVX2 machine");
+        assert!(
+            err.contains("train.precision: bf16") && err.contains("AVX512_BF16") && err.contains("f32"),
+            "{err}"
+        );
+        assert!(!run_dir.exists(), "a refused run created {}", run_dir.display());
+    }
+    // A value that is no precision at all names the key and the choices.
+    let err = fails(
+        dir,
+        &[
+            "train",
+            s(&cfg),
+            "--run-dir",
+            s(&run_dir),
+            "--set",
+            "train.precision=fp16",
+        ],
+    );
+    assert!(err.contains("train.precision") && err.contains("bf16"), "{err}");
 }
 
 /// The thread count is a speed setting in every pool a process has — Ember's kernels and

@@ -43,6 +43,9 @@ pub(crate) struct TrainArgs {
     /// new one if it is missing).
     #[arg(long, requires = "resume")]
     allow_tokenizer_change: bool,
+    /// With --resume: continue although train.precision differs from the checkpoint's.
+    #[arg(long, requires = "resume")]
+    allow_precision_change: bool,
 }
 
 pub(crate) fn run(args: TrainArgs) -> Result<()> {
@@ -69,6 +72,7 @@ pub(crate) fn run(args: TrainArgs) -> Result<()> {
         stop: Some(stop),
         allow_data_change: args.allow_data_change,
         allow_tokenizer_change: args.allow_tokenizer_change,
+        allow_precision_change: args.allow_precision_change,
         world: world.clone(),
     };
     let result = ember_trainer::train(cfg, &opts);

@@ -290,10 +290,15 @@ pub struct Hardware {
     /// digits between units ([`ember_kernels::vector_unit`]). Absent in sweeps from before.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vector_unit: Option<String>,
+    /// The precision of the sweep's matrix products and the instructions they run on here
+    /// (`f32 products on AVX-512 FMA`; `bf16 products on AVX512_BF16 (vdpbf16ps), f32 sums`),
+    /// one for each precision its runs use. Absent in sweeps from before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub products: Option<String>,
 }
 
-/// This machine.
-pub fn hardware() -> Hardware {
+/// This machine, running products as `products` says ([`ember_trainer::precision::describe_products`]).
+pub fn hardware(products: String) -> Hardware {
     let cpu = fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|t| {
@@ -307,6 +312,7 @@ pub fn hardware() -> Hardware {
         cpu,
         logical_cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
         vector_unit: Some(ember_kernels::vector_unit().to_string()),
+        products: Some(products),
     }
 }
 
@@ -339,8 +345,7 @@ fn units_so_far(out: &Path) -> std::collections::BTreeSet<String> {
 /// A warning when the sweep in `out` was computed with a vector unit other than `now`'s (an
 /// extension, a resume or a cell on another CPU, or under `EMBER_CPU_VECTOR_UNIT`): its runs
 /// would not all be comparable bit for bit. `None` for a new sweep or the same unit.
-pub fn unit_change(out: &Path, now: &Hardware) -> Option<String> {
-    let now_unit = now.vector_unit.as_deref()?;
+pub fn unit_change(out: &Path, now_unit: &str) -> Option<String> {
     let before: Vec<String> = units_so_far(out).into_iter().filter(|u| u != now_unit).collect();
     if before.is_empty() {
         return None;

@@ -129,7 +129,12 @@ pub fn prepare(opts: &AblateOptions, slurm: &SlurmOptions, exe: &Path) -> Result
     crate::layout::check_out_dir(&plan.out)?;
     // No local sweep may be writing into the directory while it is planned for the cluster.
     let _lock = DirLock::acquire(&plan.out, "ablation sweep")?;
-    if let Some(warning) = crate::layout::unit_change(&plan.out, &plan.hardware) {
+    if let Some(warning) = plan
+        .hardware
+        .vector_unit
+        .as_deref()
+        .and_then(|unit| crate::layout::unit_change(&plan.out, unit))
+    {
         ember_trainer::tell!("warning: {warning}");
     }
     let dir = plan.out.join(SLURM_DIR);

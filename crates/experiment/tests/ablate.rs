@@ -395,6 +395,62 @@ fn the_report_opens_with_the_seeds_table_then_the_plots_and_names_the_vector_uni
     );
     assert!(md.contains(&format!("logical cores, {unit} kernels)")), "{md}");
     assert!(md.contains("EMBER_CPU_VECTOR_UNIT=avx2"), "{md}");
+    // An f32 sweep names its products' precision and instructions on the same line.
+    let products = ember_kernels::Precision::F32.cpu_products();
+    assert!(md.contains(&format!("kernels), {products}")), "{md}");
+}
+
+/// `--set train.precision=bf16` sweeps in bf16 mixed precision: every run's config says so, and
+/// the report's hardware line names the precision and the instructions
+/// (`--grid train.precision=f32,bf16` both, f32 first).
+#[test]
+fn a_bf16_sweep_trains_every_run_in_bf16_and_its_report_names_the_instructions() {
+    if ember_kernels::Precision::Bf16.missing_cpu_feature().is_some() {
+        eprintln!("skipped: this CPU has no AVX512_BF16");
+        return;
+    }
+    let tmp = tempdir();
+    let mut opts = sweep(
+        tmp.path(),
+        &[QkNorm::None, QkNorm::Rmsnorm],
+        1,
+        &[3e-3],
+        &[
+            "train.steps=2",
+            "eval.every=0",
+            "checkpoint.every=0",
+            "train.precision=bf16",
+        ],
+    );
+    let outcome = ablate::ablate(&opts).unwrap();
+    for run in &outcome.plan.runs {
+        let cfg = stored_config(&outcome.plan.out.join("runs").join(&run.name));
+        assert_eq!(
+            cfg.train.precision,
+            ember_kernels::Precision::Bf16,
+            "{}",
+            run.name
+        );
+    }
+    let md = fs::read_to_string(outcome.plan.out.join(layout::REPORT_MD)).unwrap();
+    assert!(
+        md.contains("bf16 products on AVX512_BF16 (vdpbf16ps), f32 sums"),
+        "{md}"
+    );
+
+    opts.out = Some(tmp.path().join("both"));
+    opts.overrides.pop();
+    opts.grid = Some(vec!["train.precision=f32,bf16".into()]);
+    let outcome = ablate::ablate(&opts).unwrap();
+    let products = outcome.plan.hardware.products.clone().unwrap();
+    assert_eq!(
+        products,
+        format!(
+            "{}; {}",
+            ember_kernels::Precision::F32.cpu_products(),
+            ember_kernels::Precision::Bf16.cpu_products()
+        )
+    );
 }
 
 /// Copies a directory tree.

@@ -13,8 +13,8 @@ use serde_json::{json, Value};
 
 use crate::HfArch;
 
-/// `config.json`; `specials` are the tokenizer's.
-pub fn model_config(arch: HfArch, m: &ModelConfig, specials: SpecialTokens) -> Value {
+/// `config.json`; `specials` are the tokenizer's, `dtype` the weights' (`float32`, `bfloat16`).
+pub fn model_config(arch: HfArch, m: &ModelConfig, specials: SpecialTokens, dtype: &str) -> Value {
     let mut c = json!({
         "architectures": [arch.class_name()],
         "model_type": arch.model_type(),
@@ -37,8 +37,8 @@ pub fn model_config(arch: HfArch, m: &ModelConfig, specials: SpecialTokens) -> V
         "bos_token_id": specials.bos,
         "eos_token_id": specials.eos,
         "pad_token_id": specials.pad,
-        "torch_dtype": "float32",
-        "dtype": "float32",
+        "torch_dtype": dtype,
+        "dtype": dtype,
         "use_cache": true,
     });
     match arch {

@@ -30,10 +30,10 @@ mod weights;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 use ember_data::{Tokenizer, TokenizerKind, TOKENIZER_FILE};
 use ember_model::{
-    Arch, ForwardCtx, MlpKind, Model, ModelConfig, NormKind, NormPlacement, Positions, QkNorm,
+    Arch, ForwardCtx, MlpKind, Model, ModelConfig, NormKind, NormPlacement, ParamStore, Positions, QkNorm,
 };
 use ember_trainer::checkpoint;
 use ember_trainer::config::RunConfig;
@@ -149,10 +149,39 @@ pub const HF_FILES: [&str; 5] = [
     "generation_config.json",
 ];
 
+/// The dtype an export stores its weights in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExportDtype {
+    /// The checkpoint's own f32 weights, exactly.
+    #[default]
+    F32,
+    /// Rounded to bf16 (to nearest even): half the size, as Hugging Face models ship.
+    Bf16,
+}
+
+impl ExportDtype {
+    fn candle(self) -> DType {
+        match self {
+            ExportDtype::F32 => DType::F32,
+            ExportDtype::Bf16 => DType::BF16,
+        }
+    }
+    /// transformers' name of the dtype (`torch_dtype` in config.json).
+    pub fn hf_name(self) -> &'static str {
+        match self {
+            ExportDtype::F32 => "float32",
+            ExportDtype::Bf16 => "bfloat16",
+        }
+    }
+}
+
 /// What [`export_hf`] wrote.
 #[derive(Debug, Clone, Serialize)]
 pub struct HfExport {
     pub arch: HfArch,
+    /// The dtype of the exported weights.
+    pub dtype: ExportDtype,
     /// The checkpoint the weights came from.
     pub checkpoint: PathBuf,
     pub out: PathBuf,
@@ -211,7 +240,26 @@ impl ExportSource {
 
     /// Next-token logits (T, V) of the Ember model for `tokens`, in evaluation mode.
     pub fn logits(&self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
-        let model = Model::new(&self.model, &self.checkpoint.params)?;
+        self.logits_as(tokens, ExportDtype::F32)
+    }
+
+    /// [`logits`](Self::logits) of the weights as an export in `dtype` stores them (rounded for
+    /// bf16), computed in f32: what transformers computes from that export in float32.
+    pub fn logits_as(&self, tokens: &[u32], dtype: ExportDtype) -> Result<Vec<Vec<f32>>> {
+        let params = match dtype {
+            ExportDtype::F32 => self.checkpoint.params.clone(),
+            ExportDtype::Bf16 => {
+                let rounded = self.checkpoint.params.vars().into_iter().map(|(name, var)| {
+                    let t = var.as_tensor();
+                    (name, t.to_dtype(DType::BF16).and_then(|r| r.to_dtype(t.dtype())))
+                });
+                let rounded = rounded
+                    .map(|(name, t)| t.map(|t| (name, t)))
+                    .collect::<candle_core::Result<Vec<_>>>()?;
+                ParamStore::from_tensors(rounded, DType::F32, &Device::Cpu)?
+            }
+        };
+        let model = Model::new(&self.model, &params)?;
         let lm = model
             .as_lm()
             .context("only a language model gives next-token logits")?;
@@ -240,8 +288,14 @@ fn pretrained_tokenizer(ckpt_dir: &Path) -> Result<bool> {
 /// Writes `source` as a Hugging Face model directory `out`: a new folder (or an empty one),
 /// written whole into a temporary sibling and renamed into place, so that it holds the five
 /// [`HF_FILES`] or does not exist. Everything that can refuse the export (the architecture, the
-/// folder, the tokenizer's config) is settled before the first byte is written.
+/// folder, the tokenizer's config) is settled before the first byte is written. Its weights are
+/// stored in f32.
 pub fn export_hf(source: &ExportSource, out: &Path) -> Result<HfExport> {
+    export_hf_as(source, out, ExportDtype::F32)
+}
+
+/// [`export_hf`] with the weights stored in `dtype` (`ember export --dtype`).
+pub fn export_hf_as(source: &ExportSource, out: &Path, dtype: ExportDtype) -> Result<HfExport> {
     let arch = source.architecture()?;
     check_out(out, &source.checkpoint.dir)?;
     let specials = source.tokenizer.special_tokens();
@@ -250,7 +304,7 @@ pub fn export_hf(source: &ExportSource, out: &Path) -> Result<HfExport> {
     let json_files = [
         (
             "config.json",
-            hf_config::model_config(arch, &source.model, specials),
+            hf_config::model_config(arch, &source.model, specials, dtype.hf_name()),
         ),
         ("generation_config.json", hf_config::generation_config(specials)),
         ("tokenizer_config.json", tokenizer_config),
@@ -260,6 +314,7 @@ pub fn export_hf(source: &ExportSource, out: &Path) -> Result<HfExport> {
             &source.model,
             &source.checkpoint.params,
             &tmp.join("model.safetensors"),
+            dtype.candle(),
         )?;
         for (name, value) in &json_files {
             let path = tmp.join(name);
@@ -277,6 +332,7 @@ pub fn export_hf(source: &ExportSource, out: &Path) -> Result<HfExport> {
     })?;
     Ok(HfExport {
         arch,
+        dtype,
         checkpoint: source.checkpoint.dir.clone(),
         out: out.to_path_buf(),
         tensors,
@@ -293,14 +349,15 @@ pub fn check_out(out: &Path, run: &Path) -> Result<()> {
 }
 
 /// Ember's logits for `text`, as JSON `{text, tokens, logits}`: what the exported model must
-/// reproduce (`scripts/check-hf-export.py` compares them with transformers' output).
-pub fn reference_logits(source: &ExportSource, text: &str) -> Result<serde_json::Value> {
+/// reproduce (`scripts/check-hf-export.py` compares them with transformers' output); of the
+/// weights as an export in `dtype` stores them.
+pub fn reference_logits(source: &ExportSource, text: &str, dtype: ExportDtype) -> Result<serde_json::Value> {
     let mut tokens = source.tokenizer.encode(text)?;
     tokens.truncate(source.model.max_seq_len);
     if tokens.is_empty() {
         bail!("--reference-text encodes to no tokens");
     }
-    let logits = source.logits(&tokens)?;
+    let logits = source.logits_as(&tokens, dtype)?;
     Ok(serde_json::json!({
         "text": source.tokenizer.decode(&tokens)?,
         "tokens": tokens,

@@ -8,19 +8,20 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
+use candle_core::DType;
 use ember_model::{ModelConfig, ParamStore};
 
 pub use ember_import::hf_weight_name;
 
-/// Writes every parameter under its transformers name, in f32 with `format: pt` metadata;
-/// returns the number of tensors and of parameters.
-pub fn write(cfg: &ModelConfig, params: &ParamStore, path: &Path) -> Result<(usize, usize)> {
+/// Writes every parameter under its transformers name, in `dtype` (f32, or bf16 rounded to
+/// nearest even) with `format: pt` metadata; returns the number of tensors and of parameters.
+pub fn write(cfg: &ModelConfig, params: &ParamStore, path: &Path, dtype: DType) -> Result<(usize, usize)> {
     let mut tensors = Vec::new();
     for (name, var) in params.vars() {
         let Some(hf) = hf_weight_name(&name) else {
             bail!("parameter {name} has no Hugging Face counterpart; this run's model does not map");
         };
-        tensors.push((hf, var.as_tensor().to_dtype(candle_core::DType::F32)?));
+        tensors.push((hf, var.as_tensor().to_dtype(dtype)?));
     }
     // What an import of this config reads back: per layer two norms, four attention and three
     // MLP projections, Qwen3's q/k norms and Qwen2's q/k/v biases; the embedding, the final norm

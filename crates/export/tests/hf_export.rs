@@ -7,7 +7,9 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use ember_export::{architecture, export_hf, hf_weight_name, ExportSource, HfArch, HF_FILES};
+use ember_export::{
+    architecture, export_hf, export_hf_as, hf_weight_name, ExportDtype, ExportSource, HfArch, HF_FILES,
+};
 use ember_model::{Arch, MlpKind, ModelConfig, NormKind, QkNorm};
 use ember_trainer::config::RunConfig;
 use ember_trainer::metrics::Verbosity;
@@ -157,6 +159,76 @@ fn a_qk_rmsnorm_run_exports_as_qwen3_with_the_checkpoint_weights_under_transform
         meta["__metadata__"]["format"], "pt",
         "transformers checks the format metadata"
     );
+}
+
+/// `--dtype bf16`: every tensor stored in bf16, each the checkpoint's f32 weight rounded to
+/// nearest even (the raw bits of the rounding, half the file), config.json saying bfloat16; and
+/// the reference logits are those of the rounded weights, which transformers computes from the
+/// export in float32.
+#[test]
+fn a_bf16_export_stores_each_weight_rounded_to_nearest_even() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = trained_run(tmp.path(), "run", "rmsnorm", false);
+    let source = ExportSource::open(&run).unwrap();
+    let (full, half) = (tmp.path().join("f32"), tmp.path().join("bf16"));
+    export_hf(&source, &full).unwrap();
+    let exported = export_hf_as(&source, &half, ExportDtype::Bf16).unwrap();
+    assert_eq!(exported.dtype, ExportDtype::Bf16);
+    let c = read_json(&half.join("config.json"));
+    assert_eq!(
+        (c["torch_dtype"].as_str(), c["dtype"].as_str()),
+        (Some("bfloat16"), Some("bfloat16"))
+    );
+    assert_eq!(read_json(&full.join("config.json"))["torch_dtype"], "float32");
+
+    let f32_weights = tensors(&full.join("model.safetensors"));
+    let bytes = std::fs::read(half.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    assert_eq!(st.tensors().len(), f32_weights.len());
+    for (name, view) in st.tensors() {
+        assert_eq!(view.dtype(), safetensors::Dtype::BF16, "{name}");
+        let (shape, values) = &f32_weights[&name];
+        assert_eq!(view.shape(), shape.as_slice(), "{name}");
+        let stored: Vec<u16> = view
+            .data()
+            .chunks_exact(2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]))
+            .collect();
+        let rounded: Vec<u16> = values
+            .iter()
+            .map(|x| {
+                // Round to nearest, ties to even (the weights are finite).
+                let b = x.to_bits();
+                ((b + 0x7fff + ((b >> 16) & 1)) >> 16) as u16
+            })
+            .collect();
+        assert_eq!(
+            stored, rounded,
+            "{name}: not the f32 weights rounded to nearest even"
+        );
+    }
+    let size = |d: &Path| std::fs::metadata(d.join("model.safetensors")).unwrap().len() as f64;
+    assert!(
+        size(&half) < 0.55 * size(&full),
+        "{} vs {}",
+        size(&half),
+        size(&full)
+    );
+
+    let tokens = source.tokenizer.encode("line 7: the quick").unwrap();
+    let exact = source.logits(&tokens).unwrap();
+    let of_rounded = source.logits_as(&tokens, ExportDtype::Bf16).unwrap();
+    assert_ne!(
+        exact, of_rounded,
+        "the reference logits of a bf16 export use the rounded weights"
+    );
+    let worst = exact
+        .iter()
+        .flatten()
+        .zip(of_rounded.iter().flatten())
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(worst < 0.1, "rounding the weights moved a logit by {worst}");
 }
 
 #[test]

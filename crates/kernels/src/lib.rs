@@ -7,7 +7,8 @@
 //!
 //! | module | op |
 //! |---|---|
-//! | [`linear`] | `x·Wᵀ` through `gemm` (Ember's in-place AVX-512 kernel or matrixmultiply), alone, followed by GELU or by the rotary rotation, or ending a residual branch |
+//! | [`linear`] | `x·Wᵀ` through `gemm` (Ember's in-place AVX-512 kernel or matrixmultiply; in bf16 its `vdpbf16ps` kernel), alone, followed by GELU or by the rotary rotation, or ending a residual branch |
+//! | `precision` | the products' [`Precision`]: f32, or bf16 operands with f32 sums |
 //! | `norm` | RMSNorm and LayerNorm over the last dimension |
 //! | [`rope`] | rotary position embeddings with a folded-in output scale (constant, or grown per position by log-n scaling) |
 //! | `softmax` | softmax over the last dimension |
@@ -48,6 +49,7 @@ pub mod cuda;
 mod gemm;
 mod host;
 pub mod par;
+mod precision;
 pub(crate) mod simd;
 
 mod activation;
@@ -70,11 +72,13 @@ pub use attention::{
 pub use cross_entropy::cross_entropy_unfused;
 pub use dropout::{dropout, dropout_unfused};
 pub use linear::{
-    linear, linear_gelu, linear_gelu_unfused, linear_residual, linear_residual_unfused, linear_rope,
-    linear_rope_unfused, linear_scaled, linear_scaled_unfused, linear_unfused,
+    linear, linear_gelu, linear_gelu_in, linear_gelu_unfused, linear_in, linear_residual, linear_residual_in,
+    linear_residual_unfused, linear_rope, linear_rope_in, linear_rope_unfused, linear_scaled,
+    linear_scaled_in, linear_scaled_unfused, linear_unfused,
 };
-pub use linear_cross_entropy::{linear_cross_entropy, linear_cross_entropy_unfused};
+pub use linear_cross_entropy::{linear_cross_entropy, linear_cross_entropy_in, linear_cross_entropy_unfused};
 pub use norm::{layer_norm, layer_norm_unfused, rms_norm, rms_norm_unfused};
+pub use precision::Precision;
 pub use rope::{logn_factor, rope, rope_unfused, PositionScale, RopeTables};
 pub use simd::{vector_unit, VECTOR_UNIT_ENV};
 pub use softmax::{softmax_rows, softmax_rows_unfused};

@@ -11,6 +11,12 @@
 //! backward pass zero-fills a gradient buffer for every node of the graph and adds the node's
 //! gradient into it; each fusion removes an activation-sized node, and with it that buffer, the
 //! add, and a pass over the activation in each direction.
+//!
+//! Each op comes in a [`Precision`] (`*_in`; the plain names are f32): in bf16 the forward
+//! product and both backward ones (dx = g·W, dW = gᵀ·x) take bf16 operands with f32 sums, and
+//! everything else — the epilogues, the inputs and outputs, the gradients — stays f32. The
+//! unfused reference of a bf16 op is the f32 composition of its operands rounded by
+//! [`Precision::round`].
 
 use std::borrow::Cow;
 
@@ -19,10 +25,11 @@ use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tenso
 use crate::activation::GeluSlope;
 use crate::cuda::{takes, Kernel};
 use crate::dropout::{add_dropped, dropout, dropout_apply, DropoutOp};
-use crate::gemm::{product, Mat};
+use crate::gemm::{product_in, Mat};
 use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
 use crate::rope::{check_heads, rope_unfused, PositionScale, RopeOp, RopeTables};
 use crate::simd::scaled;
+use crate::Precision;
 
 /// The output shape of `x·Wᵀ`: x's with its last dimension replaced by W's rows.
 fn output_shape(x: &Shape, out_dim: usize) -> Shape {
@@ -46,11 +53,29 @@ pub fn linear_unfused(x: &Tensor, w: &Tensor) -> Result<Tensor> {
 /// backward (dx = g·W, dW = gᵀ·x) without materialising a transpose. Falls back to
 /// [`linear_unfused`] elsewhere.
 pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    linear_in(x, w, Precision::F32)
+}
+
+/// [`linear`] with its products in `precision` (the unfused fallback on its rounded operands).
+pub fn linear_in(x: &Tensor, w: &Tensor, precision: Precision) -> Result<Tensor> {
     check_fit("linear", x, w)?;
     if !(is_host_f32(x) && is_host_f32(w)) {
-        return linear_unfused(x, w);
+        return linear_unfused(&precision.round(x)?, &precision.round(w)?);
     }
-    x.contiguous()?.apply_op2(&w.contiguous()?, ProjectionOp(Plain))
+    project_op(x, w, Plain, precision)
+}
+
+/// x·Wᵀ and `epilogue` as one op on CPU f32 tensors, its products in `precision` (refused,
+/// naming the CPU feature, where this CPU cannot run them).
+fn project_op<E: Epilogue + 'static>(
+    x: &Tensor,
+    w: &Tensor,
+    epilogue: E,
+    precision: Precision,
+) -> Result<Tensor> {
+    precision.check_cpu()?;
+    x.contiguous()?
+        .apply_op2(&w.contiguous()?, ProjectionOp { epilogue, precision })
 }
 
 /// An error unless x's last dimension is the weight's input dimension.
@@ -73,8 +98,14 @@ fn dims(x: &Shape, w: &Shape) -> Result<(usize, usize, usize)> {
 }
 
 /// x·Wᵀ of contiguous x (rows × in) and W (out × in).
-fn project(x: &[f32], w: &[f32], (rows, in_dim, out_dim): (usize, usize, usize)) -> Vec<f32> {
-    product(
+fn project(
+    x: &[f32],
+    w: &[f32],
+    (rows, in_dim, out_dim): (usize, usize, usize),
+    precision: Precision,
+) -> Vec<f32> {
+    product_in(
+        precision,
         rows,
         in_dim,
         out_dim,
@@ -90,9 +121,18 @@ fn project_grads(
     w: &[f32],
     g: &[f32],
     (rows, in_dim, out_dim): (usize, usize, usize),
+    precision: Precision,
 ) -> (Vec<f32>, Vec<f32>) {
-    let dx = product(rows, out_dim, in_dim, Mat::rows(g, out_dim), Mat::rows(w, in_dim));
-    let dw = product(
+    let dx = product_in(
+        precision,
+        rows,
+        out_dim,
+        in_dim,
+        Mat::rows(g, out_dim),
+        Mat::rows(w, in_dim),
+    );
+    let dw = product_in(
+        precision,
         out_dim,
         rows,
         in_dim,
@@ -198,8 +238,11 @@ impl Epilogue for Rotate {
     }
 }
 
-/// x·Wᵀ and its epilogue as one op.
-struct ProjectionOp<E>(E);
+/// x·Wᵀ and its epilogue as one op, the products in a precision.
+struct ProjectionOp<E> {
+    epilogue: E,
+    precision: Precision,
+}
 
 impl<E: Epilogue> CustomOp2 for ProjectionOp<E> {
     fn name(&self) -> &'static str {
@@ -213,8 +256,8 @@ impl<E: Epilogue> CustomOp2 for ProjectionOp<E> {
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let dims = dims(l1.shape(), l2.shape())?;
-        let p = project(cpu_slice(s1, l1)?, cpu_slice(s2, l2)?, dims);
-        let y = self.0.forward(p, l1.shape(), dims.2)?;
+        let p = project(cpu_slice(s1, l1)?, cpu_slice(s2, l2)?, dims, self.precision);
+        let y = self.epilogue.forward(p, l1.shape(), dims.2)?;
         Ok((CpuStorage::F32(y), output_shape(l1.shape(), dims.2)))
     }
     fn bwd(
@@ -225,9 +268,11 @@ impl<E: Epilogue> CustomOp2 for ProjectionOp<E> {
         g: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let dims = dims(x.shape(), w.shape())?;
+        let precision = self.precision;
         let (dx, dw) = with_data([x, w, g], |[xs, ws, gs]| {
-            let g_product = self.0.backward(gs, x.shape(), dims.2, || project(xs, ws, dims))?;
-            Ok(project_grads(xs, ws, &g_product, dims))
+            let recompute = || project(xs, ws, dims, precision);
+            let g_product = self.epilogue.backward(gs, x.shape(), dims.2, recompute)?;
+            Ok(project_grads(xs, ws, &g_product, dims, precision))
         })?;
         Ok((Some(cpu_tensor(dx, x.shape())?), Some(cpu_tensor(dw, w.shape())?)))
     }
@@ -244,15 +289,20 @@ pub fn linear_gelu_unfused(x: &Tensor, w: &Tensor) -> Result<Tensor> {
 /// kernel switched on, [`linear`] (cuBLAS) then the GELU kernel; [`linear_gelu_unfused`]
 /// elsewhere.
 pub fn linear_gelu(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    linear_gelu_in(x, w, Precision::F32)
+}
+
+/// [`linear_gelu`] with its products in `precision`.
+pub fn linear_gelu_in(x: &Tensor, w: &Tensor, precision: Precision) -> Result<Tensor> {
     check_fit("linear_gelu", x, w)?;
     if takes(x, Kernel::Activation) && takes(w, Kernel::Activation) {
-        return crate::activation::gelu_erf(&linear(x, w)?);
+        return crate::activation::gelu_erf(&linear_in(x, w, precision)?);
     }
     if !(is_host_f32(x) && is_host_f32(w)) {
-        return linear_gelu_unfused(x, w);
+        return linear_gelu_unfused(&precision.round(x)?, &precision.round(w)?);
     }
-    let op = ProjectionOp(Gelu(GeluSlope::new(x.track_op() || w.track_op())));
-    x.contiguous()?.apply_op2(&w.contiguous()?, op)
+    let gelu = Gelu(GeluSlope::new(x.track_op() || w.track_op()));
+    project_op(x, w, gelu, precision)
 }
 
 /// `scale · (x·Wᵀ)` from candle's ops (every device and dtype).
@@ -265,12 +315,16 @@ pub fn linear_scaled_unfused(x: &Tensor, w: &Tensor, scale: f64) -> Result<Tenso
 /// [`linear`] then candle's `affine`; [`linear_scaled_unfused`] elsewhere. Saves the factor's
 /// own pass each way and its autograd edge.
 pub fn linear_scaled(x: &Tensor, w: &Tensor, scale: f64) -> Result<Tensor> {
+    linear_scaled_in(x, w, scale, Precision::F32)
+}
+
+/// [`linear_scaled`] with its products in `precision`.
+pub fn linear_scaled_in(x: &Tensor, w: &Tensor, scale: f64, precision: Precision) -> Result<Tensor> {
     check_fit("linear_scaled", x, w)?;
     if !(is_host_f32(x) && is_host_f32(w)) {
-        return linear_scaled_unfused(x, w, scale);
+        return linear_scaled_unfused(&precision.round(x)?, &precision.round(w)?, scale);
     }
-    x.contiguous()?
-        .apply_op2(&w.contiguous()?, ProjectionOp(Scale(scale as f32)))
+    project_op(x, w, Scale(scale as f32), precision)
 }
 
 /// `scale · rotated(x·Wᵀ)` from candle's ops (every device and dtype).
@@ -297,18 +351,31 @@ pub fn linear_rope(
     offset: usize,
     scale: impl Into<PositionScale>,
 ) -> Result<Tensor> {
+    linear_rope_in(x, w, tables, offset, scale, Precision::F32)
+}
+
+/// [`linear_rope`] with its products in `precision`.
+pub fn linear_rope_in(
+    x: &Tensor,
+    w: &Tensor,
+    tables: &RopeTables,
+    offset: usize,
+    scale: impl Into<PositionScale>,
+    precision: Precision,
+) -> Result<Tensor> {
     check_fit("linear_rope", x, w)?;
     let (_, t, _) = x.dims3()?;
     check_heads(tables, w.dims2()?.0)?;
     if takes(x, Kernel::Rope) && takes(w, Kernel::Rope) && tables.on_device_of(x) && tables.covers(offset, t)
     {
-        return crate::rope::rope(&linear(x, w)?, tables, offset, scale);
+        return crate::rope::rope(&linear_in(x, w, precision)?, tables, offset, scale);
     }
     if !(is_host_f32(x) && is_host_f32(w) && tables.covers(offset, t)) {
-        return linear_rope_unfused(x, w, tables, offset, scale);
+        let (x, w) = (precision.round(x)?, precision.round(w)?);
+        return linear_rope_unfused(&x, &w, tables, offset, scale);
     }
-    let op = ProjectionOp(Rotate(RopeOp::new(tables, offset, scale.into())));
-    x.contiguous()?.apply_op2(&w.contiguous()?, op)
+    let rotate = Rotate(RopeOp::new(tables, offset, scale.into()));
+    project_op(x, w, rotate, precision)
 }
 
 /// `x + dropout(h·Wᵀ)` from the ops one by one (every device and dtype).
@@ -320,6 +387,18 @@ pub fn linear_residual_unfused(x: &Tensor, h: &Tensor, w: &Tensor, p: f64, state
 /// h (…, in) · W (out, in)ᵀ, with the dropout mask of [`dropout`] (`p ≤ 0`: no dropout) — one
 /// op on CPU f32 with the bits of the ops one by one, [`linear_residual_unfused`] elsewhere.
 pub fn linear_residual(x: &Tensor, h: &Tensor, w: &Tensor, p: f64, state: u64) -> Result<Tensor> {
+    linear_residual_in(x, h, w, p, state, Precision::F32)
+}
+
+/// [`linear_residual`] with its products in `precision`.
+pub fn linear_residual_in(
+    x: &Tensor,
+    h: &Tensor,
+    w: &Tensor,
+    p: f64,
+    state: u64,
+    precision: Precision,
+) -> Result<Tensor> {
     check_fit("linear_residual", h, w)?;
     let (out_dim, _) = w.dims2()?;
     if x.shape() != &output_shape(h.shape(), out_dim) {
@@ -333,19 +412,26 @@ pub fn linear_residual(x: &Tensor, h: &Tensor, w: &Tensor, p: f64, state: u64) -
     if !(is_host_f32(x) && is_host_f32(h) && is_host_f32(w)) {
         if p > 0.0 && takes(x, Kernel::Dropout) {
             // The product is cuBLAS's; the mask and the add one pass of Ember's.
-            return crate::dropout::add_dropout(x, &linear(h, w)?, p, state);
+            return crate::dropout::add_dropout(x, &linear_in(h, w, precision)?, p, state);
         }
-        return linear_residual_unfused(x, h, w, p, state);
+        return x + dropout(&linear_in(h, w, precision)?, p, state)?;
     }
+    precision.check_cpu()?;
     x.contiguous()?.apply_op3(
         &h.contiguous()?,
         &w.contiguous()?,
-        LinearResidualOp(DropoutOp::new(p, state)),
+        LinearResidualOp {
+            dropout: DropoutOp::new(p, state),
+            precision,
+        },
     )
 }
 
-/// The op of [`linear_residual`]; `None`: no dropout.
-struct LinearResidualOp(Option<DropoutOp>);
+/// The op of [`linear_residual`]; `dropout` `None`: no dropout.
+struct LinearResidualOp {
+    dropout: Option<DropoutOp>,
+    precision: Precision,
+}
 
 impl CustomOp3 for LinearResidualOp {
     fn name(&self) -> &'static str {
@@ -364,8 +450,9 @@ impl CustomOp3 for LinearResidualOp {
             cpu_slice(s2, l2)?,
             cpu_slice(s3, l3)?,
             dims(l2.shape(), l3.shape())?,
+            self.precision,
         );
-        let out = add_dropped(self.0, cpu_slice(s1, l1)?, &branch);
+        let out = add_dropped(self.dropout, cpu_slice(s1, l1)?, &branch);
         Ok((CpuStorage::F32(out), l1.shape().clone()))
     }
     fn bwd(
@@ -378,9 +465,9 @@ impl CustomOp3 for LinearResidualOp {
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let dims = dims(h.shape(), w.shape())?;
         let (dh, dw) = with_data([h, w, g], |[hs, ws, gs]| {
-            Ok(match self.0 {
-                Some(mask) => project_grads(hs, ws, &dropout_apply(mask, gs), dims),
-                None => project_grads(hs, ws, gs, dims),
+            Ok(match self.dropout {
+                Some(mask) => project_grads(hs, ws, &dropout_apply(mask, gs), dims, self.precision),
+                None => project_grads(hs, ws, gs, dims, self.precision),
             })
         })?;
         Ok((

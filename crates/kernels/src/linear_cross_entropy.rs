@@ -24,6 +24,10 @@
 //! dlogitsᵀ·h, matrixmultiply packed the block a column at a time, rows 40 KB apart (1.04× per
 //! step).
 //!
+//! In bf16 ([`linear_cross_entropy_in`]) the three products take bf16 operands with f32 sums
+//! (the weight packed once per call as pairs, dlogits rounded as the products read them); the
+//! logits themselves, the loss's row math and every gradient stay f32.
+//!
 //! Blocks have a fixed number of rows for a given vocabulary size, and every product and row
 //! op inside a block splits its work as the other kernels do ([`crate::par`]): the bits do not
 //! depend on the thread count. They do differ from the unfused composition's in the last place
@@ -47,10 +51,11 @@ use std::sync::{Arc, Mutex};
 use candle_core::{bail, CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
 
 use crate::cross_entropy::{cross_entropy_unfused, loss_output, LossRows};
-use crate::gemm::{sgemm, sgemm_packed, transposed, Mat, PackedB};
+use crate::gemm::{sgemm_in, transposed, Mat, PackedIn};
 use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
 use crate::linear::linear_unfused;
 use crate::simd::scaled;
+use crate::Precision;
 
 /// Logits a block holds: 4 Mi floats (16 MiB), so that a block of a 10k vocabulary has ~400 rows
 /// (enough for the products to run at full speed) and a small vocabulary takes every row at once.
@@ -91,6 +96,31 @@ pub fn linear_cross_entropy(
     z_loss: f64,
     grads: bool,
 ) -> Result<Tensor> {
+    linear_cross_entropy_in(
+        h,
+        w,
+        targets,
+        mask,
+        label_smoothing,
+        z_loss,
+        grads,
+        Precision::F32,
+    )
+}
+
+/// [`linear_cross_entropy`] with its products in `precision` (the unfused fallback on the
+/// rounded operands).
+#[allow(clippy::too_many_arguments)]
+pub fn linear_cross_entropy_in(
+    h: &Tensor,
+    w: &Tensor,
+    targets: &Tensor,
+    mask: &Tensor,
+    label_smoothing: f64,
+    z_loss: f64,
+    grads: bool,
+    precision: Precision,
+) -> Result<Tensor> {
     let (v, d) = w.dims2()?;
     if h.dims().last() != Some(&d) {
         bail!(
@@ -102,7 +132,8 @@ pub fn linear_cross_entropy(
     let n = h.elem_count() / d.max(1);
     // Empty products (no rows, vocabulary or width) stay with the composition.
     #[cfg(feature = "cuda")]
-    if crate::cuda::takes(h, crate::cuda::Kernel::CrossEntropy)
+    if precision == Precision::F32
+        && crate::cuda::takes(h, crate::cuda::Kernel::CrossEntropy)
         && crate::cuda::takes(w, crate::cuda::Kernel::CrossEntropy)
         && n > 0
         && v > 0
@@ -111,11 +142,14 @@ pub fn linear_cross_entropy(
         return cuda::linear_cross_entropy(h, w, targets, mask, label_smoothing, z_loss, grads);
     }
     if !(is_host_f32(h) && is_host_f32(w)) {
-        return linear_cross_entropy_unfused(h, w, targets, mask, label_smoothing, z_loss);
+        let (h, w) = (precision.round(h)?, precision.round(w)?);
+        return linear_cross_entropy_unfused(&h, &w, targets, mask, label_smoothing, z_loss);
     }
+    precision.check_cpu()?;
     let op = LinearCrossEntropyOp {
         loss: LossRows::new(n, v, targets, mask, label_smoothing, z_loss)?,
         grads,
+        precision,
         saved: Mutex::new(None),
     };
     h.reshape((n, d))?.contiguous()?.apply_op2(&w.contiguous()?, op)
@@ -124,6 +158,7 @@ pub fn linear_cross_entropy(
 struct LinearCrossEntropyOp {
     loss: LossRows,
     grads: bool,
+    precision: Precision,
     saved: Mutex<Option<Arc<Saved>>>,
 }
 
@@ -167,8 +202,11 @@ impl LinearCrossEntropyOp {
             logits = vec![0f32; rows.min(n) * v];
         }
         // Wᵀ (for the logits) and, with a gradient, W (for dh) packed once for every block.
-        let wt_packed = PackedB::new(d, v, Mat::rows(w, d).t());
-        let w_packed = grad.as_ref().and_then(|_| PackedB::new(v, d, Mat::rows(w, d)));
+        let precision = self.precision;
+        let wt_packed = PackedIn::new(precision, d, v, Mat::rows(w, d).t());
+        let w_packed = grad
+            .as_ref()
+            .map(|_| PackedIn::new(precision, v, d, Mat::rows(w, d)));
         // dWᵀ (d × V), summed block by block as hᵀ·dlogits: matrixmultiply then packs the block
         // in its own row order (dlogitsᵀ·h read it a column at a time, 40 KB apart).
         let mut dwt = grad.as_ref().map(|_| vec![0f32; d * v]);
@@ -176,10 +214,7 @@ impl LinearCrossEntropyOp {
             let m = rows.min(n - start);
             let block = &mut logits[..m * v];
             let hb = &h[start * d..(start + m) * d];
-            match &wt_packed {
-                Some(wt) => sgemm_packed(m, Mat::rows(hb, d), wt, 0.0, block),
-                None => sgemm(m, d, v, Mat::rows(hb, d), Mat::rows(w, d).t(), 0.0, block),
-            }
+            wt_packed.product(m, Mat::rows(hb, d), 0.0, block);
             if let Some(losses) = losses.as_deref_mut() {
                 let out = &mut losses[start..start + m];
                 if matches!(grad, Some(GradOut { g: None, .. })) {
@@ -200,13 +235,12 @@ impl LinearCrossEntropyOp {
                 let block: &[f32] = block;
                 // dh of the block's rows = dlogits · W; dWᵀ (+)= h_blockᵀ · dlogits.
                 let dh_rows = &mut dh[start * d..(start + m) * d];
-                match &w_packed {
-                    Some(packed) => sgemm_packed(m, Mat::rows(block, v), packed, 0.0, dh_rows),
-                    None => sgemm(m, v, d, Mat::rows(block, v), Mat::rows(w, d), 0.0, dh_rows),
-                }
+                let w_packed = w_packed.as_ref().expect("packed with the gradient");
+                w_packed.product(m, Mat::rows(block, v), 0.0, dh_rows);
                 let beta = if b == 0 { 0.0 } else { 1.0 };
                 let dwt = dwt.as_mut().expect("made with the gradient");
-                sgemm(d, m, v, Mat::rows(hb, d).t(), Mat::rows(block, v), beta, dwt);
+                let (h_t, dlogits) = (Mat::rows(hb, d).t(), Mat::rows(block, v));
+                sgemm_in(precision, d, m, v, h_t, dlogits, beta, dwt);
             }
         }
         if let (Some(GradOut { dw, .. }), Some(dwt)) = (grad, dwt) {

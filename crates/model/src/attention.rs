@@ -195,7 +195,7 @@ impl Attention {
 
     /// Queries (B, T, H·d): project, normalise, rotate, and fold in the logit scale (cheaper on
     /// q than on the T×S logits).
-    fn queries(&self, x: &Tensor, offset: usize) -> Result<Tensor> {
+    fn queries(&self, x: &Tensor, offset: usize, ctx: ForwardCtx) -> Result<Tensor> {
         // The logit scale (1/√d; for `l2`, g afterwards) and the log-n factor of each position.
         let scale = PositionScale {
             scale: match self.qk_norm {
@@ -212,15 +212,15 @@ impl Attention {
         let fused = self.bias.is_none();
         let q = match (&self.qk_norm, &self.rotary) {
             (QkNormLayer::None, Some(rotary)) if fused => {
-                rotary.project_scaled(x, self.q_proj.weight(), offset, scale)?
+                rotary.project_scaled(x, self.q_proj.weight(), offset, scale, ctx.precision)?
             }
             (QkNormLayer::None, None) if fused && scale.logn_length.is_none() => {
-                ember_kernels::linear_scaled(x, self.q_proj.weight(), scale.scale)?
+                ember_kernels::linear_scaled_in(x, self.q_proj.weight(), scale.scale, ctx.precision)?
             }
             (_, Some(rotary)) => {
-                rotary.apply_scaled(&self.project_normalized(x, Side::Query)?, offset, scale)?
+                rotary.apply_scaled(&self.project_normalized(x, Side::Query, ctx)?, offset, scale)?
             }
-            (_, None) => scale.apply_unfused(&self.project_normalized(x, Side::Query)?, offset)?,
+            (_, None) => scale.apply_unfused(&self.project_normalized(x, Side::Query, ctx)?, offset)?,
         };
         match &self.qk_norm {
             QkNormLayer::L2 { g, .. } => q.broadcast_mul(g),
@@ -229,15 +229,15 @@ impl Attention {
     }
 
     /// Keys and values (B, S, H_kv·d), the keys normalised and rotated.
-    fn keys_values(&self, x: &Tensor, offset: usize) -> Result<(Tensor, Tensor)> {
+    fn keys_values(&self, x: &Tensor, offset: usize, ctx: ForwardCtx) -> Result<(Tensor, Tensor)> {
         let k = match (&self.qk_norm, &self.rotary) {
             (QkNormLayer::None, Some(rotary)) if self.bias.is_none() => {
-                rotary.project_scaled(x, self.k_proj.weight(), offset, 1.0.into())?
+                rotary.project_scaled(x, self.k_proj.weight(), offset, 1.0.into(), ctx.precision)?
             }
-            (_, Some(rotary)) => rotary.apply(&self.project_normalized(x, Side::Key)?, offset)?,
-            (_, None) => self.project_normalized(x, Side::Key)?,
+            (_, Some(rotary)) => rotary.apply(&self.project_normalized(x, Side::Key, ctx)?, offset)?,
+            (_, None) => self.project_normalized(x, Side::Key, ctx)?,
         };
-        let v = self.v_proj.forward(x)?;
+        let v = self.v_proj.forward(x, ctx)?;
         let v = match &self.bias {
             Some(b) => v.broadcast_add(&b.v)?,
             None => v,
@@ -246,12 +246,12 @@ impl Attention {
     }
 
     /// The query or key projection of `x` (plus its bias, if any), QK-normed.
-    fn project_normalized(&self, x: &Tensor, side: Side) -> Result<Tensor> {
+    fn project_normalized(&self, x: &Tensor, side: Side, ctx: ForwardCtx) -> Result<Tensor> {
         let (proj, bias) = match side {
             Side::Query => (&self.q_proj, self.bias.as_ref().map(|b| &b.q)),
             Side::Key => (&self.k_proj, self.bias.as_ref().map(|b| &b.k)),
         };
-        let p = proj.forward(x)?;
+        let p = proj.forward(x, ctx)?;
         let p = match bias {
             Some(b) => p.broadcast_add(b)?,
             None => p,
@@ -271,8 +271,8 @@ impl Attention {
         ctx: ForwardCtx,
     ) -> Result<Tensor> {
         let offset = cache.as_ref().map_or(0, |c| c.len());
-        let q = self.queries(x, offset)?;
-        let (k, v) = self.keys_values(x, offset)?;
+        let q = self.queries(x, offset, ctx)?;
+        let (k, v) = self.keys_values(x, offset, ctx)?;
         let (k, v) = match cache {
             Some(cache) => cache.append(k, v)?,
             None => (k, v),
@@ -281,8 +281,8 @@ impl Attention {
     }
 
     /// Keys and values of an encoder output (B, S, D), for [`forward_cross`](Self::forward_cross).
-    pub fn cross_kv(&self, memory: &Tensor) -> Result<CrossKv> {
-        let (k, v) = self.keys_values(memory, 0)?;
+    pub fn cross_kv(&self, memory: &Tensor, ctx: ForwardCtx) -> Result<CrossKv> {
+        let (k, v) = self.keys_values(memory, 0, ctx)?;
         Ok(CrossKv { k, v })
     }
 
@@ -296,7 +296,7 @@ impl Attention {
         mask: Option<&Tensor>,
         ctx: ForwardCtx,
     ) -> Result<Tensor> {
-        let q = self.queries(x, 0)?;
+        let q = self.queries(x, 0, ctx)?;
         self.attend(&q, &kv.k, &kv.v, mask, to, ctx)
     }
 
@@ -354,8 +354,8 @@ impl Attention {
                 .transpose(1, 2)?
                 .contiguous()
         };
-        let q = self.project_normalized(x, Side::Query)?;
-        let k = self.project_normalized(x, Side::Key)?;
+        let q = self.project_normalized(x, Side::Query, ForwardCtx::eval())?;
+        let k = self.project_normalized(x, Side::Key, ForwardCtx::eval())?;
         Ok((heads(&q, self.n_heads)?, heads(&k, self.n_kv_heads)?))
     }
 

@@ -11,6 +11,7 @@ use std::sync::Mutex;
 use candle_core::{DType, Device, Result, Tensor, D};
 use candle_nn::{Init, VarBuilder};
 
+use ember_kernels::Precision;
 use ember_rng::SplitMix64;
 
 use crate::config::{MlpKind, NormKind};
@@ -22,6 +23,9 @@ pub struct ForwardCtx<'a> {
     pub dropout: Option<&'a DropoutRng>,
     /// Present when the caller wants per-layer attention statistics.
     pub telemetry: Option<&'a Telemetry>,
+    /// The precision of the pass's products: the model's own ([`crate::Model::set_precision`]),
+    /// set by its entry points, so no caller passes it.
+    pub(crate) precision: Precision,
 }
 
 impl<'a> ForwardCtx<'a> {
@@ -32,11 +36,16 @@ impl<'a> ForwardCtx<'a> {
     pub fn train(dropout: &'a DropoutRng) -> Self {
         Self {
             dropout: Some(dropout),
-            telemetry: None,
+            ..Self::default()
         }
     }
     pub fn with_telemetry(mut self, telemetry: &'a Telemetry) -> Self {
         self.telemetry = Some(telemetry);
+        self
+    }
+    /// The same pass with its products in `precision`.
+    pub(crate) fn in_precision(mut self, precision: Precision) -> Self {
+        self.precision = precision;
         self
     }
 }
@@ -204,13 +213,13 @@ impl Linear {
     }
 
     /// (…, in) → (…, out): all leading dimensions are rows of one product.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        ember_kernels::linear(x, &self.weight)
+    pub fn forward(&self, x: &Tensor, ctx: ForwardCtx) -> Result<Tensor> {
+        ember_kernels::linear_in(x, &self.weight, ctx.precision)
     }
 
     /// `gelu_erf(x·Wᵀ)` as one op.
-    pub fn forward_gelu(&self, x: &Tensor) -> Result<Tensor> {
-        ember_kernels::linear_gelu(x, &self.weight)
+    pub fn forward_gelu(&self, x: &Tensor, ctx: ForwardCtx) -> Result<Tensor> {
+        ember_kernels::linear_gelu_in(x, &self.weight, ctx.precision)
     }
 
     /// `to.stream + dropout(h·Wᵀ)`: the projection that ends a branch, written into the
@@ -220,7 +229,7 @@ impl Linear {
             Some(rng) if to.dropout > 0.0 => (to.dropout, rng.reserve(to.stream.elem_count())),
             _ => (0.0, 0),
         };
-        ember_kernels::linear_residual(to.stream, h, &self.weight, p, state)
+        ember_kernels::linear_residual_in(to.stream, h, &self.weight, p, state, ctx.precision)
     }
 }
 
@@ -336,9 +345,9 @@ impl Mlp {
     /// The block of `x` written into the residual stream `to`.
     pub fn forward(&self, x: &Tensor, to: Residual, ctx: ForwardCtx) -> Result<Tensor> {
         let hidden = match (&self.gate, self.kind) {
-            (Some(gate), _) => ember_kernels::swiglu(&gate.forward(x)?, &self.up.forward(x)?)?,
-            (None, MlpKind::Relu) => self.up.forward(x)?.relu()?,
-            (None, _) => self.up.forward_gelu(x)?,
+            (Some(gate), _) => ember_kernels::swiglu(&gate.forward(x, ctx)?, &self.up.forward(x, ctx)?)?,
+            (None, MlpKind::Relu) => self.up.forward(x, ctx)?.relu()?,
+            (None, _) => self.up.forward_gelu(x, ctx)?,
         };
         self.down.forward_residual(&hidden, to, ctx)
     }

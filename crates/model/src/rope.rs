@@ -2,7 +2,7 @@
 //! The rotation itself is Ember's kernel ([`ember_kernels::rope`]).
 
 use candle_core::{DType, Device, Result, Tensor};
-use ember_kernels::{PositionScale, RopeTables};
+use ember_kernels::{PositionScale, Precision, RopeTables};
 
 /// Rotary embeddings for positions `0..max_len` (`model.max_seq_len`).
 #[derive(Clone)]
@@ -30,17 +30,19 @@ impl Rotary {
     }
 
     /// Projects `x` (B, T, D) by `weight` (out, D) and rotates and scales the projection as
-    /// [`apply_scaled`](Self::apply_scaled) does, in one op: for queries and keys that go from
-    /// their projection straight to the rotation (no QK-norm between).
+    /// [`apply_scaled`](Self::apply_scaled) does, in one op, the product in `precision`: for
+    /// queries and keys that go from their projection straight to the rotation (no QK-norm
+    /// between).
     pub fn project_scaled(
         &self,
         x: &Tensor,
         weight: &Tensor,
         offset: usize,
         scale: PositionScale,
+        precision: Precision,
     ) -> Result<Tensor> {
         self.check_positions(offset, x.dim(1)?)?;
-        ember_kernels::linear_rope(x, weight, &self.tables, offset, scale)
+        ember_kernels::linear_rope_in(x, weight, &self.tables, offset, scale, precision)
     }
 
     fn check_positions(&self, offset: usize, t: usize) -> Result<()> {

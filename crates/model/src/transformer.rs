@@ -29,7 +29,7 @@
 
 use candle_core::{DType, Result, Tensor};
 use candle_nn::VarBuilder;
-use ember_kernels::{causal_mask, padding_mask};
+use ember_kernels::{causal_mask, padding_mask, Precision};
 
 use crate::attention::{Attention, CrossKv, KvCache};
 use crate::config::{Arch, ConfigError, ModelConfig};
@@ -231,12 +231,12 @@ impl Layer {
                 match cross_kv {
                     Some(slot) => {
                         if slot.is_none() {
-                            *slot = Some(attn.cross_kv(&memory.hidden)?);
+                            *slot = Some(attn.cross_kv(&memory.hidden, ctx)?);
                         }
                         let kv = slot.as_ref().expect("filled above");
                         attn.forward_cross(h, kv, into, mask, ctx)
                     }
-                    None => attn.forward_cross(h, &attn.cross_kv(&memory.hidden)?, into, mask, ctx),
+                    None => attn.forward_cross(h, &attn.cross_kv(&memory.hidden, ctx)?, into, mask, ctx),
                 }
             })?,
             (Some(_), None) => candle_core::bail!("a seq2seq decoder needs the encoder output"),
@@ -383,13 +383,14 @@ impl Decoder {
     }
 }
 
-/// Embedding in, logits out: shared by both models.
+/// Embedding in, logits out, and the precision of every product between: shared by both models.
 struct TokenIo {
     embed: Embedding,
     lm_head: Linear,
     /// √d_model with `scale_embeddings`, else 1.
     embed_scale: f64,
     dropout: f64,
+    precision: Precision,
 }
 
 impl TokenIo {
@@ -409,8 +410,15 @@ impl TokenIo {
                 1.0
             },
             dropout: cfg.dropout,
+            precision: Precision::F32,
         })
     }
+    /// The logits `h·Wᵀ` of hidden states h (…, D).
+    fn logits(&self, h: &Tensor) -> Result<Tensor> {
+        let ctx = ForwardCtx::eval().in_precision(self.precision);
+        self.lm_head.forward(h, ctx)
+    }
+
     /// Token embeddings of `ids` (B, T) (times √d_model with `scale_embeddings`), plus the
     /// positions `offset..offset + T` of the stack they feed when it has a table, then dropout.
     fn embed(
@@ -450,6 +458,7 @@ impl LanguageModel {
 
     /// Final hidden states (B, T, D) for token ids (B, T).
     pub fn hidden(&self, tokens: &Tensor, ctx: ForwardCtx) -> Result<Tensor> {
+        let ctx = ctx.in_precision(self.io.precision);
         self.decoder
             .forward(&self.embed(tokens, 0, ctx)?, None, None, ctx)
     }
@@ -461,15 +470,16 @@ impl LanguageModel {
 
     /// Next-token logits (B, T, V) for token ids (B, T).
     pub fn forward(&self, tokens: &Tensor, ctx: ForwardCtx) -> Result<Tensor> {
-        self.io.lm_head.forward(&self.hidden(tokens, ctx)?)
+        self.io.logits(&self.hidden(tokens, ctx)?)
     }
 
     /// Logits for `tokens` (B, t) that follow the positions already in `cache`; extends the cache.
     pub fn forward_step(&self, tokens: &Tensor, cache: &mut DecoderCache, ctx: ForwardCtx) -> Result<Tensor> {
+        let ctx = ctx.in_precision(self.io.precision);
         let h = self
             .decoder
             .forward(&self.embed(tokens, cache.len(), ctx)?, None, Some(cache), ctx)?;
-        self.io.lm_head.forward(&h)
+        self.io.logits(&h)
     }
 
     fn embed(&self, tokens: &Tensor, offset: usize, ctx: ForwardCtx) -> Result<Tensor> {
@@ -495,6 +505,7 @@ impl Seq2Seq {
 
     /// Encodes source ids (B, S); `src_mask` (B, S) is 1 at real tokens, 0 at padding.
     pub fn encode(&self, src: &Tensor, src_mask: Option<&Tensor>, ctx: ForwardCtx) -> Result<Memory> {
+        let ctx = ctx.in_precision(self.io.precision);
         let x = self.io.embed(src, self.encoder.positions.as_ref(), 0, ctx)?;
         let mask = src_mask.map(|m| padding_mask(m, x.dtype())).transpose()?;
         let hidden = self.encoder.forward(&x, mask.as_ref(), ctx)?;
@@ -503,6 +514,7 @@ impl Seq2Seq {
 
     /// Final decoder hidden states (B, T, D) for teacher-forced target inputs (B, T).
     pub fn decode_hidden(&self, tgt_in: &Tensor, memory: &Memory, ctx: ForwardCtx) -> Result<Tensor> {
+        let ctx = ctx.in_precision(self.io.precision);
         self.decoder
             .forward(&self.target_embed(tgt_in, 0, ctx)?, Some(memory), None, ctx)
     }
@@ -514,7 +526,7 @@ impl Seq2Seq {
 
     /// Logits (B, T, V) for teacher-forced target inputs (B, T).
     pub fn decode(&self, tgt_in: &Tensor, memory: &Memory, ctx: ForwardCtx) -> Result<Tensor> {
-        self.io.lm_head.forward(&self.decode_hidden(tgt_in, memory, ctx)?)
+        self.io.logits(&self.decode_hidden(tgt_in, memory, ctx)?)
     }
 
     /// Encode then decode: logits (B, T, V).
@@ -537,13 +549,14 @@ impl Seq2Seq {
         cache: &mut DecoderCache,
         ctx: ForwardCtx,
     ) -> Result<Tensor> {
+        let ctx = ctx.in_precision(self.io.precision);
         let h = self.decoder.forward(
             &self.target_embed(tokens, cache.len(), ctx)?,
             Some(memory),
             Some(cache),
             ctx,
         )?;
-        self.io.lm_head.forward(&h)
+        self.io.logits(&h)
     }
 
     fn target_embed(&self, tokens: &Tensor, offset: usize, ctx: ForwardCtx) -> Result<Tensor> {
@@ -577,6 +590,23 @@ impl Model {
             Arch::Lm => Model::Lm(LanguageModel::new(vb, cfg, rotary.as_ref())?),
             Arch::Seq2seq => Model::Seq2seq(Seq2Seq::new(vb, cfg, rotary.as_ref())?),
         })
+    }
+
+    /// The precision of the model's products from now on (f32 when built): every forward pass,
+    /// training or inference, takes it from here.
+    pub fn set_precision(&mut self, precision: Precision) {
+        match self {
+            Model::Lm(m) => m.io.precision = precision,
+            Model::Seq2seq(m) => m.io.precision = precision,
+        }
+    }
+
+    /// The precision of the model's products.
+    pub fn precision(&self) -> Precision {
+        match self {
+            Model::Lm(m) => m.io.precision,
+            Model::Seq2seq(m) => m.io.precision,
+        }
     }
 
     pub fn as_lm(&self) -> Option<&LanguageModel> {

@@ -256,6 +256,42 @@ fn a_hypothesis_logprob_is_its_teacher_forced_log_probability_and_its_score_appl
     }
 }
 
+/// With its products in bf16 (`Model::set_precision`, what a `train.precision: bf16` run's
+/// evaluation and `ember translate` use) greedy and beam search decode in bf16 too: the logits
+/// are not f32's, and a hypothesis's logprob is still its teacher-forced log-probability — to
+/// bf16's rounding rather than f32's: the cached one-position passes and the full pass differ
+/// in the last f32 place (as in f32), and that can move an operand across a bf16 rounding
+/// boundary, 2⁻⁹ of its value.
+#[test]
+fn in_bf16_a_hypothesis_logprob_is_still_its_teacher_forced_log_probability() {
+    if ember_kernels::Precision::Bf16.missing_cpu_feature().is_some() {
+        eprintln!("skipped: this CPU has no AVX512_BF16");
+        return;
+    }
+    let (mut model, c) = translator(32);
+    let sents = sentences(&[4, 7, 2], c.vocab(), 500);
+    let in_f32 = teacher_forced(model.as_seq2seq().unwrap(), &sents[0], &[5, 6]);
+    model.set_precision(ember_kernels::Precision::Bf16);
+    let m = model.as_seq2seq().unwrap();
+    assert_ne!(
+        teacher_forced(m, &sents[0], &[5, 6]),
+        in_f32,
+        "the logits were f32's"
+    );
+    let (src, mask) = padded(&sents);
+    let lists = beam_search(m, &src, Some(&mask), BOS, EOS, &beam(4, 4, 0.7)).unwrap();
+    let greedy = greedy(m, &src, Some(&mask), BOS, EOS, &BeamConfig::greedy()).unwrap();
+    for (i, list) in lists.iter().enumerate() {
+        for hyp in list.iter().chain([&greedy[i]]) {
+            let expected = rescore(m, &sents[i], &hyp.tokens);
+            assert!(
+                (hyp.logprob - expected).abs() <= 1e-2,
+                "{hyp:?}: rescored {expected}"
+            );
+        }
+    }
+}
+
 #[test]
 fn n_best_lists_hold_n_best_distinct_hypotheses_sorted_by_score() {
     let (model, c) = translator(32);

@@ -14,6 +14,7 @@ use anyhow::Result;
 use candle_core::{Device, Tensor};
 use ember_data::Batch;
 use ember_distributed::World;
+use ember_kernels::Precision;
 use ember_model::{Arch, ModelConfig};
 use serde::Serialize;
 
@@ -49,9 +50,14 @@ pub struct BenchReport {
     /// Forward+backward FLOPs per target token (6 × matmul parameters + attention), analytic.
     pub flops_per_token: f64,
     pub achieved_gflops: f64,
-    /// Single-matmul f32 throughput measured now at d_model-sized and 1024² shapes.
+    /// Single-matmul throughput in the run's precision, measured now at d_model-sized and 1024²
+    /// shapes.
     pub matmul_peak_gflops: f64,
     pub utilisation: f64,
+    /// `train.precision` of the benchmarked step (`f32` or `bf16`), and what its CPU products
+    /// run on (e.g. `bf16 products on AVX512_BF16 (vdpbf16ps), f32 sums`).
+    pub precision: String,
+    pub products: String,
 }
 
 /// Peak resident set size of this process (Linux `VmHWM`), in MiB.
@@ -91,8 +97,8 @@ pub fn flops_per_token(cfg: &ModelConfig, src_len: f64, tgt_len: f64) -> f64 {
     }
 }
 
-/// f32 matmul GFLOP/s at n×n (best of a few runs).
-fn matmul_gflops(n: usize, device: &Device) -> Result<f64> {
+/// Matmul GFLOP/s at n×n in `precision` (best of a few runs).
+fn matmul_gflops(n: usize, device: &Device, precision: Precision) -> Result<f64> {
     let a = Tensor::randn(0f32, 1.0, (n, n), device)?;
     let b = Tensor::randn(0f32, 1.0, (n, n), device)?;
     let reps = (2_000_000_000 / (2 * n * n * n)).clamp(1, 200);
@@ -101,7 +107,7 @@ fn matmul_gflops(n: usize, device: &Device) -> Result<f64> {
         let t = Instant::now();
         for _ in 0..reps {
             // The model's own matmul path (`kernels::linear`: SGEMM on CPU, cuBLAS on CUDA).
-            let _ = ember_kernels::linear(&a, &b)?;
+            let _ = ember_kernels::linear_in(&a, &b, precision)?;
         }
         device.synchronize()?;
         best = best.min(t.elapsed().as_secs_f64() / reps as f64);
@@ -196,8 +202,12 @@ impl Timings {
         let fpt = flops_per_token(&cfg.model, src_len, tgt_len);
         let tokens_per_sec = median(&mut self.rates);
         let achieved = fpt * tokens_per_sec / 1e9;
-        let peak =
-            matmul_gflops(1024, &run.device)?.max(matmul_gflops(cfg.model.d_model.max(64) * 4, &run.device)?);
+        let precision = run.model.precision();
+        let peak = matmul_gflops(1024, &run.device, precision)?.max(matmul_gflops(
+            cfg.model.d_model.max(64) * 4,
+            &run.device,
+            precision,
+        )?);
         let mut rss = [peak_rss_mib()];
         dp.world()
             .all_reduce_sum_f64(&mut rss, "the benchmark's memory report");
@@ -229,6 +239,8 @@ impl Timings {
             achieved_gflops: achieved,
             matmul_peak_gflops: peak,
             utilisation: achieved / peak,
+            precision: precision.name().into(),
+            products: crate::precision::describe_products(cfg),
         })
     }
 }

@@ -177,7 +177,7 @@ pub fn ablate_cell(
     let plan = load_plan(out)?;
     let (i, run) = find_cell(&plan, cell)?;
     refuse_if_running(&plan, cell, run)?;
-    if let Some(warning) = crate::layout::unit_change(out, &crate::layout::hardware()) {
+    if let Some(warning) = crate::layout::unit_change(out, ember_kernels::vector_unit()) {
         ember_trainer::tell!("warning: {warning}");
     }
     let tag = format!("[cell {i}/{}]", plan.runs.len());

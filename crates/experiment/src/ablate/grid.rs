@@ -190,10 +190,20 @@ pub fn plan(opts: &AblateOptions) -> Result<Plan> {
     let keys = GridKeys::new(&cfg, &lrs);
     let base_command = base_command(opts, &user_overrides);
     let mut runs: Vec<PlannedRun> = vec![];
+    // What the products compute in and on, each once, in the order the settings first use it
+    // (a `--grid train.precision=f32,bf16` sweep names both).
+    let mut products: Vec<String> = vec![];
     for levels in &settings {
         check_stop(opts)?;
         // Each combination must make a valid config on its own (a bad value names its key).
-        check_setting(opts, &user_overrides, &level_overrides(&axes, levels))?;
+        let setting = check_setting(opts, &user_overrides, &level_overrides(&axes, levels))?;
+        let setting = setting.as_ref().unwrap_or(&cfg);
+        // A precision this machine cannot run is refused here, not by every run of the sweep.
+        ember_trainer::precision::for_training(setting)?;
+        let described = ember_trainer::precision::describe_products(setting);
+        if !products.contains(&described) {
+            products.push(described);
+        }
     }
     let mut names: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
     for seed in 1..=n_seeds as u64 {
@@ -240,7 +250,7 @@ pub fn plan(opts: &AblateOptions) -> Result<Plan> {
         threads,
         out,
         base_command,
-        hardware: hardware(),
+        hardware: hardware(products.join("; ")),
         runs,
     })
 }
@@ -443,19 +453,24 @@ fn level_overrides(axes: &[Axis], levels: &[String]) -> Vec<String> {
 }
 
 /// Loads the config as one combination of levels sets it, so that a key that does not exist or
-/// a value it cannot take is reported before anything runs.
-fn check_setting(opts: &AblateOptions, user_overrides: &[String], levels: &[String]) -> Result<()> {
+/// a value it cannot take is reported before anything runs; returns it (`None` without levels:
+/// the base config).
+fn check_setting(
+    opts: &AblateOptions,
+    user_overrides: &[String],
+    levels: &[String],
+) -> Result<Option<RunConfig>> {
     if levels.is_empty() {
-        return Ok(());
+        return Ok(None);
     }
     let overrides: Vec<String> = user_overrides.iter().chain(levels).cloned().collect();
-    RunConfig::load(&opts.config, &overrides).with_context(|| {
+    let cfg = RunConfig::load(&opts.config, &overrides).with_context(|| {
         format!(
             "--grid: the combination {} is not a valid config",
             levels.join(", ")
         )
     })?;
-    Ok(())
+    Ok(Some(cfg))
 }
 
 /// Where one run sits in the grid.

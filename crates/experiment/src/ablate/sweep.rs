@@ -41,7 +41,12 @@ pub fn ablate(opts: &AblateOptions) -> Result<AblateOutcome> {
              checkpoint; no further run starts",
         );
     }
-    if let Some(warning) = crate::layout::unit_change(&plan.out, &plan.hardware) {
+    if let Some(warning) = plan
+        .hardware
+        .vector_unit
+        .as_deref()
+        .and_then(|unit| crate::layout::unit_change(&plan.out, unit))
+    {
         ember_trainer::tell!("warning: {warning}");
     }
     fs::create_dir_all(plan.out.join(RUNS))

@@ -151,10 +151,11 @@ fn hardware_sentence(r: &Report) -> String {
         return String::new();
     };
     let mut p = format!(
-        "Hardware: {} ({} logical cores{})",
+        "Hardware: {} ({} logical cores{}){}",
         h.cpu,
         h.logical_cores,
-        units_phrase(r, h.vector_unit.as_deref())
+        units_phrase(r, h.vector_unit.as_deref()),
+        h.products.as_ref().map_or(String::new(), |p| format!(", {p}"))
     );
     if let (Some(j), Some(t)) = (r.jobs, r.threads) {
         p.push_str(&format!(

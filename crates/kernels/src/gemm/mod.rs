@@ -21,13 +21,23 @@
 //!
 //! The kernel sums over k in order, one fused multiply-add per term, so results are the same
 //! on every run; where k is cut into chunks, the cut depends on k alone.
+//!
+//! Products in bf16 (mixed precision) go to the `bf16` module's `vdpbf16ps` kernel instead;
+//! `mixed` chooses by [`Precision`](crate::Precision), so the ops never look at it themselves.
 
+#[cfg(target_arch = "x86_64")]
+mod bf16;
+#[cfg(all(test, target_arch = "x86_64"))]
+mod bf16_tests;
+mod mixed;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod timing;
 #[cfg(target_arch = "x86_64")]
 mod x86;
+
+pub(crate) use mixed::{bf16_supported, product_in, sgemm_in, PackedIn};
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 

@@ -3,7 +3,7 @@
 use super::*;
 
 /// Deterministic values in [−1, 1).
-fn values(n: usize, seed: u64) -> Vec<f32> {
+pub(super) fn values(n: usize, seed: u64) -> Vec<f32> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     (0..n)
         .map(|_| {
@@ -36,6 +36,25 @@ pub(super) fn operands(
     (ao, bo)
 }
 
+/// B (k×n) over `b` as a [`Mat`], stored transposed or not.
+pub(super) fn b_view(b: &[f32], (k, n): (usize, usize), b_t: bool) -> Mat<'_> {
+    let (_, bo) = operands(&[], b, (0, k, n), false, b_t);
+    Mat {
+        data: b,
+        row_stride: bo.row_stride,
+        col_stride: bo.col_stride,
+    }
+}
+
+/// (A transposed, B transposed, β) of the layout tests: each operand as it lies and transposed,
+/// β zero, one and neither.
+pub(super) const LAYOUTS: [(bool, bool, f32); 4] = [
+    (false, false, 0.0),
+    (false, true, 1.0),
+    (true, false, 0.5),
+    (true, true, 0.0),
+];
+
 /// Every path (in place, transposed B, strided A, β ∈ {0, 1, ½}, ragged edges; the
 /// matrixmultiply fallback too) against a plain f64 triple loop.
 #[test]
@@ -46,15 +65,7 @@ fn gemm_matches_the_definition_for_every_layout_and_edge() {
         for &m in &sizes {
             for &k in &[1usize, 5, 32, 129] {
                 for &n in &sizes {
-                    for (case, (a_t, b_t, beta)) in [
-                        (false, false, 0.0f32),
-                        (false, true, 1.0),
-                        (true, false, 0.5),
-                        (true, true, 0.0),
-                    ]
-                    .into_iter()
-                    .enumerate()
-                    {
+                    for (case, (a_t, b_t, beta)) in LAYOUTS.into_iter().enumerate() {
                         let a = values(m * k, (m * 31 + k * 7 + n) as u64);
                         let b = values(k * n, (n * 17 + k + case) as u64);
                         let c0 = values(m * n, 99);
@@ -216,12 +227,7 @@ fn a_b_packed_once_serves_every_product_with_the_same_bits() {
         .flat_map(|s| [(s, false), (s, true)])
     {
         let b = values(k * n, 21);
-        let (_, bo) = operands(&[], &b, (0, k, n), false, b_t);
-        let view = Mat {
-            data: &b,
-            row_stride: bo.row_stride,
-            col_stride: bo.col_stride,
-        };
+        let view = b_view(&b, (k, n), b_t);
         let packed = PackedB::new(k, n, view).expect("AVX-512 packs");
         let rows: Vec<f32> = (0..k * n)
             .map(|i| if b_t { b[(i % n) * k + i / n] } else { b[i] })

@@ -76,3 +76,133 @@ fn print_gflops_at_model_shapes() {
         println!("{line}");
     }
 }
+
+/// Not a test: `cargo test --release -p ember-kernels --lib gemm::timing::bf16 -- --ignored
+/// --nocapture` times the bf16 products (packing included) against the f32 ones the ops run
+/// today, at the products of a training step: nanoGPT's standard Shakespeare shape (d 384,
+/// d_ff 1536, 256 × 16 tokens in two shares of 2,048 rows, vocabulary 65) and shakespeare-char's
+/// d 128 (64 × 12 tokens, two shares of 384 rows), at 1 and 2 threads. Alternating pairs (f32
+/// then bf16, 9 pairs): the median of each and the median and range of the per-pair ratios
+/// (f32 time ÷ bf16 time); the last line of each shape set weighs every product by how often
+/// a layer runs it. One thread is timed by the thread's own CPU time (this machine is shared:
+/// time spent descheduled is not the kernel's), two by the wall clock.
+#[cfg(target_arch = "x86_64")]
+#[test]
+#[ignore]
+fn bf16_against_f32_at_training_shapes() {
+    use crate::Precision;
+    if !super::bf16::supported() {
+        println!("no AVX512_BF16 here");
+        return;
+    }
+    // (m, k, n, A transposed, B transposed, what, times per layer or per step)
+    let standard = |m: usize| {
+        [
+            (m, 384, 384, false, true, "fwd x·Wᵀ q/k/v/o", 4),
+            (m, 384, 1536, false, true, "fwd x·Wᵀ up", 1),
+            (m, 1536, 384, false, true, "fwd x·Wᵀ down", 1),
+            (m, 384, 384, false, false, "dX g·W q/k/v/o", 4),
+            (m, 1536, 384, false, false, "dX g·W up", 1),
+            (m, 384, 1536, false, false, "dX g·W down", 1),
+            (384, m, 384, true, false, "dW gᵀ·x q/k/v/o", 4),
+            (1536, m, 384, true, false, "dW gᵀ·x up", 1),
+            (384, m, 1536, true, false, "dW gᵀ·x down", 1),
+            (m, 384, 65, false, true, "logits h·Wᵀ", 0),
+            (m, 65, 384, false, false, "dh dlogits·W", 0),
+            (384, m, 65, true, false, "dWᵀ hᵀ·dlogits", 0),
+        ]
+    };
+    let small = |m: usize| {
+        [
+            (m, 128, 128, false, true, "fwd x·Wᵀ q/k/v/o", 4),
+            (m, 128, 512, false, true, "fwd x·Wᵀ up", 1),
+            (m, 512, 128, false, true, "fwd x·Wᵀ down", 1),
+            (m, 128, 128, false, false, "dX g·W q/k/v/o", 4),
+            (m, 512, 128, false, false, "dX g·W up", 1),
+            (m, 128, 512, false, false, "dX g·W down", 1),
+            (128, m, 128, true, false, "dW gᵀ·x q/k/v/o", 4),
+            (512, m, 128, true, false, "dW gᵀ·x up", 1),
+            (128, m, 512, true, false, "dW gᵀ·x down", 1),
+            (m, 128, 65, false, true, "logits h·Wᵀ", 0),
+            (m, 65, 128, false, false, "dh dlogits·W", 0),
+            (128, m, 65, true, false, "dWᵀ hᵀ·dlogits", 0),
+        ]
+    };
+    for threads in [1, 2] {
+        let clock = if threads == 1 {
+            thread_cpu_secs
+        } else {
+            || std::time::UNIX_EPOCH.elapsed().map_or(0.0, |d| d.as_secs_f64())
+        };
+        crate::par::set_threads(threads).unwrap();
+        for (name, shapes) in [
+            ("d 384, 2,048 rows", standard(2048)),
+            ("d 128, 384 rows", small(384)),
+        ] {
+            println!("{name}, {threads} thread(s): f32 ms, bf16 ms (medians), f32 ÷ bf16 median (range)");
+            let (mut total_f32, mut total_bf16) = (0.0, 0.0);
+            for (m, k, n, a_t, b_t, what, count) in shapes {
+                let a = super::tests::values(m * k, 1);
+                let b = super::tests::values(k * n, 2);
+                let view = |data: &'static [f32], rows: usize, cols: usize, t: bool| {
+                    let m = Mat::rows(data, if t { rows } else { cols });
+                    if t {
+                        m.t()
+                    } else {
+                        m
+                    }
+                };
+                let (a, b): (&'static [f32], &'static [f32]) = (a.leak(), b.leak());
+                let (av, bv) = (view(a, m, k, a_t), view(b, k, n, b_t));
+                let reps = (1e9 / (m * k * n) as f64).clamp(1.0, 500.0) as usize;
+                let time = |precision| {
+                    let t = clock();
+                    for _ in 0..reps {
+                        std::hint::black_box(super::product_in(precision, m, k, n, av, bv));
+                    }
+                    (clock() - t) / reps as f64
+                };
+                let (mut f32s, mut bf16s, mut ratios) = (vec![], vec![], vec![]);
+                for _ in 0..9 {
+                    let (f, h) = (time(Precision::F32), time(Precision::Bf16));
+                    f32s.push(f);
+                    bf16s.push(h);
+                    ratios.push(f / h);
+                }
+                let median = |v: &mut Vec<f64>| {
+                    v.sort_by(f64::total_cmp);
+                    v[v.len() / 2]
+                };
+                let (f, h, r) = (median(&mut f32s), median(&mut bf16s), median(&mut ratios));
+                total_f32 += f * count as f64;
+                total_bf16 += h * count as f64;
+                println!(
+                    "  {what:>18} {m:>4}×{k:>4}×{n:>4}: {:7.3} {:7.3}  {r:.2}× ({:.2}–{:.2})  bf16 {:5.0} GFLOP/s",
+                    f * 1e3,
+                    h * 1e3,
+                    ratios[0],
+                    ratios[ratios.len() - 1],
+                    2.0 * (m * k * n) as f64 / h / 1e9
+                );
+            }
+            println!(
+                "  {:>18} layer: {:.3} ms f32, {:.3} ms bf16, {:.2}×",
+                "all",
+                total_f32 * 1e3,
+                total_bf16 * 1e3,
+                total_f32 / total_bf16
+            );
+        }
+    }
+    crate::par::set_threads(1).unwrap();
+}
+/// Seconds of CPU time this thread has run.
+fn thread_cpu_secs() -> f64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out-pointer for the call.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
+}

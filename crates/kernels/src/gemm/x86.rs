@@ -211,9 +211,9 @@ pub(super) mod avx512 {
     /// Columns per strip of [`gemm_strips`]' packed B.
     pub(in crate::gemm) const STRIP: usize = NR;
 
-    /// The first `lanes` (≤ 16) lanes.
+    /// The first `lanes` (16 or more: all) lanes.
     #[inline(always)]
-    fn lane_mask(lanes: usize) -> __mmask16 {
+    pub(in crate::gemm) fn lane_mask(lanes: usize) -> __mmask16 {
         if lanes >= 16 {
             0xffff
         } else {
@@ -249,17 +249,7 @@ pub(super) mod avx512 {
     #[inline]
     #[target_feature(enable = "avx512f")]
     unsafe fn tile<const R: usize, const FULL_B: bool, const WIDE: bool>(t: Tile) {
-        let mut lo = [_mm512_setzero_ps(); R];
-        let mut hi = [_mm512_setzero_ps(); R];
-        if t.resume {
-            for i in 0..R {
-                let c_lo = t.c.add(i * t.ldc);
-                lo[i] = _mm512_maskz_loadu_ps(t.lo, c_lo);
-                if WIDE {
-                    hi[i] = _mm512_maskz_loadu_ps(t.hi, c_lo.wrapping_add(16));
-                }
-            }
-        }
+        let (mut lo, mut hi) = start_sums::<R, WIDE>(t.c, t.ldc, (t.lo, t.hi), t.resume);
         // One base pointer per row and a shared offset: the broadcasts' addresses then do not
         // depend on each other (a pointer stepped row by row made a serial chain of adds that
         // was longer than the FMAs it fed).
@@ -287,20 +277,59 @@ pub(super) mod avx512 {
             offset += t.csa;
             b = b.wrapping_add(t.ldb);
         }
-        for i in 0..R {
-            let c_lo = t.c.add(i * t.ldc);
-            let c_hi = c_lo.wrapping_add(16);
-            let (mut r_lo, mut r_hi) = (lo[i], hi[i]);
-            if t.beta != 0.0 && !t.resume {
-                let beta = _mm512_set1_ps(t.beta);
-                r_lo = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(t.lo, c_lo), r_lo);
+        store_sums::<R, WIDE>((lo, hi), t.c, t.ldc, (t.lo, t.hi), t.beta, t.resume);
+    }
+
+    /// A tile's sums before its first term: C's values where the product continues over more
+    /// of k (`resume`), else zeros; R rows of `ldc` floats at `c`, the columns of `masks`
+    /// (low and high 16; the high half only if `WIDE`). Shared with the bf16 kernel.
+    #[inline(always)]
+    pub(in crate::gemm) unsafe fn start_sums<const R: usize, const WIDE: bool>(
+        c: *const f32,
+        ldc: usize,
+        (lo_mask, hi_mask): (__mmask16, __mmask16),
+        resume: bool,
+    ) -> ([__m512; R], [__m512; R]) {
+        let mut lo = [_mm512_setzero_ps(); R];
+        let mut hi = [_mm512_setzero_ps(); R];
+        if resume {
+            for i in 0..R {
+                let c_lo = c.add(i * ldc);
+                lo[i] = _mm512_maskz_loadu_ps(lo_mask, c_lo);
                 if WIDE {
-                    r_hi = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(t.hi, c_hi), r_hi);
+                    hi[i] = _mm512_maskz_loadu_ps(hi_mask, c_lo.wrapping_add(16));
                 }
             }
-            _mm512_mask_storeu_ps(c_lo, t.lo, r_lo);
+        }
+        (lo, hi)
+    }
+
+    /// Stores a tile's sums into C's columns of `masks`, plus beta·C unless the product
+    /// resumed (β was applied by its first piece). Masked-off lanes are neither loaded nor
+    /// stored. Shared with the bf16 kernel.
+    #[inline(always)]
+    pub(in crate::gemm) unsafe fn store_sums<const R: usize, const WIDE: bool>(
+        (lo, hi): ([__m512; R], [__m512; R]),
+        c: *mut f32,
+        ldc: usize,
+        (lo_mask, hi_mask): (__mmask16, __mmask16),
+        beta: f32,
+        resume: bool,
+    ) {
+        for i in 0..R {
+            let c_lo = c.add(i * ldc);
+            let c_hi = c_lo.wrapping_add(16);
+            let (mut r_lo, mut r_hi) = (lo[i], hi[i]);
+            if beta != 0.0 && !resume {
+                let beta = _mm512_set1_ps(beta);
+                r_lo = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(lo_mask, c_lo), r_lo);
+                if WIDE {
+                    r_hi = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(hi_mask, c_hi), r_hi);
+                }
+            }
+            _mm512_mask_storeu_ps(c_lo, lo_mask, r_lo);
             if WIDE {
-                _mm512_mask_storeu_ps(c_hi, t.hi, r_hi);
+                _mm512_mask_storeu_ps(c_hi, hi_mask, r_hi);
             }
         }
     }

@@ -1,4 +1,5 @@
-//! What the GPU suite's files share (`tests/gpu_*.rs`, built with `--features cuda`): the device,
+//! What the GPU suite's files share (`tests/gpu_*.rs`, built with `--features cuda`; the bf16 suite
+//! `tests/bf16.rs` uses the host half): the device,
 //! random inputs drawn on the host, and the comparison of a CUDA kernel with the unfused candle
 //! composition on the same GPU — forward values and every input's gradient, contiguous and
 //! strided inputs — plus bit-for-bit repeatability of the kernel.

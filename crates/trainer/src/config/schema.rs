@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use ember_data::{DataConfig, WindowMode};
+use ember_kernels::Precision;
 use ember_model::ModelConfig;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -259,6 +260,16 @@ pub struct TrainConfig {
     #[serde(default)]
     #[schemars(range(min = 1, max = MAX_THREADS))]
     pub shares: Option<usize>,
+    /// The precision of the matrix products: `f32`, or `bf16` — mixed precision, bf16 operands
+    /// with f32 sums, f32 weights, gradients, activations and optimizer (CPUs with AVX512_BF16;
+    /// see `precision`). Written into a run's config only when it is not f32, so an f32 run's
+    /// files are byte for byte what they were before the key existed.
+    #[serde(default, skip_serializing_if = "is_f32")]
+    pub precision: Precision,
+}
+
+fn is_f32(p: &Precision) -> bool {
+    *p == Precision::F32
 }
 
 fn default_schedule() -> Schedule {

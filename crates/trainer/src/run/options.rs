@@ -25,6 +25,8 @@ pub struct TrainOptions {
     pub allow_data_change: bool,
     /// With `resume`: continue although the tokenizer differs from the checkpoint's (or is missing).
     pub allow_tokenizer_change: bool,
+    /// With `resume`: continue although `train.precision` differs from the checkpoint's.
+    pub allow_precision_change: bool,
     /// The job this process is a rank of (a world of one without a launcher). Rc: MPI is called
     /// from the main thread only.
     pub world: Rc<World>,
@@ -42,6 +44,7 @@ impl TrainOptions {
             stop: None,
             allow_data_change: false,
             allow_tokenizer_change: false,
+            allow_precision_change: false,
             world: Rc::new(World::single()),
         }
     }

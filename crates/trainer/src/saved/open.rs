@@ -14,8 +14,10 @@ use ember_model::{Model, ParamStore};
 use crate::checkpoint;
 use crate::config::RunConfig;
 use crate::model_dir::{self, is_model_dir};
+use crate::precision;
 use crate::run_dir::RUN_CONFIG;
 use crate::setup::{device, set_threads};
+use crate::tell;
 
 /// A trained model opened for decoding: its config, tokenizer and weights.
 pub struct OpenModel {
@@ -38,7 +40,8 @@ pub fn open_model(path: &Path, device_override: Option<&str>) -> Result<OpenMode
         model_dir::verify(path)?;
         let (cfg, device) = config_and_device(&path.join(RUN_CONFIG), device_override)?;
         let (tokenizer, params) = model_dir::read(path, &cfg, &device)?;
-        let model = Model::new(&cfg.model, &params)?;
+        let mut model = Model::new(&cfg.model, &params)?;
+        set_run_precision(&cfg, &mut model);
         return Ok(OpenModel {
             cfg,
             tokenizer,
@@ -119,7 +122,9 @@ impl OpenRun {
     /// Rebuilds the model from the same parameters under `model` (e.g. rotary tables past the
     /// training length, log-n scaling switched); `model` must name the same parameters.
     pub fn rebuild(&mut self, model: ember_model::ModelConfig) -> Result<()> {
+        let precision = self.model.precision();
         self.model = Model::new(&model, &self.params)?;
+        self.model.set_precision(precision);
         self.cfg.model = model;
         Ok(())
     }
@@ -137,11 +142,11 @@ fn config_and_device(config: &Path, device_override: Option<&str>) -> Result<(Ru
     Ok((cfg, device))
 }
 
-/// The model the run's `config.yaml` describes, from the checkpoint `loaded`. A config edited
-/// since the checkpoint was saved (another `d_model`, say) is named with the keys that differ,
-/// instead of leaving a tensor's shape to speak for it.
+/// The model the run's `config.yaml` describes, from the checkpoint `loaded`, in the run's
+/// precision. A config edited since the checkpoint was saved (another `d_model`, say) is named
+/// with the keys that differ, instead of leaving a tensor's shape to speak for it.
 fn build_model(cfg: &RunConfig, run_dir: &Path, loaded: &checkpoint::Loaded) -> Result<Model> {
-    Model::new(&cfg.model, &loaded.params).map_err(|e| {
+    let mut model = Model::new(&cfg.model, &loaded.params).map_err(|e| {
         let differences = checkpoint::config_differences(&loaded.state.model_config, &cfg.model);
         if differences.is_empty() {
             return e.into();
@@ -154,7 +159,19 @@ fn build_model(cfg: &RunConfig, run_dir: &Path, loaded: &checkpoint::Loaded) -> 
             differences.join("; "),
             loaded.dir.join(RUN_CONFIG).display()
         )
-    })
+    })?;
+    set_run_precision(cfg, &mut model);
+    Ok(model)
+}
+
+/// Gives `model` the products' precision of the run `cfg` where this machine runs it (else f32,
+/// saying so).
+fn set_run_precision(cfg: &RunConfig, model: &mut Model) {
+    let (precision, note) = precision::for_inference(cfg);
+    if let Some(note) = note {
+        tell!("note: {note}");
+    }
+    model.set_precision(precision);
 }
 
 /// The weights of `ckpt_dir`, verified; a corrupt newest checkpoint names an older one to use.

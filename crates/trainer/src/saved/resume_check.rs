@@ -12,6 +12,9 @@
 //!   resuming on another (another CPU, or `EMBER_CPU_VECTOR_UNIT`) continues from the same
 //!   state with a warning that the run is no longer bit-identical to an uninterrupted one, as a
 //!   changed split of the batches does.
+//! - **Precision**: `train.precision` changes the numerics of every product, so a run continued
+//!   in another precision is not the run its checkpoints describe: refused unless
+//!   `--allow-precision-change`.
 //! - **Config**: model keys were never allowed to change (the checkpoint's tensors would not
 //!   fit); every other change is listed, the previous `config.yaml` is kept under
 //!   `config-history/`, and the run goes on.
@@ -21,6 +24,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use ember_data::{Dataset, TOKENIZER_FILE};
+use ember_kernels::Precision;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -98,6 +102,7 @@ fn unit_change(before: &str, now: &str, checkpoint: &Path) -> String {
 pub struct Allowed {
     pub data_change: bool,
     pub tokenizer_change: bool,
+    pub precision_change: bool,
 }
 
 /// Before the data is prepared: a resumed run's tokenizer must exist, or preparing the data
@@ -207,7 +212,15 @@ pub fn config_changes(
     saved.ablation = None;
     now.ablation = None;
     let (a, b) = (serde_json::to_value(&saved)?, serde_json::to_value(&now)?);
-    let changes = json_changes(&a, &b);
+    let mut changes = json_changes(&a, &b);
+    // An f32 config leaves the key out (its files stay as before the key existed): say f32.
+    for c in changes.iter_mut().filter(|c| c.key == "train.precision") {
+        for v in [&mut c.before, &mut c.after] {
+            if v.is_null() {
+                *v = Value::String(Precision::F32.name().into());
+            }
+        }
+    }
     let selection: Vec<&Change> = changes
         .iter()
         .filter(|c| DATA_SELECTION_KEYS.contains(&c.key.as_str()))
@@ -227,6 +240,16 @@ pub fn config_changes(
                 .map(|c| c.to_string())
                 .collect::<Vec<_>>()
                 .join("; ")
+        );
+    }
+    if saved.train.precision != now.train.precision && !allowed.precision_change {
+        bail!(
+            "cannot resume: the checkpoint {} was trained with train.precision: {}, and the config              now says {}. A run continued in another precision is no longer the run its              checkpoints describe (every product's rounding changes). Resume with              train.precision: {}, or pass --allow-precision-change to continue in {} anyway.",
+            checkpoint.display(),
+            saved.train.precision,
+            now.train.precision,
+            saved.train.precision,
+            now.train.precision
         );
     }
     Ok(changes)

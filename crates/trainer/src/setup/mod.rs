@@ -5,10 +5,12 @@
 //! model, optimizer and data position — fresh, or restored from the newest checkpoint — as a
 //! [`Training`] that the loop steps. Opening a trained model again for evaluation and decoding is
 //! `open`'s (in `saved/`). Beside it: completing the config from the data (`resolve`), starting
-//! from an imported model (`init_from`), and the memory [`limits`] checked before allocating.
+//! from an imported model (`init_from`), the memory [`limits`] checked before allocating, and the
+//! products' [`precision`], resolved once for the model, evaluation and decoding.
 
 pub(crate) mod init_from;
 pub mod limits;
+pub mod precision;
 pub(crate) mod resolve;
 
 use crate::tell;
@@ -147,6 +149,7 @@ impl TrainingRun {
     pub fn prepare(mut cfg: RunConfig, opts: &TrainOptions) -> Result<Self> {
         set_threads(&cfg)?;
         let device = device(&cfg.device)?;
+        let precision = precision::for_training(&cfg)?;
         let run_dir = opts.run_dir.clone();
         // Only rank 0 writes the run directory; the other ranks of a job read what it prepared.
         let leader = opts.world.is_leader();
@@ -180,10 +183,11 @@ impl TrainingRun {
         check_data_fits(&cfg, &mut data, &mut notes)?;
         notes.extend(data.warnings());
         limits::check_memory(&cfg, &data)?;
-        let (model, params) = match &loaded {
+        let (mut model, params) = match &loaded {
             Some(l) => restore_model(&cfg, l, &run_dir)?,
             None => initial_model(&cfg, &device)?,
         };
+        model.set_precision(precision);
         let config_yaml = cfg.to_yaml();
 
         let mut batcher = make_batcher(&cfg, &data)?;
@@ -236,8 +240,13 @@ impl TrainingRun {
             (Some(dir), None) => format!(" from {}", dir.display()),
             _ => String::new(),
         };
+        // f32 says nothing (the line as it always was); bf16 names its instructions.
+        let precision = match t.model.precision() {
+            ember_kernels::Precision::F32 => String::new(),
+            p => format!(", {}", p.cpu_products()),
+        };
         format!(
-            "{} model{start}, {} parameters, {} steps, data: {}; run directory {}",
+            "{} model{start}, {} parameters, {} steps{precision}, data: {}; run directory {}",
             format!("{:?}", t.cfg.model.arch).to_lowercase(),
             t.params.num_params(),
             t.total_steps,
@@ -252,6 +261,7 @@ fn allowed(opts: &TrainOptions) -> Allowed {
     Allowed {
         data_change: opts.allow_data_change,
         tokenizer_change: opts.allow_tokenizer_change,
+        precision_change: opts.allow_precision_change,
     }
 }
 
@@ -401,13 +411,15 @@ impl Training {
     pub fn in_memory(mut cfg: RunConfig, total_steps: u64, dp: &DataParallel) -> Result<Self> {
         set_threads(&cfg)?;
         let device = device(&cfg.device)?;
+        let precision = precision::for_training(&cfg)?;
         let mut data = Dataset::prepare(&cfg.data, None)?;
         resolve_model_config(&mut cfg, &data)?;
         // The same checks as a run's (data too short for a window is refused); their notes are
         // for a run's log, which a benchmark has not.
         check_data_fits(&cfg, &mut data, &mut Vec::new())?;
         limits::check_memory(&cfg, &data)?;
-        let (model, params) = initial_model(&cfg, &device)?;
+        let (mut model, params) = initial_model(&cfg, &device)?;
+        model.set_precision(precision);
         let batcher = make_batcher(&cfg, &data)?;
         let opt = AdamW::new(params.vars(), &cfg.train)?;
         let schedule = LrSchedule::new(&cfg.train, total_steps);

@@ -3,6 +3,7 @@
 //! whole (`ember_kernels::linear_cross_entropy`).
 
 use candle_core::{DType, Result, Tensor};
+use ember_kernels::Precision;
 
 /// Summed losses of one micro-batch, over its real (non-pad) target tokens.
 pub struct TokenLoss {
@@ -17,6 +18,8 @@ pub struct TokenLoss {
 /// The losses of the logits `hidden · Wᵀ` for hidden states (N, D) and the output weight (V, D);
 /// `targets` (N) u32, `mask` (N) with 1 at real tokens and 0 at padding. `grads`: a backward
 /// pass of `objective` times a constant follows (training), which the forward pass prepares.
+/// The products run in `precision` (the model's); the loss itself is always f32.
+#[allow(clippy::too_many_arguments)]
 pub fn linear_cross_entropy(
     hidden: &Tensor,
     output_weight: &Tensor,
@@ -25,11 +28,12 @@ pub fn linear_cross_entropy(
     label_smoothing: f64,
     z_loss: f64,
     grads: bool,
+    precision: Precision,
 ) -> Result<TokenLoss> {
     let hidden = hidden.to_dtype(DType::F32)?;
     let output_weight = output_weight.to_dtype(DType::F32)?;
     let mask = mask.to_dtype(DType::F32)?;
-    let per_token = ember_kernels::linear_cross_entropy(
+    let per_token = ember_kernels::linear_cross_entropy_in(
         &hidden,
         &output_weight,
         targets,
@@ -37,6 +41,7 @@ pub fn linear_cross_entropy(
         label_smoothing,
         z_loss,
         grads,
+        precision,
     )?;
     Ok(TokenLoss {
         objective: per_token.get(0)?.sum_all()?,
@@ -63,7 +68,16 @@ mod tests {
     ) -> Result<TokenLoss> {
         let v = logits.dim(1)?;
         let identity = Tensor::eye(v, DType::F32, &Device::Cpu)?;
-        linear_cross_entropy(logits, &identity, targets, mask, smoothing, z, true)
+        linear_cross_entropy(
+            logits,
+            &identity,
+            targets,
+            mask,
+            smoothing,
+            z,
+            true,
+            Precision::F32,
+        )
     }
 
     #[test]

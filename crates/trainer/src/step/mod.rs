@@ -118,6 +118,7 @@ impl BatchTensors {
             label_smoothing,
             z_loss,
             grads,
+            model.precision(),
         )?)
     }
 

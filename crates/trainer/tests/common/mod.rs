@@ -75,6 +75,21 @@ checkpoint:
     )
 }
 
+/// `yaml` with `train.precision: bf16` (mixed precision).
+pub fn in_bf16(yaml: &str) -> String {
+    yaml.replacen("\ntrain:\n", "\ntrain:\n  precision: bf16\n", 1)
+}
+
+/// Whether this machine runs bf16 products (AVX512_BF16); the bf16 specifications are skipped,
+/// saying so, where it does not (`precision.rs` covers the refusal there).
+pub fn bf16_runs_here() -> bool {
+    let runs = ember_kernels::Precision::Bf16.missing_cpu_feature().is_none();
+    if !runs {
+        eprintln!("skipped: this CPU has no AVX512_BF16");
+    }
+    runs
+}
+
 pub fn write_text(dir: &Path) -> PathBuf {
     let path = dir.join("corpus.txt");
     let mut text = String::new();

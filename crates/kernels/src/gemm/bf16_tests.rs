@@ -1,0 +1,327 @@
+//! The bf16 GEMM against a scalar model of `vdpbf16ps`, bit for bit, and against the f64 sum
+//! of the rounded operands' products; at every layout, ragged edge and thread count.
+
+use std::arch::x86_64::*;
+
+use super::bf16::{from_bf16, gemm, pack_b, supported, to_bf16};
+use super::tests::{b_view, operands, values, LAYOUTS};
+use super::{Mat, Operand, PackedIn};
+use crate::Precision;
+
+/// `x` rounded to bf16, as an f32.
+fn round(x: f32) -> f32 {
+    from_bf16(to_bf16(x))
+}
+
+/// Denormals flushed to zero, as `vdpbf16ps` flushes its sums and products.
+fn ftz(x: f32) -> f32 {
+    if x != 0.0 && x.abs() < f32::MIN_POSITIVE {
+        0.0f32.copysign(x)
+    } else {
+        x
+    }
+}
+
+/// What the kernel must give, modelled element by element: per pair of k,
+/// `acc = (acc + a₁·b₁) + a₀·b₀` on the rounded operands (each product exact, each add rounded),
+/// then `beta·C + acc` in one fused multiply-add.
+fn modelled(
+    (m, k, n): (usize, usize, usize),
+    a: impl Fn(usize, usize) -> f32,
+    b: impl Fn(usize, usize) -> f32,
+    beta: f32,
+    c: &[f32],
+    ldc: usize,
+) -> Vec<f32> {
+    let mut out = c.to_vec();
+    for i in 0..m {
+        for j in 0..n {
+            let at = |x: &dyn Fn(usize, usize) -> f32, r, s| round(x(r, s));
+            let mut acc = 0f32;
+            for p in (0..k).step_by(2) {
+                let (a0, b0) = (at(&a, i, p), at(&b, p, j));
+                let (a1, b1) = if p + 1 < k {
+                    (at(&a, i, p + 1), at(&b, p + 1, j))
+                } else {
+                    (0.0, 0.0)
+                };
+                acc = ftz(acc + ftz(a1 * b1));
+                acc = ftz(acc + ftz(a0 * b0));
+            }
+            let old = c[i * ldc + j];
+            out[i * ldc + j] = if beta != 0.0 { beta.mul_add(old, acc) } else { acc };
+        }
+    }
+    out
+}
+
+fn same_bits(x: &[f32], y: &[f32]) -> bool {
+    x.len() == y.len() && x.iter().zip(y).all(|(a, b)| a.to_bits() == b.to_bits())
+}
+
+/// The scalar rounding is the hardware's, on special values and on a sweep of bit patterns
+/// (ties, carries into the exponent, overflow to infinity, NaN payloads, denormals).
+#[test]
+fn to_bf16_rounds_as_the_hardware_does() {
+    if !supported() {
+        return;
+    }
+    let mut xs: Vec<f32> = vec![
+        0.0,
+        -0.0,
+        1.0,
+        1.0 + 1.0 / 256.0,
+        1.0 + 3.0 / 256.0,
+        f32::MAX,
+        -f32::MAX,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        -f32::NAN,
+        f32::from_bits(0x7f80_0001),
+        f32::from_bits(0xff81_2345),
+        f32::MIN_POSITIVE,
+        1e-39,
+        -1e-39,
+        f32::from_bits(0x3f80_7fff),
+        f32::from_bits(0x3f80_8000),
+        f32::from_bits(0x3f81_8000),
+        f32::from_bits(0x3fff_ffff),
+    ];
+    xs.extend((0..200_000u32).map(|i| f32::from_bits(i.wrapping_mul(0x9E37_79B9) ^ 0x5555)));
+    for chunk in xs.chunks(32) {
+        let hw: [u16; 32] = unsafe { hardware_round(chunk) };
+        for (x, h) in chunk.iter().zip(hw) {
+            assert_eq!(to_bf16(*x), h, "{x:e} ({:08x})", x.to_bits());
+        }
+    }
+}
+
+/// `vcvtne2ps2bf16` of up to 32 floats.
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn hardware_round(x: &[f32]) -> [u16; 32] {
+    let mut buf = [0f32; 32];
+    buf[..x.len()].copy_from_slice(x);
+    let v = _mm512_cvtne2ps_pbh(
+        _mm512_loadu_ps(buf.as_ptr().add(16)),
+        _mm512_loadu_ps(buf.as_ptr()),
+    );
+    std::mem::transmute(v)
+}
+
+/// A (m×k) and B (k×n) element accessors for storage `a`, `b` transposed or not.
+fn accessors<'a>(
+    a: &'a [f32],
+    b: &'a [f32],
+    (m, k, n): (usize, usize, usize),
+    a_t: bool,
+    b_t: bool,
+) -> (
+    impl Fn(usize, usize) -> f32 + 'a,
+    impl Fn(usize, usize) -> f32 + 'a,
+) {
+    (
+        move |i, p| a[if a_t { p * m + i } else { i * k + p }],
+        move |p, j| b[if b_t { j * k + p } else { p * n + j }],
+    )
+}
+
+/// Every layout of A and B, odd and even k, ragged rows and columns, β ∈ {0, 1, ½}, C inside a
+/// wider buffer: the modelled bits exactly, nothing written outside C's view, and within
+/// rounding of the f64 sum of the rounded operands' products.
+#[test]
+fn bf16_gemm_gives_the_modelled_bits_for_every_layout_and_edge() {
+    if !supported() {
+        return;
+    }
+    let mut checked = 0;
+    for &m in &[1usize, 7, 8, 9, 17, 33] {
+        for &k in &[0usize, 1, 2, 3, 32, 33, 129] {
+            for &n in &[1usize, 15, 16, 17, 32, 33, 70] {
+                for (case, (a_t, b_t, beta)) in LAYOUTS.into_iter().enumerate() {
+                    let a = values(m * k, (m * 31 + k * 7 + n) as u64);
+                    let b = values(k * n, (n * 17 + k + case) as u64);
+                    let ldc = n + 5;
+                    let c0 = values(m * ldc, 99);
+                    let (ao, bo) = operands(&a, &b, (m, k, n), a_t, b_t);
+                    let mut c = c0.clone();
+                    unsafe { gemm(m, k, n, ao, bo, beta, c.as_mut_ptr(), ldc) };
+                    let (fa, fb) = accessors(&a, &b, (m, k, n), a_t, b_t);
+                    let want = modelled((m, k, n), &fa, &fb, beta, &c0, ldc);
+                    assert!(
+                        same_bits(&c, &want),
+                        "m={m} k={k} n={n} case={case}: not the modelled bits"
+                    );
+                    for i in 0..m {
+                        for j in 0..n {
+                            let exact: f64 = (0..k)
+                                .map(|p| round(fa(i, p)) as f64 * round(fb(p, j)) as f64)
+                                .sum();
+                            let exact = exact + beta as f64 * c0[i * ldc + j] as f64;
+                            let got = c[i * ldc + j] as f64;
+                            assert!(
+                                (got - exact).abs() <= 1e-6 * (1.0 + exact.abs()) * (k as f64 + 1.0),
+                                "m={m} k={k} n={n} case={case}: C[{i},{j}] = {got}, exact {exact}"
+                            );
+                        }
+                    }
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(checked, 6 * 7 * 7 * 4);
+}
+
+/// Operands with neither stride 1 (every other element, read transposed) go through the
+/// scalar packers and give the same bits.
+#[test]
+fn operands_with_no_unit_stride_give_the_modelled_bits() {
+    if !supported() {
+        return;
+    }
+    let (m, k, n) = (11, 13, 37);
+    let raw_a = values(m * 2 * k, 1);
+    let raw_b = values(n * 2 * k, 2);
+    let ao = Operand {
+        ptr: raw_a.as_ptr(),
+        row_stride: 2 * k,
+        col_stride: 2,
+    };
+    let bo = Operand {
+        ptr: raw_b.as_ptr(),
+        row_stride: 2,
+        col_stride: 2 * k,
+    };
+    let mut c = vec![0f32; m * n];
+    unsafe { gemm(m, k, n, ao, bo, 0.0, c.as_mut_ptr(), n) };
+    let want = modelled(
+        (m, k, n),
+        |i, p| raw_a[i * 2 * k + 2 * p],
+        |p, j| raw_b[2 * p + 2 * k * j],
+        0.0,
+        &vec![0f32; m * n],
+        n,
+    );
+    assert!(same_bits(&c, &want));
+}
+
+/// Products large enough to be split over threads — by C's rows, by its columns, with a long
+/// k taken in pieces, with a column-major A — give the same bits at 1, 2 and 3 threads, and the
+/// modelled ones.
+#[test]
+fn bf16_gemm_bits_do_not_depend_on_the_threads() {
+    if !supported() {
+        return;
+    }
+    for ((m, k, n), a_t, b_t) in [
+        ((300, 1100, 70), false, true),
+        ((37, 600, 500), false, false),
+        ((1000, 64, 40), false, true),
+        ((384, 2049, 129), true, false),
+        ((129, 513, 384), true, false),
+    ] {
+        let a = values(m * k, (m + k) as u64);
+        let b = values(k * n, (k + n) as u64);
+        let (ao, bo) = operands(&a, &b, (m, k, n), a_t, b_t);
+        let run = |threads: usize| {
+            crate::par::set_threads(threads).unwrap();
+            let mut c = vec![0f32; m * n];
+            unsafe { gemm(m, k, n, ao, bo, 0.0, c.as_mut_ptr(), n) };
+            crate::par::set_threads(1).unwrap();
+            c
+        };
+        let one = run(1);
+        for threads in [2, 3] {
+            assert!(
+                same_bits(&one, &run(threads)),
+                "m={m} k={k} n={n}: bits differ at {threads} threads"
+            );
+        }
+        let (fa, fb) = accessors(&a, &b, (m, k, n), a_t, b_t);
+        let want = modelled((m, k, n), fa, fb, 0.0, &vec![0f32; m * n], n);
+        assert!(same_bits(&one, &want), "m={m} k={k} n={n}: not the modelled bits");
+    }
+}
+
+/// A B packed once (the output layer's weight) serves products with several A, at any β,
+/// with the bits of the unpacked call; so does `product_in`.
+#[test]
+fn a_b_packed_once_in_bf16_gives_the_bits_of_each_product() {
+    if !supported() {
+        return;
+    }
+    for ((k, n), b_t) in [((37, 70), false), ((37, 70), true), ((1100, 40), true)] {
+        let b = values(k * n, 21);
+        let (_, bo) = operands(&[], &b, (0, k, n), false, b_t);
+        let view = b_view(&b, (k, n), b_t);
+        let packed = PackedIn::new(Precision::Bf16, k, n, view);
+        for (m, beta) in [(1usize, 0.0f32), (9, 1.0), (131, 0.0), (300, 0.5)] {
+            let a = values(m * k, m as u64);
+            let c0 = values(m * n, 5);
+            let mut got = c0.clone();
+            packed.product(m, Mat::rows(&a, k), beta, &mut got);
+            let mut want = c0.clone();
+            unsafe { gemm(m, k, n, Operand::rows(&a, k), bo, beta, want.as_mut_ptr(), n) };
+            assert!(same_bits(&got, &want), "k={k} n={n} m={m} beta={beta}");
+            if beta == 0.0 {
+                let fresh = super::product_in(Precision::Bf16, m, k, n, Mat::rows(&a, k), view);
+                assert!(same_bits(&fresh, &want), "product_in, k={k} n={n} m={m}");
+            }
+        }
+    }
+}
+
+/// The 16×16 transpose the packer of a transposed B uses.
+#[test]
+fn transpose16_transposes() {
+    if !supported() {
+        return;
+    }
+    let src: [[u32; 16]; 16] = std::array::from_fn(|r| std::array::from_fn(|c| (r * 100 + c) as u32));
+    let out: [[u32; 16]; 16] = unsafe {
+        let rows = std::array::from_fn(|r| _mm512_loadu_si512(src[r].as_ptr().cast()));
+        std::mem::transmute(super::bf16::transpose16(rows))
+    };
+    for r in 0..16 {
+        for c in 0..16 {
+            assert_eq!(out[c][r], src[r][c], "({r}, {c})");
+        }
+    }
+}
+
+/// Packing alone: every pair of the strips is the two rounded elements (zero past k and n).
+#[test]
+fn packed_strips_hold_the_rounded_pairs() {
+    if !supported() {
+        return;
+    }
+    for (k, n, b_t) in [
+        (5usize, 40usize, false),
+        (5, 40, true),
+        (64, 17, true),
+        (33, 33, false),
+    ] {
+        let b = values(k * n, 3);
+        let (_, bo) = operands(&[], &b, (0, k, n), false, b_t);
+        let packed = unsafe { pack_b(k, n, bo) };
+        let (_, fb) = accessors(&[], &b, (0, k, n), false, b_t);
+        let kq = k.div_ceil(2);
+        let strips = n.div_ceil(32);
+        let data = packed.as_slice(strips * kq * 32);
+        for s in 0..strips {
+            for q in 0..kq {
+                for jj in 0..32 {
+                    let j = s * 32 + jj;
+                    let at = |p: usize| if p < k && j < n { to_bf16(fb(p, j)) } else { 0 };
+                    let want = at(2 * q) as u32 | (at(2 * q + 1) as u32) << 16;
+                    assert_eq!(
+                        data[(s * kq + q) * 32 + jj],
+                        want,
+                        "k={k} n={n} b_t={b_t} s={s} q={q} j={jj}"
+                    );
+                }
+            }
+        }
+    }
+}

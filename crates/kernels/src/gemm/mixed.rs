@@ -1,0 +1,153 @@
+//! The products in either [`Precision`]: f32 goes to [`sgemm`] and its kernels, bf16 to the
+//! `vdpbf16ps` kernel ([`super::bf16`]). The ops call these and never look at the precision
+//! themselves.
+
+use super::{product, sgemm, sgemm_packed, Mat, PackedB};
+use crate::Precision;
+
+/// Whether bf16 products run on this CPU ([`super::bf16::supported`]).
+pub(crate) fn bf16_supported() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        super::bf16::supported()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// Panics unless bf16 products run here: the ops check [`Precision::missing_cpu_feature`]
+/// first and return an error.
+fn assert_bf16() {
+    assert!(
+        bf16_supported(),
+        "bf16 products need AVX512_BF16; the op should have refused"
+    );
+}
+
+/// `A·B` for A (m×k) and B (k×n) into a new row-major (m×n) vector, in `precision`.
+pub(crate) fn product_in(
+    precision: Precision,
+    m: usize,
+    k: usize,
+    n: usize,
+    a: Mat<'_>,
+    b: Mat<'_>,
+) -> Vec<f32> {
+    match precision {
+        Precision::F32 => product(m, k, n, a, b),
+        Precision::Bf16 => {
+            let mut c = Vec::with_capacity(m * n);
+            sgemm_bf16(m, k, n, a, b, 0.0, c.spare_capacity_mut());
+            // SAFETY: a β = 0 product writes every element of C (zeros for k = 0).
+            unsafe { c.set_len(m * n) };
+            c
+        }
+    }
+}
+
+/// `C = A·B + beta·C` for A (m×k), B (k×n) and a row-major C (m×n), in `precision`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn sgemm_in(
+    precision: Precision,
+    m: usize,
+    k: usize,
+    n: usize,
+    a: Mat<'_>,
+    b: Mat<'_>,
+    beta: f32,
+    c: &mut [f32],
+) {
+    match precision {
+        Precision::F32 => sgemm(m, k, n, a, b, beta, c),
+        Precision::Bf16 => {
+            // SAFETY: initialised floats are valid `MaybeUninit`s, and with β ≠ 0 C is read
+            // only where it was initialised (the caller's slice).
+            let c = unsafe { &mut *(c as *mut [f32] as *mut [std::mem::MaybeUninit<f32>]) };
+            sgemm_bf16(m, k, n, a, b, beta, c)
+        }
+    }
+}
+
+/// [`sgemm_in`]'s bf16 half; C need not be initialised for β = 0.
+#[allow(clippy::too_many_arguments)]
+fn sgemm_bf16(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: Mat<'_>,
+    b: Mat<'_>,
+    beta: f32,
+    c: &mut [std::mem::MaybeUninit<f32>],
+) {
+    assert!(
+        a.fits(m, k) && b.fits(k, n) && c.len() >= m * n,
+        "sgemm: operand out of bounds"
+    );
+    assert_bf16();
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: operands in bounds (asserted), the CPU has AVX512_BF16 (asserted), and C is
+    // exclusively borrowed, so it cannot alias A or B.
+    unsafe {
+        super::bf16::gemm(m, k, n, a.operand(), b.operand(), beta, c.as_mut_ptr().cast(), n)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = beta;
+}
+
+/// B (k×n) packed once for several products in a precision: the output layer multiplies every
+/// block of rows by the same weight.
+pub(crate) enum PackedIn<'a> {
+    /// Packed for the in-place f32 kernel, or (`None`: no AVX-512) left where it lies.
+    F32 {
+        packed: Option<PackedB>,
+        b: Mat<'a>,
+        k: usize,
+        n: usize,
+    },
+    #[cfg(target_arch = "x86_64")]
+    Bf16(super::bf16::PackedPairs),
+}
+
+impl<'a> PackedIn<'a> {
+    pub fn new(precision: Precision, k: usize, n: usize, b: Mat<'a>) -> Self {
+        match precision {
+            Precision::F32 => PackedIn::F32 {
+                packed: PackedB::new(k, n, b),
+                b,
+                k,
+                n,
+            },
+            Precision::Bf16 => {
+                assert!(b.fits(k, n), "sgemm: operand out of bounds");
+                assert_bf16();
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: B's k×n view is in bounds and the CPU has AVX512_BF16 (asserted).
+                return PackedIn::Bf16(unsafe { super::bf16::pack_b(k, n, b.operand()) });
+                #[cfg(not(target_arch = "x86_64"))]
+                unreachable!("assert_bf16 fails off x86-64")
+            }
+        }
+    }
+
+    /// `C = A·B + beta·C` for a row-major A (m×k) and C (m×n).
+    pub fn product(&self, m: usize, a: Mat<'_>, beta: f32, c: &mut [f32]) {
+        match self {
+            PackedIn::F32 {
+                packed: Some(packed), ..
+            } => sgemm_packed(m, a, packed, beta, c),
+            PackedIn::F32 {
+                packed: None,
+                b,
+                k,
+                n,
+            } => sgemm(m, *k, *n, a, *b, beta, c),
+            #[cfg(target_arch = "x86_64")]
+            PackedIn::Bf16(packed) => {
+                let (k, n) = packed.dims();
+                assert!(a.fits(m, k) && c.len() >= m * n, "sgemm: operand out of bounds");
+                // SAFETY: operands in bounds (asserted); C is exclusively borrowed.
+                unsafe { super::bf16::gemm_packed(m, a.operand(), packed, beta, c.as_mut_ptr(), n) }
+            }
+        }
+    }
+}

@@ -1,0 +1,90 @@
+//! The precision of the matrix products, chosen by the caller of each op: f32 throughout, or
+//! bf16 operands with f32 sums (mixed precision, `train.precision: bf16`).
+//!
+//! Only the products change. Everything else an op computes — norm statistics, softmax, the
+//! loss, every elementwise op — stays f32, and so do its inputs and outputs: the operands are
+//! rounded to bf16 as the product packs them ([`crate::gemm`]'s `bf16` module).
+
+use candle_core::{DType, Result, Tensor};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// What a product's operands are rounded to before they are multiplied; the sums are f32
+/// either way.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    /// f32 operands: every bit as before mixed precision existed.
+    #[default]
+    F32,
+    /// bf16 operands (8 bits of mantissa), f32 sums: on the CPU AVX512_BF16's `vdpbf16ps`.
+    Bf16,
+}
+
+impl Precision {
+    /// `f32` or `bf16`, as the config spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::F32 => "f32",
+            Precision::Bf16 => "bf16",
+        }
+    }
+
+    /// What this process lacks to run these products on the CPU, as a clause naming the
+    /// feature (`AVX512_BF16, which this CPU does not have …`), or `None` when it can. bf16
+    /// needs AVX512_BF16 with the AVX-512 unit in use (`EMBER_CPU_VECTOR_UNIT=avx2` turns it off
+    /// as it turns off the rest of AVX-512).
+    pub fn missing_cpu_feature(self) -> Option<String> {
+        if self == Precision::F32 || crate::gemm::bf16_supported() {
+            return None;
+        }
+        let unit = crate::vector_unit();
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("avx512bf16") {
+            return Some(format!(
+                "AVX512_BF16, which {}={} turns off on this CPU (its kernels run on {unit})",
+                crate::VECTOR_UNIT_ENV,
+                std::env::var(crate::VECTOR_UNIT_ENV).unwrap_or_default()
+            ));
+        }
+        Some(format!(
+            "AVX512_BF16, which this CPU does not have (its kernels run on {unit})"
+        ))
+    }
+
+    /// An error naming the missing CPU feature unless this CPU runs these products: the ops
+    /// refuse rather than compute in another precision or emulate it slowly.
+    pub(crate) fn check_cpu(self) -> Result<()> {
+        match self.missing_cpu_feature() {
+            None => Ok(()),
+            Some(missing) => candle_core::bail!("{self} products need {missing}"),
+        }
+    }
+
+    /// `x` with its values rounded as this precision rounds a product's operands: unchanged
+    /// for f32; to bf16 and back for bf16 (candle's casts, differentiable: the gradient passes
+    /// through unrounded). The unfused references of the bf16 ops are the f32 compositions of
+    /// their rounded operands.
+    pub fn round(self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Precision::F32 => Ok(x.clone()),
+            Precision::Bf16 => x.to_dtype(DType::BF16)?.to_dtype(x.dtype()),
+        }
+    }
+
+    /// The instructions the CPU's products run on, for reports: e.g. `bf16 products on
+    /// AVX512_BF16 (vdpbf16ps), f32 sums`.
+    pub fn cpu_products(self) -> String {
+        match self {
+            Precision::F32 if crate::simd::avx512() => "f32 products on AVX-512 FMA".into(),
+            Precision::F32 => format!("f32 products on {} (matrixmultiply)", crate::vector_unit()),
+            Precision::Bf16 => "bf16 products on AVX512_BF16 (vdpbf16ps), f32 sums".into(),
+        }
+    }
+}
+
+impl std::fmt::Display for Precision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}

@@ -1,0 +1,266 @@
+//! Specification of the ops in bf16 (`*_in` with `Precision::Bf16`, on a CPU with AVX512_BF16):
+//! each is the f32 composition of its operands rounded to bf16 — forward values to f32 rounding,
+//! gradients to bf16's (the backward products round the incoming gradient as well, the
+//! composition does not) — on contiguous and strided inputs; the same bits on every run and at
+//! any thread count; and really in bf16 (not the f32 op's values).
+
+#[path = "common/mod.rs"]
+mod common;
+
+use candle_core::{DType, Device, Tensor};
+use common::{assert_close, compare, randn_cpu, rel_error, run, same_bits, strided};
+use ember_kernels::{self as kernels, Precision, RopeTables};
+
+const BF16: Precision = Precision::Bf16;
+
+/// The forward pass within this of the composition (both sum exact products in f32).
+const FORWARD_TOL: f64 = 2e-5;
+/// The gradients within this: bf16 keeps 8 bits, so rounding the incoming gradient moves a
+/// product by up to 2⁻⁹ of each term.
+const GRADIENT_TOL: f64 = 6e-3;
+
+fn runs_here() -> bool {
+    BF16.missing_cpu_feature().is_none()
+}
+
+fn randn(seed: u64, shape: &[usize]) -> Tensor {
+    randn_cpu(seed, shape, 1.0)
+}
+
+/// The op against its composition on rounded operands: forward and every gradient to bf16's
+/// rounding and the same bits on a second run (`compare`), the forward to f32's rounding, and
+/// the forward not the f32 op's (`f32_op`).
+fn check(
+    what: &str,
+    inputs: &[Tensor],
+    op: &dyn Fn(&[Tensor]) -> Tensor,
+    composition: &dyn Fn(&[Tensor]) -> Tensor,
+    f32_op: &dyn Fn(&[Tensor]) -> Tensor,
+) {
+    compare(what, inputs, op, composition, GRADIENT_TOL);
+    let y = op(inputs);
+    assert_close(&format!("{what} forward"), &y, &composition(inputs), FORWARD_TOL);
+    let e = rel_error(&y, &f32_op(inputs));
+    assert!(
+        e > 1e-4,
+        "{what}: within {e:e} of the f32 op: not computed in bf16"
+    );
+}
+
+/// The op's inputs as they are and as strided views.
+fn layouts(inputs: &[Tensor]) -> [(&'static str, Vec<Tensor>); 2] {
+    [
+        ("contiguous", inputs.to_vec()),
+        ("strided", inputs.iter().map(strided).collect()),
+    ]
+}
+
+fn r(t: &Tensor) -> Tensor {
+    BF16.round(t).unwrap()
+}
+
+#[test]
+fn every_projection_in_bf16_is_the_composition_of_its_rounded_operands() {
+    if !runs_here() {
+        eprintln!("skipped: this CPU has no AVX512_BF16 (bf16_refused.rs covers it)");
+        return;
+    }
+    let tables = RopeTables::new(8, 160, 10_000.0, DType::F32, &Device::Cpu).unwrap();
+    let logn = kernels::PositionScale {
+        scale: 0.35,
+        logn_length: Some(4),
+    };
+    for (i, (b, t, in_dim, out_dim)) in [(2, 7, 16, 24), (1, 130, 33, 40), (3, 5, 128, 64)]
+        .into_iter()
+        .enumerate()
+    {
+        let seed = 10 * i as u64;
+        let x = randn(seed, &[b, t, in_dim]);
+        let w = randn(seed + 1, &[out_dim, in_dim]);
+        let stream = randn(seed + 2, &[b, t, out_dim]);
+        for (label, v) in layouts(&[x, w, stream]) {
+            let what = |op: &str| format!("{op} {:?} {label}", (b, t, in_dim, out_dim));
+            let xw = [v[0].clone(), v[1].clone()];
+            check(
+                &what("linear"),
+                &xw,
+                &|t| kernels::linear_in(&t[0], &t[1], BF16).unwrap(),
+                &|t| kernels::linear_unfused(&r(&t[0]), &r(&t[1])).unwrap(),
+                &|t| kernels::linear(&t[0], &t[1]).unwrap(),
+            );
+            check(
+                &what("linear_gelu"),
+                &xw,
+                &|t| kernels::linear_gelu_in(&t[0], &t[1], BF16).unwrap(),
+                &|t| kernels::linear_gelu_unfused(&r(&t[0]), &r(&t[1])).unwrap(),
+                &|t| kernels::linear_gelu(&t[0], &t[1]).unwrap(),
+            );
+            check(
+                &what("linear_scaled"),
+                &xw,
+                &|t| kernels::linear_scaled_in(&t[0], &t[1], -0.3, BF16).unwrap(),
+                &|t| kernels::linear_scaled_unfused(&r(&t[0]), &r(&t[1]), -0.3).unwrap(),
+                &|t| kernels::linear_scaled(&t[0], &t[1], -0.3).unwrap(),
+            );
+            for scale in [kernels::PositionScale::from(1.0), logn] {
+                check(
+                    &what(&format!("linear_rope {scale:?}")),
+                    &xw,
+                    &|v| kernels::linear_rope_in(&v[0], &v[1], &tables, 3, scale, BF16).unwrap(),
+                    &|v| kernels::linear_rope_unfused(&r(&v[0]), &r(&v[1]), &tables, 3, scale).unwrap(),
+                    &|v| kernels::linear_rope(&v[0], &v[1], &tables, 3, scale).unwrap(),
+                );
+            }
+            for p in [0.0, 0.3] {
+                check(
+                    &what(&format!("linear_residual p={p}")),
+                    &[v[2].clone(), v[0].clone(), v[1].clone()],
+                    &|t| kernels::linear_residual_in(&t[0], &t[1], &t[2], p, 7, BF16).unwrap(),
+                    &|t| kernels::linear_residual_unfused(&t[0], &r(&t[1]), &r(&t[2]), p, 7).unwrap(),
+                    &|t| kernels::linear_residual(&t[0], &t[1], &t[2], p, 7).unwrap(),
+                );
+            }
+        }
+    }
+}
+
+/// Targets and a mask (every third row padding) for `n` rows of a `vocab`-word output.
+fn targets_and_mask(n: usize, vocab: usize) -> (Tensor, Tensor) {
+    let targets: Vec<u32> = (0..n).map(|j| ((j * 7 + 1) % vocab) as u32).collect();
+    let mask: Vec<f32> = (0..n).map(|j| if j % 3 == 2 { 0.0 } else { 1.0 }).collect();
+    (
+        Tensor::new(targets.as_slice(), &Device::Cpu).unwrap(),
+        Tensor::new(mask.as_slice(), &Device::Cpu).unwrap(),
+    )
+}
+
+#[test]
+fn the_output_layer_and_loss_in_bf16_is_the_composition_of_its_rounded_operands() {
+    if !runs_here() {
+        return;
+    }
+    // Several blocks of rows at 70k words; the trainer's gradient made in the forward pass
+    // (`grads`) and the recomputing backward (the probe puts weight on the NLL row too).
+    for (rows, d, vocab) in [(17, 16, 69), (150, 8, 70_000), (40, 64, 65)] {
+        let h = randn(rows as u64, &[rows, d]);
+        let w = (randn(vocab as u64, &[vocab, d]) * 0.5).unwrap();
+        let (targets, mask) = targets_and_mask(rows, vocab);
+        for (eps, z) in [(0.0, 0.0), (0.1, 1e-3)] {
+            for grads in [false, true] {
+                for (label, v) in layouts(&[h.clone(), w.clone()]) {
+                    check(
+                        &format!(
+                            "linear cross-entropy {:?} eps {eps} z {z} grads {grads} {label}",
+                            (rows, d, vocab)
+                        ),
+                        &v,
+                        &|t| {
+                            kernels::linear_cross_entropy_in(
+                                &t[0], &t[1], &targets, &mask, eps, z, grads, BF16,
+                            )
+                            .unwrap()
+                        },
+                        &|t| {
+                            kernels::linear_cross_entropy_unfused(
+                                &r(&t[0]),
+                                &r(&t[1]),
+                                &targets,
+                                &mask,
+                                eps,
+                                z,
+                            )
+                            .unwrap()
+                        },
+                        &|t| {
+                            kernels::linear_cross_entropy(&t[0], &t[1], &targets, &mask, eps, z, grads)
+                                .unwrap()
+                        },
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The trainer's own use: the objective summed and divided by the tokens, through the gradient
+/// the forward pass prepared; against the composition on rounded operands.
+#[test]
+fn the_trainers_gradient_from_the_bf16_forward_pass_is_the_compositions() {
+    if !runs_here() {
+        return;
+    }
+    let (rows, d, vocab) = (96, 32, 300);
+    let h = randn(1, &[rows, d]);
+    let w = (randn(2, &[vocab, d]) * 0.5).unwrap();
+    let (targets, mask) = targets_and_mask(rows, vocab);
+    let trainer = |t: &[Tensor]| {
+        let per_token =
+            kernels::linear_cross_entropy_in(&t[0], &t[1], &targets, &mask, 0.1, 1e-4, true, BF16).unwrap();
+        (per_token.get(0).unwrap().sum_all().unwrap() / rows as f64).unwrap()
+    };
+    let composition = |t: &[Tensor]| {
+        let per_token =
+            kernels::linear_cross_entropy_unfused(&r(&t[0]), &r(&t[1]), &targets, &mask, 0.1, 1e-4).unwrap();
+        (per_token.get(0).unwrap().sum_all().unwrap() / rows as f64).unwrap()
+    };
+    let one = Tensor::new(1f32, &Device::Cpu).unwrap();
+    let (y, g) = run(&[h.clone(), w.clone()], &one, &trainer);
+    let (yc, gc) = run(&[h, w], &one, &composition);
+    assert_close("loss", &y, &yc, FORWARD_TOL);
+    assert_close("dh", &g[0], &gc[0], GRADIENT_TOL);
+    assert_close("dW", &g[1], &gc[1], GRADIENT_TOL);
+}
+
+/// Products large enough to be cut into tasks give the same bits at 1 and 3 threads.
+#[test]
+fn bf16_ops_give_the_same_bits_at_any_thread_count() {
+    if !runs_here() {
+        return;
+    }
+    let x = randn(1, &[4, 64, 128]);
+    let w = randn(2, &[384, 128]);
+    let stream = randn(3, &[4, 64, 384]);
+    let head = (randn(4, &[1000, 128]) * 0.5).unwrap();
+    let (targets, mask) = targets_and_mask(256, 1000);
+    type Op<'a> = (&'a str, Vec<Tensor>, Box<dyn Fn(&[Tensor]) -> Tensor + 'a>);
+    let ops: Vec<Op> = vec![
+        (
+            "linear_gelu",
+            vec![x.clone(), w.clone()],
+            Box::new(|t| kernels::linear_gelu_in(&t[0], &t[1], BF16).unwrap()),
+        ),
+        (
+            "linear_residual",
+            vec![stream, x.clone(), w.clone()],
+            Box::new(|t| kernels::linear_residual_in(&t[0], &t[1], &t[2], 0.1, 3, BF16).unwrap()),
+        ),
+        (
+            "linear_cross_entropy",
+            vec![x.reshape((256, 128)).unwrap(), head],
+            Box::new(|t| {
+                kernels::linear_cross_entropy_in(&t[0], &t[1], &targets, &mask, 0.1, 0.0, true, BF16).unwrap()
+            }),
+        ),
+    ];
+    for (name, inputs, op) in &ops {
+        let probe = randn(9, op(inputs).dims());
+        let at = |threads| {
+            kernels::par::set_threads(threads).unwrap();
+            let out = run(inputs, &probe, op.as_ref());
+            kernels::par::set_threads(1).unwrap();
+            out
+        };
+        let (y1, g1) = at(1);
+        let (y3, g3) = at(3);
+        assert!(
+            same_bits(&y1, &y3),
+            "{name}: the output depends on the thread count"
+        );
+        for (i, (a, b)) in g1.iter().zip(&g3).enumerate() {
+            assert!(
+                same_bits(a, b),
+                "{name}: gradient {i} depends on the thread count"
+            );
+        }
+    }
+}

@@ -1,0 +1,73 @@
+//! `train.precision`, resolved once per run into the [`Precision`] the model's products take
+//! ([`Model::set_precision`](ember_model::Model::set_precision)); nothing else in the trainer
+//! looks at it.
+//!
+//! `bf16` is mixed precision: the weights, the AdamW moments, the gradients and every
+//! activation stay f32 (and are checkpointed as in f32), and only the operands of the matrix
+//! products — forward and backward — are rounded to bf16, with f32 sums. Activations are not
+//! *stored* in bf16: candle's graph keeps every op's f32 input for the backward pass, so a bf16
+//! copy would add memory rather than save it until the ops themselves take bf16 tensors in and
+//! out (candle's own bf16 CPU ops are scalar conversions per element); the bf16 copies live
+//! only inside the products, packed for them and dropped after.
+//!
+//! A CPU without AVX512_BF16 is refused before any work, naming the feature: an emulation would
+//! do f32's multiply-adds plus the rounding, so it could only be slower than f32, with worse
+//! numerics. The CUDA half is not built yet: `bf16` on a GPU is refused too.
+
+use anyhow::{bail, Result};
+use ember_kernels::Precision;
+
+use crate::config::RunConfig;
+
+/// What the products of `cfg`'s run compute in and on, for reports: e.g. `bf16 products on
+/// AVX512_BF16 (vdpbf16ps), f32 sums` on this CPU, `f32 products on cuBLAS` on a GPU.
+pub fn describe_products(cfg: &RunConfig) -> String {
+    let precision = cfg.train.precision;
+    if cfg.device.starts_with("cuda") {
+        format!("{precision} products on cuBLAS")
+    } else {
+        precision.cpu_products()
+    }
+}
+
+/// The precision of a training run's (or a benchmark's) products, or an error naming what this
+/// machine lacks to run `train.precision`.
+pub fn for_training(cfg: &RunConfig) -> Result<Precision> {
+    let precision = cfg.train.precision;
+    if precision == Precision::F32 {
+        return Ok(precision);
+    }
+    if cfg.device != "cpu" {
+        bail!(
+            "train.precision: {precision} runs on the CPU only so far (device: {}): Ember's bf16 \
+             CUDA kernels are not built yet. Train on this GPU with train.precision: f32 (the \
+             default), or in bf16 with device: cpu.",
+            cfg.device
+        );
+    }
+    if let Some(missing) = precision.missing_cpu_feature() {
+        bail!(
+            "train.precision: {precision}: its matrix products need {missing}. Ember does not \
+             emulate them: an emulation does f32's work plus the rounding, slower than f32 \
+             itself. Train with train.precision: f32 (the default) here, or on a CPU with \
+             AVX512_BF16 (AMD Zen 4 and later, Intel Cooper Lake, Sapphire Rapids and later)."
+        );
+    }
+    Ok(precision)
+}
+
+/// The precision to evaluate or decode a trained run in: its own where this machine runs it,
+/// else f32, with a note saying so (the weights are f32 either way; only the last digits of
+/// the products differ).
+pub fn for_inference(cfg: &RunConfig) -> (Precision, Option<String>) {
+    match for_training(cfg) {
+        Ok(p) => (p, None),
+        Err(e) => (
+            Precision::F32,
+            Some(format!(
+                "this run trained with train.precision: {}; its products run in f32 here ({e})",
+                cfg.train.precision
+            )),
+        ),
+    }
+}
