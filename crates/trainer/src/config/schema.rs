@@ -265,6 +265,7 @@ pub struct TrainConfig {
     /// see `precision`). Written into a run's config only when it is not f32, so an f32 run's
     /// files are byte for byte what they were before the key existed.
     #[serde(default, skip_serializing_if = "is_f32")]
+    #[schemars(extend("default" = "f32"))]
     pub precision: Precision,
 }
 
