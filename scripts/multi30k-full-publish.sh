@@ -18,12 +18,23 @@
 #
 # The sweep's grid.json and status.json are copied too (commands, hardware, wall times).
 #
-#   scripts/multi30k-full-publish.sh [--ember BIN] SWEEP_DIR [DOCS_DIR]
+# --partial, while a grid is partly retrained: the runs' records (checked as above) and the
+# protocol's tables.md over the runs scored so far; the sweep's files, the report and the plots
+# of the earlier complete grid stay as they are until the grid is whole again.
+#
+#   scripts/multi30k-full-publish.sh [--ember BIN] [--partial] SWEEP_DIR [DOCS_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ember=target/release/ember
-if [[ ${1:-} == --ember ]]; then ember=$(realpath "$2"); shift 2; fi
-[[ $# -ge 1 ]] || { echo "usage: $0 [--ember BIN] SWEEP_DIR [DOCS_DIR]" >&2; exit 2; }
+partial=0
+while [[ ${1:-} == --* ]]; do
+  case $1 in
+    --ember) ember=$(realpath "$2"); shift 2 ;;
+    --partial) partial=1; shift ;;
+    *) echo "unknown option $1; usage: $0 [--ember BIN] [--partial] SWEEP_DIR [DOCS_DIR]" >&2; exit 2 ;;
+  esac
+done
+[[ $# -ge 1 ]] || { echo "usage: $0 [--ember BIN] [--partial] SWEEP_DIR [DOCS_DIR]" >&2; exit 2; }
 sweep=${1%/}
 docs=${2:-docs/results/multi30k-full}
 mkdir -p "$docs/runs"
@@ -72,6 +83,11 @@ for run in "$sweep"/runs/*/; do
   mkdir -p "$docs/runs/$(basename "$run")"
   cp "${record[@]}" "$docs/runs/$(basename "$run")"/
 done
+if (( partial )); then
+  "$venv/bin/python" scripts/multi30k-full-report.py "$sweep" > "$docs/tables.md"
+  echo "published the records of $(ls "$docs/runs" | wc -l) runs and tables.md into $docs (report and plots unchanged)"
+  exit 0
+fi
 cp "$sweep"/grid.json "$sweep"/status.json "$docs"/
 
 # `ember report` writes beside the runs it reads: give it a copy without checkpoints, at the

@@ -137,8 +137,9 @@ def power(d, effect, alpha=0.05):
 
 
 def holm(ps):
-    """Holm's step-down adjusted p values, in the order given."""
-    order = sorted(range(len(ps)), key=lambda i: ps[i])
+    """Holm's step-down adjusted p values, in the order given. A p that cannot be computed (one
+    seed) stays unknown, and still counts in the family size of the others."""
+    order = sorted((i for i in range(len(ps)) if not math.isnan(ps[i])), key=lambda i: ps[i])
     adjusted, running = [NAN] * len(ps), 0.0
     for rank, i in enumerate(order):
         running = max(running, min(1.0, (len(ps) - rank) * ps[i]))
@@ -166,7 +167,7 @@ def comparison_tables(runs, variants, lr=None):
     for key, name, digits in METRICS:
         rows = [(v, paired(runs, v, key, lr)) for v in others]
         tests = [t_test(d) for _, d in rows]
-        adjusted = holm([t[3] if not math.isnan(t[3]) else 1.0 for t in tests])
+        adjusted = holm([t[3] for t in tests])
         for (v, d), (mu, lo, hi, p), hp in zip(rows, tests, adjusted):
             _, blo, bhi, _ = t_test(d, level)
             print(f"| {name} | {v} | {len(d)} | {signed(mu, digits)} [{signed(lo, digits)}, {signed(hi, digits)}] | "
