@@ -32,9 +32,9 @@
 # val_loss.png over every side in --out and prints the table.
 #
 # nanoGPT comes from --nanogpt DIR (default $NANOGPT_DIR or ~/.cache/ember/nanoGPT, cloned at the
-# pinned commit when missing; its commit is printed when DIR is a git checkout). Needs
-# scripts/get-data.sh's data and the torch venv (scripts/torch-venv.sh; matplotlib in it for the
-# plot). CPU only; not part of CI.
+# pinned commit from $NANOGPT_REPO when missing, see scripts/nanogpt.sh; its commit is printed
+# when DIR is a git checkout). Needs scripts/get-data.sh's data and the torch venv
+# (scripts/torch-venv.sh; matplotlib in it for the plot). CPU only; not part of CI.
 set -euo pipefail
 
 die() { echo "nanogpt-parity: error: $*" >&2; exit 1; }
