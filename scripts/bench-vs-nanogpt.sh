@@ -114,6 +114,7 @@ precision_list="$(IFS=,; echo "${precisions[*]}")"
 
 source scripts/torch-venv.sh   # sets $py
 source scripts/nanogpt.sh      # nanogpt_prepare, $NANOGPT_DEFAULT_DIR, $NANOGPT_COMMIT
+source scripts/ember-release.sh   # ember_release_binary
 books=scripts/bench_vs_nanogpt.py   # the JSONL records, the table rows, the summary
 
 # --- nanoGPT and its data ---------------------------------------------------------------------
@@ -126,16 +127,7 @@ torch_info="$("$py" -c 'import torch; print(torch.__version__, getattr(torch.bac
 echo "== torch ${torch_info% *} (its CPU kernels: ${torch_info#* })" >&2
 
 # --- Ember ------------------------------------------------------------------------------------
-if [[ -z "$ember" ]]; then
-  target="${CARGO_TARGET_DIR:-target}"
-  [[ "$target" = /* ]] || target="$ROOT/$target"
-  ember="$target/release/ember"
-  if [[ $build -eq 1 ]]; then
-    echo "== cargo build --release" >&2
-    cargo build --release --quiet || die "cargo build --release failed"
-  fi
-  [[ -x "$ember" ]] || die "$ember not found (build with cargo build --release, drop --no-build, or name a binary with --ember)"
-fi
+[[ -n "$ember" ]] || ember_release_binary "$build" "name a binary with --ember"
 echo "== Ember: $ember" >&2
 
 out="${out:-$(mktemp "${TMPDIR:-/tmp}/bench-vs-nanogpt.XXXXXX.jsonl")}"

@@ -157,14 +157,8 @@ ember_run() { # side-dir lr seed
 }
 
 if (( run_ember )); then
-  target="${CARGO_TARGET_DIR:-target}"
-  [[ "$target" = /* ]] || target="$ROOT/$target"
-  ember="$target/release/ember"
-  if (( build )); then
-    echo "== cargo build --release" >&2
-    cargo build --release --quiet || die "cargo build --release failed"
-  fi
-  [[ -x "$ember" ]] || die "$ember not found (build with cargo build --release, or drop --no-build)"
+  source scripts/ember-release.sh   # ember_release_binary
+  ember_release_binary "$build"
   ember_args=(--set train.steps="$steps" --set eval.every="$eval_every" --set checkpoint.every="$steps"
     --set train.threads="$threads" "${ember_sets[@]}")
   side="$out/${label:-ember}"
