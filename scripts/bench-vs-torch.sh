@@ -60,14 +60,8 @@ IFS=, read -r -a thread_counts <<< "$threads_list"
 source scripts/torch-venv.sh   # sets $py
 
 # --- Ember -----------------------------------------------------------------------------------
-target="${CARGO_TARGET_DIR:-target}"
-[[ "$target" = /* ]] || target="$ROOT/$target"
-ember="$target/release/ember"
-if [[ $build -eq 1 ]]; then
-  echo "== cargo build --release" >&2
-  cargo build --release --quiet || die "cargo build --release failed"
-fi
-[[ -x "$ember" ]] || die "$ember not found (build with cargo build --release, or drop --no-build)"
+source scripts/ember-release.sh   # ember_release_binary
+ember_release_binary "$build"
 
 ref=(scripts/reference/ember_ref.py "$config" --ember "$ember" ${sets[@]+"${sets[@]}"})
 table=("$py" scripts/reference/bench_table.py)

@@ -32,9 +32,9 @@
 # val_loss.png over every side in --out and prints the table.
 #
 # nanoGPT comes from --nanogpt DIR (default $NANOGPT_DIR or ~/.cache/ember/nanoGPT, cloned at the
-# pinned commit when missing; its commit is printed when DIR is a git checkout). Needs
-# scripts/get-data.sh's data and the torch venv (scripts/torch-venv.sh; matplotlib in it for the
-# plot). CPU only; not part of CI.
+# pinned commit from $NANOGPT_REPO when missing, see scripts/nanogpt.sh; its commit is printed
+# when DIR is a git checkout). Needs scripts/get-data.sh's data and the torch venv
+# (scripts/torch-venv.sh; matplotlib in it for the plot). CPU only; not part of CI.
 set -euo pipefail
 
 die() { echo "nanogpt-parity: error: $*" >&2; exit 1; }
@@ -157,14 +157,8 @@ ember_run() { # side-dir lr seed
 }
 
 if (( run_ember )); then
-  target="${CARGO_TARGET_DIR:-target}"
-  [[ "$target" = /* ]] || target="$ROOT/$target"
-  ember="$target/release/ember"
-  if (( build )); then
-    echo "== cargo build --release" >&2
-    cargo build --release --quiet || die "cargo build --release failed"
-  fi
-  [[ -x "$ember" ]] || die "$ember not found (build with cargo build --release, or drop --no-build)"
+  source scripts/ember-release.sh   # ember_release_binary
+  ember_release_binary "$build"
   ember_args=(--set train.steps="$steps" --set eval.every="$eval_every" --set checkpoint.every="$steps"
     --set train.threads="$threads" "${ember_sets[@]}")
   side="$out/${label:-ember}"

@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034,SC2154 # sourced: the caller reads its constants and sets $py
 # Sourced by the scripts that run karpathy/nanoGPT next to Ember (bench-vs-nanogpt.sh,
 # nanogpt-parity.sh). Expects $ROOT, $py (scripts/torch-venv.sh) and a `die` function.
 #
@@ -5,17 +6,23 @@
 # train.py (a directory that has one is used as it is: a clone, a `git archive`, a mirror
 # checkout) — prints which commit it is where git can tell, and prepares its shakespeare_char
 # data from data/tinyshakespeare/input.txt (scripts/get-data.sh), the file Ember trains on.
+# The clone comes from $NANOGPT_REPO, default https://github.com/karpathy/nanoGPT; on a machine
+# that cannot reach GitHub, point it at a local mirror or bare copy that holds the pinned commit
+# (NANOGPT_REPO=/path/to/nanoGPT.git).
 
 # karpathy/nanoGPT master as of these scripts (train.py and model.py unchanged since 2023).
 NANOGPT_COMMIT=3adf61e154c3fe3fca428ad6bc3818b27a3b8291
 NANOGPT_DEFAULT_DIR="${NANOGPT_DIR:-$HOME/.cache/ember/nanoGPT}"
+NANOGPT_REPO="${NANOGPT_REPO:-https://github.com/karpathy/nanoGPT}"
 
 nanogpt_prepare() { # dir
   local dir="$1"
   if [[ ! -e "$dir" ]]; then
-    echo "== cloning nanoGPT into $dir" >&2
-    git clone --quiet https://github.com/karpathy/nanoGPT "$dir" || die "git clone of nanoGPT failed"
-    git -C "$dir" checkout --quiet "$NANOGPT_COMMIT" || die "nanoGPT commit $NANOGPT_COMMIT not found"
+    echo "== cloning nanoGPT from $NANOGPT_REPO into $dir" >&2
+    git clone --quiet "$NANOGPT_REPO" "$dir" \
+      || die "git clone of nanoGPT from $NANOGPT_REPO failed (offline? set NANOGPT_REPO to a local mirror)"
+    git -C "$dir" checkout --quiet "$NANOGPT_COMMIT" \
+      || die "nanoGPT commit $NANOGPT_COMMIT not found in $NANOGPT_REPO (the clone is left in $dir; delete it before retrying)"
   fi
   [[ -f "$dir/train.py" && -f "$dir/model.py" && -f "$dir/data/shakespeare_char/prepare.py" ]] \
     || die "$dir is not a nanoGPT checkout (no train.py, model.py or data/shakespeare_char/prepare.py)"
