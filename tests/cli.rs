@@ -518,6 +518,72 @@ fn eval_reports_loss_and_perplexity_on_valid_and_test_splits() {
 }
 
 #[test]
+fn eval_ranks_one_decode_under_each_length_penalty_and_reports_the_highest_bleu() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write(tmp.path(), "tiny.yaml", seq2seq_yaml(4, 4, 2));
+    let run_dir = tmp.path().join("run");
+    ok(tmp.path(), &["train", s(&cfg), "--run-dir", s(&run_dir)]);
+    let hyps = tmp.path().join("best.hyp");
+    let all = json(&ok(
+        tmp.path(),
+        &[
+            "eval",
+            s(&run_dir),
+            "--length-penalty",
+            "0,gnmt:1.0,fairseq:1",
+            "--output",
+            s(&hyps),
+            "--json",
+        ],
+    ));
+    let scores = all["length_penalties"].as_array().expect("one score per penalty");
+    let names: Vec<&str> = scores
+        .iter()
+        .map(|x| x["length_penalty"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["gnmt:0", "gnmt:1", "fairseq:1"], "{all}");
+    // The headline is the first of the highest BLEU, and --output holds its hypotheses.
+    let bleu = |x: &Value| x["bleu"]["score"].as_f64().unwrap();
+    let best = scores
+        .iter()
+        .fold(&scores[0], |b, x| if bleu(x) > bleu(b) { x } else { b });
+    assert_eq!(all["length_penalty"], best["length_penalty"], "{all}");
+    assert_eq!(all["bleu"], best["bleu"], "{all}");
+    let written = std::fs::read_to_string(&hyps).unwrap();
+    assert_eq!(
+        written.lines().count() as u64,
+        best["sentences"].as_u64().unwrap()
+    );
+    // Each penalty alone ranks the same finished hypotheses: the same scores as in the grid.
+    for x in scores {
+        let one = json(&ok(
+            tmp.path(),
+            &[
+                "eval",
+                s(&run_dir),
+                "--length-penalty",
+                x["length_penalty"].as_str().unwrap(),
+                "--json",
+            ],
+        ));
+        assert_eq!(one["bleu"], x["bleu"], "{}", x["length_penalty"]);
+        assert!(one.get("length_penalties").is_none(), "{one}");
+    }
+    // Several penalties on test is allowed, with a warning that test is no longer held out.
+    let out = common::ok_output(
+        tmp.path(),
+        &["eval", s(&run_dir), "--split", "test", "--length-penalty", "0,1"],
+    );
+    assert!(
+        text(&out.stderr).contains("length penalties on the test split"),
+        "{}",
+        text(&out.stderr)
+    );
+    let err = fails(tmp.path(), &["eval", s(&run_dir), "--length-penalty", "gnmt:x"]);
+    assert!(err.contains("length") && err.contains("gnmt:x"), "{err}");
+}
+
+#[test]
 fn bleu_prints_the_sacrebleu_line_or_json_and_refuses_mismatched_line_counts() {
     let tmp = tempfile::tempdir().unwrap();
     let r = write(

@@ -10,7 +10,7 @@ use ember_model::Model;
 use ember_sacrebleu::{BleuConfig, Tokenize};
 use ember_trainer::context::{evaluate_context, ContextEval, ContextOptions};
 use ember_trainer::tell;
-use ember_trainer::translate::score_split_under;
+use ember_trainer::translate::{score_split_under, SplitScores};
 use ember_trainer::{evaluate, say, Split};
 
 use super::decode::DecodeArgs;
@@ -131,52 +131,66 @@ pub(crate) fn run(args: EvalArgs) -> Result<()> {
             .rev()
             .max_by(|&a, &b| all[a].bleu.score.total_cmp(&all[b].bleu.score))
             .context("no length penalty to score")?;
-        let scores = &all[best];
-        if let Some(path) = &args.output {
-            ember_data::io::write_atomic(path, (scores.hypotheses.join("\n") + "\n").as_bytes())
-                .with_context(|| format!("writing {}", path.display()))?;
-        }
-        if all.len() > 1 {
-            for s in &all {
-                lines.push(format!(
-                    "length penalty {:<12} BLEU {:6.2}  BP {:.3}  ratio {:.3}  chrF {:6.2}",
-                    s.length_penalty.to_string(),
-                    s.bleu.score,
-                    s.bleu.bp,
-                    s.bleu.ratio,
-                    s.chrf.score
-                ));
-            }
-            lines.push(format!(
-                "highest BLEU under length penalty {}:",
-                scores.length_penalty
-            ));
-        }
-        lines.push(scores.bleu.format());
-        lines.push(scores.chrf.format());
-        lines.push(format!(
-            "decoded {} sentences with beam {}{} in {:.1}s ({:.1} sentences/s)",
-            scores.sentences,
-            args.decode.beam,
-            if args.decode.no_cache {
-                ", without the KV cache,"
-            } else {
-                ""
-            },
-            scores.secs,
-            scores.sentences as f64 / scores.secs.max(1e-9)
-        ));
-        out["bleu"] = serde_json::to_value(&scores.bleu)?;
-        out["chrf"] = serde_json::to_value(&scores.chrf)?;
-        out["length_penalty"] = scores.length_penalty.to_string().into();
-        if all.len() > 1 {
-            out["length_penalties"] = serde_json::to_value(&all)?;
-        }
-        out["beam"] = args.decode.beam.into();
-        out["kv_cache"] = (!args.decode.no_cache).into();
-        out["sentences_per_sec"] = (scores.sentences as f64 / scores.secs.max(1e-9)).into();
+        report_scores(&args, &all, best, &mut lines, &mut out)?;
     }
     print_result(args.json, &out, || lines.join("\n"))
+}
+
+/// The scores of the length penalty `best` (the highest BLEU) as the text `lines` and JSON `out`
+/// report them, with every penalty's line when several were ranked; its hypotheses into
+/// `--output`.
+fn report_scores(
+    args: &EvalArgs,
+    all: &[SplitScores],
+    best: usize,
+    lines: &mut Vec<String>,
+    out: &mut serde_json::Value,
+) -> Result<()> {
+    let scores = &all[best];
+    if let Some(path) = &args.output {
+        ember_data::io::write_atomic(path, (scores.hypotheses.join("\n") + "\n").as_bytes())
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if all.len() > 1 {
+        for s in all {
+            lines.push(format!(
+                "length penalty {:<12} BLEU {:6.2}  BP {:.3}  ratio {:.3}  chrF {:6.2}",
+                s.length_penalty.to_string(),
+                s.bleu.score,
+                s.bleu.bp,
+                s.bleu.ratio,
+                s.chrf.score
+            ));
+        }
+        lines.push(format!(
+            "highest BLEU under length penalty {}:",
+            scores.length_penalty
+        ));
+    }
+    lines.push(scores.bleu.format());
+    lines.push(scores.chrf.format());
+    lines.push(format!(
+        "decoded {} sentences with beam {}{} in {:.1}s ({:.1} sentences/s)",
+        scores.sentences,
+        args.decode.beam,
+        if args.decode.no_cache {
+            ", without the KV cache,"
+        } else {
+            ""
+        },
+        scores.secs,
+        scores.sentences as f64 / scores.secs.max(1e-9)
+    ));
+    out["bleu"] = serde_json::to_value(&scores.bleu)?;
+    out["chrf"] = serde_json::to_value(&scores.chrf)?;
+    out["length_penalty"] = scores.length_penalty.to_string().into();
+    if all.len() > 1 {
+        out["length_penalties"] = serde_json::to_value(&all)?;
+    }
+    out["beam"] = args.decode.beam.into();
+    out["kv_cache"] = (!args.decode.no_cache).into();
+    out["sentences_per_sec"] = (scores.sentences as f64 / scores.secs.max(1e-9)).into();
+    Ok(())
 }
 
 /// `ember eval --context N`: a language model's loss and attention entropy by position.
