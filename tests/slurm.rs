@@ -390,6 +390,15 @@ fn experiment_only(mut report: Value) -> Value {
     ] {
         report.as_object_mut().unwrap().remove(key);
     }
+    // The command names the sweep's own copy of the base config, under the sweep (`OUT/base.yaml`,
+    // so that a moved sweep still finds it): where the sweep lies, like out_dir.
+    let config = &mut report["base_command"][2];
+    let in_sweep = Path::new(config.as_str().unwrap())
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .to_string();
+    *config = Value::String(format!("OUT/{in_sweep}"));
     for run in report["runs"].as_array_mut().unwrap() {
         for key in ["tokens_per_sec", "train_secs"] {
             run.as_object_mut().unwrap().remove(key);
