@@ -8,7 +8,9 @@
 # (none, layernorm, rmsnorm, l2), and shakespeare-char for 40 steps (needs scripts/get-data.sh).
 # Every file under each run's checkpoints/ is hashed (weights, optimizer moments, RNG and data
 # position), and tokenizer.json beside them; state.json is hashed without its wall time
-# (`elapsed_secs`, `log_window.secs`), and metrics are left out (they hold wall times too).
+# (`elapsed_secs`, `log_window.secs`) and without the record of the vector units that computed
+# the steps (`vector_units`, which binaries before it do not write; a unit that changed the
+# numbers shows in every other file), and metrics are left out (they hold wall times too).
 set -euo pipefail
 die() { echo "same-bits: error: $*" >&2; exit 1; }
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit "${1:-0}"; }
@@ -17,7 +19,7 @@ hashes() { # dir -> sorted "sha256  relative path" lines
   (cd "$1" && find . \( -path '*/checkpoints/*' -o -name tokenizer.json \) -type f -print | sort \
     | while read -r f; do
         if [[ "$(basename "$f")" == state.json ]]; then
-          python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); d.pop("elapsed_secs"); d.get("log_window", {}).pop("secs", None); print(json.dumps(d, sort_keys=True))' "$f" \
+          python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); d.pop("elapsed_secs"); d.pop("vector_units", None); d.get("log_window", {}).pop("secs", None); print(json.dumps(d, sort_keys=True))' "$f" \
             | sha256sum | sed "s|-\$|$f|"
         else
           sha256sum "$f"
