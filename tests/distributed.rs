@@ -201,6 +201,25 @@ fn two_ranks_give_the_bits_of_one_process_computing_the_same_two_shares() {
     }
 }
 
+/// The same in bf16 mixed precision (`train.precision: bf16`), on a CPU that runs it: the ranks'
+/// bf16 products and the all-reduce of their f32 gradients give one process's bits.
+#[test]
+fn two_bf16_ranks_give_the_bits_of_one_bf16_process_computing_the_same_two_shares() {
+    if ember_kernels::Precision::Bf16.missing_cpu_feature().is_some() {
+        return;
+    }
+    let _job = one_job();
+    let text_dir = tempfile::tempdir().unwrap();
+    let yaml = lm_yaml(text_dir.path(), 12, 6).replace("threads: 1,", "threads: 1, precision: bf16,");
+    assert!(yaml.contains("precision: bf16"));
+    let pair = job_and_shares(&yaml, 2);
+    assert_eq!(records(&pair.job), records(&pair.alone));
+    assert_eq!(newest_weights(&pair.job), newest_weights(&pair.alone));
+    // And bf16 is not f32: the products' rounding shows in the weights.
+    let f32_pair = job_and_shares(&lm_yaml(text_dir.path(), 12, 6), 2);
+    assert_ne!(newest_weights(&pair.job), newest_weights(&f32_pair.job));
+}
+
 #[test]
 fn three_ranks_agree_with_one_process_within_1e_6() {
     let _job = one_job();
