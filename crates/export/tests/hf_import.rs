@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
-use ember_export::{export_hf, ExportSource};
+use ember_export::{export_hf, export_hf_as, ExportDtype, ExportSource};
 use ember_model::{Model, ModelConfig};
 use ember_trainer::config::RunConfig;
 use ember_trainer::metrics::Verbosity;
@@ -263,6 +263,51 @@ fn a_run_from_an_imported_model_starts_from_its_weights_resumes_bit_exactly_and_
         std::fs::read_to_string(tmp.path().join("hf-moved/tokenizer.json")).unwrap(),
         std::fs::read_to_string(out.join("tokenizer.json")).unwrap()
     );
+}
+
+/// A model as Hugging Face ships them, in bf16, fine-tuned in bf16 mixed precision (on a CPU that
+/// runs it): it imports as the exact f32 values of its bf16 weights, trains, and resumes
+/// bit-exactly.
+#[test]
+fn a_bf16_export_imports_and_fine_tunes_in_bf16_resuming_bit_exactly() {
+    if ember_kernels::Precision::Bf16.missing_cpu_feature().is_some() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let source_run = trained_run(tmp.path(), "source", "none", true);
+    let hf = tmp.path().join("hf");
+    export_hf_as(&ExportSource::open(&source_run).unwrap(), &hf, ExportDtype::Bf16).unwrap();
+    let yaml = import_yaml(tmp.path(), &hf, 4).replacen("  seed: 5\n", "  seed: 5\n  precision: bf16\n", 1);
+    assert!(yaml.contains("precision: bf16"));
+
+    let straight = tmp.path().join("straight");
+    let done = train(load(&yaml).unwrap(), &quiet(&straight)).unwrap();
+    assert_eq!((done.steps, done.finished), (4, true));
+    let saved = std::fs::read_to_string(straight.join("config.yaml")).unwrap();
+    assert!(saved.contains("precision: bf16"), "{saved}");
+    // It started from the bf16 values: every f32 the import makes has a zero low half.
+    let cfg = ember_import::model_config(&hf).unwrap();
+    let imported = ember_import::load_weights(&hf, &cfg, &Device::Cpu).unwrap();
+    for (name, var) in imported.params.vars() {
+        let low_halves = bits(var.as_tensor()).iter().filter(|b| *b & 0xffff != 0).count();
+        assert_eq!(low_halves, 0, "{name} is not bf16-exact");
+    }
+
+    let resumed = tmp.path().join("resumed");
+    let opts = TrainOptions {
+        stop_after: Some(2),
+        ..quiet(&resumed)
+    };
+    train(load(&yaml).unwrap(), &opts).unwrap();
+    let again = train(
+        load(&yaml).unwrap(),
+        &TrainOptions {
+            resume: true,
+            ..quiet(&resumed)
+        },
+    )
+    .unwrap();
+    assert_eq!(again.weights_sha256, done.weights_sha256);
 }
 
 /// Rewrites the weights of `hf` through `f` (name, tensor) → tensors to write, as `files`
