@@ -363,6 +363,15 @@ pub fn unit_change(out: &Path, now_unit: &str) -> Option<String> {
     ))
 }
 
+/// Warns on stderr when the sweep `plan` is run with another vector unit than its runs so far
+/// ([`unit_change`]), before it starts or plans anything.
+pub fn warn_of_unit_change(plan: &Plan) {
+    let now = plan.hardware.vector_unit.as_deref();
+    if let Some(warning) = now.and_then(|unit| unit_change(&plan.out, unit)) {
+        ember_trainer::tell!("warning: {warning}");
+    }
+}
+
 /// Now, UTC, ISO 8601 (`2025-01-31T12:00:00Z`).
 pub fn utc_now() -> String {
     let secs = std::time::SystemTime::now()

@@ -129,14 +129,7 @@ pub fn prepare(opts: &AblateOptions, slurm: &SlurmOptions, exe: &Path) -> Result
     crate::layout::check_out_dir(&plan.out)?;
     // No local sweep may be writing into the directory while it is planned for the cluster.
     let _lock = DirLock::acquire(&plan.out, "ablation sweep")?;
-    if let Some(warning) = plan
-        .hardware
-        .vector_unit
-        .as_deref()
-        .and_then(|unit| crate::layout::unit_change(&plan.out, unit))
-    {
-        ember_trainer::tell!("warning: {warning}");
-    }
+    crate::layout::warn_of_unit_change(&plan);
     let dir = plan.out.join(SLURM_DIR);
     fs::create_dir_all(dir.join(LOGS)).with_context(|| format!("creating {}", dir.join(LOGS).display()))?;
     fs::create_dir_all(plan.out.join(RUNS))

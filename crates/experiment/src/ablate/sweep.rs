@@ -41,14 +41,7 @@ pub fn ablate(opts: &AblateOptions) -> Result<AblateOutcome> {
              checkpoint; no further run starts",
         );
     }
-    if let Some(warning) = plan
-        .hardware
-        .vector_unit
-        .as_deref()
-        .and_then(|unit| crate::layout::unit_change(&plan.out, unit))
-    {
-        ember_trainer::tell!("warning: {warning}");
-    }
+    crate::layout::warn_of_unit_change(&plan);
     fs::create_dir_all(plan.out.join(RUNS))
         .with_context(|| format!("creating {}", plan.out.join(RUNS).display()))?;
     let mut plan = plan;
