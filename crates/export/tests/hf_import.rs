@@ -211,25 +211,10 @@ fn a_run_from_an_imported_model_starts_from_its_weights_resumes_bit_exactly_and_
     assert!(straight.join("tokenizer_config.json").is_file());
 
     // Stopped after 2 steps and resumed: the weights of the straight run.
-    let resumed = tmp.path().join("resumed");
-    let stopped = train(
-        load(&yaml).unwrap(),
-        &TrainOptions {
-            stop_after: Some(2),
-            ..quiet(&resumed)
-        },
-    )
-    .unwrap();
-    assert_eq!((stopped.steps, stopped.finished), (2, false));
-    let again = train(
-        load(&yaml).unwrap(),
-        &TrainOptions {
-            resume: true,
-            ..quiet(&resumed)
-        },
-    )
-    .unwrap();
-    assert_eq!(again.weights_sha256, done.weights_sha256);
+    assert_eq!(
+        stopped_and_resumed(&yaml, &tmp.path().join("resumed")),
+        done.weights_sha256
+    );
     // The run directory's own config.yaml reopens it without the model folder.
     std::fs::rename(&hf, tmp.path().join("hf-moved")).unwrap();
     let reopened = open_run(&straight, None).unwrap();
@@ -293,21 +278,26 @@ fn a_bf16_export_imports_and_fine_tunes_in_bf16_resuming_bit_exactly() {
         assert_eq!(low_halves, 0, "{name} is not bf16-exact");
     }
 
-    let resumed = tmp.path().join("resumed");
-    let opts = TrainOptions {
+    assert_eq!(
+        stopped_and_resumed(&yaml, &tmp.path().join("resumed")),
+        done.weights_sha256
+    );
+}
+
+/// The run of `yaml` in `run`, stopped after 2 steps and resumed to its end: its final weights'
+/// SHA-256.
+fn stopped_and_resumed(yaml: &str, run: &Path) -> Option<String> {
+    let stop = TrainOptions {
         stop_after: Some(2),
-        ..quiet(&resumed)
+        ..quiet(run)
     };
-    train(load(&yaml).unwrap(), &opts).unwrap();
-    let again = train(
-        load(&yaml).unwrap(),
-        &TrainOptions {
-            resume: true,
-            ..quiet(&resumed)
-        },
-    )
-    .unwrap();
-    assert_eq!(again.weights_sha256, done.weights_sha256);
+    let stopped = train(load(yaml).unwrap(), &stop).unwrap();
+    assert_eq!((stopped.steps, stopped.finished), (2, false));
+    let resume = TrainOptions {
+        resume: true,
+        ..quiet(run)
+    };
+    train(load(yaml).unwrap(), &resume).unwrap().weights_sha256
 }
 
 /// Rewrites the weights of `hf` through `f` (name, tensor) → tensors to write, as `files`

@@ -135,38 +135,34 @@ fn scaled_embeddings_are_the_table_times_the_square_root_of_d_model() {
     assert!(max_abs_diff(&la, &lb) < 1e-9, "{}", max_abs_diff(&la, &lb));
 }
 
+/// A language model's last hidden states, one row per position, for `tokens` (one sentence).
+fn hidden_rows(c: &ModelConfig, tokens: &[u32]) -> Vec<Vec<f32>> {
+    let (model, _) = build(c, DType::F32);
+    let ids = Tensor::new(tokens, &Device::Cpu).unwrap().unsqueeze(0).unwrap();
+    let lm = model.as_lm().unwrap();
+    lm.hidden(&ids, ForwardCtx::eval())
+        .unwrap()
+        .squeeze(0)
+        .unwrap()
+        .to_vec2()
+        .unwrap()
+}
+
 #[test]
 fn sinusoidal_positions_have_no_parameters_yet_tell_positions_apart() {
     let c = fairseq_block(Arch::Lm, QkNorm::None);
-    let (model, params) = build(&c, DType::F32);
+    let (_, params) = build(&c, DType::F32);
     assert!(params.vars().iter().all(|(n, _)| !n.contains("embed_positions")));
     // The same token at every position: without positions every row of a causal LM's first
     // position-independent pass would agree at the last layer only by the attention's
     // averaging; with sinusoids the rows differ.
-    let same = Tensor::new(&[[7u32, 7, 7, 7]], &Device::Cpu).unwrap();
-    let h: Vec<Vec<f32>> = model
-        .as_lm()
-        .unwrap()
-        .hidden(&same, ForwardCtx::eval())
-        .unwrap()
-        .squeeze(0)
-        .unwrap()
-        .to_vec2()
-        .unwrap();
+    let same = [7u32, 7, 7, 7];
+    let h = hidden_rows(&c, &same);
     let none = ModelConfig {
         positions: Positions::None,
         ..c.clone()
     };
-    let (nopos, _) = build(&none, DType::F32);
-    let h0: Vec<Vec<f32>> = nopos
-        .as_lm()
-        .unwrap()
-        .hidden(&same, ForwardCtx::eval())
-        .unwrap()
-        .squeeze(0)
-        .unwrap()
-        .to_vec2()
-        .unwrap();
+    let h0 = hidden_rows(&none, &same);
     let spread = |h: &[Vec<f32>]| {
         h.iter()
             .map(|r| {
