@@ -211,6 +211,73 @@ fn the_trainers_gradient_from_the_bf16_forward_pass_is_the_compositions() {
     assert_close("dW", &g[1], &gc[1], GRADIENT_TOL);
 }
 
+/// Attention's four products in bf16 (q·kᵀ and P·v, and the backward pass's), the softmax, the
+/// mask and the dropout in f32: the composition on rounded q, k, v and probabilities, with
+/// grouped-query heads, padding and causal masks, dropout, and kept or recomputed probabilities
+/// (S ≤ 4d keeps them).
+#[test]
+fn attention_in_bf16_is_the_composition_of_its_rounded_operands() {
+    if !runs_here() {
+        return;
+    }
+    let opts = |heads, kv_heads, dropout, precision| kernels::AttentionOptions {
+        heads,
+        kv_heads,
+        dropout,
+        telemetry: false,
+        precision,
+    };
+    // (b, t, s, heads, kv heads, d): self-attention, cross-attention over a longer source,
+    // grouped-query heads, and S > 4d (the backward pass recomputes the probabilities).
+    for (i, (b, t, s, h, hkv, d)) in [
+        (2, 9, 9, 4, 4, 8),
+        (2, 5, 13, 2, 2, 16),
+        (1, 11, 11, 6, 2, 8),
+        (1, 7, 40, 2, 1, 4),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let seed = 100 + 10 * i as u64;
+        let q = (randn(seed, &[b, t, h * d]) * 0.5).unwrap();
+        let k = randn(seed + 1, &[b, s, hkv * d]);
+        let v = randn(seed + 2, &[b, s, hkv * d]);
+        let keep: Vec<f32> = (0..b * s)
+            .map(|j| if j % s >= s - 2 && j >= s { 0.0 } else { 1.0 })
+            .collect();
+        let padding =
+            kernels::padding_mask(&Tensor::from_vec(keep, (b, s), &Device::Cpu).unwrap(), DType::F32)
+                .unwrap();
+        let causal = (t == s).then(|| kernels::causal_mask(t, 0, DType::F32, &Device::Cpu).unwrap());
+        for (mask_name, mask) in [("no mask", None), ("padding", Some(padding)), ("causal", causal)] {
+            if mask_name == "causal" && mask.is_none() {
+                continue;
+            }
+            for dropout in [None, Some((0.2, 11))] {
+                let bf16 = opts(h, hkv, dropout, BF16);
+                let f32 = opts(h, hkv, dropout, Precision::F32);
+                for (label, inputs) in layouts(&[q.clone(), k.clone(), v.clone()]) {
+                    let mask = mask.as_ref();
+                    check(
+                        &format!(
+                            "attention {:?} {mask_name} dropout {dropout:?} {label}",
+                            (b, t, s, h, hkv, d)
+                        ),
+                        &inputs,
+                        &|x| kernels::attention(&x[0], &x[1], &x[2], mask, &bf16).unwrap().0,
+                        &|x| {
+                            kernels::attention_unfused(&x[0], &x[1], &x[2], mask, &bf16)
+                                .unwrap()
+                                .0
+                        },
+                        &|x| kernels::attention(&x[0], &x[1], &x[2], mask, &f32).unwrap().0,
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// Products large enough to be cut into tasks give the same bits at 1 and 3 threads.
 #[test]
 fn bf16_ops_give_the_same_bits_at_any_thread_count() {
@@ -239,6 +306,20 @@ fn bf16_ops_give_the_same_bits_at_any_thread_count() {
             vec![x.reshape((256, 128)).unwrap(), head],
             Box::new(|t| {
                 kernels::linear_cross_entropy_in(&t[0], &t[1], &targets, &mask, 0.1, 0.0, true, BF16).unwrap()
+            }),
+        ),
+        (
+            "attention",
+            vec![x.clone(), randn(5, &[4, 64, 128]), randn(6, &[4, 64, 128])],
+            Box::new(|t| {
+                let opts = kernels::AttentionOptions {
+                    heads: 4,
+                    kv_heads: 4,
+                    dropout: Some((0.1, 5)),
+                    telemetry: false,
+                    precision: BF16,
+                };
+                kernels::attention(&t[0], &t[1], &t[2], None, &opts).unwrap().0
             }),
         ),
     ];

@@ -360,6 +360,7 @@ fn attn_opts(h: usize, hkv: usize, dropout: Option<(f64, u64)>) -> kernels::Atte
         kv_heads: hkv,
         dropout,
         telemetry: false,
+        precision: kernels::Precision::F32,
     }
 }
 

@@ -324,6 +324,7 @@ impl Attention {
             kv_heads: self.n_kv_heads,
             dropout: dropout_stream,
             telemetry: ctx.telemetry.is_some(),
+            precision: ctx.precision,
         };
         let (out, measured) = ember_kernels::attention(q, k, v, mask, &opts)?;
         if let (

@@ -189,6 +189,7 @@ fn the_fused_kernels_algorithm_is_the_cpu_kernels() {
                     kv_heads: hkv,
                     dropout,
                     telemetry: true,
+                    precision: crate::Precision::F32,
                 };
                 let dims = AttnDims::of(q.dims(), k.dims(), &opts).unwrap();
                 // The CPU kernel, forward and gradients.

@@ -24,10 +24,11 @@ use std::sync::{Arc, Mutex};
 use candle_core::{bail, CpuStorage, CustomOp3, DType, Device, Layout, Result, Shape, Tensor, D};
 
 use crate::dropout::DropoutOp;
-use crate::gemm::{sgemm, Blocks, Mat};
+use crate::gemm::{sgemm_in, Blocks, Mat};
 use crate::host::{cpu_slice, cpu_storage, cpu_tensor, is_host_f32, with_data};
 use crate::simd::{dot, simd_dispatch};
 use crate::softmax::{softmax_rows_in_place, softmax_rows_unfused};
+use crate::Precision;
 
 /// Converts a 0/1 key mask (B, S) (1 = real token) into an additive mask (B, 1, 1, S) that
 /// broadcasts over heads and queries. Masked logits get −1e9 rather than −∞: the probabilities
@@ -60,6 +61,10 @@ pub struct AttentionOptions {
     pub dropout: Option<(f64, u64)>,
     /// Also measure the largest |logit| and the mean entropy.
     pub telemetry: bool,
+    /// The precision of the four products (q·kᵀ and P·v, and the backward pass's): their
+    /// operands, the probabilities among them, are rounded as [`Precision::round`] does; the
+    /// softmax, the mask and the dropout stay f32.
+    pub precision: Precision,
 }
 
 /// What one attention call measured (with [`AttentionOptions::telemetry`]).
@@ -86,7 +91,8 @@ pub fn attention_unfused(
 ) -> Result<(Tensor, Option<AttentionTelemetry>)> {
     let dims = AttnDims::of(q.dims(), k.dims(), opts)?;
     let AttnDims { b, h, hkv, t, s, d } = dims;
-    let heads = |x: &Tensor, len: usize, n: usize| x.reshape((b, len, n, d))?.transpose(1, 2);
+    let round = |x: &Tensor| opts.precision.round(x);
+    let heads = |x: &Tensor, len: usize, n: usize| round(x)?.reshape((b, len, n, d))?.transpose(1, 2);
     let (qh, kh, vh) = (
         heads(q, t, h)?,
         heads(k, s, hkv)?.contiguous()?,
@@ -114,7 +120,7 @@ pub fn attention_unfused(
         Some((p, state)) if p > 0.0 => crate::dropout::dropout(&probs, p, state)?,
         _ => probs,
     };
-    let out = probs
+    let out = round(&probs)?
         .reshape((b, hkv, group * t, s))?
         .matmul(&vh)?
         .reshape((b, h, t, d))?
@@ -158,13 +164,15 @@ pub fn attention(
 ) -> Result<(Tensor, Option<AttentionTelemetry>)> {
     #[cfg(feature = "cuda")]
     {
-        if cuda::takes(q, k, v, mask) {
+        // The CUDA kernels are f32 only; other precisions take the composition below.
+        if opts.precision == Precision::F32 && cuda::takes(q, k, v, mask) {
             return cuda::attention(q, k, v, mask, opts);
         }
     }
     if !(is_host_f32(q) && is_host_f32(k) && is_host_f32(v) && mask.is_none_or(is_host_f32)) {
         return attention_unfused(q, k, v, mask, opts);
     }
+    opts.precision.check_cpu()?;
     let dims = AttnDims::of(q.dims(), k.dims(), opts)?;
     if v.dims() != k.dims() {
         bail!(
@@ -184,6 +192,7 @@ pub fn attention(
     let telemetry = opts.telemetry.then(|| Arc::new(Mutex::new(None)));
     let op = AttnOp {
         dims,
+        precision: opts.precision,
         mask,
         dropout: opts.dropout.and_then(|(p, state)| DropoutOp::new(p, state)),
         telemetry: telemetry.clone(),
@@ -282,6 +291,7 @@ impl AttnDims {
 
 struct AttnOp {
     dims: AttnDims,
+    precision: Precision,
     /// The additive mask broadcast (by strides) to (B, H, T, S).
     mask: Option<Tensor>,
     dropout: Option<DropoutOp>,
@@ -394,6 +404,7 @@ fn kv_mat<'a>(dims: AttnDims, x: &'a [f32], bi: usize, kh: usize) -> Mat<'a> {
 /// Everything one task of the forward pass reads and writes.
 struct Forward<'a> {
     dims: AttnDims,
+    precision: Precision,
     q: &'a [f32],
     k: &'a [f32],
     v: &'a [f32],
@@ -428,9 +439,9 @@ fn forward_task_generic(f: &Forward<'_>, bi: usize, kh: usize) -> Measured {
         let q = q_mat(dims, f.q, bi, hq);
         let p: &mut [f32] = match f.kept {
             // SAFETY: head hq's block of batch bi belongs to this task alone.
-            Some(all) => unsafe { all.product(dims.probs_block(bi, hq), t, d, s, q, k.t()) },
+            Some(all) => unsafe { all.product(f.precision, dims.probs_block(bi, hq), t, d, s, q, k.t()) },
             None => {
-                sgemm(t, d, s, q, k.t(), 0.0, &mut scratch);
+                sgemm_in(f.precision, t, d, s, q, k.t(), 0.0, &mut scratch);
                 &mut scratch
             }
         };
@@ -444,8 +455,16 @@ fn forward_task_generic(f: &Forward<'_>, bi: usize, kh: usize) -> Measured {
         };
         // SAFETY: head hq's output rows of batch bi belong to this task alone.
         unsafe {
-            f.out
-                .product_ld(dims.q_row(bi, 0, hq), dims.h * d, t, s, d, Mat::rows(p, s), v)
+            f.out.product_ld(
+                f.precision,
+                dims.q_row(bi, 0, hq),
+                dims.h * d,
+                t,
+                s,
+                d,
+                Mat::rows(p, s),
+                v,
+            )
         };
     }
     measured
@@ -454,6 +473,7 @@ fn forward_task_generic(f: &Forward<'_>, bi: usize, kh: usize) -> Measured {
 /// Everything one task of the backward pass reads and writes.
 struct Backward<'a> {
     dims: AttnDims,
+    precision: Precision,
     q: &'a [f32],
     k: &'a [f32],
     v: &'a [f32],
@@ -486,12 +506,12 @@ fn backward_task_generic(f: &Backward<'_>, bi: usize, kh: usize) {
         let p: &[f32] = match f.kept {
             Some(all) => &all[dims.probs_block(bi, hq)..][..t * s],
             None => {
-                sgemm(t, d, s, q, k.t(), 0.0, &mut scratch);
+                sgemm_in(f.precision, t, d, s, q, k.t(), 0.0, &mut scratch);
                 softmax_head(dims, &mut scratch, f.mask, bi, hq, None);
                 &scratch
             }
         };
-        sgemm(t, d, s, go, v.t(), 0.0, &mut ds);
+        sgemm_in(f.precision, t, d, s, go, v.t(), 0.0, &mut ds);
         let first = dims.probs_block(bi, hq);
         for ti in 0..t {
             let row = dims.q_row(bi, ti, hq);
@@ -519,14 +539,24 @@ fn backward_task_generic(f: &Backward<'_>, bi: usize, kh: usize) {
         // SAFETY: head hq's rows of dq, and KV head kh's rows of dk and dv, in batch bi belong to
         // this task alone.
         unsafe {
-            f.dq.product_ld(dims.q_row(bi, 0, hq), dims.h * d, t, s, d, Mat::rows(&ds, s), k);
+            let pr = f.precision;
+            f.dq.product_ld(
+                pr,
+                dims.q_row(bi, 0, hq),
+                dims.h * d,
+                t,
+                s,
+                d,
+                Mat::rows(&ds, s),
+                k,
+            );
             let (dk_from_head, dv_from_head) = (Mat::rows(&ds, s).t(), Mat::rows(p_used, s).t());
             if gi == 0 {
-                f.dk.product_ld(kv_at, kv_ld, s, t, d, dk_from_head, q);
-                f.dv.product_ld(kv_at, kv_ld, s, t, d, dv_from_head, go);
+                f.dk.product_ld(pr, kv_at, kv_ld, s, t, d, dk_from_head, q);
+                f.dv.product_ld(pr, kv_at, kv_ld, s, t, d, dv_from_head, go);
             } else {
-                f.dk.add_product_ld(kv_at, kv_ld, s, t, d, dk_from_head, q);
-                f.dv.add_product_ld(kv_at, kv_ld, s, t, d, dv_from_head, go);
+                f.dk.add_product_ld(pr, kv_at, kv_ld, s, t, d, dk_from_head, q);
+                f.dv.add_product_ld(pr, kv_at, kv_ld, s, t, d, dv_from_head, go);
             }
         }
     }
@@ -555,6 +585,7 @@ impl CustomOp3 for AttnOp {
         let per_task = self.with_mask(|mask| {
             let task = Forward {
                 dims,
+                precision: self.precision,
                 q,
                 k,
                 v,
@@ -640,6 +671,7 @@ impl CustomOp3 for AttnOp {
             self.with_mask(|mask| {
                 let task = Backward {
                     dims,
+                    precision: self.precision,
                     q,
                     k,
                     v,

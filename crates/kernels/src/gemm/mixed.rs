@@ -2,7 +2,7 @@
 //! `vdpbf16ps` kernel ([`super::bf16`]). The ops call these and never look at the precision
 //! themselves.
 
-use super::{product, sgemm, sgemm_packed, Mat, PackedB};
+use super::{product, sgemm, sgemm_packed, Mat, Operand, PackedB};
 use crate::Precision;
 
 /// Whether bf16 products run on this CPU ([`super::bf16::supported`]).
@@ -64,6 +64,34 @@ pub(crate) fn sgemm_in(
             // only where it was initialised (the caller's slice).
             let c = unsafe { &mut *(c as *mut [f32] as *mut [std::mem::MaybeUninit<f32>]) };
             sgemm_bf16(m, k, n, a, b, beta, c)
+        }
+    }
+}
+
+/// `C = A·B + beta·C` through raw operands in `precision`: [`super::gemm`] or the bf16 kernel.
+///
+/// # Safety
+/// As [`super::gemm`]; for bf16 the CPU runs bf16 products (asserted).
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn gemm_in(
+    precision: Precision,
+    m: usize,
+    k: usize,
+    n: usize,
+    a: Operand,
+    b: Operand,
+    beta: f32,
+    c: *mut f32,
+    ldc: usize,
+) {
+    match precision {
+        Precision::F32 => super::gemm(m, k, n, a, b, beta, c, ldc),
+        Precision::Bf16 => {
+            assert_bf16();
+            #[cfg(target_arch = "x86_64")]
+            super::bf16::gemm(m, k, n, a, b, beta, c, ldc);
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = (a, b, beta, c, ldc);
         }
     }
 }

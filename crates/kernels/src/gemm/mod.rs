@@ -37,7 +37,10 @@ mod timing;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
+use mixed::gemm_in;
 pub(crate) use mixed::{bf16_supported, product_in, sgemm_in, PackedIn};
+
+use crate::Precision;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -186,7 +189,7 @@ pub(crate) fn transposed(rows: usize, cols: usize, x: &[f32]) -> Vec<f32> {
 pub(crate) fn product(m: usize, k: usize, n: usize, a: Mat<'_>, b: Mat<'_>) -> Vec<f32> {
     let c = Blocks::new(m * n);
     // SAFETY: the only block of a vector no one else can see.
-    unsafe { c.product(0, m, k, n, a, b) };
+    unsafe { c.product(Precision::F32, 0, m, k, n, a, b) };
     c.finish()
 }
 
@@ -222,13 +225,16 @@ impl Blocks {
         );
     }
 
-    /// `A·B` (m×k times k×n) into rows of n elements starting at `at`, `ldc` apart.
+    /// `A·B` (m×k times k×n) in `precision` into rows of n elements starting at `at`, `ldc`
+    /// apart.
     ///
     /// # Safety
-    /// No other task writes or reads these rows while this runs.
+    /// No other task writes or reads these rows while this runs; bf16 products run on this CPU
+    /// (the op checked [`Precision::missing_cpu_feature`]).
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn product_ld(
         &self,
+        precision: Precision,
         at: usize,
         ldc: usize,
         m: usize,
@@ -251,19 +257,20 @@ impl Blocks {
                 std::ptr::write_bytes(c.add(r * ldc), 0, n);
             }
         } else {
-            gemm(m, k, n, a.operand(), b.operand(), 0.0, c, ldc);
+            gemm_in(precision, m, k, n, a.operand(), b.operand(), 0.0, c, ldc);
         }
         self.written.fetch_add(m * n, Ordering::Relaxed);
     }
 
-    /// Adds `A·B` (m×k times k×n) to rows of n elements starting at `at`, `ldc` apart, which an
-    /// earlier [`product_ld`](Self::product_ld) of the same task wrote.
+    /// Adds `A·B` (m×k times k×n) in `precision` to rows of n elements starting at `at`, `ldc`
+    /// apart, which an earlier [`product_ld`](Self::product_ld) of the same task wrote.
     ///
     /// # Safety
     /// As [`product_ld`](Self::product_ld); the rows were written before.
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn add_product_ld(
         &self,
+        precision: Precision,
         at: usize,
         ldc: usize,
         m: usize,
@@ -274,17 +281,28 @@ impl Blocks {
     ) {
         self.check(at, ldc, m, k, n, &a, &b);
         if m > 0 && n > 0 && k > 0 {
-            gemm(m, k, n, a.operand(), b.operand(), 1.0, self.ptr.0.add(at), ldc);
+            gemm_in(
+                precision,
+                m,
+                k,
+                n,
+                a.operand(),
+                b.operand(),
+                1.0,
+                self.ptr.0.add(at),
+                ldc,
+            );
         }
     }
 
-    /// `A·B` (m×k times k×n) into elements `at..at + m·n`; returns them.
+    /// `A·B` (m×k times k×n) in `precision` into elements `at..at + m·n`; returns them.
     ///
     /// # Safety
     /// As [`product_ld`](Self::product_ld), for as long as the returned slice lives.
-    #[allow(clippy::mut_from_ref)]
+    #[allow(clippy::mut_from_ref, clippy::too_many_arguments)]
     pub unsafe fn product(
         &self,
+        precision: Precision,
         at: usize,
         m: usize,
         k: usize,
@@ -292,7 +310,7 @@ impl Blocks {
         a: Mat<'_>,
         b: Mat<'_>,
     ) -> &mut [f32] {
-        self.product_ld(at, n, m, k, n, a, b);
+        self.product_ld(precision, at, n, m, k, n, a, b);
         // product_ld wrote (and bounds-checked) these m·n contiguous elements.
         self.ptr.slice(at, m * n)
     }

@@ -19,6 +19,7 @@ fn opts(h: usize, hkv: usize, dropout: Option<(f64, u64)>) -> AttentionOptions {
         kv_heads: hkv,
         dropout,
         telemetry: false,
+        precision: ember_kernels::Precision::F32,
     }
 }
 
