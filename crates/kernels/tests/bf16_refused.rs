@@ -28,6 +28,20 @@ fn bf16_products_are_refused_naming_the_missing_cpu_feature() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("AVX512_BF16"), "{err}");
+    let q = Tensor::ones((1, 3, 8), candle_core::DType::F32, &Device::Cpu).unwrap();
+    let opts = |precision| kernels::AttentionOptions {
+        heads: 2,
+        kv_heads: 2,
+        dropout: None,
+        telemetry: false,
+        precision,
+    };
+    let err = kernels::attention(&q, &q, &q, None, &opts(Precision::Bf16))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("AVX512_BF16"), "{err}");
+    let (o, _) = kernels::attention(&q, &q, &q, None, &opts(Precision::F32)).unwrap();
+    assert_eq!(o.sum_all().unwrap().to_scalar::<f32>().unwrap(), 24.0);
     let y = kernels::linear_in(&x, &w, Precision::F32).unwrap();
     assert_eq!(y.sum_all().unwrap().to_scalar::<f32>().unwrap(), 120.0);
 }

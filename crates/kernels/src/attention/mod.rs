@@ -81,7 +81,9 @@ pub struct AttentionTelemetry {
 
 /// softmax(q·kᵀ + mask)·v (with dropout on the probabilities) from candle primitives, for q
 /// (B, T, H·d) already scaled, k and v (B, S, H_kv·d) and an additive mask broadcastable to
-/// (B, H, T, S); returns (B, T, H·d) and the telemetry when asked. The reference for the kernel.
+/// (B, H, T, S); returns (B, T, H·d) and the telemetry when asked. The reference for the kernel:
+/// in [`Precision::Bf16`] q, k, v and the (dropped-out) probabilities are rounded before their
+/// products, which candle then computes in f32.
 pub fn attention_unfused(
     q: &Tensor,
     k: &Tensor,
@@ -153,8 +155,10 @@ fn telemetry_unfused(logits: &Tensor, mask: Option<&Tensor>, probs: &Tensor) -> 
     })
 }
 
-/// [`attention_unfused`] fused on CPU f32 (the mask is treated as a constant: it gets no
-/// gradient); the unfused form elsewhere.
+/// [`attention_unfused`] fused on CPU f32 tensors, its four products in `opts.precision`
+/// (refused, naming the CPU feature, where this CPU cannot run bf16 products); the mask is
+/// treated as a constant: it gets no gradient. The unfused form elsewhere (and on CUDA in bf16:
+/// the fused CUDA kernels are f32 only).
 pub fn attention(
     q: &Tensor,
     k: &Tensor,
