@@ -90,6 +90,7 @@ pub(super) fn attention(
     let out = if fused_fits(dims, backward) {
         let op = AttnOp {
             dims,
+            precision: opts.precision,
             mask,
             dropout,
             telemetry: telemetry.clone(),
