@@ -37,9 +37,21 @@ fn check(
     composition: &dyn Fn(&[Tensor]) -> Tensor,
     f32_op: &dyn Fn(&[Tensor]) -> Tensor,
 ) {
+    check_within(what, inputs, op, composition, f32_op, FORWARD_TOL)
+}
+
+/// [`check`] with the forward pass within `forward_tol` of the composition.
+fn check_within(
+    what: &str,
+    inputs: &[Tensor],
+    op: &dyn Fn(&[Tensor]) -> Tensor,
+    composition: &dyn Fn(&[Tensor]) -> Tensor,
+    f32_op: &dyn Fn(&[Tensor]) -> Tensor,
+    forward_tol: f64,
+) {
     compare(what, inputs, op, composition, GRADIENT_TOL);
     let y = op(inputs);
-    assert_close(&format!("{what} forward"), &y, &composition(inputs), FORWARD_TOL);
+    assert_close(&format!("{what} forward"), &y, &composition(inputs), forward_tol);
     let e = rel_error(&y, &f32_op(inputs));
     assert!(
         e > 1e-4,
@@ -211,6 +223,37 @@ fn the_trainers_gradient_from_the_bf16_forward_pass_is_the_compositions() {
     assert_close("dW", &g[1], &gc[1], GRADIENT_TOL);
 }
 
+/// Attention's forward pass within this of the composition. The probabilities are themselves
+/// rounded to bf16 for P·v, and the kernel's (its own `exp`, q·kᵀ summed in pairs) and the
+/// composition's (candle's) can differ in the last f32 bit; where one sits on a bf16 rounding
+/// midpoint the two round it apart, which moves the output by up to about 1e-4 of its norm
+/// here. Leaving P unrounded in the composition moves it by 1.6e-3, and the f32 op lies
+/// 2.6e-3–3.6e-3 away.
+const ATTENTION_FORWARD_TOL: f64 = 4e-4;
+
+fn attention_opts(
+    heads: usize,
+    kv_heads: usize,
+    dropout: Option<(f64, u64)>,
+    precision: Precision,
+) -> kernels::AttentionOptions {
+    kernels::AttentionOptions {
+        heads,
+        kv_heads,
+        dropout,
+        telemetry: false,
+        precision,
+    }
+}
+
+/// A padding mask (B, 1, 1, S) hiding the last two keys of the last batch row.
+fn padding_of_last_row(b: usize, s: usize) -> Tensor {
+    let keep: Vec<f32> = (0..b * s)
+        .map(|j| if j >= (b - 1) * s + s - 2 { 0.0 } else { 1.0 })
+        .collect();
+    kernels::padding_mask(&Tensor::from_vec(keep, (b, s), &Device::Cpu).unwrap(), DType::F32).unwrap()
+}
+
 /// Attention's four products in bf16 (q·kᵀ and P·v, and the backward pass's), the softmax, the
 /// mask and the dropout in f32: the composition on rounded q, k, v and probabilities, with
 /// grouped-query heads, padding and causal masks, dropout, and kept or recomputed probabilities
@@ -220,13 +263,7 @@ fn attention_in_bf16_is_the_composition_of_its_rounded_operands() {
     if !runs_here() {
         return;
     }
-    let opts = |heads, kv_heads, dropout, precision| kernels::AttentionOptions {
-        heads,
-        kv_heads,
-        dropout,
-        telemetry: false,
-        precision,
-    };
+    let opts = attention_opts;
     // (b, t, s, heads, kv heads, d): self-attention, cross-attention over a longer source,
     // grouped-query heads, and S > 4d (the backward pass recomputes the probabilities).
     for (i, (b, t, s, h, hkv, d)) in [
@@ -242,12 +279,7 @@ fn attention_in_bf16_is_the_composition_of_its_rounded_operands() {
         let q = (randn(seed, &[b, t, h * d]) * 0.5).unwrap();
         let k = randn(seed + 1, &[b, s, hkv * d]);
         let v = randn(seed + 2, &[b, s, hkv * d]);
-        let keep: Vec<f32> = (0..b * s)
-            .map(|j| if j % s >= s - 2 && j >= s { 0.0 } else { 1.0 })
-            .collect();
-        let padding =
-            kernels::padding_mask(&Tensor::from_vec(keep, (b, s), &Device::Cpu).unwrap(), DType::F32)
-                .unwrap();
+        let padding = padding_of_last_row(b, s);
         let causal = (t == s).then(|| kernels::causal_mask(t, 0, DType::F32, &Device::Cpu).unwrap());
         for (mask_name, mask) in [("no mask", None), ("padding", Some(padding)), ("causal", causal)] {
             if mask_name == "causal" && mask.is_none() {
@@ -258,7 +290,7 @@ fn attention_in_bf16_is_the_composition_of_its_rounded_operands() {
                 let f32 = opts(h, hkv, dropout, Precision::F32);
                 for (label, inputs) in layouts(&[q.clone(), k.clone(), v.clone()]) {
                     let mask = mask.as_ref();
-                    check(
+                    check_within(
                         &format!(
                             "attention {:?} {mask_name} dropout {dropout:?} {label}",
                             (b, t, s, h, hkv, d)
@@ -271,8 +303,57 @@ fn attention_in_bf16_is_the_composition_of_its_rounded_operands() {
                                 .0
                         },
                         &|x| kernels::attention(&x[0], &x[1], &x[2], mask, &f32).unwrap().0,
+                        ATTENTION_FORWARD_TOL,
                     );
                 }
+            }
+        }
+    }
+}
+
+/// Attention sees q, k and v only through their bf16 roundings, in the forward pass, the
+/// telemetry and every backward product that reads them (dq = dS·k, dk = dSᵀ·q, dP = dO·vᵀ):
+/// rounding them beforehand changes no bit of the output, the telemetry or the gradients. A
+/// product left in f32 would see the difference.
+#[test]
+fn attention_in_bf16_sees_q_k_and_v_only_through_their_rounding() {
+    if !runs_here() {
+        return;
+    }
+    // Kept probabilities (S ≤ 4d), recomputed ones (S > 4d) and grouped-query heads.
+    for (b, t, s, h, hkv, d) in [(2, 9, 9, 4, 4, 8), (1, 7, 40, 4, 2, 4)] {
+        let inputs = [
+            randn(7, &[b, t, h * d]),
+            randn(8, &[b, s, hkv * d]),
+            randn(9, &[b, s, hkv * d]),
+        ];
+        let rounded: Vec<Tensor> = inputs.iter().map(r).collect();
+        let mask = padding_of_last_row(b, s);
+        for dropout in [None, Some((0.2, 5))] {
+            let opts = kernels::AttentionOptions {
+                telemetry: true,
+                ..attention_opts(h, hkv, dropout, BF16)
+            };
+            let telemetry = std::cell::RefCell::new(Vec::new());
+            let op = |x: &[Tensor]| {
+                let (y, measured) = kernels::attention(&x[0], &x[1], &x[2], Some(&mask), &opts).unwrap();
+                telemetry
+                    .borrow_mut()
+                    .push(measured.expect("telemetry asked for"));
+                y
+            };
+            let probe = randn(10, &[b, t, h * d]);
+            let (y, g) = run(&inputs, &probe, &op);
+            let (yr, gr) = run(&rounded, &probe, &op);
+            let what = format!("attention {:?} dropout {dropout:?}", (b, t, s, h, hkv, d));
+            assert!(same_bits(&y, &yr), "{what}: the output saw q, k or v unrounded");
+            let telemetry = telemetry.into_inner();
+            assert_eq!(
+                telemetry[0], telemetry[1],
+                "{what}: the telemetry saw them unrounded"
+            );
+            for (name, (a, b)) in ["dq", "dk", "dv"].iter().zip(g.iter().zip(&gr)) {
+                assert!(same_bits(a, b), "{what}: {name} saw q, k or v unrounded");
             }
         }
     }
@@ -316,6 +397,26 @@ fn bf16_ops_give_the_same_bits_at_any_thread_count() {
                     heads: 4,
                     kv_heads: 4,
                     dropout: Some((0.1, 5)),
+                    telemetry: false,
+                    precision: BF16,
+                };
+                kernels::attention(&t[0], &t[1], &t[2], None, &opts).unwrap().0
+            }),
+        ),
+        (
+            // Heads of 256 × 16 × 256 products, cut into tasks inside attention's own tasks,
+            // and S > 4d: the backward pass recomputes the probabilities.
+            "attention, long sequence",
+            vec![
+                randn(11, &[1, 256, 32]),
+                randn(12, &[1, 256, 32]),
+                randn(13, &[1, 256, 32]),
+            ],
+            Box::new(|t| {
+                let opts = kernels::AttentionOptions {
+                    heads: 2,
+                    kv_heads: 2,
+                    dropout: None,
                     telemetry: false,
                     precision: BF16,
                 };

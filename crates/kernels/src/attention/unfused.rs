@@ -9,8 +9,8 @@ use crate::softmax::softmax_rows_unfused;
 /// softmax(q·kᵀ + mask)·v (with dropout on the probabilities) from candle primitives, for q
 /// (B, T, H·d) already scaled, k and v (B, S, H_kv·d) and an additive mask broadcastable to
 /// (B, H, T, S); returns (B, T, H·d) and the telemetry when asked. The reference for the kernel:
-/// in [`Precision::Bf16`](crate::Precision::Bf16) q, k, v and the (dropped-out) probabilities are rounded before their
-/// products, which candle then computes in f32.
+/// in [`Precision::Bf16`](crate::Precision::Bf16) q, k, v and the (dropped-out) probabilities
+/// are rounded before their products, which candle then computes in f32.
 pub fn attention_unfused(
     q: &Tensor,
     k: &Tensor,
