@@ -8,6 +8,7 @@ use candle_core::cuda::cudarc::driver::{CudaSlice, CudaView, LaunchConfig};
 use candle_core::cuda::{CudaDevice, CudaStorage};
 use candle_core::{bail, CpuStorage, CustomOp1, Layout, Result, Shape, Storage, Tensor};
 
+use super::unfused::{logits_by_head, output_of_heads};
 use super::{telemetry_of_rows, AttentionOptions, AttentionTelemetry, AttnDims, AttnOp};
 use crate::cuda::device::{alloc, launch, storage, tensor, view, with_cuda, WrapErr, ATTENTION};
 use crate::cuda::{takes as kernel_on, Kernel};
@@ -268,21 +269,8 @@ fn fallback(
     dropout: Option<(f64, u64)>,
     telemetry: Option<Slot>,
 ) -> Result<Tensor> {
-    let AttnDims { b, h, hkv, t, s, d } = dims;
-    let heads = |x: &Tensor, len: usize, n: usize| x.reshape((b, len, n, d))?.transpose(1, 2);
-    let (qh, kh, vh) = (
-        heads(q, t, h)?,
-        heads(k, s, hkv)?.contiguous()?,
-        heads(v, s, hkv)?.contiguous()?,
-    );
-    let group = h / hkv;
-    let logits = qh
-        .contiguous()?
-        .reshape((b, hkv, group * t, d))?
-        .matmul(&kh.t()?)?
-        .reshape((b, h, t, s))?
-        .contiguous()?;
-    let probs = logits.apply_op1(MaskedSoftmax {
+    let (logits, vh) = logits_by_head(q, k, v, dims)?;
+    let probs = logits.contiguous()?.apply_op1(MaskedSoftmax {
         dims,
         mask,
         telemetry,
@@ -292,12 +280,7 @@ fn fallback(
         Some((p, state)) if p > 0.0 => crate::dropout::dropout(&probs, p, state)?,
         _ => probs,
     };
-    probs
-        .reshape((b, hkv, group * t, s))?
-        .matmul(&vh)?
-        .reshape((b, h, t, d))?
-        .transpose(1, 2)?
-        .reshape((b, t, h * d))
+    output_of_heads(&probs, &vh, dims)
 }
 
 /// softmax(logits + mask) over contiguous (B, H, T, S) logits, measuring the telemetry when

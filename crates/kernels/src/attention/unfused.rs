@@ -19,20 +19,8 @@ pub fn attention_unfused(
     opts: &AttentionOptions,
 ) -> Result<(Tensor, Option<AttentionTelemetry>)> {
     let dims = AttnDims::of(q.dims(), k.dims(), opts)?;
-    let AttnDims { b, h, hkv, t, s, d } = dims;
     let round = |x: &Tensor| opts.precision.round(x);
-    let heads = |x: &Tensor, len: usize, n: usize| round(x)?.reshape((b, len, n, d))?.transpose(1, 2);
-    let (qh, kh, vh) = (
-        heads(q, t, h)?,
-        heads(k, s, hkv)?.contiguous()?,
-        heads(v, s, hkv)?.contiguous()?,
-    );
-    let group = h / hkv;
-    let logits = qh
-        .contiguous()?
-        .reshape((b, hkv, group * t, d))?
-        .matmul(&kh.t()?)?
-        .reshape((b, h, t, s))?;
+    let (logits, vh) = logits_by_head(&round(q)?, &round(k)?, &round(v)?, dims)?;
     let masked = match mask {
         Some(m) => logits.broadcast_add(m)?,
         None => logits.clone(),
@@ -49,13 +37,38 @@ pub fn attention_unfused(
         Some((p, state)) if p > 0.0 => crate::dropout::dropout(&probs, p, state)?,
         _ => probs,
     };
-    let out = round(&probs)?
-        .reshape((b, hkv, group * t, s))?
-        .matmul(&vh)?
+    Ok((output_of_heads(&round(&probs)?, &vh, dims)?, telemetry))
+}
+
+/// q·kᵀ for every head as (B, H, T, S), query head h against KV head h / (H / H_kv), and v
+/// split into its heads (B, H_kv, S, d) for [`output_of_heads`]: the heads split so that each
+/// head's rows are contiguous, as candle's matmul needs.
+pub(super) fn logits_by_head(q: &Tensor, k: &Tensor, v: &Tensor, dims: AttnDims) -> Result<(Tensor, Tensor)> {
+    let AttnDims { b, h, hkv, t, s, d } = dims;
+    let heads = |x: &Tensor, len: usize, n: usize| x.reshape((b, len, n, d))?.transpose(1, 2);
+    let (qh, kh, vh) = (
+        heads(q, t, h)?,
+        heads(k, s, hkv)?.contiguous()?,
+        heads(v, s, hkv)?.contiguous()?,
+    );
+    let logits = qh
+        .contiguous()?
+        .reshape((b, hkv, (h / hkv) * t, d))?
+        .matmul(&kh.t()?)?
+        .reshape((b, h, t, s))?;
+    Ok((logits, vh))
+}
+
+/// The probabilities (B, H, T, S) times v's heads (from [`logits_by_head`]), the heads merged
+/// back into (B, T, H·d).
+pub(super) fn output_of_heads(probs: &Tensor, vh: &Tensor, dims: AttnDims) -> Result<Tensor> {
+    let AttnDims { b, h, hkv, t, s, d } = dims;
+    probs
+        .reshape((b, hkv, (h / hkv) * t, s))?
+        .matmul(vh)?
         .reshape((b, h, t, d))?
         .transpose(1, 2)?
-        .reshape((b, t, h * d))?;
-    Ok((out, telemetry))
+        .reshape((b, t, h * d))
 }
 
 /// Max |logit| over unmasked pairs and mean entropy of the rows, off the autograd graph.

@@ -111,15 +111,21 @@ fn sgemm_bf16(
         a.fits(m, k) && b.fits(k, n) && c.len() >= m * n,
         "sgemm: operand out of bounds"
     );
-    assert_bf16();
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: operands in bounds (asserted), the CPU has AVX512_BF16 (asserted), and C is
-    // exclusively borrowed, so it cannot alias A or B.
+    // SAFETY: operands in bounds (asserted), and C is exclusively borrowed, so it cannot alias
+    // A or B; `gemm_in` asserts that the CPU has AVX512_BF16.
     unsafe {
-        super::bf16::gemm(m, k, n, a.operand(), b.operand(), beta, c.as_mut_ptr().cast(), n)
+        gemm_in(
+            Precision::Bf16,
+            m,
+            k,
+            n,
+            a.operand(),
+            b.operand(),
+            beta,
+            c.as_mut_ptr().cast(),
+            n,
+        )
     };
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = beta;
 }
 
 /// B (k×n) packed once for several products in a precision: the output layer multiplies every

@@ -229,8 +229,8 @@ impl Blocks {
     /// apart.
     ///
     /// # Safety
-    /// No other task writes or reads these rows while this runs; bf16 products run on this CPU
-    /// (the op checked [`Precision::missing_cpu_feature`]).
+    /// No other task writes or reads these rows while this runs. (bf16 products on a CPU
+    /// without them panic: the ops refuse first, [`Precision::missing_cpu_feature`].)
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn product_ld(
         &self,
