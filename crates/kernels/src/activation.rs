@@ -8,10 +8,12 @@ use std::borrow::Cow;
 use std::mem::MaybeUninit;
 use std::sync::Mutex;
 
-use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Tensor};
 
 use crate::cuda::{takes, Kernel};
-use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
+use crate::host::{
+    cpu_slice, cpu_storage_as, cpu_tensor, cpu_tensor_as, cpu_values, is_host, is_host_f32, with_data,
+};
 use crate::par::{fill, fill2, ELEMENTS_PER_TASK};
 use crate::simd::{erf_and_gauss, exp_fast, mul, simd_dispatch};
 
@@ -154,17 +156,22 @@ pub fn swiglu_unfused(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
 }
 
 /// `silu(gate) · up` in one pass with a fused backward on CPU f32 and (with the activation
-/// kernel switched on) CUDA f32.
+/// kernel switched on) CUDA f32. On the CPU gate and up may also be bf16 activations: computed
+/// in f32 on their widened values, the output and both gradients rounded once to bf16.
 pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
-    let fused = (is_host_f32(gate) && is_host_f32(up))
+    let fused = (is_host(gate) && is_host(up) && gate.dtype() == up.dtype())
         || (takes(gate, Kernel::Activation) && takes(up, Kernel::Activation));
     if !fused || gate.shape() != up.shape() {
         return swiglu_unfused(gate, up);
     }
-    gate.contiguous()?.apply_op2(&up.contiguous()?, SwigluOp)
+    let op = SwigluOp { out: gate.dtype() };
+    gate.contiguous()?.apply_op2(&up.contiguous()?, op)
 }
 
-struct SwigluOp;
+struct SwigluOp {
+    /// The output's dtype: the inputs'.
+    out: DType,
+}
 
 #[inline(always)]
 fn swiglu_fwd_generic(a: &[f32], u: &[f32], y: &mut [MaybeUninit<f32>]) {
@@ -204,11 +211,11 @@ impl CustomOp2 for SwigluOp {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (a, u) = (cpu_slice(s1, l1)?, cpu_slice(s2, l2)?);
+        let (a, u) = (cpu_values(s1, l1)?, cpu_values(s2, l2)?);
         let y = fill(a.len(), ELEMENTS_PER_TASK, |r, y| {
             swiglu_fwd(&a[r.clone()], &u[r], y)
         });
-        Ok((CpuStorage::F32(y), l1.shape().clone()))
+        Ok((cpu_storage_as(y, self.out)?, l1.shape().clone()))
     }
     #[cfg(feature = "cuda")]
     fn cuda_fwd(
@@ -237,7 +244,10 @@ impl CustomOp2 for SwigluOp {
                 swiglu_bwd(&a[r.clone()], &u[r.clone()], &g[r], da, du)
             }))
         })?;
-        Ok((Some(cpu_tensor(da, a.shape())?), Some(cpu_tensor(du, u.shape())?)))
+        Ok((
+            Some(cpu_tensor_as(da, a.shape(), a.dtype())?),
+            Some(cpu_tensor_as(du, u.shape(), u.dtype())?),
+        ))
     }
 }
 

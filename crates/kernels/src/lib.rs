@@ -77,7 +77,7 @@ pub use linear::{
     linear_scaled_in, linear_scaled_unfused, linear_unfused,
 };
 pub use linear_cross_entropy::{linear_cross_entropy, linear_cross_entropy_in, linear_cross_entropy_unfused};
-pub use norm::{layer_norm, layer_norm_unfused, rms_norm, rms_norm_unfused};
+pub use norm::{layer_norm, layer_norm_as, layer_norm_unfused, rms_norm, rms_norm_as, rms_norm_unfused};
 pub use precision::Precision;
 pub use rope::{logn_factor, rope, rope_unfused, PositionScale, RopeTables};
 pub use simd::{vector_unit, VECTOR_UNIT_ENV};

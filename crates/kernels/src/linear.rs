@@ -14,19 +14,26 @@
 //!
 //! Each op comes in a [`Precision`] (`*_in`; the plain names are f32): in bf16 the forward
 //! product and both backward ones (dx = g·W, dW = gᵀ·x) take bf16 operands with f32 sums, and
-//! everything else — the epilogues, the inputs and outputs, the gradients — stays f32. The
-//! unfused reference of a bf16 op is the f32 composition of its operands rounded by
-//! [`Precision::round`].
+//! the epilogues stay f32. The unfused reference of a bf16 op is the f32 composition of its
+//! operands rounded by [`Precision::round`].
+//!
+//! x may be an f32 or a bf16 activation ([`Precision::activations`]); the output is in x's
+//! dtype, and so is dx (the residual op's output is in its stream's). On bf16 x an op gives the
+//! bits of the f32 op on x widened, its output and dx rounded once: x is rounded for the
+//! product anyway, so keeping it in bf16 costs the forward pass nothing and halves what the
+//! backward pass holds.
 
 use std::borrow::Cow;
 
-use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor};
 
 use crate::activation::GeluSlope;
 use crate::cuda::{takes, Kernel};
 use crate::dropout::{add_dropped, dropout, dropout_apply, DropoutOp};
 use crate::gemm::{product_in, Mat};
-use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
+use crate::host::{
+    cpu_slice, cpu_storage_as, cpu_tensor, cpu_tensor_as, cpu_values, is_host, is_host_f32, with_data,
+};
 use crate::rope::{check_heads, rope_unfused, PositionScale, RopeOp, RopeTables};
 use crate::simd::scaled;
 use crate::Precision;
@@ -59,14 +66,25 @@ pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
 /// [`linear`] with its products in `precision` (the unfused fallback on its rounded operands).
 pub fn linear_in(x: &Tensor, w: &Tensor, precision: Precision) -> Result<Tensor> {
     check_fit("linear", x, w)?;
-    if !(is_host_f32(x) && is_host_f32(w)) {
-        return linear_unfused(&precision.round(x)?, &precision.round(w)?);
+    if !fused(x, w) {
+        let out = linear_unfused(&precision.round(&like_weight(x, w)?)?, &precision.round(w)?)?;
+        return out.to_dtype(x.dtype());
     }
     project_op(x, w, Plain, precision)
 }
 
-/// x·Wᵀ and `epilogue` as one op on CPU f32 tensors, its products in `precision` (refused,
-/// naming the CPU feature, where this CPU cannot run them).
+/// Whether x·Wᵀ takes the fused op: an f32 or bf16 x and an f32 weight on the CPU.
+fn fused(x: &Tensor, w: &Tensor) -> bool {
+    is_host(x) && is_host_f32(w)
+}
+
+/// x in the weight's dtype, for the unfused compositions (a no-op when it is already).
+fn like_weight(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    x.to_dtype(w.dtype())
+}
+
+/// x·Wᵀ and `epilogue` as one op on CPU tensors, its products in `precision` (refused,
+/// naming the CPU feature, where this CPU cannot run them), its output in x's dtype.
 fn project_op<E: Epilogue + 'static>(
     x: &Tensor,
     w: &Tensor,
@@ -74,8 +92,14 @@ fn project_op<E: Epilogue + 'static>(
     precision: Precision,
 ) -> Result<Tensor> {
     precision.check_cpu()?;
-    x.contiguous()?
-        .apply_op2(&w.contiguous()?, ProjectionOp { epilogue, precision })
+    x.contiguous()?.apply_op2(
+        &w.contiguous()?,
+        ProjectionOp {
+            epilogue,
+            precision,
+            out: x.dtype(),
+        },
+    )
 }
 
 /// An error unless x's last dimension is the weight's input dimension.
@@ -242,6 +266,8 @@ impl Epilogue for Rotate {
 struct ProjectionOp<E> {
     epilogue: E,
     precision: Precision,
+    /// The output's dtype: x's.
+    out: DType,
 }
 
 impl<E: Epilogue> CustomOp2 for ProjectionOp<E> {
@@ -256,9 +282,9 @@ impl<E: Epilogue> CustomOp2 for ProjectionOp<E> {
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let dims = dims(l1.shape(), l2.shape())?;
-        let p = project(cpu_slice(s1, l1)?, cpu_slice(s2, l2)?, dims, self.precision);
+        let p = project(&cpu_values(s1, l1)?, cpu_slice(s2, l2)?, dims, self.precision);
         let y = self.epilogue.forward(p, l1.shape(), dims.2)?;
-        Ok((CpuStorage::F32(y), output_shape(l1.shape(), dims.2)))
+        Ok((cpu_storage_as(y, self.out)?, output_shape(l1.shape(), dims.2)))
     }
     fn bwd(
         &self,
@@ -274,7 +300,10 @@ impl<E: Epilogue> CustomOp2 for ProjectionOp<E> {
             let g_product = self.epilogue.backward(gs, x.shape(), dims.2, recompute)?;
             Ok(project_grads(xs, ws, &g_product, dims, precision))
         })?;
-        Ok((Some(cpu_tensor(dx, x.shape())?), Some(cpu_tensor(dw, w.shape())?)))
+        Ok((
+            Some(cpu_tensor_as(dx, x.shape(), x.dtype())?),
+            Some(cpu_tensor(dw, w.shape())?),
+        ))
     }
 }
 
@@ -298,8 +327,9 @@ pub fn linear_gelu_in(x: &Tensor, w: &Tensor, precision: Precision) -> Result<Te
     if takes(x, Kernel::Activation) && takes(w, Kernel::Activation) {
         return crate::activation::gelu_erf(&linear_in(x, w, precision)?);
     }
-    if !(is_host_f32(x) && is_host_f32(w)) {
-        return linear_gelu_unfused(&precision.round(x)?, &precision.round(w)?);
+    if !fused(x, w) {
+        let out = linear_gelu_unfused(&precision.round(&like_weight(x, w)?)?, &precision.round(w)?)?;
+        return out.to_dtype(x.dtype());
     }
     let gelu = Gelu(GeluSlope::new(x.track_op() || w.track_op()));
     project_op(x, w, gelu, precision)
@@ -321,8 +351,13 @@ pub fn linear_scaled(x: &Tensor, w: &Tensor, scale: f64) -> Result<Tensor> {
 /// [`linear_scaled`] with its products in `precision`.
 pub fn linear_scaled_in(x: &Tensor, w: &Tensor, scale: f64, precision: Precision) -> Result<Tensor> {
     check_fit("linear_scaled", x, w)?;
-    if !(is_host_f32(x) && is_host_f32(w)) {
-        return linear_scaled_unfused(&precision.round(x)?, &precision.round(w)?, scale);
+    if !fused(x, w) {
+        let out = linear_scaled_unfused(
+            &precision.round(&like_weight(x, w)?)?,
+            &precision.round(w)?,
+            scale,
+        )?;
+        return out.to_dtype(x.dtype());
     }
     project_op(x, w, Scale(scale as f32), precision)
 }
@@ -370,9 +405,9 @@ pub fn linear_rope_in(
     {
         return crate::rope::rope(&linear_in(x, w, precision)?, tables, offset, scale);
     }
-    if !(is_host_f32(x) && is_host_f32(w) && tables.covers(offset, t)) {
-        let (x, w) = (precision.round(x)?, precision.round(w)?);
-        return linear_rope_unfused(&x, &w, tables, offset, scale);
+    if !(fused(x, w) && tables.covers(offset, t)) {
+        let (xr, wr) = (precision.round(&like_weight(x, w)?)?, precision.round(w)?);
+        return linear_rope_unfused(&xr, &wr, tables, offset, scale)?.to_dtype(x.dtype());
     }
     let rotate = Rotate(RopeOp::new(tables, offset, scale.into()));
     project_op(x, w, rotate, precision)
@@ -409,7 +444,8 @@ pub fn linear_residual_in(
             w.shape()
         );
     }
-    if !(is_host_f32(x) && is_host_f32(h) && is_host_f32(w)) {
+    if !(is_host_f32(x) && fused(h, w)) {
+        let h = &like_weight(h, w)?;
         if p > 0.0 && takes(x, Kernel::Dropout) {
             // The product is cuBLAS's; the mask and the add one pass of Ember's.
             return crate::dropout::add_dropout(x, &linear_in(h, w, precision)?, p, state);
@@ -447,7 +483,7 @@ impl CustomOp3 for LinearResidualOp {
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let branch = project(
-            cpu_slice(s2, l2)?,
+            &cpu_values(s2, l2)?,
             cpu_slice(s3, l3)?,
             dims(l2.shape(), l3.shape())?,
             self.precision,
@@ -472,7 +508,7 @@ impl CustomOp3 for LinearResidualOp {
         })?;
         Ok((
             Some(g.clone()),
-            Some(cpu_tensor(dh, h.shape())?),
+            Some(cpu_tensor_as(dh, h.shape(), h.dtype())?),
             Some(cpu_tensor(dw, w.shape())?),
         ))
     }

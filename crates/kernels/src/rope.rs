@@ -14,10 +14,11 @@
 
 use std::sync::Arc;
 
+use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Result, Shape, Tensor, D};
 
 use crate::cuda::{takes, Kernel};
-use crate::host::{cpu_slice, is_host_f32};
+use crate::host::{cpu_storage_as, cpu_values, is_host};
 use crate::par::{for_each_chunk, SharedMut};
 use crate::simd::simd_dispatch;
 
@@ -180,8 +181,9 @@ pub fn rope_unfused(x: &Tensor, tables: &RopeTables, offset: usize) -> Result<Te
 }
 
 /// `scale · rotated(x)` for x (B, T, H·head_dim) whose first position is `offset` (`scale` an
-/// `f64` or a [`PositionScale`]); fused on CPU f32 and (with the rope kernel switched on and
-/// f32 tables on the same device) CUDA f32, [`rope_unfused`] (then the scale) elsewhere.
+/// `f64` or a [`PositionScale`]); fused on CPU f32 or bf16 (computed in f32, the output in x's
+/// dtype) and (with the rope kernel switched on and f32 tables on the same device) CUDA f32,
+/// [`rope_unfused`] (then the scale) elsewhere.
 pub fn rope(
     x: &Tensor,
     tables: &RopeTables,
@@ -191,7 +193,7 @@ pub fn rope(
     let scale = scale.into();
     let (_, t, width) = x.dims3()?;
     check_heads(tables, width)?;
-    let fused = is_host_f32(x) || (takes(x, Kernel::Rope) && tables.on_device_of(x));
+    let fused = is_host(x) || (takes(x, Kernel::Rope) && tables.on_device_of(x));
     if !fused || !tables.covers(offset, t) {
         return scale.apply_unfused(&rope_unfused(x, tables, offset)?, offset);
     }
@@ -292,8 +294,9 @@ impl CustomOp1 for RopeOp {
     }
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let (_, t, width) = l.shape().dims3()?;
-        let y = self.run(cpu_slice(s, l)?, t, width);
-        Ok((CpuStorage::F32(y), l.shape().clone()))
+        // A bf16 activation (or its gradient) is rotated in f32 and rounded back once.
+        let y = self.run(&cpu_values(s, l)?, t, width);
+        Ok((cpu_storage_as(y, s.dtype())?, l.shape().clone()))
     }
     #[cfg(feature = "cuda")]
     fn cuda_fwd(

@@ -21,11 +21,12 @@
 
 use std::sync::{Arc, Mutex};
 
+use candle_core::backend::BackendStorage;
 use candle_core::{bail, CpuStorage, CustomOp3, DType, Device, Layout, Result, Shape, Tensor};
 
 use crate::dropout::DropoutOp;
 use crate::gemm::{sgemm_in, Blocks, Mat};
-use crate::host::{cpu_slice, cpu_storage, cpu_tensor, is_host_f32, with_data};
+use crate::host::{cpu_storage, cpu_storage_as, cpu_tensor_as, cpu_values, is_host, is_host_f32, with_data};
 use crate::simd::{dot, simd_dispatch};
 use crate::softmax::softmax_rows_in_place;
 use crate::Precision;
@@ -84,7 +85,10 @@ pub struct AttentionTelemetry {
 
 /// [`attention_unfused`] fused on CPU f32 tensors, its four products in `opts.precision`
 /// (refused, naming the CPU feature, where this CPU cannot run bf16 products); the mask is
-/// treated as a constant: it gets no gradient. The unfused form elsewhere (and on CUDA in bf16:
+/// treated as a constant: it gets no gradient. q, k and v may also be bf16 activations
+/// (computed on their widened values; the output in v's dtype, each gradient in its input's;
+/// the backward pass reads the output as stored, so a bf16 output's rounding reaches the
+/// gradients through rowsum(dO ∘ O)). The unfused form elsewhere (and on CUDA in bf16:
 /// the fused CUDA kernels are f32 only).
 pub fn attention(
     q: &Tensor,
@@ -100,7 +104,7 @@ pub fn attention(
             return cuda::attention(q, k, v, mask, opts);
         }
     }
-    if !(is_host_f32(q) && is_host_f32(k) && is_host_f32(v) && mask.is_none_or(is_host_f32)) {
+    if !(is_host(q) && is_host(k) && is_host(v) && mask.is_none_or(is_host_f32)) {
         return attention_unfused(q, k, v, mask, opts);
     }
     opts.precision.check_cpu()?;
@@ -507,7 +511,8 @@ impl CustomOp3 for AttnOp {
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let dims = self.dims;
-        let (q, k, v) = (cpu_slice(s1, l1)?, cpu_slice(s2, l2)?, cpu_slice(s3, l3)?);
+        let (q, k, v) = (cpu_values(s1, l1)?, cpu_values(s2, l2)?, cpu_values(s3, l3)?);
+        let (q, k, v) = (&*q, &*k, &*v);
         let out = Blocks::new(q.len());
         let kept = self
             .probs
@@ -562,7 +567,7 @@ impl CustomOp3 for AttnOp {
         if let (Some(slot), Some(kept)) = (&self.probs, kept) {
             *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(kept.finish());
         }
-        Ok((CpuStorage::F32(out.finish()), l1.shape().clone()))
+        Ok((cpu_storage_as(out.finish(), s3.dtype())?, l1.shape().clone()))
     }
     #[cfg(feature = "cuda")]
     fn cuda_fwd(
@@ -623,9 +628,9 @@ impl CustomOp3 for AttnOp {
             Ok((dq.finish(), dk.finish(), dv.finish()))
         })?;
         Ok((
-            Some(cpu_tensor(dq, q.shape())?),
-            Some(cpu_tensor(dk, k.shape())?),
-            Some(cpu_tensor(dv, v.shape())?),
+            Some(cpu_tensor_as(dq, q.shape(), q.dtype())?),
+            Some(cpu_tensor_as(dk, k.shape(), k.dtype())?),
+            Some(cpu_tensor_as(dv, v.shape(), v.dtype())?),
         ))
     }
 }

@@ -53,7 +53,11 @@ fn the_device_norm_elements_are_the_cpu_elements_bit_for_bit() {
     // input-gradient element is the same expression, rounded the same way.
     let d = 77;
     for kind in KINDS {
-        let op = NormOp { kind, eps: 1e-5 };
+        let op = NormOp {
+            kind,
+            eps: 1e-5,
+            out: candle_core::DType::F32,
+        };
         let (x, w, b, g) = (
             random(d, 1, 0.3),
             random(d, 2, 1.0),
@@ -98,7 +102,11 @@ fn the_device_norm_of_whole_vectors_matches_the_cpu_kernel() {
         .enumerate()
     {
         for kind in KINDS {
-            let op = NormOp { kind, eps: 1e-5 };
+            let op = NormOp {
+                kind,
+                eps: 1e-5,
+                out: candle_core::DType::F32,
+            };
             let n = vectors * d;
             let seed = 10 * i as u64;
             let (x, w, b, g) = (

@@ -15,10 +15,12 @@
 
 use std::mem::MaybeUninit;
 
-use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor, D};
+use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor, D};
 
 use crate::cuda::{takes, Kernel};
-use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
+use crate::host::{
+    cpu_slice, cpu_storage_as, cpu_tensor, cpu_tensor_as, cpu_values, is_host, is_host_f32, with_data,
+};
 use crate::par::{for_each_chunk, SharedMut};
 use crate::simd::{dot, simd_dispatch, sum};
 
@@ -64,37 +66,50 @@ pub fn layer_norm_unfused(x: &Tensor, w: &Tensor, b: Option<&Tensor>, eps: f64) 
     }
 }
 
-/// Whether x, w (and b) take the fused op: all f32 on the CPU, or all f32 on CUDA with the norm
-/// kernel switched on.
-fn fused(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> bool {
-    let all = |f: &dyn Fn(&Tensor) -> bool| f(x) && f(w) && b.is_none_or(f);
-    all(&is_host_f32) || all(&|t| takes(t, Kernel::Norm))
+/// Whether x, w (and b) take the fused op: on the CPU an f32 or bf16 input with an f32 gain
+/// and bias; on CUDA all f32 with the norm kernel switched on and an f32 output.
+fn fused(x: &Tensor, w: &Tensor, b: Option<&Tensor>, out: DType) -> bool {
+    let params = |f: &dyn Fn(&Tensor) -> bool| f(w) && b.is_none_or(f);
+    (is_host(x) && params(&is_host_f32))
+        || (out == DType::F32 && takes(x, Kernel::Norm) && params(&|t| takes(t, Kernel::Norm)))
 }
 
 /// RMSNorm with gain `w` over each vector of w's size along the last dimension; fused on CPU f32
-/// and (with the norm kernel switched on) CUDA f32.
+/// and (with the norm kernel switched on) CUDA f32. The output is in x's dtype.
 pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
-    if !fused(x, w, None) {
-        return rms_norm_unfused(x, w, eps);
+    rms_norm_as(x, w, eps, x.dtype())
+}
+
+/// [`rms_norm`] with its output in `out` (bf16: rounded once, from the f32 the op computes; the
+/// gradient that comes back is widened). x may be f32 or bf16.
+pub fn rms_norm_as(x: &Tensor, w: &Tensor, eps: f64, out: DType) -> Result<Tensor> {
+    if !fused(x, w, None, out) {
+        return rms_norm_unfused(&x.to_dtype(w.dtype())?, w, eps)?.to_dtype(out);
     }
-    x.contiguous()?.apply_op2(
-        &w.contiguous()?,
-        NormOp {
-            kind: NormType::Rms,
-            eps,
-        },
-    )
+    let op = NormOp {
+        kind: NormType::Rms,
+        eps,
+        out,
+    };
+    x.contiguous()?.apply_op2(&w.contiguous()?, op)
 }
 
 /// LayerNorm with gain `w` and optional bias `b` over each vector of w's size along the last
-/// dimension; fused on CPU f32 and (with the norm kernel switched on) CUDA f32.
+/// dimension; fused on CPU f32 and (with the norm kernel switched on) CUDA f32. The output is
+/// in x's dtype.
 pub fn layer_norm(x: &Tensor, w: &Tensor, b: Option<&Tensor>, eps: f64) -> Result<Tensor> {
-    if !fused(x, w, b) {
-        return layer_norm_unfused(x, w, b, eps);
+    layer_norm_as(x, w, b, eps, x.dtype())
+}
+
+/// [`layer_norm`] with its output in `out`, as [`rms_norm_as`].
+pub fn layer_norm_as(x: &Tensor, w: &Tensor, b: Option<&Tensor>, eps: f64, out: DType) -> Result<Tensor> {
+    if !fused(x, w, b, out) {
+        return layer_norm_unfused(&x.to_dtype(w.dtype())?, w, b, eps)?.to_dtype(out);
     }
     let op = NormOp {
         kind: NormType::Layer,
         eps,
+        out,
     };
     match b {
         Some(b) => x.contiguous()?.apply_op3(&w.contiguous()?, &b.contiguous()?, op),
@@ -106,6 +121,8 @@ pub fn layer_norm(x: &Tensor, w: &Tensor, b: Option<&Tensor>, eps: f64) -> Resul
 struct NormOp {
     kind: NormType,
     eps: f64,
+    /// The output's dtype (the CUDA kernels take f32 only).
+    out: DType,
 }
 
 /// Rows per parallel task.
@@ -336,8 +353,8 @@ impl CustomOp2 for NormOp {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let y = self.forward(cpu_slice(s1, l1)?, cpu_slice(s2, l2)?, None)?;
-        Ok((CpuStorage::F32(y), l1.shape().clone()))
+        let y = self.forward(&cpu_values(s1, l1)?, cpu_slice(s2, l2)?, None)?;
+        Ok((cpu_storage_as(y, self.out)?, l1.shape().clone()))
     }
     #[cfg(feature = "cuda")]
     fn cuda_fwd(
@@ -365,7 +382,10 @@ impl CustomOp2 for NormOp {
             return Ok((Some(dx), Some(dw)));
         }
         let (dx, dw, _) = with_data([x, w, g], |[x, w, g]| Ok(self.backward(x, w, g)))?;
-        Ok((Some(cpu_tensor(dx, x.shape())?), Some(cpu_tensor(dw, w.shape())?)))
+        Ok((
+            Some(cpu_tensor_as(dx, x.shape(), x.dtype())?),
+            Some(cpu_tensor(dw, w.shape())?),
+        ))
     }
 }
 
@@ -382,8 +402,8 @@ impl CustomOp3 for NormOp {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let y = self.forward(cpu_slice(s1, l1)?, cpu_slice(s2, l2)?, Some(cpu_slice(s3, l3)?))?;
-        Ok((CpuStorage::F32(y), l1.shape().clone()))
+        let y = self.forward(&cpu_values(s1, l1)?, cpu_slice(s2, l2)?, Some(cpu_slice(s3, l3)?))?;
+        Ok((cpu_storage_as(y, self.out)?, l1.shape().clone()))
     }
     #[cfg(feature = "cuda")]
     fn cuda_fwd(
@@ -413,7 +433,7 @@ impl CustomOp3 for NormOp {
         }
         let (dx, dw, db) = with_data([x, w, g], |[x, w, g]| Ok(self.backward(x, w, g)))?;
         Ok((
-            Some(cpu_tensor(dx, x.shape())?),
+            Some(cpu_tensor_as(dx, x.shape(), x.dtype())?),
             Some(cpu_tensor(dw, w.shape())?),
             Some(cpu_tensor(db, b.shape())?),
         ))

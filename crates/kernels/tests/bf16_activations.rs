@@ -1,0 +1,282 @@
+//! Specification of the ops on bf16 activations (mixed precision keeps the activations that only
+//! feed products in bf16, `Precision::activations`): an op computes on their exact f32 widening
+//! and rounds its output, and the gradient of each bf16 input, once. So it gives the bits of the
+//! same op on f32 inputs between candle's casts (`to_dtype`, whose backward pass rounds the
+//! gradient the same way), for the products in f32 and in bf16, on contiguous and strided
+//! inputs. Attention is the one exception in the backward pass: it reads its own (rounded)
+//! output there, so its gradients are within a tolerance rather than the same bits.
+
+#[path = "common/mod.rs"]
+mod common;
+
+use candle_core::{DType, Device, Tensor, Var};
+use common::{assert_close, randn_cpu, same_bits, strided};
+use ember_kernels::{self as kernels, Precision, RopeTables};
+
+fn randn(seed: u64, shape: &[usize]) -> Tensor {
+    randn_cpu(seed, shape, 1.0)
+}
+
+fn bf16(t: &Tensor) -> Tensor {
+    t.to_dtype(DType::BF16).unwrap()
+}
+
+fn widened(t: &Tensor) -> Tensor {
+    t.to_dtype(DType::F32).unwrap()
+}
+
+/// The precisions this CPU runs the products in.
+fn precisions() -> Vec<Precision> {
+    [Precision::F32, Precision::Bf16]
+        .into_iter()
+        .filter(|p| p.missing_cpu_feature().is_none())
+        .collect()
+}
+
+/// The output of `f` (as f32) on variables made from `inputs` (strided views where an input is
+/// strided), and the gradient of Σ output·probe with respect to each, in the input's dtype.
+fn run(inputs: &[Tensor], probe: &Tensor, f: &dyn Fn(&[Tensor]) -> Tensor) -> (Tensor, Vec<Tensor>) {
+    let vars: Vec<Var> = inputs.iter().map(|t| Var::from_tensor(t).unwrap()).collect();
+    let ts: Vec<Tensor> = vars
+        .iter()
+        .zip(inputs)
+        .map(|(v, t)| match t.is_contiguous() {
+            true => v.as_tensor().clone(),
+            false => strided(v.as_tensor()),
+        })
+        .collect();
+    let out = f(&ts);
+    let loss = (widened(&out) * probe).unwrap().sum_all().unwrap();
+    let grads = loss.backward().unwrap();
+    let gs = vars
+        .iter()
+        .map(|v| {
+            grads
+                .get(v.as_tensor())
+                .expect("an input has no gradient")
+                .clone()
+        })
+        .collect();
+    (out, gs)
+}
+
+/// `op` on `inputs` against `reference` (the f32 op) on them widened, its output cast to
+/// `out`: the output in `out`, and each gradient in its input's dtype; the same bits for the
+/// output, and for the gradients unless `gradient_tol` gives a tolerance.
+fn check(
+    what: &str,
+    inputs: &[Tensor],
+    out: DType,
+    op: &dyn Fn(&[Tensor]) -> Tensor,
+    reference: &dyn Fn(&[Tensor]) -> Tensor,
+    gradient_tol: Option<f64>,
+) {
+    let probe = randn(99, op(inputs).dims());
+    let (y, g) = run(inputs, &probe, op);
+    let between_casts = |ts: &[Tensor]| {
+        let wide: Vec<Tensor> = ts.iter().map(widened).collect();
+        reference(&wide).to_dtype(out).unwrap()
+    };
+    let (y_ref, g_ref) = run(inputs, &probe, &between_casts);
+    assert_eq!(y.dtype(), out, "{what}: output dtype");
+    assert!(
+        same_bits(&y, &y_ref),
+        "{what}: output differs from the f32 op between casts"
+    );
+    for (i, ((a, b), input)) in g.iter().zip(&g_ref).zip(inputs).enumerate() {
+        assert_eq!(a.dtype(), input.dtype(), "{what}: gradient {i} dtype");
+        match gradient_tol {
+            None => assert!(same_bits(a, b), "{what}: gradient {i} differs from the f32 op's"),
+            Some(tol) => assert_close(&format!("{what} gradient {i}"), a, b, tol),
+        }
+    }
+}
+
+/// The inputs as they are and as strided views.
+fn layouts(inputs: &[Tensor]) -> [(&'static str, Vec<Tensor>); 2] {
+    [
+        ("contiguous", inputs.to_vec()),
+        ("strided", inputs.iter().map(strided).collect()),
+    ]
+}
+
+/// RMSNorm and LayerNorm read an f32 or bf16 input and write their output in the dtype asked
+/// for: a residual-stream norm (f32 in, bf16 out) and QK-norm on a bf16 projection (bf16 in,
+/// either out).
+#[test]
+fn norms_read_and_write_bf16_between_casts() {
+    let gain = randn(1, &[16]).affine(0.3, 1.0).unwrap();
+    let bias = (randn(2, &[16]) * 0.1).unwrap();
+    let eps = 1e-5;
+    for (what, x) in [
+        ("stream", randn(3, &[2, 9, 16])),
+        ("per head", randn(4, &[2, 5, 64])),
+    ] {
+        for (input, out) in [
+            (DType::F32, DType::BF16),
+            (DType::BF16, DType::BF16),
+            (DType::BF16, DType::F32),
+        ] {
+            let x = x.to_dtype(input).unwrap();
+            for (label, v) in layouts(&[x.clone(), gain.clone(), bias.clone()]) {
+                let what = format!("{what} {input:?} → {out:?} {label}");
+                check(
+                    &format!("rms_norm {what}"),
+                    &v[..2],
+                    out,
+                    &|t| kernels::rms_norm_as(&t[0], &t[1], eps, out).unwrap(),
+                    &|t| kernels::rms_norm(&t[0], &t[1], eps).unwrap(),
+                    None,
+                );
+                check(
+                    &format!("layer_norm {what}"),
+                    &v,
+                    out,
+                    &|t| kernels::layer_norm_as(&t[0], &t[1], Some(&t[2]), eps, out).unwrap(),
+                    &|t| kernels::layer_norm(&t[0], &t[1], Some(&t[2]), eps).unwrap(),
+                    None,
+                );
+            }
+        }
+    }
+}
+
+/// Every projection reads a bf16 x and writes its output (and dx) in bf16; the weight and its
+/// gradient stay f32, and so does the residual op's stream and output.
+#[test]
+fn projections_read_and_write_bf16_between_casts() {
+    let tables = RopeTables::new(8, 64, 10_000.0, DType::F32, &Device::Cpu).unwrap();
+    let logn = kernels::PositionScale {
+        scale: 0.35,
+        logn_length: Some(4),
+    };
+    let x = bf16(&randn(10, &[2, 7, 24]));
+    let w = randn(11, &[32, 24]);
+    let stream = randn(12, &[2, 7, 32]);
+    for precision in precisions() {
+        for (label, v) in layouts(&[x.clone(), w.clone(), stream.clone()]) {
+            let what = |op: &str| format!("{op} {precision} {label}");
+            let xw = [v[0].clone(), v[1].clone()];
+            let bf = DType::BF16;
+            check(
+                &what("linear"),
+                &xw,
+                bf,
+                &|t| kernels::linear_in(&t[0], &t[1], precision).unwrap(),
+                &|t| kernels::linear_in(&t[0], &t[1], precision).unwrap(),
+                None,
+            );
+            check(
+                &what("linear_gelu"),
+                &xw,
+                bf,
+                &|t| kernels::linear_gelu_in(&t[0], &t[1], precision).unwrap(),
+                &|t| kernels::linear_gelu_in(&t[0], &t[1], precision).unwrap(),
+                None,
+            );
+            check(
+                &what("linear_scaled"),
+                &xw,
+                bf,
+                &|t| kernels::linear_scaled_in(&t[0], &t[1], -0.3, precision).unwrap(),
+                &|t| kernels::linear_scaled_in(&t[0], &t[1], -0.3, precision).unwrap(),
+                None,
+            );
+            for scale in [kernels::PositionScale::from(1.0), logn] {
+                check(
+                    &what(&format!("linear_rope {scale:?}")),
+                    &xw,
+                    bf,
+                    &|t| kernels::linear_rope_in(&t[0], &t[1], &tables, 3, scale, precision).unwrap(),
+                    &|t| kernels::linear_rope_in(&t[0], &t[1], &tables, 3, scale, precision).unwrap(),
+                    None,
+                );
+            }
+            for p in [0.0, 0.3] {
+                let (stream, h, w) = (v[2].clone(), v[0].clone(), v[1].clone());
+                check(
+                    &what(&format!("linear_residual p={p}")),
+                    &[stream, h, w],
+                    DType::F32,
+                    &|t| kernels::linear_residual_in(&t[0], &t[1], &t[2], p, 7, precision).unwrap(),
+                    &|t| kernels::linear_residual_in(&t[0], &t[1], &t[2], p, 7, precision).unwrap(),
+                    None,
+                );
+            }
+        }
+    }
+}
+
+/// SwiGLU and the rotary rotation keep bf16 activations bf16.
+#[test]
+fn swiglu_and_rope_read_and_write_bf16_between_casts() {
+    let tables = RopeTables::new(8, 64, 10_000.0, DType::F32, &Device::Cpu).unwrap();
+    let gate = bf16(&randn(20, &[2, 7, 48]));
+    let up = bf16(&randn(21, &[2, 7, 48]));
+    for (label, v) in layouts(&[gate, up]) {
+        check(
+            &format!("swiglu {label}"),
+            &v,
+            DType::BF16,
+            &|t| kernels::swiglu(&t[0], &t[1]).unwrap(),
+            &|t| kernels::swiglu(&t[0], &t[1]).unwrap(),
+            None,
+        );
+        check(
+            &format!("rope {label}"),
+            &v[..1],
+            DType::BF16,
+            &|t| kernels::rope(&t[0], &tables, 5, 0.5).unwrap(),
+            &|t| kernels::rope(&t[0], &tables, 5, 0.5).unwrap(),
+            None,
+        );
+    }
+}
+
+/// Attention reads bf16 (or mixed) q, k and v and writes its output in v's dtype: the bits of
+/// the f32 op between casts. Its backward pass reads that rounded output (D = rowsum(dO ∘ O)),
+/// where the f32 op reads its own: the gradients are within a tolerance of bf16's rounding.
+#[test]
+fn attention_reads_bf16_and_writes_in_the_values_dtype() {
+    // A relative error of a few bf16 roundings (2⁻⁹) of the output, through D.
+    const GRADIENT_TOL: f64 = 1e-2;
+    let mask = kernels::causal_mask(9, 0, DType::F32, &Device::Cpu).unwrap();
+    for precision in precisions() {
+        for dropout in [None, Some((0.2, 11))] {
+            let opts = kernels::AttentionOptions {
+                heads: 4,
+                kv_heads: 2,
+                dropout,
+                telemetry: false,
+                precision,
+            };
+            let q = (randn(30, &[2, 9, 32]) * 0.5).unwrap();
+            let k = randn(31, &[2, 9, 16]);
+            let v = randn(32, &[2, 9, 16]);
+            // All bf16 (no QK-norm), and f32 queries and keys beside bf16 values (`l2`).
+            for (mix, inputs) in [
+                ("bf16", [bf16(&q), bf16(&k), bf16(&v)]),
+                ("f32 q, k", [q, k, bf16(&v)]),
+            ] {
+                for (label, t) in layouts(&inputs) {
+                    check(
+                        &format!("attention {mix} {precision} dropout {dropout:?} {label}"),
+                        &t,
+                        DType::BF16,
+                        &|x| {
+                            kernels::attention(&x[0], &x[1], &x[2], Some(&mask), &opts)
+                                .unwrap()
+                                .0
+                        },
+                        &|x| {
+                            kernels::attention(&x[0], &x[1], &x[2], Some(&mask), &opts)
+                                .unwrap()
+                                .0
+                        },
+                        Some(GRADIENT_TOL),
+                    );
+                }
+            }
+        }
+    }
+}
