@@ -650,47 +650,4 @@ pub fn average(run_dir: &Path, last: usize) -> Result<PathBuf> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn average_says_the_checkpoints_are_being_written_when_a_run_is_training() {
-        let dir = tempfile::tempdir().unwrap();
-        let run = dir.path();
-        let step = run.join(CHECKPOINTS).join("step-00000002");
-        fs::create_dir_all(&step).unwrap();
-        fs::write(step.join(STATE), "{}").unwrap();
-        // Nobody writes: the run simply has too few.
-        let e = average(run, 2).unwrap_err().to_string();
-        assert!(
-            e.contains("fewer than --last 2") && !e.contains("being written"),
-            "{e}"
-        );
-        // A run trains there now (it holds the run's lock): its checkpoints are being written.
-        let _training = crate::run_lock::DirLock::acquire(run, "training run").unwrap();
-        let e = average(run, 2).unwrap_err().to_string();
-        assert!(
-            e.contains("fewer than --last 2") && e.contains("being written") && e.contains("training now"),
-            "{e}"
-        );
-    }
-
-    #[test]
-    fn a_full_disk_says_where_and_that_earlier_checkpoints_are_intact() {
-        let full = anyhow::Error::new(std::io::Error::from_raw_os_error(28))
-            .context("writing run/checkpoints/.tmp-step-00000001-1/model.safetensors");
-        let said = format!("{:#}", with_disk_hint(full, Path::new("run/checkpoints")));
-        assert!(
-            said.starts_with("the disk that holds run/checkpoints is full")
-                && said.contains("those saved before it are intact")
-                && said.contains("model.safetensors"),
-            "{said}"
-        );
-        // Any other failure is left as it is.
-        let other = anyhow::anyhow!("writing x: permission denied");
-        assert_eq!(
-            format!("{:#}", with_disk_hint(other, Path::new("run"))),
-            "writing x: permission denied"
-        );
-    }
-}
+mod tests;
