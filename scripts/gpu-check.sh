@@ -8,20 +8,25 @@
 #   counts  CUDA driver calls per training step (kernel launches, host<->device copies,
 #           synchronisations) from two `ember bench` runs that differ only in their step count,
 #           counted by a CUPTI injection library (.dev/libcuda-call-counter.so)
-#   bench   `ember bench --set device=cuda:0` (CUDA kernels on, and off) beside the PyTorch
-#           reference (scripts/reference/ember_ref.py --device cuda) on quickstart, multi30k-tiny
-#           and shakespeare-char, alternating, every timer read after a synchronisation; ms/step,
-#           tokens/s and peak GPU memory (nvidia-smi, polled every 50 ms, above the idle level)
+#   bench   `ember bench --set device=cuda:0` (CUDA kernels on, and off; f32 and bf16) beside the
+#           PyTorch reference (scripts/reference/ember_ref.py --device cuda: f32, and bf16 under
+#           autocast, eager and torch.compile) on quickstart, multi30k-tiny, shakespeare-char and
+#           `standard` (shakespeare-char at nanoGPT's standard shape), alternating, every timer
+#           read after a synchronisation; ms/step, tokens/s and peak GPU memory (nvidia-smi,
+#           polled every 50 ms, above the idle level)
 #   cpu     the CPU thread/share sweep of `ember bench` on this machine's 16 cores
 #
 #   scripts/gpu-check.sh [--sections suite,counts,bench,cpu] [--configs a,b] [--pairs N] [--steps N]
-#                        [--impls ember,ember-off,ember-nocache,torch] [--kernels all,none,nocache]
+#                        [--impls ember,ember-off,ember-nocache,torch,ember-bf16,torch-bf16,torch-bf16-compile]
+#                        [--kernels all,none,nocache]
 #
-# --configs: which of quickstart, multi30k-tiny, shakespeare-char the counts, bench and cpu
-# sections run (default: all three for bench, the last two for counts and cpu). --impls: what the
-# bench section times (ember: the defaults; ember-off: CUDA kernels off; ember-nocache: candle's
-# upload cache off, EMBER_CUDA_PARAM_CACHE=0); --kernels: the settings the counts section counts
-# under (all: the defaults; none: kernels off; nocache: all kernels, upload cache off).
+# --configs: which of quickstart, multi30k-tiny, shakespeare-char, standard the counts, bench and
+# cpu sections run (default: all four for bench, multi30k-tiny and shakespeare-char for counts and
+# cpu). --impls: what the bench section times (ember: the defaults; ember-off: CUDA kernels off;
+# ember-nocache: candle's upload cache off, EMBER_CUDA_PARAM_CACHE=0; ember-bf16:
+# train.precision=bf16; torch-bf16: the reference under bf16 autocast; torch-bf16-compile: the
+# same through torch.compile); --kernels: the settings the counts section counts under (all: the
+# defaults; none: kernels off; nocache: all kernels, upload cache off).
 #
 # Prints one table last. Logs and JSON go to a work folder, packed after every section into
 # $OUT/gpu-check.tgz (a device call returns at most 8 files) beside $OUT/summary.md.
@@ -30,7 +35,8 @@ cd "$(dirname "$0")/.."
 RESULTS=${OUT:-/tmp}
 OUT=$(mktemp -d /tmp/gpu-check.XXXXXX)
 pack() { tar czf "$RESULTS/gpu-check.tgz" -C "$OUT" . 2>/dev/null; }
-sections=suite,counts,bench,cpu pairs=2 steps=30 configs="" impls=ember,ember-off,ember-nocache,torch kernel_sets=all,none,nocache
+sections=suite,counts,bench,cpu pairs=2 steps=30 configs="" kernel_sets=all,none,nocache
+impls=ember,ember-off,ember-nocache,torch,ember-bf16,torch-bf16,torch-bf16-compile
 while [[ $# -gt 0 ]]; do
   case $1 in
     --sections) sections=$2; shift 2 ;;
@@ -55,8 +61,18 @@ echo "ember $(tr '\n' ' ' < .dev/commit)" | tee -a "$OUT/gpu.txt"
 if [[ -n $configs ]]; then
   IFS=, read -r -a CONFIGS <<< "$configs"; LARGE=("${CONFIGS[@]}")
 else
-  CONFIGS=(quickstart multi30k-tiny shakespeare-char); LARGE=(multi30k-tiny shakespeare-char)
+  CONFIGS=(quickstart multi30k-tiny shakespeare-char standard); LARGE=(multi30k-tiny shakespeare-char)
 fi
+# The config file (and overrides) of a config name; `standard` is nanoGPT's standard Shakespeare
+# shape (6 layers, d 384, 6 heads, block 256, batch 16, no dropout) on shakespeare-char.
+cfg_args() {
+  case $1 in
+    standard) echo "configs/shakespeare-char.yaml --set model.n_layers=6 --set model.n_heads=6 --set model.d_model=384" \
+                "--set model.d_ff=1536 --set model.max_seq_len=256 --set train.block_size=256 --set train.batch_size=16" \
+                "--set model.dropout=0.0" ;;
+    *) echo "configs/$1.yaml" ;;
+  esac
+}
 
 if has suite; then
   for t in .dev/tests/*; do
@@ -91,15 +107,22 @@ if has bench; then
         tag=$OUT/bench-$cfg-$impl-$p
         mark "bench: $cfg $impl pair $p"
         case $impl in
-          ember) with_memory "$tag.mem" env EMBER_CUDA_KERNELS=all timeout 300 .dev/ember bench configs/$cfg.yaml \
+          ember) with_memory "$tag.mem" env EMBER_CUDA_KERNELS=all timeout 300 .dev/ember bench $(cfg_args "$cfg") \
                    --steps "$steps" --set device=cuda:0 --json > "$tag.json" 2> "$tag.err" ;;
-          ember-off) with_memory "$tag.mem" env EMBER_CUDA_KERNELS=none timeout 300 .dev/ember bench configs/$cfg.yaml \
+          ember-off) with_memory "$tag.mem" env EMBER_CUDA_KERNELS=none timeout 300 .dev/ember bench $(cfg_args "$cfg") \
                    --steps "$steps" --set device=cuda:0 --json > "$tag.json" 2> "$tag.err" ;;
           # without candle's upload cache for its strided ops' parameters (on by default).
           ember-nocache) with_memory "$tag.mem" env EMBER_CUDA_KERNELS=all EMBER_CUDA_PARAM_CACHE=0 timeout 300 .dev/ember \
-                   bench configs/$cfg.yaml --steps "$steps" --set device=cuda:0 --json > "$tag.json" 2> "$tag.err" ;;
-          torch) with_memory "$tag.mem" timeout 300 python3 scripts/reference/ember_ref.py configs/$cfg.yaml --bench \
+                   bench $(cfg_args "$cfg") --steps "$steps" --set device=cuda:0 --json > "$tag.json" 2> "$tag.err" ;;
+          ember-bf16) with_memory "$tag.mem" env EMBER_CUDA_KERNELS=all timeout 300 .dev/ember bench $(cfg_args "$cfg") \
+                   --steps "$steps" --set device=cuda:0 --set train.precision=bf16 --json > "$tag.json" 2> "$tag.err" ;;
+          torch) with_memory "$tag.mem" timeout 300 python3 scripts/reference/ember_ref.py $(cfg_args "$cfg") --bench \
                    --steps "$steps" --device cuda --ember "$EMBER_BIN" --json > "$tag.json" 2> "$tag.err" ;;
+          torch-bf16) with_memory "$tag.mem" timeout 300 python3 scripts/reference/ember_ref.py $(cfg_args "$cfg") --bench \
+                   --steps "$steps" --device cuda --autocast bf16 --ember "$EMBER_BIN" --json > "$tag.json" 2> "$tag.err" ;;
+          torch-bf16-compile) with_memory "$tag.mem" timeout 300 python3 scripts/reference/ember_ref.py $(cfg_args "$cfg") \
+                   --bench --steps "$steps" --device cuda --autocast bf16 --compile --ember "$EMBER_BIN" --json \
+                   > "$tag.json" 2> "$tag.err" ;;
         esac
         [[ $? -eq 0 ]] || echo "  failed: $(tail -3 "$tag.err")"
       done

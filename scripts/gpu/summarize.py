@@ -79,7 +79,8 @@ if rows:
 
 benches = {}
 for path in glob.glob(os.path.join(out, "bench-*-*.json")):
-    m = re.match(r"bench-(.+)-(ember|ember-off|ember-nocache|ember-cache|torch)-(\d+)\.json$", os.path.basename(path))
+    impls = "ember|ember-off|ember-nocache|ember-cache|ember-bf16|torch|torch-bf16|torch-bf16-compile"
+    m = re.match(rf"bench-(.+)-({impls})-(\d+)\.json$", os.path.basename(path))
     r = load(path)
     if m and r:
         r["mem"] = mem(path[:-5] + ".mem")
@@ -87,8 +88,9 @@ for path in glob.glob(os.path.join(out, "bench-*-*.json")):
 if benches:
     print("\n| config | impl | ms/step (median over pairs; min-max) | tokens/s | peak GPU MiB (nvidia-smi) | torch's own peak allocated MiB |")
     print("|---|---|---|---|---|---|")
-    for cfg in ("quickstart", "multi30k-tiny", "shakespeare-char"):
-        for impl in ("ember", "ember-nocache", "ember-cache", "ember-off", "torch"):
+    for cfg in ("quickstart", "multi30k-tiny", "shakespeare-char", "standard"):
+        for impl in ("ember", "ember-nocache", "ember-cache", "ember-off", "torch",
+                     "ember-bf16", "torch-bf16", "torch-bf16-compile"):
             rs = benches.get((cfg, impl))
             if not rs:
                 continue
@@ -98,10 +100,11 @@ if benches:
             alloc = f"{alloc:.0f}" if isinstance(alloc, float) else ""
             print(f"| {cfg} | {impl} | {statistics.median(ms):.2f} ({min(ms):.2f}-{max(ms):.2f}) | {tps:,.0f} | "
                   f"{max(r['mem'] for r in rs):.0f} | {alloc} |")
-        e, t = benches.get((cfg, "ember")), benches.get((cfg, "torch"))
-        if e and t:
-            ratio = statistics.median(r["tokens_per_sec"] for r in e) / statistics.median(r["tokens_per_sec"] for r in t)
-            print(f"| {cfg} | **ember ÷ torch tokens/s** | **{ratio:.2f}×** | | | |")
+        for ours, theirs in (("ember", "torch"), ("ember-bf16", "torch-bf16"), ("ember-bf16", "torch-bf16-compile")):
+            e, t = benches.get((cfg, ours)), benches.get((cfg, theirs))
+            if e and t:
+                ratio = statistics.median(r["tokens_per_sec"] for r in e) / statistics.median(r["tokens_per_sec"] for r in t)
+                print(f"| {cfg} | **{ours} ÷ {theirs} tokens/s** | **{ratio:.2f}×** | | | |")
 
 cpu = []
 for path in sorted(glob.glob(os.path.join(out, "cpu-*.json"))):

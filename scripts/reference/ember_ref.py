@@ -10,13 +10,16 @@ AdamW, and runs it on the CPU in float32:
     python scripts/reference/ember_ref.py CONFIG --train [--json]      # full run with evaluation
 
 `--bench` times the training step exactly as `ember bench` does and prints the same JSON field
-names. Run it from the repository root (config paths are relative to the working directory, as
+names. `--autocast bf16` runs the forward pass and the loss under `torch.autocast` in bf16 (the
+mixed precision PyTorch users turn on; `train.precision: bf16`'s counterpart), `--compile` the
+model through `torch.compile`. Run it from the repository root (config paths are relative to the working directory, as
 for `ember`). See scripts/reference/README.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import math
@@ -219,6 +222,15 @@ def make_batcher(splits, translation: bool, t: Settings):
 
 # Where the model and batches live (--device); the CPU unless asked otherwise.
 DEVICE = torch.device("cpu")
+# `--autocast`: the dtype the forward pass and the loss run in under torch.autocast (None: f32).
+AUTOCAST = None
+
+
+def autocast():
+    """torch.autocast on DEVICE in AUTOCAST's dtype, or nothing."""
+    if AUTOCAST is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=DEVICE.type, dtype=AUTOCAST)
 
 
 def clock() -> float:
@@ -312,7 +324,8 @@ class Trainer:
         logits_list = []
         for bt in tensors:
             t1 = clock()
-            loss, logits = objective_sum(self.model, bt, self.t)
+            with autocast():
+                loss, logits = objective_sum(self.model, bt, self.t)
             objective = objective + loss.detach()  # read once below: no sync per micro-batch
             t2 = clock()
             (loss / total).backward()
@@ -518,6 +531,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, help="CPU threads (default: train.threads, else all cores)")
     ap.add_argument("--device", help="cpu or cuda[:N] (default: the config's device); on CUDA every "
                     "timer read waits for the device (torch.cuda.synchronize)")
+    ap.add_argument("--autocast", choices=["bf16"], help="forward pass and loss under torch.autocast in bf16")
+    ap.add_argument("--compile", action="store_true", help="run the model through torch.compile")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     ap.add_argument("--quiet", action="store_true", help="train: no progress lines")
     ap.add_argument("--trace", action="store_true", help="train: add every step's loss and grad norm to the JSON")
@@ -546,6 +561,10 @@ def main() -> None:
     init_like_ember(model, int(t.seed))
     model.to(DEVICE)
     model.train()
+    global AUTOCAST
+    AUTOCAST = torch.bfloat16 if args.autocast == "bf16" else None
+    if args.compile:
+        model = torch.compile(model)
 
     if args.params:
         out = dict(params=model.num_params(), vocab_size=cfg.vocab_size,
@@ -556,6 +575,7 @@ def main() -> None:
         if DEVICE.type == "cuda":
             torch.cuda.reset_peak_memory_stats(DEVICE)
         r = bench(model, cfg, splits, translation, t, args.steps, args.warmup)
+        r.update(autocast=args.autocast, compiled=args.compile)
         if args.json:
             print(json.dumps(r))
         else:

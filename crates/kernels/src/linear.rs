@@ -49,10 +49,17 @@ fn output_shape(x: &Shape, out_dim: usize) -> Shape {
 
 /// `x·Wᵀ` for x (…, in) and a weight (out, in), from candle's matmul.
 pub fn linear_unfused(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    linear_unfused_in(x, w, Precision::F32)
+}
+
+/// [`linear_unfused`] with its product in `precision` ([`Precision::matmul`]: cuBLAS's bf16
+/// GEMM on CUDA), x first cast to the weight's dtype.
+pub(crate) fn linear_unfused_in(x: &Tensor, w: &Tensor, precision: Precision) -> Result<Tensor> {
     let (out_dim, in_dim) = w.dims2()?;
     let rows = x.elem_count() / in_dim.max(1);
-    x.reshape((rows, in_dim))?
-        .matmul(&w.t()?)?
+    let x2 = like_weight(x, w)?.reshape((rows, in_dim))?;
+    precision
+        .matmul(&x2, &w.t()?)?
         .reshape(output_shape(x.shape(), out_dim))
 }
 
@@ -67,8 +74,7 @@ pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
 pub fn linear_in(x: &Tensor, w: &Tensor, precision: Precision) -> Result<Tensor> {
     check_fit("linear", x, w)?;
     if !fused(x, w) {
-        let out = linear_unfused(&precision.round(&like_weight(x, w)?)?, &precision.round(w)?)?;
-        return out.to_dtype(x.dtype());
+        return linear_unfused_in(x, w, precision)?.to_dtype(x.dtype());
     }
     project_op(x, w, Plain, precision)
 }
@@ -328,8 +334,9 @@ pub fn linear_gelu_in(x: &Tensor, w: &Tensor, precision: Precision) -> Result<Te
         return crate::activation::gelu_erf(&linear_in(x, w, precision)?);
     }
     if !fused(x, w) {
-        let out = linear_gelu_unfused(&precision.round(&like_weight(x, w)?)?, &precision.round(w)?)?;
-        return out.to_dtype(x.dtype());
+        return linear_unfused_in(x, w, precision)?
+            .gelu_erf()?
+            .to_dtype(x.dtype());
     }
     let gelu = Gelu(GeluSlope::new(x.track_op() || w.track_op()));
     project_op(x, w, gelu, precision)
@@ -352,11 +359,7 @@ pub fn linear_scaled(x: &Tensor, w: &Tensor, scale: f64) -> Result<Tensor> {
 pub fn linear_scaled_in(x: &Tensor, w: &Tensor, scale: f64, precision: Precision) -> Result<Tensor> {
     check_fit("linear_scaled", x, w)?;
     if !fused(x, w) {
-        let out = linear_scaled_unfused(
-            &precision.round(&like_weight(x, w)?)?,
-            &precision.round(w)?,
-            scale,
-        )?;
+        let out = linear_unfused_in(x, w, precision)?.affine(scale, 0.0)?;
         return out.to_dtype(x.dtype());
     }
     project_op(x, w, Scale(scale as f32), precision)
@@ -406,8 +409,9 @@ pub fn linear_rope_in(
         return crate::rope::rope(&linear_in(x, w, precision)?, tables, offset, scale);
     }
     if !(fused(x, w) && tables.covers(offset, t)) {
-        let (xr, wr) = (precision.round(&like_weight(x, w)?)?, precision.round(w)?);
-        return linear_rope_unfused(&xr, &wr, tables, offset, scale)?.to_dtype(x.dtype());
+        let scale = scale.into();
+        let rotated = rope_unfused(&linear_unfused_in(x, w, precision)?, tables, offset)?;
+        return scale.apply_unfused(&rotated, offset)?.to_dtype(x.dtype());
     }
     let rotate = Rotate(RopeOp::new(tables, offset, scale.into()));
     project_op(x, w, rotate, precision)

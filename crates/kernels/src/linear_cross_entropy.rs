@@ -53,7 +53,7 @@ use candle_core::{bail, CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
 use crate::cross_entropy::{cross_entropy_unfused, loss_output, LossRows};
 use crate::gemm::{sgemm_in, transposed, Mat, PackedIn};
 use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
-use crate::linear::linear_unfused;
+use crate::linear::{linear_unfused, linear_unfused_in};
 use crate::simd::scaled;
 use crate::Precision;
 
@@ -79,6 +79,20 @@ pub fn linear_cross_entropy_unfused(
     let (_, d) = w.dims2()?;
     let h = h.reshape(((), d))?;
     cross_entropy_unfused(&linear_unfused(&h, w)?, targets, mask, label_smoothing, z_loss)
+}
+
+/// [`linear_cross_entropy_unfused`] with its product in `precision` ([`Precision::matmul`]).
+fn linear_cross_entropy_unfused_in(
+    h: &Tensor,
+    w: &Tensor,
+    targets: &Tensor,
+    mask: &Tensor,
+    (label_smoothing, z_loss): (f64, f64),
+    precision: Precision,
+) -> Result<Tensor> {
+    let (_, d) = w.dims2()?;
+    let logits = linear_unfused_in(&h.reshape(((), d))?, w, precision)?;
+    cross_entropy_unfused(&logits, targets, mask, label_smoothing, z_loss)
 }
 
 /// Per-token losses (2, N) — row 0 the training objective, row 1 the NLL, both masked, as
@@ -142,8 +156,8 @@ pub fn linear_cross_entropy_in(
         return cuda::linear_cross_entropy(h, w, targets, mask, label_smoothing, z_loss, grads);
     }
     if !(is_host_f32(h) && is_host_f32(w)) {
-        let (h, w) = (precision.round(h)?, precision.round(w)?);
-        return linear_cross_entropy_unfused(&h, &w, targets, mask, label_smoothing, z_loss);
+        let smoothing = (label_smoothing, z_loss);
+        return linear_cross_entropy_unfused_in(h, w, targets, mask, smoothing, precision);
     }
     precision.check_cpu()?;
     let op = LinearCrossEntropyOp {

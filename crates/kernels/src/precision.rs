@@ -2,8 +2,10 @@
 //! bf16 operands with f32 sums (mixed precision, `train.precision: bf16`).
 //!
 //! Only the products change. Everything else an op computes — norm statistics, softmax, the
-//! loss, every elementwise op — stays f32, and so do its inputs and outputs: the operands are
-//! rounded to bf16 as the product packs them ([`crate::gemm`]'s `bf16` module).
+//! loss, every elementwise op — stays f32, and so do its inputs and outputs: on the CPU the
+//! operands are rounded to bf16 as the product packs them ([`crate::gemm`]'s `bf16` module); on
+//! CUDA the products are cuBLAS's bf16 GEMMs, which also round their outputs
+//! ([`Precision::matmul`]).
 
 use candle_core::{DType, Result, Tensor};
 use schemars::JsonSchema;
@@ -69,6 +71,22 @@ impl Precision {
         match self {
             Precision::F32 => Ok(x.clone()),
             Precision::Bf16 => x.to_dtype(DType::BF16)?.to_dtype(x.dtype()),
+        }
+    }
+
+    /// `a·b` (candle's matmul, batched) with this precision's products, for the compositions
+    /// that run where the fused ops do not. f32: candle's. bf16 on CUDA: cuBLAS's bf16 GEMM
+    /// with f32 compute (tensor cores) on the operands cast to bf16, its output rounded to bf16
+    /// (as under PyTorch's autocast) and widened back; its backward products the same way.
+    /// bf16 elsewhere: the f32 product of the rounded operands (the CPU ops' references).
+    pub fn matmul(self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        match self {
+            Precision::F32 => a.matmul(b),
+            Precision::Bf16 if a.device().is_cuda() => {
+                let product = a.to_dtype(DType::BF16)?.matmul(&b.to_dtype(DType::BF16)?)?;
+                product.to_dtype(a.dtype())
+            }
+            Precision::Bf16 => self.round(a)?.matmul(&self.round(b)?),
         }
     }
 

@@ -9,8 +9,8 @@
 #[path = "common/mod.rs"]
 mod common;
 
-use candle_core::{DType, Device, Tensor, Var};
-use common::{assert_close, randn_cpu, same_bits, strided};
+use candle_core::{DType, Device, Tensor};
+use common::{assert_close, randn_cpu, run, same_bits, strided};
 use ember_kernels::{self as kernels, Precision, RopeTables};
 
 fn randn(seed: u64, shape: &[usize]) -> Tensor {
@@ -31,33 +31,6 @@ fn precisions() -> Vec<Precision> {
         .into_iter()
         .filter(|p| p.missing_cpu_feature().is_none())
         .collect()
-}
-
-/// The output of `f` (as f32) on variables made from `inputs` (strided views where an input is
-/// strided), and the gradient of Σ output·probe with respect to each, in the input's dtype.
-fn run(inputs: &[Tensor], probe: &Tensor, f: &dyn Fn(&[Tensor]) -> Tensor) -> (Tensor, Vec<Tensor>) {
-    let vars: Vec<Var> = inputs.iter().map(|t| Var::from_tensor(t).unwrap()).collect();
-    let ts: Vec<Tensor> = vars
-        .iter()
-        .zip(inputs)
-        .map(|(v, t)| match t.is_contiguous() {
-            true => v.as_tensor().clone(),
-            false => strided(v.as_tensor()),
-        })
-        .collect();
-    let out = f(&ts);
-    let loss = (widened(&out) * probe).unwrap().sum_all().unwrap();
-    let grads = loss.backward().unwrap();
-    let gs = vars
-        .iter()
-        .map(|v| {
-            grads
-                .get(v.as_tensor())
-                .expect("an input has no gradient")
-                .clone()
-        })
-        .collect();
-    (out, gs)
 }
 
 /// `op` on `inputs` against `reference` (the f32 op) on them widened, its output cast to

@@ -14,6 +14,7 @@ use crate::cuda::device::{alloc, launch, storage, tensor, view, with_cuda, WrapE
 use crate::cuda::{takes as kernel_on, Kernel};
 use crate::dropout::DropoutOp;
 use crate::softmax::cuda::warp_rows;
+use crate::Precision;
 
 /// Warps of a forward block, and the query rows it handles (`ember_attn_fwd`).
 const FWD_WARPS: u32 = 4;
@@ -269,7 +270,7 @@ fn fallback(
     dropout: Option<(f64, u64)>,
     telemetry: Option<Slot>,
 ) -> Result<Tensor> {
-    let (logits, vh) = logits_by_head(q, k, v, dims)?;
+    let (logits, vh) = logits_by_head(q, k, v, dims, Precision::F32)?;
     let probs = logits.contiguous()?.apply_op1(MaskedSoftmax {
         dims,
         mask,
@@ -280,7 +281,7 @@ fn fallback(
         Some((p, state)) if p > 0.0 => crate::dropout::dropout(&probs, p, state)?,
         _ => probs,
     };
-    output_of_heads(&probs, &vh, dims)
+    output_of_heads(&probs, &vh, dims, Precision::F32)
 }
 
 /// softmax(logits + mask) over contiguous (B, H, T, S) logits, measuring the telemetry when

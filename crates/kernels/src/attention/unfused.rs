@@ -1,16 +1,19 @@
 //! The attention core from candle primitives: the reference the fused kernels are tested
-//! against, and the form that runs where they do not (other dtypes, CUDA in bf16).
+//! against, and the form that runs where they do not (other dtypes, CUDA in bf16, where its
+//! products are cuBLAS's bf16 GEMMs: [`Precision::matmul`]).
 
 use candle_core::{DType, Result, Tensor, D};
 
 use super::{AttentionOptions, AttentionTelemetry, AttnDims};
 use crate::softmax::softmax_rows_unfused;
+use crate::Precision;
 
 /// softmax(q·kᵀ + mask)·v (with dropout on the probabilities) from candle primitives, for q
 /// (B, T, H·d) already scaled, k and v (B, S, H_kv·d) and an additive mask broadcastable to
 /// (B, H, T, S); returns (B, T, H·d) and the telemetry when asked. The reference for the kernel:
-/// in [`Precision::Bf16`](crate::Precision::Bf16) q, k, v and the (dropped-out) probabilities
-/// are rounded before their products, which candle then computes in f32.
+/// in [`Precision::Bf16`] q, k, v and the (dropped-out) probabilities are rounded before their
+/// products, which candle then computes in f32 (on the CPU; on CUDA cuBLAS computes them in
+/// bf16 with f32 sums and rounds their outputs too).
 pub fn attention_unfused(
     q: &Tensor,
     k: &Tensor,
@@ -19,8 +22,8 @@ pub fn attention_unfused(
     opts: &AttentionOptions,
 ) -> Result<(Tensor, Option<AttentionTelemetry>)> {
     let dims = AttnDims::of(q.dims(), k.dims(), opts)?;
-    let round = |x: &Tensor| opts.precision.round(x);
-    let (logits, vh) = logits_by_head(&round(q)?, &round(k)?, &round(v)?, dims)?;
+    let precision = opts.precision;
+    let (logits, vh) = logits_by_head(q, k, v, dims, precision)?;
     let masked = match mask {
         Some(m) => logits.broadcast_add(m)?,
         None => logits.clone(),
@@ -37,13 +40,19 @@ pub fn attention_unfused(
         Some((p, state)) if p > 0.0 => crate::dropout::dropout(&probs, p, state)?,
         _ => probs,
     };
-    Ok((output_of_heads(&round(&probs)?, &vh, dims)?, telemetry))
+    Ok((output_of_heads(&probs, &vh, dims, precision)?, telemetry))
 }
 
 /// q·kᵀ for every head as (B, H, T, S), query head h against KV head h / (H / H_kv), and v
 /// split into its heads (B, H_kv, S, d) for [`output_of_heads`]: the heads split so that each
 /// head's rows are contiguous, as candle's matmul needs.
-pub(super) fn logits_by_head(q: &Tensor, k: &Tensor, v: &Tensor, dims: AttnDims) -> Result<(Tensor, Tensor)> {
+pub(super) fn logits_by_head(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    dims: AttnDims,
+    precision: Precision,
+) -> Result<(Tensor, Tensor)> {
     let AttnDims { b, h, hkv, t, s, d } = dims;
     let heads = |x: &Tensor, len: usize, n: usize| x.reshape((b, len, n, d))?.transpose(1, 2);
     let (qh, kh, vh) = (
@@ -51,21 +60,22 @@ pub(super) fn logits_by_head(q: &Tensor, k: &Tensor, v: &Tensor, dims: AttnDims)
         heads(k, s, hkv)?.contiguous()?,
         heads(v, s, hkv)?.contiguous()?,
     );
-    let logits = qh
-        .contiguous()?
-        .reshape((b, hkv, (h / hkv) * t, d))?
-        .matmul(&kh.t()?)?
-        .reshape((b, h, t, s))?;
+    let grouped = qh.contiguous()?.reshape((b, hkv, (h / hkv) * t, d))?;
+    let logits = precision.matmul(&grouped, &kh.t()?)?.reshape((b, h, t, s))?;
     Ok((logits, vh))
 }
 
 /// The probabilities (B, H, T, S) times v's heads (from [`logits_by_head`]), the heads merged
 /// back into (B, T, H·d).
-pub(super) fn output_of_heads(probs: &Tensor, vh: &Tensor, dims: AttnDims) -> Result<Tensor> {
+pub(super) fn output_of_heads(
+    probs: &Tensor,
+    vh: &Tensor,
+    dims: AttnDims,
+    precision: Precision,
+) -> Result<Tensor> {
     let AttnDims { b, h, hkv, t, s, d } = dims;
-    probs
-        .reshape((b, hkv, (h / hkv) * t, s))?
-        .matmul(vh)?
+    precision
+        .matmul(&probs.reshape((b, hkv, (h / hkv) * t, s))?, vh)?
         .reshape((b, h, t, d))?
         .transpose(1, 2)?
         .reshape((b, t, h * d))

@@ -12,6 +12,7 @@
 mod common;
 
 mod attention;
+mod bf16;
 mod cross_entropy;
 mod dropout_optimizer;
 mod norm_activation_rope;

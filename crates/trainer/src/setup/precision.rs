@@ -12,7 +12,11 @@
 //!
 //! A CPU without AVX512_BF16 is refused before any work, naming the feature: an emulation would
 //! do f32's multiply-adds plus the rounding, so it could only be slower than f32, with worse
-//! numerics. The CUDA half is not built yet: `bf16` on a GPU is refused too.
+//! numerics. On CUDA the products are cuBLAS's bf16 GEMMs with f32 compute (tensor cores) on
+//! operands cast to bf16, their outputs rounded to bf16 as under PyTorch's autocast
+//! ([`Precision::matmul`]); Ember's own CUDA kernels stay f32, and attention takes its candle
+//! composition (whose products are those GEMMs) instead of the f32 kernel. Unverified on a GPU
+//! so far: no device has run it.
 
 use anyhow::{bail, Result};
 use ember_kernels::Precision;
@@ -22,11 +26,10 @@ use crate::config::RunConfig;
 /// What the products of `cfg`'s run compute in and on, for reports: e.g. `bf16 products on
 /// AVX512_BF16 (vdpbf16ps), f32 sums` on this CPU, `f32 products on cuBLAS` on a GPU.
 pub fn describe_products(cfg: &RunConfig) -> String {
-    let precision = cfg.train.precision;
-    if cfg.device.starts_with("cuda") {
-        format!("{precision} products on cuBLAS")
-    } else {
-        precision.cpu_products()
+    match cfg.train.precision {
+        _ if !cfg.device.starts_with("cuda") => cfg.train.precision.cpu_products(),
+        Precision::F32 => "f32 products on cuBLAS".into(),
+        Precision::Bf16 => "bf16 products on cuBLAS (f32 compute, bf16 outputs)".into(),
     }
 }
 
@@ -37,13 +40,8 @@ pub fn for_training(cfg: &RunConfig) -> Result<Precision> {
     if precision == Precision::F32 {
         return Ok(precision);
     }
-    if cfg.device != "cpu" {
-        bail!(
-            "train.precision: {precision} runs on the CPU only so far (device: {}): Ember's bf16 \
-             CUDA kernels are not built yet. Train on this GPU with train.precision: f32 (the \
-             default), or in bf16 with device: cpu.",
-            cfg.device
-        );
+    if cfg.device.starts_with("cuda") {
+        return Ok(precision);
     }
     if let Some(missing) = precision.missing_cpu_feature() {
         bail!(
