@@ -95,6 +95,63 @@ enum Command {
     Config(cmd::config::ConfigArgs),
 }
 
+/// The system allocator (glibc), with transparent huge pages asked for on every block of 4 MiB
+/// or more (`madvise(MADV_HUGEPAGE)` on its 2 MiB-aligned interior): a big activation then faults
+/// in 2 MiB at a time instead of 4 KiB. glibc's per-thread arenas still hand memory back and
+/// fault it in again each step; at nanoGPT's standard shape that was 696k page faults for 8
+/// steps (docs/performance.md). glibc's own `glibc.malloc.hugetlb` tunable does this, but a
+/// tunable is read at process start, from the environment, so Ember cannot set it for itself.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+mod huge_pages {
+    use std::alloc::{GlobalAlloc, Layout, System};
+
+    const HUGE_PAGE: usize = 2 << 20;
+    const MIN_BLOCK: usize = 4 << 20;
+
+    pub struct HugePages;
+
+    /// Asks for huge pages on the whole 2 MiB pages inside a block of `size` bytes at `p`.
+    fn advise(p: *mut u8, size: usize) {
+        if p.is_null() || size < MIN_BLOCK {
+            return;
+        }
+        let start = (p as usize).next_multiple_of(HUGE_PAGE);
+        let end = (p as usize + size) & !(HUGE_PAGE - 1);
+        if end > start {
+            // SAFETY: the range lies inside a block the allocator just handed out; MADV_HUGEPAGE
+            // changes how its pages are backed, never their contents. A failure (no THP) is
+            // harmless and ignored.
+            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
+        }
+    }
+
+    // SAFETY: every call is System's own; `advise` only adds a paging hint.
+    unsafe impl GlobalAlloc for HugePages {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            let p = unsafe { System.alloc(layout) };
+            advise(p, layout.size());
+            p
+        }
+        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+            let p = unsafe { System.alloc_zeroed(layout) };
+            advise(p, layout.size());
+            p
+        }
+        unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
+            unsafe { System.dealloc(p, layout) }
+        }
+        unsafe fn realloc(&self, p: *mut u8, layout: Layout, size: usize) -> *mut u8 {
+            let q = unsafe { System.realloc(p, layout, size) };
+            advise(q, size);
+            q
+        }
+    }
+}
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[global_allocator]
+static ALLOCATOR: huge_pages::HugePages = huge_pages::HugePages;
+
 /// Keeps freed memory in the heap instead of handing it back to the kernel. glibc serves blocks
 /// above its mmap threshold (at most 32 MiB) with fresh mappings and unmaps them on free, so
 /// every training step faulted its logits and activations in again page by page: 9% of a
