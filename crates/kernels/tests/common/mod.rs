@@ -99,7 +99,10 @@ pub fn run(inputs: &[Tensor], probe: &Tensor, f: &dyn Fn(&[Tensor]) -> Tensor) -
         .collect();
     let out = f(&ts);
     // A bf16 output is widened first (its gradient is then bf16's rounding of the probe).
-    let loss = (out.to_dtype(probe.dtype()).unwrap() * probe).unwrap().sum_all().unwrap();
+    let loss = (out.to_dtype(probe.dtype()).unwrap() * probe)
+        .unwrap()
+        .sum_all()
+        .unwrap();
     let grads = loss.backward().unwrap();
     let gs = vars
         .iter()
