@@ -28,6 +28,9 @@
 # same through torch.compile); --kernels: the settings the counts section counts under (all: the
 # defaults; none: kernels off; nocache: all kernels, upload cache off).
 #
+# The defaults run every section, config and impl (over an hour on a GPU): a device call with a
+# time budget names its --sections, --configs, --impls and --pairs.
+#
 # Prints one table last. Logs and JSON go to a work folder, packed after every section into
 # $OUT/gpu-check.tgz (a device call returns at most 8 files) beside $OUT/summary.md.
 set -uo pipefail
@@ -138,7 +141,7 @@ if has counts; then
         mark "counts: $cfg kernels=$kernels steps=$n"
         cache=1; k=$kernels; [[ $kernels == nocache ]] && { cache=0; k=all; }
         CUDA_INJECTION64_PATH=$PWD/.dev/libcuda-call-counter.so EMBER_CUDA_COUNTS=$OUT/counts-$cfg-$kernels-$n.json \
-          EMBER_CUDA_KERNELS=$k EMBER_CUDA_PARAM_CACHE=$cache timeout 300 .dev/ember bench configs/$cfg.yaml --steps $n --set device=cuda:0 --json \
+          EMBER_CUDA_KERNELS=$k EMBER_CUDA_PARAM_CACHE=$cache timeout 300 .dev/ember bench $(cfg_args "$cfg") --steps $n --set device=cuda:0 --json \
           > "$OUT/counts-$cfg-$kernels-$n.bench.json" 2> "$OUT/counts-$cfg-$kernels-$n.err" || echo "  failed: see counts-$cfg-$kernels-$n.err"
       done
     done
@@ -151,7 +154,7 @@ if has cpu; then
     for ts in 1:1 4:4 8:8 16:16; do
       t=${ts%:*} s=${ts#*:}
       mark "cpu: $cfg threads $t shares $s"
-      timeout 300 .dev/ember bench configs/$cfg.yaml --steps 10 --set train.threads=$t --set train.shares=$s --json \
+      timeout 300 .dev/ember bench $(cfg_args "$cfg") --steps 10 --set train.threads=$t --set train.shares=$s --json \
         > "$OUT/cpu-$cfg-$t-$s.json" 2> "$OUT/cpu-$cfg-$t-$s.err" || echo "  failed: $(tail -2 "$OUT/cpu-$cfg-$t-$s.err")"
     done
   done

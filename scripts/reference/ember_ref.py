@@ -264,7 +264,7 @@ def objective_sum(model, bt: dict, t: Settings):
     loss = F.cross_entropy(logits, targets, ignore_index=-100, reduction="sum",
                            label_smoothing=t.label_smoothing)
     if t.z_loss > 0:
-        lse = torch.logsumexp(logits, dim=-1)
+        lse = torch.logsumexp(logits.float(), dim=-1)  # f32 under autocast too, as Ember's
         loss = loss + t.z_loss * (lse.square() * (targets != -100)).sum()
     return loss, logits
 
@@ -564,7 +564,7 @@ def main() -> None:
     global AUTOCAST
     AUTOCAST = torch.bfloat16 if args.autocast == "bf16" else None
     if args.compile:
-        model = torch.compile(model)
+        model.compile()  # in place: the parameter names (and so the optimizer's groups) stay
 
     if args.params:
         out = dict(params=model.num_params(), vocab_size=cfg.vocab_size,

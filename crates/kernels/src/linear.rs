@@ -59,7 +59,7 @@ pub(crate) fn linear_unfused_in(x: &Tensor, w: &Tensor, precision: Precision) ->
     let rows = x.elem_count() / in_dim.max(1);
     let x2 = like_weight(x, w)?.reshape((rows, in_dim))?;
     precision
-        .matmul(&x2, &w.t()?)?
+        .matmul_t(&x2, w)?
         .reshape(output_shape(x.shape(), out_dim))
 }
 

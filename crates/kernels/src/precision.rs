@@ -80,13 +80,24 @@ impl Precision {
     /// (as under PyTorch's autocast) and widened back; its backward products the same way.
     /// bf16 elsewhere: the f32 product of the rounded operands (the CPU ops' references).
     pub fn matmul(self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        self.matmul_by(a, b, |b| Ok(b.clone()))
+    }
+
+    /// `a·bᵀ` as [`matmul`](Self::matmul) computes `a·b`, b cast before it is transposed: a
+    /// weight's bf16 copy is then a contiguous cast, and cuBLAS reads the transpose itself.
+    pub fn matmul_t(self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        self.matmul_by(a, b, |b| b.t())
+    }
+
+    /// `a·view(b)`, with this precision's operands taken before the view.
+    fn matmul_by(self, a: &Tensor, b: &Tensor, view: impl Fn(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
         match self {
-            Precision::F32 => a.matmul(b),
+            Precision::F32 => a.matmul(&view(b)?),
             Precision::Bf16 if a.device().is_cuda() => {
-                let product = a.to_dtype(DType::BF16)?.matmul(&b.to_dtype(DType::BF16)?)?;
-                product.to_dtype(a.dtype())
+                let b16 = view(&b.to_dtype(DType::BF16)?)?;
+                a.to_dtype(DType::BF16)?.matmul(&b16)?.to_dtype(a.dtype())
             }
-            Precision::Bf16 => self.round(a)?.matmul(&self.round(b)?),
+            Precision::Bf16 => self.round(a)?.matmul(&view(&self.round(b)?)?),
         }
     }
 

@@ -61,7 +61,7 @@ pub(super) fn logits_by_head(
         heads(v, s, hkv)?.contiguous()?,
     );
     let grouped = qh.contiguous()?.reshape((b, hkv, (h / hkv) * t, d))?;
-    let logits = precision.matmul(&grouped, &kh.t()?)?.reshape((b, h, t, s))?;
+    let logits = precision.matmul_t(&grouped, &kh)?.reshape((b, h, t, s))?;
     Ok((logits, vh))
 }
 

@@ -27,6 +27,13 @@ fn within_bf16_of_f32(
     let (y, g) = run(&on_gpu, &probe.to_device(&dev).unwrap(), op_gpu);
     let (y_again, g_again) = run(&on_gpu, &probe.to_device(&dev).unwrap(), op_gpu);
     let (y_cpu, g_cpu) = run(inputs, &probe, op_cpu);
+    // What the first GPU run measures, to set TOL by.
+    let errors: Vec<String> = std::iter::once(&y)
+        .chain(&g)
+        .zip(std::iter::once(&y_cpu).chain(&g_cpu))
+        .map(|(a, b)| format!("{:.1e}", rel_error(a, b)))
+        .collect();
+    eprintln!("{what}: relative error of the forward and each gradient against f32: {errors:?}");
     assert!(same_bits(&y, &y_again), "{what}: forward not repeatable");
     assert_close(&format!("{what} forward"), &y, &y_cpu, TOL);
     let e = rel_error(&y, &y_cpu);

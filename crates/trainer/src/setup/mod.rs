@@ -243,7 +243,7 @@ impl TrainingRun {
         // f32 says nothing (the line as it always was); bf16 names its instructions.
         let precision = match t.model.precision() {
             ember_kernels::Precision::F32 => String::new(),
-            p => format!(", {}", p.cpu_products()),
+            _ => format!(", {}", crate::setup::precision::describe_products(&t.cfg)),
         };
         format!(
             "{} model{start}, {} parameters, {} steps{precision}, data: {}; run directory {}",
