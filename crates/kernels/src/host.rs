@@ -1,9 +1,8 @@
 //! Reading and making the CPU tensors the fused kernels work on.
 //!
-//! The kernels compute in f32. Activations may also come as bf16 (mixed precision keeps them
-//! so, [`crate::Precision::activations`]): those are widened to f32 as an op reads them
-//! (exactly), and an op's bf16 output or gradient is rounded once, as candle's `to_dtype`
-//! rounds. So an op on bf16 activations gives the bits of the f32 op between those casts.
+//! The kernels compute in f32. Activations may also come as bf16: those are widened to f32 as
+//! an op reads them (exactly), and an op's bf16 output or gradient is rounded once, as candle's
+//! `to_dtype` rounds. So an op on bf16 activations gives the bits of the f32 op between those casts.
 
 use std::borrow::Cow;
 

@@ -17,11 +17,12 @@
 //! the epilogues stay f32. The unfused reference of a bf16 op is the f32 composition of its
 //! operands rounded by [`Precision::round`].
 //!
-//! x may be an f32 or a bf16 activation ([`Precision::activations`]); the output is in x's
-//! dtype, and so is dx (the residual op's output is in its stream's). On bf16 x an op gives the
-//! bits of the f32 op on x widened, its output and dx rounded once: x is rounded for the
-//! product anyway, so keeping it in bf16 costs the forward pass nothing and halves what the
-//! backward pass holds.
+//! On the CPU x may be an f32 or a bf16 activation; the output is in x's dtype, and so is dx
+//! (the residual op's output is in its stream's). On bf16 x an op gives the bits of the f32 op
+//! on x widened, its output and dx rounded once: x is rounded for the product anyway, so a bf16
+//! x costs the forward pass nothing and halves what the backward pass holds. (The model does
+//! not keep bf16 activations yet: candle's bf16 gradient adds cost more than that saves,
+//! docs/performance.md.)
 
 use std::borrow::Cow;
 
@@ -373,8 +374,20 @@ pub fn linear_rope_unfused(
     offset: usize,
     scale: impl Into<PositionScale>,
 ) -> Result<Tensor> {
-    let rotated = rope_unfused(&linear_unfused(x, w)?, tables, offset)?;
-    scale.into().apply_unfused(&rotated, offset)
+    linear_rope_unfused_in(x, w, tables, offset, scale.into(), Precision::F32)
+}
+
+/// [`linear_rope_unfused`] with its product in `precision` ([`linear_unfused_in`]).
+fn linear_rope_unfused_in(
+    x: &Tensor,
+    w: &Tensor,
+    tables: &RopeTables,
+    offset: usize,
+    scale: PositionScale,
+    precision: Precision,
+) -> Result<Tensor> {
+    let rotated = rope_unfused(&linear_unfused_in(x, w, precision)?, tables, offset)?;
+    scale.apply_unfused(&rotated, offset)
 }
 
 /// `scale · rotated(x·Wᵀ)` for x (B, T, in) whose first position is `offset` and a weight
@@ -409,9 +422,8 @@ pub fn linear_rope_in(
         return crate::rope::rope(&linear_in(x, w, precision)?, tables, offset, scale);
     }
     if !(fused(x, w) && tables.covers(offset, t)) {
-        let scale = scale.into();
-        let rotated = rope_unfused(&linear_unfused_in(x, w, precision)?, tables, offset)?;
-        return scale.apply_unfused(&rotated, offset)?.to_dtype(x.dtype());
+        let out = linear_rope_unfused_in(x, w, tables, offset, scale.into(), precision)?;
+        return out.to_dtype(x.dtype());
     }
     let rotate = Rotate(RopeOp::new(tables, offset, scale.into()));
     project_op(x, w, rotate, precision)

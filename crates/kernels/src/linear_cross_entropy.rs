@@ -53,7 +53,7 @@ use candle_core::{bail, CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
 use crate::cross_entropy::{cross_entropy_unfused, loss_output, LossRows};
 use crate::gemm::{sgemm_in, transposed, Mat, PackedIn};
 use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
-use crate::linear::{linear_unfused, linear_unfused_in};
+use crate::linear::linear_unfused_in;
 use crate::simd::scaled;
 use crate::Precision;
 
@@ -76,9 +76,7 @@ pub fn linear_cross_entropy_unfused(
     label_smoothing: f64,
     z_loss: f64,
 ) -> Result<Tensor> {
-    let (_, d) = w.dims2()?;
-    let h = h.reshape(((), d))?;
-    cross_entropy_unfused(&linear_unfused(&h, w)?, targets, mask, label_smoothing, z_loss)
+    linear_cross_entropy_unfused_in(h, w, targets, mask, (label_smoothing, z_loss), Precision::F32)
 }
 
 /// [`linear_cross_entropy_unfused`] with its product in `precision` ([`Precision::matmul`]).
