@@ -166,7 +166,7 @@ static ALLOCATOR: huge_pages::HugePages = huge_pages::HugePages;
 /// arena, so the process holds each arena's high-water mark: fine-tuning SmolLM2-135M's shape
 /// in bf16 peaked at 4,663–4,685 MiB against 4,242–4,556 before, for a 1.07× faster step.
 /// One arena per core instead of glibc's eight kept the peak where it was but cost the smallest
-/// models 5–10% a step (docs/performance.md), and they are what Ember is mostly used for.
+/// models 7–20% a step (docs/performance.md), and they are what Ember is mostly used for.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 fn keep_freed_memory() {
     // SAFETY: mallopt only adjusts allocator parameters; called before any other thread exists.
