@@ -252,7 +252,7 @@ fn the_released_multi30k_models_still_open_and_translate() {
         "none-seed1-avg10",
         "layernorm-seed1-avg10",
         "rmsnorm-seed1-avg10",
-        "l2-seed1-avg10",
+        "l2-seed2-avg10",
     ] {
         assert_eq!(
             translate(elsewhere.path(), &released.join(name), input),
