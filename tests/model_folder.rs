@@ -235,6 +235,106 @@ fn packaging_never_overwrites_and_a_damaged_folder_is_refused_by_name() {
     assert!(err.contains("model.json"), "{err}");
 }
 
+/// `ember eval` of the test split with `extra` options, as JSON.
+fn eval_test_with(cwd: &Path, model: &Path, hyps: &str, extra: &[&str]) -> Value {
+    let mut args = vec![
+        "eval",
+        s(model),
+        "--split",
+        "test",
+        "--beam",
+        "3",
+        "--output",
+        hyps,
+        "--json",
+    ];
+    args.extend(extra);
+    serde_json::from_str(&ok(cwd, &args)).unwrap()
+}
+
+/// A study chooses each model's length penalty on validation; the released folder carries that
+/// choice, so that whoever decodes it without knowing the choice gets the decoding that was scored.
+#[test]
+fn a_folder_decodes_with_the_length_penalty_it_was_packaged_with_unless_told_otherwise() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let average = trained_average(dir);
+    ok(dir, &["package", s(&average), "plain"]);
+    ok(
+        dir,
+        &["package", s(&average), "chosen", "--length-penalty", "fairseq:1"],
+    );
+    let config = std::fs::read_to_string(dir.join("chosen/config.yaml")).unwrap();
+    assert!(config.contains("length_penalty: fairseq:1"), "{config}");
+    assert!(!std::fs::read_to_string(dir.join("plain/config.yaml"))
+        .unwrap()
+        .contains("length_penalty"));
+
+    let plain = eval_test_with(dir, &dir.join("plain"), "plain.hyp", &[]);
+    assert_eq!(
+        plain["length_penalty"], "gnmt:0.6",
+        "the default without a choice: {plain}"
+    );
+    let chosen = eval_test_with(dir, &dir.join("chosen"), "chosen.hyp", &[]);
+    let told = eval_test_with(dir, &average, "told.hyp", &["--length-penalty", "fairseq:1"]);
+    assert_eq!(chosen["length_penalty"], "fairseq:1", "{chosen}");
+    for key in ["loss", "bleu", "chrf"] {
+        assert_eq!(chosen[key], told[key], "{key}: {chosen} vs {told}");
+    }
+    assert_eq!(
+        std::fs::read(dir.join("chosen.hyp")).unwrap(),
+        std::fs::read(dir.join("told.hyp")).unwrap(),
+        "the folder decodes as the checkpoint does under the penalty it was chosen with"
+    );
+    let input = "three one four\nnine nine\n";
+    let elsewhere = tempfile::tempdir().unwrap();
+    let mut translate_told = ember(elsewhere.path());
+    translate_told.args([
+        "translate",
+        s(&average),
+        "--beam",
+        "3",
+        "--length-penalty",
+        "fairseq:1",
+    ]);
+    assert_eq!(
+        translate(elsewhere.path(), &dir.join("chosen"), input),
+        run_with_stdin(translate_told, input)
+    );
+
+    // A penalty given on the command line still wins over the folder's.
+    let overridden = eval_test_with(
+        dir,
+        &dir.join("chosen"),
+        "overridden.hyp",
+        &["--length-penalty", "0.6"],
+    );
+    assert_eq!(overridden["length_penalty"], "gnmt:0.6", "{overridden}");
+    assert_eq!(overridden["bleu"], plain["bleu"], "{overridden} vs {plain}");
+
+    // A penalty that is no penalty is refused by name, and no folder is written.
+    let err = fails(
+        dir,
+        &["package", s(&average), "negative", "--length-penalty", "gnmt:-1"],
+    );
+    assert!(err.contains("--length-penalty") && err.contains("≥ 0"), "{err}");
+    assert!(!dir.join("negative").exists());
+}
+
+/// Runs `cmd` with `input` on its stdin; its stdout.
+fn run_with_stdin(mut cmd: std::process::Command, input: &str) -> String {
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    text(&out.stdout)
+}
+
 /// The study's released models (docs/results/multi30k-full) are what users download: a change to
 /// the folder format, the config or the model's forward pass must not leave them unreadable or
 /// translating differently.

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use clap::Args;
 use ember_model::{BeamConfig, LengthPenalty};
 use ember_trainer::config::RunConfig;
@@ -22,8 +22,9 @@ pub(super) struct DecodeArgs {
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=MAX_BEAM))]
     pub beam: u32,
     /// Length penalty: GNMT's α (`0.6`, `gnmt:0.6`: logprob / ((5 + len) / 6)^α) or fairseq's
-    /// `--lenpen` (`fairseq:1`: logprob / len^p).
-    #[arg(long, default_value = "0.6", value_delimiter = ',', value_parser = parse_penalty)]
+    /// `--lenpen` (`fairseq:1`: logprob / len^p) [default: the run's or folder's
+    /// `eval.length_penalty`, else 0.6].
+    #[arg(long, value_delimiter = ',', value_parser = parse_penalty)]
     pub length_penalty: Vec<LengthPenalty>,
     /// Decode without the KV cache (same output, slower: for timing the cache).
     #[arg(long)]
@@ -44,16 +45,23 @@ impl DecodeArgs {
         open_model(&self.run, self.device.as_deref())
     }
 
-    /// The run's evaluation decoder with these options (the first length penalty given; a
-    /// command that scores several ranks the same search under each).
-    pub fn beam_config(&self, cfg: &RunConfig) -> Result<BeamConfig> {
-        let Some(&penalty) = self.length_penalty.first() else {
-            bail!("--length-penalty needs a value, e.g. 0.6 (GNMT's α) or fairseq:1");
-        };
+    /// The run's evaluation decoder with these options (the first length penalty given, else
+    /// the run's own; a command that scores several ranks the same search under each).
+    pub fn beam_config(&self, cfg: &RunConfig) -> BeamConfig {
         let mut beam = eval_beam(cfg, self.beam as usize);
-        beam.length_penalty = penalty;
+        beam.length_penalty = self.penalties(cfg)[0];
         beam.use_cache = !self.no_cache;
-        Ok(beam)
+        beam
+    }
+
+    /// The length penalties to rank under: those given, or else the run's (or model folder's)
+    /// `eval.length_penalty`, the one it was chosen with.
+    pub fn penalties(&self, cfg: &RunConfig) -> Vec<LengthPenalty> {
+        if self.length_penalty.is_empty() {
+            vec![eval_beam(cfg, self.beam as usize).length_penalty]
+        } else {
+            self.length_penalty.clone()
+        }
     }
 }
 

@@ -28,7 +28,8 @@ const MAX_CONTEXT: u64 = 65_536;
     mut_arg("length_penalty", |a| a.help(
         "Translation: length penalty, GNMT's α (0.6 or gnmt:0.6) or fairseq's lenpen (fairseq:1); \
          several, comma-separated, rank one search under each and report every one (--output and \
-         the headline take the highest BLEU; choose on --split valid)"
+         the headline take the highest BLEU; choose on --split valid). Default: the run's or model \
+         folder's eval.length_penalty, else 0.6"
     )),
     mut_arg("no_cache", |a| a.help(
         "Translation: decode without the KV cache (re-runs the decoder over the whole prefix at \
@@ -103,8 +104,8 @@ pub(crate) fn run(args: EvalArgs) -> Result<()> {
                 .as_ref()
                 .context("this run's corpus has no test split")?,
         };
-        let beam = args.decode.beam_config(&run.cfg)?;
-        let penalties = &args.decode.length_penalty;
+        let beam = args.decode.beam_config(&run.cfg);
+        let penalties = &args.decode.penalties(&run.cfg);
         if penalties.len() > 1 && split == Split::Test {
             tell!(
                 "warning: comparing {} length penalties on the test split; choose one on \

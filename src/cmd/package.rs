@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::Args;
+use ember_model::LengthPenalty;
 use ember_trainer::model_dir;
 
 use super::print_result;
@@ -17,12 +18,17 @@ pub(crate) struct PackageArgs {
     run: PathBuf,
     /// The model folder to write; must not exist yet.
     out: PathBuf,
+    /// The length penalty the model was chosen with (GNMT's α as `gnmt:1.6` or `1.6`, or
+    /// fairseq's `fairseq:1`): written into the folder's config as `eval.length_penalty`, which
+    /// `ember translate` and `ember eval` use when not given `--length-penalty`.
+    #[arg(long, value_parser = |s: &str| s.parse::<LengthPenalty>())]
+    length_penalty: Option<LengthPenalty>,
     #[arg(long)]
     json: bool,
 }
 
 pub(crate) fn run(args: PackageArgs) -> Result<()> {
-    let packaged = model_dir::package(&args.run, &args.out)?;
+    let packaged = model_dir::package(&args.run, &args.out, args.length_penalty)?;
     print_result(args.json, &packaged, || {
         format!(
             "wrote {} ({:.1} MB) from {} (step {}): model.safetensors, config.yaml, tokenizer, {}",

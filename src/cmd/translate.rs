@@ -35,7 +35,7 @@ pub(crate) fn run(args: TranslateArgs) -> Result<()> {
             args.decode.length_penalty.len()
         );
     }
-    let beam = args.decode.beam_config(&run.cfg)?;
+    let beam = args.decode.beam_config(&run.cfg);
     let mut bytes = Vec::new();
     std::io::stdin()
         .read_to_end(&mut bytes)

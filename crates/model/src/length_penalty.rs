@@ -90,3 +90,53 @@ impl FromStr for LengthPenalty {
         Ok(penalty)
     }
 }
+
+/// In a config, the [`fmt::Display`] form (`gnmt:0.6`, `fairseq:1`).
+impl serde::Serialize for LengthPenalty {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// From a config: `gnmt:α`, `fairseq:p`, or a bare number (GNMT's α), as [`FromStr`] reads them.
+impl<'de> serde::Deserialize<'de> for LengthPenalty {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = LengthPenalty;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a length penalty: gnmt:α (e.g. gnmt:0.6), fairseq:p (e.g. fairseq:1) or a number (GNMT's α)")
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<LengthPenalty, E> {
+                s.parse().map_err(E::custom)
+            }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<LengthPenalty, E> {
+                let penalty = LengthPenalty::Gnmt(v);
+                penalty.check().map_err(E::custom)?;
+                Ok(penalty)
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<LengthPenalty, E> {
+                self.visit_f64(v as f64)
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<LengthPenalty, E> {
+                self.visit_f64(v as f64)
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
+}
+
+impl schemars::JsonSchema for LengthPenalty {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "LengthPenalty".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "GNMT's α as gnmt:α or a bare number (logprob / ((5 + len) / 6)^α), or fairseq's lenpen as fairseq:p (logprob / len^p); ≥ 0",
+            "anyOf": [
+                { "type": "number", "minimum": 0 },
+                { "type": "string", "pattern": "^\\s*((gnmt|fairseq)\\s*:\\s*)?[0-9.eE+]+\\s*$" }
+            ]
+        })
+    }
+}

@@ -684,6 +684,33 @@ fn length_penalties_read_and_print_as_kind_colon_strength() {
     }
 }
 
+/// In a config (`eval.length_penalty`) a penalty is written as on the command line, or as a bare
+/// number (GNMT's α); it is saved in the `kind:strength` form and read back the same.
+#[test]
+fn length_penalties_in_a_config_read_as_on_the_command_line_and_round_trip() {
+    for (json, penalty) in [
+        ("1.6", LengthPenalty::Gnmt(1.6)),
+        ("2", LengthPenalty::Gnmt(2.0)),
+        ("\"gnmt:1.8\"", LengthPenalty::Gnmt(1.8)),
+        ("\"fairseq:1\"", LengthPenalty::Fairseq(1.0)),
+    ] {
+        let read: LengthPenalty = serde_json::from_str(json).unwrap();
+        assert_eq!(read, penalty, "{json}");
+        let saved = serde_json::to_string(&read).unwrap();
+        assert_eq!(
+            serde_json::from_str::<LengthPenalty>(&saved).unwrap(),
+            penalty,
+            "{saved}"
+        );
+    }
+    for bad in ["-1", "\"gnmt:-1\"", "\"wu:0.6\"", "true", "[0.6]"] {
+        let err = serde_json::from_str::<LengthPenalty>(bad)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("length") || err.contains("penalty"), "{bad}: {err}");
+    }
+}
+
 /// Not a theorem (a beam can prune the greedy path, and stops at k finished hypotheses), but
 /// what beam search is for: on these fixture sentences, without length penalty, the beam's
 /// best output is never less probable than greedy's, and is more probable on some.

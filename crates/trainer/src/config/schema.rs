@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use ember_data::{DataConfig, WindowMode};
 use ember_kernels::Precision;
-use ember_model::ModelConfig;
+use ember_model::{LengthPenalty, ModelConfig};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -330,6 +330,12 @@ pub struct EvalConfig {
     #[serde(default)]
     #[schemars(range(min = 1))]
     pub bleu_sentences: Option<usize>,
+    /// Length penalty for that decoding, and for `ember translate` and `ember eval` of this run
+    /// or its model folder when they are not given `--length-penalty`: `gnmt:α` or a bare α,
+    /// or `fairseq:p` (null: GNMT's α = 0.6). `ember package --length-penalty` sets it in a
+    /// folder, so that a model decodes as it was chosen on validation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub length_penalty: Option<LengthPenalty>,
 }
 
 fn default_true() -> bool {
@@ -352,6 +358,7 @@ impl Default for EvalConfig {
             bleu: true,
             beam: 1,
             bleu_sentences: None,
+            length_penalty: None,
         }
     }
 }

@@ -132,11 +132,13 @@ pub fn evaluate_share(
 
 /// The decoder settings for evaluation: `eval.beam`, capped by the model's positions.
 pub fn eval_beam(cfg: &RunConfig, beam_size: usize) -> BeamConfig {
+    let default = BeamConfig::default();
     BeamConfig {
         beam_size,
         n_best: 1,
         max_seq_len: Some(cfg.model.max_seq_len),
-        ..BeamConfig::default()
+        length_penalty: cfg.eval.length_penalty.unwrap_or(default.length_penalty),
+        ..default
     }
 }
 

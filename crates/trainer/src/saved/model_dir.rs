@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device};
 use ember_data::{Tokenizer, TokenizerKind, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE};
-use ember_model::ParamStore;
+use ember_model::{LengthPenalty, ParamStore};
 use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{self, file_hash};
@@ -73,7 +73,10 @@ pub struct Packaged {
 /// [`crate::protected`] (new, and not in a checkpoint, model folder or Hugging Face folder),
 /// then the checkpoint is verified; the folder is written beside `out` and renamed into place,
 /// so `out` is whole or absent.
-pub fn package(source: &Path, out: &Path) -> Result<Packaged> {
+///
+/// `length_penalty`, when given, becomes the folder config's `eval.length_penalty`: the decoding
+/// the model was chosen with, which `ember translate` and `ember eval` then use by default.
+pub fn package(source: &Path, out: &Path, length_penalty: Option<LengthPenalty>) -> Result<Packaged> {
     crate::protected::check(out, "OUT", Output::Folder, &[source], &[])?;
     let (run_dir, ckpt_dir) = checkpoint::run_and_checkpoint(source)?;
     // Every file of the checkpoint against its state.json, before anything is copied (the
@@ -81,7 +84,17 @@ pub fn package(source: &Path, out: &Path) -> Result<Packaged> {
     let state = checkpoint::verify(&ckpt_dir)?;
     let config_text = ember_data::io::read_own_to_string(ckpt_dir.join(RUN_CONFIG))
         .with_context(|| format!("reading {}", ckpt_dir.join(RUN_CONFIG).display()))?;
-    let cfg = RunConfig::from_yaml(&config_text, &ckpt_dir.join(RUN_CONFIG), &[])?;
+    let mut cfg = RunConfig::from_yaml(&config_text, &ckpt_dir.join(RUN_CONFIG), &[])?;
+    let config_text = match length_penalty {
+        Some(penalty) => {
+            penalty
+                .check()
+                .map_err(|e| anyhow::anyhow!("--length-penalty: {e}"))?;
+            cfg.eval.length_penalty = Some(penalty);
+            cfg.to_yaml()
+        }
+        None => config_text,
+    };
     let tokenizer = read_tokenizer(&run_dir, cfg.data.tokenizer.kind)?;
     check_tokenizer_fits(&tokenizer, &run_dir, &cfg)?;
     let bytes = crate::protected::write_folder(out, |tmp| {
