@@ -65,8 +65,14 @@ fn trained_average(dir: &Path) -> PathBuf {
 }
 
 fn translate(cwd: &Path, model: &Path, input: &str) -> String {
-    let mut child = ember(cwd)
-        .args(["translate", s(model), "--beam", "3"])
+    let mut cmd = ember(cwd);
+    cmd.args(["translate", s(model), "--beam", "3"]);
+    run_with_stdin(cmd, input)
+}
+
+/// Runs `cmd` with `input` on its stdin, requires success, and returns its stdout.
+fn run_with_stdin(mut cmd: std::process::Command, input: &str) -> String {
+    let mut child = cmd
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -74,31 +80,29 @@ fn translate(cwd: &Path, model: &Path, input: &str) -> String {
         .unwrap();
     child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
     let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "translate {}: {}",
-        model.display(),
-        text(&out.stderr)
-    );
+    assert!(out.status.success(), "{cmd:?}: {}", text(&out.stderr));
     text(&out.stdout)
 }
 
 fn eval_test(cwd: &Path, model: &Path, hyps: &str) -> Value {
-    let out = ok(
-        cwd,
-        &[
-            "eval",
-            s(model),
-            "--split",
-            "test",
-            "--beam",
-            "3",
-            "--output",
-            hyps,
-            "--json",
-        ],
-    );
-    serde_json::from_str(&out).unwrap()
+    eval_test_with(cwd, model, hyps, &[])
+}
+
+/// `ember eval` of the test split with `extra` options, as JSON.
+fn eval_test_with(cwd: &Path, model: &Path, hyps: &str, extra: &[&str]) -> Value {
+    let mut args = vec![
+        "eval",
+        s(model),
+        "--split",
+        "test",
+        "--beam",
+        "3",
+        "--output",
+        hyps,
+        "--json",
+    ];
+    args.extend(extra);
+    serde_json::from_str(&ok(cwd, &args)).unwrap()
 }
 
 fn file_names(dir: &Path) -> Vec<String> {
@@ -235,23 +239,6 @@ fn packaging_never_overwrites_and_a_damaged_folder_is_refused_by_name() {
     assert!(err.contains("model.json"), "{err}");
 }
 
-/// `ember eval` of the test split with `extra` options, as JSON.
-fn eval_test_with(cwd: &Path, model: &Path, hyps: &str, extra: &[&str]) -> Value {
-    let mut args = vec![
-        "eval",
-        s(model),
-        "--split",
-        "test",
-        "--beam",
-        "3",
-        "--output",
-        hyps,
-        "--json",
-    ];
-    args.extend(extra);
-    serde_json::from_str(&ok(cwd, &args)).unwrap()
-}
-
 /// A study chooses each model's length penalty on validation; the released folder carries that
 /// choice, so that whoever decodes it without knowing the choice gets the decoding that was scored.
 #[test]
@@ -270,12 +257,12 @@ fn a_folder_decodes_with_the_length_penalty_it_was_packaged_with_unless_told_oth
         .unwrap()
         .contains("length_penalty"));
 
-    let plain = eval_test_with(dir, &dir.join("plain"), "plain.hyp", &[]);
+    let plain = eval_test(dir, &dir.join("plain"), "plain.hyp");
     assert_eq!(
         plain["length_penalty"], "gnmt:0.6",
         "the default without a choice: {plain}"
     );
-    let chosen = eval_test_with(dir, &dir.join("chosen"), "chosen.hyp", &[]);
+    let chosen = eval_test(dir, &dir.join("chosen"), "chosen.hyp");
     let told = eval_test_with(dir, &average, "told.hyp", &["--length-penalty", "fairseq:1"]);
     assert_eq!(chosen["length_penalty"], "fairseq:1", "{chosen}");
     for key in ["loss", "bleu", "chrf"] {
@@ -319,20 +306,6 @@ fn a_folder_decodes_with_the_length_penalty_it_was_packaged_with_unless_told_oth
     );
     assert!(err.contains("--length-penalty") && err.contains("≥ 0"), "{err}");
     assert!(!dir.join("negative").exists());
-}
-
-/// Runs `cmd` with `input` on its stdin; its stdout.
-fn run_with_stdin(mut cmd: std::process::Command, input: &str) -> String {
-    let mut child = cmd
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    text(&out.stdout)
 }
 
 /// The study's released models (docs/results/multi30k-full) are what users download: a change to
