@@ -154,14 +154,14 @@ static ALLOCATOR: huge_pages::HugePages = huge_pages::HugePages;
 /// Keeps freed memory in the heap instead of handing it back to the kernel. glibc serves blocks
 /// above its mmap threshold (at most 32 MiB) with fresh mappings and unmaps them on free, so
 /// every training step faulted its logits and activations in again page by page: 9% of a
-/// multi30k-tiny step went to page faults. Peak RSS is unchanged (the same bytes are live at the
-/// peak); they are simply reused.
+/// multi30k-tiny step went to page faults. Turning those mappings off left peak RSS where it
+/// was (the same bytes are live at the peak); they are simply reused.
 ///
 /// The kernels' worker threads allocate from glibc's per-thread arenas, which grow in heaps of
 /// at most 64 MiB. When the last heap of an arena empties, glibc unmaps it whatever the trim
 /// threshold, unless the heap before it would then keep less than `M_TOP_PAD` free (glibc
 /// 2.36 `heap_trim`); the default pad is 128 KiB, so each step unmapped heaps and faulted them
-/// in again (16.7k page faults a step at nanoGPT's standard shape in bf16, 0 with a 64 MiB pad).
+/// in again (16.7k page faults a step at nanoGPT's standard shape in bf16, 8 with a 64 MiB pad).
 /// The pad is address space, never touched until used. Memory kept this way serves only its own
 /// arena, so the process holds each arena's high-water mark: fine-tuning SmolLM2-135M's shape
 /// in bf16 peaked at 4,663–4,685 MiB against 4,242–4,556 before, for a 1.07× faster step.

@@ -49,16 +49,18 @@ impl DecodeArgs {
     /// the run's own; a command that scores several ranks the same search under each).
     pub fn beam_config(&self, cfg: &RunConfig) -> BeamConfig {
         let mut beam = eval_beam(cfg, self.beam as usize);
-        beam.length_penalty = self.penalties(cfg)[0];
+        if let Some(&penalty) = self.length_penalty.first() {
+            beam.length_penalty = penalty;
+        }
         beam.use_cache = !self.no_cache;
         beam
     }
 
-    /// The length penalties to rank under: those given, or else the run's (or model folder's)
-    /// `eval.length_penalty`, the one it was chosen with.
-    pub fn penalties(&self, cfg: &RunConfig) -> Vec<LengthPenalty> {
+    /// The length penalties to rank `beam`'s search under: those given, or else the one
+    /// [`beam_config`](Self::beam_config) took from the run (or model folder).
+    pub fn penalties(&self, beam: &BeamConfig) -> Vec<LengthPenalty> {
         if self.length_penalty.is_empty() {
-            vec![eval_beam(cfg, self.beam as usize).length_penalty]
+            vec![beam.length_penalty]
         } else {
             self.length_penalty.clone()
         }

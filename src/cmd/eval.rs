@@ -105,7 +105,7 @@ pub(crate) fn run(args: EvalArgs) -> Result<()> {
                 .context("this run's corpus has no test split")?,
         };
         let beam = args.decode.beam_config(&run.cfg);
-        let penalties = &args.decode.penalties(&run.cfg);
+        let penalties = &args.decode.penalties(&beam);
         if penalties.len() > 1 && split == Split::Test {
             tell!(
                 "warning: comparing {} length penalties on the test split; choose one on \

@@ -154,8 +154,8 @@ pub fn linear_cross_entropy_in(
         return cuda::linear_cross_entropy(h, w, targets, mask, label_smoothing, z_loss, grads);
     }
     if !(is_host_f32(h) && is_host_f32(w)) {
-        let smoothing = (label_smoothing, z_loss);
-        return linear_cross_entropy_unfused_in(h, w, targets, mask, smoothing, precision);
+        let terms = (label_smoothing, z_loss);
+        return linear_cross_entropy_unfused_in(h, w, targets, mask, terms, precision);
     }
     precision.check_cpu()?;
     let op = LinearCrossEntropyOp {
