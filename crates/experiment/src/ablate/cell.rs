@@ -233,8 +233,11 @@ fn update_status(out: &Path, change: impl FnOnce(&mut SweepStatus)) -> Result<()
     let path = out.join(STATUS);
     let mut status = read_status(out);
     change(&mut status);
-    write_json(&path, &status)
-    // The lock is released when `lock` is closed.
+    let written = write_json(&path, &status);
+    // Unlocked explicitly: a cell process started meanwhile shares `lock` until it execs, and
+    // the close alone would keep the other cells waiting that long.
+    let _ = FileExt::unlock(&lock);
+    written
 }
 
 /// Where a cell stands.

@@ -23,8 +23,16 @@ pub use crate::run::lock_file::open_lock_file;
 #[derive(Debug)]
 pub struct DirLock {
     path: PathBuf,
-    // Kept open: closing the file would release the lock.
-    _file: File,
+    file: File,
+}
+
+impl Drop for DirLock {
+    // Unlocked explicitly rather than by closing: a child process this one starts shares the
+    // open file until it execs, and a lock left to the close would outlive the drop by that
+    // window, refusing the next `acquire` in this very process.
+    fn drop(&mut self) {
+        let _ = FileExt::unlock(&self.file);
+    }
 }
 
 impl DirLock {
@@ -59,7 +67,7 @@ impl DirLock {
             .and_then(|_| file.seek(SeekFrom::Start(0)))
             .and_then(|_| file.write_all(info.as_bytes()))
             .with_context(|| format!("writing {}", path.display()))?;
-        Ok(Self { path, _file: file })
+        Ok(Self { path, file })
     }
 
     /// The lock file's path.
@@ -138,6 +146,31 @@ mod tests {
         assert!(err.contains(&format!("pid {}", std::process::id())), "{err}");
         drop(first);
         DirLock::acquire(dir.path(), "training run").expect("released on drop");
+    }
+
+    #[test]
+    fn a_drop_releases_the_lock_even_while_child_processes_are_being_started() {
+        // A child shares this process's open files between its fork and its exec; the lock
+        // must not ride along in that window.
+        let starting = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let spawner = {
+            let starting = starting.clone();
+            std::thread::spawn(move || {
+                while starting.load(std::sync::atomic::Ordering::Relaxed) {
+                    let _ = std::process::Command::new("true").status();
+                }
+            })
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let refused = (0..2000)
+            .filter(|_| {
+                drop(DirLock::acquire(dir.path(), "training run").unwrap());
+                DirLock::acquire(dir.path(), "training run").is_err()
+            })
+            .count();
+        starting.store(false, std::sync::atomic::Ordering::Relaxed);
+        spawner.join().unwrap();
+        assert_eq!(refused, 0, "acquisitions refused right after a drop");
     }
 
     #[test]

@@ -336,7 +336,17 @@ fn write_into(
 
 /// A held lock on a run's `checkpoints/` folder (released when dropped).
 pub struct CheckpointsLock {
-    _file: Option<fs::File>,
+    file: Option<fs::File>,
+}
+
+impl Drop for CheckpointsLock {
+    // Unlocked explicitly, not left to the close: a child process started meanwhile shares the
+    // open file until it execs (see `DirLock`).
+    fn drop(&mut self) {
+        if let Some(file) = &self.file {
+            let _ = fs4::fs_std::FileExt::unlock(file);
+        }
+    }
 }
 
 /// How long a run waits to save while a reader holds the checkpoints: past this it saves
@@ -372,17 +382,17 @@ pub fn lock_for_writing(run_dir: &Path) -> Result<CheckpointsLock> {
                     path.display()
                 )
             });
-            return Ok(CheckpointsLock { _file: None });
+            return Ok(CheckpointsLock { file: None });
         }
     };
     let started = std::time::Instant::now();
     loop {
         match FileExt::try_lock_exclusive(&file) {
-            Ok(true) => return Ok(CheckpointsLock { _file: Some(file) }),
+            Ok(true) => return Ok(CheckpointsLock { file: Some(file) }),
             Ok(false) if started.elapsed() < WRITER_PATIENCE => {
                 std::thread::sleep(std::time::Duration::from_millis(50))
             }
-            _ => return Ok(CheckpointsLock { _file: None }),
+            _ => return Ok(CheckpointsLock { file: None }),
         }
     }
 }
@@ -393,11 +403,11 @@ pub fn lock_for_reading(run_dir: &Path) -> Result<CheckpointsLock> {
     use fs4::fs_std::FileExt;
     let root = run_dir.join(CHECKPOINTS);
     if !root.is_dir() {
-        return Ok(CheckpointsLock { _file: None });
+        return Ok(CheckpointsLock { file: None });
     }
     let file = open_lock_file(&root.join(LOCK_FILE))?;
     FileExt::lock_shared(&file).with_context(|| format!("locking {}", root.join(LOCK_FILE).display()))?;
-    Ok(CheckpointsLock { _file: Some(file) })
+    Ok(CheckpointsLock { file: Some(file) })
 }
 
 /// Reads and verifies one checkpoint directory.
