@@ -12,7 +12,9 @@
 //!   used for many products is packed once ([`PackedPairs`]).
 //! - A (m×k) is converted into rows of pairs where its rows are contiguous (the activations of
 //!   x·Wᵀ and g·W), or into panels of [`MR`] rows, pair-major, where its columns are (gᵀ in
-//!   dW = gᵀ·x, whose pairs lie in two rows of g).
+//!   dW = gᵀ·x, whose pairs lie in two rows of g): a block of [`MC`] rows at a time, just
+//!   before the block's products, where the threads split C's rows; all of it beforehand where
+//!   they split its columns (every thread then reads every row).
 //!
 //! Rounding to bf16 is the hardware's (`vcvtne2ps2bf16`: to nearest even, a NaN stays a NaN,
 //! a denormal becomes a signed zero); [`to_bf16`] is the same in scalar form, for the odd
@@ -76,23 +78,33 @@ pub(crate) fn supported() -> bool {
 
 /// u32 elements on a 64-byte boundary: a strip's pair row is then two whole cache lines, and
 /// every vector load of it is aligned.
+///
+/// Not zeroed: the packers write every element, padding included, and zeroing first was a
+/// second pass over every operand (with calloc's memset, or the kernel's page clearing for a
+/// fresh mapping). The unit tests fill it with NaN pairs first, so an element a packer skipped
+/// shows in the products they check.
+#[derive(Default)]
 struct Aligned {
-    buf: Vec<u32>,
+    buf: Vec<std::mem::MaybeUninit<u32>>,
     skip: usize,
 }
 
 impl Aligned {
-    /// `len` zeros.
-    fn zeros(len: usize) -> Self {
-        let buf = vec![0u32; len + 16];
+    /// Room for `len` elements, which the caller writes before anything reads them.
+    fn for_writing(len: usize) -> Self {
+        let mut buf: Vec<std::mem::MaybeUninit<u32>> = Vec::with_capacity(len + 16);
+        #[cfg(test)]
+        buf.resize(len + 16, std::mem::MaybeUninit::new(0x7fc0_7fc0));
+        // SAFETY: `MaybeUninit` needs no initialisation.
+        unsafe { buf.set_len(len + 16) };
         let skip = buf.as_ptr().align_offset(64).min(16);
         Self { buf, skip }
     }
     fn ptr(&self) -> *const u32 {
-        self.buf[self.skip..].as_ptr()
+        self.buf[self.skip..].as_ptr().cast()
     }
     fn ptr_mut(&mut self) -> *mut u32 {
-        self.buf[self.skip..].as_mut_ptr()
+        self.buf[self.skip..].as_mut_ptr().cast()
     }
 }
 
@@ -114,7 +126,8 @@ impl PackedPairs {
     /// The first `len` packed elements.
     #[cfg(test)]
     pub fn as_slice(&self, len: usize) -> &[u32] {
-        &self.data.buf[self.data.skip..self.data.skip + len]
+        // SAFETY: the packers wrote every element (and the tests' buffers start filled).
+        unsafe { std::slice::from_raw_parts(self.data.ptr(), len) }
     }
 }
 
@@ -196,7 +209,7 @@ const COLUMN: [usize; 4] = [0, 2, 1, 3];
 /// Every element of B's k×n view is readable; the CPU has AVX512_BF16.
 pub(crate) unsafe fn pack_b(k: usize, n: usize, b: Operand) -> PackedPairs {
     let (kq, strips) = (k.div_ceil(2), n.div_ceil(NR));
-    let mut data = Aligned::zeros(strips * kq * NR);
+    let mut data = Aligned::for_writing(strips * kq * NR);
     let out = SharedMut(data.ptr_mut());
     pack_tasks(k * n, strips, 1, |range| {
         for s in range {
@@ -215,6 +228,10 @@ unsafe fn pack_strip(k: usize, n: usize, b: Operand, s: usize, out: *mut u32) {
     for half in 0..2 {
         let j0 = s * NR + half * 16;
         if j0 >= n {
+            // The last strip's empty half: zeros, as every element past n.
+            for q in 0..kq {
+                _mm512_store_si512(out.add(q * NR + half * 16).cast(), _mm512_setzero_si512());
+            }
             break;
         }
         let cols = 16.min(n - j0);
@@ -256,6 +273,9 @@ unsafe fn pack_strip(k: usize, n: usize, b: Operand, s: usize, out: *mut u32) {
                     };
                     *out.add(q * NR + half * 16 + j) = pair(at(2 * q), at(2 * q + 1));
                 }
+                for j in cols..16 {
+                    *out.add(q * NR + half * 16 + j) = 0;
+                }
             }
         }
     }
@@ -293,7 +313,7 @@ unsafe fn pack_a(m: usize, k: usize, a: Operand) -> PairsA {
     if a.col_stride != 1 && a.row_stride == 1 {
         // Columns 2q and 2q+1 of A (rows of g) lie along i: panels of MR rows, pair-major,
         // two panels (16 rows) at a time.
-        let mut data = Aligned::zeros(tiles * MR * kq);
+        let mut data = Aligned::for_writing(tiles * MR * kq);
         let out = SharedMut(data.ptr_mut());
         pack_tasks(m * k, tiles.div_ceil(2), 64, |panel_pairs| {
             for pp in panel_pairs {
@@ -309,7 +329,7 @@ unsafe fn pack_a(m: usize, k: usize, a: Operand) -> PairsA {
         };
     }
     // Rows of pairs, each row converted where it lies.
-    let mut data = Aligned::zeros(m * kq);
+    let mut data = Aligned::for_writing(m * kq);
     let out = SharedMut(data.ptr_mut());
     pack_tasks(m * k, m, crate::par::rows_per_task(k), |rows| {
         for i in rows {
@@ -397,33 +417,98 @@ pub(crate) unsafe fn gemm_packed(m: usize, a: Operand, b: &PackedPairs, beta: f3
     if m == 0 || n == 0 {
         return;
     }
-    let a = pack_a(m, k, a);
     let c = SharedMut(c);
     // C's rows where there are more of them than columns, else its columns (a strip apiece at
     // least): one chain of sums per element either way.
     if m >= n {
+        // Each task converts its own rows of A, a block at a time, just before the block's
+        // products read them (`A::Rows`).
         for_each_block(m, blocks_for(m, k, n, m, MR), MR, |rows| {
             // SAFETY: each task writes C's rows `rows` only.
-            unsafe { run(&a, b, rows, 0..n, beta, c, ldc) }
+            unsafe { run(A::Rows(a, k), b, rows, 0..n, beta, c, ldc) }
         });
     } else {
+        // Every task reads all of A's rows: converted once, beforehand.
+        let a = pack_a(m, k, a);
         for_each_block(n, blocks_for(m, k, n, n, NR), NR, |cols| {
             // SAFETY: each task writes C's columns `cols` only.
-            unsafe { run(&a, b, 0..m, cols, beta, c, ldc) }
+            unsafe { run(A::Packed(&a), b, 0..m, cols, beta, c, ldc) }
         });
     }
 }
 
-/// The tiles of C's `rows` × `cols` (both starting at a tile boundary), in blocks of [`NC`]
-/// columns × [`MC`] rows whose sums stay in L2 while k passes in pieces of [`KQ_PIECE`] pairs
+/// Where [`run`] finds A's pairs.
+#[derive(Clone, Copy)]
+enum A<'a> {
+    /// Converted beforehand, all of it.
+    Packed(&'a PairsA),
+    /// A itself (m×k, any strides): each block of [`MC`] rows is converted into this thread's
+    /// buffer as its turn comes. The block's pairs (≤ 128 rows × k) then stay in L2 for all of
+    /// its products; converted all at once, A went out to L3 or memory and came back, which cost
+    /// 15–30% of the products with a long k (d_ff's down projection, dW).
+    Rows(Operand, usize),
+}
+
+/// A block of A's pairs: row r of the tile starting at the block's row `i` (a multiple of
+/// [`MR`] from the block's start), pair q, at `ptr + (i / MR)·tile_stride + r·row_stride +
+/// q·q_stride`.
+struct ABlock {
+    ptr: *const u32,
+    tile_stride: usize,
+    row_stride: usize,
+    q_stride: usize,
+}
+
+thread_local! {
+    /// [`A::Rows`]' block buffer, kept from product to product on this thread.
+    static A_BLOCK: std::cell::RefCell<Aligned> = std::cell::RefCell::new(Aligned::default());
+}
+
+/// Rows `rows` of A (m×k, any strides) converted into `buf` (grown as needed), laid out as
+/// [`pack_a`] lays out the whole of A.
+///
+/// # Safety
+/// Every element of A's rows `rows` × k is readable; the CPU has AVX512_BF16.
+unsafe fn convert_block(k: usize, a: Operand, rows: std::ops::Range<usize>, buf: &mut Aligned) -> ABlock {
+    let kq = k.div_ceil(2);
+    let len = rows.len().div_ceil(2 * MR) * 2 * MR * kq;
+    if buf.buf.len() < len + 16 {
+        *buf = Aligned::for_writing(len);
+    }
+    let out = buf.ptr_mut();
+    if a.col_stride != 1 && a.row_stride == 1 {
+        for i0 in rows.clone().step_by(2 * MR) {
+            pack_panels(rows.end, k, a, i0, out.add((i0 - rows.start) * kq));
+        }
+        return ABlock {
+            ptr: out,
+            tile_stride: MR * kq,
+            row_stride: 1,
+            q_stride: MR,
+        };
+    }
+    for i in rows.clone() {
+        pack_row(k, a.skip_rows(i), out.add((i - rows.start) * kq));
+    }
+    ABlock {
+        ptr: out,
+        tile_stride: MR * kq,
+        row_stride: kq,
+        q_stride: 1,
+    }
+}
+
+/// The tiles of C's `rows` × `cols` (both starting at a tile boundary), in blocks of [`MC`]
+/// rows × [`NC`] columns whose sums stay in L2 while k passes in pieces of [`KQ_PIECE`] pairs
 /// (each tile after the first piece resuming from the sums C holds); within a piece, strips,
 /// then the block's row tiles, so a strip's piece stays in L1 while the tiles pass. Without
 /// the blocks — pieces over all of C, as the f32 kernel takes them — C went to memory and back
-/// once per piece, and the kernel ran at a third of its speed at d 384.
+/// once per piece, and the kernel ran at a third of its speed at d 384. A row block's pairs
+/// are converted (with [`A::Rows`]) before its first product.
 #[target_feature(enable = "avx512f,avx512bf16")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn run(
-    a: &PairsA,
+    a: A<'_>,
     b: &PackedPairs,
     rows: std::ops::Range<usize>,
     cols: std::ops::Range<usize>,
@@ -431,13 +516,23 @@ unsafe fn run(
     c: SharedMut<f32>,
     ldc: usize,
 ) {
+    let mut buf = A_BLOCK.with(|b| std::mem::take(&mut *b.borrow_mut()));
     let kq = b.kq();
     // With β ≠ 0 in one piece: β·C is added once, after the whole chain.
     let piece = if beta == 0.0 { KQ_PIECE } else { kq.max(1) };
-    for jc in cols.clone().step_by(NC) {
-        let jc_end = cols.end.min(jc + NC);
-        for ic in rows.clone().step_by(MC) {
-            let ic_end = rows.end.min(ic + MC);
+    for ic in rows.clone().step_by(MC) {
+        let ic_end = rows.end.min(ic + MC);
+        let block = match a {
+            A::Packed(p) => ABlock {
+                ptr: p.data.ptr().add((ic / MR) * p.tile_stride),
+                tile_stride: p.tile_stride,
+                row_stride: p.row_stride,
+                q_stride: p.q_stride,
+            },
+            A::Rows(a, k) => convert_block(k, a, ic..ic_end, &mut buf),
+        };
+        for jc in cols.clone().step_by(NC) {
+            let jc_end = cols.end.min(jc + NC);
             for q0 in (0..kq.max(1)).step_by(piece) {
                 let kp = piece.min(kq - q0);
                 for j0 in (jc..jc_end).step_by(NR) {
@@ -446,9 +541,11 @@ unsafe fn run(
                     for i0 in (ic..ic_end).step_by(MR) {
                         let t = Tile {
                             kq: kp,
-                            a: a.data.ptr().add((i0 / MR) * a.tile_stride + q0 * a.q_stride),
-                            rsa: a.row_stride,
-                            qsa: a.q_stride,
+                            a: block
+                                .ptr
+                                .add(((i0 - ic) / MR) * block.tile_stride + q0 * block.q_stride),
+                            rsa: block.row_stride,
+                            qsa: block.q_stride,
                             b: strip,
                             c: c.at(i0 * ldc + j0),
                             ldc,
@@ -463,6 +560,7 @@ unsafe fn run(
             }
         }
     }
+    A_BLOCK.with(|b| *b.borrow_mut() = buf);
 }
 
 #[derive(Clone, Copy)]

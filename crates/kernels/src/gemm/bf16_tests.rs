@@ -290,22 +290,35 @@ fn transpose16_transposes() {
     }
 }
 
-/// Packing alone: every pair of the strips is the two rounded elements (zero past k and n).
+/// Packing alone: every pair of the strips is the two rounded elements (zero past k and n),
+/// for row-major, column-major and no-unit-stride B (`None`: every other element of a
+/// column-major buffer, the scalar packer).
 #[test]
 fn packed_strips_hold_the_rounded_pairs() {
     if !supported() {
         return;
     }
     for (k, n, b_t) in [
-        (5usize, 40usize, false),
-        (5, 40, true),
-        (64, 17, true),
-        (33, 33, false),
+        (5usize, 40usize, Some(false)),
+        (5, 40, Some(true)),
+        (64, 17, Some(true)),
+        (33, 33, Some(false)),
+        (7, 37, None),
     ] {
-        let b = values(k * n, 3);
-        let (_, bo) = operands(&[], &b, (0, k, n), false, b_t);
+        let b = values(2 * k * n, 3);
+        let strided = Operand {
+            ptr: b.as_ptr(),
+            row_stride: 2,
+            col_stride: 2 * k,
+        };
+        let (bo, fb): (Operand, Box<dyn Fn(usize, usize) -> f32>) = match b_t {
+            Some(b_t) => (
+                operands(&[], &b, (0, k, n), false, b_t).1,
+                Box::new(accessors(&[], &b, (0, k, n), false, b_t).1),
+            ),
+            None => (strided, Box::new(|p, j| b[2 * p + 2 * k * j])),
+        };
         let packed = unsafe { pack_b(k, n, bo) };
-        let (_, fb) = accessors(&[], &b, (0, k, n), false, b_t);
         let kq = k.div_ceil(2);
         let strips = n.div_ceil(32);
         let data = packed.as_slice(strips * kq * 32);
@@ -318,7 +331,7 @@ fn packed_strips_hold_the_rounded_pairs() {
                     assert_eq!(
                         data[(s * kq + q) * 32 + jj],
                         want,
-                        "k={k} n={n} b_t={b_t} s={s} q={q} j={jj}"
+                        "k={k} n={n} b_t={b_t:?} s={s} q={q} j={jj}"
                     );
                 }
             }
