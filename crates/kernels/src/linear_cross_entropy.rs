@@ -54,7 +54,7 @@ use crate::cross_entropy::{cross_entropy_unfused, loss_output, LossRows};
 use crate::gemm::{sgemm_in, transposed, Mat, PackedIn};
 use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
 use crate::linear::linear_unfused_in;
-use crate::simd::scaled;
+use crate::simd::scale_in_place;
 use crate::Precision;
 
 /// Logits a block holds: 4 Mi floats (16 MiB), so that a block of a 10k vocabulary has ~400 rows
@@ -283,6 +283,17 @@ fn uniform_objective_gradient(g: &[f32], mask: &[f32]) -> Option<f32> {
     counted.all(|x| x == first).then_some(first)
 }
 
+impl LinearCrossEntropyOp {
+    /// The unit gradient the forward pass made, handed over when nothing else holds the saved
+    /// state: scaled in place it is the gradient, where a copy would keep a second dW (the
+    /// vocabulary × d matrix, 108 MiB for SmolLM2) alive for the rest of the backward pass.
+    /// The statistics stay, so a second backward pass recomputes from them.
+    fn take_unit_gradient(&self) -> Option<(Vec<f32>, Vec<f32>)> {
+        let mut saved = self.saved.lock().unwrap_or_else(|e| e.into_inner());
+        Arc::get_mut(saved.as_mut()?)?.unit.take()
+    }
+}
+
 impl CustomOp2 for LinearCrossEntropyOp {
     fn name(&self) -> &'static str {
         "ember-linear-cross-entropy"
@@ -326,16 +337,25 @@ impl CustomOp2 for LinearCrossEntropyOp {
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let (n, d) = h.dims2()?;
         let (v, _) = w.dims2()?;
-        let saved = self.saved.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let Some(saved) = saved.filter(|s| s.stats.len() == n) else {
+        let saved = || self.saved.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if !saved().is_some_and(|s| s.stats.len() == n) {
             bail!("linear_cross_entropy: backward without the forward pass's row statistics");
-        };
+        }
         let (dh, dw) = with_data([h, w, g], |[h, w, g]| {
-            if let (Some(c), Some((dh, dw))) = (uniform_objective_gradient(g, &self.loss.mask), &saved.unit) {
-                // (The products' sums start at +0 and are never −0, so the `+ 0` of `scaled`
-                // changes nothing here.)
-                return Ok((scaled(dh, c), scaled(dw, c)));
+            if let Some(c) = uniform_objective_gradient(g, &self.loss.mask) {
+                if let Some((mut dh, mut dw)) = self.take_unit_gradient() {
+                    // (The products' sums start at +0 and are never −0, so the `+ 0` of the
+                    // scaling changes nothing here.)
+                    scale_in_place(&mut dh, c);
+                    scale_in_place(&mut dw, c);
+                    return Ok((dh, dw));
+                }
             }
+            // Any other upstream gradient (or a second backward pass): the blocks again, from
+            // the forward pass's statistics.
+            let Some(saved) = saved() else {
+                bail!("linear_cross_entropy: backward without the forward pass's row statistics");
+            };
             let (mut dh, mut dw) = (vec![0f32; n * d], Vec::new());
             let mut stats = saved.stats.clone();
             let grad = GradOut {

@@ -296,6 +296,27 @@ pub(crate) fn scaled(x: &[f32], c: f32) -> Vec<f32> {
     })
 }
 
+/// `a[i]·c + 0` in place.
+#[inline(always)]
+fn scale_assign_generic(a: &mut [f32], c: f32) {
+    for a in a {
+        *a = *a * c + 0.0;
+    }
+}
+simd_dispatch!(scale_assign => scale_assign_generic(a: &mut [f32], c: f32) -> ());
+
+/// [`scaled`] in place: the same values, without a second buffer.
+pub(crate) fn scale_in_place(x: &mut [f32], c: f32) {
+    let out = crate::par::SharedMut(x.as_mut_ptr());
+    crate::par::for_each_chunk(x.len(), crate::par::ELEMENTS_PER_TASK, |r| {
+        // SAFETY: the chunks are disjoint ranges of x, which outlives the parallel tasks.
+        scale_assign(
+            unsafe { std::slice::from_raw_parts_mut(out.at(r.start), r.len()) },
+            c,
+        )
+    });
+}
+
 /// `c[i] += p[i]`.
 #[inline(always)]
 fn add_assign_generic(c: &mut [f32], p: &[f32]) {

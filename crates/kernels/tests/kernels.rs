@@ -972,6 +972,27 @@ fn linear_cross_entropy_gives_the_trainers_gradient_from_the_forward_pass() {
 }
 
 #[test]
+fn linear_cross_entropy_gives_the_same_gradient_on_a_second_backward_pass() {
+    // The first backward pass takes over the gradient the forward pass made; a second one over
+    // the same graph computes it again from the saved row statistics.
+    let (rows, d, vocab) = (18, 16, 300);
+    let h = randn(150, &[2, 9, d]);
+    let w = (randn(151, &[vocab, d]) * 0.5).unwrap();
+    let (targets, mask) = targets_and_mask(rows, vocab, 3);
+    let (hv, wv) = (Var::from_tensor(&h).unwrap(), Var::from_tensor(&w).unwrap());
+    let per_token =
+        kernels::linear_cross_entropy(hv.as_tensor(), wv.as_tensor(), &targets, &mask, 0.1, 1e-4, true)
+            .unwrap();
+    let loss = (per_token.get(0).unwrap().sum_all().unwrap() / rows as f64).unwrap();
+    let (first, second) = (loss.backward().unwrap(), loss.backward().unwrap());
+    for (what, v) in [("dh", hv.as_tensor()), ("dW", wv.as_tensor())] {
+        let (a, b) = (first.get(v).unwrap(), second.get(v).unwrap());
+        assert!(max_abs(a) > 0.0, "{what}: no gradient");
+        assert_close(what, a, b);
+    }
+}
+
+#[test]
 fn linear_cross_entropy_refuses_a_weight_that_does_not_fit() {
     let (targets, mask) = targets_and_mask(4, 10, 0);
     let error_for = |weight: &[usize]| {
