@@ -344,15 +344,16 @@ impl CustomOp2 for LinearCrossEntropyOp {
         let (dh, dw) = with_data([h, w, g], |[h, w, g]| {
             if let Some(c) = uniform_objective_gradient(g, &self.loss.mask) {
                 if let Some((mut dh, mut dw)) = self.take_unit_gradient() {
-                    // (The products' sums start at +0 and are never −0, so the `+ 0` of the
-                    // scaling changes nothing here.)
+                    // `x·c + 0`, as candle's `affine(c, 0)` scales the composition's gradient.
                     scale_in_place(&mut dh, c);
                     scale_in_place(&mut dw, c);
                     return Ok((dh, dw));
                 }
             }
-            // Any other upstream gradient (or a second backward pass): the blocks again, from
-            // the forward pass's statistics.
+            // Any other upstream gradient, or a second backward pass (whose bits are then
+            // within rounding of the first's, not equal: the products are rerun on the scaled
+            // gradient rather than scaled after): the blocks again, from the forward pass's
+            // statistics.
             let Some(saved) = saved() else {
                 bail!("linear_cross_entropy: backward without the forward pass's row statistics");
             };

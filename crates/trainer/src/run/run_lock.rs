@@ -63,11 +63,14 @@ impl DirLock {
             unix_time(),
             std::env::args().collect::<Vec<_>>().join(" ")
         );
-        file.set_len(0)
-            .and_then(|_| file.seek(SeekFrom::Start(0)))
-            .and_then(|_| file.write_all(info.as_bytes()))
-            .with_context(|| format!("writing {}", path.display()))?;
-        Ok(Self { path, file })
+        // Held from here on, so that an error below unlocks it too (see `Drop`).
+        let mut lock = Self { path, file };
+        lock.file
+            .set_len(0)
+            .and_then(|_| lock.file.seek(SeekFrom::Start(0)))
+            .and_then(|_| lock.file.write_all(info.as_bytes()))
+            .with_context(|| format!("writing {}", lock.path.display()))?;
+        Ok(lock)
     }
 
     /// The lock file's path.
@@ -162,9 +165,11 @@ mod tests {
             })
         };
         let dir = tempfile::tempdir().unwrap();
+        // Counted, not unwrapped, so that the spawner is stopped whatever happens.
         let refused = (0..2000)
             .filter(|_| {
-                drop(DirLock::acquire(dir.path(), "training run").unwrap());
+                let first = DirLock::acquire(dir.path(), "training run");
+                drop(first);
                 DirLock::acquire(dir.path(), "training run").is_err()
             })
             .count();
