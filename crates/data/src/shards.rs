@@ -66,7 +66,7 @@ pub fn read_shard(path: &Path, key: Option<&str>) -> Result<Vec<u32>> {
 /// `<pad>` (id 0) into text, let alone at every second position.
 fn looks_like_u32(ids: &[u32]) -> bool {
     ids.len() >= 8
-        && ids.len() % 2 == 0
+        && ids.len().is_multiple_of(2)
         && ids.iter().skip(1).step_by(2).all(|&id| id == 0)
         && ids.iter().step_by(2).any(|&id| id != 0)
 }

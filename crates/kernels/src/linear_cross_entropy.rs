@@ -338,7 +338,7 @@ impl CustomOp2 for LinearCrossEntropyOp {
         let (n, d) = h.dims2()?;
         let (v, _) = w.dims2()?;
         let saved = || self.saved.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        if !saved().is_some_and(|s| s.stats.len() == n) {
+        if saved().is_none_or(|s| s.stats.len() != n) {
             bail!("linear_cross_entropy: backward without the forward pass's row statistics");
         }
         let (dh, dw) = with_data([h, w, g], |[h, w, g]| {

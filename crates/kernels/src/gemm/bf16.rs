@@ -626,9 +626,9 @@ unsafe fn tile<const R: usize, const WIDE: bool>(t: Tile) {
     for _ in 0..t.kq {
         let b_lo: __m512bh = std::mem::transmute(_mm512_load_si512(b.cast()));
         let b_hi: __m512bh = if WIDE {
-            std::mem::transmute(_mm512_load_si512(b.add(16).cast()))
+            std::mem::transmute::<__m512i, __m512bh>(_mm512_load_si512(b.add(16).cast()))
         } else {
-            std::mem::transmute(_mm512_setzero_si512())
+            std::mem::transmute::<__m512i, __m512bh>(_mm512_setzero_si512())
         };
         for i in 0..R {
             let av: __m512bh = std::mem::transmute(_mm512_set1_epi32(*rows[i].add(offset) as i32));
