@@ -425,7 +425,7 @@ pub(crate) unsafe fn gemm_packed(m: usize, a: Operand, b: &PackedPairs, beta: f3
         // products read them (`ASource::Rows`).
         for_each_block(m, blocks_for(m, k, n, m, MR), MR, |rows| {
             // SAFETY: each task writes C's rows `rows` only.
-            unsafe { run(ASource::Rows(a, k), b, rows, 0..n, beta, c, ldc) }
+            unsafe { run(ASource::Rows(a), b, rows, 0..n, beta, c, ldc) }
         });
     } else {
         // Every task reads all of A's rows: converted once, beforehand.
@@ -446,7 +446,7 @@ enum ASource<'a> {
     /// buffer as its turn comes. The block's pairs (128 rows × k: 192 KiB at k = 384, 1 MiB at
     /// k = 2,048) are then read from L2 (or close to it) by all of its products, where A
     /// converted all at once went out to L3 or memory and came back.
-    Rows(Operand, usize),
+    Rows(Operand),
 }
 
 /// A block of A's pairs: row r of the tile starting at the block's row `i` (a multiple of
@@ -533,7 +533,7 @@ unsafe fn run(
                 row_stride: p.row_stride,
                 q_stride: p.q_stride,
             },
-            ASource::Rows(a, k) => convert_block(k, a, ic..ic_end, &mut buf),
+            ASource::Rows(a) => convert_block(b.k, a, ic..ic_end, &mut buf),
         };
         for jc in cols.clone().step_by(NC) {
             let jc_end = cols.end.min(jc + NC);
