@@ -229,15 +229,12 @@ pub fn ablate_cell(
 fn update_status(out: &Path, change: impl FnOnce(&mut SweepStatus)) -> Result<()> {
     let lock_path = out.join(format!("{STATUS}.lock"));
     let lock = open_lock_file(&lock_path)?;
-    FileExt::lock_exclusive(&lock).with_context(|| format!("locking {}", lock_path.display()))?;
+    FileExt::lock_exclusive(&*lock).with_context(|| format!("locking {}", lock_path.display()))?;
     let path = out.join(STATUS);
     let mut status = read_status(out);
     change(&mut status);
-    let written = write_json(&path, &status);
-    // Unlocked explicitly: a cell process started meanwhile shares `lock` until it execs, and
-    // the close alone would keep the other cells waiting that long.
-    let _ = FileExt::unlock(&lock);
-    written
+    write_json(&path, &status)
+    // The lock is released when `lock` is dropped.
 }
 
 /// Where a cell stands.

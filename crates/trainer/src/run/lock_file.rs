@@ -1,6 +1,11 @@
 //! Opening the lock files ember writes its pid into (a run directory's, its `checkpoints/`
 //! folder's, a sweep's) without ever writing through something that is not one: a link, a
 //! device, a FIFO, a folder or a second name of another file.
+//!
+//! A lock taken on one ([`LockFile`]) is released by an explicit unlock when it is dropped, not
+//! left to the close: a child process started by another thread shares the open file until it
+//! execs, and a lock released only by the close outlived its drop by that window (a second
+//! acquire in the same process was refused; CI saw it).
 
 use std::fs::{self, File, OpenOptions};
 use std::path::Path;
@@ -11,7 +16,7 @@ use anyhow::{Context, Result};
 /// symbolic link: a `.lock` that is a link, a device, a FIFO, a folder or a second name of
 /// another file (a hard link) is refused, because writing the holder's pid into it would
 /// overwrite whatever it points at.
-pub fn open_lock_file(path: &Path) -> Result<File> {
+pub fn open_lock_file(path: &Path) -> Result<LockFile> {
     use std::os::unix::fs::OpenOptionsExt;
     let refuse = |what: String| -> anyhow::Error {
         // A folder is removed with rmdir (if empty: what it holds is the user's to look at).
@@ -48,7 +53,32 @@ pub fn open_lock_file(path: &Path) -> Result<File> {
     if let Some(what) = not_a_lock_file(&meta, path) {
         return Err(refuse(what));
     }
-    Ok(file)
+    Ok(LockFile(file))
+}
+
+/// An open lock file (the file itself through `Deref`); whatever lock this process took on it
+/// is released when it is dropped.
+#[derive(Debug)]
+pub struct LockFile(File);
+
+impl std::ops::Deref for LockFile {
+    type Target = File;
+    fn deref(&self) -> &File {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for LockFile {
+    fn deref_mut(&mut self) -> &mut File {
+        &mut self.0
+    }
+}
+
+impl Drop for LockFile {
+    fn drop(&mut self) {
+        // Unlocking a file this process holds no lock on does nothing.
+        let _ = fs4::fs_std::FileExt::unlock(&self.0);
+    }
 }
 
 /// Why `meta` (of `path`, not followed) cannot be a lock file ember writes, if it cannot.

@@ -7,7 +7,7 @@
 //! command line), which is what a second writer is told when it is refused. Nothing else
 //! reads that text; the lock itself is the kernel's.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
@@ -17,22 +17,14 @@ use fs4::fs_std::FileExt;
 use crate::run_dir::LOCK_FILE;
 
 // The one public path of the lock-file opener, which `checkpoint` uses too.
-pub use crate::run::lock_file::open_lock_file;
+pub use crate::run::lock_file::{open_lock_file, LockFile};
 
 /// The held lock of a directory; dropping it (or exiting) releases it.
 #[derive(Debug)]
 pub struct DirLock {
     path: PathBuf,
-    file: File,
-}
-
-impl Drop for DirLock {
-    // Unlocked explicitly rather than by closing: a child process this one starts shares the
-    // open file until it execs, and a lock left to the close would outlive the drop by that
-    // window, refusing the next `acquire` in this very process.
-    fn drop(&mut self) {
-        let _ = FileExt::unlock(&self.file);
-    }
+    // Kept open: dropping it releases the lock.
+    file: LockFile,
 }
 
 impl DirLock {
@@ -43,7 +35,7 @@ impl DirLock {
         let path = dir.join(LOCK_FILE);
         let mut file = open_lock_file(&path)?;
         let acquired =
-            FileExt::try_lock_exclusive(&file).with_context(|| format!("locking {}", path.display()))?;
+            FileExt::try_lock_exclusive(&*file).with_context(|| format!("locking {}", path.display()))?;
         if !acquired {
             let mut holder = String::new();
             let _ = file.read_to_string(&mut holder);
@@ -63,7 +55,7 @@ impl DirLock {
             unix_time(),
             std::env::args().collect::<Vec<_>>().join(" ")
         );
-        // Held from here on, so that an error below unlocks it too (see `Drop`).
+        // Held from here on, so that an error below releases it too.
         let mut lock = Self { path, file };
         lock.file
             .set_len(0)

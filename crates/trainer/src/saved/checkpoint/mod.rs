@@ -24,7 +24,7 @@ use ember_model::{ModelConfig, ParamStore};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::run::lock_file::{not_a_lock_file, open_lock_file};
+use crate::run::lock_file::{not_a_lock_file, open_lock_file, LockFile};
 use crate::run_dir::{CHECKPOINTS, LOCK_FILE, MODEL, OPTIMIZER, RUN_CONFIG, STATE};
 
 /// The best validation result so far.
@@ -336,17 +336,7 @@ fn write_into(
 
 /// A held lock on a run's `checkpoints/` folder (released when dropped).
 pub struct CheckpointsLock {
-    file: Option<fs::File>,
-}
-
-impl Drop for CheckpointsLock {
-    // Unlocked explicitly, not left to the close: a child process started meanwhile shares the
-    // open file until it execs (see `DirLock`).
-    fn drop(&mut self) {
-        if let Some(file) = &self.file {
-            let _ = fs4::fs_std::FileExt::unlock(file);
-        }
-    }
+    _file: Option<LockFile>,
 }
 
 /// How long a run waits to save while a reader holds the checkpoints: past this it saves
@@ -382,17 +372,17 @@ pub fn lock_for_writing(run_dir: &Path) -> Result<CheckpointsLock> {
                     path.display()
                 )
             });
-            return Ok(CheckpointsLock { file: None });
+            return Ok(CheckpointsLock { _file: None });
         }
     };
     let started = std::time::Instant::now();
     loop {
-        match FileExt::try_lock_exclusive(&file) {
-            Ok(true) => return Ok(CheckpointsLock { file: Some(file) }),
+        match FileExt::try_lock_exclusive(&*file) {
+            Ok(true) => return Ok(CheckpointsLock { _file: Some(file) }),
             Ok(false) if started.elapsed() < WRITER_PATIENCE => {
                 std::thread::sleep(std::time::Duration::from_millis(50))
             }
-            _ => return Ok(CheckpointsLock { file: None }),
+            _ => return Ok(CheckpointsLock { _file: None }),
         }
     }
 }
@@ -403,11 +393,11 @@ pub fn lock_for_reading(run_dir: &Path) -> Result<CheckpointsLock> {
     use fs4::fs_std::FileExt;
     let root = run_dir.join(CHECKPOINTS);
     if !root.is_dir() {
-        return Ok(CheckpointsLock { file: None });
+        return Ok(CheckpointsLock { _file: None });
     }
     let file = open_lock_file(&root.join(LOCK_FILE))?;
-    FileExt::lock_shared(&file).with_context(|| format!("locking {}", root.join(LOCK_FILE).display()))?;
-    Ok(CheckpointsLock { file: Some(file) })
+    FileExt::lock_shared(&*file).with_context(|| format!("locking {}", root.join(LOCK_FILE).display()))?;
+    Ok(CheckpointsLock { _file: Some(file) })
 }
 
 /// Reads and verifies one checkpoint directory.
