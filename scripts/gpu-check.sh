@@ -15,8 +15,12 @@
 #           read after a synchronisation; ms/step, tokens/s and peak GPU memory (nvidia-smi,
 #           polled every 50 ms, above the idle level)
 #   cpu     the CPU thread/share sweep of `ember bench` on this machine's 16 cores
+#   amx     where this machine's CPU has AMX: ember-kernels' ignored test holding the AMX tiles'
+#           bf16 products to their emulator (every layout and edge), and `ember bench` in bf16 at
+#           the standard shape on the tiles against EMBER_CPU_VECTOR_UNIT=avx512 (vdpbf16ps),
+#           alternating, 16 threads; otherwise the CPU's name and that it has none
 #
-#   scripts/gpu-check.sh [--sections suite,counts,bench,cpu] [--configs a,b] [--pairs N] [--steps N]
+#   scripts/gpu-check.sh [--sections suite,counts,bench,cpu,amx] [--configs a,b] [--pairs N] [--steps N]
 #                        [--impls ember,ember-off,ember-nocache,torch,ember-bf16,torch-bf16,torch-bf16-compile]
 #                        [--kernels all,none,nocache]
 #
@@ -38,7 +42,7 @@ cd "$(dirname "$0")/.."
 RESULTS=${OUT:-/tmp}
 OUT=$(mktemp -d /tmp/gpu-check.XXXXXX)
 pack() { tar czf "$RESULTS/gpu-check.tgz" -C "$OUT" . 2>/dev/null; }
-sections=suite,counts,bench,cpu pairs=2 steps=30 configs="" kernel_sets=all,none,nocache
+sections=suite,counts,bench,cpu,amx pairs=2 steps=30 configs="" kernel_sets=all,none,nocache
 impls=ember,ember-off,ember-nocache,torch,ember-bf16,torch-bf16,torch-bf16-compile
 while [[ $# -gt 0 ]]; do
   case $1 in
@@ -55,7 +59,7 @@ has() { [[ ",$sections," == *",$1,"* ]]; }
 started=$SECONDS
 mark() { echo "[$((SECONDS - started))s] $*"; }
 
-for f in .dev/ember.xz .dev/tests/*.xz; do xz -dkf "$f" && chmod +x "${f%.xz}"; done
+for f in .dev/ember.xz .dev/tests/*.xz .dev/amx/*.xz; do xz -dkf "$f" && chmod +x "${f%.xz}"; done
 mkdir -p data && cp -rn .dev/data/. data/
 export LD_LIBRARY_PATH=$(python3 -c "import glob,os,nvidia;print(':'.join(d for r in nvidia.__path__ for d in sorted(glob.glob(os.path.join(r,'*','lib')))))")
 export EMBER_BIN=$PWD/.dev/ember
@@ -158,6 +162,30 @@ if has cpu; then
         > "$OUT/cpu-$cfg-$t-$s.json" 2> "$OUT/cpu-$cfg-$t-$s.err" || echo "  failed: $(tail -2 "$OUT/cpu-$cfg-$t-$s.err")"
     done
   done
+fi
+
+pack
+if has amx; then
+  grep -m1 "model name" /proc/cpuinfo | tee "$OUT/amx-cpu.txt"
+  if grep -qw amx_bf16 /proc/cpuinfo; then
+    mark "amx: the tiles against their emulator"
+    timeout 300 .dev/amx/ember_kernels --ignored --exact gemm::amx_tests::amx_hardware_gives_the_emulated_products \
+      --nocapture > "$OUT/amx-test.log" 2>&1
+    echo "exit $?" >> "$OUT/amx-test.log"
+    grep -E '^test |panicked|AMX hardware|exit' "$OUT/amx-test.log" | tee -a "$OUT/amx-cpu.txt"
+    for ((p = 1; p <= pairs; p++)); do
+      for unit in amx avx512; do
+        mark "amx: bench standard bf16 on $unit, pair $p"
+        EMBER_CPU_VECTOR_UNIT=$unit timeout 300 .dev/ember bench $(cfg_args standard) --steps 10 --set train.precision=bf16 \
+          --set train.threads=16 --json > "$OUT/amx-bench-$unit-$p.json" 2> "$OUT/amx-bench-$unit-$p.err" ||
+          echo "  failed: $(tail -2 "$OUT/amx-bench-$unit-$p.err")"
+        python3 -c "import json;d=json.load(open('$OUT/amx-bench-$unit-$p.json'));print('  ', d['products'], d['ms_per_step_median'], 'ms/step')" 2>/dev/null
+      done
+    done
+  else
+    echo "no AMX on this CPU" | tee -a "$OUT/amx-cpu.txt"
+  fi
+  cp "$OUT/amx-cpu.txt" "$RESULTS/amx.txt"
 fi
 
 mark "done"

@@ -2,7 +2,8 @@
 # Builds what scripts/gpu-check.sh runs on a lent GPU machine and packs it into .dev/, the folder
 # a `device` call carries (../shared/cuda/README.md): the CUDA build of `ember`, the GPU suite's
 # test binaries (crates/kernels/tests/gpu, tests/gpu_training.rs), the CUDA call counter
-# (scripts/gpu/cuda-call-counter.c, a CUPTI injection library) and the data the benchmarks read.
+# (scripts/gpu/cuda-call-counter.c, a CUPTI injection library), ember-kernels' unit tests (their
+# ignored AMX test holds the machine's AMX tiles to their emulator) and the data the benchmarks read.
 # Binaries are stripped and xz-compressed (a call carries at most 64 MiB).
 #
 #   scripts/gpu-prepare.sh            # ~20 min cold on 2 cores (candle's kernels), minutes after
@@ -29,10 +30,18 @@ for l in sys.stdin:
     m = json.loads(l)
     if m.get("reason") == "compiler-artifact" and m.get("profile", {}).get("test") and m.get("executable"):
         print(m["target"]["name"], m["executable"])')
-rm -rf .dev && mkdir -p .dev/tests .dev/data
+# ember-kernels' unit tests, for the AMX check (kept out of .dev/tests, which the suite runs whole).
+kernels_lib=$(cargo test --release --features cuda --no-run --message-format=json -p ember-kernels --lib 2>/dev/null |
+        python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m.get("profile", {}).get("test") and m.get("executable"):
+        print(m["executable"])')
+rm -rf .dev && mkdir -p .dev/tests .dev/amx .dev/data
 strip -o .dev/ember "$CARGO_TARGET_DIR/release/ember"
 while read -r name exe; do strip -o ".dev/tests/$name" "$exe"; done <<< "$tests"
-xz -T2 -6 .dev/ember .dev/tests/*
+strip -o .dev/amx/ember_kernels "$kernels_lib"
+xz -T2 -6 .dev/ember .dev/tests/* .dev/amx/*
 
 # The CUDA call counter, against CUPTI 13.0 (the lent machines' PyTorch ships libcupti.so.13).
 cupti=${TMPDIR:-/tmp}/cupti-13.0

@@ -19,7 +19,8 @@ pub enum Precision {
     /// f32 operands: every bit as before mixed precision existed.
     #[default]
     F32,
-    /// bf16 operands (8 bits of mantissa), f32 sums: on the CPU AVX512_BF16's `vdpbf16ps`.
+    /// bf16 operands (8 bits of mantissa), f32 sums: on the CPU AVX512_BF16's `vdpbf16ps`, or
+    /// AMX's `tdpbf16ps` where the CPU has it.
     Bf16,
 }
 
@@ -101,12 +102,25 @@ impl Precision {
         }
     }
 
+    /// What computes this precision's products on the CPU, for a run's record of the units its
+    /// steps were computed with: `AMX` for bf16 on AMX's tiles, else the vector unit
+    /// ([`crate::vector_unit`]). The two sum bf16 products in different orders.
+    pub fn cpu_unit(self) -> &'static str {
+        match self {
+            Precision::Bf16 if crate::gemm::bf16_on_amx() => "AMX",
+            _ => crate::vector_unit(),
+        }
+    }
+
     /// The instructions the CPU's products run on, for reports: e.g. `bf16 products on
     /// AVX512_BF16 (vdpbf16ps), f32 sums`.
     pub fn cpu_products(self) -> String {
         match self {
             Precision::F32 if crate::simd::avx512() => "f32 products on AVX-512 FMA".into(),
             Precision::F32 => format!("f32 products on {} (matrixmultiply)", crate::vector_unit()),
+            Precision::Bf16 if crate::gemm::bf16_on_amx() => {
+                "bf16 products on AMX-BF16 (tdpbf16ps), f32 sums".into()
+            }
             Precision::Bf16 => "bf16 products on AVX512_BF16 (vdpbf16ps), f32 sums".into(),
         }
     }

@@ -201,7 +201,9 @@ impl Unit {
 /// (`avx512` only where the CPU has it). With `avx2` an AVX-512 machine computes exactly what an
 /// AVX2 one does — the same loops and the same matrixmultiply kernels — so a result from one
 /// can be reproduced bit for bit on the other. (`baseline` turns off Ember's own vector loops
-/// only: matrixmultiply keeps choosing its kernel by itself.)
+/// only: matrixmultiply keeps choosing its kernel by itself.) Any of these also keeps AMX's
+/// tiles off, so `avx512` makes an AMX machine compute what an AVX512_BF16 one does; `amx`
+/// asks for the best the CPU has, as no value does.
 pub const VECTOR_UNIT_ENV: &str = "EMBER_CPU_VECTOR_UNIT";
 
 /// The unit every dispatch uses, decided once per process: the best the CPU supports, capped by
@@ -212,13 +214,14 @@ pub(crate) fn unit() -> Unit {
         let supported = supported_unit();
         match std::env::var(VECTOR_UNIT_ENV) {
             Err(_) => supported,
-            Ok(v) => match v.trim().to_ascii_lowercase().replace(['-', '_'], "").as_str() {
+            Ok(v) => match normalised(&v).as_str() {
+                "amx" => supported,
                 "avx512" => supported.min(Unit::Avx512),
                 "avx2" => supported.min(Unit::Avx2),
                 "baseline" | "sse2" | "none" => Unit::Baseline,
                 _ => {
                     eprintln!(
-                        "warning: {VECTOR_UNIT_ENV}={v:?} is not one of avx512, avx2, baseline; \
+                        "warning: {VECTOR_UNIT_ENV}={v:?} is not one of amx, avx512, avx2, baseline; \
                          using this CPU's best ({})",
                         supported.name()
                     );
@@ -226,6 +229,22 @@ pub(crate) fn unit() -> Unit {
                 }
             },
         }
+    })
+}
+
+/// A value of [`VECTOR_UNIT_ENV`] as the match above reads it.
+fn normalised(value: &str) -> String {
+    value.trim().to_ascii_lowercase().replace(['-', '_'], "")
+}
+
+/// Whether [`VECTOR_UNIT_ENV`] names a vector unit (`avx512` or below), which keeps AMX's tiles
+/// off as well: a machine with AMX then acts as one without (`amx`, or no value, allows them).
+pub(crate) fn unit_capped_by_env() -> bool {
+    std::env::var(VECTOR_UNIT_ENV).is_ok_and(|v| {
+        matches!(
+            normalised(&v).as_str(),
+            "avx512" | "avx2" | "baseline" | "sse2" | "none"
+        )
     })
 }
 

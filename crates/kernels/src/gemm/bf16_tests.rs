@@ -9,7 +9,7 @@ use super::{Mat, Operand, PackedIn};
 use crate::Precision;
 
 /// `x` rounded to bf16, as an f32.
-fn round(x: f32) -> f32 {
+pub(super) fn round(x: f32) -> f32 {
     from_bf16(to_bf16(x))
 }
 
@@ -26,6 +26,30 @@ fn ftz(x: f32) -> f32 {
 /// `acc = (acc + a₁·b₁) + a₀·b₀` on the rounded operands (each product exact, each add rounded),
 /// then `beta·C + acc` in one fused multiply-add.
 fn modelled(
+    dims: (usize, usize, usize),
+    a: impl Fn(usize, usize) -> f32,
+    b: impl Fn(usize, usize) -> f32,
+    beta: f32,
+    c: &[f32],
+    ldc: usize,
+) -> Vec<f32> {
+    modelled_in(Chain::Vdpbf16ps, dims, a, b, beta, c, ldc)
+}
+
+/// How a kernel's instruction sums the pairs of k into an element of C.
+#[derive(Clone, Copy, PartialEq)]
+pub(super) enum Chain {
+    /// `vdpbf16ps`: one chain over the pairs, `acc = (acc + a₁·b₁) + a₀·b₀`.
+    Vdpbf16ps,
+    /// AMX's `tdpbf16ps` as Intel's SDM defines it: per 16 pairs (one instruction), the even
+    /// products and the odd products in two chains of fused multiply-adds from zero, then
+    /// `acc = acc + (even + odd)`; denormal results flushed.
+    Tdpbf16ps,
+}
+
+/// [`modelled`] for a kernel whose instructions sum as `chain` says.
+pub(super) fn modelled_in(
+    chain: Chain,
     (m, k, n): (usize, usize, usize),
     a: impl Fn(usize, usize) -> f32,
     b: impl Fn(usize, usize) -> f32,
@@ -37,16 +61,36 @@ fn modelled(
     for i in 0..m {
         for j in 0..n {
             let at = |x: &dyn Fn(usize, usize) -> f32, r, s| round(x(r, s));
-            let mut acc = 0f32;
-            for p in (0..k).step_by(2) {
+            // The pair of k starting at p, zeros past k.
+            let pair = |p: usize| {
                 let (a0, b0) = (at(&a, i, p), at(&b, p, j));
                 let (a1, b1) = if p + 1 < k {
                     (at(&a, i, p + 1), at(&b, p + 1, j))
                 } else {
                     (0.0, 0.0)
                 };
-                acc = ftz(acc + ftz(a1 * b1));
-                acc = ftz(acc + ftz(a0 * b0));
+                (a0, b0, a1, b1)
+            };
+            let mut acc = 0f32;
+            match chain {
+                Chain::Vdpbf16ps => {
+                    for p in (0..k).step_by(2) {
+                        let (a0, b0, a1, b1) = pair(p);
+                        acc = ftz(acc + ftz(a1 * b1));
+                        acc = ftz(acc + ftz(a0 * b0));
+                    }
+                }
+                Chain::Tdpbf16ps => {
+                    for p0 in (0..k).step_by(32) {
+                        let (mut even, mut odd) = (0f32, 0f32);
+                        for p in (p0..k.min(p0 + 32)).step_by(2) {
+                            let (a0, b0, a1, b1) = pair(p);
+                            even = ftz(a0.mul_add(b0, even));
+                            odd = ftz(a1.mul_add(b1, odd));
+                        }
+                        acc = ftz(acc + ftz(even + odd));
+                    }
+                }
             }
             let old = c[i * ldc + j];
             out[i * ldc + j] = if beta != 0.0 { beta.mul_add(old, acc) } else { acc };
@@ -55,7 +99,7 @@ fn modelled(
     out
 }
 
-fn same_bits(x: &[f32], y: &[f32]) -> bool {
+pub(super) fn same_bits(x: &[f32], y: &[f32]) -> bool {
     x.len() == y.len() && x.iter().zip(y).all(|(a, b)| a.to_bits() == b.to_bits())
 }
 
@@ -110,7 +154,7 @@ unsafe fn hardware_round(x: &[f32]) -> [u16; 32] {
 }
 
 /// A (m×k) and B (k×n) element accessors for storage `a`, `b` transposed or not.
-fn accessors<'a>(
+pub(super) fn accessors<'a>(
     a: &'a [f32],
     b: &'a [f32],
     (m, k, n): (usize, usize, usize),

@@ -15,6 +15,17 @@ pub(crate) fn bf16_supported() -> bool {
     false
 }
 
+/// Whether bf16 products run on AMX's tiles here ([`super::bf16::amx::state`]: the CPU has them, Linux
+/// granted them and the start-up check passed).
+pub(crate) fn bf16_on_amx() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        bf16_supported() && *super::bf16::amx::state() == super::bf16::amx::State::Active
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 /// Panics unless bf16 products run here: the ops check [`Precision::missing_cpu_feature`]
 /// first and return an error.
 fn assert_bf16() {

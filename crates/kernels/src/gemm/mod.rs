@@ -22,9 +22,12 @@
 //! The kernel sums over k in order, one fused multiply-add per term, so results are the same
 //! on every run; where k is cut into chunks, the cut depends on k alone.
 //!
-//! Products in bf16 (mixed precision) go to the `bf16` module's `vdpbf16ps` kernel instead;
-//! `mixed` chooses by [`Precision`](crate::Precision), so the ops never look at it themselves.
+//! Products in bf16 (mixed precision) go to the `bf16` module's `vdpbf16ps` kernel instead,
+//! whose steps run on AMX's tiles (the `amx` module) where the CPU has them; `mixed` chooses
+//! by [`Precision`](crate::Precision), so the ops never look at it themselves.
 
+#[cfg(all(test, target_arch = "x86_64"))]
+mod amx_tests;
 #[cfg(target_arch = "x86_64")]
 mod bf16;
 #[cfg(all(test, target_arch = "x86_64"))]
@@ -38,7 +41,7 @@ mod timing;
 mod x86;
 
 use mixed::gemm_in;
-pub(crate) use mixed::{bf16_supported, product_in, sgemm_in, PackedIn};
+pub(crate) use mixed::{bf16_on_amx, bf16_supported, product_in, sgemm_in, PackedIn};
 
 use crate::Precision;
 

@@ -53,11 +53,12 @@ fn sha256_hex(bytes: &[u8]) -> String {
     Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// What computes a run's steps on `device`: the CPU's vector unit (as
-/// [`ember_kernels::vector_unit`] names it, `EMBER_CPU_VECTOR_UNIT` included) or `CUDA`.
-pub fn compute_unit(device: &candle_core::Device) -> String {
+/// What computes a run's steps on `device` in `precision`: the CPU's vector unit (as
+/// [`ember_kernels::vector_unit`] names it, `EMBER_CPU_VECTOR_UNIT` included), `AMX` for bf16
+/// products on its tiles ([`Precision::cpu_unit`](ember_kernels::Precision::cpu_unit)), or `CUDA`.
+pub fn compute_unit(device: &candle_core::Device, precision: ember_kernels::Precision) -> String {
     if device.is_cpu() {
-        ember_kernels::vector_unit().to_string()
+        precision.cpu_unit().to_string()
     } else {
         "CUDA".to_string()
     }
@@ -86,6 +87,7 @@ fn unit_change(before: &str, now: &str, checkpoint: &Path) -> String {
     let back = match before {
         "AVX-512" => format!("; set {env}=avx512 (or unset it) to go on with AVX-512 where the CPU has it"),
         "AVX2" => format!("; set {env}=avx2 to go on with AVX2"),
+        "AMX" => format!("; unset {env} on a CPU with AMX to go on with its tiles"),
         "CUDA" => "; resume on the GPU to go on as before".to_string(),
         _ => format!("; set {env}=baseline to go on as before"),
     };

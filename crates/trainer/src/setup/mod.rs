@@ -170,7 +170,7 @@ impl TrainingRun {
             Some(l) => resume_check::check_identity(&l.state, &identity, &l.dir, &run_dir, allowed(opts))?,
             None => vec![],
         };
-        let unit = resume_check::compute_unit(&device);
+        let unit = resume_check::compute_unit(&device, precision);
         let vector_units = match &loaded {
             Some(l) => {
                 let (units, warning) = resume_check::vector_units(&l.state, &l.dir, &unit);

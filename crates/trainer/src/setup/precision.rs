@@ -10,6 +10,10 @@
 //! the step for a few hundred MiB saved (docs/performance.md); the bf16 copies live only inside
 //! the products, packed for them and dropped after.
 //!
+//! On a CPU with AMX the products' steps run on its tiles (`tdpbf16ps`), once a start-up check
+//! has held them to their emulator (ember-kernels' `gemm::bf16::amx`); `EMBER_CPU_VECTOR_UNIT=avx512`
+//! keeps them off. No AMX machine has run them yet.
+//!
 //! A CPU without AVX512_BF16 is refused before any work, naming the feature: an emulation would
 //! do f32's multiply-adds plus the rounding, so it could only be slower than f32, with worse
 //! numerics. On CUDA the products are cuBLAS's bf16 GEMMs with f32 compute (tensor cores) on

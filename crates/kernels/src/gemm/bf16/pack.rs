@@ -1,0 +1,459 @@
+//! The bf16 products' operands, rounded to bf16 and laid out in pairs of k: B in strips of
+//! [`NR`] columns ([`PackedPairs`], packed once where one weight serves many products), A in
+//! rows of pairs or panels of [`MR`] rows, all of it beforehand ([`pack_a`]) or a block at a time
+//! on the thread that multiplies it ([`convert_block`]). The layouts are `super`'s module doc's.
+
+use std::arch::x86_64::*;
+
+use super::amx;
+use super::{Kernel, MR, NR};
+use crate::gemm::x86::avx512::lane_mask as lanes;
+use crate::gemm::Operand;
+use crate::par::SharedMut;
+
+/// f32 → bf16 bits as `vcvtneps2bf16` rounds: to nearest even; a NaN stays a (quiet) NaN;
+/// a denormal (and a zero) becomes a zero of its sign.
+pub(crate) fn to_bf16(x: f32) -> u16 {
+    let bits = x.to_bits();
+    if x.is_nan() {
+        return ((bits >> 16) | 0x40) as u16;
+    }
+    if bits & 0x7f80_0000 == 0 {
+        return ((bits >> 16) & 0x8000) as u16;
+    }
+    ((bits + 0x7fff + ((bits >> 16) & 1)) >> 16) as u16
+}
+
+/// The f32 of bf16 bits (exact).
+#[cfg(test)]
+pub(crate) fn from_bf16(h: u16) -> f32 {
+    f32::from_bits((h as u32) << 16)
+}
+
+/// The pair (lo, hi) as `vdpbf16ps` reads it: lo in the low 16 bits.
+pub(super) fn pair(lo: f32, hi: f32) -> u32 {
+    to_bf16(lo) as u32 | (to_bf16(hi) as u32) << 16
+}
+
+/// u32 elements on a 64-byte boundary: a strip's pair row is then two whole cache lines, and
+/// every vector load of it is aligned.
+///
+/// Not zeroed: the packers write every element, padding included, and zeroing first was a
+/// second pass over every operand (with calloc's memset, or the kernel's page clearing for a
+/// fresh mapping). The unit tests fill it with NaN pairs first, so an element a packer skipped
+/// shows in the products they check.
+#[derive(Default)]
+pub(super) struct Aligned {
+    pub(super) buf: Vec<std::mem::MaybeUninit<u32>>,
+    pub(super) skip: usize,
+}
+
+impl Aligned {
+    /// Room for `len` elements, which the caller writes before anything reads them.
+    pub(super) fn for_writing(len: usize) -> Self {
+        let mut buf: Vec<std::mem::MaybeUninit<u32>> = Vec::with_capacity(len + 16);
+        #[cfg(test)]
+        buf.resize(len + 16, std::mem::MaybeUninit::new(0x7fc0_7fc0));
+        // SAFETY: `MaybeUninit` needs no initialisation.
+        unsafe { buf.set_len(len + 16) };
+        let skip = buf.as_ptr().align_offset(64).min(16);
+        Self { buf, skip }
+    }
+    pub(super) fn ptr(&self) -> *const u32 {
+        self.buf[self.skip..].as_ptr().cast()
+    }
+    pub(super) fn ptr_mut(&mut self) -> *mut u32 {
+        self.buf[self.skip..].as_mut_ptr().cast()
+    }
+}
+
+/// B (k×n) as bf16 pairs in strips of [`NR`] columns: strip s, pair row q starts at
+/// `(s·kq_stride + q)·NR`, kq_stride = ⌈k/2⌉ (rounded up to 16 for AMX, the pairs past k zero),
+/// for the kernel it was packed for.
+pub(crate) struct PackedPairs {
+    pub(super) data: Aligned,
+    pub(super) k: usize,
+    pub(super) n: usize,
+    pub(super) kernel: Kernel,
+}
+
+impl PackedPairs {
+    pub(super) fn kq_stride(&self) -> usize {
+        self.kernel.kq_stride(self.k)
+    }
+    pub fn dims(&self) -> (usize, usize) {
+        (self.k, self.n)
+    }
+    /// The first `len` packed elements.
+    #[cfg(test)]
+    pub fn as_slice(&self, len: usize) -> &[u32] {
+        // SAFETY: the packers wrote every element (and the tests' buffers start filled).
+        unsafe { std::slice::from_raw_parts(self.data.ptr(), len) }
+    }
+}
+
+/// A converted into pairs: row r of the tile starting at row i0 (a multiple of [`MR`]), pair
+/// q, lies at `(i0 / MR)·tile_stride + r·row_stride + q·q_stride`.
+pub(super) struct PairsA {
+    pub(super) data: Aligned,
+    pub(super) tile_stride: usize,
+    pub(super) row_stride: usize,
+    pub(super) q_stride: usize,
+}
+
+/// Converts 16 lanes of `lo` and `hi` into 16 pairs.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bf16")]
+pub(in crate::gemm) unsafe fn pairs16(lo: __m512, hi: __m512) -> __m512i {
+    let lo: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(lo));
+    let hi: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(hi));
+    _mm512_or_si512(
+        _mm512_cvtepu16_epi32(lo),
+        _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(hi)),
+    )
+}
+
+/// The 16 pairs of 32 consecutive floats at `x` (`count` ≤ 32 of them exist; zeros past it).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bf16")]
+pub(super) unsafe fn pairs_of_run(x: *const f32, count: usize) -> __m512i {
+    let lo = _mm512_maskz_loadu_ps(lanes(count), x);
+    let hi = _mm512_maskz_loadu_ps(lanes(count.saturating_sub(16)), x.wrapping_add(16));
+    std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo))
+}
+
+/// `dst[c·16 + r] = src[r][c]` for a 16×16 block of u32 (rows `r` of `src` are vectors).
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(in crate::gemm) unsafe fn transpose16(src: [__m512i; 16]) -> [__m512i; 16] {
+    // Four stages: 32-bit and 64-bit interleaves within 128-bit lanes, then 128-bit blocks.
+    let mut t = [_mm512_setzero_si512(); 16];
+    for i in 0..8 {
+        t[2 * i] = _mm512_unpacklo_epi32(src[2 * i], src[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(src[2 * i], src[2 * i + 1]);
+    }
+    let mut u = [_mm512_setzero_si512(); 16];
+    for i in 0..4 {
+        for j in 0..2 {
+            let (x, y) = (t[4 * i + j], t[4 * i + j + 2]);
+            u[4 * i + j] = _mm512_unpacklo_epi64(x, y);
+            u[4 * i + j + 2] = _mm512_unpackhi_epi64(x, y);
+        }
+    }
+    // u[4g + s] holds, in its 128-bit lane L, rows 4g..4g+4 at column 4L + COLUMN[s]; the
+    // last two stages gather lane L of the four groups.
+    let mut v = [_mm512_setzero_si512(); 16];
+    for i in 0..2 {
+        for s in 0..4 {
+            let (x, y) = (u[8 * i + s], u[8 * i + 4 + s]);
+            v[8 * i + s] = _mm512_shuffle_i32x4::<0x88>(x, y);
+            v[8 * i + 4 + s] = _mm512_shuffle_i32x4::<0xdd>(x, y);
+        }
+    }
+    let mut out = [_mm512_setzero_si512(); 16];
+    for s in 0..4 {
+        for h in 0..2 {
+            let (x, y) = (v[4 * h + s], v[8 + 4 * h + s]);
+            out[COLUMN[s] + 4 * h] = _mm512_shuffle_i32x4::<0x88>(x, y);
+            out[COLUMN[s] + 8 + 4 * h] = _mm512_shuffle_i32x4::<0xdd>(x, y);
+        }
+    }
+    out
+}
+
+/// The column (within a 128-bit lane) that stage two's vector `s` holds.
+const COLUMN: [usize; 4] = [0, 2, 1, 3];
+
+/// Packs B (k×n, any strides) into strips of bf16 pairs, a strip per task.
+///
+/// # Safety
+/// Every element of B's k×n view is readable; the CPU has AVX512_BF16.
+pub(crate) unsafe fn pack_b(k: usize, n: usize, b: Operand) -> PackedPairs {
+    pack_b_for(Kernel::detect(), k, n, b)
+}
+
+/// [`pack_b`] for `kernel`'s steps.
+///
+/// # Safety
+/// As [`pack_b`].
+pub(in crate::gemm) unsafe fn pack_b_for(kernel: Kernel, k: usize, n: usize, b: Operand) -> PackedPairs {
+    let (kq, strips) = (kernel.kq_stride(k), n.div_ceil(NR));
+    let mut data = Aligned::for_writing(strips * kq * NR);
+    let out = SharedMut(data.ptr_mut());
+    pack_tasks(k * n, strips, 1, |range| {
+        for s in range {
+            // SAFETY: strip s (NR·kq elements from its start) is this task's alone.
+            unsafe {
+                let strip = out.at(s * kq * NR);
+                pack_strip(k, n, b, s, strip);
+                // The pair rows past k that AMX's tiles read.
+                std::ptr::write_bytes(strip.add(k.div_ceil(2) * NR), 0, (kq - k.div_ceil(2)) * NR);
+            }
+        }
+    });
+    PackedPairs { data, k, n, kernel }
+}
+
+/// Strip `s` of [`pack_b`] into `out`.
+#[target_feature(enable = "avx512f,avx512bf16")]
+pub(super) unsafe fn pack_strip(k: usize, n: usize, b: Operand, s: usize, out: *mut u32) {
+    let kq = k.div_ceil(2);
+    let (rs, cs) = (b.row_stride, b.col_stride);
+    for half in 0..2 {
+        let j0 = s * NR + half * 16;
+        if j0 >= n {
+            // The last strip's empty half: zeros, as every element past n.
+            for q in 0..kq {
+                _mm512_store_si512(out.add(q * NR + half * 16).cast(), _mm512_setzero_si512());
+            }
+            break;
+        }
+        let cols = 16.min(n - j0);
+        if cs == 1 {
+            // Rows 2q and 2q+1 lie along j: 16 columns of both make 16 pairs.
+            for q in 0..kq {
+                let r0 = b.ptr.add(2 * q * rs + j0);
+                let lo = _mm512_maskz_loadu_ps(lanes(cols), r0);
+                let hi = if 2 * q + 1 < k {
+                    _mm512_maskz_loadu_ps(lanes(cols), r0.add(rs))
+                } else {
+                    _mm512_setzero_ps()
+                };
+                _mm512_store_si512(out.add(q * NR + half * 16).cast(), pairs16(lo, hi));
+            }
+        } else if rs == 1 {
+            // Column j (a row of W in x·Wᵀ) holds its pairs one after another: 16 columns of
+            // 16 pairs are converted as 16 vectors and transposed into 16 pair rows.
+            for q0 in (0..kq).step_by(16) {
+                let count = 32.min(k - 2 * q0);
+                let mut block = [_mm512_setzero_si512(); 16];
+                for (c, v) in block.iter_mut().enumerate().take(cols) {
+                    *v = pairs_of_run(b.ptr.add((j0 + c) * cs + 2 * q0), count);
+                }
+                let rows = transpose16(block);
+                for (t, row) in rows.iter().enumerate().take(16.min(kq - q0)) {
+                    _mm512_store_si512(out.add((q0 + t) * NR + half * 16).cast(), *row);
+                }
+            }
+        } else {
+            for q in 0..kq {
+                for j in 0..cols {
+                    let at = |p: usize| {
+                        if p < k {
+                            *b.ptr.add(p * rs + (j0 + j) * cs)
+                        } else {
+                            0.0
+                        }
+                    };
+                    *out.add(q * NR + half * 16 + j) = pair(at(2 * q), at(2 * q + 1));
+                }
+                for j in cols..16 {
+                    *out.add(q * NR + half * 16 + j) = 0;
+                }
+            }
+        }
+    }
+}
+
+/// Elements from which an operand is packed by parallel tasks: below, waking the pool's threads
+/// costs more than the packing. With every pack in parallel tasks, d 128's products at 2 threads
+/// measured 1.04× f32 per layer (0.43–1.74× per product); packed like this, 1.49× and 1.60× in two
+/// runs (`gemm::timing` on a loaded machine, docs/performance-raw/2026-11-29-bf16).
+pub(super) const PAR_MIN_PACK: usize = 1 << 16;
+
+/// `task` over `0..len` in pieces of `chunk`, as parallel tasks when the operand has at least
+/// [`PAR_MIN_PACK`] elements, else in turn on this thread. Each piece writes its own part of the
+/// packed operand, so the bits are the same either way.
+pub(super) fn pack_tasks(
+    elements: usize,
+    len: usize,
+    chunk: usize,
+    task: impl Fn(std::ops::Range<usize>) + Sync + Send,
+) {
+    if elements >= PAR_MIN_PACK {
+        crate::par::for_each_chunk(len, chunk, task);
+    } else {
+        task(0..len);
+    }
+}
+
+/// Converts A (m×k, any strides) into pairs, in parallel pieces.
+///
+/// # Safety
+/// Every element of A's m×k view is readable; the CPU has AVX512_BF16.
+pub(super) unsafe fn pack_a(kernel: Kernel, m: usize, k: usize, a: Operand) -> PairsA {
+    let kq = kernel.kq_stride(k);
+    if kernel.tiles() {
+        // Rows of pairs (AMX reads no panels), in blocks of 32 rows.
+        let mut data = Aligned::for_writing(m.next_multiple_of(amx::ROWS) * kq);
+        let out = SharedMut(data.ptr_mut());
+        let blocks = m.div_ceil(amx::ROWS);
+        pack_tasks(m * k, blocks, 1, |range| {
+            for blk in range {
+                let i0 = blk * amx::ROWS;
+                // SAFETY: these 32 rows are this task's alone.
+                unsafe { amx::pack_rows(k, a, i0..m.min(i0 + amx::ROWS), out.at(i0 * kq), kq) }
+            }
+        });
+        return PairsA {
+            data,
+            tile_stride: MR * kq,
+            row_stride: kq,
+            q_stride: 1,
+        };
+    }
+    let tiles = m.div_ceil(MR);
+    if a.col_stride != 1 && a.row_stride == 1 {
+        // Columns 2q and 2q+1 of A (rows of g) lie along i: panels of MR rows, pair-major,
+        // two panels (16 rows) at a time.
+        let mut data = Aligned::for_writing(tiles * MR * kq);
+        let out = SharedMut(data.ptr_mut());
+        pack_tasks(m * k, tiles.div_ceil(2), 64, |panel_pairs| {
+            for pp in panel_pairs {
+                // SAFETY: panels 2pp and 2pp+1 are this task's alone.
+                unsafe { pack_panels(m, k, a, 2 * pp * MR, out.at(2 * pp * MR * kq)) }
+            }
+        });
+        return PairsA {
+            data,
+            tile_stride: MR * kq,
+            row_stride: 1,
+            q_stride: MR,
+        };
+    }
+    // Rows of pairs, each row converted where it lies.
+    let mut data = Aligned::for_writing(m * kq);
+    let out = SharedMut(data.ptr_mut());
+    pack_tasks(m * k, m, crate::par::rows_per_task(k), |rows| {
+        for i in rows {
+            // SAFETY: row i is this task's alone.
+            unsafe { pack_row(k, a.skip_rows(i), out.at(i * kq)) }
+        }
+    });
+    PairsA {
+        data,
+        tile_stride: MR * kq,
+        row_stride: kq,
+        q_stride: 1,
+    }
+}
+
+/// The panels of A's rows `i0..i0 + 16` (those that exist) for a column-major A into `out`.
+#[target_feature(enable = "avx512f,avx512bf16")]
+pub(super) unsafe fn pack_panels(m: usize, k: usize, a: Operand, i0: usize, out: *mut u32) {
+    let (kq, cs) = (k.div_ceil(2), a.col_stride);
+    let mask = lanes(m - i0);
+    for q in 0..kq {
+        let c0 = a.ptr.add(2 * q * cs + i0);
+        let lo = _mm512_maskz_loadu_ps(mask, c0);
+        let hi = if 2 * q + 1 < k {
+            _mm512_maskz_loadu_ps(mask, c0.add(cs))
+        } else {
+            _mm512_setzero_ps()
+        };
+        let p = pairs16(lo, hi);
+        _mm256_storeu_si256(out.add(q * MR).cast(), _mm512_castsi512_si256(p));
+        if i0 + MR < m {
+            // The second panel starts MR·kq further on.
+            let next = out.add(MR * kq + q * MR);
+            _mm256_storeu_si256(next.cast(), _mm512_extracti64x4_epi64::<1>(p));
+        }
+    }
+}
+
+/// The first row of `a` (k elements) as pairs into `out`.
+#[target_feature(enable = "avx512f,avx512bf16")]
+pub(in crate::gemm) unsafe fn pack_row(k: usize, a: Operand, out: *mut u32) {
+    let (kq, row, cs) = (k.div_ceil(2), a.ptr, a.col_stride);
+    if cs == 1 {
+        for q0 in (0..kq).step_by(16) {
+            let p = pairs_of_run(row.add(2 * q0), 32.min(k - 2 * q0));
+            _mm512_mask_storeu_epi32(out.add(q0).cast(), lanes(kq - q0), p);
+        }
+    } else {
+        for q in 0..kq {
+            let at = |p: usize| if p < k { *row.add(p * cs) } else { 0.0 };
+            *out.add(q) = pair(at(2 * q), at(2 * q + 1));
+        }
+    }
+}
+
+/// Where [`super::run`] finds A's pairs.
+#[derive(Clone, Copy)]
+pub(super) enum ASource<'a> {
+    /// Converted beforehand, all of it.
+    Packed(&'a PairsA),
+    /// A itself (m×k, any strides): each block of [`super::MC`] rows is converted into this thread's
+    /// buffer as its turn comes. The block's pairs (128 rows × k: 192 KiB at k = 384, 1 MiB at
+    /// k = 2,048) are then read from L2 (or close to it) by all of its products, where A
+    /// converted all at once went out to L3 or memory and came back.
+    Rows(Operand),
+}
+
+/// A block of A's pairs: row r of the tile starting at the block's row `i` (a multiple of
+/// [`MR`] from the block's start), pair q, at `ptr + (i / MR)·tile_stride + r·row_stride +
+/// q·q_stride`.
+pub(super) struct ABlock {
+    pub(super) ptr: *const u32,
+    pub(super) tile_stride: usize,
+    pub(super) row_stride: usize,
+    pub(super) q_stride: usize,
+}
+
+thread_local! {
+    /// [`ASource::Rows`]' block buffer, kept from product to product on this thread.
+    pub(super) static A_BLOCK: std::cell::RefCell<Aligned> = std::cell::RefCell::new(Aligned::default());
+}
+
+/// Rows `rows` of A (m×k, any strides) converted into `buf` (grown as needed), laid out as
+/// [`pack_a`] lays out the whole of A.
+///
+/// # Safety
+/// Every element of A's rows `rows` × k is readable; the CPU has AVX512_BF16.
+pub(super) unsafe fn convert_block(
+    kernel: Kernel,
+    k: usize,
+    a: Operand,
+    rows: std::ops::Range<usize>,
+    buf: &mut Aligned,
+) -> ABlock {
+    let kq = kernel.kq_stride(k);
+    let len = rows.len().next_multiple_of(2 * kernel.rows_per_step()) * kq;
+    if buf.buf.len() < len + 16 {
+        *buf = Aligned::for_writing(len);
+    }
+    let out = buf.ptr_mut();
+    // The tests' NaN pairs for every block, not only a fresh buffer: a reused one holds the
+    // last product's pairs, which would hide an element this block's packers skipped.
+    #[cfg(test)]
+    std::slice::from_raw_parts_mut(out, len).fill(0x7fc0_7fc0);
+    if kernel.tiles() {
+        amx::pack_rows(k, a, rows, out, kq);
+        return ABlock {
+            ptr: out,
+            tile_stride: MR * kq,
+            row_stride: kq,
+            q_stride: 1,
+        };
+    }
+    if a.col_stride != 1 && a.row_stride == 1 {
+        for i0 in rows.clone().step_by(2 * MR) {
+            pack_panels(rows.end, k, a, i0, out.add((i0 - rows.start) * kq));
+        }
+        return ABlock {
+            ptr: out,
+            tile_stride: MR * kq,
+            row_stride: 1,
+            q_stride: MR,
+        };
+    }
+    for i in rows.clone() {
+        pack_row(k, a.skip_rows(i), out.add((i - rows.start) * kq));
+    }
+    ABlock {
+        ptr: out,
+        tile_stride: MR * kq,
+        row_stride: kq,
+        q_stride: 1,
+    }
+}
