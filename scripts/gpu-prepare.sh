@@ -22,21 +22,19 @@ case $CARGO_TARGET_DIR in
 esac
 
 cargo build --release --features cuda
-# The GPU suite's test executables, as cargo names them.
-tests=$(cargo test --release --features cuda --no-run --message-format=json \
-          -p ember-kernels --test gpu -p ember --test gpu_training 2>/dev/null |
-        python3 -c 'import json,sys
+# Test executables of the given targets, one "name path" line each, as cargo names them.
+test_executables() {
+  cargo test --release --features cuda --no-run --message-format=json "$@" 2>/dev/null |
+    python3 -c 'import json,sys
 for l in sys.stdin:
     m = json.loads(l)
     if m.get("reason") == "compiler-artifact" and m.get("profile", {}).get("test") and m.get("executable"):
-        print(m["target"]["name"], m["executable"])')
-# ember-kernels' unit tests, for the AMX check (kept out of .dev/tests, which the suite runs whole).
-kernels_lib=$(cargo test --release --features cuda --no-run --message-format=json -p ember-kernels --lib 2>/dev/null |
-        python3 -c 'import json,sys
-for l in sys.stdin:
-    m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m.get("profile", {}).get("test") and m.get("executable"):
-        print(m["executable"])')
+        print(m["target"]["name"], m["executable"])'
+}
+# The GPU suite's, and ember-kernels' unit tests for the AMX check (kept out of .dev/tests, which
+# the suite runs whole).
+tests=$(test_executables -p ember-kernels --test gpu -p ember --test gpu_training)
+kernels_lib=$(test_executables -p ember-kernels --lib | cut -d' ' -f2)
 rm -rf .dev && mkdir -p .dev/tests .dev/amx .dev/data
 strip -o .dev/ember "$CARGO_TARGET_DIR/release/ember"
 while read -r name exe; do strip -o ".dev/tests/$name" "$exe"; done <<< "$tests"

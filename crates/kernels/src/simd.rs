@@ -212,40 +212,37 @@ pub(crate) fn unit() -> Unit {
     static UNIT: std::sync::OnceLock<Unit> = std::sync::OnceLock::new();
     *UNIT.get_or_init(|| {
         let supported = supported_unit();
-        match std::env::var(VECTOR_UNIT_ENV) {
-            Err(_) => supported,
-            Ok(v) => match normalised(&v).as_str() {
-                "amx" => supported,
-                "avx512" => supported.min(Unit::Avx512),
-                "avx2" => supported.min(Unit::Avx2),
-                "baseline" | "sse2" | "none" => Unit::Baseline,
-                _ => {
-                    eprintln!(
-                        "warning: {VECTOR_UNIT_ENV}={v:?} is not one of amx, avx512, avx2, baseline; \
-                         using this CPU's best ({})",
-                        supported.name()
-                    );
-                    supported
-                }
-            },
-        }
+        cap_from_env().map_or(supported, |cap| supported.min(cap))
     })
 }
 
-/// A value of [`VECTOR_UNIT_ENV`] as the match above reads it.
-fn normalised(value: &str) -> String {
-    value.trim().to_ascii_lowercase().replace(['-', '_'], "")
+/// The unit [`VECTOR_UNIT_ENV`] names, read once: `None` where it is unset, `amx` (the best the
+/// CPU has) or no unit's name (with a warning).
+fn cap_from_env() -> Option<Unit> {
+    static CAP: std::sync::OnceLock<Option<Unit>> = std::sync::OnceLock::new();
+    *CAP.get_or_init(|| {
+        let v = std::env::var(VECTOR_UNIT_ENV).ok()?;
+        match v.trim().to_ascii_lowercase().replace(['-', '_'], "").as_str() {
+            "amx" => None,
+            "avx512" => Some(Unit::Avx512),
+            "avx2" => Some(Unit::Avx2),
+            "baseline" | "sse2" | "none" => Some(Unit::Baseline),
+            _ => {
+                eprintln!(
+                    "warning: {VECTOR_UNIT_ENV}={v:?} is not one of amx, avx512, avx2, baseline; \
+                     using this CPU's best ({})",
+                    supported_unit().name()
+                );
+                None
+            }
+        }
+    })
 }
 
 /// Whether [`VECTOR_UNIT_ENV`] names a vector unit (`avx512` or below), which keeps AMX's tiles
 /// off as well: a machine with AMX then acts as one without (`amx`, or no value, allows them).
 pub(crate) fn unit_capped_by_env() -> bool {
-    std::env::var(VECTOR_UNIT_ENV).is_ok_and(|v| {
-        matches!(
-            normalised(&v).as_str(),
-            "avx512" | "avx2" | "baseline" | "sse2" | "none"
-        )
-    })
+    cap_from_env().is_some()
 }
 
 fn supported_unit() -> Unit {

@@ -1,39 +1,22 @@
 //! The bf16 products on AMX's tiles, run on the emulated tiles (this machine has no AMX): bit
-//! for bit the scalar model of `tdpbf16ps`'s chain at every layout, ragged edge, β, piece of k
+//! for bit the scalar model of `tdpbf16ps`'s sums at every layout, ragged edge, β, piece of k
 //! and thread count; the start-up check's verdicts; and, where the CPU has AMX (an ignored test
 //! that `scripts/gpu-check.sh` runs on the device machine's CPU), the hardware against the
 //! emulator.
 
 use super::bf16::amx::{check, state, worst_error, State};
 use super::bf16::{gemm_packed, gemm_with, pack_b_for, supported, Kernel};
-use super::bf16_tests::{accessors, modelled_in, round, same_bits, Chain};
+use super::bf16_tests::{
+    accessors, bits_do_not_depend_on_the_threads, holds_to_the_model_at_every_layout, same_bits,
+};
 use super::tests::{operands, values, LAYOUTS};
 
-/// The emulated product against the scalar model of `tdpbf16ps`'s sums, with C inside a wider
-/// buffer whose other columns must come back untouched. The model sums element by element where
-/// the emulator sums tiles that the packers and the steps filled: what this holds the kernel to
-/// is the packing, the tiling and the edges; both read Intel's definition the same way, and only
-/// the hardware can say whether that reading is right (`amx_hardware_gives_the_emulated_products`).
-fn emulated_matches_the_model((m, k, n): (usize, usize, usize), seed: usize) {
-    for (case, (a_t, b_t, beta)) in LAYOUTS.into_iter().enumerate() {
-        let a = values(m * k, (m * 31 + k * 7 + n + seed) as u64);
-        let b = values(k * n, (n * 17 + k + case) as u64);
-        let ldc = n + 3;
-        let c0 = values(m * ldc, 7);
-        let (ao, bo) = operands(&a, &b, (m, k, n), a_t, b_t);
-        let mut c = c0.clone();
-        unsafe { gemm_with(Kernel::AmxEmulated, m, k, n, ao, bo, beta, c.as_mut_ptr(), ldc) };
-        let (fa, fb) = accessors(&a, &b, (m, k, n), a_t, b_t);
-        let want = modelled_in(Chain::Tdpbf16ps, (m, k, n), &fa, &fb, beta, &c0, ldc);
-        assert!(
-            same_bits(&c, &want),
-            "m={m} k={k} n={n} case={case}: not the modelled bits"
-        );
-    }
-}
-
 /// Rows and columns on both sides of a tile's 16 and a step's 32, k on both sides of a tile's
-/// 16 pairs (odd and even), every layout of A and B, β ∈ {0, 1, ½}.
+/// 16 pairs (odd and even), every layout of A and B, β ∈ {0, 1, ½}, C inside a wider buffer.
+/// The model sums element by element where the emulator sums tiles that the packers and the
+/// steps filled: what this holds the kernel to is the packing, the tiling and the edges; both
+/// read Intel's definition the same way, and only the hardware can say whether that reading is
+/// right (`amx_hardware_gives_the_emulated_products`).
 #[test]
 fn the_tiles_give_the_modelled_bits_for_every_layout_and_edge() {
     if !supported() {
@@ -42,7 +25,7 @@ fn the_tiles_give_the_modelled_bits_for_every_layout_and_edge() {
     for m in [1usize, 16, 31, 32, 33, 65] {
         for k in [0usize, 1, 2, 31, 32, 33, 129] {
             for n in [1usize, 15, 17, 32, 33, 70] {
-                emulated_matches_the_model((m, k, n), 0);
+                holds_to_the_model_at_every_layout(Kernel::AmxEmulated, (m, k, n));
             }
         }
     }
@@ -50,59 +33,20 @@ fn the_tiles_give_the_modelled_bits_for_every_layout_and_edge() {
 
 /// A long k in pieces (each resuming from C's sums, through the edge buffer where the step is
 /// ragged), split over threads by C's rows or its columns, with a column-major A: the same bits
-/// at 1, 2 and 3 threads, and the modelled ones.
+/// at 1, 2 and 3 threads, the modelled ones, and within rounding of the f64 sum.
 #[test]
 fn the_tiles_bits_do_not_depend_on_the_threads() {
     if !supported() {
         return;
     }
-    for ((m, k, n), a_t, b_t) in [
-        ((300, 1100, 70), false, true),
-        ((37, 600, 200), false, false),
-        ((129, 513, 100), true, false),
-    ] {
-        let a = values(m * k, (m + k) as u64);
-        let b = values(k * n, (k + n) as u64);
-        let (ao, bo) = operands(&a, &b, (m, k, n), a_t, b_t);
-        let run = |threads: usize| {
-            crate::par::set_threads(threads).unwrap();
-            let mut c = vec![0f32; m * n];
-            unsafe { gemm_with(Kernel::AmxEmulated, m, k, n, ao, bo, 0.0, c.as_mut_ptr(), n) };
-            crate::par::set_threads(1).unwrap();
-            c
-        };
-        let one = run(1);
-        for threads in [2, 3] {
-            assert!(
-                same_bits(&one, &run(threads)),
-                "m={m} k={k} n={n}: bits differ at {threads} threads"
-            );
-        }
-        let (fa, fb) = accessors(&a, &b, (m, k, n), a_t, b_t);
-        let want = modelled_in(Chain::Tdpbf16ps, (m, k, n), fa, fb, 0.0, &vec![0f32; m * n], n);
-        assert!(same_bits(&one, &want), "m={m} k={k} n={n}: not the modelled bits");
-        // Within rounding of the f64 sum of the rounded operands' products.
-        let (fa, fb) = accessors(&a, &b, (m, k, n), a_t, b_t);
-        let exact: Vec<f32> = (0..m * n)
-            .map(|e| {
-                let (i, j) = (e / n, e % n);
-                (0..k)
-                    .map(|p| round(fa(i, p)) as f64 * round(fb(p, j)) as f64)
-                    .sum::<f64>() as f32
-            })
-            .collect();
-        let worst = worst_error(
-            &one,
-            &exact,
-            |i, p| round(fa(i, p)),
-            |p, j| round(fb(p, j)),
-            (m, k, n),
-        );
-        assert!(
-            worst <= k as f64 * 2f64.powi(-24),
-            "m={m} k={k} n={n}: error {worst:e}"
-        );
-    }
+    bits_do_not_depend_on_the_threads(
+        Kernel::AmxEmulated,
+        &[
+            ((300, 1100, 70), false, true),
+            ((37, 600, 200), false, false),
+            ((129, 513, 100), true, false),
+        ],
+    );
 }
 
 /// A B packed once for the tiles (k padded to 16 pairs) serves products with several A and β

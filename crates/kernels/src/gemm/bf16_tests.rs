@@ -1,9 +1,11 @@
-//! The bf16 GEMM against a scalar model of `vdpbf16ps`, bit for bit, and against the f64 sum
+//! The bf16 GEMM against a scalar model of `vdpbf16ps` (or of AMX's `tdpbf16ps`: the helpers here
+//! serve `amx_tests` too), bit for bit, and against the f64 sum
 //! of the rounded operands' products; at every layout, ragged edge and thread count.
 
 use std::arch::x86_64::*;
 
-use super::bf16::{from_bf16, gemm, pack_b, supported, to_bf16};
+use super::bf16::amx::{flushed as ftz, worst_error};
+use super::bf16::{from_bf16, gemm, gemm_with, pack_b_for, supported, to_bf16, Kernel};
 use super::tests::{b_view, operands, values, LAYOUTS};
 use super::{Mat, Operand, PackedIn};
 use crate::Precision;
@@ -13,43 +15,14 @@ pub(super) fn round(x: f32) -> f32 {
     from_bf16(to_bf16(x))
 }
 
-/// Denormals flushed to zero, as `vdpbf16ps` flushes its sums and products.
-fn ftz(x: f32) -> f32 {
-    if x != 0.0 && x.abs() < f32::MIN_POSITIVE {
-        0.0f32.copysign(x)
-    } else {
-        x
-    }
-}
-
-/// What the kernel must give, modelled element by element: per pair of k,
-/// `acc = (acc + a₁·b₁) + a₀·b₀` on the rounded operands (each product exact, each add rounded),
-/// then `beta·C + acc` in one fused multiply-add.
-fn modelled(
-    dims: (usize, usize, usize),
-    a: impl Fn(usize, usize) -> f32,
-    b: impl Fn(usize, usize) -> f32,
-    beta: f32,
-    c: &[f32],
-    ldc: usize,
-) -> Vec<f32> {
-    modelled_in(Chain::Vdpbf16ps, dims, a, b, beta, c, ldc)
-}
-
-/// How a kernel's instruction sums the pairs of k into an element of C.
-#[derive(Clone, Copy, PartialEq)]
-pub(super) enum Chain {
-    /// `vdpbf16ps`: one chain over the pairs, `acc = (acc + a₁·b₁) + a₀·b₀`.
-    Vdpbf16ps,
-    /// AMX's `tdpbf16ps` as Intel's SDM defines it: per 16 pairs (one instruction), the even
-    /// products and the odd products in two chains of fused multiply-adds from zero, then
-    /// `acc = acc + (even + odd)`; denormal results flushed.
-    Tdpbf16ps,
-}
-
-/// [`modelled`] for a kernel whose instructions sum as `chain` says.
-pub(super) fn modelled_in(
-    chain: Chain,
+/// What `kernel` must give, modelled element by element on the rounded operands (each product
+/// exact, each sum rounded, denormals flushed), then `beta·C + acc` in one fused multiply-add:
+/// - `vdpbf16ps`: one chain over the pairs of k, `acc = (acc + a₁·b₁) + a₀·b₀`;
+/// - AMX's `tdpbf16ps` as Intel's SDM defines it: per 16 pairs (one instruction), the even
+///   products and the odd products in two chains of fused multiply-adds from zero, then
+///   `acc = acc + (even + odd)`.
+pub(super) fn modelled(
+    kernel: Kernel,
     (m, k, n): (usize, usize, usize),
     a: impl Fn(usize, usize) -> f32,
     b: impl Fn(usize, usize) -> f32,
@@ -72,24 +45,21 @@ pub(super) fn modelled_in(
                 (a0, b0, a1, b1)
             };
             let mut acc = 0f32;
-            match chain {
-                Chain::Vdpbf16ps => {
-                    for p in (0..k).step_by(2) {
-                        let (a0, b0, a1, b1) = pair(p);
-                        acc = ftz(acc + ftz(a1 * b1));
-                        acc = ftz(acc + ftz(a0 * b0));
-                    }
+            if kernel == Kernel::Avx512 {
+                for p in (0..k).step_by(2) {
+                    let (a0, b0, a1, b1) = pair(p);
+                    acc = ftz(acc + ftz(a1 * b1));
+                    acc = ftz(acc + ftz(a0 * b0));
                 }
-                Chain::Tdpbf16ps => {
-                    for p0 in (0..k).step_by(32) {
-                        let (mut even, mut odd) = (0f32, 0f32);
-                        for p in (p0..k.min(p0 + 32)).step_by(2) {
-                            let (a0, b0, a1, b1) = pair(p);
-                            even = ftz(a0.mul_add(b0, even));
-                            odd = ftz(a1.mul_add(b1, odd));
-                        }
-                        acc = ftz(acc + ftz(even + odd));
+            } else {
+                for p0 in (0..k).step_by(32) {
+                    let (mut even, mut odd) = (0f32, 0f32);
+                    for p in (p0..k.min(p0 + 32)).step_by(2) {
+                        let (a0, b0, a1, b1) = pair(p);
+                        even = ftz(a0.mul_add(b0, even));
+                        odd = ftz(a1.mul_add(b1, odd));
                     }
+                    acc = ftz(acc + ftz(even + odd));
                 }
             }
             let old = c[i * ldc + j];
@@ -101,6 +71,86 @@ pub(super) fn modelled_in(
 
 pub(super) fn same_bits(x: &[f32], y: &[f32]) -> bool {
     x.len() == y.len() && x.iter().zip(y).all(|(a, b)| a.to_bits() == b.to_bits())
+}
+
+/// `kernel`'s product at (m, k, n) for every layout of A and B, with C inside a wider buffer:
+/// the modelled bits exactly (so nothing written outside C's view), and within rounding of the
+/// f64 sum of the rounded operands' products.
+pub(super) fn holds_to_the_model_at_every_layout(kernel: Kernel, (m, k, n): (usize, usize, usize)) {
+    for (case, (a_t, b_t, beta)) in LAYOUTS.into_iter().enumerate() {
+        let a = values(m * k, (m * 31 + k * 7 + n) as u64);
+        let b = values(k * n, (n * 17 + k + case) as u64);
+        let ldc = n + 5;
+        let c0 = values(m * ldc, 99);
+        let (ao, bo) = operands(&a, &b, (m, k, n), a_t, b_t);
+        let mut c = c0.clone();
+        unsafe { gemm_with(kernel, m, k, n, ao, bo, beta, c.as_mut_ptr(), ldc) };
+        let (fa, fb) = accessors(&a, &b, (m, k, n), a_t, b_t);
+        let want = modelled(kernel, (m, k, n), &fa, &fb, beta, &c0, ldc);
+        assert!(
+            same_bits(&c, &want),
+            "{kernel:?} m={m} k={k} n={n} case={case}: not the modelled bits"
+        );
+        for i in 0..m {
+            for j in 0..n {
+                let exact: f64 = (0..k)
+                    .map(|p| round(fa(i, p)) as f64 * round(fb(p, j)) as f64)
+                    .sum();
+                let exact = exact + beta as f64 * c0[i * ldc + j] as f64;
+                let got = c[i * ldc + j] as f64;
+                assert!(
+                    (got - exact).abs() <= 1e-6 * (1.0 + exact.abs()) * (k as f64 + 1.0),
+                    "{kernel:?} m={m} k={k} n={n} case={case}: C[{i},{j}] = {got}, exact {exact}"
+                );
+            }
+        }
+    }
+}
+
+/// `kernel`'s products of `cases` ((m, k, n), A transposed, B transposed), large enough to be
+/// split over threads: the same bits at 1, 2 and 3 threads, the modelled ones, and within the
+/// chain's rounding (k half-ulps of Σ|a·b|) of the f64 sum of the rounded operands' products.
+pub(super) fn bits_do_not_depend_on_the_threads(
+    kernel: Kernel,
+    cases: &[((usize, usize, usize), bool, bool)],
+) {
+    for &((m, k, n), a_t, b_t) in cases {
+        let a = values(m * k, (m + k) as u64);
+        let b = values(k * n, (k + n) as u64);
+        let (ao, bo) = operands(&a, &b, (m, k, n), a_t, b_t);
+        let run = |threads: usize| {
+            crate::par::set_threads(threads).unwrap();
+            let mut c = vec![0f32; m * n];
+            unsafe { gemm_with(kernel, m, k, n, ao, bo, 0.0, c.as_mut_ptr(), n) };
+            crate::par::set_threads(1).unwrap();
+            c
+        };
+        let one = run(1);
+        for threads in [2, 3] {
+            assert!(
+                same_bits(&one, &run(threads)),
+                "{kernel:?} m={m} k={k} n={n}: bits differ at {threads} threads"
+            );
+        }
+        let (fa, fb) = accessors(&a, &b, (m, k, n), a_t, b_t);
+        let want = modelled(kernel, (m, k, n), &fa, &fb, 0.0, &vec![0f32; m * n], n);
+        assert!(
+            same_bits(&one, &want),
+            "{kernel:?} m={m} k={k} n={n}: not the modelled bits"
+        );
+        let (ra, rb) = (|i, p| round(fa(i, p)), |p, j| round(fb(p, j)));
+        let exact: Vec<f32> = (0..m * n)
+            .map(|e| {
+                let (i, j) = (e / n, e % n);
+                (0..k).map(|p| ra(i, p) as f64 * rb(p, j) as f64).sum::<f64>() as f32
+            })
+            .collect();
+        let worst = worst_error(&one, &exact, ra, rb, (m, k, n));
+        assert!(
+            worst <= k as f64 * 2f64.powi(-24),
+            "{kernel:?} m={m} k={k} n={n}: error {worst:e}"
+        );
+    }
 }
 
 /// The scalar rounding is the hardware's, on special values and on a sweep of bit patterns
@@ -178,43 +228,13 @@ fn bf16_gemm_gives_the_modelled_bits_for_every_layout_and_edge() {
     if !supported() {
         return;
     }
-    let mut checked = 0;
-    for &m in &[1usize, 7, 8, 9, 17, 33] {
-        for &k in &[0usize, 1, 2, 3, 32, 33, 129] {
-            for &n in &[1usize, 15, 16, 17, 32, 33, 70] {
-                for (case, (a_t, b_t, beta)) in LAYOUTS.into_iter().enumerate() {
-                    let a = values(m * k, (m * 31 + k * 7 + n) as u64);
-                    let b = values(k * n, (n * 17 + k + case) as u64);
-                    let ldc = n + 5;
-                    let c0 = values(m * ldc, 99);
-                    let (ao, bo) = operands(&a, &b, (m, k, n), a_t, b_t);
-                    let mut c = c0.clone();
-                    unsafe { gemm(m, k, n, ao, bo, beta, c.as_mut_ptr(), ldc) };
-                    let (fa, fb) = accessors(&a, &b, (m, k, n), a_t, b_t);
-                    let want = modelled((m, k, n), &fa, &fb, beta, &c0, ldc);
-                    assert!(
-                        same_bits(&c, &want),
-                        "m={m} k={k} n={n} case={case}: not the modelled bits"
-                    );
-                    for i in 0..m {
-                        for j in 0..n {
-                            let exact: f64 = (0..k)
-                                .map(|p| round(fa(i, p)) as f64 * round(fb(p, j)) as f64)
-                                .sum();
-                            let exact = exact + beta as f64 * c0[i * ldc + j] as f64;
-                            let got = c[i * ldc + j] as f64;
-                            assert!(
-                                (got - exact).abs() <= 1e-6 * (1.0 + exact.abs()) * (k as f64 + 1.0),
-                                "m={m} k={k} n={n} case={case}: C[{i},{j}] = {got}, exact {exact}"
-                            );
-                        }
-                    }
-                    checked += 1;
-                }
+    for m in [1usize, 7, 8, 9, 17, 33] {
+        for k in [0usize, 1, 2, 3, 32, 33, 129] {
+            for n in [1usize, 15, 16, 17, 32, 33, 70] {
+                holds_to_the_model_at_every_layout(Kernel::Avx512, (m, k, n));
             }
         }
     }
-    assert_eq!(checked, 6 * 7 * 7 * 4);
 }
 
 /// Operands with neither stride 1 (every other element, read transposed) go through the
@@ -238,8 +258,9 @@ fn operands_with_no_unit_stride_give_the_modelled_bits() {
         col_stride: 2 * k,
     };
     let mut c = vec![0f32; m * n];
-    unsafe { gemm(m, k, n, ao, bo, 0.0, c.as_mut_ptr(), n) };
+    unsafe { gemm_with(Kernel::Avx512, m, k, n, ao, bo, 0.0, c.as_mut_ptr(), n) };
     let want = modelled(
+        Kernel::Avx512,
         (m, k, n),
         |i, p| raw_a[i * 2 * k + 2 * p],
         |p, j| raw_b[2 * p + 2 * k * j],
@@ -258,34 +279,16 @@ fn bf16_gemm_bits_do_not_depend_on_the_threads() {
     if !supported() {
         return;
     }
-    for ((m, k, n), a_t, b_t) in [
-        ((300, 1100, 70), false, true),
-        ((37, 600, 500), false, false),
-        ((1000, 64, 40), false, true),
-        ((384, 2049, 129), true, false),
-        ((129, 513, 384), true, false),
-    ] {
-        let a = values(m * k, (m + k) as u64);
-        let b = values(k * n, (k + n) as u64);
-        let (ao, bo) = operands(&a, &b, (m, k, n), a_t, b_t);
-        let run = |threads: usize| {
-            crate::par::set_threads(threads).unwrap();
-            let mut c = vec![0f32; m * n];
-            unsafe { gemm(m, k, n, ao, bo, 0.0, c.as_mut_ptr(), n) };
-            crate::par::set_threads(1).unwrap();
-            c
-        };
-        let one = run(1);
-        for threads in [2, 3] {
-            assert!(
-                same_bits(&one, &run(threads)),
-                "m={m} k={k} n={n}: bits differ at {threads} threads"
-            );
-        }
-        let (fa, fb) = accessors(&a, &b, (m, k, n), a_t, b_t);
-        let want = modelled((m, k, n), fa, fb, 0.0, &vec![0f32; m * n], n);
-        assert!(same_bits(&one, &want), "m={m} k={k} n={n}: not the modelled bits");
-    }
+    bits_do_not_depend_on_the_threads(
+        Kernel::Avx512,
+        &[
+            ((300, 1100, 70), false, true),
+            ((37, 600, 500), false, false),
+            ((1000, 64, 40), false, true),
+            ((384, 2049, 129), true, false),
+            ((129, 513, 384), true, false),
+        ],
+    );
 }
 
 /// A B packed once (the output layer's weight) serves products with several A, at any β,
@@ -362,7 +365,7 @@ fn packed_strips_hold_the_rounded_pairs() {
             ),
             None => (strided, Box::new(|p, j| b[2 * p + 2 * k * j])),
         };
-        let packed = unsafe { pack_b(k, n, bo) };
+        let packed = unsafe { pack_b_for(Kernel::Avx512, k, n, bo) };
         let kq = k.div_ceil(2);
         let strips = n.div_ceil(32);
         let data = packed.as_slice(strips * kq * 32);

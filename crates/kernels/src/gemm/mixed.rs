@@ -20,7 +20,7 @@ pub(crate) fn bf16_supported() -> bool {
 pub(crate) fn bf16_on_amx() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        bf16_supported() && *super::bf16::amx::state() == super::bf16::amx::State::Active
+        super::bf16::amx::available()
     }
     #[cfg(not(target_arch = "x86_64"))]
     false

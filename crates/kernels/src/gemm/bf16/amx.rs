@@ -12,7 +12,7 @@
 //!   pairs), and
 //! - A always comes as rows of pairs, padded with zero rows to a multiple of 32; a column-major A
 //!   (gᵀ in dW = gᵀ·x) is converted 16 rows × 16 pairs at a time and transposed, as B's strips
-//!   are.
+//!   are (the packers are [`super::pack`]'s).
 //!
 //! Each element of C is summed as Intel's SDM defines `tdpbf16ps`: per instruction (16 pairs of
 //! k), the even elements' products and the odd elements' products in two chains of fused
@@ -28,7 +28,7 @@
 //! through `asm!`: stable Rust has no AMX intrinsics) or on [`Emulated`], a model of the same
 //! instructions in Rust that follows Intel's definition. The unit tests drive every layout, edge
 //! and thread count through the emulated unit and check the bits against a scalar model of the
-//! chain. On a CPU with AMX the first bf16 product runs a [start-up check](self_check): the
+//! same sums. On a CPU with AMX the first bf16 product runs a [start-up check](self_check): the
 //! hardware's result against the emulated one; unless it is within rounding, AMX stays off and
 //! the products run on `vdpbf16ps`, with a warning. Linux gives a process the tiles' 8 KiB of
 //! state only when asked (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`), which is done
@@ -37,7 +37,7 @@
 use std::arch::asm;
 use std::arch::x86_64::*;
 
-use super::{pairs16, transpose16, Kernel, NR};
+use super::{Kernel, NR};
 use crate::gemm::x86::avx512::{lane_mask as lanes, start_sums, store_sums};
 use crate::gemm::Operand;
 
@@ -133,7 +133,7 @@ fn bf16_in(h: u32) -> f32 {
 }
 
 /// `x`, a denormal flushed to a zero of its sign.
-fn flushed(x: f32) -> f32 {
+pub(in crate::gemm) fn flushed(x: f32) -> f32 {
     if x.is_subnormal() {
         0f32.copysign(x)
     } else {
@@ -288,77 +288,17 @@ pub(super) unsafe fn step<U: TileUnit>(unit: &mut U, s: Step) {
     }
 }
 
-/// A's `rows` (m×k, any strides) as rows of pairs for the tiles into `out`: row i − rows.start
-/// at `out + (i − rows.start)·kq_stride`, zero pairs from ⌈k/2⌉ to `kq_stride` (a multiple of
-/// [`KQ_STEP`]), and zero rows after the last one up to a multiple of [`ROWS`].
-///
-/// # Safety
-/// A's rows `rows` × k are readable; `out` has room for `rows.len()` rounded up to [`ROWS`],
-/// times `kq_stride`; the CPU has AVX512_BF16.
-#[target_feature(enable = "avx512f,avx512bf16")]
-pub(super) unsafe fn pack_rows(
-    k: usize,
-    a: Operand,
-    rows: std::ops::Range<usize>,
-    out: *mut u32,
-    kq_stride: usize,
-) {
-    let kq = k.div_ceil(2);
-    let padded = rows.len().next_multiple_of(ROWS);
-    if a.col_stride != 1 && a.row_stride == 1 {
-        // Columns 2q and 2q+1 (rows of g) lie along i: 16 rows of 16 pairs are converted as 16
-        // vectors, one per pair, and transposed into the rows' pairs.
-        let cs = a.col_stride;
-        for r0 in (0..padded).step_by(16) {
-            let mask = lanes(rows.len().saturating_sub(r0));
-            let i0 = rows.start + r0;
-            for q0 in (0..kq_stride).step_by(16) {
-                let mut block = [_mm512_setzero_si512(); 16];
-                for (t, v) in block.iter_mut().enumerate() {
-                    let q = q0 + t;
-                    if q < kq && mask != 0 {
-                        let c0 = a.ptr.add(2 * q * cs + i0);
-                        let lo = _mm512_maskz_loadu_ps(mask, c0);
-                        let hi = if 2 * q + 1 < k {
-                            _mm512_maskz_loadu_ps(mask, c0.add(cs))
-                        } else {
-                            _mm512_setzero_ps()
-                        };
-                        *v = pairs16(lo, hi);
-                    }
-                }
-                for (r, row) in transpose16(block).iter().enumerate() {
-                    _mm512_storeu_si512(out.add((r0 + r) * kq_stride + q0).cast(), *row);
-                }
-            }
-        }
-        return;
-    }
-    for r in 0..padded {
-        let row = out.add(r * kq_stride);
-        let written = if r < rows.len() {
-            super::pack_row(k, a.skip_rows(rows.start + r), row);
-            kq
-        } else {
-            0
-        };
-        for q in written..kq_stride {
-            *row.add(q) = 0;
-        }
-    }
-}
-
 /// Whether the bf16 products' steps run on AMX here, decided on the first call: the CPU has
 /// AMX-BF16, the vector unit is not capped below it ([`crate::VECTOR_UNIT_ENV`]), Linux grants
 /// the tile state, and the [start-up check](self_check) passes. Every reason it does not is
 /// kept for the reports ([`state`]).
-pub(super) fn available() -> bool {
+pub(in crate::gemm) fn available() -> bool {
     matches!(state(), State::Active)
 }
 
 /// Where AMX stands in this process.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum State {
+pub(in crate::gemm) enum State {
     /// No AMX-BF16 on this CPU (or no AVX512_BF16 in use, which the packers need).
     Absent,
     /// The CPU has it but [`crate::VECTOR_UNIT_ENV`] caps the unit at AVX-512 or below.
@@ -372,7 +312,7 @@ pub(crate) enum State {
 }
 
 /// AMX's [`State`] in this process, decided once.
-pub(crate) fn state() -> &'static State {
+pub(in crate::gemm) fn state() -> &'static State {
     static STATE: std::sync::OnceLock<State> = std::sync::OnceLock::new();
     STATE.get_or_init(|| {
         let state = detect();
@@ -481,8 +421,13 @@ pub(in crate::gemm) fn check(kernel: Kernel) -> Result<(), String> {
     };
     let product = |kernel| {
         let mut c = vec![0f32; m * n];
+        // B is small enough to be packed on this thread too.
+        assert!(k * n < super::pack::PAR_MIN_PACK);
         // SAFETY: the operands and C hold these shapes; AMX's state was granted by the caller.
-        unsafe { super::gemm_on_this_thread(kernel, m, k, n, ao, bo, c.as_mut_ptr(), n) };
+        unsafe {
+            let b = super::pack_b_for(kernel, k, n, bo);
+            super::product_on_this_thread(m, ao, &b, c.as_mut_ptr(), n);
+        }
         c
     };
     let (got, emulated) = (product(kernel), product(Kernel::AmxEmulated));

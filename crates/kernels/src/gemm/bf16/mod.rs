@@ -39,11 +39,13 @@ use amx::TileUnit;
 
 pub(super) mod amx;
 mod pack;
+pub(super) use pack::pack_b_for;
+#[cfg(test)]
+pub(super) use pack::transpose16;
 use pack::{convert_block, pack_a, ABlock, ASource, A_BLOCK};
 #[cfg(test)]
 pub(crate) use pack::{from_bf16, to_bf16};
 pub(crate) use pack::{pack_b, PackedPairs};
-pub(super) use pack::{pack_b_for, pack_row, pairs16, transpose16};
 
 /// Rows and columns of the C tile held in registers (8 rows × two 16-lane vectors).
 pub(super) const MR: usize = 8;
@@ -100,6 +102,15 @@ impl Kernel {
             kq
         }
     }
+    /// Rows a converted block of `rows` rows of A holds: whole 32-row steps for the tiles, pairs
+    /// of 8-row panels (the panel packer writes two at a time) for `vdpbf16ps`.
+    fn padded_rows(self, rows: usize) -> usize {
+        if self.tiles() {
+            rows.next_multiple_of(amx::ROWS)
+        } else {
+            rows.next_multiple_of(2 * MR)
+        }
+    }
     /// Rows of C per step, to which the threads' row blocks are aligned.
     fn rows_per_step(self) -> usize {
         if self.tiles() {
@@ -152,28 +163,13 @@ pub(super) unsafe fn gemm_with(
     gemm_packed(m, a, &b, beta, c, ldc);
 }
 
-/// `C = A·B` as [`gemm_with`] computes it, on the calling thread alone (no task of the thread
-/// pool): for AMX's start-up check. B must be small enough to be packed on one thread.
+/// `C = A·B` for a B packed beforehand, on the calling thread alone (no task of the thread
+/// pool): for AMX's start-up check.
 ///
 /// # Safety
-/// As [`gemm_with`].
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn gemm_on_this_thread(
-    kernel: Kernel,
-    m: usize,
-    k: usize,
-    n: usize,
-    a: Operand,
-    b: Operand,
-    c: *mut f32,
-    ldc: usize,
-) {
-    assert!(
-        k * n < pack::PAR_MIN_PACK,
-        "B of {k}×{n} would be packed by the pool"
-    );
-    let b = pack_b_for(kernel, k, n, b);
-    run(ASource::Rows(a), &b, 0..m, 0..n, 0.0, SharedMut(c), ldc);
+/// As [`gemm_packed`].
+pub(super) unsafe fn product_on_this_thread(m: usize, a: Operand, b: &PackedPairs, c: *mut f32, ldc: usize) {
+    run(ASource::Rows(a), b, 0..m, 0..b.n, 0.0, SharedMut(c), ldc);
 }
 
 /// [`gemm`] with B packed beforehand, on the steps it was packed for.

@@ -104,7 +104,7 @@ pub(super) struct PairsA {
 /// Converts 16 lanes of `lo` and `hi` into 16 pairs.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bf16")]
-pub(in crate::gemm) unsafe fn pairs16(lo: __m512, hi: __m512) -> __m512i {
+unsafe fn pairs16(lo: __m512, hi: __m512) -> __m512i {
     let lo: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(lo));
     let hi: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(hi));
     _mm512_or_si512(
@@ -285,14 +285,14 @@ pub(super) unsafe fn pack_a(kernel: Kernel, m: usize, k: usize, a: Operand) -> P
     let kq = kernel.kq_stride(k);
     if kernel.tiles() {
         // Rows of pairs (AMX reads no panels), in blocks of 32 rows.
-        let mut data = Aligned::for_writing(m.next_multiple_of(amx::ROWS) * kq);
+        let mut data = Aligned::for_writing(kernel.padded_rows(m) * kq);
         let out = SharedMut(data.ptr_mut());
         let blocks = m.div_ceil(amx::ROWS);
         pack_tasks(m * k, blocks, 1, |range| {
             for blk in range {
                 let i0 = blk * amx::ROWS;
                 // SAFETY: these 32 rows are this task's alone.
-                unsafe { amx::pack_rows(k, a, i0..m.min(i0 + amx::ROWS), out.at(i0 * kq), kq) }
+                unsafe { pack_rows_for_tiles(k, a, i0..m.min(i0 + amx::ROWS), out.at(i0 * kq), kq) }
             }
         });
         return PairsA {
@@ -338,20 +338,28 @@ pub(super) unsafe fn pack_a(kernel: Kernel, m: usize, k: usize, a: Operand) -> P
     }
 }
 
+/// Pair q of a column-major A's rows `i0..i0 + 16` (those in `mask`; zeros elsewhere and past
+/// k): columns 2q and 2q+1 lie along i, 16 rows of each make 16 pairs.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn column_pairs(k: usize, a: Operand, i0: usize, mask: __mmask16, q: usize) -> __m512i {
+    let c0 = a.ptr.add(2 * q * a.col_stride + i0);
+    let lo = _mm512_maskz_loadu_ps(mask, c0);
+    let hi = if 2 * q + 1 < k {
+        _mm512_maskz_loadu_ps(mask, c0.add(a.col_stride))
+    } else {
+        _mm512_setzero_ps()
+    };
+    pairs16(lo, hi)
+}
+
 /// The panels of A's rows `i0..i0 + 16` (those that exist) for a column-major A into `out`.
 #[target_feature(enable = "avx512f,avx512bf16")]
 pub(super) unsafe fn pack_panels(m: usize, k: usize, a: Operand, i0: usize, out: *mut u32) {
-    let (kq, cs) = (k.div_ceil(2), a.col_stride);
+    let kq = k.div_ceil(2);
     let mask = lanes(m - i0);
     for q in 0..kq {
-        let c0 = a.ptr.add(2 * q * cs + i0);
-        let lo = _mm512_maskz_loadu_ps(mask, c0);
-        let hi = if 2 * q + 1 < k {
-            _mm512_maskz_loadu_ps(mask, c0.add(cs))
-        } else {
-            _mm512_setzero_ps()
-        };
-        let p = pairs16(lo, hi);
+        let p = column_pairs(k, a, i0, mask, q);
         _mm256_storeu_si256(out.add(q * MR).cast(), _mm512_castsi512_si256(p));
         if i0 + MR < m {
             // The second panel starts MR·kq further on.
@@ -361,9 +369,58 @@ pub(super) unsafe fn pack_panels(m: usize, k: usize, a: Operand, i0: usize, out:
     }
 }
 
+/// A's `rows` (m×k, any strides) as rows of pairs for AMX's tiles into `out`: row i − rows.start
+/// at `out + (i − rows.start)·kq_stride`, zero pairs from ⌈k/2⌉ to `kq_stride` (a multiple of
+/// [`amx::KQ_STEP`]), and zero rows after the last one up to a multiple of [`amx::ROWS`]. A
+/// column-major A (gᵀ) is converted 16 rows × 16 pairs at a time and transposed into rows.
+///
+/// # Safety
+/// A's rows `rows` × k are readable; `out` has room for `rows.len()` rounded up to
+/// [`amx::ROWS`], times `kq_stride`; the CPU has AVX512_BF16.
+#[target_feature(enable = "avx512f,avx512bf16")]
+pub(super) unsafe fn pack_rows_for_tiles(
+    k: usize,
+    a: Operand,
+    rows: std::ops::Range<usize>,
+    out: *mut u32,
+    kq_stride: usize,
+) {
+    let kq = k.div_ceil(2);
+    let padded = rows.len().next_multiple_of(amx::ROWS);
+    if a.col_stride != 1 && a.row_stride == 1 {
+        for r0 in (0..padded).step_by(16) {
+            let mask = lanes(rows.len().saturating_sub(r0));
+            for q0 in (0..kq_stride).step_by(16) {
+                let mut block = [_mm512_setzero_si512(); 16];
+                for (t, v) in block.iter_mut().enumerate() {
+                    if q0 + t < kq && mask != 0 {
+                        *v = column_pairs(k, a, rows.start + r0, mask, q0 + t);
+                    }
+                }
+                for (r, row) in transpose16(block).iter().enumerate() {
+                    _mm512_storeu_si512(out.add((r0 + r) * kq_stride + q0).cast(), *row);
+                }
+            }
+        }
+        return;
+    }
+    for r in 0..padded {
+        let row = out.add(r * kq_stride);
+        let written = if r < rows.len() {
+            pack_row(k, a.skip_rows(rows.start + r), row);
+            kq
+        } else {
+            0
+        };
+        for q in written..kq_stride {
+            *row.add(q) = 0;
+        }
+    }
+}
+
 /// The first row of `a` (k elements) as pairs into `out`.
 #[target_feature(enable = "avx512f,avx512bf16")]
-pub(in crate::gemm) unsafe fn pack_row(k: usize, a: Operand, out: *mut u32) {
+unsafe fn pack_row(k: usize, a: Operand, out: *mut u32) {
     let (kq, row, cs) = (k.div_ceil(2), a.ptr, a.col_stride);
     if cs == 1 {
         for q0 in (0..kq).step_by(16) {
@@ -418,7 +475,7 @@ pub(super) unsafe fn convert_block(
     buf: &mut Aligned,
 ) -> ABlock {
     let kq = kernel.kq_stride(k);
-    let len = rows.len().next_multiple_of(2 * kernel.rows_per_step()) * kq;
+    let len = kernel.padded_rows(rows.len()) * kq;
     if buf.buf.len() < len + 16 {
         *buf = Aligned::for_writing(len);
     }
@@ -428,7 +485,7 @@ pub(super) unsafe fn convert_block(
     #[cfg(test)]
     std::slice::from_raw_parts_mut(out, len).fill(0x7fc0_7fc0);
     if kernel.tiles() {
-        amx::pack_rows(k, a, rows, out, kq);
+        pack_rows_for_tiles(k, a, rows, out, kq);
         return ABlock {
             ptr: out,
             tile_stride: MR * kq,
