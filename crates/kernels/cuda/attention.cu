@@ -12,6 +12,11 @@
 // expanded. The dropout mask is element (b, h, t, s)'s counter draw, as everywhere in Ember, and
 // the backward pass recomputes both the probabilities and the mask. Every sum runs in a fixed
 // order (no atomics), so the kernels give the same bits every run.
+//
+// `round` (Precision::Bf16): the operands of the four products (q k^T and P v, and the backward
+// pass's dO v^T, dS k, dS^T q and P~^T dO) are rounded to bf16 as they are read, the sums stay f32,
+// as the CPU kernel's bf16 products compute them; the softmax, the mask, the dropout, the
+// telemetry and delta = <dO, O> take the unrounded values, as there.
 #include "attention.cuh"
 
 // One row (b, h, t) by one warp: `in` (n logits q k^T before the mask) to the probabilities before
@@ -62,7 +67,8 @@ __device__ __forceinline__ void ember_attn_softmax_row(const float* in, float* o
 // lanes of a warp reading K[s][j] for 32 different s hit 32 different banks):
 //   K: S*kp | V: S*D | per warp: q row D | per warp: probability row S
 // out (B, T, H*D). With `measure`, row_max and row_ent (B*H*T) receive each row's largest
-// unmasked |logit| and entropy; otherwise they are not touched.
+// unmasked |logit| and entropy; otherwise they are not touched. With `round`, q, k, v and the
+// probabilities P v reads are rounded to bf16.
 extern "C" __global__ void ember_attn_fwd(const float* __restrict__ q, const float* __restrict__ k,
                                           const float* __restrict__ v, const float* __restrict__ mask,
                                           float* __restrict__ out, float* __restrict__ row_max,
@@ -70,7 +76,7 @@ extern "C" __global__ void ember_attn_fwd(const float* __restrict__ q, const flo
                                           uint32_t S, uint32_t D, uint32_t rows_per_block, int has_mask,
                                           uint64_t ms_b, uint64_t ms_h, uint64_t ms_t, uint64_t ms_s,
                                           int has_dropout, uint64_t state, uint64_t threshold, float keep,
-                                          int measure) {
+                                          int measure, int round) {
     extern __shared__ float smem[];
     const uint32_t warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31u;
     const uint32_t kp = D | 1u;
@@ -85,8 +91,8 @@ extern "C" __global__ void ember_attn_fwd(const float* __restrict__ q, const flo
     for (uint32_t i = threadIdx.x; i < S * D; i += blockDim.x) {
         const uint32_t s = i / D, j = i % D;
         const uint64_t src = ember_attn_kv_offset(b, s, kh, S, Hkv, D) + j;
-        ks[s * kp + j] = k[src];
-        vs[i] = v[src];
+        ks[s * kp + j] = ember_attn_operand(k[src], round);
+        vs[i] = ember_attn_operand(v[src], round);
     }
     __syncthreads();
 
@@ -95,7 +101,7 @@ extern "C" __global__ void ember_attn_fwd(const float* __restrict__ q, const flo
     // Warp-uniform bounds: every lane of a warp runs the same rows.
     for (uint32_t t = first + warp; t < end; t += warps) {
         const uint64_t qo = ember_attn_q_offset(b, t, h, T, H, D);
-        for (uint32_t j = lane; j < D; j += 32) qw[j] = q[qo + j];
+        for (uint32_t j = lane; j < D; j += 32) qw[j] = ember_attn_operand(q[qo + j], round);
         __syncwarp();
         for (uint32_t s = lane; s < S; s += 32) pw[s] = ember_attn_dot(qw, ks + (size_t)s * kp, D);
         const uint64_t row = ember_attn_row(b, h, t, H, T);
@@ -109,6 +115,9 @@ extern "C" __global__ void ember_attn_fwd(const float* __restrict__ q, const flo
         if (has_dropout) {
             for (uint32_t s = lane; s < S; s += 32) pw[s] = pw[s] * ember_attn_factor(state, threshold, keep, row * S + s);
         }
+        if (round) {
+            for (uint32_t s = lane; s < S; s += 32) pw[s] = ember_round_bf16(pw[s]);
+        }
         __syncwarp();
         for (uint32_t j = lane; j < D; j += 32) out[qo + j] = ember_attn_weighted(pw, vs + j, D, S);
         // The next row overwrites qw and pw.
@@ -121,7 +130,9 @@ extern "C" __global__ void ember_attn_fwd(const float* __restrict__ q, const flo
 // the query heads of its group, in order. Rounds of `warps` query rows: warp w recomputes row
 // t0 + w's probabilities and writes its dq row; then the block adds the round's rows to dK and dV
 // (held in shared memory), each element summing the rows in order, so that dk and dv are the sum
-// over the group's heads and the rows in one fixed order. Dynamic shared memory, in floats:
+// over the group's heads and the rows in one fixed order. With `round`, q, k, v, go and the rows
+// dS and P~ are rounded to bf16 where a product reads them (delta reads go unrounded). Dynamic
+// shared memory, in floats:
 //   K: S*kp | V: S*kp | dK: S*D | dV: S*D | per warp: q row D | per warp: go row D |
 //   per warp: ds row S | per warp: used-probability row S
 extern "C" __global__ void ember_attn_bwd(const float* __restrict__ q, const float* __restrict__ k,
@@ -130,7 +141,8 @@ extern "C" __global__ void ember_attn_bwd(const float* __restrict__ q, const flo
                                           float* __restrict__ dq, float* __restrict__ dk, float* __restrict__ dv,
                                           uint32_t H, uint32_t Hkv, uint32_t T, uint32_t S, uint32_t D,
                                           int has_mask, uint64_t ms_b, uint64_t ms_h, uint64_t ms_t, uint64_t ms_s,
-                                          int has_dropout, uint64_t state, uint64_t threshold, float keep) {
+                                          int has_dropout, uint64_t state, uint64_t threshold, float keep,
+                                          int round) {
     extern __shared__ float smem[];
     const uint32_t warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31u;
     const uint32_t kp = D | 1u;
@@ -149,8 +161,8 @@ extern "C" __global__ void ember_attn_bwd(const float* __restrict__ q, const flo
     for (uint32_t i = threadIdx.x; i < S * D; i += blockDim.x) {
         const uint32_t s = i / D, j = i % D;
         const uint64_t src = ember_attn_kv_offset(b, s, kh, S, Hkv, D) + j;
-        ks[s * kp + j] = k[src];
-        vs[s * kp + j] = v[src];
+        ks[s * kp + j] = ember_attn_operand(k[src], round);
+        vs[s * kp + j] = ember_attn_operand(v[src], round);
         dks[i] = 0.0f;
         dvs[i] = 0.0f;
     }
@@ -168,9 +180,9 @@ extern "C" __global__ void ember_attn_bwd(const float* __restrict__ q, const flo
                 const uint64_t qo = ember_attn_q_offset(b, t, h, T, H, D);
                 float partial = 0.0f;
                 for (uint32_t j = lane; j < D; j += 32) {
-                    qw[j] = q[qo + j];
+                    qw[j] = ember_attn_operand(q[qo + j], round);
                     const float g = go[qo + j];
-                    gw[j] = g;
+                    gw[j] = ember_attn_operand(g, round);
                     partial += g * o[qo + j];
                 }
                 const float delta = ember_softmax_warp_sum(partial);
@@ -186,8 +198,8 @@ extern "C" __global__ void ember_attn_bwd(const float* __restrict__ q, const flo
                     float ds, used;
                     ember_attn_grad(dsw[s], dp, delta, has_dropout != 0, state, threshold, keep, row * S + s, &ds,
                                     &used);
-                    dsw[s] = ds;
-                    pw[s] = used;
+                    dsw[s] = ember_attn_operand(ds, round);
+                    pw[s] = ember_attn_operand(used, round);
                 }
                 __syncwarp();
                 for (uint32_t j = lane; j < D; j += 32) dq[qo + j] = ember_attn_weighted(dsw, ks + j, kp, S);

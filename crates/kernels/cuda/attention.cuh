@@ -47,6 +47,10 @@ EMBER_HD float ember_attn_factor(uint64_t state, uint64_t threshold, float keep,
     return ember_dropped(state, threshold, idx) ? 0.0f : keep;
 }
 
+// A product's operand as the kernels read it: x, or with `round` (Precision::Bf16) x rounded to
+// bf16.
+EMBER_HD float ember_attn_operand(float x, int round) { return round ? ember_round_bf16(x) : x; }
+
 // sum_j a[j] b[j] in order.
 EMBER_HD float ember_attn_dot(const float* a, const float* b, uint32_t n) {
     float acc = 0.0f;

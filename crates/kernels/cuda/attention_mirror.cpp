@@ -7,6 +7,13 @@
 
 #include "attention.cuh"
 
+// x[0..n) as the products read it (ember_attn_operand).
+static std::vector<float> operands(const float* x, uint64_t n, int round) {
+    std::vector<float> out(x, x + n);
+    for (float& e : out) e = ember_attn_operand(e, round);
+    return out;
+}
+
 extern "C" {
 
 float ember_mirror_attn_factor(uint64_t state, uint64_t threshold, float keep, uint64_t idx) {
@@ -21,8 +28,11 @@ uint64_t ember_mirror_attn_prob_index(uint64_t b, uint64_t h, uint64_t t, uint64
 void ember_mirror_attention_fwd(const float* q, const float* k, const float* v, const float* mask, uint32_t B,
                                 uint32_t H, uint32_t Hkv, uint32_t T, uint32_t S, uint32_t D, int has_mask,
                                 uint64_t ms_b, uint64_t ms_h, uint64_t ms_t, uint64_t ms_s, int has_dropout,
-                                uint64_t state, uint64_t threshold, float keep, float* out, float* row_max,
-                                float* row_ent) {
+                                uint64_t state, uint64_t threshold, float keep, int round, float* out,
+                                float* row_max, float* row_ent) {
+    const uint64_t nq = (uint64_t)B * T * H * D, nkv = (uint64_t)B * S * Hkv * D;
+    const std::vector<float> qr = operands(q, nq, round), kr = operands(k, nkv, round), vr = operands(v, nkv, round);
+    q = qr.data(), k = kr.data(), v = vr.data();
     std::vector<float> p(S);
     for (uint32_t b = 0; b < B; ++b) {
         for (uint32_t h = 0; h < H; ++h) {
@@ -37,6 +47,7 @@ void ember_mirror_attention_fwd(const float* q, const float* k, const float* v, 
                 if (has_dropout) {
                     for (uint32_t s = 0; s < S; ++s) p[s] = p[s] * ember_attn_factor(state, threshold, keep, row * S + s);
                 }
+                for (uint32_t s = 0; s < S; ++s) p[s] = ember_attn_operand(p[s], round);
                 const float* v0 = v + ember_attn_kv_offset(b, 0, kh, S, Hkv, D);
                 for (uint32_t j = 0; j < D; ++j) out[qo + j] = ember_attn_weighted(p.data(), v0 + j, (uint64_t)Hkv * D, S);
             }
@@ -47,8 +58,13 @@ void ember_mirror_attention_fwd(const float* q, const float* k, const float* v, 
 void ember_mirror_attention_bwd(const float* q, const float* k, const float* v, const float* o, const float* go,
                                 const float* mask, uint32_t B, uint32_t H, uint32_t Hkv, uint32_t T, uint32_t S,
                                 uint32_t D, int has_mask, uint64_t ms_b, uint64_t ms_h, uint64_t ms_t, uint64_t ms_s,
-                                int has_dropout, uint64_t state, uint64_t threshold, float keep, float* dq, float* dk,
-                                float* dv) {
+                                int has_dropout, uint64_t state, uint64_t threshold, float keep, int round, float* dq,
+                                float* dk, float* dv) {
+    // delta = <dO, O> reads go as given; every product reads the operands.
+    const uint64_t nq = (uint64_t)B * T * H * D, nkv = (uint64_t)B * S * Hkv * D;
+    const std::vector<float> qr = operands(q, nq, round), kr = operands(k, nkv, round), vr = operands(v, nkv, round),
+                             gr = operands(go, nq, round);
+    q = qr.data(), k = kr.data(), v = vr.data();
     std::vector<float> ds(S), used(S);
     const uint32_t group = H / Hkv;
     for (uint32_t b = 0; b < B; ++b) {
@@ -69,11 +85,11 @@ void ember_mirror_attention_bwd(const float* q, const float* k, const float* v, 
                                                &unused_max, &unused_ent);
                     const uint64_t row = ember_attn_row(b, h, t, H, T);
                     for (uint32_t s = 0; s < S; ++s) {
-                        const float dp = ember_attn_dot(go + qo, v + ember_attn_kv_offset(b, s, kh, S, Hkv, D), D);
+                        const float dp = ember_attn_dot(gr.data() + qo, v + ember_attn_kv_offset(b, s, kh, S, Hkv, D), D);
                         float g, u;
                         ember_attn_grad(ds[s], dp, delta, has_dropout != 0, state, threshold, keep, row * S + s, &g, &u);
-                        ds[s] = g;
-                        used[s] = u;
+                        ds[s] = ember_attn_operand(g, round);
+                        used[s] = ember_attn_operand(u, round);
                     }
                     const float* k0 = k + ember_attn_kv_offset(b, 0, kh, S, Hkv, D);
                     for (uint32_t j = 0; j < D; ++j) dq[qo + j] = ember_attn_weighted(ds.data(), k0 + j, (uint64_t)Hkv * D, S);
@@ -81,7 +97,7 @@ void ember_mirror_attention_bwd(const float* q, const float* k, const float* v, 
                         const uint64_t at = ember_attn_kv_offset(b, s, kh, S, Hkv, D);
                         for (uint32_t j = 0; j < D; ++j) {
                             dk[at + j] += ds[s] * q[qo + j];
-                            dv[at + j] += used[s] * go[qo + j];
+                            dv[at + j] += used[s] * gr[qo + j];
                         }
                     }
                 }

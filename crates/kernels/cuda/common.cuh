@@ -37,6 +37,18 @@ EMBER_HD float ember_f32_from_bits(uint32_t u) {
 #endif
 }
 
+// x rounded to bf16 (8 bits of mantissa) and widened back: round to nearest, ties to even, as the
+// CPU's conversion (the half crate's bf16::from_f32, which candle's casts and Ember's bf16
+// GEMMs use) rounds; a NaN stays a NaN, made quiet as there. What Precision::Bf16 does to a
+// product's operand (Precision::round).
+EMBER_HD float ember_round_bf16(float x) {
+    const uint32_t u = ember_f32_bits(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return ember_f32_from_bits((u | 0x00400000u) & 0xffff0000u);
+    const uint32_t round_bit = 0x00008000u;
+    const uint32_t up = (u & round_bit) != 0 && (u & (3u * round_bit - 1u)) != 0;
+    return ember_f32_from_bits(((u >> 16) + up) << 16);
+}
+
 // -inf, without relying on INFINITY being defined in device code.
 EMBER_HD float ember_neg_inf(void) { return ember_f32_from_bits(0xff800000u); }
 

@@ -9,6 +9,8 @@ uint64_t ember_mirror_draw_at(uint64_t state, uint64_t i) { return ember_draw_at
 
 float ember_mirror_exp_fast(float x) { return ember_exp_fast(x); }
 
+float ember_mirror_round_bf16(float x) { return ember_round_bf16(x); }
+
 float ember_mirror_dropout_value(float v, uint64_t state, uint64_t threshold, float keep, uint64_t i) {
     return ember_dropout_value(v, state, threshold, keep, i);
 }

@@ -44,7 +44,11 @@
 //! (it cannot look at that gradient without a round trip to the host, as the CPU op does to use
 //! dh and dW prepared for the trainer's); dh = dlogits·W and dW = dlogitsᵀ·h are two more cuBLAS
 //! products. The probabilities serve one backward pass; another one, or one after a forward pass
-//! without `grads`, recomputes the logits (the same cuBLAS product, so the same bits).
+//! without `grads`, recomputes the logits (the same cuBLAS product, so the same bits). In bf16
+//! the three products are cuBLAS's bf16 GEMMs with f32 compute on operands cast to bf16, their
+//! outputs rounded to bf16 ([`Precision::matmul`]'s, as under PyTorch's autocast); the logits
+//! are widened to f32 for the kernel, and the loss, the probabilities and the gradient of the
+//! logits stay f32.
 
 use std::sync::{Arc, Mutex};
 
@@ -144,14 +148,14 @@ pub fn linear_cross_entropy_in(
     let n = h.elem_count() / d.max(1);
     // Empty products (no rows, vocabulary or width) stay with the composition.
     #[cfg(feature = "cuda")]
-    if precision == Precision::F32
-        && crate::cuda::takes(h, crate::cuda::Kernel::CrossEntropy)
+    if crate::cuda::takes(h, crate::cuda::Kernel::CrossEntropy)
         && crate::cuda::takes(w, crate::cuda::Kernel::CrossEntropy)
         && n > 0
         && v > 0
         && d > 0
     {
-        return cuda::linear_cross_entropy(h, w, targets, mask, label_smoothing, z_loss, grads);
+        let terms = (label_smoothing, z_loss);
+        return cuda::linear_cross_entropy(h, w, targets, mask, terms, grads, precision);
     }
     if !(is_host_f32(h) && is_host_f32(w)) {
         let terms = (label_smoothing, z_loss);
@@ -384,19 +388,21 @@ mod cuda {
     };
 
     use crate::cuda::device::{alloc, launch, per_row, storage, tensor, view, with_cuda, CROSS_ENTROPY};
+    use crate::Precision;
 
     /// Threads per row: EMBER_CE_THREADS of `cuda/cross_entropy.cuh`.
     const THREADS: u32 = 256;
 
-    /// [`super::linear_cross_entropy`] on f32 CUDA tensors with n, V and d all above 0.
+    /// [`super::linear_cross_entropy_in`] on f32 CUDA tensors with n, V and d all above 0;
+    /// `terms` = (label smoothing, z-loss).
     pub(super) fn linear_cross_entropy(
         h: &Tensor,
         w: &Tensor,
         targets: &Tensor,
         mask: &Tensor,
-        label_smoothing: f64,
-        z_loss: f64,
+        (label_smoothing, z_loss): (f64, f64),
         grads: bool,
+        precision: Precision,
     ) -> Result<Tensor> {
         let (v, d) = w.dims2()?;
         let n = h.elem_count() / d;
@@ -427,6 +433,7 @@ mod cuda {
             smoothing: label_smoothing as f32,
             z: z_loss as f32,
             grads,
+            precision,
             saved: Mutex::new(Saved::default()),
         };
         h.reshape((n, d))?.contiguous()?.apply_op2(&w.contiguous()?, op)
@@ -440,6 +447,8 @@ mod cuda {
         smoothing: f32,
         z: f32,
         grads: bool,
+        /// The products' precision; the kernel's row math is f32 either way.
+        precision: Precision,
         saved: Mutex<Saved>,
     }
 
@@ -490,8 +499,18 @@ mod cuda {
             let (v, _) = l2.shape().dims2()?;
             let dev = s1.device.clone();
             // h·Wᵀ as candle's own matmul makes it ((b, m, n, k) = (1, n, V, d), W read
-            // transposed): the backward pass's recomputation gives the same bits.
-            let mut logits = s1.matmul(s2, (1, n, v, d), l1, &l2.transpose(0, 1)?)?;
+            // transposed): the backward pass's recomputation gives the same bits. In bf16 on
+            // the operands cast to bf16, the bf16 logits widened for the kernel
+            // (Precision::matmul_t's product).
+            let mut logits = match self.precision {
+                Precision::F32 => s1.matmul(s2, (1, n, v, d), l1, &l2.transpose(0, 1)?)?,
+                Precision::Bf16 => {
+                    let (h16, w16) = (s1.to_dtype(l1, DType::BF16)?, s2.to_dtype(l2, DType::BF16)?);
+                    let (lh, lw) = (Layout::contiguous((n, d)), Layout::contiguous((v, d)));
+                    h16.matmul(&w16, (1, n, v, d), &lh, &lw.transpose(0, 1)?)?
+                        .to_dtype(&Layout::contiguous((n, v)), DType::F32)?
+                }
+            };
             let mut out = alloc(&dev, 2 * n)?;
             let mut stats = alloc(&dev, 2 * n)?;
             with_cuda([&self.mask], |[(ms, ml)]| {
@@ -534,7 +553,7 @@ mod cuda {
             // made again.
             let (x, from_probs) = match probs {
                 Some(p) => (p, true),
-                None => (h.matmul(&w.t()?)?, false),
+                None => (self.precision.matmul_t(&h, &w)?, false),
             };
             let g = g.to_dtype(DType::F32)?.contiguous()?;
             x.inplace_op1(&GradientOp {
@@ -545,8 +564,8 @@ mod cuda {
                 v,
                 from_probs,
             })?;
-            let dh = x.matmul(&w)?;
-            let dw = x.t()?.matmul(&h)?;
+            let dh = self.precision.matmul(&x, &w)?;
+            let dw = self.precision.matmul(&x.t()?, &h)?;
             Ok((Some(dh), Some(dw)))
         }
     }

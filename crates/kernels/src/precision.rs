@@ -4,8 +4,8 @@
 //! Only the products change. Everything else an op computes — norm statistics, softmax, the
 //! loss, every elementwise op — stays f32, and so do its inputs and outputs: on the CPU the
 //! operands are rounded to bf16 as the product packs them ([`crate::gemm`]'s `bf16` module); on
-//! CUDA the products are cuBLAS's bf16 GEMMs, which also round their outputs
-//! ([`Precision::matmul`]).
+//! CUDA the projections' products are cuBLAS's bf16 GEMMs, which also round their outputs
+//! ([`Precision::matmul`]), and attention's fused kernel rounds its operands as the CPU does.
 
 use candle_core::{DType, Result, Tensor};
 use schemars::JsonSchema;

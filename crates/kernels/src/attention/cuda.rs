@@ -1,6 +1,11 @@
 //! The CUDA path: the launches of `cuda/attention.cu`, and for sequences whose keys and values
 //! do not fit the fused kernels' shared memory, cuBLAS's products around one kernel for the
 //! mask, the softmax and the telemetry.
+//!
+//! In bf16 ([`Precision::Bf16`]) the fused kernels round their products' operands to bf16 and
+//! sum in f32, the CPU kernel's arithmetic (their `round` argument); the longer sequences' path
+//! takes cuBLAS's bf16 GEMMs ([`Precision::matmul`], whose outputs are rounded to bf16 too)
+//! around the same f32 softmax kernel.
 
 use std::sync::{Arc, Mutex};
 
@@ -27,7 +32,7 @@ const SHARED: usize = 48 * 1024;
 type Slot = Arc<Mutex<Option<AttentionTelemetry>>>;
 
 /// Whether a call takes the CUDA kernels: q, k, v and the mask f32 on q's CUDA device, with
-/// the attention kernel switched on.
+/// the attention kernel switched on (in either precision of the products).
 pub(super) fn takes(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> bool {
     let here = |t: &Tensor| kernel_on(t, Kernel::Attention) && t.device().same_device(q.device());
     here(q) && here(k) && here(v) && mask.is_none_or(here)
@@ -101,7 +106,7 @@ pub(super) fn attention(
         q.contiguous()?
             .apply_op3(&k.contiguous()?, &v.contiguous()?, op)?
     } else {
-        fallback(q, k, v, mask, dims, opts.dropout, telemetry.clone())?
+        fallback(q, k, v, mask, dims, opts, telemetry.clone())?
     };
     let telemetry = telemetry.and_then(|t| t.lock().unwrap_or_else(|e| e.into_inner()).take());
     Ok((out, telemetry))
@@ -123,6 +128,11 @@ fn with_mask<R>(
     let data = c.as_cuda_slice::<f32>()?.slice(l.start_offset()..);
     let s = l.stride();
     f(Some(&data), [s[0] as u64, s[1] as u64, s[2] as u64, s[3] as u64])
+}
+
+/// The kernels' `round`: 1 where the products' operands are rounded to bf16.
+fn rounds(op: &AttnOp) -> i32 {
+    (op.precision == Precision::Bf16) as i32
 }
 
 /// (dropout on, state, threshold, keep) as the kernels take them.
@@ -199,7 +209,7 @@ pub(super) fn forward(
                 &q, &k, &v, mask.unwrap_or(&q), &mut out, &mut row_max, &mut row_ent,
                 &(d.h as u32), &(d.hkv as u32), &(d.t as u32), &(d.s as u32), &(d.d as u32),
                 &FWD_ROWS, &(mask.is_some() as i32), &ms[0], &ms[1], &ms[2], &ms[3],
-                &has_dropout, &state, &threshold, &keep, &(measure as i32))
+                &has_dropout, &state, &threshold, &keep, &(measure as i32), &rounds(op))
         })?;
     }
     if let Some(slot) = &op.telemetry {
@@ -245,7 +255,7 @@ pub(super) fn backward(
                         &qv, &kv, &vv, &ov, &gv, mask.unwrap_or(&qv), &mut dq, &mut dk, &mut dv,
                         &(d.h as u32), &(d.hkv as u32), &(d.t as u32), &(d.s as u32), &(d.d as u32),
                         &(mask.is_some() as i32), &ms[0], &ms[1], &ms[2], &ms[3],
-                        &has_dropout, &state, &threshold, &keep)
+                        &has_dropout, &state, &threshold, &keep, &rounds(op))
                 })?;
             }
             Ok((
@@ -260,28 +270,29 @@ pub(super) fn backward(
 /// For sequences too long for the fused kernels: the heads split for cuBLAS (candle's
 /// matmul needs each head's rows contiguous), q·kᵀ, [`MaskedSoftmax`] (the mask, softmax and
 /// telemetry in one kernel), the dropout kernel, the product with v and the heads merged
-/// back; candle's autograd differentiates it. `mask` is broadcast to (B, H, T, S).
+/// back, the products in `opts.precision`; candle's autograd differentiates it. `mask` is
+/// broadcast to (B, H, T, S).
 fn fallback(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     mask: Option<Tensor>,
     dims: AttnDims,
-    dropout: Option<(f64, u64)>,
+    opts: &AttentionOptions,
     telemetry: Option<Slot>,
 ) -> Result<Tensor> {
-    let (logits, vh) = logits_by_head(q, k, v, dims, Precision::F32)?;
+    let (logits, vh) = logits_by_head(q, k, v, dims, opts.precision)?;
     let probs = logits.contiguous()?.apply_op1(MaskedSoftmax {
         dims,
         mask,
         telemetry,
     })?;
-    let probs = match dropout {
+    let probs = match opts.dropout {
         // The same counter mask as the fused kernels and the CPU's.
         Some((p, state)) if p > 0.0 => crate::dropout::dropout(&probs, p, state)?,
         _ => probs,
     };
-    output_of_heads(&probs, &vh, dims, Precision::F32)
+    output_of_heads(&probs, &vh, dims, opts.precision)
 }
 
 /// softmax(logits + mask) over contiguous (B, H, T, S) logits, measuring the telemetry when

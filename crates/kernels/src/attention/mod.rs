@@ -88,8 +88,8 @@ pub struct AttentionTelemetry {
 /// treated as a constant: it gets no gradient. q, k and v may also be bf16 activations
 /// (computed on their widened values; the output in v's dtype, each gradient in its input's;
 /// the backward pass reads the output as stored, so a bf16 output's rounding reaches the
-/// gradients through rowsum(dO ∘ O)). The unfused form elsewhere (and on CUDA in bf16:
-/// the fused CUDA kernels are f32 only).
+/// gradients through rowsum(dO ∘ O)). On CUDA f32 tensors the CUDA kernels, in either
+/// precision; the unfused form elsewhere.
 pub fn attention(
     q: &Tensor,
     k: &Tensor,
@@ -99,8 +99,7 @@ pub fn attention(
 ) -> Result<(Tensor, Option<AttentionTelemetry>)> {
     #[cfg(feature = "cuda")]
     {
-        // The CUDA kernels are f32 only; other precisions take the composition below.
-        if opts.precision == Precision::F32 && cuda::takes(q, k, v, mask) {
+        if cuda::takes(q, k, v, mask) {
             return cuda::attention(q, k, v, mask, opts);
         }
     }

@@ -1,6 +1,6 @@
 //! The attention core from candle primitives: the reference the fused kernels are tested
-//! against, and the form that runs where they do not (other dtypes, CUDA in bf16, where its
-//! products are cuBLAS's bf16 GEMMs: [`Precision::matmul`]).
+//! against, and the form that runs where they do not (other dtypes, or with the CUDA kernel
+//! switched off; on CUDA in bf16 its products are cuBLAS's bf16 GEMMs: [`Precision::matmul`]).
 
 use candle_core::{DType, Result, Tensor, D};
 

@@ -24,6 +24,7 @@ pub(crate) struct MirrorAdamW {
 extern "C" {
     fn ember_mirror_draw_at(state: u64, i: u64) -> u64;
     fn ember_mirror_exp_fast(x: f32) -> f32;
+    fn ember_mirror_round_bf16(x: f32) -> f32;
     fn ember_mirror_dropout_value(v: f32, state: u64, threshold: u64, keep: f32, i: u64) -> f32;
     fn ember_mirror_adamw(theta: *mut f32, g: *const f32, m: *mut f32, v: *mut f32, n: u64, c: MirrorAdamW);
     #[allow(clippy::too_many_arguments)]
@@ -95,6 +96,45 @@ fn the_device_exponential_is_exp_fast_bit_for_bit() {
         let (d, c) = (unsafe { ember_mirror_exp_fast(x) }, crate::simd::exp_fast(x));
         let same = d.to_bits() == c.to_bits() || (d.is_nan() && c.is_nan());
         assert!(same, "e^{x:e}: device {d:e}, CPU {c:e}");
+    }
+}
+
+#[test]
+fn the_device_bf16_rounding_is_the_cpu_cast_bit_for_bit() {
+    // What bf16 attention on the GPU does to its products' operands, against candle's cast
+    // (Precision::round): ties both ways, the carry into the exponent, overflow to infinity,
+    // subnormals, signed zeros, NaNs with and without the quiet bit, and random values.
+    let mut bits: Vec<u32> = vec![
+        0x3f80_8000, // 1 + 2⁻⁸: a tie, even below (stays)
+        0x3f81_8000, // a tie, odd below (goes up)
+        0x3f80_8001, // just above a tie
+        0x3f80_7fff, // just below
+        0x3fff_ffff, // carries into the exponent
+        0x7f7f_ffff, // f32::MAX: rounds to infinity
+        0x7f7f_7fff,
+        0x0000_0001, // the smallest subnormal
+        0x0000_8000,
+        0x0000_8001,
+        0x007f_ffff,
+        0x8000_0000,
+        0x0000_0000,
+        0x7f80_0000,
+        0xff80_0000,
+        0x7f80_0001, // a signalling NaN whose payload is in the low half only
+        0x7fc0_0000,
+        0xffbf_ffff,
+    ];
+    bits.extend((0..=u16::MAX as u32).map(|hi| (hi << 16) | 0x8000));
+    bits.extend(random(50_000, 11).into_iter().map(|x| (x * 1e3).to_bits()));
+    for b in bits {
+        let x = f32::from_bits(b);
+        let device = unsafe { ember_mirror_round_bf16(x) };
+        let cpu = half::bf16::from_f32(x).to_f32();
+        assert_eq!(
+            device.to_bits(),
+            cpu.to_bits(),
+            "{b:#010x}: device {device:e}, CPU {cpu:e}"
+        );
     }
 }
 

@@ -18,9 +18,10 @@
 //! do f32's multiply-adds plus the rounding, so it could only be slower than f32, with worse
 //! numerics. On CUDA the products are cuBLAS's bf16 GEMMs with f32 compute (tensor cores) on
 //! operands cast to bf16, their outputs rounded to bf16 as under PyTorch's autocast
-//! ([`Precision::matmul`]); Ember's own CUDA kernels stay f32, and attention takes its candle
-//! composition (whose products are those GEMMs) instead of the f32 kernel. Unverified on a GPU
-//! so far: no device has run it.
+//! ([`Precision::matmul`]); attention's fused kernel rounds its four products' operands to bf16
+//! and sums in f32, as the CPU kernel does (longer sequences: those GEMMs around its softmax
+//! kernel), and Ember's other CUDA kernels stay f32. Unverified on a GPU so far: no device has
+//! run it.
 
 use anyhow::{bail, Result};
 use ember_kernels::Precision;
