@@ -15,8 +15,9 @@
 //
 // `round` (Precision::Bf16): the operands of the four products (q k^T and P v, and the backward
 // pass's dO v^T, dS k, dS^T q and P~^T dO) are rounded to bf16 as they are read, the sums stay f32,
-// as the CPU kernel's bf16 products compute them; the softmax, the mask, the dropout, the
-// telemetry and delta = <dO, O> take the unrounded values, as there.
+// as the CPU kernel's bf16 products compute them (but for subnormal operands, which the CPU's
+// flush to zero); the softmax, the mask, the dropout, the telemetry and delta = <dO, O> take the
+// unrounded values, as there.
 #include "attention.cuh"
 
 // One row (b, h, t) by one warp: `in` (n logits q k^T before the mask) to the probabilities before

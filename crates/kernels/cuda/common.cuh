@@ -37,10 +37,10 @@ EMBER_HD float ember_f32_from_bits(uint32_t u) {
 #endif
 }
 
-// x rounded to bf16 (8 bits of mantissa) and widened back: round to nearest, ties to even, as the
-// CPU's conversion (the half crate's bf16::from_f32, which candle's casts and Ember's bf16
-// GEMMs use) rounds; a NaN stays a NaN, made quiet as there. What Precision::Bf16 does to a
-// product's operand (Precision::round).
+// x rounded to bf16 (8 bits of mantissa) and widened back: round to nearest, ties to even, as
+// candle's casts (the half crate's bf16::from_f32) round, so Precision::round's bits; a NaN stays
+// a NaN, made quiet as there. The CPU's bf16 GEMMs (vcvtneps2bf16, vdpbf16ps) also flush
+// subnormals to zero, which this keeps: the two differ only on operands below 1.2e-38.
 EMBER_HD float ember_round_bf16(float x) {
     const uint32_t u = ember_f32_bits(x);
     if ((u & 0x7fffffffu) > 0x7f800000u) return ember_f32_from_bits((u | 0x00400000u) & 0xffff0000u);

@@ -564,8 +564,18 @@ mod cuda {
                 v,
                 from_probs,
             })?;
-            let dh = self.precision.matmul(&x, &w)?;
-            let dw = self.precision.matmul(&x.t()?, &h)?;
+            let (dh, dw) = match self.precision {
+                Precision::F32 => (x.matmul(&w)?, x.t()?.matmul(&h)?),
+                Precision::Bf16 => {
+                    // The n × V gradient cast once for both products (cuBLAS reads its
+                    // transpose for dW), their outputs rounded to bf16 as Precision::matmul's.
+                    let bf16 = |t: &Tensor| t.to_dtype(DType::BF16);
+                    let (x16, w16, h16) = (bf16(&x)?, bf16(&w)?, bf16(&h)?);
+                    drop(x);
+                    let dh = x16.matmul(&w16)?.to_dtype(DType::F32)?;
+                    (dh, x16.t()?.matmul(&h16)?.to_dtype(DType::F32)?)
+                }
+            };
             Ok((Some(dh), Some(dw)))
         }
     }

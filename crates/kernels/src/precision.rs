@@ -66,8 +66,8 @@ impl Precision {
 
     /// `x` with its values rounded as this precision rounds a product's operands: unchanged
     /// for f32; to bf16 and back for bf16 (candle's casts, differentiable: the gradient passes
-    /// through unrounded). The unfused references of the bf16 ops are the f32 compositions of
-    /// their rounded operands.
+    /// through, itself rounded to bf16 by the casts' backward). The unfused references of the
+    /// bf16 ops are the f32 compositions of their rounded operands.
     pub fn round(self, x: &Tensor) -> Result<Tensor> {
         match self {
             Precision::F32 => Ok(x.clone()),

@@ -1,7 +1,7 @@
 //! Specification of the ops in bf16 (`*_in` with `Precision::Bf16`, on a CPU with AVX512_BF16):
 //! each is the f32 composition of its operands rounded to bf16 — forward values to f32 rounding,
-//! gradients to bf16's (the backward products round the incoming gradient as well, the
-//! composition does not) — on contiguous and strided inputs; the same bits on every run and at
+//! gradients to bf16's (the backward products round the incoming gradient, where the
+//! composition's casts round the gradients they pass back) — on contiguous and strided inputs; the same bits on every run and at
 //! any thread count; and really in bf16 (not the f32 op's values).
 
 #[path = "common/mod.rs"]
