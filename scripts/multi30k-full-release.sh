@@ -30,6 +30,8 @@ done
 sweep=${1%/}
 variant=$2
 docs=${3:-docs/results/multi30k-full}
+[[ -d $sweep/runs ]] || { echo "$sweep/runs is not a directory: give the sweep's output directory (ember ablate --out)" >&2; exit 1; }
+[[ -d $docs ]] || { echo "$docs is not a directory" >&2; exit 1; }
 src=data/multi30k/test_2016_flickr.lc.norm.tok.en
 [[ -f $src ]] || { echo "$src is missing: run scripts/get-data.sh" >&2; exit 1; }
 
