@@ -21,14 +21,17 @@
 #           alternating, 16 threads; otherwise the CPU's name and that it has none
 #
 #   scripts/gpu-check.sh [--sections suite,counts,bench,cpu,amx] [--configs a,b] [--pairs N] [--steps N]
-#                        [--impls ember,ember-off,ember-nocache,torch,ember-bf16,torch-bf16,torch-bf16-compile]
+#                        [--impls ember,ember-off,ember-nocache,torch,ember-bf16,ember-bf16-composed,torch-bf16,torch-bf16-compile]
 #                        [--kernels all,none,nocache]
 #
 # --configs: which of quickstart, multi30k-tiny, shakespeare-char, standard the counts, bench and
 # cpu sections run (default: all four for bench, multi30k-tiny and shakespeare-char for counts and
 # cpu). --impls: what the bench section times (ember: the defaults; ember-off: CUDA kernels off;
 # ember-nocache: candle's upload cache off, EMBER_CUDA_PARAM_CACHE=0; ember-bf16:
-# train.precision=bf16; torch-bf16: the reference under bf16 autocast; torch-bf16-compile: the
+# train.precision=bf16; ember-bf16-composed: the same with the attention and cross-entropy
+# kernels off, so candle's compositions around cuBLAS's bf16 GEMMs instead (bf16's path before
+# those kernels took bf16: which is faster is unmeasured); torch-bf16: the reference under bf16
+# autocast; torch-bf16-compile: the
 # same through torch.compile); --kernels: the settings the counts section counts under (all: the
 # defaults; none: kernels off; nocache: all kernels, upload cache off).
 #
@@ -43,7 +46,7 @@ RESULTS=${OUT:-/tmp}
 OUT=$(mktemp -d /tmp/gpu-check.XXXXXX)
 pack() { tar czf "$RESULTS/gpu-check.tgz" -C "$OUT" . 2>/dev/null; }
 sections=suite,counts,bench,cpu,amx pairs=2 steps=30 configs="" kernel_sets=all,none,nocache
-impls=ember,ember-off,ember-nocache,torch,ember-bf16,torch-bf16,torch-bf16-compile
+impls=ember,ember-off,ember-nocache,torch,ember-bf16,ember-bf16-composed,torch-bf16,torch-bf16-compile
 while [[ $# -gt 0 ]]; do
   case $1 in
     --sections) sections=$2; shift 2 ;;
@@ -123,6 +126,9 @@ if has bench; then
                    bench $(cfg_args "$cfg") --steps "$steps" --set device=cuda:0 --json > "$tag.json" 2> "$tag.err" ;;
           ember-bf16) with_memory "$tag.mem" env EMBER_CUDA_KERNELS=all timeout 300 .dev/ember bench $(cfg_args "$cfg") \
                    --steps "$steps" --set device=cuda:0 --set train.precision=bf16 --json > "$tag.json" 2> "$tag.err" ;;
+          ember-bf16-composed) with_memory "$tag.mem" env EMBER_CUDA_KERNELS=dropout,optimizer,softmax,norm,activation,rope \
+                   timeout 300 .dev/ember bench $(cfg_args "$cfg") --steps "$steps" --set device=cuda:0 \
+                   --set train.precision=bf16 --json > "$tag.json" 2> "$tag.err" ;;
           torch) with_memory "$tag.mem" timeout 300 python3 scripts/reference/ember_ref.py $(cfg_args "$cfg") --bench \
                    --steps "$steps" --device cuda --ember "$EMBER_BIN" --json > "$tag.json" 2> "$tag.err" ;;
           torch-bf16) with_memory "$tag.mem" timeout 300 python3 scripts/reference/ember_ref.py $(cfg_args "$cfg") --bench \
