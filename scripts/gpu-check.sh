@@ -36,7 +36,11 @@
 # defaults; none: kernels off; nocache: all kernels, upload cache off).
 #
 # The defaults run every section, config and impl (over an hour on a GPU): a device call with a
-# time budget names its --sections, --configs, --impls and --pairs.
+# time budget names its --sections, --configs, --impls and --pairs. For a first bf16 check within
+# a 15-minute loan (start-up included; earlier calls of suite+counts+bench at two configs and
+# two impls took 127 s, docs/performance.md):
+#   scripts/gpu-check.sh --sections suite,bench,amx --configs multi30k-tiny,standard \
+#       --impls ember,ember-bf16,ember-bf16-composed,torch-bf16,torch-bf16-compile --pairs 2 --steps 20
 #
 # Prints one table last. Logs and JSON go to a work folder, packed after every section into
 # $OUT/gpu-check.tgz (a device call returns at most 8 files) beside $OUT/summary.md.
