@@ -280,6 +280,7 @@ fn model(arch: Arch, norm: NormKind, mlp: MlpKind, qk_norm: QkNorm) -> ModelConf
         tie_embeddings: true,
         scale_embeddings: false,
         init_std: 0.02,
+        init_scheme: ember_model::InitScheme::Normal,
     }
 }
 

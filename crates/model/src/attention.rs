@@ -9,7 +9,7 @@ use candle_core::{Result, Tensor};
 use candle_nn::{Init, VarBuilder};
 use ember_kernels::{AttentionOptions, AttentionTelemetry, PositionScale};
 
-use crate::config::{ModelConfig, NormKind, QkNorm};
+use crate::config::{ModelConfig, NormKind, ProjectionRole, QkNorm};
 use crate::layers::{l2_normalize, AttentionStats, ForwardCtx, Linear, Norm, Residual};
 use crate::rope::Rotary;
 
@@ -131,6 +131,7 @@ impl Attention {
     ) -> Result<Self> {
         let (d, hd, h, kv) = (cfg.d_model, cfg.head_dim(), cfg.n_heads, cfg.kv_heads());
         let std = cfg.init_std;
+        let proj = |name: &str, role, dims, std| Linear::projection(vb.pp(name), cfg, role, dims, std);
         let qk_norm = match cfg.qk_norm {
             QkNorm::None => QkNormLayer::None,
             QkNorm::Rmsnorm => QkNormLayer::Norm {
@@ -167,10 +168,10 @@ impl Attention {
             }
         };
         Ok(Self {
-            q_proj: Linear::new(vb.pp("q_proj"), d, h * hd, std)?,
-            k_proj: Linear::new(vb.pp("k_proj"), d, kv * hd, std)?,
-            v_proj: Linear::new(vb.pp("v_proj"), d, kv * hd, std)?,
-            o_proj: Linear::new(vb.pp("o_proj"), h * hd, d, out_std)?,
+            q_proj: proj("q_proj", ProjectionRole::AttentionIn, (d, h * hd), std)?,
+            k_proj: proj("k_proj", ProjectionRole::AttentionIn, (d, kv * hd), std)?,
+            v_proj: proj("v_proj", ProjectionRole::AttentionIn, (d, kv * hd), std)?,
+            o_proj: proj("o_proj", ProjectionRole::AttentionOut, (h * hd, d), out_std)?,
             bias,
             qk_norm,
             rotary,

@@ -14,7 +14,7 @@ use candle_nn::{Init, VarBuilder};
 use ember_kernels::Precision;
 use ember_rng::SplitMix64;
 
-use crate::config::{MlpKind, NormKind};
+use crate::config::{MlpKind, ModelConfig, NormKind, ProjectionRole};
 
 /// What one forward pass needs besides its inputs.
 #[derive(Clone, Copy, Default)]
@@ -192,15 +192,34 @@ pub struct Linear {
 impl Linear {
     /// A weight of shape (out, in) drawn from normal(0, std).
     pub fn new(vb: VarBuilder, in_dim: usize, out_dim: usize, std: f64) -> Result<Self> {
-        let weight = vb.get_with_hints(
-            (out_dim, in_dim),
-            "weight",
-            Init::Randn {
-                mean: 0.0,
-                stdev: std,
-            },
-        )?;
+        let init = Init::Randn {
+            mean: 0.0,
+            stdev: std,
+        };
+        Self::with_init(vb, in_dim, out_dim, init)
+    }
+
+    /// A weight of shape (out, in) drawn from `init`.
+    pub fn with_init(vb: VarBuilder, in_dim: usize, out_dim: usize, init: Init) -> Result<Self> {
+        let weight = vb.get_with_hints((out_dim, in_dim), "weight", init)?;
         Ok(Self { weight })
+    }
+
+    /// The projection in `role` of `cfg`'s model, drawn as its `init_scheme` says (`normal_std`
+    /// under `normal`).
+    pub(crate) fn projection(
+        vb: VarBuilder,
+        cfg: &ModelConfig,
+        role: ProjectionRole,
+        (in_dim, out_dim): (usize, usize),
+        normal_std: f64,
+    ) -> Result<Self> {
+        Self::with_init(
+            vb,
+            in_dim,
+            out_dim,
+            cfg.projection_init(role, in_dim, out_dim, normal_std),
+        )
     }
 
     /// A linear map that shares an existing weight (tied embeddings).
@@ -321,24 +340,21 @@ pub struct Mlp {
 }
 
 impl Mlp {
-    /// `down_std` is the (smaller) init std of the projection back into the residual stream.
-    pub fn new(
-        vb: VarBuilder,
-        kind: MlpKind,
-        d_model: usize,
-        d_ff: usize,
-        std: f64,
-        down_std: f64,
-    ) -> Result<Self> {
-        let gate = match kind {
-            MlpKind::Swiglu => Some(Linear::new(vb.pp("gate_proj"), d_model, d_ff, std)?),
+    /// `cfg`'s MLP; `down_std` is the (smaller) normal init std of the projection back into the
+    /// residual stream.
+    pub fn new(vb: VarBuilder, cfg: &ModelConfig, down_std: f64) -> Result<Self> {
+        let (d, ff, std) = (cfg.d_model, cfg.d_ff, cfg.init_std);
+        let proj =
+            |name: &str, dims, std| Linear::projection(vb.pp(name), cfg, ProjectionRole::Mlp, dims, std);
+        let gate = match cfg.mlp {
+            MlpKind::Swiglu => Some(proj("gate_proj", (d, ff), std)?),
             MlpKind::Gelu | MlpKind::Relu => None,
         };
         Ok(Self {
-            kind,
+            kind: cfg.mlp,
             gate,
-            up: Linear::new(vb.pp("up_proj"), d_model, d_ff, std)?,
-            down: Linear::new(vb.pp("down_proj"), d_ff, d_model, down_std)?,
+            up: proj("up_proj", (d, ff), std)?,
+            down: proj("down_proj", (ff, d), down_std)?,
         })
     }
 

@@ -29,8 +29,8 @@ mod transformer;
 
 pub use attention::{Attention, CrossKv, KvCache};
 pub use config::{
-    Arch, ConfigError, MlpKind, ModelConfig, NormKind, NormPlacement, Positions, QkNorm, MAX_LAYERS,
-    MAX_SEQ_LEN,
+    Arch, ConfigError, InitScheme, MlpKind, ModelConfig, NormKind, NormPlacement, Positions, QkNorm,
+    MAX_LAYERS, MAX_SEQ_LEN,
 };
 pub use decoding::{
     beam_search, beam_search_finished, greedy, rank, sample, BeamConfig, Hypothesis, SampleConfig,

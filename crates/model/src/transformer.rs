@@ -180,14 +180,7 @@ impl Layer {
             self_attn: Attention::new(vb.pp("self_attn"), cfg, rotary.cloned(), logn_length, out_std)?,
             cross,
             mlp_norm: norm("mlp_norm")?,
-            mlp: Mlp::new(
-                vb.pp("mlp"),
-                cfg.mlp,
-                cfg.d_model,
-                cfg.d_ff,
-                cfg.init_std,
-                out_std,
-            )?,
+            mlp: Mlp::new(vb.pp("mlp"), cfg, out_std)?,
             dropout: cfg.dropout,
             placement: cfg.norm_placement,
         })

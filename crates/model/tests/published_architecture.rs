@@ -204,3 +204,75 @@ fn every_parameter_of_the_published_block_learns_and_matches_finite_differences(
         }
     }
 }
+
+/// `init_scheme: fairseq` draws each projection as fairseq's `transformer` does: q, k and v
+/// uniform on ±(1/√2)·√(6 / (fan_in + fan_out)) (Xavier, gain 1/√2), the attention's output on
+/// ±√(6 / (fan_in + fan_out)), the MLP's two on ±1/√fan_in (`nn.Linear`'s default); embeddings
+/// stay normal(0, init_std). In every layer of both stacks, cross-attention included, and with
+/// grouped key/value heads (fan_out of k and v smaller).
+#[test]
+fn the_fairseq_init_draws_each_projection_from_its_uniform() {
+    let mut c = fairseq_block(Arch::Seq2seq, QkNorm::None);
+    (c.d_model, c.d_ff, c.n_heads, c.n_kv_heads) = (128, 256, 4, Some(2));
+    c.init_std = 128f64.powf(-0.5);
+    c.init_scheme = ember_model::InitScheme::Fairseq;
+    let (_, params) = build(&c, DType::F64);
+    let xavier = |fan_in: usize, fan_out: usize, gain: f64| gain * (6.0 / (fan_in + fan_out) as f64).sqrt();
+    let half = std::f64::consts::FRAC_1_SQRT_2;
+    let mut seen = 0;
+    for (name, v) in params.vars() {
+        let w: Vec<f64> = v.as_tensor().flatten_all().unwrap().to_vec1().unwrap();
+        let n = w.len() as f64;
+        let mean = w.iter().sum::<f64>() / n;
+        let sd = (w.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n).sqrt();
+        let largest = w.iter().fold(0f64, |m, x| m.max(x.abs()));
+        let bound = if name.ends_with("q_proj.weight") {
+            xavier(128, 128, half)
+        } else if name.ends_with("k_proj.weight") || name.ends_with("v_proj.weight") {
+            xavier(128, 64, half)
+        } else if name.ends_with("o_proj.weight") {
+            xavier(128, 128, 1.0)
+        } else if name.ends_with("up_proj.weight") {
+            1.0 / 128f64.sqrt()
+        } else if name.ends_with("down_proj.weight") {
+            1.0 / 256f64.sqrt()
+        } else if name == "embed.weight" {
+            assert!(
+                (sd / c.init_std - 1.0).abs() < 0.03,
+                "{name}: sd {sd}, not init_std"
+            );
+            assert!(largest > 3.0 * c.init_std, "{name}: no normal tails ({largest})");
+            continue;
+        } else {
+            continue;
+        };
+        seen += 1;
+        // Uniform on ±b: every value inside, the range filled, sd b/√3.
+        assert!(largest <= bound, "{name}: {largest} beyond ±{bound}");
+        assert!(
+            largest > 0.97 * bound,
+            "{name}: {largest} fills little of ±{bound}"
+        );
+        assert!(
+            (sd * 3f64.sqrt() / bound - 1.0).abs() < 0.03,
+            "{name}: sd {sd} for ±{bound}"
+        );
+        assert!(mean.abs() < 0.03 * bound, "{name}: mean {mean}");
+    }
+    // 2 + 2 layers (encoder, decoder: self-attention, the decoder's cross-attention, MLP).
+    let layers = c.encoder_layers() * 6 + c.decoder_layers() * 10;
+    assert_eq!(seen, layers, "projections checked");
+}
+
+/// The default scheme is left out of a written config, so configs written before the option
+/// existed hash as they did; `fairseq` is written.
+#[test]
+fn the_normal_init_scheme_is_not_written_and_fairseq_is() {
+    let mut c = fairseq_block(Arch::Seq2seq, QkNorm::None);
+    assert!(!serde_json::to_string(&c).unwrap().contains("init_scheme"));
+    c.init_scheme = ember_model::InitScheme::Fairseq;
+    let written = serde_json::to_string(&c).unwrap();
+    assert!(written.contains(r#""init_scheme":"fairseq""#), "{written}");
+    let read: ModelConfig = serde_json::from_str(&written).unwrap();
+    assert_eq!(read.init_scheme, ember_model::InitScheme::Fairseq);
+}
