@@ -259,7 +259,7 @@ fn the_fairseq_init_draws_each_projection_from_its_uniform() {
         );
         assert!(mean.abs() < 0.03 * bound, "{name}: mean {mean}");
     }
-    // 2 + 2 layers (encoder, decoder: self-attention, the decoder's cross-attention, MLP).
+    // Six projections in each encoder layer, ten in each decoder layer (cross-attention too).
     let layers = c.encoder_layers() * 6 + c.decoder_layers() * 10;
     assert_eq!(seen, layers, "projections checked");
 }
