@@ -124,6 +124,13 @@ pub fn architecture(cfg: &ModelConfig) -> std::result::Result<HfArch, Vec<String
                 .to_string(),
         );
     }
+    if cfg.proj_bias {
+        blockers.push(
+            "model.proj_bias: true (biases on the attention's output and the MLP, which Llama, Qwen2 \
+             and Qwen3 do not have)"
+                .to_string(),
+        );
+    }
     if cfg.logn_attention {
         blockers.push(
             "model.logn_attention: true (log-n query scaling past the training length, which Llama and Qwen3 do not have; the exported model would differ beyond logn_length)"

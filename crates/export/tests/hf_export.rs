@@ -281,6 +281,7 @@ fn model(arch: Arch, norm: NormKind, mlp: MlpKind, qk_norm: QkNorm) -> ModelConf
         scale_embeddings: false,
         init_std: 0.02,
         init_scheme: ember_model::InitScheme::Normal,
+        proj_bias: false,
     }
 }
 
@@ -315,8 +316,16 @@ fn a_run_that_does_not_map_is_refused_with_every_blocking_setting_named() {
         blockers[0].starts_with("model.qk_norm: layernorm"),
         "{blockers:?}"
     );
-    // Learned or no positions, and log-n scaling, have no Llama/Qwen3 counterpart either.
+    // Learned or no positions, log-n scaling and fairseq's biases have no Llama/Qwen3
+    // counterpart either.
     for (cfg, key) in [
+        (
+            ModelConfig {
+                proj_bias: true,
+                ..ok.clone()
+            },
+            "model.proj_bias: true (",
+        ),
         (
             ModelConfig {
                 positions: ember_model::Positions::Learned,

@@ -81,14 +81,6 @@ enum QkNormLayer {
     L2 { g: Tensor, eps: f64 },
 }
 
-/// Biases added to the query, key and value projections.
-#[derive(Clone)]
-struct QkvBias {
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-}
-
 #[derive(Clone, Copy)]
 enum Side {
     Query,
@@ -103,8 +95,6 @@ pub struct Attention {
     k_proj: Linear,
     v_proj: Linear,
     o_proj: Linear,
-    /// Biases of the q, k and v projections (`model.qkv_bias`, Qwen2's).
-    bias: Option<QkvBias>,
     qk_norm: QkNormLayer,
     rotary: Option<Rotary>,
     /// m of log-n scaling, in causal self-attention with `logn_attention` on.
@@ -131,7 +121,8 @@ impl Attention {
     ) -> Result<Self> {
         let (d, hd, h, kv) = (cfg.d_model, cfg.head_dim(), cfg.n_heads, cfg.kv_heads());
         let std = cfg.init_std;
-        let proj = |name: &str, role, dims, std| Linear::projection(vb.pp(name), cfg, role, dims, std);
+        let proj =
+            |name: &str, role, dims, std, bias| Linear::projection(vb.pp(name), cfg, role, dims, std, bias);
         let qk_norm = match cfg.qk_norm {
             QkNorm::None => QkNormLayer::None,
             QkNorm::Rmsnorm => QkNormLayer::Norm {
@@ -156,23 +147,22 @@ impl Attention {
                 eps: cfg.norm_eps,
             },
         };
-        let bias = match cfg.qkv_bias {
-            false => None,
-            true => {
-                let zeros = |name: &str, n: usize| vb.pp(name).get_with_hints(n, "bias", Init::Const(0.0));
-                Some(QkvBias {
-                    q: zeros("q_proj", h * hd)?,
-                    k: zeros("k_proj", kv * hd)?,
-                    v: zeros("v_proj", kv * hd)?,
-                })
-            }
-        };
+        // Biases: Qwen2's on q, k and v (`qkv_bias`); fairseq's on every projection
+        // (`proj_bias`), but for k's without a rotation: it would add q·b to every logit of a
+        // query alike, which the softmax cancels, so it could never learn.
+        let in_bias = cfg.qkv_bias || cfg.proj_bias;
+        let k_bias = cfg.qkv_bias || (cfg.proj_bias && rotary.is_some());
         Ok(Self {
-            q_proj: proj("q_proj", ProjectionRole::AttentionIn, (d, h * hd), std)?,
-            k_proj: proj("k_proj", ProjectionRole::AttentionIn, (d, kv * hd), std)?,
-            v_proj: proj("v_proj", ProjectionRole::AttentionIn, (d, kv * hd), std)?,
-            o_proj: proj("o_proj", ProjectionRole::AttentionOut, (h * hd, d), out_std)?,
-            bias,
+            q_proj: proj("q_proj", ProjectionRole::AttentionIn, (d, h * hd), std, in_bias)?,
+            k_proj: proj("k_proj", ProjectionRole::AttentionIn, (d, kv * hd), std, k_bias)?,
+            v_proj: proj("v_proj", ProjectionRole::AttentionIn, (d, kv * hd), std, in_bias)?,
+            o_proj: proj(
+                "o_proj",
+                ProjectionRole::AttentionOut,
+                (h * hd, d),
+                out_std,
+                cfg.proj_bias,
+            )?,
             qk_norm,
             rotary,
             logn_length,
@@ -210,7 +200,7 @@ impl Attention {
         // there is a rotation, and one op with the projection where there is no norm between
         // (so is a constant scale without a rotation: cross-attention's queries); a bias comes
         // between the projection and the rest.
-        let fused = self.bias.is_none();
+        let fused = !self.q_proj.has_bias();
         let q = match (&self.qk_norm, &self.rotary) {
             (QkNormLayer::None, Some(rotary)) if fused => {
                 rotary.project_scaled(x, self.q_proj.weight(), offset, scale, ctx.precision)?
@@ -232,32 +222,22 @@ impl Attention {
     /// Keys and values (B, S, H_kv·d), the keys normalised and rotated.
     fn keys_values(&self, x: &Tensor, offset: usize, ctx: ForwardCtx) -> Result<(Tensor, Tensor)> {
         let k = match (&self.qk_norm, &self.rotary) {
-            (QkNormLayer::None, Some(rotary)) if self.bias.is_none() => {
+            (QkNormLayer::None, Some(rotary)) if !self.k_proj.has_bias() => {
                 rotary.project_scaled(x, self.k_proj.weight(), offset, 1.0.into(), ctx.precision)?
             }
             (_, Some(rotary)) => rotary.apply(&self.project_normalized(x, Side::Key, ctx)?, offset)?,
             (_, None) => self.project_normalized(x, Side::Key, ctx)?,
         };
-        let v = self.v_proj.forward(x, ctx)?;
-        let v = match &self.bias {
-            Some(b) => v.broadcast_add(&b.v)?,
-            None => v,
-        };
-        Ok((k, v))
+        Ok((k, self.v_proj.forward(x, ctx)?))
     }
 
     /// The query or key projection of `x` (plus its bias, if any), QK-normed.
     fn project_normalized(&self, x: &Tensor, side: Side, ctx: ForwardCtx) -> Result<Tensor> {
-        let (proj, bias) = match side {
-            Side::Query => (&self.q_proj, self.bias.as_ref().map(|b| &b.q)),
-            Side::Key => (&self.k_proj, self.bias.as_ref().map(|b| &b.k)),
+        let proj = match side {
+            Side::Query => &self.q_proj,
+            Side::Key => &self.k_proj,
         };
-        let p = proj.forward(x, ctx)?;
-        let p = match bias {
-            Some(b) => p.broadcast_add(b)?,
-            None => p,
-        };
-        self.normalize(&p, side)
+        self.normalize(&proj.forward(x, ctx)?, side)
     }
 
     /// Self-attention over `x` (B, T, D), written into the residual stream `to`. `mask` is

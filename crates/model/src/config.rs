@@ -194,6 +194,14 @@ pub struct ModelConfig {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     #[schemars(extend("default" = false))]
     pub qkv_bias: bool,
+    /// Biases on every projection but the output layer, as fairseq's linear layers have them:
+    /// q, v, the attention's output and the MLP's (and k's where keys are rotated: without a
+    /// rotation a key bias adds the same amount to every logit of a query, which the softmax
+    /// cancels). They start at 0, or under `init_scheme: fairseq` as fairseq starts them.
+    /// Left out when false, so configs written before it hash the same.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    #[schemars(extend("default" = false))]
+    pub proj_bias: bool,
     /// Hidden width of each feed-forward block.
     #[schemars(range(min = 1))]
     pub d_ff: usize,
@@ -383,6 +391,7 @@ impl ModelConfig {
             n_kv_heads: None,
             head_dim: None,
             qkv_bias: false,
+            proj_bias: false,
             d_ff: 32,
             mlp: default_mlp(),
             norm: default_norm(),
@@ -705,6 +714,22 @@ impl ModelConfig {
         candle_nn::Init::Uniform {
             lo: -bound,
             up: bound,
+        }
+    }
+
+    /// The initial distribution of the bias of a projection from `fan_in` in `role`: fairseq's
+    /// (`nn.Linear`'s default, uniform on ±1/√fan_in; the attention's output at 0, as its
+    /// `MultiheadAttention` sets it) under `init_scheme: fairseq`, else 0.
+    pub(crate) fn bias_init(&self, role: ProjectionRole, fan_in: usize) -> candle_nn::Init {
+        match (self.init_scheme, role) {
+            (InitScheme::Fairseq, ProjectionRole::AttentionIn | ProjectionRole::Mlp) => {
+                let bound = 1.0 / (fan_in as f64).sqrt();
+                candle_nn::Init::Uniform {
+                    lo: -bound,
+                    up: bound,
+                }
+            }
+            _ => candle_nn::Init::Const(0.0),
         }
     }
 }

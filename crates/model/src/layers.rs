@@ -183,10 +183,11 @@ impl PositionTable {
     }
 }
 
-/// `y = x Wᵀ`, no bias (as in most modern LMs).
+/// `y = x Wᵀ`, plus a bias where the model has one (most modern LMs have none).
 #[derive(Clone)]
 pub struct Linear {
     weight: Tensor,
+    bias: Option<Tensor>,
 }
 
 impl Linear {
@@ -202,53 +203,78 @@ impl Linear {
     /// A weight of shape (out, in) drawn from `init`.
     pub fn with_init(vb: VarBuilder, in_dim: usize, out_dim: usize, init: Init) -> Result<Self> {
         let weight = vb.get_with_hints((out_dim, in_dim), "weight", init)?;
-        Ok(Self { weight })
+        Ok(Self { weight, bias: None })
     }
 
-    /// The projection in `role` of `cfg`'s model, drawn as its `init_scheme` says (`normal_std`
-    /// under `normal`).
+    /// The projection in `role` of `cfg`'s model, its weight (and, with `bias`, its bias) drawn
+    /// as its `init_scheme` says (`normal_std` under `normal`).
     pub(crate) fn projection(
         vb: VarBuilder,
         cfg: &ModelConfig,
         role: ProjectionRole,
         (in_dim, out_dim): (usize, usize),
         normal_std: f64,
+        bias: bool,
     ) -> Result<Self> {
-        Self::with_init(
-            vb,
-            in_dim,
-            out_dim,
-            cfg.projection_init(role, in_dim, out_dim, normal_std),
-        )
+        let init = cfg.projection_init(role, in_dim, out_dim, normal_std);
+        let bias = match bias {
+            true => Some(vb.get_with_hints(out_dim, "bias", cfg.bias_init(role, in_dim))?),
+            false => None,
+        };
+        Ok(Self {
+            bias,
+            ..Self::with_init(vb, in_dim, out_dim, init)?
+        })
     }
 
     /// A linear map that shares an existing weight (tied embeddings).
     pub fn from_weight(weight: Tensor) -> Self {
-        Self { weight }
+        Self { weight, bias: None }
     }
 
     pub fn weight(&self) -> &Tensor {
         &self.weight
     }
 
+    /// Whether the map adds a bias (the fused projections that rotate or scale their output
+    /// take none).
+    pub fn has_bias(&self) -> bool {
+        self.bias.is_some()
+    }
+
     /// (…, in) → (…, out): all leading dimensions are rows of one product.
     pub fn forward(&self, x: &Tensor, ctx: ForwardCtx) -> Result<Tensor> {
-        ember_kernels::linear_in(x, &self.weight, ctx.precision)
+        let y = ember_kernels::linear_in(x, &self.weight, ctx.precision)?;
+        match &self.bias {
+            Some(b) => y.broadcast_add(b),
+            None => Ok(y),
+        }
     }
 
-    /// `gelu_erf(x·Wᵀ)` as one op.
+    /// `gelu_erf(x·Wᵀ + b)`: one op without a bias.
     pub fn forward_gelu(&self, x: &Tensor, ctx: ForwardCtx) -> Result<Tensor> {
-        ember_kernels::linear_gelu_in(x, &self.weight, ctx.precision)
+        match &self.bias {
+            Some(_) => ember_kernels::gelu_erf(&self.forward(x, ctx)?),
+            None => ember_kernels::linear_gelu_in(x, &self.weight, ctx.precision),
+        }
     }
 
-    /// `to.stream + dropout(h·Wᵀ)`: the projection that ends a branch, written into the
-    /// residual stream (dropout in training passes only).
+    /// `to.stream + dropout(h·Wᵀ + b)`: the projection that ends a branch, written into the
+    /// residual stream (dropout in training passes only); one op without a bias.
     pub fn forward_residual(&self, h: &Tensor, to: Residual, ctx: ForwardCtx) -> Result<Tensor> {
         let (p, state) = match ctx.dropout {
             Some(rng) if to.dropout > 0.0 => (to.dropout, rng.reserve(to.stream.elem_count())),
             _ => (0.0, 0),
         };
-        ember_kernels::linear_residual_in(to.stream, h, &self.weight, p, state, ctx.precision)
+        if self.bias.is_none() {
+            return ember_kernels::linear_residual_in(to.stream, h, &self.weight, p, state, ctx.precision);
+        }
+        let branch = self.forward(h, ctx)?;
+        let branch = match p > 0.0 {
+            true => ember_kernels::dropout(&branch, p, state)?,
+            false => branch,
+        };
+        to.stream + branch
     }
 }
 
@@ -344,8 +370,9 @@ impl Mlp {
     /// residual stream.
     pub fn new(vb: VarBuilder, cfg: &ModelConfig, down_std: f64) -> Result<Self> {
         let (d, ff, std) = (cfg.d_model, cfg.d_ff, cfg.init_std);
+        let role = ProjectionRole::Mlp;
         let proj =
-            |name: &str, dims, std| Linear::projection(vb.pp(name), cfg, ProjectionRole::Mlp, dims, std);
+            |name: &str, dims, std| Linear::projection(vb.pp(name), cfg, role, dims, std, cfg.proj_bias);
         let gate = match cfg.mlp {
             MlpKind::Swiglu => Some(proj("gate_proj", (d, ff), std)?),
             MlpKind::Gelu | MlpKind::Relu => None,

@@ -199,9 +199,139 @@ fn every_parameter_of_the_published_block_learns_and_matches_finite_differences(
                     }
                 }
             }
-            let c = fairseq_block(arch, qk);
+            let mut c = fairseq_block(arch, qk);
+            check_against_finite_differences(&c);
+            // With fairseq's biases on every projection.
+            c.proj_bias = true;
             check_against_finite_differences(&c);
         }
+    }
+}
+
+/// `proj_bias` adds a bias to the attention's output and to each MLP projection (and q's and
+/// v's): the silenced attention branch then writes its bias alone, and the post-norm block is
+/// h = LN₂(y + relu(y·Uᵀ + b_u)·Dᵀ + b_d) with y = LN₁(x + b_o), computed here by hand.
+#[test]
+fn fairseqs_biases_enter_each_branch_where_fairseq_adds_them() {
+    let mut c = fairseq_block(Arch::Lm, QkNorm::None);
+    c.n_layers = Some(1);
+    c.tie_embeddings = false;
+    c.proj_bias = true;
+    let (model, params) = build(&c, DType::F64);
+    perturb(&params, 0.1, 12);
+    let names: Vec<String> = params.vars().into_iter().map(|(n, _)| n).collect();
+    for bias in [
+        "self_attn.q_proj",
+        "self_attn.v_proj",
+        "self_attn.o_proj",
+        "mlp.up_proj",
+        "mlp.down_proj",
+    ] {
+        assert!(
+            names.contains(&format!("decoder.layers.0.{bias}.bias")),
+            "{bias}: {names:?}"
+        );
+    }
+    // Without a rotation a key bias could not learn (the softmax cancels it): there is none.
+    assert!(!names.iter().any(|n| n.contains("k_proj.bias")), "{names:?}");
+    assert!(
+        !names
+            .iter()
+            .any(|n| n.starts_with("lm_head") && n.ends_with("bias")),
+        "{names:?}"
+    );
+    let o = var(&params, "decoder.layers.0.self_attn.o_proj.weight");
+    o.set(&o.as_tensor().zeros_like().unwrap()).unwrap();
+    let ids = tokens(2, 5, c.vocab(), 4);
+    let embed = var(&params, "embed.weight").as_tensor().clone();
+    let x = embed
+        .index_select(&ids.flatten_all().unwrap(), 0)
+        .unwrap()
+        .reshape((2, 5, c.d_model))
+        .unwrap();
+    let positions = sinusoids(5, c.d_model, &Device::Cpu)
+        .unwrap()
+        .to_dtype(DType::F64)
+        .unwrap();
+    let x = ((x * (c.d_model as f64).sqrt()).unwrap())
+        .broadcast_add(&positions)
+        .unwrap();
+    let p = |name: &str| {
+        var(&params, &format!("decoder.layers.0.{name}"))
+            .as_tensor()
+            .clone()
+    };
+    let attended = x.broadcast_add(&p("self_attn.o_proj.bias")).unwrap();
+    let y = layer_norm(
+        &attended,
+        &p("attn_norm.weight"),
+        &p("attn_norm.bias"),
+        c.norm_eps,
+    );
+    let mlp = y
+        .broadcast_matmul(&p("mlp.up_proj.weight").t().unwrap())
+        .unwrap()
+        .broadcast_add(&p("mlp.up_proj.bias"))
+        .unwrap()
+        .relu()
+        .unwrap()
+        .broadcast_matmul(&p("mlp.down_proj.weight").t().unwrap())
+        .unwrap()
+        .broadcast_add(&p("mlp.down_proj.bias"))
+        .unwrap();
+    let expected = layer_norm(
+        &(&y + mlp).unwrap(),
+        &p("mlp_norm.weight"),
+        &p("mlp_norm.bias"),
+        c.norm_eps,
+    );
+    let got = model.as_lm().unwrap().hidden(&ids, ForwardCtx::eval()).unwrap();
+    assert!(
+        max_abs_diff(&got, &expected) < 1e-10,
+        "{}",
+        max_abs_diff(&got, &expected)
+    );
+}
+
+/// fairseq's biases start as fairseq starts them under `init_scheme: fairseq` (q's, v's and the
+/// MLP's uniform on ±1/√fan_in, the attention output's at 0), and at 0 under `normal`.
+#[test]
+fn fairseqs_biases_start_as_fairseq_starts_them() {
+    let mut c = fairseq_block(Arch::Seq2seq, QkNorm::None);
+    (c.d_model, c.d_ff, c.n_heads) = (128, 256, 4);
+    c.proj_bias = true;
+    for scheme in [ember_model::InitScheme::Fairseq, ember_model::InitScheme::Normal] {
+        c.init_scheme = scheme;
+        let (_, params) = build(&c, DType::F64);
+        let mut seen = 0;
+        for (name, v) in params.vars() {
+            let Some(projection) = name.strip_suffix(".bias") else {
+                continue;
+            };
+            let b: Vec<f64> = v.as_tensor().flatten_all().unwrap().to_vec1().unwrap();
+            let largest = b.iter().fold(0f64, |m, x| m.max(x.abs()));
+            let bound = match projection.rsplit('.').next().unwrap() {
+                "q_proj" | "v_proj" | "up_proj" => 1.0 / 128f64.sqrt(),
+                "down_proj" => 1.0 / 256f64.sqrt(),
+                "o_proj" => 0.0,
+                _ => continue, // the norms' biases
+            };
+            seen += 1;
+            match scheme {
+                ember_model::InitScheme::Fairseq if bound > 0.0 => {
+                    assert!(
+                        largest <= bound && largest > 0.8 * bound,
+                        "{name}: {largest} for ±{bound}"
+                    )
+                }
+                _ => assert_eq!(largest, 0.0, "{name} under {scheme:?}"),
+            }
+        }
+        assert_eq!(
+            seen,
+            c.encoder_layers() * 5 + c.decoder_layers() * 8,
+            "{scheme:?}"
+        );
     }
 }
 
@@ -269,7 +399,11 @@ fn the_fairseq_init_draws_each_projection_from_its_uniform() {
 #[test]
 fn the_normal_init_scheme_is_not_written_and_fairseq_is() {
     let mut c = fairseq_block(Arch::Seq2seq, QkNorm::None);
-    assert!(!serde_json::to_string(&c).unwrap().contains("init_scheme"));
+    let default = serde_json::to_string(&c).unwrap();
+    assert!(
+        !default.contains("init_scheme") && !default.contains("proj_bias"),
+        "{default}"
+    );
     c.init_scheme = ember_model::InitScheme::Fairseq;
     let written = serde_json::to_string(&c).unwrap();
     assert!(written.contains(r#""init_scheme":"fairseq""#), "{written}");
