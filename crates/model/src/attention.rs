@@ -9,7 +9,8 @@ use candle_core::{Result, Tensor};
 use candle_nn::{Init, VarBuilder};
 use ember_kernels::{AttentionOptions, AttentionTelemetry, PositionScale};
 
-use crate::config::{ModelConfig, NormKind, ProjectionRole, QkNorm};
+use crate::config::{ModelConfig, NormKind, QkNorm};
+use crate::init::ProjectionRole;
 use crate::layers::{l2_normalize, AttentionStats, ForwardCtx, Linear, Norm, Residual};
 use crate::rope::Rotary;
 

@@ -14,7 +14,8 @@ use candle_nn::{Init, VarBuilder};
 use ember_kernels::Precision;
 use ember_rng::SplitMix64;
 
-use crate::config::{MlpKind, ModelConfig, NormKind, ProjectionRole};
+use crate::config::{MlpKind, ModelConfig, NormKind};
+use crate::init::ProjectionRole;
 
 /// What one forward pass needs besides its inputs.
 #[derive(Clone, Copy, Default)]

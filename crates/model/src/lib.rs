@@ -21,6 +21,7 @@
 mod attention;
 mod config;
 mod decoding;
+mod init;
 mod layers;
 mod length_penalty;
 mod params;
@@ -29,12 +30,13 @@ mod transformer;
 
 pub use attention::{Attention, CrossKv, KvCache};
 pub use config::{
-    Arch, ConfigError, InitScheme, MlpKind, ModelConfig, NormKind, NormPlacement, Positions, QkNorm,
-    MAX_LAYERS, MAX_SEQ_LEN,
+    Arch, ConfigError, MlpKind, ModelConfig, NormKind, NormPlacement, Positions, QkNorm, MAX_LAYERS,
+    MAX_SEQ_LEN,
 };
 pub use decoding::{
     beam_search, beam_search_finished, greedy, rank, sample, BeamConfig, Hypothesis, SampleConfig,
 };
+pub use init::InitScheme;
 pub use layers::{sinusoids, AttentionStats, DropoutRng, ForwardCtx, Telemetry};
 pub use length_penalty::LengthPenalty;
 pub use params::ParamStore;

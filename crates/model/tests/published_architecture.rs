@@ -58,17 +58,18 @@ fn the_sinusoids_are_fairseqs_sines_then_cosines() {
     assert!((odd[1][0] - 1f32.sin()).abs() < 1e-6);
 }
 
-#[test]
-fn a_post_norm_block_is_norm_of_x_plus_branch_and_its_stack_has_no_final_norm() {
+/// A one-layer post-norm language model's hidden states against the block computed by hand,
+/// its attention branch silenced (the output projection's weight zero) so that the branch writes
+/// its bias alone: h = LN₂(y + relu(y·Uᵀ + b_u)·Dᵀ + b_d) with y = LN₁(x + b_o), every b zero
+/// without `proj_bias`. Returns the model's parameter names.
+fn check_the_post_norm_block_by_hand(proj_bias: bool) -> Vec<String> {
     let mut c = fairseq_block(Arch::Lm, QkNorm::None);
     c.n_layers = Some(1);
     c.tie_embeddings = false;
+    c.proj_bias = proj_bias;
     let (model, params) = build(&c, DType::F64);
     perturb(&params, 0.1, 11);
     let names: Vec<String> = params.vars().into_iter().map(|(n, _)| n).collect();
-    assert!(!names.iter().any(|n| n.starts_with("decoder.norm")), "{names:?}");
-    // The attention branch silenced (its output projection zero), the block is
-    // h = LN₂(y + relu(y·Uᵀ)·Dᵀ) with y = LN₁(x): computed here by hand.
     let o = var(&params, "decoder.layers.0.self_attn.o_proj.weight");
     o.set(&o.as_tensor().zeros_like().unwrap()).unwrap();
     let ids = tokens(2, 5, c.vocab(), 4);
@@ -78,26 +79,39 @@ fn a_post_norm_block_is_norm_of_x_plus_branch_and_its_stack_has_no_final_norm() 
         .unwrap()
         .reshape((2, 5, c.d_model))
         .unwrap();
+    let positions = sinusoids(5, c.d_model, &Device::Cpu)
+        .unwrap()
+        .to_dtype(DType::F64)
+        .unwrap();
     let x = ((x * (c.d_model as f64).sqrt()).unwrap())
-        .broadcast_add(
-            &sinusoids(5, c.d_model, &Device::Cpu)
-                .unwrap()
-                .to_dtype(DType::F64)
-                .unwrap(),
-        )
+        .broadcast_add(&positions)
         .unwrap();
     let p = |name: &str| {
         var(&params, &format!("decoder.layers.0.{name}"))
             .as_tensor()
             .clone()
     };
-    let y = layer_norm(&x, &p("attn_norm.weight"), &p("attn_norm.bias"), c.norm_eps);
+    let b = |name: &str, n: usize| match proj_bias {
+        true => p(&format!("{name}.bias")),
+        false => Tensor::zeros(n, DType::F64, &Device::Cpu).unwrap(),
+    };
+    let attended = x.broadcast_add(&b("self_attn.o_proj", c.d_model)).unwrap();
+    let y = layer_norm(
+        &attended,
+        &p("attn_norm.weight"),
+        &p("attn_norm.bias"),
+        c.norm_eps,
+    );
     let mlp = y
         .broadcast_matmul(&p("mlp.up_proj.weight").t().unwrap())
+        .unwrap()
+        .broadcast_add(&b("mlp.up_proj", c.d_ff))
         .unwrap()
         .relu()
         .unwrap()
         .broadcast_matmul(&p("mlp.down_proj.weight").t().unwrap())
+        .unwrap()
+        .broadcast_add(&b("mlp.down_proj", c.d_model))
         .unwrap();
     let expected = layer_norm(
         &(&y + mlp).unwrap(),
@@ -111,6 +125,14 @@ fn a_post_norm_block_is_norm_of_x_plus_branch_and_its_stack_has_no_final_norm() 
         "{}",
         max_abs_diff(&got, &expected)
     );
+    names
+}
+
+#[test]
+fn a_post_norm_block_is_norm_of_x_plus_branch_and_its_stack_has_no_final_norm() {
+    let names = check_the_post_norm_block_by_hand(false);
+    assert!(!names.iter().any(|n| n.starts_with("decoder.norm")), "{names:?}");
+    assert!(!names.iter().any(|n| n.contains("proj.bias")), "{names:?}");
 }
 
 #[test]
@@ -209,17 +231,11 @@ fn every_parameter_of_the_published_block_learns_and_matches_finite_differences(
 }
 
 /// `proj_bias` adds a bias to the attention's output and to each MLP projection (and q's and
-/// v's): the silenced attention branch then writes its bias alone, and the post-norm block is
-/// h = LN₂(y + relu(y·Uᵀ + b_u)·Dᵀ + b_d) with y = LN₁(x + b_o), computed here by hand.
+/// v's), each where fairseq adds it; without a rotation a key bias could not learn (the softmax
+/// cancels it), so there is none, and the output layer has none.
 #[test]
 fn fairseqs_biases_enter_each_branch_where_fairseq_adds_them() {
-    let mut c = fairseq_block(Arch::Lm, QkNorm::None);
-    c.n_layers = Some(1);
-    c.tie_embeddings = false;
-    c.proj_bias = true;
-    let (model, params) = build(&c, DType::F64);
-    perturb(&params, 0.1, 12);
-    let names: Vec<String> = params.vars().into_iter().map(|(n, _)| n).collect();
+    let names = check_the_post_norm_block_by_hand(true);
     for bias in [
         "self_attn.q_proj",
         "self_attn.v_proj",
@@ -232,64 +248,12 @@ fn fairseqs_biases_enter_each_branch_where_fairseq_adds_them() {
             "{bias}: {names:?}"
         );
     }
-    // Without a rotation a key bias could not learn (the softmax cancels it): there is none.
     assert!(!names.iter().any(|n| n.contains("k_proj.bias")), "{names:?}");
     assert!(
         !names
             .iter()
             .any(|n| n.starts_with("lm_head") && n.ends_with("bias")),
         "{names:?}"
-    );
-    let o = var(&params, "decoder.layers.0.self_attn.o_proj.weight");
-    o.set(&o.as_tensor().zeros_like().unwrap()).unwrap();
-    let ids = tokens(2, 5, c.vocab(), 4);
-    let embed = var(&params, "embed.weight").as_tensor().clone();
-    let x = embed
-        .index_select(&ids.flatten_all().unwrap(), 0)
-        .unwrap()
-        .reshape((2, 5, c.d_model))
-        .unwrap();
-    let positions = sinusoids(5, c.d_model, &Device::Cpu)
-        .unwrap()
-        .to_dtype(DType::F64)
-        .unwrap();
-    let x = ((x * (c.d_model as f64).sqrt()).unwrap())
-        .broadcast_add(&positions)
-        .unwrap();
-    let p = |name: &str| {
-        var(&params, &format!("decoder.layers.0.{name}"))
-            .as_tensor()
-            .clone()
-    };
-    let attended = x.broadcast_add(&p("self_attn.o_proj.bias")).unwrap();
-    let y = layer_norm(
-        &attended,
-        &p("attn_norm.weight"),
-        &p("attn_norm.bias"),
-        c.norm_eps,
-    );
-    let mlp = y
-        .broadcast_matmul(&p("mlp.up_proj.weight").t().unwrap())
-        .unwrap()
-        .broadcast_add(&p("mlp.up_proj.bias"))
-        .unwrap()
-        .relu()
-        .unwrap()
-        .broadcast_matmul(&p("mlp.down_proj.weight").t().unwrap())
-        .unwrap()
-        .broadcast_add(&p("mlp.down_proj.bias"))
-        .unwrap();
-    let expected = layer_norm(
-        &(&y + mlp).unwrap(),
-        &p("mlp_norm.weight"),
-        &p("mlp_norm.bias"),
-        c.norm_eps,
-    );
-    let got = model.as_lm().unwrap().hidden(&ids, ForwardCtx::eval()).unwrap();
-    assert!(
-        max_abs_diff(&got, &expected) < 1e-10,
-        "{}",
-        max_abs_diff(&got, &expected)
     );
 }
 
