@@ -38,20 +38,31 @@ impl MemoryEstimate {
 pub fn parameter_count(m: &ModelConfig) -> f64 {
     let d = m.d_model as f64;
     let (q, kv) = (m.q_width() as f64, (m.kv_heads() * m.head_dim()) as f64);
-    // q and o are d × q (q = d unless model.head_dim says otherwise), k and v d × kv; Qwen2's
-    // biases one value per output of q, k and v.
-    let bias = if m.qkv_bias { q + 2.0 * kv } else { 0.0 };
-    let attention = 2.0 * d * q + 2.0 * d * kv + bias;
+    // q and o are d × q (q = d unless model.head_dim says otherwise), k and v d × kv. Biases are
+    // one value per output: Qwen2's on q, k and v; fairseq's (`proj_bias`) on q, v, o and the
+    // MLP's, and on k only where keys are rotated (self-attention with rotary positions).
+    let qkv_bias = m.qkv_bias || m.proj_bias;
+    let attention = |rotated: bool| {
+        let k_bias = m.qkv_bias || (m.proj_bias && rotated);
+        let biases = if qkv_bias { q + kv } else { 0.0 } + if k_bias { kv } else { 0.0 };
+        2.0 * d * q + 2.0 * d * kv + biases + if m.proj_bias { d } else { 0.0 }
+    };
+    let ff = m.d_ff as f64;
     let mlp = match m.mlp {
-        MlpKind::Swiglu => 3.0 * d * m.d_ff as f64,
-        MlpKind::Gelu | MlpKind::Relu => 2.0 * d * m.d_ff as f64,
+        MlpKind::Swiglu => 3.0 * d * ff + if m.proj_bias { 2.0 * ff + d } else { 0.0 },
+        MlpKind::Gelu | MlpKind::Relu => 2.0 * d * ff + if m.proj_bias { ff + d } else { 0.0 },
     };
     let norms = 4.0 * d;
     let vocab = m.vocab() as f64;
     let embeddings = vocab * d * if m.tie_embeddings { 1.0 } else { 2.0 };
-    let encoder = m.encoder_layers() as f64 * (attention + mlp + norms);
-    let cross = if m.arch == Arch::Seq2seq { attention } else { 0.0 };
-    let decoder = m.decoder_layers() as f64 * (attention + cross + mlp + norms);
+    let self_attention = attention(m.positions == Positions::Rope);
+    let encoder = m.encoder_layers() as f64 * (self_attention + mlp + norms);
+    let cross = if m.arch == Arch::Seq2seq {
+        attention(false)
+    } else {
+        0.0
+    };
+    let decoder = m.decoder_layers() as f64 * (self_attention + cross + mlp + norms);
     // A learned position table per stack.
     let stacks = if m.arch == Arch::Seq2seq { 2.0 } else { 1.0 };
     let learned = match m.positions {
@@ -357,6 +368,39 @@ mod tests {
             parameter_count(&biased) - parameter_count(&plain),
             plain.decoder_layers() as f64 * per_layer
         );
+    }
+
+    /// fairseq's biases add to the count what they add to the model, rotated or not, with either
+    /// MLP.
+    #[test]
+    fn fairseqs_biases_count_as_many_values_as_they_add_to_the_model() {
+        let held = |m: &ModelConfig| {
+            let (_, params) =
+                ember_model::init_model(m, 1, candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
+            params.vars().iter().map(|(_, v)| v.elem_count()).sum::<usize>() as f64
+        };
+        for (arch, positions) in [
+            (Arch::Seq2seq, Positions::Sinusoidal),
+            (Arch::Seq2seq, Positions::Rope),
+            (Arch::Lm, Positions::Rope),
+        ] {
+            for mlp in [MlpKind::Relu, MlpKind::Swiglu] {
+                let plain = ModelConfig {
+                    positions,
+                    mlp,
+                    ..ModelConfig::tiny(arch)
+                };
+                let biased = ModelConfig {
+                    proj_bias: true,
+                    ..plain.clone()
+                };
+                assert_eq!(
+                    parameter_count(&biased) - parameter_count(&plain),
+                    held(&biased) - held(&plain),
+                    "{arch:?} {positions:?} {mlp:?}"
+                );
+            }
+        }
     }
 
     #[test]
