@@ -5,8 +5,6 @@ use candle_nn::Init;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::config::ModelConfig;
-
 /// How the projections start (embeddings and an untied output layer are normal(0, `init_std`)
 /// under either).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
@@ -22,7 +20,7 @@ pub enum InitScheme {
     Fairseq,
 }
 
-/// What a projection does in its block, for [`ModelConfig::projection_init`].
+/// What a projection does in its block, for [`InitScheme::projection`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ProjectionRole {
     /// q, k or v.
@@ -37,20 +35,18 @@ impl InitScheme {
     pub(crate) fn is_normal(&self) -> bool {
         *self == InitScheme::Normal
     }
-}
 
-impl ModelConfig {
-    /// The initial distribution of a projection from `fan_in` to `fan_out` in `role` under
-    /// `init_scheme`; `normal_std` is the std `normal` draws it from (`init_std`, or a pre-norm
-    /// output projection's depth-scaled std).
-    pub(crate) fn projection_init(
-        &self,
+    /// The initial distribution of a projection from `fan_in` to `fan_out` in `role`;
+    /// `normal_std` is the std `normal` draws it from (`init_std`, or a pre-norm output
+    /// projection's depth-scaled std).
+    pub(crate) fn projection(
+        self,
         role: ProjectionRole,
         fan_in: usize,
         fan_out: usize,
         normal_std: f64,
     ) -> Init {
-        let bound = match (self.init_scheme, role) {
+        let bound = match (self, role) {
             (InitScheme::Normal, _) => {
                 return Init::Randn {
                     mean: 0.0,
@@ -71,9 +67,9 @@ impl ModelConfig {
 
     /// The initial distribution of the bias of a projection from `fan_in` in `role`: fairseq's
     /// (`nn.Linear`'s default, uniform on ±1/√fan_in; the attention's output at 0, as its
-    /// `MultiheadAttention` sets it) under `init_scheme: fairseq`, else 0.
-    pub(crate) fn bias_init(&self, role: ProjectionRole, fan_in: usize) -> Init {
-        match (self.init_scheme, role) {
+    /// `MultiheadAttention` sets it) under `fairseq`, else 0.
+    pub(crate) fn bias(self, role: ProjectionRole, fan_in: usize) -> Init {
+        match (self, role) {
             (InitScheme::Fairseq, ProjectionRole::AttentionIn | ProjectionRole::Mlp) => {
                 let bound = 1.0 / (fan_in as f64).sqrt();
                 Init::Uniform {

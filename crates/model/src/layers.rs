@@ -217,9 +217,9 @@ impl Linear {
         normal_std: f64,
         bias: bool,
     ) -> Result<Self> {
-        let init = cfg.projection_init(role, in_dim, out_dim, normal_std);
+        let init = cfg.init_scheme.projection(role, in_dim, out_dim, normal_std);
         let bias = match bias {
-            true => Some(vb.get_with_hints(out_dim, "bias", cfg.bias_init(role, in_dim))?),
+            true => Some(vb.get_with_hints(out_dim, "bias", cfg.init_scheme.bias(role, in_dim))?),
             false => None,
         };
         Ok(Self {
