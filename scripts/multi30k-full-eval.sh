@@ -53,13 +53,7 @@ gzip -dc data/multi30k/test_2016_flickr.de.gz > "$raw_ref"
 
 finished() { python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); sys.exit(0 if s.get("finished") and not s.get("diverged") else 1)' "$1" 2>/dev/null; }
 
-checkpoint() {  # run dir, window → checkpoint dir
-  case $2 in
-    last) ls -d "$1"/checkpoints/step-* | sort | tail -1 ;;
-    avg5) echo "$1/checkpoints/average-last-5" ;;
-    avg10) echo "$1/checkpoints/average-last-10" ;;
-  esac
-}
+source scripts/multi30k-checkpoint.sh
 
 for sweep in "$@"; do
   for run in "$sweep"/runs/*/; do

@@ -65,12 +65,8 @@ PY
   exit 1
 }
 read -r valid seed run model penalty <<< "${rows[$(( (seeds - 1) / 2 ))]}"
-case $model in
-  last) checkpoint=$(ls -d "$run"/checkpoints/step-* | sort | tail -1) ;;
-  avg5) checkpoint=$run/checkpoints/average-last-5 ;;
-  avg10) checkpoint=$run/checkpoints/average-last-10 ;;
-  *) echo "$run/selection.json: unknown model $model" >&2; exit 1 ;;
-esac
+source scripts/multi30k-checkpoint.sh
+checkpoint=$(checkpoint "$run" "$model") || { echo "in $run/selection.json" >&2; exit 1; }
 [[ -d $checkpoint ]] || { echo "$checkpoint is missing: its checkpoints are needed to release it" >&2; exit 1; }
 listed=()
 for row in "${rows[@]}"; do read -r v s _ <<< "$row"; listed+=("seed $s $(printf '%.2f' "$v")"); done
