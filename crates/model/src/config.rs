@@ -173,8 +173,8 @@ pub struct ModelConfig {
     /// Biases on every projection but the output layer, as fairseq's linear layers have them:
     /// q, v, the attention's output and the MLP's (and k's where keys are rotated: without a
     /// rotation a key bias adds the same amount to every logit of a query, which the softmax
-    /// cancels). They start at 0, or under `init_scheme: fairseq` as fairseq starts them.
-    /// Left out when false, so configs written before it hash the same.
+    /// cancels). They start at 0, or under `init_scheme: fairseq` or `fairseq_0_9` as that
+    /// fairseq starts them. Left out when false, so configs written before it hash the same.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     #[schemars(extend("default" = false))]
     pub proj_bias: bool,
@@ -265,10 +265,11 @@ pub struct ModelConfig {
     #[serde(default = "default_init_std")]
     #[schemars(extend("exclusiveMinimum" = 0))]
     pub init_std: f64,
-    /// How the projections start: `normal` (default; normal(0, `init_std`)) or `fairseq`
-    /// (Xavier-uniform attention, gain 1/√2 for q, k, v; uniform ±1/√fan_in MLP: fairseq's
-    /// `transformer`, with which Wu et al. trained Transformer-Tiny). Left out when `normal`, so
-    /// configs written before it hash the same.
+    /// How the projections start: `normal` (default; normal(0, `init_std`)), `fairseq`
+    /// (fairseq's `transformer` today: Xavier-uniform attention, gain 1/√2 for q, k, v; uniform
+    /// ±1/√fan_in MLP) or `fairseq_0_9` (as fairseq 0.9 drew it, with which Wu et al. trained
+    /// Transformer-Tiny: the MLP Xavier-uniform too, its biases at 0). Left out when `normal`,
+    /// so configs written before it hash the same.
     #[serde(default, skip_serializing_if = "InitScheme::is_normal")]
     #[schemars(extend("default" = "normal"))]
     pub init_scheme: InitScheme,

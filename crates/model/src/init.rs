@@ -1,12 +1,13 @@
-//! How a model's parameters start: `model.init_scheme` (normal, or fairseq's `transformer`) for
-//! the projections and their biases; embeddings are normal(0, `init_std`) under either.
+//! How a model's parameters start: `model.init_scheme` (normal, or fairseq's `transformer` as
+//! it is now or as its 0.9 release drew it) for the projections and their biases; embeddings are
+//! normal(0, `init_std`) under every scheme.
 
 use candle_nn::Init;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// How the projections start (embeddings and an untied output layer are normal(0, `init_std`)
-/// under either).
+/// under every scheme).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum InitScheme {
@@ -16,8 +17,15 @@ pub enum InitScheme {
     Normal,
     /// fairseq's `transformer`: q, k and v Xavier-uniform with gain 1/√2 and the attention's
     /// output Xavier-uniform (its `MultiheadAttention.reset_parameters`), the MLP's two
-    /// projections PyTorch's `nn.Linear` default, uniform on ±1/√fan_in.
+    /// projections PyTorch's `nn.Linear` default, uniform on ±1/√fan_in (fairseq since its
+    /// Quant-Noise change of 2020, 0.10 on).
     Fairseq,
+    /// fairseq's `transformer` as of its 0.9 release (2019), the code Wu et al. (2021) trained
+    /// their published Transformer-Tiny with (their fork's `transformer_layer.py`): the
+    /// attention as under `fairseq`, but the MLP's two projections Xavier-uniform (gain 1) with
+    /// their biases at 0.
+    #[serde(rename = "fairseq_0_9")]
+    Fairseq09,
 }
 
 /// What a projection does in its block, for [`InitScheme::projection`].
@@ -54,8 +62,10 @@ impl InitScheme {
                 }
             }
             // xavier_uniform_(gain): gain·√(6 / (fan_in + fan_out)), gain 1/√2 for q, k, v.
-            (InitScheme::Fairseq, ProjectionRole::AttentionIn) => (3.0 / (fan_in + fan_out) as f64).sqrt(),
-            (InitScheme::Fairseq, ProjectionRole::AttentionOut) => (6.0 / (fan_in + fan_out) as f64).sqrt(),
+            (_, ProjectionRole::AttentionIn) => (3.0 / (fan_in + fan_out) as f64).sqrt(),
+            (_, ProjectionRole::AttentionOut) | (InitScheme::Fairseq09, ProjectionRole::Mlp) => {
+                (6.0 / (fan_in + fan_out) as f64).sqrt()
+            }
             // nn.Linear's kaiming_uniform_(a = √5): √(6 / ((1 + 5)·fan_in)).
             (InitScheme::Fairseq, ProjectionRole::Mlp) => 1.0 / (fan_in as f64).sqrt(),
         };
@@ -67,10 +77,12 @@ impl InitScheme {
 
     /// The initial distribution of the bias of a projection from `fan_in` in `role`: fairseq's
     /// (`nn.Linear`'s default, uniform on ±1/√fan_in; the attention's output at 0, as its
-    /// `MultiheadAttention` sets it) under `fairseq`, else 0.
+    /// `MultiheadAttention` sets it; the MLP's at 0 under `fairseq_0_9`, whose `Linear` helper
+    /// zeroes them), else 0.
     pub(crate) fn bias(self, role: ProjectionRole, fan_in: usize) -> Init {
         match (self, role) {
-            (InitScheme::Fairseq, ProjectionRole::AttentionIn | ProjectionRole::Mlp) => {
+            (InitScheme::Fairseq, ProjectionRole::Mlp)
+            | (InitScheme::Fairseq | InitScheme::Fairseq09, ProjectionRole::AttentionIn) => {
                 let bound = 1.0 / (fan_in as f64).sqrt();
                 Init::Uniform {
                     lo: -bound,

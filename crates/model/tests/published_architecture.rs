@@ -257,14 +257,16 @@ fn fairseqs_biases_enter_each_branch_where_fairseq_adds_them() {
     );
 }
 
-/// fairseq's biases start as fairseq starts them under `init_scheme: fairseq` (q's, v's and the
-/// MLP's uniform on ±1/√fan_in, the attention output's at 0), and at 0 under `normal`.
+/// fairseq's biases start as fairseq starts them: q's and v's uniform on ±1/√fan_in, the
+/// attention output's at 0, the MLP's uniform on ±1/√fan_in under `init_scheme: fairseq` and at 0
+/// under `fairseq_0_9` (its `Linear` helper zeroes them); every bias at 0 under `normal`.
 #[test]
 fn fairseqs_biases_start_as_fairseq_starts_them() {
+    use ember_model::InitScheme::{Fairseq, Fairseq09, Normal};
     let mut c = fairseq_block(Arch::Seq2seq, QkNorm::None);
     (c.d_model, c.d_ff, c.n_heads) = (128, 256, 4);
     c.proj_bias = true;
-    for scheme in [ember_model::InitScheme::Fairseq, ember_model::InitScheme::Normal] {
+    for scheme in [Fairseq, Fairseq09, Normal] {
         c.init_scheme = scheme;
         let (_, params) = build(&c, DType::F64);
         let mut seen = 0;
@@ -274,21 +276,21 @@ fn fairseqs_biases_start_as_fairseq_starts_them() {
             };
             let b: Vec<f64> = v.as_tensor().flatten_all().unwrap().to_vec1().unwrap();
             let largest = b.iter().fold(0f64, |m, x| m.max(x.abs()));
-            let bound = match projection.rsplit('.').next().unwrap() {
-                "q_proj" | "v_proj" | "up_proj" => 1.0 / 128f64.sqrt(),
-                "down_proj" => 1.0 / 256f64.sqrt(),
-                "o_proj" => 0.0,
+            let bound = match (scheme, projection.rsplit('.').next().unwrap()) {
+                (Normal, "q_proj" | "v_proj" | "up_proj" | "down_proj" | "o_proj") => 0.0,
+                (_, "q_proj" | "v_proj") | (Fairseq, "up_proj") => 1.0 / 128f64.sqrt(),
+                (Fairseq, "down_proj") => 1.0 / 256f64.sqrt(),
+                (_, "o_proj" | "up_proj" | "down_proj") => 0.0,
                 _ => continue, // the norms' biases
             };
             seen += 1;
-            match scheme {
-                ember_model::InitScheme::Fairseq if bound > 0.0 => {
-                    assert!(
-                        largest <= bound && largest > 0.8 * bound,
-                        "{name}: {largest} for ±{bound}"
-                    )
-                }
-                _ => assert_eq!(largest, 0.0, "{name} under {scheme:?}"),
+            if bound > 0.0 {
+                assert!(
+                    largest <= bound && largest > 0.8 * bound,
+                    "{name}: {largest} for ±{bound} under {scheme:?}"
+                )
+            } else {
+                assert_eq!(largest, 0.0, "{name} under {scheme:?}")
             }
         }
         assert_eq!(
@@ -302,17 +304,28 @@ fn fairseqs_biases_start_as_fairseq_starts_them() {
 /// `init_scheme: fairseq` draws each projection as fairseq's `transformer` does: q, k and v
 /// uniform on ±(1/√2)·√(6 / (fan_in + fan_out)) (Xavier, gain 1/√2), the attention's output on
 /// ±√(6 / (fan_in + fan_out)), the MLP's two on ±1/√fan_in (`nn.Linear`'s default); embeddings
-/// stay normal(0, init_std). In every layer of both stacks, cross-attention included, and with
-/// grouped key/value heads (fan_out of k and v smaller).
+/// stay normal(0, init_std). `fairseq_0_9` differs in the MLP alone, Xavier-uniform (gain 1) as
+/// fairseq 0.9's `Linear` helper drew it. In every layer of both stacks, cross-attention
+/// included, and with grouped key/value heads (fan_out of k and v smaller).
 #[test]
-fn the_fairseq_init_draws_each_projection_from_its_uniform() {
+fn the_fairseq_inits_draw_each_projection_from_its_uniform() {
+    for scheme in [
+        ember_model::InitScheme::Fairseq,
+        ember_model::InitScheme::Fairseq09,
+    ] {
+        each_projection_is_drawn_from_its_uniform(scheme);
+    }
+}
+
+fn each_projection_is_drawn_from_its_uniform(scheme: ember_model::InitScheme) {
     let mut c = fairseq_block(Arch::Seq2seq, QkNorm::None);
     (c.d_model, c.d_ff, c.n_heads, c.n_kv_heads) = (128, 256, 4, Some(2));
     c.init_std = 128f64.powf(-0.5);
-    c.init_scheme = ember_model::InitScheme::Fairseq;
+    c.init_scheme = scheme;
     let (_, params) = build(&c, DType::F64);
     let xavier = |fan_in: usize, fan_out: usize, gain: f64| gain * (6.0 / (fan_in + fan_out) as f64).sqrt();
     let half = std::f64::consts::FRAC_1_SQRT_2;
+    let fairseq_0_9 = scheme == ember_model::InitScheme::Fairseq09;
     let mut seen = 0;
     for (name, v) in params.vars() {
         let w: Vec<f64> = v.as_tensor().flatten_all().unwrap().to_vec1().unwrap();
@@ -326,10 +339,12 @@ fn the_fairseq_init_draws_each_projection_from_its_uniform() {
             xavier(128, 64, half)
         } else if name.ends_with("o_proj.weight") {
             xavier(128, 128, 1.0)
-        } else if name.ends_with("up_proj.weight") {
-            1.0 / 128f64.sqrt()
-        } else if name.ends_with("down_proj.weight") {
-            1.0 / 256f64.sqrt()
+        } else if name.ends_with("up_proj.weight") || name.ends_with("down_proj.weight") {
+            match fairseq_0_9 {
+                true => xavier(128, 256, 1.0),
+                false if name.ends_with("up_proj.weight") => 1.0 / 128f64.sqrt(),
+                false => 1.0 / 256f64.sqrt(),
+            }
         } else if name == "embed.weight" {
             assert!(
                 (sd / c.init_std - 1.0).abs() < 0.03,
@@ -355,11 +370,11 @@ fn the_fairseq_init_draws_each_projection_from_its_uniform() {
     }
     // Six projections in each encoder layer, ten in each decoder layer (cross-attention too).
     let layers = c.encoder_layers() * 6 + c.decoder_layers() * 10;
-    assert_eq!(seen, layers, "projections checked");
+    assert_eq!(seen, layers, "projections checked under {scheme:?}");
 }
 
 /// The default scheme is left out of a written config, so configs written before the option
-/// existed hash as they did; `fairseq` is written.
+/// existed hash as they did; `fairseq` and `fairseq_0_9` are written.
 #[test]
 fn the_normal_init_scheme_is_not_written_and_fairseq_is() {
     let mut c = fairseq_block(Arch::Seq2seq, QkNorm::None);
@@ -368,9 +383,17 @@ fn the_normal_init_scheme_is_not_written_and_fairseq_is() {
         !default.contains("init_scheme") && !default.contains("proj_bias"),
         "{default}"
     );
-    c.init_scheme = ember_model::InitScheme::Fairseq;
-    let written = serde_json::to_string(&c).unwrap();
-    assert!(written.contains(r#""init_scheme":"fairseq""#), "{written}");
-    let read: ModelConfig = serde_json::from_str(&written).unwrap();
-    assert_eq!(read.init_scheme, ember_model::InitScheme::Fairseq);
+    for (scheme, yaml) in [
+        (ember_model::InitScheme::Fairseq, "fairseq"),
+        (ember_model::InitScheme::Fairseq09, "fairseq_0_9"),
+    ] {
+        c.init_scheme = scheme;
+        let written = serde_json::to_string(&c).unwrap();
+        assert!(
+            written.contains(&format!(r#""init_scheme":"{yaml}""#)),
+            "{written}"
+        );
+        let read: ModelConfig = serde_json::from_str(&written).unwrap();
+        assert_eq!(read.init_scheme, scheme);
+    }
 }
