@@ -55,6 +55,7 @@ pub(crate) mod simd;
 mod activation;
 pub mod adamw;
 mod attention;
+mod bias;
 mod cross_entropy;
 mod dropout;
 pub mod ledger;
@@ -69,6 +70,7 @@ pub use activation::{gelu_erf, swiglu, swiglu_unfused};
 pub use attention::{
     attention, attention_unfused, causal_mask, cuda_fuses, padding_mask, AttentionOptions, AttentionTelemetry,
 };
+pub use bias::{add_bias, add_bias_unfused};
 pub use cross_entropy::cross_entropy_unfused;
 pub use dropout::{dropout, dropout_unfused};
 pub use linear::{

@@ -508,6 +508,54 @@ fn activations_match_the_unfused_composition() {
     }
 }
 
+/// A bias added to every row: the forward pass has the bits of candle's broadcast add, and the
+/// bias gradient is each column's sum taken down the rows in order (held to an f64 sum).
+#[test]
+fn a_bias_add_matches_the_broadcast_add() {
+    for (i, shape) in [vec![3, 5, 64], vec![7, 9], vec![1, 1, 13], vec![40, 33, 128]]
+        .into_iter()
+        .enumerate()
+    {
+        let y = randn(200 + i as u64, &shape);
+        let b = randn(210 + i as u64, &[shape[shape.len() - 1]]);
+        for (label, y) in [("contiguous", y.clone()), ("strided", strided(&y))] {
+            compare(
+                &format!("bias {shape:?} {label}"),
+                &[y.clone(), b.clone()],
+                &|x| kernels::add_bias(&x[0], &x[1]).unwrap(),
+                &|x| kernels::add_bias_unfused(&x[0], &x[1]).unwrap(),
+            );
+            let fused = kernels::add_bias(&y, &b).unwrap();
+            assert_eq!(
+                max_rel_diff(&fused, &y.broadcast_add(&b).unwrap()),
+                0.0,
+                "bias {shape:?} {label}: one f32 add per element, as candle's"
+            );
+        }
+        let probe = randn(220 + i as u64, &shape);
+        let (_, grads) = run(&[y.clone(), b.clone()], &probe, &|x| {
+            kernels::add_bias(&x[0], &x[1]).unwrap()
+        });
+        let c = b.dim(0).unwrap();
+        let g: Vec<f32> = probe.flatten_all().unwrap().to_vec1().unwrap();
+        let by_hand: Vec<f64> = (0..c)
+            .map(|j| g.iter().skip(j).step_by(c).map(|&v| v as f64).sum())
+            .collect();
+        let db: Vec<f32> = grads[1].to_vec1().unwrap();
+        for (j, (&got, &want)) in db.iter().zip(&by_hand).enumerate() {
+            assert!(
+                (got as f64 - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                "column {j}: {got} vs {want}"
+            );
+        }
+        assert_eq!(
+            max_rel_diff(&grads[0], &probe),
+            0.0,
+            "dy is the incoming gradient itself"
+        );
+    }
+}
+
 #[test]
 fn linear_matches_matmul_by_the_transposed_weight() {
     for (i, (rows, in_dim, out_dim)) in [(1, 1, 1), (7, 13, 5), (64, 128, 384), (3, 33, 65), (130, 8, 17)]

@@ -247,7 +247,7 @@ impl Linear {
     pub fn forward(&self, x: &Tensor, ctx: ForwardCtx) -> Result<Tensor> {
         let y = ember_kernels::linear_in(x, &self.weight, ctx.precision)?;
         match &self.bias {
-            Some(b) => y.broadcast_add(b),
+            Some(b) => ember_kernels::add_bias(&y, b),
             None => Ok(y),
         }
     }
