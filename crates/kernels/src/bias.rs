@@ -13,11 +13,15 @@ use std::mem::MaybeUninit;
 use candle_core::{CpuStorage, Layout, Result, Shape, Tensor, D};
 
 use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
-use crate::par::{fill, ELEMENTS_PER_TASK};
+use crate::par::{fill, rows_per_task};
 
 /// `y + b` over y's last dimension (`b` of shape (C,), `y` of shape (…, C)).
 pub fn add_bias(y: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let fused = is_host_f32(y) && is_host_f32(b) && b.rank() == 1 && y.dim(D::Minus1)? == b.dim(0)?;
+    let fused = is_host_f32(y)
+        && is_host_f32(b)
+        && b.rank() == 1
+        && b.dim(0)? > 0
+        && y.dim(D::Minus1)? == b.dim(0)?;
     match fused {
         true => y.contiguous()?.apply_op2(&b.contiguous()?, AddBiasOp),
         false => add_bias_unfused(y, b),
@@ -43,10 +47,13 @@ impl candle_core::CustomOp2 for AddBiasOp {
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let (y, b) = (cpu_slice(s1, l1)?, cpu_slice(s2, l2)?);
-        let c = b.len();
-        let out = fill(y.len(), ELEMENTS_PER_TASK, |r, out: &mut [MaybeUninit<f32>]| {
-            for (i, o) in r.zip(out.iter_mut()) {
-                o.write(y[i] + b[i % c]);
+        // Whole rows per task, so that every row meets the bias from its first column.
+        let chunk = rows_per_task(b.len()) * b.len();
+        let out = fill(y.len(), chunk, |r, out: &mut [MaybeUninit<f32>]| {
+            for (row, out) in y[r].chunks_exact(b.len()).zip(out.chunks_exact_mut(b.len())) {
+                for ((o, &y), &b) in out.iter_mut().zip(row).zip(b) {
+                    o.write(y + b);
+                }
             }
         });
         Ok((CpuStorage::F32(out), l1.shape().clone()))
@@ -63,10 +70,8 @@ impl candle_core::CustomOp2 for AddBiasOp {
 }
 
 /// Σ over the rows of `g` viewed as (rows, c), each column summed from the first row to the last.
+/// (`g` is the gradient of the op's CPU f32 output.)
 fn column_sums(g: &Tensor, c: usize) -> Result<Tensor> {
-    if !is_host_f32(g) {
-        return g.reshape(((), c))?.sum(0);
-    }
     let g = g.contiguous()?;
     let sums = with_data([&g], |[g]| {
         let mut acc = vec![0f32; c];

@@ -152,9 +152,10 @@ pub(crate) fn add_dropped(mask: Option<DropoutOp>, x: &[f32], y: &[f32]) -> Vec<
 
 /// `x + dropout(y)` as one op with its backward (dx = g, dy = the mask on g): the residual
 /// connection around a dropped branch, for the CUDA path, where the branch's product is cuBLAS's
-/// and only the add and the mask are Ember's. (The CPU fuses this into the product itself,
-/// [`linear_residual`](crate::linear_residual).)
-pub(crate) fn add_dropout(x: &Tensor, y: &Tensor, p: f64, state: u64) -> Result<Tensor> {
+/// and only the add and the mask are Ember's, and for a branch that ends in a bias. (The CPU
+/// fuses a bias-free branch into the product itself, [`linear_residual`](crate::linear_residual);
+/// elsewhere this is `x + dropout(y)`.)
+pub fn add_dropout(x: &Tensor, y: &Tensor, p: f64, state: u64) -> Result<Tensor> {
     match DropoutOp::new(p, state) {
         Some(op) if takes(x, Kernel::Dropout) && x.shape() == y.shape() => {
             x.contiguous()?.apply_op2(&y.contiguous()?, AddDropoutOp(op))

@@ -30,7 +30,7 @@ use candle_core::{CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape
 
 use crate::activation::GeluSlope;
 use crate::cuda::{takes, Kernel};
-use crate::dropout::{add_dropped, dropout, dropout_apply, DropoutOp};
+use crate::dropout::{add_dropout, add_dropped, dropout, dropout_apply, DropoutOp};
 use crate::gemm::{product_in, Mat};
 use crate::host::{
     cpu_slice, cpu_storage_as, cpu_tensor, cpu_tensor_as, cpu_values, is_host, is_host_f32, with_data,
@@ -464,7 +464,7 @@ pub fn linear_residual_in(
         let h = &like_weight(h, w)?;
         if p > 0.0 && takes(x, Kernel::Dropout) {
             // The product is cuBLAS's; the mask and the add one pass of Ember's.
-            return crate::dropout::add_dropout(x, &linear_in(h, w, precision)?, p, state);
+            return add_dropout(x, &linear_in(h, w, precision)?, p, state);
         }
         return x + dropout(&linear_in(h, w, precision)?, p, state)?;
     }

@@ -148,11 +148,7 @@ impl Attention {
                 eps: cfg.norm_eps,
             },
         };
-        // Biases: Qwen2's on q, k and v (`qkv_bias`); fairseq's on every projection
-        // (`proj_bias`), but for k's without a rotation: it would add q·b to every logit of a
-        // query alike, which the softmax cancels, so it could never learn.
-        let in_bias = cfg.qkv_bias || cfg.proj_bias;
-        let k_bias = cfg.qkv_bias || (cfg.proj_bias && rotary.is_some());
+        let (in_bias, k_bias) = (cfg.query_value_bias(), cfg.key_bias(rotary.is_some()));
         Ok(Self {
             q_proj: proj("q_proj", ProjectionRole::AttentionIn, (d, h * hd), std, in_bias)?,
             k_proj: proj("k_proj", ProjectionRole::AttentionIn, (d, kv * hd), std, k_bias)?,

@@ -624,6 +624,19 @@ impl ModelConfig {
     pub fn head_dim(&self) -> usize {
         self.head_dim.unwrap_or(self.d_model / self.n_heads.max(1))
     }
+    /// Whether the attention's query and value projections add a bias: Qwen2's (`qkv_bias`) or
+    /// fairseq's (`proj_bias`).
+    pub fn query_value_bias(&self) -> bool {
+        self.qkv_bias || self.proj_bias
+    }
+
+    /// Whether an attention's key projection adds a bias, `rotated` saying whether its keys are
+    /// rotated. Qwen2's always; fairseq's only with a rotation: without one a key bias adds the
+    /// same q·b to every logit of a query, which the softmax cancels, so it could never learn.
+    pub fn key_bias(&self, rotated: bool) -> bool {
+        self.qkv_bias || (self.proj_bias && rotated)
+    }
+
     /// Width of all query heads together (the query projection's output, the output
     /// projection's input): `d_model` unless `head_dim` says otherwise.
     pub fn q_width(&self) -> usize {

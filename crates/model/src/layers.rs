@@ -270,12 +270,7 @@ impl Linear {
         if self.bias.is_none() {
             return ember_kernels::linear_residual_in(to.stream, h, &self.weight, p, state, ctx.precision);
         }
-        let branch = self.forward(h, ctx)?;
-        let branch = match p > 0.0 {
-            true => ember_kernels::dropout(&branch, p, state)?,
-            false => branch,
-        };
-        to.stream + branch
+        ember_kernels::add_dropout(to.stream, &self.forward(h, ctx)?, p, state)
     }
 }
 

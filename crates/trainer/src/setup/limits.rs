@@ -39,12 +39,12 @@ pub fn parameter_count(m: &ModelConfig) -> f64 {
     let d = m.d_model as f64;
     let (q, kv) = (m.q_width() as f64, (m.kv_heads() * m.head_dim()) as f64);
     // q and o are d × q (q = d unless model.head_dim says otherwise), k and v d × kv. Biases are
-    // one value per output: Qwen2's on q, k and v; fairseq's (`proj_bias`) on q, v, o and the
-    // MLP's, and on k only where keys are rotated (self-attention with rotary positions).
-    let qkv_bias = m.qkv_bias || m.proj_bias;
+    // one value per output, where the model has them (`ModelConfig::query_value_bias`,
+    // `key_bias`: keys are rotated in self-attention with rotary positions; `proj_bias` adds o's
+    // and the MLP's).
     let attention = |rotated: bool| {
-        let k_bias = m.qkv_bias || (m.proj_bias && rotated);
-        let biases = if qkv_bias { q + kv } else { 0.0 } + if k_bias { kv } else { 0.0 };
+        let biases =
+            if m.query_value_bias() { q + kv } else { 0.0 } + if m.key_bias(rotated) { kv } else { 0.0 };
         2.0 * d * q + 2.0 * d * kv + biases + if m.proj_bias { d } else { 0.0 }
     };
     let ff = m.d_ff as f64;
