@@ -70,7 +70,10 @@ pub use activation::{gelu_erf, swiglu, swiglu_unfused};
 pub use attention::{
     attention, attention_unfused, causal_mask, cuda_fuses, padding_mask, AttentionOptions, AttentionTelemetry,
 };
-pub use bias::{add_bias, add_bias_unfused};
+pub use bias::{
+    add_bias, add_bias_unfused, linear_bias, linear_bias_in, linear_bias_relu, linear_bias_relu_in,
+    linear_bias_relu_unfused, linear_bias_unfused,
+};
 pub use cross_entropy::cross_entropy_unfused;
 pub use dropout::{add_dropout, dropout, dropout_unfused};
 pub use linear::{

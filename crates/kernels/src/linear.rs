@@ -1,13 +1,14 @@
-//! The linear map `x·Wᵀ` (no bias), forward and backward through Ember's GEMM.
+//! The linear map `x·Wᵀ`, forward and backward through Ember's GEMM.
 //!
 //! x may have any number of leading dimensions: they are folded into the rows of one product
 //! inside the op, so the model needs no reshape (and its autograd node) around each projection.
 //!
-//! Four projections come with what follows them in the model, as one op each:
+//! Five projections come with what follows them in the model, as one op each:
 //! [`linear_gelu`] (a feed-forward block's up-projection and its activation), [`linear_rope`]
 //! (a query or key projection and its rotary rotation), [`linear_scaled`] (an unrotated query
 //! projection and its logit scale) and [`linear_residual`] (a branch's output projection, its
-//! dropout and the residual add). candle's
+//! dropout and the residual add) and [`linear_bias`](crate::linear_bias) (a projection and its
+//! bias, and with [`linear_bias_relu`](crate::linear_bias_relu) the ReLU after them). candle's
 //! backward pass zero-fills a gradient buffer for every node of the graph and adds the node's
 //! gradient into it; each fusion removes an activation-sized node, and with it that buffer, the
 //! add, and a pass over the activation in each direction.
@@ -40,7 +41,7 @@ use crate::simd::scaled;
 use crate::Precision;
 
 /// The output shape of `x·Wᵀ`: x's with its last dimension replaced by W's rows.
-fn output_shape(x: &Shape, out_dim: usize) -> Shape {
+pub(crate) fn output_shape(x: &Shape, out_dim: usize) -> Shape {
     let mut dims = x.dims().to_vec();
     if let Some(last) = dims.last_mut() {
         *last = out_dim;
@@ -110,7 +111,7 @@ fn project_op<E: Epilogue + 'static>(
 }
 
 /// An error unless x's last dimension is the weight's input dimension.
-fn check_fit(op: &str, x: &Tensor, w: &Tensor) -> Result<()> {
+pub(crate) fn check_fit(op: &str, x: &Tensor, w: &Tensor) -> Result<()> {
     let (_, w_in) = w.dims2()?;
     if x.dims().last() != Some(&w_in) {
         candle_core::bail!(
@@ -123,13 +124,13 @@ fn check_fit(op: &str, x: &Tensor, w: &Tensor) -> Result<()> {
 }
 
 /// (rows, in, out) of x·Wᵀ, from the shapes of x (…, in) and W (out × in).
-fn dims(x: &Shape, w: &Shape) -> Result<(usize, usize, usize)> {
+pub(crate) fn dims(x: &Shape, w: &Shape) -> Result<(usize, usize, usize)> {
     let (out_dim, in_dim) = w.dims2()?;
     Ok((x.elem_count() / in_dim.max(1), in_dim, out_dim))
 }
 
 /// x·Wᵀ of contiguous x (rows × in) and W (out × in).
-fn project(
+pub(crate) fn project(
     x: &[f32],
     w: &[f32],
     (rows, in_dim, out_dim): (usize, usize, usize),
@@ -147,7 +148,7 @@ fn project(
 
 /// dx = g·W and dW = gᵀ·x of x·Wᵀ for contiguous x (rows × in), W (out × in) and the gradient
 /// g (rows × out) of the product.
-fn project_grads(
+pub(crate) fn project_grads(
     x: &[f32],
     w: &[f32],
     g: &[f32],

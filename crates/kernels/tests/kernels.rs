@@ -646,6 +646,79 @@ fn a_projection_then_gelu_matches_the_ops_one_by_one() {
 }
 
 #[test]
+fn a_projection_with_a_bias_and_a_relu_matches_the_ops_one_by_one() {
+    // Against candle's matmul, broadcast add (and ReLU), contiguous and strided, with leading
+    // dimensions; and the bits of Ember's linear, then its bias add (then candle's ReLU),
+    // forward and all three gradients (the model's biased projections took those ops before).
+    for (i, shape) in [vec![7, 13], vec![2, 5, 16], vec![130, 8], vec![3, 40, 128]]
+        .into_iter()
+        .enumerate()
+    {
+        let in_dim = *shape.last().unwrap();
+        let out_dim = 24 + i;
+        let x = randn(700 + i as u64, &shape);
+        let w = randn(710 + i as u64, &[out_dim, in_dim]);
+        let b = randn(720 + i as u64, &[out_dim]);
+        for (label, x, w) in [
+            ("contiguous", x.clone(), w.clone()),
+            ("strided", strided(&x), strided(&w)),
+        ] {
+            let inputs = [x, w, b.clone()];
+            let probe = randn(
+                98,
+                kernels::linear_bias(&inputs[0], &inputs[1], &inputs[2])
+                    .unwrap()
+                    .dims(),
+            );
+            type Op = fn(&Tensor, &Tensor, &Tensor) -> candle_core::Result<Tensor>;
+            let two_ops = |t: &[Tensor]| kernels::add_bias(&kernels::linear(&t[0], &t[1])?, &t[2]);
+            let cases: [(&str, Op, Op, &dyn Fn(&[Tensor]) -> candle_core::Result<Tensor>); 2] = [
+                (
+                    "linear_bias",
+                    kernels::linear_bias,
+                    kernels::linear_bias_unfused,
+                    &two_ops,
+                ),
+                (
+                    "linear_bias_relu",
+                    kernels::linear_bias_relu,
+                    kernels::linear_bias_relu_unfused,
+                    &|t| two_ops(t)?.relu(),
+                ),
+            ];
+            for (name, fused, unfused, one_by_one) in cases {
+                let what = format!("{name} {shape:?} {label}");
+                compare(&what, &inputs, &|t| fused(&t[0], &t[1], &t[2]).unwrap(), &|t| {
+                    unfused(&t[0], &t[1], &t[2]).unwrap()
+                });
+                let (y, g) = run(&inputs, &probe, &|t| fused(&t[0], &t[1], &t[2]).unwrap());
+                let (y2, g2) = run(&inputs, &probe, &|t| one_by_one(t).unwrap());
+                assert!(same_bits(&y, &y2), "{what}: not the bits of the ops one by one");
+                for (n, (a, b)) in g.iter().zip(&g2).enumerate() {
+                    assert!(
+                        same_bits(a, b),
+                        "{what}: gradient {n} is not the bits of the ops one by one"
+                    );
+                }
+            }
+        }
+    }
+    // A sum of exactly 0 passes the ReLU's gradient, as candle's `ge(0)` mask does.
+    let (x, w, b) = (
+        Tensor::new(&[[1f32, -2.0]], &Device::Cpu).unwrap(),
+        Tensor::new(&[[1f32, 1.0]], &Device::Cpu).unwrap(),
+        Tensor::new(&[1f32], &Device::Cpu).unwrap(),
+    );
+    let (_, g) = run(&[x, w, b], &Tensor::new(&[[3f32]], &Device::Cpu).unwrap(), &|t| {
+        kernels::linear_bias_relu(&t[0], &t[1], &t[2]).unwrap()
+    });
+    assert_eq!(values(&g[2]), [3.0], "the bias gradient at a sum of 0");
+    let err =
+        kernels::linear_bias(&randn(730, &[3, 5]), &randn(731, &[4, 5]), &randn(732, &[5])).unwrap_err();
+    assert!(err.to_string().contains("does not fit"), "{err}");
+}
+
+#[test]
 fn a_projection_then_a_constant_factor_matches_the_ops_one_by_one() {
     // scale · (x·Wᵀ) against candle's matmul and affine, contiguous and strided, with leading
     // dimensions; and the bits of Ember's linear, then candle's affine, forward and both

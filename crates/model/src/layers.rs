@@ -245,10 +245,9 @@ impl Linear {
 
     /// (…, in) → (…, out): all leading dimensions are rows of one product.
     pub fn forward(&self, x: &Tensor, ctx: ForwardCtx) -> Result<Tensor> {
-        let y = ember_kernels::linear_in(x, &self.weight, ctx.precision)?;
         match &self.bias {
-            Some(b) => ember_kernels::add_bias(&y, b),
-            None => Ok(y),
+            Some(b) => ember_kernels::linear_bias_in(x, &self.weight, b, ctx.precision),
+            None => ember_kernels::linear_in(x, &self.weight, ctx.precision),
         }
     }
 
@@ -257,6 +256,14 @@ impl Linear {
         match &self.bias {
             Some(_) => ember_kernels::gelu_erf(&self.forward(x, ctx)?),
             None => ember_kernels::linear_gelu_in(x, &self.weight, ctx.precision),
+        }
+    }
+
+    /// `relu(x·Wᵀ + b)`: one op with a bias.
+    pub fn forward_relu(&self, x: &Tensor, ctx: ForwardCtx) -> Result<Tensor> {
+        match &self.bias {
+            Some(b) => ember_kernels::linear_bias_relu_in(x, &self.weight, b, ctx.precision),
+            None => self.forward(x, ctx)?.relu(),
         }
     }
 
@@ -385,7 +392,7 @@ impl Mlp {
     pub fn forward(&self, x: &Tensor, to: Residual, ctx: ForwardCtx) -> Result<Tensor> {
         let hidden = match (&self.gate, self.kind) {
             (Some(gate), _) => ember_kernels::swiglu(&gate.forward(x, ctx)?, &self.up.forward(x, ctx)?)?,
-            (None, MlpKind::Relu) => self.up.forward(x, ctx)?.relu()?,
+            (None, MlpKind::Relu) => self.up.forward_relu(x, ctx)?,
             (None, _) => self.up.forward_gelu(x, ctx)?,
         };
         self.down.forward_residual(&hidden, to, ctx)
