@@ -9,7 +9,7 @@
 //! not depend on the thread count. CPU f32 only; every other device and dtype takes
 //! `broadcast_add`.
 
-use std::mem::MaybeUninit;
+use std::borrow::Cow;
 use std::sync::Mutex;
 
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor, D};
@@ -50,16 +50,8 @@ impl candle_core::CustomOp2 for AddBiasOp {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (y, b) = (cpu_slice(s1, l1)?, cpu_slice(s2, l2)?);
-        // Whole rows per task, so that every row meets the bias from its first column.
-        let chunk = rows_per_task(b.len()) * b.len();
-        let out = fill(y.len(), chunk, |r, out: &mut [MaybeUninit<f32>]| {
-            for (row, out) in y[r].chunks_exact(b.len()).zip(out.chunks_exact_mut(b.len())) {
-                for ((o, &y), &b) in out.iter_mut().zip(row).zip(b) {
-                    o.write(y + b);
-                }
-            }
-        });
+        let mut out = cpu_slice(s1, l1)?.to_vec();
+        add_to_rows(&mut out, cpu_slice(s2, l2)?);
         Ok((CpuStorage::F32(out), l1.shape().clone()))
     }
     fn bwd(
@@ -75,22 +67,25 @@ impl candle_core::CustomOp2 for AddBiasOp {
 
 /// Σ over the rows of `g` viewed as (rows, c), each column summed from the first row to the last.
 /// (`g` is the gradient of the op's CPU f32 output.)
-pub(crate) fn column_sums(g: &Tensor, c: usize) -> Result<Tensor> {
-    let g = g.contiguous()?;
-    let sums = with_data([&g], |[g]| {
-        let mut acc = vec![0f32; c];
-        for row in g.chunks_exact(c) {
-            for (a, &x) in acc.iter_mut().zip(row) {
-                *a += x;
-            }
-        }
-        Ok(acc)
-    })?;
+fn column_sums(g: &Tensor, c: usize) -> Result<Tensor> {
+    let sums = with_data([&g.contiguous()?], |[g]| Ok(column_sums_of(g, c)))?;
     cpu_tensor(sums, &Shape::from(c))
 }
 
-/// `y += b` on every row of `y` (rows of `b.len()`), whole rows per task.
-pub(crate) fn add_to_rows(y: &mut [f32], b: &[f32]) {
+/// [`column_sums`] of contiguous rows of `c` values.
+fn column_sums_of(g: &[f32], c: usize) -> Vec<f32> {
+    let mut acc = vec![0f32; c];
+    for row in g.chunks_exact(c) {
+        for (a, &x) in acc.iter_mut().zip(row) {
+            *a += x;
+        }
+    }
+    acc
+}
+
+/// `y += b` on every row of `y` (rows of `b.len()`), whole rows per task, so that every row
+/// meets the bias from its first column.
+fn add_to_rows(y: &mut [f32], b: &[f32]) {
     let c = b.len().max(1);
     let out = SharedMut(y.as_mut_ptr());
     for_each_chunk(y.len(), rows_per_task(c) * c, |r| {
@@ -273,20 +268,18 @@ impl CustomOp3 for LinearBiasOp {
         g: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let dims = dims(x.shape(), w.shape())?;
-        let g = match &self.relu {
-            Some(relu) => {
-                let g_sum = with_data([g], |[gs]| relu.backward(gs))?;
-                cpu_tensor(g_sum, g.shape())?
-            }
-            None => g.clone(),
-        };
-        let (dx, dw) = with_data([x, w, &g], |[xs, ws, gs]| {
-            Ok(project_grads(xs, ws, gs, dims, self.precision))
+        let (dx, dw, db) = with_data([x, w, g], |[xs, ws, gs]| {
+            let g_sum = match &self.relu {
+                Some(relu) => Cow::Owned(relu.backward(gs)?),
+                None => Cow::Borrowed(gs),
+            };
+            let (dx, dw) = project_grads(xs, ws, &g_sum, dims, self.precision);
+            Ok((dx, dw, column_sums_of(&g_sum, dims.2)))
         })?;
         Ok((
             Some(cpu_tensor(dx, x.shape())?),
             Some(cpu_tensor(dw, w.shape())?),
-            Some(column_sums(&g, b.dim(0)?)?),
+            Some(cpu_tensor(db, b.shape())?),
         ))
     }
 }
