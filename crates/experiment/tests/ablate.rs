@@ -401,8 +401,8 @@ fn the_report_opens_with_the_seeds_table_then_the_plots_and_names_the_vector_uni
 }
 
 /// `--set train.precision=bf16` sweeps in bf16 mixed precision: every run's config says so, and
-/// the report's hardware line names the precision and the instructions
-/// (`--grid train.precision=f32,bf16` both, f32 first).
+/// the report's hardware line names the precision and the instructions, AMX's tiles where the CPU
+/// has them (`--grid train.precision=f32,bf16` both, f32 first).
 #[test]
 fn a_bf16_sweep_trains_every_run_in_bf16_and_its_report_names_the_instructions() {
     if ember_kernels::Precision::Bf16.missing_cpu_feature().is_some() {
@@ -433,10 +433,13 @@ fn a_bf16_sweep_trains_every_run_in_bf16_and_its_report_names_the_instructions()
         );
     }
     let md = fs::read_to_string(outcome.plan.out.join(layout::REPORT_MD)).unwrap();
-    assert!(
-        md.contains("bf16 products on AVX512_BF16 (vdpbf16ps), f32 sums"),
-        "{md}"
-    );
+    // A CPU with AMX runs the products on its tiles; one without, on AVX512_BF16's dot products.
+    let instructions = if ember_kernels::Precision::Bf16.cpu_unit() == "AMX" {
+        "bf16 products on AMX-BF16 (tdpbf16ps), f32 sums"
+    } else {
+        "bf16 products on AVX512_BF16 (vdpbf16ps), f32 sums"
+    };
+    assert!(md.contains(instructions), "{md}");
 
     opts.out = Some(tmp.path().join("both"));
     opts.overrides.pop();
