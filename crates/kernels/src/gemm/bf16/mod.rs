@@ -39,6 +39,8 @@ use amx::TileUnit;
 
 pub(super) mod amx;
 mod pack;
+#[cfg(test)]
+mod timing;
 pub(super) use pack::pack_b_for;
 #[cfg(test)]
 pub(super) use pack::transpose16;
