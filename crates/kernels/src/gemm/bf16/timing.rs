@@ -29,6 +29,15 @@ impl<T: Copy> Lined<T> {
     }
 }
 
+/// Seconds of this thread's CPU time per call of `f`, over `reps` calls.
+fn per_call(reps: usize, mut f: impl FnMut()) -> f64 {
+    let t = thread_cpu_secs();
+    for _ in 0..reps {
+        f();
+    }
+    (thread_cpu_secs() - t) / reps as f64
+}
+
 /// The bf16 products of nanoGPT's standard shape (a share of 2,048 rows) on AMX, part by part:
 /// B's packing, A's conversion into rows of pairs, the tiles' steps over the converted operands
 /// (with C on a cache line, and 16 bytes past one as glibc aligns it), and the whole product as
@@ -60,13 +69,7 @@ fn amx_product_parts_at_the_standard_shape() {
         let (ao, bo) = operands(&a, &b, (m, k, n), a_t, b_t);
         let reps = (2e9 / (m * k * n) as f64).clamp(2.0, 100.0) as usize;
         let mut best = [f64::MAX; 5];
-        let time = |best: &mut f64, f: &mut dyn FnMut()| {
-            let t = thread_cpu_secs();
-            for _ in 0..reps {
-                f();
-            }
-            *best = best.min((thread_cpu_secs() - t) / reps as f64);
-        };
+        let time = |best: &mut f64, f: &mut dyn FnMut()| *best = best.min(per_call(reps, f));
         for _ in 0..7 {
             // SAFETY: the operands and C hold these shapes; AMX's state was granted.
             unsafe {
@@ -129,9 +132,10 @@ fn amx_tiles_in_l1() {
                     unit.load::<5>(a.ptr(), 64);
                     unit.load::<6>(b.ptr(), 128);
                     unit.load::<7>(b.ptr(), 128);
-                    let t = thread_cpu_secs();
-                    for r in 0..reps {
+                    let mut r = 0;
+                    let t = per_call(reps, || {
                         let o = (r % 4) * 256;
+                        r += 1;
                         if loads {
                             unit.load::<4>(a.ptr().add(o), 64);
                             unit.load::<5>(a.ptr().add(o + 256), 64);
@@ -144,8 +148,8 @@ fn amx_tiles_in_l1() {
                             unit.dot::<2, 5, 6>();
                             unit.dot::<3, 5, 7>();
                         }
-                    }
-                    best = best.min((thread_cpu_secs() - t) / reps as f64);
+                    });
+                    best = best.min(t);
                     unit.release();
                 }
             }
@@ -173,8 +177,7 @@ fn amx_tiles_in_l1() {
             // SAFETY: the operands and C hold these shapes; AMX's state was granted.
             unsafe {
                 unit.configure();
-                let t = thread_cpu_secs();
-                for _ in 0..reps {
+                let t = per_call(reps, || {
                     let step = amx::Step {
                         kq,
                         a: a.ptr(),
@@ -188,8 +191,8 @@ fn amx_tiles_in_l1() {
                         resume: false,
                     };
                     amx::step(&mut unit, step);
-                }
-                best = best.min((thread_cpu_secs() - t) / reps as f64);
+                });
+                best = best.min(t);
                 unit.release();
             }
         }
