@@ -177,7 +177,7 @@ pub(crate) fn project_grads(
 /// What a projection op does with x·Wᵀ before handing it on, and with the gradient on the way
 /// back: nothing ([`Plain`]), GELU ([`Gelu`]), a constant factor ([`Scale`]) or the rotary
 /// rotation ([`Rotate`]). The op runs the product and its epilogue in one node of the graph.
-trait Epilogue: Send + Sync {
+pub(crate) trait Epilogue: Send + Sync {
     const NAME: &'static str;
     /// The op's output from the product `p` of an input of shape `x`.
     fn forward(&self, p: Vec<f32>, x: &Shape, out_dim: usize) -> Result<Vec<f32>>;
@@ -193,7 +193,7 @@ trait Epilogue: Send + Sync {
 }
 
 /// The product itself.
-struct Plain;
+pub(crate) struct Plain;
 
 impl Epilogue for Plain {
     const NAME: &'static str = "ember-linear";
@@ -231,7 +231,7 @@ impl Epilogue for Gelu {
 }
 
 /// The product times a constant, as candle's `affine(scale, 0)` computes it.
-struct Scale(f32);
+pub(crate) struct Scale(pub(crate) f32);
 
 impl Epilogue for Scale {
     const NAME: &'static str = "ember-linear-scaled";
@@ -251,7 +251,7 @@ impl Epilogue for Scale {
 }
 
 /// The product rotated (and scaled) per position; x is (B, T, in).
-struct Rotate(RopeOp);
+pub(crate) struct Rotate(pub(crate) RopeOp);
 
 impl Epilogue for Rotate {
     const NAME: &'static str = "ember-linear-rope";

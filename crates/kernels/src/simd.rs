@@ -342,6 +342,18 @@ fn add_assign_generic(c: &mut [f32], p: &[f32]) {
 }
 simd_dispatch!(pub(crate) add_assign => add_assign_generic(c: &mut [f32], p: &[f32]) -> ());
 
+/// `c[i] += p[i]` in parallel pieces: candle's add of two gradients, without a third buffer.
+pub(crate) fn add_in_place(c: &mut [f32], p: &[f32]) {
+    let out = crate::par::SharedMut(c.as_mut_ptr());
+    crate::par::for_each_chunk(c.len(), crate::par::ELEMENTS_PER_TASK, |r| {
+        // SAFETY: the chunks are disjoint ranges of c, which outlives the parallel tasks.
+        add_assign(
+            unsafe { std::slice::from_raw_parts_mut(out.at(r.start), r.len()) },
+            &p[r],
+        )
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::{exp_fast, max_of, max_of_wide, sum, sum_wide};

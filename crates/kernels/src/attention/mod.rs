@@ -107,7 +107,6 @@ pub fn attention(
         return attention_unfused(q, k, v, mask, opts);
     }
     opts.precision.check_cpu()?;
-    let dims = AttnDims::of(q.dims(), k.dims(), opts)?;
     if v.dims() != k.dims() {
         bail!(
             "attention: k {:?} and v {:?} differ in shape",
@@ -115,28 +114,12 @@ pub fn attention(
             v.shape()
         );
     }
-    let mask = match mask {
-        Some(m) => Some(m.detach().broadcast_as((dims.b, dims.h, dims.t, dims.s))?),
-        None => None,
-    };
-    // Keeping the probabilities for the backward pass spares it a q·kᵀ product and a softmax
-    // per head, for B·H·T·S floats: done when that is at most four times what q holds (S ≤ 4d),
-    // so long sequences still recompute instead of storing T² per head.
-    let keep = q.track_op() && dims.s <= 4 * dims.d;
-    let telemetry = opts.telemetry.then(|| Arc::new(Mutex::new(None)));
-    let op = AttnOp {
-        dims,
-        precision: opts.precision,
-        mask,
-        dropout: opts.dropout.and_then(|(p, state)| DropoutOp::new(p, state)),
-        telemetry: telemetry.clone(),
-        probs: keep.then(|| Mutex::new(None)),
-    };
+    let op = AttnOp::cpu(q.dims(), k.dims(), mask, opts, q.track_op())?;
+    let telemetry = op.telemetry_slot();
     let out = q
         .contiguous()?
         .apply_op3(&k.contiguous()?, &v.contiguous()?, op)?;
-    let telemetry = telemetry.and_then(|t| t.lock().unwrap_or_else(|e| e.into_inner()).take());
-    Ok((out, telemetry))
+    Ok((out, telemetry.and_then(|slot| take(&slot))))
 }
 
 /// Whether a CUDA call with q of shape `q` and k, v of shape `k` runs the fused kernels (the
@@ -223,14 +206,14 @@ impl AttnDims {
     }
 }
 
-struct AttnOp {
+pub(crate) struct AttnOp {
     dims: AttnDims,
     precision: Precision,
     /// The additive mask broadcast (by strides) to (B, H, T, S).
     mask: Option<Tensor>,
     dropout: Option<DropoutOp>,
     /// Filled by the forward pass when telemetry was asked for (the caller holds a clone).
-    telemetry: Option<Arc<Mutex<Option<AttentionTelemetry>>>>,
+    telemetry: Option<TelemetrySlot>,
     /// The forward pass's probabilities (B, H, T, S), taken by the backward pass (`None`: not
     /// kept, the backward recomputes them).
     probs: Option<Mutex<Option<Vec<f32>>>>,
@@ -239,7 +222,150 @@ struct AttnOp {
 /// An additive mask as (data, (b, h, t, s) element strides, offset).
 type MaskView<'a> = Option<(&'a [f32], [usize; 4], usize)>;
 
+/// Where an attention op leaves its telemetry.
+pub(crate) type TelemetrySlot = Arc<Mutex<Option<AttentionTelemetry>>>;
+
+/// What a mutex-guarded slot holds, taken out (a poisoned lock still gives its value).
+pub(crate) fn take<T>(slot: &Mutex<Option<T>>) -> Option<T> {
+    slot.lock().unwrap_or_else(|e| e.into_inner()).take()
+}
+
 impl AttnOp {
+    /// The CPU op for q of shape `q` and k, v of shape `k`; it keeps its probabilities for a
+    /// backward pass (`backward`) where they are small enough.
+    pub(crate) fn cpu(
+        q: &[usize],
+        k: &[usize],
+        mask: Option<&Tensor>,
+        opts: &AttentionOptions,
+        backward: bool,
+    ) -> Result<Self> {
+        let dims = AttnDims::of(q, k, opts)?;
+        let mask = match mask {
+            Some(m) => Some(m.detach().broadcast_as((dims.b, dims.h, dims.t, dims.s))?),
+            None => None,
+        };
+        // Keeping the probabilities for the backward pass spares it a q·kᵀ product and a
+        // softmax per head, for B·H·T·S floats: done when that is at most four times what q
+        // holds (S ≤ 4d), so long sequences still recompute instead of storing T² per head.
+        let keep = backward && dims.s <= 4 * dims.d;
+        Ok(Self {
+            dims,
+            precision: opts.precision,
+            mask,
+            dropout: opts.dropout.and_then(|(p, state)| DropoutOp::new(p, state)),
+            telemetry: opts.telemetry.then(|| Arc::new(Mutex::new(None))),
+            probs: keep.then(|| Mutex::new(None)),
+        })
+    }
+
+    /// Where the forward pass leaves what it measured (with telemetry asked for): the caller
+    /// keeps a clone, and takes the measurement out after the pass.
+    pub(crate) fn telemetry_slot(&self) -> Option<TelemetrySlot> {
+        self.telemetry.clone()
+    }
+
+    /// The output (B, T, H·d) of q, k and v, with the telemetry and the probabilities kept
+    /// where asked for.
+    pub(crate) fn forward_values(&self, q: &[f32], k: &[f32], v: &[f32]) -> Result<Vec<f32>> {
+        let dims = self.dims;
+        let out = Blocks::new(q.len());
+        let kept = self
+            .probs
+            .as_ref()
+            .map(|_| Blocks::new(dims.b * dims.h * dims.t * dims.s));
+        let per_task = self.with_mask(|mask| {
+            let task = Forward {
+                dims,
+                precision: self.precision,
+                q,
+                k,
+                v,
+                mask,
+                dropout: self.dropout,
+                out: &out,
+                kept: kept.as_ref(),
+                measure: self.telemetry.is_some(),
+            };
+            let per_task: Vec<Mutex<Measured>> = (0..dims.b * dims.hkv).map(|_| Mutex::default()).collect();
+            crate::par::for_each(per_task.len(), |i| {
+                let m = forward_task(&task, i / dims.hkv, i % dims.hkv);
+                *per_task[i].lock().unwrap_or_else(|e| e.into_inner()) = m;
+            });
+            Ok(per_task)
+        })?;
+        // Combined in task order, whichever thread ran which task.
+        let measured = per_task
+            .into_iter()
+            .map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner()))
+            .fold(Measured::default(), |mut acc, m| {
+                acc.max_abs = acc.max_abs.max(m.max_abs);
+                acc.entropy_sum += m.entropy_sum;
+                acc.by_position.resize(m.by_position.len(), 0.0);
+                for (a, x) in acc.by_position.iter_mut().zip(&m.by_position) {
+                    *a += x;
+                }
+                acc
+            });
+        if let Some(slot) = &self.telemetry {
+            let rows = (dims.b * dims.h * dims.t).max(1) as f64;
+            let per_position = (dims.b * dims.h).max(1) as f64;
+            *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(AttentionTelemetry {
+                max_logit: measured.max_abs,
+                entropy: (measured.entropy_sum / rows) as f32,
+                entropy_by_position: measured
+                    .by_position
+                    .iter()
+                    .map(|&h| (h / per_position) as f32)
+                    .collect(),
+            });
+        }
+        if let (Some(slot), Some(kept)) = (&self.probs, kept) {
+            *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(kept.finish());
+        }
+        Ok(out.finish())
+    }
+
+    /// The gradients (dq, dk, dv) from q, k, v, the output o and its gradient go.
+    pub(crate) fn backward_values(
+        &self,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        o: &[f32],
+        go: &[f32],
+    ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
+        let dims = self.dims;
+        let kept = self
+            .probs
+            .as_ref()
+            .and_then(take)
+            .filter(|p| p.len() == dims.b * dims.h * dims.t * dims.s);
+        let (dq, dk, dv) = (Blocks::new(q.len()), Blocks::new(k.len()), Blocks::new(v.len()));
+        self.with_mask(|mask| {
+            let task = Backward {
+                dims,
+                precision: self.precision,
+                q,
+                k,
+                v,
+                o,
+                go,
+                mask,
+                dropout: self.dropout,
+                kept: kept.as_deref(),
+                dq: &dq,
+                dk: &dk,
+                dv: &dv,
+            };
+            crate::par::for_each(dims.b * dims.hkv, |i| {
+                backward_task(&task, i / dims.hkv, i % dims.hkv)
+            });
+            Ok(())
+        })?;
+        Ok((dq.finish(), dk.finish(), dv.finish()))
+    }
+
     /// Runs `f` with the mask's data and strides.
     fn with_mask<R>(&self, f: impl FnOnce(MaskView<'_>) -> Result<R>) -> Result<R> {
         match &self.mask {
@@ -509,64 +635,9 @@ impl CustomOp3 for AttnOp {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let dims = self.dims;
         let (q, k, v) = (cpu_values(s1, l1)?, cpu_values(s2, l2)?, cpu_values(s3, l3)?);
-        let (q, k, v) = (&*q, &*k, &*v);
-        let out = Blocks::new(q.len());
-        let kept = self
-            .probs
-            .as_ref()
-            .map(|_| Blocks::new(dims.b * dims.h * dims.t * dims.s));
-        let per_task = self.with_mask(|mask| {
-            let task = Forward {
-                dims,
-                precision: self.precision,
-                q,
-                k,
-                v,
-                mask,
-                dropout: self.dropout,
-                out: &out,
-                kept: kept.as_ref(),
-                measure: self.telemetry.is_some(),
-            };
-            let per_task: Vec<Mutex<Measured>> = (0..dims.b * dims.hkv).map(|_| Mutex::default()).collect();
-            crate::par::for_each(per_task.len(), |i| {
-                let m = forward_task(&task, i / dims.hkv, i % dims.hkv);
-                *per_task[i].lock().unwrap_or_else(|e| e.into_inner()) = m;
-            });
-            Ok(per_task)
-        })?;
-        // Combined in task order, whichever thread ran which task.
-        let measured = per_task
-            .into_iter()
-            .map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner()))
-            .fold(Measured::default(), |mut acc, m| {
-                acc.max_abs = acc.max_abs.max(m.max_abs);
-                acc.entropy_sum += m.entropy_sum;
-                acc.by_position.resize(m.by_position.len(), 0.0);
-                for (a, x) in acc.by_position.iter_mut().zip(&m.by_position) {
-                    *a += x;
-                }
-                acc
-            });
-        if let Some(slot) = &self.telemetry {
-            let rows = (dims.b * dims.h * dims.t).max(1) as f64;
-            let per_position = (dims.b * dims.h).max(1) as f64;
-            *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(AttentionTelemetry {
-                max_logit: measured.max_abs,
-                entropy: (measured.entropy_sum / rows) as f32,
-                entropy_by_position: measured
-                    .by_position
-                    .iter()
-                    .map(|&h| (h / per_position) as f32)
-                    .collect(),
-            });
-        }
-        if let (Some(slot), Some(kept)) = (&self.probs, kept) {
-            *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(kept.finish());
-        }
-        Ok((cpu_storage_as(out.finish(), s3.dtype())?, l1.shape().clone()))
+        let out = self.forward_values(&q, &k, &v)?;
+        Ok((cpu_storage_as(out, s3.dtype())?, l1.shape().clone()))
     }
     #[cfg(feature = "cuda")]
     fn cuda_fwd(
@@ -595,36 +666,8 @@ impl CustomOp3 for AttnOp {
                 return Ok((Some(dq), Some(dk), Some(dv)));
             }
         }
-        let dims = self.dims;
-        let kept = self
-            .probs
-            .as_ref()
-            .and_then(|slot| slot.lock().unwrap_or_else(|e| e.into_inner()).take())
-            .filter(|p| p.len() == dims.b * dims.h * dims.t * dims.s);
         let (dq, dk, dv) = with_data([q, k, v, res, g], |[q, k, v, o, go]| {
-            let (dq, dk, dv) = (Blocks::new(q.len()), Blocks::new(k.len()), Blocks::new(v.len()));
-            self.with_mask(|mask| {
-                let task = Backward {
-                    dims,
-                    precision: self.precision,
-                    q,
-                    k,
-                    v,
-                    o,
-                    go,
-                    mask,
-                    dropout: self.dropout,
-                    kept: kept.as_deref(),
-                    dq: &dq,
-                    dk: &dk,
-                    dv: &dv,
-                };
-                crate::par::for_each(dims.b * dims.hkv, |i| {
-                    backward_task(&task, i / dims.hkv, i % dims.hkv)
-                });
-                Ok(())
-            })?;
-            Ok((dq.finish(), dk.finish(), dv.finish()))
+            self.backward_values(q, k, v, o, go)
         })?;
         Ok((
             Some(cpu_tensor_as(dq, q.shape(), q.dtype())?),

@@ -118,7 +118,7 @@ pub fn layer_norm_as(x: &Tensor, w: &Tensor, b: Option<&Tensor>, eps: f64, out: 
 }
 
 #[derive(Clone, Copy)]
-struct NormOp {
+pub(crate) struct NormOp {
     kind: NormType,
     eps: f64,
     /// The output's dtype (the CUDA kernels take f32 only).
@@ -131,6 +131,16 @@ const ROWS_PER_TASK: usize = 64;
 const COLS_PER_TASK: usize = 32;
 
 impl NormOp {
+    /// RMSNorm (`rms`) or LayerNorm with an f32 output, for ops that run a norm inside them.
+    pub(crate) fn f32(rms: bool, eps: f64) -> Self {
+        let kind = if rms { NormType::Rms } else { NormType::Layer };
+        Self {
+            kind,
+            eps,
+            out: DType::F32,
+        }
+    }
+
     /// Per-row (shift, 1/σ): mean (LayerNorm) or 0 (RMSNorm), and the reciprocal scale.
     #[inline(always)]
     fn stats(&self, row: &[f32]) -> (f32, f32) {
@@ -181,19 +191,30 @@ impl NormOp {
         }
     }
 
-    /// The input gradient of whole rows, and each row's (shift, 1/σ) for the parameter pass.
+    /// The input gradient of whole rows (plus the rows of `residual`: a gradient that reaches x
+    /// by another path, added as candle would add it), and each row's (shift, 1/σ) for the
+    /// parameter pass.
     #[inline(always)]
-    fn backward_rows(&self, x: &[f32], w: &[f32], g: &[f32], dx: &mut [f32], stats: &mut [(f32, f32)]) {
+    fn backward_rows(
+        &self,
+        x: &[f32],
+        w: &[f32],
+        g: &[f32],
+        residual: Option<&[f32]>,
+        dx: &mut [f32],
+        stats: &mut [(f32, f32)],
+    ) {
         let d = w.len();
         let w = &w[..d];
         let mut xhat = vec![0f32; d];
         let mut gx = vec![0f32; d];
         let inv_d = 1.0 / d as f32;
-        for (((xr, gr), dxr), st) in x
+        for (row, (((xr, gr), dxr), st)) in x
             .chunks_exact(d)
             .zip(g.chunks_exact(d))
             .zip(dx.chunks_exact_mut(d))
             .zip(stats.iter_mut())
+            .enumerate()
         {
             let (mean, r) = self.stats(xr);
             *st = (mean, r);
@@ -206,8 +227,18 @@ impl NormOp {
                 NormType::Rms => 0.0,
                 NormType::Layer => sum(&gx) * inv_d,
             };
-            for ((dx, &gx), &xhat) in dxr.iter_mut().zip(&gx).zip(&xhat) {
-                *dx = r * (gx - m_gx - xhat * m_gx_xhat);
+            match residual {
+                Some(res) => {
+                    let res = &res[row * d..(row + 1) * d];
+                    for (((dx, &gx), &xhat), &res) in dxr.iter_mut().zip(&gx).zip(&xhat).zip(res) {
+                        *dx = res + r * (gx - m_gx - xhat * m_gx_xhat);
+                    }
+                }
+                None => {
+                    for ((dx, &gx), &xhat) in dxr.iter_mut().zip(&gx).zip(&xhat) {
+                        *dx = r * (gx - m_gx - xhat * m_gx_xhat);
+                    }
+                }
             }
         }
     }
@@ -234,7 +265,7 @@ impl NormOp {
         }
     }
 
-    fn forward(&self, x: &[f32], w: &[f32], b: Option<&[f32]>) -> Result<Vec<f32>> {
+    pub(crate) fn forward(&self, x: &[f32], w: &[f32], b: Option<&[f32]>) -> Result<Vec<f32>> {
         let d = w.len();
         if d == 0 || !x.len().is_multiple_of(d) {
             bail!(
@@ -259,6 +290,19 @@ impl NormOp {
 
     /// (dx, dw, db) from x, w and the output gradient g.
     fn backward(&self, x: &[f32], w: &[f32], g: &[f32]) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+        self.backward_adding(x, w, g, None)
+    }
+
+    /// [`backward`](Self::backward) with `residual` (x's size) added to dx in the same pass:
+    /// x's gradient where x also reaches the loss around the norm (a pre-norm block's residual
+    /// stream), with the bits of candle's sum of the two.
+    pub(crate) fn backward_adding(
+        &self,
+        x: &[f32],
+        w: &[f32],
+        g: &[f32],
+        residual: Option<&[f32]>,
+    ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
         let d = w.len();
         let rows = x.len() / d.max(1);
         let mut dx = vec![0f32; x.len()];
@@ -277,6 +321,7 @@ impl NormOp {
                 &x[r.start * d..r.end * d],
                 w,
                 &g[r.start * d..r.end * d],
+                residual.map(|res| &res[r.start * d..r.end * d]),
                 dx,
                 st,
             );
@@ -311,18 +356,21 @@ simd_dispatch!(norm_forward_rows => norm_forward_rows_generic(
     op: NormOp, x: &[f32], w: &[f32], b: Option<&[f32]>, y: &mut [MaybeUninit<f32>]) -> ());
 
 #[inline(always)]
+#[allow(clippy::too_many_arguments)] // the SIMD dispatch macro needs plain slices, not a struct
 fn norm_backward_rows_generic(
     op: NormOp,
     x: &[f32],
     w: &[f32],
     g: &[f32],
+    residual: Option<&[f32]>,
     dx: &mut [f32],
     stats: &mut [(f32, f32)],
 ) {
-    op.backward_rows(x, w, g, dx, stats)
+    op.backward_rows(x, w, g, residual, dx, stats)
 }
 simd_dispatch!(norm_backward_rows => norm_backward_rows_generic(
-    op: NormOp, x: &[f32], w: &[f32], g: &[f32], dx: &mut [f32], stats: &mut [(f32, f32)]) -> ());
+    op: NormOp, x: &[f32], w: &[f32], g: &[f32], residual: Option<&[f32]>, dx: &mut [f32],
+    stats: &mut [(f32, f32)]) -> ());
 
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]

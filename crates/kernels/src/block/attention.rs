@@ -1,0 +1,320 @@
+//! A pre-norm self-attention sub-block, `x + dropout(attention(q, k, v)·W_oᵀ)` with q, k, v the
+//! projections of `norm(x)` (q rotated and scaled, k rotated, where the model has rotary
+//! positions; q scaled where it has none), as one op.
+//!
+//! Today's composition is six ops (the norm, three projections, the attention core and the
+//! output projection with its residual add); candle's backward pass zero-fills and adds a
+//! gradient for each of their inputs: x twice, the normalised h three times, q, k, v, the
+//! attention output o and six parameters. As one op with x its only candle input, only x's
+//! remains; the parameters' gradients go to a [`GradSink`].
+//!
+//! The same kernels run on the same operands in the same order as the composition — h's three
+//! gradients summed as candle sums them, v's first, then k's, then q's — so the output and x's
+//! gradient have the composition's bits and each parameter's gradient equals it (up to the sign
+//! of an exact zero).
+
+use std::borrow::Cow;
+use std::sync::Mutex;
+
+use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
+
+use crate::attention::{take, AttentionOptions, AttentionTelemetry, AttnOp};
+use crate::block::{BlockNorm, GradSink};
+use crate::dropout::{add_dropped, dropout_apply, DropoutOp};
+use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_all_data, with_data};
+use crate::linear::{project, project_grads, Epilogue, Plain, Rotate, Scale};
+use crate::norm::NormOp;
+use crate::rope::{check_heads, PositionScale, RopeOp, RopeTables};
+use crate::simd::add_in_place;
+
+/// The four projections of an attention sub-block, (out, in) each: queries (H·d, D), keys and
+/// values (H_kv·d, D), output (D, H·d).
+#[derive(Clone, Copy)]
+pub struct AttentionWeights<'a> {
+    pub q: &'a Tensor,
+    pub k: &'a Tensor,
+    pub v: &'a Tensor,
+    pub o: &'a Tensor,
+}
+
+/// How queries and keys learn their positions in an attention sub-block.
+#[derive(Clone, Copy)]
+pub enum BlockPositions<'a> {
+    /// Rotary: q and k rotated from position 0, q also multiplied by its position's `scale`.
+    Rotary {
+        tables: &'a RopeTables,
+        scale: PositionScale,
+    },
+    /// No rotation (the positions are in the embeddings, or nowhere): q times a constant.
+    Unrotated { scale: f64 },
+}
+
+/// `x + dropout(attention(q, k, v)·oᵀ)` for x (B, T, D): q = scaled (and rotated) `norm(x)·qᵀ`,
+/// k = (rotated) `norm(x)·kᵀ`, v = `norm(x)·vᵀ`; the attention core as
+/// [`attention`](crate::attention) computes it with `mask` and `opts` (its telemetry returned),
+/// then the residual dropout of [`dropout`](crate::dropout) at `residual.1` with rate
+/// `residual.0`.
+///
+/// With a `sink`, on CPU f32 tensors whose x carries a gradient, one op whose parameter
+/// gradients go to the sink (the caller merges it after `backward()`). Otherwise the ops one by
+/// one, with the same bits.
+#[allow(clippy::too_many_arguments)] // the sub-block's parts, its dropout and where its gradients go
+pub fn attention_block(
+    x: &Tensor,
+    norm: BlockNorm,
+    w: AttentionWeights,
+    positions: BlockPositions,
+    mask: Option<&Tensor>,
+    opts: &AttentionOptions,
+    residual: (f64, u64),
+    sink: Option<&GradSink>,
+) -> Result<(Tensor, Option<AttentionTelemetry>)> {
+    let params = [
+        Some(norm.weight),
+        norm.bias,
+        Some(w.q),
+        Some(w.k),
+        Some(w.v),
+        Some(w.o),
+    ];
+    let t = x.dims3()?.1;
+    let fusable = is_host_f32(x)
+        && x.track_op()
+        && params.iter().flatten().all(|p| is_host_f32(p))
+        && mask.is_none_or(is_host_f32)
+        && match positions {
+            BlockPositions::Rotary { tables, .. } => tables.covers(0, t),
+            BlockPositions::Unrotated { .. } => true,
+        };
+    let Some(sink) = sink.filter(|_| fusable) else {
+        return attention_block_unfused(x, norm, w, positions, mask, opts, residual);
+    };
+    let precision = opts.precision;
+    precision.check_cpu()?;
+    let (b, _, d) = x.dims3()?;
+    let (q_width, kv_width) = (w.q.dims2()?.0, w.k.dims2()?.0);
+    if [w.q.dims2()?.1, w.k.dims2()?.1, w.v.dims2()?.1, w.o.dims2()?.0] != [d; 4]
+        || w.v.dims2()?.0 != kv_width
+        || w.o.dims2()?.1 != q_width
+        || norm.weight.elem_count() != d
+    {
+        candle_core::bail!(
+            "attention_block: input {:?} and projections q {:?}, k {:?}, v {:?}, o {:?} do not fit",
+            x.shape(),
+            w.q.shape(),
+            w.k.shape(),
+            w.v.shape(),
+            w.o.shape()
+        );
+    }
+    if let BlockPositions::Rotary { tables, .. } = positions {
+        check_heads(tables, q_width)?;
+        check_heads(tables, kv_width)?;
+    }
+    let attn = AttnOp::cpu(&[b, t, q_width], &[b, t, kv_width], mask, opts, true)?;
+    let parts = Parts {
+        norm: NormOp::f32(norm.rms, norm.eps),
+        norm_weight: norm.weight.contiguous()?,
+        norm_bias: norm.bias.map(Tensor::contiguous).transpose()?,
+        w: [w.q, w.k, w.v, w.o]
+            .map(|w| w.contiguous())
+            .into_iter()
+            .collect::<Result<Vec<_>>>()?,
+        attn,
+        residual: DropoutOp::new(residual.0, residual.1),
+        precision,
+        kept: Mutex::new(None),
+        id: sink.register(format!("the fused attention block of input {:?}", x.shape())),
+        sink: sink.clone(),
+    };
+    let x = x.contiguous()?;
+    let (out, telemetry) = match positions {
+        BlockPositions::Rotary { tables, scale } => {
+            let query = Rotate(RopeOp::new(tables, 0, scale));
+            let key = Rotate(RopeOp::new(tables, 0, 1.0.into()));
+            run(&x, AttentionBlockOp { parts, query, key })?
+        }
+        BlockPositions::Unrotated { scale } => run(
+            &x,
+            AttentionBlockOp {
+                parts,
+                query: Scale(scale as f32),
+                key: Plain,
+            },
+        )?,
+    };
+    Ok((out, telemetry))
+}
+
+/// Applies the op to x, and takes what its attention core measured.
+fn run<Q: Epilogue + 'static, K: Epilogue + 'static>(
+    x: &Tensor,
+    op: AttentionBlockOp<Q, K>,
+) -> Result<(Tensor, Option<AttentionTelemetry>)> {
+    let slot = op.parts.attn.telemetry_slot();
+    let out = x.apply_op1(op)?;
+    Ok((out, slot.as_deref().and_then(take)))
+}
+
+/// The sub-block the ops one by one, as the model composes them without a sink.
+fn attention_block_unfused(
+    x: &Tensor,
+    norm: BlockNorm,
+    w: AttentionWeights,
+    positions: BlockPositions,
+    mask: Option<&Tensor>,
+    opts: &AttentionOptions,
+    (p, state): (f64, u64),
+) -> Result<(Tensor, Option<AttentionTelemetry>)> {
+    let precision = opts.precision;
+    let h = norm.forward(x)?;
+    let (q, k) = match positions {
+        BlockPositions::Rotary { tables, scale } => (
+            crate::linear_rope_in(&h, w.q, tables, 0, scale, precision)?,
+            crate::linear_rope_in(&h, w.k, tables, 0, 1.0, precision)?,
+        ),
+        BlockPositions::Unrotated { scale } => (
+            crate::linear_scaled_in(&h, w.q, scale, precision)?,
+            crate::linear_in(&h, w.k, precision)?,
+        ),
+    };
+    let v = crate::linear_in(&h, w.v, precision)?;
+    let (o, telemetry) = crate::attention(&q, &k, &v, mask, opts)?;
+    Ok((
+        crate::linear_residual_in(x, &o, w.o, p, state, precision)?,
+        telemetry,
+    ))
+}
+
+/// What an attention sub-block op holds whatever its positions.
+struct Parts {
+    norm: NormOp,
+    norm_weight: Tensor,
+    norm_bias: Option<Tensor>,
+    /// The q, k, v and o projections.
+    w: Vec<Tensor>,
+    attn: AttnOp,
+    residual: Option<DropoutOp>,
+    precision: crate::Precision,
+    /// The forward pass's h, q, k, v and o, taken by the backward pass (a second backward pass
+    /// recomputes them).
+    kept: Mutex<Option<Kept>>,
+    sink: GradSink,
+    id: u64,
+}
+
+struct Kept {
+    h: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    o: Vec<f32>,
+}
+
+/// The op of [`attention_block`], with the query's and key's epilogues (rotation, scale).
+struct AttentionBlockOp<Q, K> {
+    parts: Parts,
+    query: Q,
+    key: K,
+}
+
+impl<Q: Epilogue, K: Epilogue> AttentionBlockOp<Q, K> {
+    /// (rows, D, H·d, H_kv·d) for x.
+    fn dims(&self, x: &Shape) -> Result<(usize, usize, usize, usize)> {
+        let (q_width, d) = self.parts.w[0].dims2()?;
+        let kv_width = self.parts.w[1].dims2()?.0;
+        Ok((x.elem_count() / d.max(1), d, q_width, kv_width))
+    }
+
+    /// h, q, k, v and o of x (B, T, D).
+    fn inner(&self, x: &[f32], shape: &Shape) -> Result<Kept> {
+        let p = &self.parts;
+        let (rows, d, q_width, kv_width) = self.dims(shape)?;
+        let norm_params: Vec<&Tensor> = [Some(&p.norm_weight), p.norm_bias.as_ref()]
+            .into_iter()
+            .flatten()
+            .collect();
+        let h = with_all_data(&norm_params, |n| p.norm.forward(x, n[0], n.get(1).copied()))?;
+        let (q, k, v) = with_data([&p.w[0], &p.w[1], &p.w[2]], |[wq, wk, wv]| {
+            let q = self
+                .query
+                .forward(project(&h, wq, (rows, d, q_width), p.precision), shape, q_width)?;
+            let k = self
+                .key
+                .forward(project(&h, wk, (rows, d, kv_width), p.precision), shape, kv_width)?;
+            Ok((q, k, project(&h, wv, (rows, d, kv_width), p.precision)))
+        })?;
+        let o = p.attn.forward_values(&q, &k, &v)?;
+        Ok(Kept { h, q, k, v, o })
+    }
+}
+
+impl<Q: Epilogue, K: Epilogue> CustomOp1 for AttentionBlockOp<Q, K> {
+    fn name(&self) -> &'static str {
+        "ember-attention-block"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let p = &self.parts;
+        let x = cpu_slice(s, l)?;
+        let (rows, d, q_width, _) = self.dims(l.shape())?;
+        let kept = self.inner(x, l.shape())?;
+        let branch = with_data([&p.w[3]], |[wo]| {
+            Ok(project(&kept.o, wo, (rows, q_width, d), p.precision))
+        })?;
+        *p.kept.lock().unwrap_or_else(|e| e.into_inner()) = Some(kept);
+        Ok((
+            CpuStorage::F32(add_dropped(p.residual, x, &branch)),
+            l.shape().clone(),
+        ))
+    }
+
+    /// The composition's backward passes in its order: the output projection, the attention
+    /// core, v's, k's and q's projections (h's gradient summed in that order), the norm, and
+    /// x's two gradients (the residual's g and the norm's) summed.
+    fn bwd(&self, x: &Tensor, _res: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
+        let p = &self.parts;
+        let kept = p.kept.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let shape = x.shape();
+        let (rows, d, q_width, kv_width) = self.dims(shape)?;
+        let tensors = [x, g, &p.w[0], &p.w[1], &p.w[2], &p.w[3], &p.norm_weight];
+        let (dx, grads) = with_data(tensors, |[xs, gs, wq, wk, wv, wo, nw]| {
+            let Kept { h, q, k, v, o } = match kept {
+                Some(kept) => kept,
+                None => self.inner(xs, shape)?,
+            };
+            let g_branch = match p.residual {
+                Some(mask) => Cow::Owned(dropout_apply(mask, gs)),
+                None => Cow::Borrowed(gs),
+            };
+            let (d_o, d_wo) = project_grads(&o, wo, &g_branch, (rows, q_width, d), p.precision);
+            let (dq, dk, dv) = p.attn.backward_values(&q, &k, &v, &o, &d_o)?;
+            drop((o, d_o, v));
+            let (dh_v, d_wv) = project_grads(&h, wv, &dv, (rows, d, kv_width), p.precision);
+            let recompute_k = || project(&h, wk, (rows, d, kv_width), p.precision);
+            let dk = self.key.backward(&dk, shape, kv_width, recompute_k)?;
+            let (dh_k, d_wk) = project_grads(&h, wk, &dk, (rows, d, kv_width), p.precision);
+            let recompute_q = || project(&h, wq, (rows, d, q_width), p.precision);
+            let dq = self.query.backward(&dq, shape, q_width, recompute_q)?;
+            let (dh_q, d_wq) = project_grads(&h, wq, &dq, (rows, d, q_width), p.precision);
+            drop((h, q, k));
+            // h's three gradients summed as candle sums them: v's, then k's, then q's.
+            let mut dh = dh_v;
+            add_in_place(&mut dh, &dh_k);
+            add_in_place(&mut dh, &dh_q);
+            drop((dh_k, dh_q));
+            let (dx, dw, db) = p.norm.backward_adding(xs, nw, &dh, Some(gs));
+            let mut grads = vec![];
+            for (param, grad) in p.w.iter().zip([d_wq, d_wk, d_wv, d_wo]) {
+                grads.push((param.clone(), cpu_tensor(grad, param.shape())?));
+            }
+            grads.push((p.norm_weight.clone(), cpu_tensor(dw, p.norm_weight.shape())?));
+            if let Some(bias) = &p.norm_bias {
+                grads.push((bias.clone(), cpu_tensor(db, bias.shape())?));
+            }
+            Ok((dx, grads))
+        })?;
+        p.sink.deposit(p.id, grads);
+        Ok(Some(cpu_tensor(dx, shape)?))
+    }
+}
