@@ -7,7 +7,7 @@
 
 use candle_core::{Result, Tensor};
 use candle_nn::{Init, VarBuilder};
-use ember_kernels::{AttentionOptions, AttentionTelemetry, PositionScale};
+use ember_kernels::{AttentionOptions, AttentionTelemetry, AttentionWeights, BlockPositions, PositionScale};
 
 use crate::config::{ModelConfig, NormKind, QkNorm};
 use crate::init::ProjectionRole;
@@ -290,21 +290,32 @@ impl Attention {
         ctx: ForwardCtx,
     ) -> Result<Tensor> {
         let (b, t, _) = q.dims3()?;
-        let s = k.dim(1)?;
-        let dropout_stream = match ctx.dropout {
+        let opts = self.options(b, t, k.dim(1)?, ctx);
+        let (out, measured) = ember_kernels::attention(q, k, v, mask, &opts)?;
+        self.record(measured, ctx);
+        self.o_proj.forward_residual(&out, to, ctx)
+    }
+
+    /// The attention core's options for B × T queries and S keys; reserves the probabilities'
+    /// dropout mask (B·H·T·S draws) in training passes.
+    fn options(&self, b: usize, t: usize, s: usize, ctx: ForwardCtx) -> AttentionOptions {
+        let dropout = match ctx.dropout {
             Some(rng) if self.attn_dropout > 0.0 => {
                 Some((self.attn_dropout, rng.reserve(b * self.n_heads * t * s)))
             }
             _ => None,
         };
-        let opts = AttentionOptions {
+        AttentionOptions {
             heads: self.n_heads,
             kv_heads: self.n_kv_heads,
-            dropout: dropout_stream,
+            dropout,
             telemetry: ctx.telemetry.is_some(),
             precision: ctx.precision,
-        };
-        let (out, measured) = ember_kernels::attention(q, k, v, mask, &opts)?;
+        }
+    }
+
+    /// Hands what the attention core measured to the pass's telemetry, labelled with this module.
+    fn record(&self, measured: Option<AttentionTelemetry>, ctx: ForwardCtx) {
         if let (
             Some(telemetry),
             Some(AttentionTelemetry {
@@ -321,7 +332,70 @@ impl Attention {
                 entropy_by_position,
             });
         }
-        self.o_proj.forward_residual(&out, to, ctx)
+    }
+
+    /// `norm` and self-attention over `x` (B, T, D) written back into `x`, as one op
+    /// (`ember_kernels::attention_block`) whose parameters' gradients go to the pass's sink;
+    /// `None` where the pass has no sink or the module is not one the op covers (QK-norm,
+    /// biases, log-n scaling without rotary positions). Draws its dropout masks where
+    /// [`forward_self`](Self::forward_self) does, so fused and unfused passes are the same.
+    pub(crate) fn forward_self_with_norm(
+        &self,
+        norm: &Norm,
+        x: &Tensor,
+        mask: Option<&Tensor>,
+        dropout: f64,
+        ctx: ForwardCtx,
+    ) -> Result<Option<Tensor>> {
+        let Some(sink) = ctx.grad_sink else {
+            return Ok(None);
+        };
+        let biased = [&self.q_proj, &self.k_proj, &self.v_proj, &self.o_proj]
+            .iter()
+            .any(|p| p.has_bias());
+        if !matches!(self.qk_norm, QkNormLayer::None) || biased {
+            return Ok(None);
+        }
+        let (b, t, _) = x.dims3()?;
+        let scale = PositionScale {
+            scale: 1.0 / (self.head_dim as f64).sqrt(),
+            logn_length: self.logn_length,
+        };
+        let positions = match &self.rotary {
+            Some(rotary) => {
+                rotary.check_positions(0, t)?;
+                BlockPositions::Rotary {
+                    tables: rotary.tables(),
+                    scale,
+                }
+            }
+            None if scale.logn_length.is_none() => BlockPositions::Unrotated { scale: scale.scale },
+            None => return Ok(None),
+        };
+        let opts = self.options(b, t, t, ctx);
+        let residual = match ctx.dropout {
+            Some(rng) if dropout > 0.0 => (dropout, rng.reserve(x.elem_count())),
+            _ => (0.0, 0),
+        };
+        let weights = AttentionWeights {
+            q: self.q_proj.weight(),
+            k: self.k_proj.weight(),
+            v: self.v_proj.weight(),
+            o: self.o_proj.weight(),
+        };
+        let block = ember_kernels::attention_block(
+            x,
+            norm.as_block_norm(),
+            weights,
+            positions,
+            mask,
+            &opts,
+            residual,
+            Some(sink),
+        )?;
+        let (out, measured) = block;
+        self.record(measured, ctx);
+        Ok(Some(out))
     }
 
     /// Per-head queries and keys of `x` (B, T, D) right after QK-norm, before rotation and

@@ -11,7 +11,7 @@ use std::sync::Mutex;
 use candle_core::{DType, Device, Result, Tensor, D};
 use candle_nn::{Init, VarBuilder};
 
-use ember_kernels::Precision;
+use ember_kernels::{BlockNorm, GradSink, Precision};
 use ember_rng::SplitMix64;
 
 use crate::config::{MlpKind, ModelConfig, NormKind};
@@ -27,6 +27,10 @@ pub struct ForwardCtx<'a> {
     /// The precision of the pass's products: the model's own ([`crate::Model::set_precision`]),
     /// set by its entry points, so no caller passes it.
     pub(crate) precision: Precision,
+    /// Present when the caller merges fused blocks' parameter gradients into the pass's
+    /// `GradStore` after `backward()` ([`GradSink::merge_into`]); only then do pre-norm blocks
+    /// run their sub-blocks as one op each (`ember_kernels::mlp_block`).
+    pub grad_sink: Option<&'a GradSink>,
 }
 
 impl<'a> ForwardCtx<'a> {
@@ -42,6 +46,12 @@ impl<'a> ForwardCtx<'a> {
     }
     pub fn with_telemetry(mut self, telemetry: &'a Telemetry) -> Self {
         self.telemetry = Some(telemetry);
+        self
+    }
+    /// Fused sub-blocks whose parameter gradients go to `sink`: the caller must merge it after
+    /// `backward()`.
+    pub fn with_grad_sink(mut self, sink: &'a GradSink) -> Self {
+        self.grad_sink = Some(sink);
         self
     }
     /// The same pass with its products in `precision`.
@@ -340,6 +350,16 @@ impl Norm {
         })
     }
 
+    /// The norm's parameters, for an op that runs it inside itself.
+    pub(crate) fn as_block_norm(&self) -> BlockNorm<'_> {
+        BlockNorm {
+            weight: &self.weight,
+            bias: self.bias.as_ref(),
+            rms: self.kind == NormKind::Rmsnorm,
+            eps: self.eps,
+        }
+    }
+
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         // Fused on CPU f32 (one pass, hand-written backward); the unfused composition elsewhere.
         match self.kind {
@@ -386,6 +406,34 @@ impl Mlp {
             up: proj("up_proj", (d, ff), std)?,
             down: proj("down_proj", (ff, d), down_std)?,
         })
+    }
+
+    /// `norm` and this block as one op (`ember_kernels::mlp_block`) on the stream `x`, its
+    /// parameters' gradients going to the pass's sink; `None` where the block is not one the
+    /// op covers (SwiGLU, ReLU, biases) or the pass has no sink. Its dropout mask is reserved
+    /// where [`Linear::forward_residual`] reserves it, so the fused and unfused passes draw the
+    /// same masks.
+    pub(crate) fn forward_with_norm(
+        &self,
+        norm: &Norm,
+        x: &Tensor,
+        dropout: f64,
+        ctx: ForwardCtx,
+    ) -> Result<Option<Tensor>> {
+        let Some(sink) = ctx.grad_sink else {
+            return Ok(None);
+        };
+        if self.kind != MlpKind::Gelu || self.gate.is_some() || self.up.has_bias() || self.down.has_bias() {
+            return Ok(None);
+        }
+        let mask = match ctx.dropout {
+            Some(rng) if dropout > 0.0 => (dropout, rng.reserve(x.elem_count())),
+            _ => (0.0, 0),
+        };
+        let (up, down) = (self.up.weight(), self.down.weight());
+        let block =
+            ember_kernels::mlp_block(x, norm.as_block_norm(), up, down, mask, ctx.precision, Some(sink))?;
+        Ok(Some(block))
     }
 
     /// The block of `x` written into the residual stream `to`.

@@ -45,7 +45,13 @@ impl Rotary {
         ember_kernels::linear_rope_in(x, weight, &self.tables, offset, scale, precision)
     }
 
-    fn check_positions(&self, offset: usize, t: usize) -> Result<()> {
+    /// The tables, for an op that rotates inside itself.
+    pub(crate) fn tables(&self) -> &RopeTables {
+        &self.tables
+    }
+
+    /// An error unless positions `offset..offset + t` are inside the tables.
+    pub(crate) fn check_positions(&self, offset: usize, t: usize) -> Result<()> {
         if offset + t > self.tables.max_len() {
             candle_core::bail!(
                 "sequence position {} is beyond model.max_seq_len = {}; raise max_seq_len or shorten the input",

@@ -215,9 +215,20 @@ impl Layer {
             Some(c) => (Some(&mut c.self_kv), Some(&mut c.cross_kv)),
             None => (None, None),
         };
-        let x = self.sublayer(&self.attn_norm, x, |h, into| {
-            self.self_attn.forward_self(h, into, self_mask, self_kv, ctx)
-        })?;
+        let fused = match (self.placement, &self_kv) {
+            (NormPlacement::Pre, None) => {
+                let (norm, dropout) = (&self.attn_norm, self.dropout);
+                self.self_attn
+                    .forward_self_with_norm(norm, x, self_mask, dropout, ctx)?
+            }
+            _ => None,
+        };
+        let x = match fused {
+            Some(x) => x,
+            None => self.sublayer(&self.attn_norm, x, |h, into| {
+                self.self_attn.forward_self(h, into, self_mask, self_kv, ctx)
+            })?,
+        };
         let x = match (&self.cross, memory) {
             (Some((norm, attn)), Some(memory)) => self.sublayer(norm, &x, |h, into| {
                 let mask = memory.mask.as_ref();
@@ -235,6 +246,14 @@ impl Layer {
             (Some(_), None) => candle_core::bail!("a seq2seq decoder needs the encoder output"),
             (None, _) => x,
         };
+        if self.placement == NormPlacement::Pre {
+            if let Some(x) = self
+                .mlp
+                .forward_with_norm(&self.mlp_norm, &x, self.dropout, ctx)?
+            {
+                return Ok(x);
+            }
+        }
         self.sublayer(&self.mlp_norm, &x, |h, into| self.mlp.forward(h, into, ctx))
     }
 }

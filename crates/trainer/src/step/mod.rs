@@ -23,6 +23,7 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 use candle_core::{DType, Device, Tensor};
 use ember_data::{Batch, Batcher};
+use ember_kernels::GradSink;
 use ember_model::{AttentionStats, DropoutRng, ForwardCtx, Model, Telemetry};
 use ember_rng::SplitMix64;
 
@@ -392,6 +393,13 @@ fn with_param_cache<R>(device: &Device, f: impl FnOnce() -> R) -> R {
     f()
 }
 
+/// Whether training passes run pre-norm sub-blocks as one op each, their parameter gradients
+/// merged from a [`GradSink`] (unless `EMBER_FUSED_BLOCKS=0`, which A/B benchmarks use: both
+/// ways give the same bits, `tests/fused_blocks.rs`).
+fn fused_blocks() -> bool {
+    std::env::var("EMBER_FUSED_BLOCKS").as_deref() != Ok("0")
+}
+
 /// Forward and backward over `batches` (each with its micro-batch index, for its dropout
 /// stream), summing the gradients in order.
 #[allow(clippy::too_many_arguments)]
@@ -414,7 +422,11 @@ pub fn gradient_sums(
     let collector = Telemetry::new();
     for (n, (i, bt)) in tensors.iter().enumerate() {
         let rng = DropoutRng::new(share.dropout_seed(cfg.seed, step, *i));
+        let sink = GradSink::new();
         let mut ctx = ForwardCtx::train(&rng);
+        if fused_blocks() {
+            ctx = ctx.with_grad_sink(&sink);
+        }
         if telemetry && n == 0 {
             ctx = ctx.with_telemetry(&collector);
         }
@@ -424,7 +436,8 @@ pub fn gradient_sums(
             sums.losses.add(&loss.objective, &loss.nll)?;
             sums.forward_secs += t0.elapsed().as_secs_f64();
             let t1 = Instant::now();
-            let store = (loss.objective / total_tokens.max(1) as f64)?.backward()?;
+            let mut store = (loss.objective / total_tokens.max(1) as f64)?.backward()?;
+            sink.merge_into(&mut store)?;
             for (slot, p) in sums.grads.iter_mut().zip(params) {
                 *slot = add_grad(slot.take(), store.get(p.var.as_tensor()).cloned())?;
             }

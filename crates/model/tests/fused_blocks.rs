@@ -1,0 +1,179 @@
+//! Specification: given a gradient sink, pre-norm blocks run their self-attention and GELU MLP
+//! sub-blocks as one op each (`ember_kernels::attention_block`, `mlp_block`), and a training
+//! pass is the same as without one — logits and loss bit for bit, every parameter's gradient
+//! equal once the sink is merged, the same dropout masks, the same attention telemetry — in
+//! every architecture, norm, position scheme and precision; sub-blocks the ops do not cover
+//! (QK-norm, SwiGLU, ReLU, biases, post-norm) run as before and train the same.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use candle_core::{DType, Tensor};
+use common::*;
+use ember_kernels::{GradSink, Precision};
+use ember_model::{
+    Arch, AttentionStats, DropoutRng, ForwardCtx, MlpKind, Model, ModelConfig, NormKind, NormPlacement,
+    Positions, QkNorm, Telemetry,
+};
+
+/// One training pass: logits, loss and every parameter's gradient by name, and whether the
+/// forward pass left anything in the sink (with `fused`).
+struct Pass {
+    logits: Tensor,
+    loss: Tensor,
+    grads: BTreeMap<String, Tensor>,
+    used_sink: bool,
+    telemetry: Vec<AttentionStats>,
+}
+
+fn pass(model: &Model, params: &ember_model::ParamStore, vocab: usize, fused: bool) -> Pass {
+    let rng = DropoutRng::new(42);
+    let sink = GradSink::new();
+    let collector = Telemetry::new();
+    let mut ctx = ForwardCtx::train(&rng).with_telemetry(&collector);
+    if fused {
+        ctx = ctx.with_grad_sink(&sink);
+    }
+    let logits = logits(model, vocab, ctx).unwrap();
+    let weights = random(logits.dims(), logits.dtype(), 99);
+    let loss = (&logits * weights).unwrap().sum_all().unwrap();
+    let used_sink = !sink.is_empty();
+    let mut store = loss.backward().unwrap();
+    sink.merge_into(&mut store).unwrap();
+    let grads = params
+        .vars()
+        .into_iter()
+        .map(|(name, var)| {
+            let g = store
+                .get(var.as_tensor())
+                .unwrap_or_else(|| panic!("{name} has no gradient"));
+            (name, g.clone())
+        })
+        .collect();
+    Pass {
+        logits,
+        loss,
+        grads,
+        used_sink,
+        telemetry: collector.take(),
+    }
+}
+
+fn bits(t: &Tensor) -> Vec<u32> {
+    let v: Vec<f32> = t
+        .flatten_all()
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+fn values(t: &Tensor) -> Vec<f32> {
+    t.flatten_all().unwrap().to_vec1().unwrap()
+}
+
+/// Fused against unfused for `c`, which the op covers when `covered`.
+fn check(what: &str, c: &ModelConfig, precision: Precision, covered: bool) {
+    let (mut model, params) = build(c, DType::F32);
+    perturb(&params, 0.05, 3);
+    model.set_precision(precision);
+    let unfused = pass(&model, &params, c.vocab(), false);
+    let fused = pass(&model, &params, c.vocab(), true);
+    assert_eq!(
+        fused.used_sink, covered,
+        "{what}: the sink was used: {}",
+        fused.used_sink
+    );
+    assert_eq!(
+        bits(&fused.logits),
+        bits(&unfused.logits),
+        "{what}: the logits differ"
+    );
+    assert_eq!(bits(&fused.loss), bits(&unfused.loss), "{what}: the loss differs");
+    assert!(!unfused.telemetry.is_empty(), "{what}: no telemetry");
+    assert_eq!(
+        fused.telemetry, unfused.telemetry,
+        "{what}: the telemetry differs"
+    );
+    for (name, g) in &unfused.grads {
+        // `==`, not bits: the sign of an exact zero may differ, which moves no parameter.
+        assert!(
+            values(&fused.grads[name]) == values(g),
+            "{what}: {name}'s gradient differs"
+        );
+    }
+}
+
+fn precisions() -> Vec<Precision> {
+    let mut all = vec![Precision::F32];
+    if Precision::Bf16.missing_cpu_feature().is_none() {
+        all.push(Precision::Bf16);
+    }
+    all
+}
+
+#[test]
+fn fused_sub_blocks_train_the_same_bits_as_their_ops_one_by_one() {
+    let mut checked = 0;
+    for arch in ALL_ARCHS {
+        for norm in ALL_NORMS {
+            let positions = [
+                (Positions::Rope, true, false),
+                (Positions::Rope, true, true),
+                (Positions::Learned, false, false),
+                (Positions::None, true, false),
+            ];
+            for (positions, norm_bias, logn) in positions {
+                for precision in precisions() {
+                    let mut c = cfg(arch, QkNorm::None, norm, MlpKind::Gelu);
+                    (c.positions, c.norm_bias, c.dropout, c.attn_dropout) = (positions, norm_bias, 0.1, 0.1);
+                    (c.logn_attention, c.n_kv_heads) = (logn, logn.then_some(2));
+                    let what = format!(
+                        "{arch:?}/{norm:?}/{positions:?}/norm bias {norm_bias}/log-n {logn}/{precision:?}"
+                    );
+                    check(&what, &c, precision, true);
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert!(checked >= 16);
+}
+
+#[test]
+fn sub_blocks_the_ops_do_not_cover_run_as_before_and_train_the_same() {
+    let lm = |f: &dyn Fn(&mut ModelConfig)| {
+        let mut c = cfg(Arch::Lm, QkNorm::Layernorm, NormKind::Layernorm, MlpKind::Gelu);
+        c.dropout = 0.1;
+        f(&mut c);
+        c
+    };
+    let uncovered = [
+        ("swiglu", lm(&|c| c.mlp = MlpKind::Swiglu)),
+        ("relu", lm(&|c| c.mlp = MlpKind::Relu)),
+        ("projection biases", lm(&|c| c.proj_bias = true)),
+        (
+            "qkv biases",
+            lm(&|c| (c.qkv_bias, c.mlp) = (true, MlpKind::Swiglu)),
+        ),
+        ("post-norm", lm(&|c| c.norm_placement = NormPlacement::Post)),
+    ];
+    for (what, c) in uncovered {
+        check(what, &c, Precision::F32, false);
+    }
+    // SwiGLU without QK-norm: the attention sub-block alone is fused.
+    let attention_only = lm(&|c| (c.qk_norm, c.mlp) = (QkNorm::None, MlpKind::Swiglu));
+    check("swiglu, attention fused", &attention_only, Precision::F32, true);
+    // With QK-norm the attention sub-block runs as before, the MLP one fused.
+    check("qk-norm", &lm(&|_| {}), Precision::F32, true);
+    // Bias-free projections but QK-norm: only the attention is unfused, so fused too.
+    check(
+        "qkv biases, gelu",
+        &lm(&|c| c.qkv_bias = true),
+        Precision::F32,
+        true,
+    );
+}
