@@ -200,6 +200,20 @@ fn swiglu_bwd_generic(
 simd_dispatch!(swiglu_bwd => swiglu_bwd_generic(
     a: &[f32], u: &[f32], g: &[f32], da: &mut [MaybeUninit<f32>], du: &mut [MaybeUninit<f32>]) -> ());
 
+/// `silu(a)·u` of every element, in parallel pieces.
+pub(crate) fn swiglu_values(a: &[f32], u: &[f32]) -> Vec<f32> {
+    fill(a.len(), ELEMENTS_PER_TASK, |r, y| {
+        swiglu_fwd(&a[r.clone()], &u[r], y)
+    })
+}
+
+/// The gradients at a and u of `silu(a)·u` for the gradient g at its output.
+pub(crate) fn swiglu_grads(a: &[f32], u: &[f32], g: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    fill2(a.len(), ELEMENTS_PER_TASK, |r, da, du| {
+        swiglu_bwd(&a[r.clone()], &u[r.clone()], &g[r], da, du)
+    })
+}
+
 impl CustomOp2 for SwigluOp {
     fn name(&self) -> &'static str {
         "ember-swiglu"
@@ -212,10 +226,10 @@ impl CustomOp2 for SwigluOp {
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let (a, u) = (cpu_values(s1, l1)?, cpu_values(s2, l2)?);
-        let y = fill(a.len(), ELEMENTS_PER_TASK, |r, y| {
-            swiglu_fwd(&a[r.clone()], &u[r], y)
-        });
-        Ok((cpu_storage_as(y, self.out)?, l1.shape().clone()))
+        Ok((
+            cpu_storage_as(swiglu_values(&a, &u), self.out)?,
+            l1.shape().clone(),
+        ))
     }
     #[cfg(feature = "cuda")]
     fn cuda_fwd(
@@ -239,11 +253,7 @@ impl CustomOp2 for SwigluOp {
             let (da, du) = cuda::swiglu_bwd(a, u, g)?;
             return Ok((Some(da), Some(du)));
         }
-        let (da, du) = with_data([a, u, g], |[a, u, g]| {
-            Ok(fill2(a.len(), ELEMENTS_PER_TASK, |r, da, du| {
-                swiglu_bwd(&a[r.clone()], &u[r.clone()], &g[r], da, du)
-            }))
-        })?;
+        let (da, du) = with_data([a, u, g], |[a, u, g]| Ok(swiglu_grads(a, u, g)))?;
         Ok((
             Some(cpu_tensor_as(da, a.shape(), a.dtype())?),
             Some(cpu_tensor_as(du, u.shape(), u.dtype())?),

@@ -75,7 +75,9 @@ pub use bias::{
     add_bias, add_bias_unfused, linear_bias, linear_bias_in, linear_bias_relu, linear_bias_relu_in,
     linear_bias_relu_unfused, linear_bias_unfused,
 };
-pub use block::{attention_block, mlp_block, AttentionWeights, BlockNorm, BlockPositions, GradSink};
+pub use block::{
+    attention_block, mlp_block, AttentionWeights, BlockNorm, BlockPositions, GradSink, MlpWeights,
+};
 pub use cross_entropy::cross_entropy_unfused;
 pub use dropout::{add_dropout, dropout, dropout_unfused};
 pub use linear::{

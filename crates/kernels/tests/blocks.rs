@@ -12,7 +12,7 @@ use candle_core::{DType, Device, Tensor, Var};
 use common::{host, randn_cpu, same_bits};
 use ember_kernels::{
     attention_block, causal_mask, mlp_block, AttentionOptions, AttentionWeights, BlockNorm, BlockPositions,
-    GradSink, PositionScale, Precision, RopeTables,
+    GradSink, MlpWeights, PositionScale, Precision, RopeTables,
 };
 
 /// One MLP sub-block's inputs: the stream x (B, T, d) and its parameters, as variables.
@@ -20,6 +20,8 @@ struct Mlp {
     x: Var,
     weight: Var,
     bias: Option<Var>,
+    /// SwiGLU's gate (`None`: a GELU block).
+    gate: Option<Var>,
     up: Var,
     down: Var,
     rms: bool,
@@ -27,7 +29,7 @@ struct Mlp {
 
 impl Mlp {
     /// Shapes that are no multiple of the kernels' vector and tile widths.
-    fn new(seed: u64, (b, t, d, ff): (usize, usize, usize, usize), norm: &str) -> Self {
+    fn new(seed: u64, (b, t, d, ff): (usize, usize, usize, usize), norm: &str, swiglu: bool) -> Self {
         let var = |s: u64, shape: &[usize], scale: f32| {
             Var::from_tensor(&randn_cpu(seed + s, shape, scale)).unwrap()
         };
@@ -37,6 +39,7 @@ impl Mlp {
             x: var(0, &[b, t, d], 1.0),
             weight: Var::from_tensor(&gain).unwrap(),
             bias: (norm == "layernorm").then(|| var(2, &[d], 0.1)),
+            gate: swiglu.then(|| var(5, &[ff, d], 0.3)),
             up: var(3, &[ff, d], 0.2),
             down: var(4, &[d, ff], 0.2),
             rms: norm == "rmsnorm",
@@ -63,7 +66,15 @@ impl Mlp {
             eps: 1e-5,
         };
         let (up, down) = (self.up.as_tensor(), self.down.as_tensor());
-        mlp_block(self.x.as_tensor(), norm, up, down, dropout, precision, sink).unwrap()
+        let w = match &self.gate {
+            Some(gate) => MlpWeights::Swiglu {
+                gate: gate.as_tensor(),
+                up,
+                down,
+            },
+            None => MlpWeights::Gelu { up, down },
+        };
+        mlp_block(self.x.as_tensor(), norm, w, dropout, precision, sink).unwrap()
     }
 
     /// The gradients of Σ output·probe: x's, then each parameter's.
@@ -97,11 +108,16 @@ fn precisions() -> Vec<Precision> {
 
 #[test]
 fn the_mlp_block_gives_the_bits_of_its_ops_one_by_one() {
-    for norm in ["layernorm", "layernorm-no-bias", "rmsnorm"] {
+    for (norm, swiglu) in [
+        ("layernorm", false),
+        ("layernorm-no-bias", true),
+        ("rmsnorm", false),
+        ("rmsnorm", true),
+    ] {
         for precision in precisions() {
             for dropout in [(0.0, 0), (0.1, 12345)] {
-                let what = format!("{norm}, {precision:?}, dropout {}", dropout.0);
-                let m = Mlp::new(7, (2, 13, 24, 40), norm);
+                let what = format!("{norm}, swiglu {swiglu}, {precision:?}, dropout {}", dropout.0);
+                let m = Mlp::new(7, (2, 13, 24, 40), norm, swiglu);
                 let y_ops = m.forward(dropout, precision, None);
                 let grads_ops = m.grads(&loss(&y_ops).backward().unwrap());
 
@@ -126,21 +142,26 @@ fn the_mlp_block_gives_the_bits_of_its_ops_one_by_one() {
 
 #[test]
 fn a_second_backward_pass_recomputes_what_the_first_took() {
-    let m = Mlp::new(3, (1, 9, 16, 48), "layernorm");
-    let sink = GradSink::new();
-    let l = loss(&m.forward((0.1, 7), Precision::F32, Some(&sink)));
-    let mut first = l.backward().unwrap();
-    sink.merge_into(&mut first).unwrap();
-    let mut second = l.backward().unwrap();
-    sink.merge_into(&mut second).unwrap();
-    for (i, (a, b)) in m.grads(&first).iter().zip(&m.grads(&second)).enumerate() {
-        assert!(same_bits(a, b), "gradient {i} differs on the second pass");
+    for swiglu in [false, true] {
+        let m = Mlp::new(3, (1, 9, 16, 48), "layernorm", swiglu);
+        let sink = GradSink::new();
+        let l = loss(&m.forward((0.1, 7), Precision::F32, Some(&sink)));
+        let mut first = l.backward().unwrap();
+        sink.merge_into(&mut first).unwrap();
+        let mut second = l.backward().unwrap();
+        sink.merge_into(&mut second).unwrap();
+        for (i, (a, b)) in m.grads(&first).iter().zip(&m.grads(&second)).enumerate() {
+            assert!(
+                same_bits(a, b),
+                "swiglu {swiglu}: gradient {i} differs on the second pass"
+            );
+        }
     }
 }
 
 #[test]
 fn a_sink_whose_op_never_ran_backward_refuses_to_merge() {
-    let m = Mlp::new(5, (1, 4, 8, 16), "rmsnorm");
+    let m = Mlp::new(5, (1, 4, 8, 16), "rmsnorm", false);
     let sink = GradSink::new();
     let _unused = m.forward((0.0, 0), Precision::F32, Some(&sink));
     // A loss that does not reach the block: its parameters get no gradient.
@@ -154,7 +175,7 @@ fn a_sink_whose_op_never_ran_backward_refuses_to_merge() {
 
 #[test]
 fn without_a_gradient_on_its_input_the_block_runs_its_ops_one_by_one() {
-    let m = Mlp::new(9, (1, 5, 8, 16), "layernorm");
+    let m = Mlp::new(9, (1, 5, 8, 16), "layernorm", false);
     let sink = GradSink::new();
     let x = m.x.as_tensor().detach();
     let norm = BlockNorm {
@@ -163,16 +184,11 @@ fn without_a_gradient_on_its_input_the_block_runs_its_ops_one_by_one() {
         rms: false,
         eps: 1e-5,
     };
-    let y = mlp_block(
-        &x,
-        norm,
-        m.up.as_tensor(),
-        m.down.as_tensor(),
-        (0.0, 0),
-        Precision::F32,
-        Some(&sink),
-    )
-    .unwrap();
+    let w = MlpWeights::Gelu {
+        up: m.up.as_tensor(),
+        down: m.down.as_tensor(),
+    };
+    let y = mlp_block(&x, norm, w, (0.0, 0), Precision::F32, Some(&sink)).unwrap();
     let store = loss(&y).backward().unwrap();
     assert!(sink.is_empty(), "the unfused path registered with the sink");
     for p in m.params() {

@@ -11,7 +11,7 @@ use std::sync::Mutex;
 use candle_core::{DType, Device, Result, Tensor, D};
 use candle_nn::{Init, VarBuilder};
 
-use ember_kernels::{BlockNorm, GradSink, Precision};
+use ember_kernels::{BlockNorm, GradSink, MlpWeights, Precision};
 use ember_rng::SplitMix64;
 
 use crate::config::{MlpKind, ModelConfig, NormKind};
@@ -410,9 +410,9 @@ impl Mlp {
 
     /// `norm` and this block as one op (`ember_kernels::mlp_block`) on the stream `x`, its
     /// parameters' gradients going to the pass's sink; `None` where the block is not one the
-    /// op covers (SwiGLU, ReLU, biases) or the pass has no sink. Its dropout mask is reserved
-    /// where [`Linear::forward_residual`] reserves it, so the fused and unfused passes draw the
-    /// same masks.
+    /// op covers (ReLU, biases) or the pass has no sink. Its dropout mask is reserved where
+    /// [`Linear::forward_residual`] reserves it, so the fused and unfused passes draw the same
+    /// masks.
     pub(crate) fn forward_with_norm(
         &self,
         norm: &Norm,
@@ -423,16 +423,27 @@ impl Mlp {
         let Some(sink) = ctx.grad_sink else {
             return Ok(None);
         };
-        if self.kind != MlpKind::Gelu || self.gate.is_some() || self.up.has_bias() || self.down.has_bias() {
-            return Ok(None);
-        }
+        let biased = [self.gate.as_ref(), Some(&self.up), Some(&self.down)]
+            .into_iter()
+            .flatten()
+            .any(Linear::has_bias);
+        let (up, down) = (self.up.weight(), self.down.weight());
+        let weights = match (self.kind, &self.gate) {
+            _ if biased => return Ok(None),
+            (MlpKind::Gelu, None) => MlpWeights::Gelu { up, down },
+            (MlpKind::Swiglu, Some(gate)) => MlpWeights::Swiglu {
+                gate: gate.weight(),
+                up,
+                down,
+            },
+            _ => return Ok(None),
+        };
         let mask = match ctx.dropout {
             Some(rng) if dropout > 0.0 => (dropout, rng.reserve(x.elem_count())),
             _ => (0.0, 0),
         };
-        let (up, down) = (self.up.weight(), self.down.weight());
         let block =
-            ember_kernels::mlp_block(x, norm.as_block_norm(), up, down, mask, ctx.precision, Some(sink))?;
+            ember_kernels::mlp_block(x, norm.as_block_norm(), weights, mask, ctx.precision, Some(sink))?;
         Ok(Some(block))
     }
 

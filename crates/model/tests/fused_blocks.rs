@@ -2,8 +2,8 @@
 //! sub-blocks as one op each (`ember_kernels::attention_block`, `mlp_block`), and a training
 //! pass is the same as without one — logits and loss bit for bit, every parameter's gradient
 //! equal once the sink is merged, the same dropout masks, the same attention telemetry — in
-//! every architecture, norm, position scheme and precision; sub-blocks the ops do not cover
-//! (QK-norm, SwiGLU, ReLU, biases, post-norm) run as before and train the same.
+//! every architecture, norm, position scheme, MLP and precision; sub-blocks the ops do not
+//! cover (QK-norm, ReLU, biases, post-norm) run as before and train the same.
 
 mod common;
 
@@ -128,11 +128,17 @@ fn fused_sub_blocks_train_the_same_bits_as_their_ops_one_by_one() {
             ];
             for (positions, norm_bias, logn) in positions {
                 for precision in precisions() {
-                    let mut c = cfg(arch, QkNorm::None, norm, MlpKind::Gelu);
+                    // SwiGLU with the learned positions, GELU with the others.
+                    let mlp = if positions == Positions::Learned {
+                        MlpKind::Swiglu
+                    } else {
+                        MlpKind::Gelu
+                    };
+                    let mut c = cfg(arch, QkNorm::None, norm, mlp);
                     (c.positions, c.norm_bias, c.dropout, c.attn_dropout) = (positions, norm_bias, 0.1, 0.1);
                     (c.logn_attention, c.n_kv_heads) = (logn, logn.then_some(2));
                     let what = format!(
-                        "{arch:?}/{norm:?}/{positions:?}/norm bias {norm_bias}/log-n {logn}/{precision:?}"
+                        "{arch:?}/{norm:?}/{positions:?}/{mlp:?}/norm bias {norm_bias}/log-n {logn}/{precision:?}"
                     );
                     check(&what, &c, precision, true);
                     checked += 1;
@@ -152,21 +158,34 @@ fn sub_blocks_the_ops_do_not_cover_run_as_before_and_train_the_same() {
         c
     };
     let uncovered = [
-        ("swiglu", lm(&|c| c.mlp = MlpKind::Swiglu)),
         ("relu", lm(&|c| c.mlp = MlpKind::Relu)),
-        ("projection biases", lm(&|c| c.proj_bias = true)),
         (
-            "qkv biases",
-            lm(&|c| (c.qkv_bias, c.mlp) = (true, MlpKind::Swiglu)),
+            "projection biases",
+            lm(&|c| (c.qk_norm, c.proj_bias) = (QkNorm::None, true)),
+        ),
+        (
+            "swiglu with biases",
+            lm(&|c| (c.mlp, c.proj_bias) = (MlpKind::Swiglu, true)),
+        ),
+        (
+            "qkv biases, relu",
+            lm(&|c| (c.qk_norm, c.qkv_bias, c.mlp) = (QkNorm::None, true, MlpKind::Relu)),
         ),
         ("post-norm", lm(&|c| c.norm_placement = NormPlacement::Post)),
     ];
     for (what, c) in uncovered {
         check(what, &c, Precision::F32, false);
     }
-    // SwiGLU without QK-norm: the attention sub-block alone is fused.
-    let attention_only = lm(&|c| (c.qk_norm, c.mlp) = (QkNorm::None, MlpKind::Swiglu));
-    check("swiglu, attention fused", &attention_only, Precision::F32, true);
+    // ReLU without QK-norm: the attention sub-block alone is fused.
+    let attention_only = lm(&|c| (c.qk_norm, c.mlp) = (QkNorm::None, MlpKind::Relu));
+    check("relu, attention fused", &attention_only, Precision::F32, true);
+    // SwiGLU with QK-norm: the MLP sub-block alone is fused.
+    check(
+        "swiglu, qk-norm",
+        &lm(&|c| c.mlp = MlpKind::Swiglu),
+        Precision::F32,
+        true,
+    );
     // With QK-norm the attention sub-block runs as before, the MLP one fused.
     check("qk-norm", &lm(&|_| {}), Precision::F32, true);
     // Bias-free projections but QK-norm: only the attention is unfused, so fused too.

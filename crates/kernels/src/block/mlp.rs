@@ -1,11 +1,14 @@
-//! A pre-norm feed-forward sub-block, `x + dropout(gelu(norm(x)·W_upᵀ)·W_downᵀ)`, as one op.
+//! A pre-norm feed-forward sub-block as one op: `x + dropout(act(norm(x))·W_downᵀ)`, with act
+//! GELU of one projection, `gelu(h·W_upᵀ)`, or SwiGLU of two, `silu(h·W_gateᵀ) ⊙ h·W_upᵀ`.
 //!
-//! Today's composition is three ops (the norm, [`linear_gelu`](crate::linear_gelu),
+//! The composition is three or four ops (the norm, [`linear_gelu`](crate::linear_gelu) or two
+//! [`linear`](crate::linear)s and [`swiglu`](crate::swiglu),
 //! [`linear_residual`](crate::linear_residual)), and candle's backward pass zero-fills and adds a
-//! gradient for each of their inputs: x twice, the normalised h, the hidden u (d_ff wide, four
-//! times the stream) and five parameters, per pass. As one op with x its only candle input,
-//! only x's remains; h, u and GELU's slope live inside the op from its forward to its backward
-//! pass, and the parameters' gradients go to a [`GradSink`].
+//! gradient for each of their inputs: x twice, the normalised h once or twice, the hidden
+//! activations (d_ff wide, four times the stream for GELU, three of them for SwiGLU) and every
+//! parameter, per pass. As one op with x its only candle input, only x's remains; the
+//! activations live inside the op from its forward to its backward pass, and the parameters'
+//! gradients go to a [`GradSink`].
 //!
 //! The op runs the same kernels on the same operands in the same order as the composition, so
 //! its output and x's gradient have the composition's bits and each parameter's gradient equals
@@ -17,65 +20,92 @@ use std::sync::Mutex;
 
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 
-use crate::activation::GeluSlope;
-use crate::block::GradSink;
+use crate::activation::{swiglu_grads, swiglu_values, GeluSlope};
+use crate::block::{BlockNorm, GradSink};
 use crate::dropout::{add_dropped, dropout_apply, DropoutOp};
 use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_all_data, with_data};
 use crate::linear::{project, project_grads};
 use crate::norm::NormOp;
+use crate::simd::add_in_place;
 use crate::Precision;
 
-/// The norm that opens a block's branch: its gain, its bias (LayerNorm with one) and epsilon.
+/// A feed-forward sub-block's projections, (out, in) each: up (and gate) (d_ff, D), down (D, d_ff).
 #[derive(Clone, Copy)]
-pub struct BlockNorm<'a> {
-    pub weight: &'a Tensor,
-    pub bias: Option<&'a Tensor>,
-    /// RMSNorm (no bias); LayerNorm otherwise.
-    pub rms: bool,
-    pub eps: f64,
+pub enum MlpWeights<'a> {
+    /// `gelu_erf(h·upᵀ)·downᵀ`.
+    Gelu { up: &'a Tensor, down: &'a Tensor },
+    /// `(silu(h·gateᵀ) ⊙ h·upᵀ)·downᵀ`.
+    Swiglu {
+        gate: &'a Tensor,
+        up: &'a Tensor,
+        down: &'a Tensor,
+    },
 }
 
-impl BlockNorm<'_> {
-    /// The norm on its own, as the model runs it outside a fused block.
-    pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        match self.rms {
-            true => crate::rms_norm(x, self.weight, self.eps),
-            false => crate::layer_norm(x, self.weight, self.bias, self.eps),
+impl<'a> MlpWeights<'a> {
+    fn gate(&self) -> Option<&'a Tensor> {
+        match self {
+            MlpWeights::Gelu { .. } => None,
+            MlpWeights::Swiglu { gate, .. } => Some(gate),
+        }
+    }
+    fn up(&self) -> &'a Tensor {
+        match self {
+            MlpWeights::Gelu { up, .. } | MlpWeights::Swiglu { up, .. } => up,
+        }
+    }
+    fn down(&self) -> &'a Tensor {
+        match self {
+            MlpWeights::Gelu { down, .. } | MlpWeights::Swiglu { down, .. } => down,
         }
     }
 }
 
-/// `x + dropout(gelu_erf(norm(x)·upᵀ)·downᵀ)` with the dropout mask of
+/// `x + dropout(act(norm(x))·downᵀ)` for the activation of `w`, with the dropout mask of
 /// [`dropout`](crate::dropout) at `state` (`p ≤ 0`: none) and the products in `precision`.
 ///
 /// With a `sink`, on CPU f32 tensors whose x carries a gradient, one op whose parameter
 /// gradients go to the sink (the caller merges it after `backward()`). Otherwise — no sink, or
 /// another device or dtype — the ops one by one, with the same bits.
-#[allow(clippy::too_many_arguments)] // the block's parameters, its dropout and where its gradients go
 pub fn mlp_block(
     x: &Tensor,
     norm: BlockNorm,
-    up: &Tensor,
-    down: &Tensor,
+    w: MlpWeights,
     (p, state): (f64, u64),
     precision: Precision,
     sink: Option<&GradSink>,
 ) -> Result<Tensor> {
-    let params = [Some(norm.weight), norm.bias, Some(up), Some(down)];
+    let params = [
+        Some(norm.weight),
+        norm.bias,
+        w.gate(),
+        Some(w.up()),
+        Some(w.down()),
+    ];
     let fusable = is_host_f32(x) && x.track_op() && params.iter().flatten().all(|t| is_host_f32(t));
     let Some(sink) = sink.filter(|_| fusable) else {
-        let hidden = crate::linear_gelu_in(&norm.forward(x)?, up, precision)?;
-        return crate::linear_residual_in(x, &hidden, down, p, state, precision);
+        let h = norm.forward(x)?;
+        let hidden = match w {
+            MlpWeights::Gelu { up, .. } => crate::linear_gelu_in(&h, up, precision)?,
+            MlpWeights::Swiglu { gate, up, .. } => crate::swiglu(
+                &crate::linear_in(&h, gate, precision)?,
+                &crate::linear_in(&h, up, precision)?,
+            )?,
+        };
+        return crate::linear_residual_in(x, &hidden, w.down(), p, state, precision);
     };
     let d = norm.weight.elem_count();
-    let (ff, up_in) = up.dims2()?;
-    if x.dims().last() != Some(&d) || up_in != d || down.dims2()? != (d, ff) {
+    let (ff, up_in) = w.up().dims2()?;
+    let gate_fits = w
+        .gate()
+        .is_none_or(|g| g.dims2().is_ok_and(|dims| dims == (ff, d)));
+    if x.dims().last() != Some(&d) || up_in != d || w.down().dims2()? != (d, ff) || !gate_fits {
         candle_core::bail!(
             "mlp_block: input {:?}, norm {:?}, up {:?} and down {:?} do not fit",
             x.shape(),
             norm.weight.shape(),
-            up.shape(),
-            down.shape()
+            w.up().shape(),
+            w.down().shape()
         );
     }
     precision.check_cpu()?;
@@ -83,8 +113,9 @@ pub fn mlp_block(
         norm: NormOp::f32(norm.rms, norm.eps),
         norm_weight: norm.weight.contiguous()?,
         norm_bias: norm.bias.map(Tensor::contiguous).transpose()?,
-        up: up.contiguous()?,
-        down: down.contiguous()?,
+        gate: w.gate().map(Tensor::contiguous).transpose()?,
+        up: w.up().contiguous()?,
+        down: w.down().contiguous()?,
         dropout: DropoutOp::new(p, state),
         precision,
         gelu: GeluSlope::new(true),
@@ -100,18 +131,29 @@ struct MlpBlockOp {
     norm: NormOp,
     norm_weight: Tensor,
     norm_bias: Option<Tensor>,
+    /// SwiGLU's gate projection (`None`: GELU).
+    gate: Option<Tensor>,
     up: Tensor,
     down: Tensor,
     dropout: Option<DropoutOp>,
     precision: Precision,
     /// GELU's derivative at each hidden element, from the forward pass.
     gelu: GeluSlope,
-    /// The forward pass's normalised input h and hidden u = gelu(h·upᵀ), taken by the backward
-    /// pass (a second backward pass recomputes them).
-    kept: Mutex<Option<(Vec<f32>, Vec<f32>)>>,
+    /// The forward pass's activations, taken by the backward pass (a second backward pass
+    /// recomputes them).
+    kept: Mutex<Option<Hidden>>,
     sink: GradSink,
     /// This op's entry in the sink.
     id: u64,
+}
+
+/// A forward pass's activations: the normalised input h, SwiGLU's two projections (empty for
+/// GELU), and the hidden activation the down projection reads.
+struct Hidden {
+    h: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    hidden: Vec<f32>,
 }
 
 impl MlpBlockOp {
@@ -121,18 +163,61 @@ impl MlpBlockOp {
         Ok((x.len() / d.max(1), d, ff))
     }
 
-    /// (h, u): the normalised input and the hidden activation, GELU's slope kept in `gelu`.
-    fn hidden(&self, x: &[f32], gelu: &GeluSlope) -> Result<(Vec<f32>, Vec<f32>)> {
+    /// The activations of x, GELU's slope kept in `gelu`.
+    fn hidden(&self, x: &[f32], gelu: &GeluSlope) -> Result<Hidden> {
         let (rows, d, ff) = self.dims(x)?;
         let norm_params: Vec<&Tensor> = [Some(&self.norm_weight), self.norm_bias.as_ref()]
             .into_iter()
             .flatten()
             .collect();
         let h = with_all_data(&norm_params, |p| self.norm.forward(x, p[0], p.get(1).copied()))?;
-        let u = with_data([&self.up], |[up]| {
-            Ok(gelu.forward(&project(&h, up, (rows, d, ff), self.precision)))
-        })?;
-        Ok((h, u))
+        let product = |w: &Tensor| with_data([w], |[w]| Ok(project(&h, w, (rows, d, ff), self.precision)));
+        Ok(match &self.gate {
+            None => Hidden {
+                hidden: gelu.forward(&product(&self.up)?),
+                gate: Vec::new(),
+                up: Vec::new(),
+                h,
+            },
+            Some(gate) => {
+                let (gate, up) = (product(gate)?, product(&self.up)?);
+                Hidden {
+                    hidden: swiglu_values(&gate, &up),
+                    gate,
+                    up,
+                    h,
+                }
+            }
+        })
+    }
+
+    /// The gradients at h of the activation's projections, and their weights' gradients (the
+    /// gate's first), for the gradient `dh_act` at the hidden activation.
+    fn projection_grads(
+        &self,
+        a: Hidden,
+        dh_act: &[f32],
+        d: (usize, usize, usize),
+    ) -> Result<(Vec<f32>, Vec<Vec<f32>>)> {
+        let p = self.precision;
+        let Hidden { h, gate, up, .. } = a;
+        with_data([&self.up], |[w_up]| match &self.gate {
+            None => {
+                let recompute = || Ok(Cow::Owned(project(&h, w_up, d, p)));
+                let d_product = self.gelu.backward(dh_act, recompute)?;
+                let (dh, d_up) = project_grads(&h, w_up, &d_product, d, p);
+                Ok((dh, vec![d_up]))
+            }
+            Some(w_gate) => with_data([w_gate], |[w_gate]| {
+                let (d_gate_product, d_up_product) = swiglu_grads(&gate, &up, dh_act);
+                drop((gate, up));
+                // candle reaches h through the up projection first, then the gate's.
+                let (mut dh, d_up) = project_grads(&h, w_up, &d_up_product, d, p);
+                let (dh_gate, d_gate) = project_grads(&h, w_gate, &d_gate_product, d, p);
+                add_in_place(&mut dh, &dh_gate);
+                Ok((dh, vec![d_gate, d_up]))
+            }),
+        })
     }
 }
 
@@ -144,53 +229,49 @@ impl CustomOp1 for MlpBlockOp {
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let x = cpu_slice(s, l)?;
         let (rows, d, ff) = self.dims(x)?;
-        let (h, u) = self.hidden(x, &self.gelu)?;
+        let kept = self.hidden(x, &self.gelu)?;
         let branch = with_data([&self.down], |[down]| {
-            Ok(project(&u, down, (rows, ff, d), self.precision))
+            Ok(project(&kept.hidden, down, (rows, ff, d), self.precision))
         })?;
-        *self.kept.lock().unwrap_or_else(|e| e.into_inner()) = Some((h, u));
+        *self.kept.lock().unwrap_or_else(|e| e.into_inner()) = Some(kept);
         Ok((
             CpuStorage::F32(add_dropped(self.dropout, x, &branch)),
             l.shape().clone(),
         ))
     }
 
-    /// The composition's backward passes in its order: the down projection, GELU, the up
-    /// projection, the norm, and x's two gradients (the residual's g and the norm's) summed.
+    /// The composition's backward passes in its order: the down projection, the activation,
+    /// its projections, the norm, and x's two gradients (the residual's g and the norm's)
+    /// summed.
     fn bwd(&self, x: &Tensor, _res: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
         let kept = self.kept.lock().unwrap_or_else(|e| e.into_inner()).take();
         let norm_weight = &self.norm_weight;
-        let (dx, grads) = with_data(
-            [x, g, &self.up, &self.down, norm_weight],
-            |[xs, gs, up, down, w]| {
-                let (rows, d, ff) = self.dims(xs)?;
-                let (h, u) = match kept {
-                    Some(kept) => kept,
-                    None => self.hidden(xs, &GeluSlope::new(false))?,
-                };
-                let g_branch = match self.dropout {
-                    Some(mask) => Cow::Owned(dropout_apply(mask, gs)),
-                    None => Cow::Borrowed(gs),
-                };
-                let (du, d_down) = project_grads(&u, down, &g_branch, (rows, ff, d), self.precision);
-                drop(u);
-                let recompute = || Ok(Cow::Owned(project(&h, up, (rows, d, ff), self.precision)));
-                let d_product = self.gelu.backward(&du, recompute)?;
-                drop(du);
-                let (dh, d_up) = project_grads(&h, up, &d_product, (rows, d, ff), self.precision);
-                drop((h, d_product));
-                let (dx, dw, db) = self.norm.backward_adding(xs, w, &dh, Some(gs));
-                let mut grads = vec![
-                    (self.down.clone(), cpu_tensor(d_down, self.down.shape())?),
-                    (self.up.clone(), cpu_tensor(d_up, self.up.shape())?),
-                    (norm_weight.clone(), cpu_tensor(dw, norm_weight.shape())?),
-                ];
-                if let Some(b) = &self.norm_bias {
-                    grads.push((b.clone(), cpu_tensor(db, b.shape())?));
-                }
-                Ok((dx, grads))
-            },
-        )?;
+        let (dx, grads) = with_data([x, g, &self.down, norm_weight], |[xs, gs, down, w]| {
+            let (rows, d, ff) = self.dims(xs)?;
+            let mut kept = match kept {
+                Some(kept) => kept,
+                None => self.hidden(xs, &GeluSlope::new(false))?,
+            };
+            let g_branch = match self.dropout {
+                Some(mask) => Cow::Owned(dropout_apply(mask, gs)),
+                None => Cow::Borrowed(gs),
+            };
+            let hidden = std::mem::take(&mut kept.hidden);
+            let (d_hidden, d_down) = project_grads(&hidden, down, &g_branch, (rows, ff, d), self.precision);
+            drop(hidden);
+            let (dh, d_in) = self.projection_grads(kept, &d_hidden, (rows, d, ff))?;
+            drop(d_hidden);
+            let (dx, dw, db) = self.norm.backward_adding(xs, w, &dh, Some(gs));
+            let mut grads = vec![(self.down.clone(), cpu_tensor(d_down, self.down.shape())?)];
+            for (param, grad) in self.gate.iter().chain([&self.up]).zip(d_in) {
+                grads.push((param.clone(), cpu_tensor(grad, param.shape())?));
+            }
+            grads.push((norm_weight.clone(), cpu_tensor(dw, norm_weight.shape())?));
+            if let Some(b) = &self.norm_bias {
+                grads.push((b.clone(), cpu_tensor(db, b.shape())?));
+            }
+            Ok((dx, grads))
+        })?;
         self.sink.deposit(self.id, grads);
         Ok(Some(cpu_tensor(dx, x.shape())?))
     }
