@@ -207,6 +207,8 @@ struct Attention {
     rms: bool,
     heads: usize,
     kv_heads: usize,
+    /// QK-norm's query and key norms (gain, and bias for LayerNorm), and whether they are RMS.
+    qk_norm: Option<([Vec<Var>; 2], bool)>,
 }
 
 impl Attention {
@@ -236,7 +238,22 @@ impl Attention {
             rms,
             heads,
             kv_heads,
+            qk_norm: None,
         }
+    }
+
+    /// The same with QK-norm of each head's `hd` elements: RMSNorm, or LayerNorm with biases.
+    fn with_qk_norm(mut self, seed: u64, hd: usize, rms: bool) -> Self {
+        let norm = |s: u64| {
+            let gain = (randn_cpu(seed + s, &[hd], 0.1) + 1.0).unwrap();
+            let mut vars = vec![Var::from_tensor(&gain).unwrap()];
+            if !rms {
+                vars.push(Var::from_tensor(&randn_cpu(seed + s + 1, &[hd], 0.1)).unwrap());
+            }
+            vars
+        };
+        self.qk_norm = Some(([norm(20), norm(30)], rms));
+        self
     }
 
     fn forward(
@@ -253,11 +270,20 @@ impl Attention {
             eps: 1e-5,
         };
         let [q, k, v, o] = &self.w;
+        let qk_norm = self.qk_norm.as_ref().map(|(sides, rms)| {
+            sides.each_ref().map(|vars| BlockNorm {
+                weight: vars[0].as_tensor(),
+                bias: vars.get(1).map(Var::as_tensor),
+                rms: *rms,
+                eps: 1e-6,
+            })
+        });
         let w = AttentionWeights {
             q: q.as_tensor(),
             k: k.as_tensor(),
             v: v.as_tensor(),
             o: o.as_tensor(),
+            qk_norm,
         };
         attention_block(
             self.x.as_tensor(),
@@ -276,6 +302,7 @@ impl Attention {
         std::iter::once(&self.x)
             .chain(&self.norm)
             .chain(&self.w)
+            .chain(self.qk_norm.iter().flat_map(|(sides, _)| sides.iter().flatten()))
             .map(|v| store.get(v.as_tensor()).expect("a gradient is missing").clone())
             .collect()
     }
@@ -293,14 +320,39 @@ fn the_attention_block_gives_the_bits_of_its_ops_one_by_one() {
             logn_length,
         },
     };
+    // (what, positions, heads, norm is RMS, mask, QK-norm: None, or Some(is RMS))
     let cases = [
-        ("rotary, MHA, layernorm", rotary(None), (4, 4), false, Some(&mask)),
+        (
+            "rotary, MHA, layernorm",
+            rotary(None),
+            (4, 4),
+            false,
+            Some(&mask),
+            None,
+        ),
+        (
+            "rotary, GQA 4/2, rmsnorm, QK layernorm",
+            rotary(None),
+            (4, 2),
+            true,
+            Some(&mask),
+            Some(false),
+        ),
+        (
+            "unrotated, MHA, layernorm, QK rmsnorm",
+            BlockPositions::Unrotated { scale: 0.35 },
+            (4, 4),
+            false,
+            Some(&mask),
+            Some(true),
+        ),
         (
             "rotary with log-n, GQA 4/2, rmsnorm",
             rotary(Some(4)),
             (4, 2),
             true,
             Some(&mask),
+            None,
         ),
         (
             "unrotated, GQA 4/1, layernorm, no mask",
@@ -308,13 +360,17 @@ fn the_attention_block_gives_the_bits_of_its_ops_one_by_one() {
             (4, 1),
             false,
             None,
+            None,
         ),
     ];
-    for (what, positions, (heads, kv_heads), rms, mask) in cases {
+    for (what, positions, (heads, kv_heads), rms, mask, qk_rms) in cases {
         for precision in precisions() {
             for dropout in [None, Some((0.1, 4242))] {
                 let what = format!("{what}, {precision:?}, attention dropout {dropout:?}");
-                let a = Attention::new(11, (b, t, heads * hd - 3), (heads, kv_heads, hd), rms);
+                let mut a = Attention::new(11, (b, t, heads * hd - 3), (heads, kv_heads, hd), rms);
+                if let Some(qk_rms) = qk_rms {
+                    a = a.with_qk_norm(40, hd, qk_rms);
+                }
                 let opts = AttentionOptions {
                     heads: a.heads,
                     kv_heads: a.kv_heads,

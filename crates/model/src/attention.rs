@@ -336,7 +336,7 @@ impl Attention {
 
     /// `norm` and self-attention over `x` (B, T, D) written back into `x`, as one op
     /// (`ember_kernels::attention_block`) whose parameters' gradients go to the pass's sink;
-    /// `None` where the pass has no sink or the module is not one the op covers (QK-norm,
+    /// `None` where the pass has no sink or the module is not one the op covers (L2 QK-norm,
     /// biases, log-n scaling without rotary positions). Draws its dropout masks where
     /// [`forward_self`](Self::forward_self) does, so fused and unfused passes are the same.
     pub(crate) fn forward_self_with_norm(
@@ -353,9 +353,12 @@ impl Attention {
         let biased = [&self.q_proj, &self.k_proj, &self.v_proj, &self.o_proj]
             .iter()
             .any(|p| p.has_bias());
-        if !matches!(self.qk_norm, QkNormLayer::None) || biased {
-            return Ok(None);
-        }
+        let qk_norm = match &self.qk_norm {
+            _ if biased => return Ok(None),
+            QkNormLayer::None => None,
+            QkNormLayer::Norm { q, k } => Some([q.as_block_norm(), k.as_block_norm()]),
+            QkNormLayer::L2 { .. } => return Ok(None),
+        };
         let (b, t, _) = x.dims3()?;
         let scale = PositionScale {
             scale: 1.0 / (self.head_dim as f64).sqrt(),
@@ -382,6 +385,7 @@ impl Attention {
             k: self.k_proj.weight(),
             v: self.v_proj.weight(),
             o: self.o_proj.weight(),
+            qk_norm,
         };
         let block = ember_kernels::attention_block(
             x,

@@ -2,8 +2,8 @@
 //! sub-blocks as one op each (`ember_kernels::attention_block`, `mlp_block`), and a training
 //! pass is the same as without one — logits and loss bit for bit, every parameter's gradient
 //! equal once the sink is merged, the same dropout masks, the same attention telemetry — in
-//! every architecture, norm, position scheme, MLP and precision; sub-blocks the ops do not
-//! cover (QK-norm, ReLU, biases, post-norm) run as before and train the same.
+//! every architecture, norm, position scheme, QK-norm, MLP and precision; sub-blocks the ops do
+//! not cover (L2 QK-norm, ReLU, biases, post-norm) run as before and train the same.
 
 mod common;
 
@@ -134,11 +134,17 @@ fn fused_sub_blocks_train_the_same_bits_as_their_ops_one_by_one() {
                     } else {
                         MlpKind::Gelu
                     };
-                    let mut c = cfg(arch, QkNorm::None, norm, mlp);
+                    // QK layernorm with log-n, QK rmsnorm with the learned positions.
+                    let qk = match (positions, logn) {
+                        (_, true) => QkNorm::Layernorm,
+                        (Positions::Learned, _) => QkNorm::Rmsnorm,
+                        _ => QkNorm::None,
+                    };
+                    let mut c = cfg(arch, qk, norm, mlp);
                     (c.positions, c.norm_bias, c.dropout, c.attn_dropout) = (positions, norm_bias, 0.1, 0.1);
                     (c.logn_attention, c.n_kv_heads) = (logn, logn.then_some(2));
                     let what = format!(
-                        "{arch:?}/{norm:?}/{positions:?}/{mlp:?}/norm bias {norm_bias}/log-n {logn}/{precision:?}"
+                        "{arch:?}/{norm:?}/{positions:?}/{mlp:?}/{qk:?}/norm bias {norm_bias}/log-n {logn}/{precision:?}"
                     );
                     check(&what, &c, precision, true);
                     checked += 1;
@@ -158,7 +164,10 @@ fn sub_blocks_the_ops_do_not_cover_run_as_before_and_train_the_same() {
         c
     };
     let uncovered = [
-        ("relu", lm(&|c| c.mlp = MlpKind::Relu)),
+        (
+            "relu, l2 qk-norm",
+            lm(&|c| (c.qk_norm, c.mlp) = (QkNorm::L2, MlpKind::Relu)),
+        ),
         (
             "projection biases",
             lm(&|c| (c.qk_norm, c.proj_bias) = (QkNorm::None, true)),
@@ -176,19 +185,19 @@ fn sub_blocks_the_ops_do_not_cover_run_as_before_and_train_the_same() {
     for (what, c) in uncovered {
         check(what, &c, Precision::F32, false);
     }
-    // ReLU without QK-norm: the attention sub-block alone is fused.
-    let attention_only = lm(&|c| (c.qk_norm, c.mlp) = (QkNorm::None, MlpKind::Relu));
-    check("relu, attention fused", &attention_only, Precision::F32, true);
-    // SwiGLU with QK-norm: the MLP sub-block alone is fused.
+    // A ReLU MLP runs as before; the attention sub-block is fused, with or without QK-norm.
+    for qk in [QkNorm::None, QkNorm::Layernorm, QkNorm::Rmsnorm] {
+        let attention_only = lm(&|c| (c.qk_norm, c.mlp) = (qk, MlpKind::Relu));
+        check(&format!("relu, {qk:?}"), &attention_only, Precision::F32, true);
+    }
+    // L2 QK-norm runs as before; the MLP sub-block is fused.
     check(
-        "swiglu, qk-norm",
-        &lm(&|c| c.mlp = MlpKind::Swiglu),
+        "swiglu, l2 qk-norm",
+        &lm(&|c| (c.qk_norm, c.mlp) = (QkNorm::L2, MlpKind::Swiglu)),
         Precision::F32,
         true,
     );
-    // With QK-norm the attention sub-block runs as before, the MLP one fused.
-    check("qk-norm", &lm(&|_| {}), Precision::F32, true);
-    // Bias-free projections but QK-norm: only the attention is unfused, so fused too.
+    // Biased q, k, v: only the attention runs as before.
     check(
         "qkv biases, gelu",
         &lm(&|c| c.qkv_bias = true),

@@ -19,22 +19,25 @@ use std::sync::Mutex;
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 
 use crate::attention::{take, AttentionOptions, AttentionTelemetry, AttnOp};
-use crate::block::{BlockNorm, GradSink};
+use crate::block::{BlockNorm, GradSink, HeldNorm};
 use crate::dropout::{add_dropped, dropout_apply, DropoutOp};
-use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_all_data, with_data};
+use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
 use crate::linear::{project, project_grads, Epilogue, Plain, Rotate, Scale};
-use crate::norm::NormOp;
 use crate::rope::{check_heads, PositionScale, RopeOp, RopeTables};
 use crate::simd::add_in_place;
 
-/// The four projections of an attention sub-block, (out, in) each: queries (H·d, D), keys and
-/// values (H_kv·d, D), output (D, H·d).
+/// The parameters of an attention sub-block after its opening norm: the four projections,
+/// (out, in) each — queries (H·d, D), keys and values (H_kv·d, D), output (D, H·d) — and
+/// QK-norm's norms over each head of q and of k, where the model has them.
 #[derive(Clone, Copy)]
 pub struct AttentionWeights<'a> {
     pub q: &'a Tensor,
     pub k: &'a Tensor,
     pub v: &'a Tensor,
     pub o: &'a Tensor,
+    /// The query's and the key's per-head norm (gains of head_dim), applied before the
+    /// rotation (Qwen3, OLMo 2).
+    pub qk_norm: Option<[BlockNorm<'a>; 2]>,
 }
 
 /// How queries and keys learn their positions in an attention sub-block.
@@ -69,14 +72,18 @@ pub fn attention_block(
     residual: (f64, u64),
     sink: Option<&GradSink>,
 ) -> Result<(Tensor, Option<AttentionTelemetry>)> {
-    let params = [
+    let qk_params = w.qk_norm.iter().flatten().flat_map(|n| [Some(n.weight), n.bias]);
+    let params: Vec<Option<&Tensor>> = [
         Some(norm.weight),
         norm.bias,
         Some(w.q),
         Some(w.k),
         Some(w.v),
         Some(w.o),
-    ];
+    ]
+    .into_iter()
+    .chain(qk_params)
+    .collect();
     let t = x.dims3()?.1;
     let fusable = is_host_f32(x)
         && x.track_op()
@@ -112,10 +119,13 @@ pub fn attention_block(
         check_heads(tables, kv_width)?;
     }
     let attn = AttnOp::cpu(&[b, t, q_width], &[b, t, kv_width], mask, opts, true)?;
+    let qk_norm = match w.qk_norm {
+        Some([q, k]) => Some([HeldNorm::new(q)?, HeldNorm::new(k)?]),
+        None => None,
+    };
     let parts = Parts {
-        norm: NormOp::f32(norm.rms, norm.eps),
-        norm_weight: norm.weight.contiguous()?,
-        norm_bias: norm.bias.map(Tensor::contiguous).transpose()?,
+        norm: HeldNorm::new(norm)?,
+        qk_norm,
         w: [w.q, w.k, w.v, w.o]
             .map(|w| w.contiguous())
             .into_iter()
@@ -168,14 +178,23 @@ fn attention_block_unfused(
 ) -> Result<(Tensor, Option<AttentionTelemetry>)> {
     let precision = opts.precision;
     let h = norm.forward(x)?;
-    let (q, k) = match positions {
-        BlockPositions::Rotary { tables, scale } => (
+    let normed = |w: &Tensor, norm: &BlockNorm| norm.forward(&crate::linear_in(&h, w, precision)?);
+    let (q, k) = match (positions, w.qk_norm) {
+        (BlockPositions::Rotary { tables, scale }, None) => (
             crate::linear_rope_in(&h, w.q, tables, 0, scale, precision)?,
             crate::linear_rope_in(&h, w.k, tables, 0, 1.0, precision)?,
         ),
-        BlockPositions::Unrotated { scale } => (
+        (BlockPositions::Rotary { tables, scale }, Some([qn, kn])) => (
+            crate::rope(&normed(w.q, &qn)?, tables, 0, scale)?,
+            crate::rope(&normed(w.k, &kn)?, tables, 0, 1.0)?,
+        ),
+        (BlockPositions::Unrotated { scale }, None) => (
             crate::linear_scaled_in(&h, w.q, scale, precision)?,
             crate::linear_in(&h, w.k, precision)?,
+        ),
+        (BlockPositions::Unrotated { scale }, Some([qn, kn])) => (
+            PositionScale::from(scale).apply_unfused(&normed(w.q, &qn)?, 0)?,
+            normed(w.k, &kn)?,
         ),
     };
     let v = crate::linear_in(&h, w.v, precision)?;
@@ -188,27 +207,56 @@ fn attention_block_unfused(
 
 /// What an attention sub-block op holds whatever its positions.
 struct Parts {
-    norm: NormOp,
-    norm_weight: Tensor,
-    norm_bias: Option<Tensor>,
+    norm: HeldNorm,
+    /// QK-norm's query and key norms.
+    qk_norm: Option<[HeldNorm; 2]>,
     /// The q, k, v and o projections.
     w: Vec<Tensor>,
     attn: AttnOp,
     residual: Option<DropoutOp>,
     precision: crate::Precision,
-    /// The forward pass's h, q, k, v and o, taken by the backward pass (a second backward pass
+    /// The forward pass's activations, taken by the backward pass (a second backward pass
     /// recomputes them).
     kept: Mutex<Option<Kept>>,
     sink: GradSink,
     id: u64,
 }
 
+/// A forward pass's normalised input h, q, k and v as attention reads them, its output o, and
+/// q's and k's projections before QK-norm (empty without it).
 struct Kept {
     h: Vec<f32>,
     q: Vec<f32>,
     k: Vec<f32>,
     v: Vec<f32>,
     o: Vec<f32>,
+    q_raw: Vec<f32>,
+    k_raw: Vec<f32>,
+}
+
+/// A query's or key's projection through QK-norm's `norm` (where there is one): (what the
+/// epilogue takes, the projection kept for the norm's backward pass).
+fn through_norm(norm: Option<&HeldNorm>, product: Vec<f32>) -> Result<(Vec<f32>, Vec<f32>)> {
+    match norm {
+        Some(norm) => Ok((norm.forward(&product)?, product)),
+        None => Ok((product, Vec::new())),
+    }
+}
+
+/// The gradient at a query's or key's projection from the gradient `g` at QK-norm's output
+/// (`raw`: the projection), and the norm's parameter gradients.
+fn back_through_norm<'g>(
+    norm: Option<&HeldNorm>,
+    raw: &[f32],
+    g: Cow<'g, [f32]>,
+) -> Result<(Cow<'g, [f32]>, Vec<(Tensor, Tensor)>)> {
+    match norm {
+        Some(norm) => {
+            let (dx, grads) = norm.backward(raw, &g, None)?;
+            Ok((Cow::Owned(dx), grads))
+        }
+        None => Ok((g, Vec::new())),
+    }
 }
 
 /// The op of [`attention_block`], with the query's and key's epilogues (rotation, scale).
@@ -230,22 +278,34 @@ impl<Q: Epilogue, K: Epilogue> AttentionBlockOp<Q, K> {
     fn inner(&self, x: &[f32], shape: &Shape) -> Result<Kept> {
         let p = &self.parts;
         let (rows, d, q_width, kv_width) = self.dims(shape)?;
-        let norm_params: Vec<&Tensor> = [Some(&p.norm_weight), p.norm_bias.as_ref()]
-            .into_iter()
-            .flatten()
-            .collect();
-        let h = with_all_data(&norm_params, |n| p.norm.forward(x, n[0], n.get(1).copied()))?;
-        let (q, k, v) = with_data([&p.w[0], &p.w[1], &p.w[2]], |[wq, wk, wv]| {
-            let q = self
-                .query
-                .forward(project(&h, wq, (rows, d, q_width), p.precision), shape, q_width)?;
-            let k = self
-                .key
-                .forward(project(&h, wk, (rows, d, kv_width), p.precision), shape, kv_width)?;
-            Ok((q, k, project(&h, wv, (rows, d, kv_width), p.precision)))
+        let h = p.norm.forward(x)?;
+        let [q_norm, k_norm] = match &p.qk_norm {
+            Some([q, k]) => [Some(q), Some(k)],
+            None => [None, None],
+        };
+        let (q, k, v, q_raw, k_raw) = with_data([&p.w[0], &p.w[1], &p.w[2]], |[wq, wk, wv]| {
+            let (q, q_raw) = through_norm(q_norm, project(&h, wq, (rows, d, q_width), p.precision))?;
+            let (k, k_raw) = through_norm(k_norm, project(&h, wk, (rows, d, kv_width), p.precision))?;
+            let q = self.query.forward(q, shape, q_width)?;
+            let k = self.key.forward(k, shape, kv_width)?;
+            Ok((
+                q,
+                k,
+                project(&h, wv, (rows, d, kv_width), p.precision),
+                q_raw,
+                k_raw,
+            ))
         })?;
         let o = p.attn.forward_values(&q, &k, &v)?;
-        Ok(Kept { h, q, k, v, o })
+        Ok(Kept {
+            h,
+            q,
+            k,
+            v,
+            o,
+            q_raw,
+            k_raw,
+        })
     }
 }
 
@@ -277,9 +337,17 @@ impl<Q: Epilogue, K: Epilogue> CustomOp1 for AttentionBlockOp<Q, K> {
         let kept = p.kept.lock().unwrap_or_else(|e| e.into_inner()).take();
         let shape = x.shape();
         let (rows, d, q_width, kv_width) = self.dims(shape)?;
-        let tensors = [x, g, &p.w[0], &p.w[1], &p.w[2], &p.w[3], &p.norm_weight];
-        let (dx, grads) = with_data(tensors, |[xs, gs, wq, wk, wv, wo, nw]| {
-            let Kept { h, q, k, v, o } = match kept {
+        let tensors = [x, g, &p.w[0], &p.w[1], &p.w[2], &p.w[3]];
+        let (dx, grads) = with_data(tensors, |[xs, gs, wq, wk, wv, wo]| {
+            let Kept {
+                h,
+                q,
+                k,
+                v,
+                o,
+                q_raw,
+                k_raw,
+            } = match kept {
                 Some(kept) => kept,
                 None => self.inner(xs, shape)?,
             };
@@ -291,11 +359,18 @@ impl<Q: Epilogue, K: Epilogue> CustomOp1 for AttentionBlockOp<Q, K> {
             let (dq, dk, dv) = p.attn.backward_values(&q, &k, &v, &o, &d_o)?;
             drop((o, d_o, v));
             let (dh_v, d_wv) = project_grads(&h, wv, &dv, (rows, d, kv_width), p.precision);
+            // The epilogues here (rotation, scale, none) never recompute what they took.
+            let [q_norm, k_norm] = match &p.qk_norm {
+                Some([q, k]) => [Some(q), Some(k)],
+                None => [None, None],
+            };
             let recompute_k = || project(&h, wk, (rows, d, kv_width), p.precision);
             let dk = self.key.backward(&dk, shape, kv_width, recompute_k)?;
+            let (dk, k_norm_grads) = back_through_norm(k_norm, &k_raw, dk)?;
             let (dh_k, d_wk) = project_grads(&h, wk, &dk, (rows, d, kv_width), p.precision);
             let recompute_q = || project(&h, wq, (rows, d, q_width), p.precision);
             let dq = self.query.backward(&dq, shape, q_width, recompute_q)?;
+            let (dq, q_norm_grads) = back_through_norm(q_norm, &q_raw, dq)?;
             let (dh_q, d_wq) = project_grads(&h, wq, &dq, (rows, d, q_width), p.precision);
             drop((h, q, k));
             // h's three gradients summed as candle sums them: v's, then k's, then q's.
@@ -303,15 +378,12 @@ impl<Q: Epilogue, K: Epilogue> CustomOp1 for AttentionBlockOp<Q, K> {
             add_in_place(&mut dh, &dh_k);
             add_in_place(&mut dh, &dh_q);
             drop((dh_k, dh_q));
-            let (dx, dw, db) = p.norm.backward_adding(xs, nw, &dh, Some(gs));
+            let (dx, norm_grads) = p.norm.backward(xs, &dh, Some(gs))?;
             let mut grads = vec![];
             for (param, grad) in p.w.iter().zip([d_wq, d_wk, d_wv, d_wo]) {
                 grads.push((param.clone(), cpu_tensor(grad, param.shape())?));
             }
-            grads.push((p.norm_weight.clone(), cpu_tensor(dw, p.norm_weight.shape())?));
-            if let Some(bias) = &p.norm_bias {
-                grads.push((bias.clone(), cpu_tensor(db, bias.shape())?));
-            }
+            grads.extend(norm_grads.into_iter().chain(q_norm_grads).chain(k_norm_grads));
             Ok((dx, grads))
         })?;
         p.sink.deposit(p.id, grads);

@@ -21,11 +21,10 @@ use std::sync::Mutex;
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 
 use crate::activation::{swiglu_grads, swiglu_values, GeluSlope};
-use crate::block::{BlockNorm, GradSink};
+use crate::block::{BlockNorm, GradSink, HeldNorm};
 use crate::dropout::{add_dropped, dropout_apply, DropoutOp};
-use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_all_data, with_data};
+use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
 use crate::linear::{project, project_grads};
-use crate::norm::NormOp;
 use crate::simd::add_in_place;
 use crate::Precision;
 
@@ -110,9 +109,7 @@ pub fn mlp_block(
     }
     precision.check_cpu()?;
     let op = MlpBlockOp {
-        norm: NormOp::f32(norm.rms, norm.eps),
-        norm_weight: norm.weight.contiguous()?,
-        norm_bias: norm.bias.map(Tensor::contiguous).transpose()?,
+        norm: HeldNorm::new(norm)?,
         gate: w.gate().map(Tensor::contiguous).transpose()?,
         up: w.up().contiguous()?,
         down: w.down().contiguous()?,
@@ -128,9 +125,7 @@ pub fn mlp_block(
 
 /// The op of [`mlp_block`]: its parameters, and what its forward pass keeps for its backward.
 struct MlpBlockOp {
-    norm: NormOp,
-    norm_weight: Tensor,
-    norm_bias: Option<Tensor>,
+    norm: HeldNorm,
     /// SwiGLU's gate projection (`None`: GELU).
     gate: Option<Tensor>,
     up: Tensor,
@@ -166,11 +161,7 @@ impl MlpBlockOp {
     /// The activations of x, GELU's slope kept in `gelu`.
     fn hidden(&self, x: &[f32], gelu: &GeluSlope) -> Result<Hidden> {
         let (rows, d, ff) = self.dims(x)?;
-        let norm_params: Vec<&Tensor> = [Some(&self.norm_weight), self.norm_bias.as_ref()]
-            .into_iter()
-            .flatten()
-            .collect();
-        let h = with_all_data(&norm_params, |p| self.norm.forward(x, p[0], p.get(1).copied()))?;
+        let h = self.norm.forward(x)?;
         let product = |w: &Tensor| with_data([w], |[w]| Ok(project(&h, w, (rows, d, ff), self.precision)));
         Ok(match &self.gate {
             None => Hidden {
@@ -245,8 +236,7 @@ impl CustomOp1 for MlpBlockOp {
     /// summed.
     fn bwd(&self, x: &Tensor, _res: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
         let kept = self.kept.lock().unwrap_or_else(|e| e.into_inner()).take();
-        let norm_weight = &self.norm_weight;
-        let (dx, grads) = with_data([x, g, &self.down, norm_weight], |[xs, gs, down, w]| {
+        let (dx, grads) = with_data([x, g, &self.down], |[xs, gs, down]| {
             let (rows, d, ff) = self.dims(xs)?;
             let mut kept = match kept {
                 Some(kept) => kept,
@@ -261,15 +251,12 @@ impl CustomOp1 for MlpBlockOp {
             drop(hidden);
             let (dh, d_in) = self.projection_grads(kept, &d_hidden, (rows, d, ff))?;
             drop(d_hidden);
-            let (dx, dw, db) = self.norm.backward_adding(xs, w, &dh, Some(gs));
+            let (dx, norm_grads) = self.norm.backward(xs, &dh, Some(gs))?;
             let mut grads = vec![(self.down.clone(), cpu_tensor(d_down, self.down.shape())?)];
             for (param, grad) in self.gate.iter().chain([&self.up]).zip(d_in) {
                 grads.push((param.clone(), cpu_tensor(grad, param.shape())?));
             }
-            grads.push((norm_weight.clone(), cpu_tensor(dw, norm_weight.shape())?));
-            if let Some(b) = &self.norm_bias {
-                grads.push((b.clone(), cpu_tensor(db, b.shape())?));
-            }
+            grads.extend(norm_grads);
             Ok((dx, grads))
         })?;
         self.sink.deposit(self.id, grads);

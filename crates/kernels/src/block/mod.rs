@@ -8,6 +8,9 @@
 
 use candle_core::{Result, Tensor};
 
+use crate::host::{cpu_tensor, with_all_data, with_data};
+use crate::norm::NormOp;
+
 mod attention;
 mod mlp;
 mod sink;
@@ -33,5 +36,49 @@ impl BlockNorm<'_> {
             true => crate::rms_norm(x, self.weight, self.eps),
             false => crate::layer_norm(x, self.weight, self.bias, self.eps),
         }
+    }
+}
+
+/// A norm inside a block op: its kind, epsilon and parameters.
+pub(crate) struct HeldNorm {
+    op: NormOp,
+    weight: Tensor,
+    bias: Option<Tensor>,
+}
+
+impl HeldNorm {
+    pub(crate) fn new(norm: BlockNorm) -> Result<Self> {
+        Ok(Self {
+            op: NormOp::f32(norm.rms, norm.eps),
+            weight: norm.weight.contiguous()?,
+            bias: norm.bias.map(Tensor::contiguous).transpose()?,
+        })
+    }
+
+    fn params(&self) -> Vec<&Tensor> {
+        std::iter::once(&self.weight).chain(&self.bias).collect()
+    }
+
+    /// The normalised vectors of x.
+    pub(crate) fn forward(&self, x: &[f32]) -> Result<Vec<f32>> {
+        with_all_data(&self.params(), |p| self.op.forward(x, p[0], p.get(1).copied()))
+    }
+
+    /// x's gradient for the gradient g at the output (plus `residual`, a gradient that reaches x
+    /// around the norm, added as candle adds it), and each parameter's.
+    pub(crate) fn backward(
+        &self,
+        x: &[f32],
+        g: &[f32],
+        residual: Option<&[f32]>,
+    ) -> Result<(Vec<f32>, Vec<(Tensor, Tensor)>)> {
+        let (dx, dw, db) = with_data([&self.weight], |[w]| {
+            Ok(self.op.backward_adding(x, w, g, residual))
+        })?;
+        let mut grads = vec![(self.weight.clone(), cpu_tensor(dw, self.weight.shape())?)];
+        if let Some(b) = &self.bias {
+            grads.push((b.clone(), cpu_tensor(db, b.shape())?));
+        }
+        Ok((dx, grads))
     }
 }
