@@ -25,6 +25,15 @@ pub enum Precision {
 }
 
 impl Precision {
+    /// The precisions this process can run the products in on the CPU (f32 always; bf16 where
+    /// [`missing_cpu_feature`](Self::missing_cpu_feature) names nothing).
+    pub fn on_this_cpu() -> Vec<Precision> {
+        [Precision::F32, Precision::Bf16]
+            .into_iter()
+            .filter(|p| p.missing_cpu_feature().is_none())
+            .collect()
+    }
+
     /// `f32` or `bf16`, as the config spells it.
     pub fn name(self) -> &'static str {
         match self {

@@ -25,14 +25,6 @@ fn widened(t: &Tensor) -> Tensor {
     t.to_dtype(DType::F32).unwrap()
 }
 
-/// The precisions this CPU runs the products in.
-fn precisions() -> Vec<Precision> {
-    [Precision::F32, Precision::Bf16]
-        .into_iter()
-        .filter(|p| p.missing_cpu_feature().is_none())
-        .collect()
-}
-
 /// `op` on `inputs` against `reference` (the f32 op) on them widened, its output cast to
 /// `out`: the output in `out`, and each gradient in its input's dtype; the same bits for the
 /// output, and for the gradients unless `gradient_tol` gives a tolerance.
@@ -126,7 +118,7 @@ fn projections_read_and_write_bf16_between_casts() {
     let x = bf16(&randn(10, &[2, 7, 24]));
     let w = randn(11, &[32, 24]);
     let stream = randn(12, &[2, 7, 32]);
-    for precision in precisions() {
+    for precision in Precision::on_this_cpu() {
         for (label, v) in layouts(&[x.clone(), w.clone(), stream.clone()]) {
             let what = |op: &str| format!("{op} {precision} {label}");
             let xw = [v[0].clone(), v[1].clone()];
@@ -214,7 +206,7 @@ fn attention_reads_bf16_and_writes_in_the_values_dtype() {
     // A relative error of a few bf16 roundings (2⁻⁹) of the output, through D.
     const GRADIENT_TOL: f64 = 1e-2;
     let mask = kernels::causal_mask(9, 0, DType::F32, &Device::Cpu).unwrap();
-    for precision in precisions() {
+    for precision in Precision::on_this_cpu() {
         for dropout in [None, Some((0.2, 11))] {
             let opts = kernels::AttentionOptions {
                 heads: 4,

@@ -98,14 +98,6 @@ fn assert_equal(what: &str, a: &Tensor, b: &Tensor) {
     assert_eq!(differing, 0, "{what}: {differing} of {} elements differ", a.len());
 }
 
-fn precisions() -> Vec<Precision> {
-    let mut all = vec![Precision::F32];
-    if Precision::Bf16.missing_cpu_feature().is_none() {
-        all.push(Precision::Bf16);
-    }
-    all
-}
-
 #[test]
 fn the_mlp_block_gives_the_bits_of_its_ops_one_by_one() {
     for (norm, swiglu) in [
@@ -114,7 +106,7 @@ fn the_mlp_block_gives_the_bits_of_its_ops_one_by_one() {
         ("rmsnorm", false),
         ("rmsnorm", true),
     ] {
-        for precision in precisions() {
+        for precision in Precision::on_this_cpu() {
             for dropout in [(0.0, 0), (0.1, 12345)] {
                 let what = format!("{norm}, swiglu {swiglu}, {precision:?}, dropout {}", dropout.0);
                 let m = Mlp::new(7, (2, 13, 24, 40), norm, swiglu);
@@ -364,7 +356,7 @@ fn the_attention_block_gives_the_bits_of_its_ops_one_by_one() {
         ),
     ];
     for (what, positions, (heads, kv_heads), rms, mask, qk_rms) in cases {
-        for precision in precisions() {
+        for precision in Precision::on_this_cpu() {
             for dropout in [None, Some((0.1, 4242))] {
                 let what = format!("{what}, {precision:?}, attention dropout {dropout:?}");
                 let mut a = Attention::new(11, (b, t, heads * hd - 3), (heads, kv_heads, hd), rms);

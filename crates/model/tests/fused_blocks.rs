@@ -107,14 +107,6 @@ fn check(what: &str, c: &ModelConfig, precision: Precision, covered: bool) {
     }
 }
 
-fn precisions() -> Vec<Precision> {
-    let mut all = vec![Precision::F32];
-    if Precision::Bf16.missing_cpu_feature().is_none() {
-        all.push(Precision::Bf16);
-    }
-    all
-}
-
 #[test]
 fn fused_sub_blocks_train_the_same_bits_as_their_ops_one_by_one() {
     let mut checked = 0;
@@ -127,7 +119,7 @@ fn fused_sub_blocks_train_the_same_bits_as_their_ops_one_by_one() {
                 (Positions::None, true, false),
             ];
             for (positions, norm_bias, logn) in positions {
-                for precision in precisions() {
+                for precision in Precision::on_this_cpu() {
                     // SwiGLU with the learned positions, GELU with the others.
                     let mlp = if positions == Positions::Learned {
                         MlpKind::Swiglu
