@@ -2,6 +2,7 @@
 //! output and its input's gradient bit for bit, each parameter's gradient equal (`==`: the sign
 //! of an exact zero may differ, which moves no parameter) — once the caller merges the sink
 //! after `backward()`; a second backward pass through the same graph gives the same gradients;
+//! an op that does not run (an input without a gradient) says so and reserves no dropout mask;
 //! and a sink whose op never ran its backward pass refuses to merge rather than lose gradients.
 
 #[path = "common/mod.rs"]
@@ -11,8 +12,8 @@ use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor, Var};
 use common::{host, randn_cpu, same_bits};
 use ember_kernels::{
-    attention_block, causal_mask, mlp_block, AttentionOptions, AttentionWeights, BlockNorm, BlockPositions,
-    GradSink, MlpWeights, PositionScale, Precision, RopeTables,
+    self as kernels, attention_block, causal_mask, mlp_block, AttentionOptions, AttentionWeights, BlockNorm,
+    BlockPositions, GradSink, MlpWeights, PositionScale, Precision, RopeTables,
 };
 
 /// One MLP sub-block's inputs: the stream x (B, T, d) and its parameters, as variables.
@@ -50,6 +51,7 @@ impl Mlp {
         [
             Some(&self.weight),
             self.bias.as_ref(),
+            self.gate.as_ref(),
             Some(&self.up),
             Some(&self.down),
         ]
@@ -58,14 +60,29 @@ impl Mlp {
         .collect()
     }
 
-    fn forward(&self, dropout: (f64, u64), precision: Precision, sink: Option<&GradSink>) -> Tensor {
-        let norm = BlockNorm {
+    fn norm(&self) -> BlockNorm<'_> {
+        BlockNorm {
             weight: self.weight.as_tensor(),
             bias: self.bias.as_ref().map(Var::as_tensor),
             rms: self.rms,
             eps: 1e-5,
+        }
+    }
+
+    /// The block as one op with a sink, the ops one by one without.
+    fn forward(&self, (p, state): (f64, u64), precision: Precision, sink: Option<&GradSink>) -> Tensor {
+        let (x, up, down) = (self.x.as_tensor(), self.up.as_tensor(), self.down.as_tensor());
+        let Some(sink) = sink else {
+            let h = norm_of(x, self.norm());
+            let hidden = match &self.gate {
+                Some(gate) => kernels::swiglu(
+                    &kernels::linear_in(&h, gate.as_tensor(), precision).unwrap(),
+                    &kernels::linear_in(&h, up, precision).unwrap(),
+                ),
+                None => kernels::linear_gelu_in(&h, up, precision),
+            };
+            return kernels::linear_residual_in(x, &hidden.unwrap(), down, p, state, precision).unwrap();
         };
-        let (up, down) = (self.up.as_tensor(), self.down.as_tensor());
         let w = match &self.gate {
             Some(gate) => MlpWeights::Swiglu {
                 gate: gate.as_tensor(),
@@ -74,7 +91,8 @@ impl Mlp {
             },
             None => MlpWeights::Gelu { up, down },
         };
-        mlp_block(self.x.as_tensor(), norm, w, dropout, precision, sink).unwrap()
+        let block = mlp_block(x, self.norm(), w, precision, sink, || (p, state)).unwrap();
+        block.expect("the op did not run")
     }
 
     /// The gradients of Σ output·probe: x's, then each parameter's.
@@ -166,29 +184,50 @@ fn a_sink_whose_op_never_ran_backward_refuses_to_merge() {
 }
 
 #[test]
-fn without_a_gradient_on_its_input_the_block_runs_its_ops_one_by_one() {
+fn the_ops_do_not_run_on_an_input_without_a_gradient_and_reserve_no_dropout() {
     let m = Mlp::new(9, (1, 5, 8, 16), "layernorm", false);
     let sink = GradSink::new();
     let x = m.x.as_tensor().detach();
+    let w = MlpWeights::Gelu {
+        up: m.up.as_tensor(),
+        down: m.down.as_tensor(),
+    };
+    let reserved = std::cell::Cell::new(false);
+    let dropout = || {
+        reserved.set(true);
+        (0.1, 1)
+    };
+    let y = mlp_block(&x, m.norm(), w, Precision::F32, &sink, dropout).unwrap();
+    assert!(y.is_none(), "the op ran on an input without a gradient");
+    assert!(!reserved.get(), "the op reserved a dropout mask without running");
+    assert!(sink.is_empty(), "the op registered with the sink without running");
+}
+
+#[test]
+fn an_rms_norm_with_a_bias_is_refused() {
+    let m = Mlp::new(2, (1, 3, 8, 16), "layernorm", false);
     let norm = BlockNorm {
-        weight: m.weight.as_tensor(),
-        bias: m.bias.as_ref().map(Var::as_tensor),
-        rms: false,
-        eps: 1e-5,
+        rms: true,
+        ..m.norm()
     };
     let w = MlpWeights::Gelu {
         up: m.up.as_tensor(),
         down: m.down.as_tensor(),
     };
-    let y = mlp_block(&x, norm, w, (0.0, 0), Precision::F32, Some(&sink)).unwrap();
-    let store = loss(&y).backward().unwrap();
-    assert!(sink.is_empty(), "the unfused path registered with the sink");
-    for p in m.params() {
-        assert!(
-            store.get(p.as_tensor()).is_some(),
-            "candle computed no gradient for a parameter"
-        );
+    let err = mlp_block(m.x.as_tensor(), norm, w, Precision::F32, &GradSink::new(), || {
+        (0.0, 0)
+    })
+    .unwrap_err();
+    assert!(err.to_string().contains("RMSNorm takes no bias"), "{err}");
+}
+
+/// `norm` as the model runs it outside a block.
+fn norm_of(x: &Tensor, norm: BlockNorm) -> Tensor {
+    match norm.rms {
+        true => kernels::rms_norm(x, norm.weight, norm.eps),
+        false => kernels::layer_norm(x, norm.weight, norm.bias, norm.eps),
     }
+    .unwrap()
 }
 
 /// One attention sub-block's inputs: the stream x (B, T, D) and its parameters, as variables.
@@ -277,17 +316,14 @@ impl Attention {
             o: o.as_tensor(),
             qk_norm,
         };
-        attention_block(
-            self.x.as_tensor(),
-            norm,
-            w,
-            positions,
-            mask,
-            opts,
-            (0.1, 777),
-            sink,
-        )
-        .unwrap()
+        let x = self.x.as_tensor();
+        let residual = (0.1, 777);
+        match sink {
+            Some(sink) => attention_block(x, norm, w, positions, mask, sink, || *opts, || residual)
+                .unwrap()
+                .expect("the op did not run"),
+            None => attention_ops(x, norm, w, positions, mask, opts, residual),
+        }
     }
 
     fn grads(&self, store: &GradStore) -> Vec<Tensor> {
@@ -390,5 +426,73 @@ fn the_attention_block_gives_the_bits_of_its_ops_one_by_one() {
                 }
             }
         }
+    }
+}
+
+/// The attention sub-block the ops one by one, as the model composes them.
+fn attention_ops(
+    x: &Tensor,
+    norm: BlockNorm,
+    w: AttentionWeights,
+    positions: BlockPositions,
+    mask: Option<&Tensor>,
+    opts: &AttentionOptions,
+    (p, state): (f64, u64),
+) -> (Tensor, Option<ember_kernels::AttentionTelemetry>) {
+    let precision = opts.precision;
+    let h = norm_of(x, norm);
+    let normed = |w: &Tensor, norm: BlockNorm| norm_of(&kernels::linear_in(&h, w, precision).unwrap(), norm);
+    let (q, k) = match (positions, w.qk_norm) {
+        (BlockPositions::Rotary { tables, scale }, None) => (
+            kernels::linear_rope_in(&h, w.q, tables, 0, scale, precision).unwrap(),
+            kernels::linear_rope_in(&h, w.k, tables, 0, 1.0, precision).unwrap(),
+        ),
+        (BlockPositions::Rotary { tables, scale }, Some([qn, kn])) => (
+            kernels::rope(&normed(w.q, qn), tables, 0, scale).unwrap(),
+            kernels::rope(&normed(w.k, kn), tables, 0, 1.0).unwrap(),
+        ),
+        (BlockPositions::Unrotated { scale }, None) => (
+            kernels::linear_scaled_in(&h, w.q, scale, precision).unwrap(),
+            kernels::linear_in(&h, w.k, precision).unwrap(),
+        ),
+        (BlockPositions::Unrotated { scale }, Some([qn, kn])) => (
+            PositionScale::from(scale)
+                .apply_unfused(&normed(w.q, qn), 0)
+                .unwrap(),
+            normed(w.k, kn),
+        ),
+    };
+    let v = kernels::linear_in(&h, w.v, precision).unwrap();
+    let (o, telemetry) = kernels::attention(&q, &k, &v, mask, opts).unwrap();
+    let out = kernels::linear_residual_in(x, &o, w.o, p, state, precision).unwrap();
+    (out, telemetry)
+}
+
+#[test]
+fn a_second_backward_pass_through_the_attention_block_recomputes_what_the_first_took() {
+    let (b, t, hd) = (1, 9, 8);
+    let tables = RopeTables::new(hd, 16, 10_000.0, DType::F32, &Device::Cpu).unwrap();
+    let mask = causal_mask(t, 0, DType::F32, &Device::Cpu).unwrap();
+    let positions = BlockPositions::Rotary {
+        tables: &tables,
+        scale: PositionScale::from(0.3),
+    };
+    let a = Attention::new(5, (b, t, 29), (4, 2, hd), false).with_qk_norm(6, hd, false);
+    let opts = AttentionOptions {
+        heads: 4,
+        kv_heads: 2,
+        dropout: Some((0.1, 99)),
+        telemetry: false,
+        precision: Precision::F32,
+    };
+    let sink = GradSink::new();
+    let (y, _) = a.forward(positions, Some(&mask), &opts, Some(&sink));
+    let l = loss(&y);
+    let mut first = l.backward().unwrap();
+    sink.merge_into(&mut first).unwrap();
+    let mut second = l.backward().unwrap();
+    sink.merge_into(&mut second).unwrap();
+    for (i, (g1, g2)) in a.grads(&first).iter().zip(&a.grads(&second)).enumerate() {
+        assert!(same_bits(g1, g2), "gradient {i} differs on the second pass");
     }
 }

@@ -336,9 +336,11 @@ impl Attention {
 
     /// `norm` and self-attention over `x` (B, T, D) written back into `x`, as one op
     /// (`ember_kernels::attention_block`) whose parameters' gradients go to the pass's sink;
-    /// `None` where the pass has no sink or the module is not one the op covers (L2 QK-norm,
-    /// biases, log-n scaling without rotary positions). Draws its dropout masks where
-    /// [`forward_self`](Self::forward_self) does, so fused and unfused passes are the same.
+    /// `None` where the pass has no sink, the module is not one the op covers (L2 QK-norm,
+    /// biases, log-n scaling without rotary positions) or the op does not run (off the CPU, not
+    /// f32): the caller then runs [`forward_self`](Self::forward_self). Its dropout masks are
+    /// reserved as `forward_self` reserves them, and only when the op runs, so fused and unfused
+    /// passes draw the same ones.
     pub(crate) fn forward_self_with_norm(
         &self,
         norm: &Norm,
@@ -375,11 +377,6 @@ impl Attention {
             None if scale.logn_length.is_none() => BlockPositions::Unrotated { scale: scale.scale },
             None => return Ok(None),
         };
-        let opts = self.options(b, t, t, ctx);
-        let residual = match ctx.dropout {
-            Some(rng) if dropout > 0.0 => (dropout, rng.reserve(x.elem_count())),
-            _ => (0.0, 0),
-        };
         let weights = AttentionWeights {
             q: self.q_proj.weight(),
             k: self.k_proj.weight(),
@@ -387,19 +384,15 @@ impl Attention {
             o: self.o_proj.weight(),
             qk_norm,
         };
-        let block = ember_kernels::attention_block(
-            x,
-            norm.as_block_norm(),
-            weights,
-            positions,
-            mask,
-            &opts,
-            residual,
-            Some(sink),
-        )?;
-        let (out, measured) = block;
-        self.record(measured, ctx);
-        Ok(Some(out))
+        let options = || self.options(b, t, t, ctx);
+        let residual = || ctx.residual_dropout(dropout, x.elem_count());
+        let norm = norm.as_block_norm();
+        let block =
+            ember_kernels::attention_block(x, norm, weights, positions, mask, sink, options, residual)?;
+        Ok(block.map(|(out, measured)| {
+            self.record(measured, ctx);
+            out
+        }))
     }
 
     /// Per-head queries and keys of `x` (B, T, D) right after QK-norm, before rotation and

@@ -28,8 +28,8 @@ pub struct ForwardCtx<'a> {
     /// set by its entry points, so no caller passes it.
     pub(crate) precision: Precision,
     /// Present when the caller merges fused blocks' parameter gradients into the pass's
-    /// `GradStore` after `backward()` ([`GradSink::merge_into`]); only then do pre-norm blocks
-    /// run their sub-blocks as one op each (`ember_kernels::mlp_block`).
+    /// `GradStore` after `backward()` ([`GradSink::merge_into`]); only then do pre-norm layers
+    /// run their sub-blocks as one op each (`ember_kernels::attention_block`, `mlp_block`).
     pub grad_sink: Option<&'a GradSink>,
 }
 
@@ -53,6 +53,15 @@ impl<'a> ForwardCtx<'a> {
     pub fn with_grad_sink(mut self, sink: &'a GradSink) -> Self {
         self.grad_sink = Some(sink);
         self
+    }
+    /// The dropout of a branch's output written into a residual stream of `elems` elements:
+    /// (p, the state of its mask), the mask reserved from the pass's generator in training
+    /// passes, (0, 0) otherwise. Every residual branch, fused or not, reserves through here.
+    pub(crate) fn residual_dropout(&self, p: f64, elems: usize) -> (f64, u64) {
+        match self.dropout {
+            Some(rng) if p > 0.0 => (p, rng.reserve(elems)),
+            _ => (0.0, 0),
+        }
     }
     /// The same pass with its products in `precision`.
     pub(crate) fn in_precision(mut self, precision: Precision) -> Self {
@@ -280,10 +289,7 @@ impl Linear {
     /// `to.stream + dropout(h·Wᵀ + b)`: the projection that ends a branch, written into the
     /// residual stream (dropout in training passes only); one op without a bias.
     pub fn forward_residual(&self, h: &Tensor, to: Residual, ctx: ForwardCtx) -> Result<Tensor> {
-        let (p, state) = match ctx.dropout {
-            Some(rng) if to.dropout > 0.0 => (to.dropout, rng.reserve(to.stream.elem_count())),
-            _ => (0.0, 0),
-        };
+        let (p, state) = ctx.residual_dropout(to.dropout, to.stream.elem_count());
         if self.bias.is_none() {
             return ember_kernels::linear_residual_in(to.stream, h, &self.weight, p, state, ctx.precision);
         }
@@ -410,9 +416,10 @@ impl Mlp {
 
     /// `norm` and this block as one op (`ember_kernels::mlp_block`) on the stream `x`, its
     /// parameters' gradients going to the pass's sink; `None` where the block is not one the
-    /// op covers (ReLU, biases) or the pass has no sink. Its dropout mask is reserved where
-    /// [`Linear::forward_residual`] reserves it, so the fused and unfused passes draw the same
-    /// masks.
+    /// op covers (ReLU, biases), the pass has no sink or the op does not run (off the CPU, not
+    /// f32): the caller then runs [`forward`](Self::forward). Its dropout mask is reserved as
+    /// [`Linear::forward_residual`] reserves it, and only when the op runs, so the fused and
+    /// unfused passes draw the same masks.
     pub(crate) fn forward_with_norm(
         &self,
         norm: &Norm,
@@ -438,13 +445,8 @@ impl Mlp {
             },
             _ => return Ok(None),
         };
-        let mask = match ctx.dropout {
-            Some(rng) if dropout > 0.0 => (dropout, rng.reserve(x.elem_count())),
-            _ => (0.0, 0),
-        };
-        let block =
-            ember_kernels::mlp_block(x, norm.as_block_norm(), weights, mask, ctx.precision, Some(sink))?;
-        Ok(Some(block))
+        let mask = || ctx.residual_dropout(dropout, x.elem_count());
+        ember_kernels::mlp_block(x, norm.as_block_norm(), weights, ctx.precision, sink, mask)
     }
 
     /// The block of `x` written into the residual stream `to`.

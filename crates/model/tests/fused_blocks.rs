@@ -1,5 +1,5 @@
-//! Specification: given a gradient sink, pre-norm blocks run their self-attention and GELU MLP
-//! sub-blocks as one op each (`ember_kernels::attention_block`, `mlp_block`), and a training
+//! Specification: given a gradient sink, pre-norm blocks run their self-attention and MLP (GELU
+//! or SwiGLU) sub-blocks as one op each (`ember_kernels::attention_block`, `mlp_block`), and a training
 //! pass is the same as without one — logits and loss bit for bit, every parameter's gradient
 //! equal once the sink is merged, the same dropout masks, the same attention telemetry — in
 //! every architecture, norm, position scheme, QK-norm, MLP and precision; sub-blocks the ops do

@@ -1,17 +1,19 @@
 //! A pre-norm self-attention sub-block, `x + dropout(attention(q, k, v)·W_oᵀ)` with q, k, v the
-//! projections of `norm(x)` (q rotated and scaled, k rotated, where the model has rotary
-//! positions; q scaled where it has none), as one op.
+//! projections of `norm(x)` (q and k through QK-norm where the model has it; then q rotated and
+//! scaled and k rotated where the model has rotary positions, q scaled where it has none), as
+//! one op.
 //!
-//! Today's composition is six ops (the norm, three projections, the attention core and the
-//! output projection with its residual add); candle's backward pass zero-fills and adds a
-//! gradient for each of their inputs: x twice, the normalised h three times, q, k, v, the
-//! attention output o and six parameters. As one op with x its only candle input, only x's
-//! remains; the parameters' gradients go to a [`GradSink`].
+//! The composition is six ops or more (the norm, three projections, QK-norm's two norms, the
+//! attention core and the output projection with its residual add); candle's backward pass
+//! zero-fills and adds a gradient for each of their inputs: x twice, the normalised h three
+//! times, q, k, v, the attention output o and every parameter. As one op with x its only candle
+//! input, only x's remains; the parameters' gradients go to a [`GradSink`].
 //!
 //! The same kernels run on the same operands in the same order as the composition — h's three
 //! gradients summed as candle sums them, v's first, then k's, then q's — so the output and x's
-//! gradient have the composition's bits and each parameter's gradient equals it (up to the sign
-//! of an exact zero).
+//! gradient have the composition's bits and each parameter's gradient equals it, up to the sign
+//! of an exact zero (candle's `0 + g`, and its `affine(s, 0)` against the scale's `·s + 0`; a
+//! zero moves no parameter either way).
 
 use std::borrow::Cow;
 use std::sync::Mutex;
@@ -19,7 +21,7 @@ use std::sync::Mutex;
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 
 use crate::attention::{take, AttentionOptions, AttentionTelemetry, AttnOp};
-use crate::block::{BlockNorm, GradSink, HeldNorm};
+use crate::block::{BlockNorm, GradSink, HeldNorm, ParamGrads};
 use crate::dropout::{add_dropped, dropout_apply, DropoutOp};
 use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
 use crate::linear::{project, project_grads, Epilogue, Plain, Rotate, Scale};
@@ -52,15 +54,18 @@ pub enum BlockPositions<'a> {
     Unrotated { scale: f64 },
 }
 
-/// `x + dropout(attention(q, k, v)·oᵀ)` for x (B, T, D): q = scaled (and rotated) `norm(x)·qᵀ`,
-/// k = (rotated) `norm(x)·kᵀ`, v = `norm(x)·vᵀ`; the attention core as
-/// [`attention`](crate::attention) computes it with `mask` and `opts` (its telemetry returned),
-/// then the residual dropout of [`dropout`](crate::dropout) at `residual.1` with rate
-/// `residual.0`.
+/// `x + dropout(attention(q, k, v)·oᵀ)` for x (B, T, D): q, k and v the projections of
+/// `norm(x)` through QK-norm (with it) and `positions`; the attention core as
+/// [`attention`](crate::attention) computes it with `mask` and the options `options` gives (its
+/// telemetry returned); then the residual's dropout, (p, the state of
+/// [`dropout`](crate::dropout)) from `residual` — as one op whose parameter gradients go to
+/// `sink` (the caller merges it after `backward()`). `options` and then `residual` are called
+/// only when the op runs, so a caller reserving dropout masks in them reserves them in the
+/// composition's order, and only once.
 ///
-/// With a `sink`, on CPU f32 tensors whose x carries a gradient, one op whose parameter
-/// gradients go to the sink (the caller merges it after `backward()`). Otherwise the ops one by
-/// one, with the same bits.
+/// `None` where the op does not run — tensors off the CPU or not f32, positions past the rotary
+/// tables, or an x that carries no gradient (its parameters would get none) —: the caller runs
+/// the ops one by one.
 #[allow(clippy::too_many_arguments)] // the sub-block's parts, its dropout and where its gradients go
 pub fn attention_block(
     x: &Tensor,
@@ -68,10 +73,10 @@ pub fn attention_block(
     w: AttentionWeights,
     positions: BlockPositions,
     mask: Option<&Tensor>,
-    opts: &AttentionOptions,
-    residual: (f64, u64),
-    sink: Option<&GradSink>,
-) -> Result<(Tensor, Option<AttentionTelemetry>)> {
+    sink: &GradSink,
+    options: impl FnOnce() -> AttentionOptions,
+    residual: impl FnOnce() -> (f64, u64),
+) -> Result<Option<(Tensor, Option<AttentionTelemetry>)>> {
     let qk_params = w.qk_norm.iter().flatten().flat_map(|n| [Some(n.weight), n.bias]);
     let params: Vec<Option<&Tensor>> = [
         Some(norm.weight),
@@ -84,8 +89,8 @@ pub fn attention_block(
     .into_iter()
     .chain(qk_params)
     .collect();
-    let t = x.dims3()?.1;
-    let fusable = is_host_f32(x)
+    let (b, t, d) = x.dims3()?;
+    let runs = is_host_f32(x)
         && x.track_op()
         && params.iter().flatten().all(|p| is_host_f32(p))
         && mask.is_none_or(is_host_f32)
@@ -93,12 +98,13 @@ pub fn attention_block(
             BlockPositions::Rotary { tables, .. } => tables.covers(0, t),
             BlockPositions::Unrotated { .. } => true,
         };
-    let Some(sink) = sink.filter(|_| fusable) else {
-        return attention_block_unfused(x, norm, w, positions, mask, opts, residual);
-    };
+    if !runs {
+        return Ok(None);
+    }
+    let opts = options();
+    let residual = residual();
     let precision = opts.precision;
     precision.check_cpu()?;
-    let (b, _, d) = x.dims3()?;
     let (q_width, kv_width) = (w.q.dims2()?.0, w.k.dims2()?.0);
     if [w.q.dims2()?.1, w.k.dims2()?.1, w.v.dims2()?.1, w.o.dims2()?.0] != [d; 4]
         || w.v.dims2()?.0 != kv_width
@@ -118,7 +124,6 @@ pub fn attention_block(
         check_heads(tables, q_width)?;
         check_heads(tables, kv_width)?;
     }
-    let attn = AttnOp::cpu(&[b, t, q_width], &[b, t, kv_width], mask, opts, true)?;
     let qk_norm = match w.qk_norm {
         Some([q, k]) => Some([HeldNorm::new(q)?, HeldNorm::new(k)?]),
         None => None,
@@ -126,11 +131,13 @@ pub fn attention_block(
     let parts = Parts {
         norm: HeldNorm::new(norm)?,
         qk_norm,
-        w: [w.q, w.k, w.v, w.o]
-            .map(|w| w.contiguous())
-            .into_iter()
-            .collect::<Result<Vec<_>>>()?,
-        attn,
+        proj: Projections {
+            q: w.q.contiguous()?,
+            k: w.k.contiguous()?,
+            v: w.v.contiguous()?,
+            o: w.o.contiguous()?,
+        },
+        attn: AttnOp::cpu(&[b, t, q_width], &[b, t, kv_width], mask, &opts, true)?,
         residual: DropoutOp::new(residual.0, residual.1),
         precision,
         kept: Mutex::new(None),
@@ -138,26 +145,22 @@ pub fn attention_block(
         sink: sink.clone(),
     };
     let x = x.contiguous()?;
-    let (out, telemetry) = match positions {
+    let out = match positions {
         BlockPositions::Rotary { tables, scale } => {
             let query = Rotate(RopeOp::new(tables, 0, scale));
             let key = Rotate(RopeOp::new(tables, 0, 1.0.into()));
-            run(&x, AttentionBlockOp { parts, query, key })?
+            apply_taking_telemetry(&x, AttentionBlockOp { parts, query, key })?
         }
-        BlockPositions::Unrotated { scale } => run(
-            &x,
-            AttentionBlockOp {
-                parts,
-                query: Scale(scale as f32),
-                key: Plain,
-            },
-        )?,
+        BlockPositions::Unrotated { scale } => {
+            let (query, key) = (Scale(scale as f32), Plain);
+            apply_taking_telemetry(&x, AttentionBlockOp { parts, query, key })?
+        }
     };
-    Ok((out, telemetry))
+    Ok(Some(out))
 }
 
 /// Applies the op to x, and takes what its attention core measured.
-fn run<Q: Epilogue + 'static, K: Epilogue + 'static>(
+fn apply_taking_telemetry<Q: Epilogue + 'static, K: Epilogue + 'static>(
     x: &Tensor,
     op: AttentionBlockOp<Q, K>,
 ) -> Result<(Tensor, Option<AttentionTelemetry>)> {
@@ -166,43 +169,12 @@ fn run<Q: Epilogue + 'static, K: Epilogue + 'static>(
     Ok((out, slot.as_deref().and_then(take)))
 }
 
-/// The sub-block the ops one by one, as the model composes them without a sink.
-fn attention_block_unfused(
-    x: &Tensor,
-    norm: BlockNorm,
-    w: AttentionWeights,
-    positions: BlockPositions,
-    mask: Option<&Tensor>,
-    opts: &AttentionOptions,
-    (p, state): (f64, u64),
-) -> Result<(Tensor, Option<AttentionTelemetry>)> {
-    let precision = opts.precision;
-    let h = norm.forward(x)?;
-    let normed = |w: &Tensor, norm: &BlockNorm| norm.forward(&crate::linear_in(&h, w, precision)?);
-    let (q, k) = match (positions, w.qk_norm) {
-        (BlockPositions::Rotary { tables, scale }, None) => (
-            crate::linear_rope_in(&h, w.q, tables, 0, scale, precision)?,
-            crate::linear_rope_in(&h, w.k, tables, 0, 1.0, precision)?,
-        ),
-        (BlockPositions::Rotary { tables, scale }, Some([qn, kn])) => (
-            crate::rope(&normed(w.q, &qn)?, tables, 0, scale)?,
-            crate::rope(&normed(w.k, &kn)?, tables, 0, 1.0)?,
-        ),
-        (BlockPositions::Unrotated { scale }, None) => (
-            crate::linear_scaled_in(&h, w.q, scale, precision)?,
-            crate::linear_in(&h, w.k, precision)?,
-        ),
-        (BlockPositions::Unrotated { scale }, Some([qn, kn])) => (
-            PositionScale::from(scale).apply_unfused(&normed(w.q, &qn)?, 0)?,
-            normed(w.k, &kn)?,
-        ),
-    };
-    let v = crate::linear_in(&h, w.v, precision)?;
-    let (o, telemetry) = crate::attention(&q, &k, &v, mask, opts)?;
-    Ok((
-        crate::linear_residual_in(x, &o, w.o, p, state, precision)?,
-        telemetry,
-    ))
+/// The four projections, (out, in) each.
+struct Projections {
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    o: Tensor,
 }
 
 /// What an attention sub-block op holds whatever its positions.
@@ -210,8 +182,7 @@ struct Parts {
     norm: HeldNorm,
     /// QK-norm's query and key norms.
     qk_norm: Option<[HeldNorm; 2]>,
-    /// The q, k, v and o projections.
-    w: Vec<Tensor>,
+    proj: Projections,
     attn: AttnOp,
     residual: Option<DropoutOp>,
     precision: crate::Precision,
@@ -220,6 +191,16 @@ struct Parts {
     kept: Mutex<Option<Kept>>,
     sink: GradSink,
     id: u64,
+}
+
+impl Parts {
+    /// QK-norm's query and key norms, each `None` without QK-norm.
+    fn qk_norms(&self) -> [Option<&HeldNorm>; 2] {
+        match &self.qk_norm {
+            Some([q, k]) => [Some(q), Some(k)],
+            None => [None, None],
+        }
+    }
 }
 
 /// A forward pass's normalised input h, q, k and v as attention reads them, its output o, and
@@ -249,7 +230,7 @@ fn back_through_norm<'g>(
     norm: Option<&HeldNorm>,
     raw: &[f32],
     g: Cow<'g, [f32]>,
-) -> Result<(Cow<'g, [f32]>, Vec<(Tensor, Tensor)>)> {
+) -> Result<(Cow<'g, [f32]>, ParamGrads)> {
     match norm {
         Some(norm) => {
             let (dx, grads) = norm.backward(raw, &g, None)?;
@@ -269,21 +250,18 @@ struct AttentionBlockOp<Q, K> {
 impl<Q: Epilogue, K: Epilogue> AttentionBlockOp<Q, K> {
     /// (rows, D, H·d, H_kv·d) for x.
     fn dims(&self, x: &Shape) -> Result<(usize, usize, usize, usize)> {
-        let (q_width, d) = self.parts.w[0].dims2()?;
-        let kv_width = self.parts.w[1].dims2()?.0;
+        let (q_width, d) = self.parts.proj.q.dims2()?;
+        let kv_width = self.parts.proj.k.dims2()?.0;
         Ok((x.elem_count() / d.max(1), d, q_width, kv_width))
     }
 
-    /// h, q, k, v and o of x (B, T, D).
-    fn inner(&self, x: &[f32], shape: &Shape) -> Result<Kept> {
+    /// The activations of x (B, T, D) up to the attention core's output.
+    fn activations(&self, x: &[f32], shape: &Shape) -> Result<Kept> {
         let p = &self.parts;
         let (rows, d, q_width, kv_width) = self.dims(shape)?;
         let h = p.norm.forward(x)?;
-        let [q_norm, k_norm] = match &p.qk_norm {
-            Some([q, k]) => [Some(q), Some(k)],
-            None => [None, None],
-        };
-        let (q, k, v, q_raw, k_raw) = with_data([&p.w[0], &p.w[1], &p.w[2]], |[wq, wk, wv]| {
+        let [q_norm, k_norm] = p.qk_norms();
+        let (q, k, v, q_raw, k_raw) = with_data([&p.proj.q, &p.proj.k, &p.proj.v], |[wq, wk, wv]| {
             let (q, q_raw) = through_norm(q_norm, project(&h, wq, (rows, d, q_width), p.precision))?;
             let (k, k_raw) = through_norm(k_norm, project(&h, wk, (rows, d, kv_width), p.precision))?;
             let q = self.query.forward(q, shape, q_width)?;
@@ -318,8 +296,8 @@ impl<Q: Epilogue, K: Epilogue> CustomOp1 for AttentionBlockOp<Q, K> {
         let p = &self.parts;
         let x = cpu_slice(s, l)?;
         let (rows, d, q_width, _) = self.dims(l.shape())?;
-        let kept = self.inner(x, l.shape())?;
-        let branch = with_data([&p.w[3]], |[wo]| {
+        let kept = self.activations(x, l.shape())?;
+        let branch = with_data([&p.proj.o], |[wo]| {
             Ok(project(&kept.o, wo, (rows, q_width, d), p.precision))
         })?;
         *p.kept.lock().unwrap_or_else(|e| e.into_inner()) = Some(kept);
@@ -330,14 +308,14 @@ impl<Q: Epilogue, K: Epilogue> CustomOp1 for AttentionBlockOp<Q, K> {
     }
 
     /// The composition's backward passes in its order: the output projection, the attention
-    /// core, v's, k's and q's projections (h's gradient summed in that order), the norm, and
-    /// x's two gradients (the residual's g and the norm's) summed.
+    /// core, v's, k's and q's projections (through QK-norm; h's gradient summed in that order),
+    /// the norm, and x's two gradients (the residual's g and the norm's) summed.
     fn bwd(&self, x: &Tensor, _res: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
         let p = &self.parts;
         let kept = p.kept.lock().unwrap_or_else(|e| e.into_inner()).take();
         let shape = x.shape();
         let (rows, d, q_width, kv_width) = self.dims(shape)?;
-        let tensors = [x, g, &p.w[0], &p.w[1], &p.w[2], &p.w[3]];
+        let tensors = [x, g, &p.proj.q, &p.proj.k, &p.proj.v, &p.proj.o];
         let (dx, grads) = with_data(tensors, |[xs, gs, wq, wk, wv, wo]| {
             let Kept {
                 h,
@@ -349,7 +327,7 @@ impl<Q: Epilogue, K: Epilogue> CustomOp1 for AttentionBlockOp<Q, K> {
                 k_raw,
             } = match kept {
                 Some(kept) => kept,
-                None => self.inner(xs, shape)?,
+                None => self.activations(xs, shape)?,
             };
             let g_branch = match p.residual {
                 Some(mask) => Cow::Owned(dropout_apply(mask, gs)),
@@ -360,10 +338,7 @@ impl<Q: Epilogue, K: Epilogue> CustomOp1 for AttentionBlockOp<Q, K> {
             drop((o, d_o, v));
             let (dh_v, d_wv) = project_grads(&h, wv, &dv, (rows, d, kv_width), p.precision);
             // The epilogues here (rotation, scale, none) never recompute what they took.
-            let [q_norm, k_norm] = match &p.qk_norm {
-                Some([q, k]) => [Some(q), Some(k)],
-                None => [None, None],
-            };
+            let [q_norm, k_norm] = p.qk_norms();
             let recompute_k = || project(&h, wk, (rows, d, kv_width), p.precision);
             let dk = self.key.backward(&dk, shape, kv_width, recompute_k)?;
             let (dk, k_norm_grads) = back_through_norm(k_norm, &k_raw, dk)?;
@@ -379,8 +354,14 @@ impl<Q: Epilogue, K: Epilogue> CustomOp1 for AttentionBlockOp<Q, K> {
             add_in_place(&mut dh, &dh_q);
             drop((dh_k, dh_q));
             let (dx, norm_grads) = p.norm.backward(xs, &dh, Some(gs))?;
+            let Projections {
+                q: pq,
+                k: pk,
+                v: pv,
+                o: po,
+            } = &p.proj;
             let mut grads = vec![];
-            for (param, grad) in p.w.iter().zip([d_wq, d_wk, d_wv, d_wo]) {
+            for (param, grad) in [pq, pk, pv, po].into_iter().zip([d_wq, d_wk, d_wv, d_wo]) {
                 grads.push((param.clone(), cpu_tensor(grad, param.shape())?));
             }
             grads.extend(norm_grads.into_iter().chain(q_norm_grads).chain(k_norm_grads));

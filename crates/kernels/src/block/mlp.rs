@@ -60,20 +60,21 @@ impl<'a> MlpWeights<'a> {
     }
 }
 
-/// `x + dropout(act(norm(x))·downᵀ)` for the activation of `w`, with the dropout mask of
-/// [`dropout`](crate::dropout) at `state` (`p ≤ 0`: none) and the products in `precision`.
+/// `x + dropout(act(norm(x))·downᵀ)` for the activation of `w`, its products in `precision`, as
+/// one op whose parameter gradients go to `sink` (the caller merges it after `backward()`).
+/// `dropout` reserves the residual's mask, (p, the state of [`dropout`](crate::dropout); `p ≤
+/// 0`: none), and is called only when the op runs.
 ///
-/// With a `sink`, on CPU f32 tensors whose x carries a gradient, one op whose parameter
-/// gradients go to the sink (the caller merges it after `backward()`). Otherwise — no sink, or
-/// another device or dtype — the ops one by one, with the same bits.
+/// `None` where the op does not run — tensors off the CPU or not f32, or an x that carries no
+/// gradient (its parameters would get none) —: the caller runs the ops one by one.
 pub fn mlp_block(
     x: &Tensor,
     norm: BlockNorm,
     w: MlpWeights,
-    (p, state): (f64, u64),
     precision: Precision,
-    sink: Option<&GradSink>,
-) -> Result<Tensor> {
+    sink: &GradSink,
+    dropout: impl FnOnce() -> (f64, u64),
+) -> Result<Option<Tensor>> {
     let params = [
         Some(norm.weight),
         norm.bias,
@@ -81,18 +82,9 @@ pub fn mlp_block(
         Some(w.up()),
         Some(w.down()),
     ];
-    let fusable = is_host_f32(x) && x.track_op() && params.iter().flatten().all(|t| is_host_f32(t));
-    let Some(sink) = sink.filter(|_| fusable) else {
-        let h = norm.forward(x)?;
-        let hidden = match w {
-            MlpWeights::Gelu { up, .. } => crate::linear_gelu_in(&h, up, precision)?,
-            MlpWeights::Swiglu { gate, up, .. } => crate::swiglu(
-                &crate::linear_in(&h, gate, precision)?,
-                &crate::linear_in(&h, up, precision)?,
-            )?,
-        };
-        return crate::linear_residual_in(x, &hidden, w.down(), p, state, precision);
-    };
+    if !(is_host_f32(x) && x.track_op() && params.iter().flatten().all(|t| is_host_f32(t))) {
+        return Ok(None);
+    }
     let d = norm.weight.elem_count();
     let (ff, up_in) = w.up().dims2()?;
     let gate_fits = w
@@ -100,14 +92,16 @@ pub fn mlp_block(
         .is_none_or(|g| g.dims2().is_ok_and(|dims| dims == (ff, d)));
     if x.dims().last() != Some(&d) || up_in != d || w.down().dims2()? != (d, ff) || !gate_fits {
         candle_core::bail!(
-            "mlp_block: input {:?}, norm {:?}, up {:?} and down {:?} do not fit",
+            "mlp_block: input {:?}, norm {:?}, gate {:?}, up {:?} and down {:?} do not fit",
             x.shape(),
             norm.weight.shape(),
+            w.gate().map(Tensor::shape),
             w.up().shape(),
             w.down().shape()
         );
     }
     precision.check_cpu()?;
+    let (p, state) = dropout();
     let op = MlpBlockOp {
         norm: HeldNorm::new(norm)?,
         gate: w.gate().map(Tensor::contiguous).transpose()?,
@@ -120,7 +114,7 @@ pub fn mlp_block(
         id: sink.register(format!("the fused MLP block of input {:?}", x.shape())),
         sink: sink.clone(),
     };
-    x.contiguous()?.apply_op1(op)
+    Ok(Some(x.contiguous()?.apply_op1(op)?))
 }
 
 /// The op of [`mlp_block`]: its parameters, and what its forward pass keeps for its backward.

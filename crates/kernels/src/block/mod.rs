@@ -24,20 +24,13 @@ pub use sink::GradSink;
 pub struct BlockNorm<'a> {
     pub weight: &'a Tensor,
     pub bias: Option<&'a Tensor>,
-    /// RMSNorm (no bias); LayerNorm otherwise.
+    /// RMSNorm (which takes no bias: the ops refuse one); LayerNorm otherwise.
     pub rms: bool,
     pub eps: f64,
 }
 
-impl BlockNorm<'_> {
-    /// The norm on its own, as the model runs it outside a fused block.
-    pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        match self.rms {
-            true => crate::rms_norm(x, self.weight, self.eps),
-            false => crate::layer_norm(x, self.weight, self.bias, self.eps),
-        }
-    }
-}
+/// (parameter, gradient) pairs, as a block op deposits them in its sink.
+pub(crate) type ParamGrads = Vec<(Tensor, Tensor)>;
 
 /// A norm inside a block op: its kind, epsilon and parameters.
 pub(crate) struct HeldNorm {
@@ -48,6 +41,9 @@ pub(crate) struct HeldNorm {
 
 impl HeldNorm {
     pub(crate) fn new(norm: BlockNorm) -> Result<Self> {
+        if norm.rms && norm.bias.is_some() {
+            candle_core::bail!("a block's RMSNorm takes no bias (LayerNorm does)");
+        }
         Ok(Self {
             op: NormOp::f32(norm.rms, norm.eps),
             weight: norm.weight.contiguous()?,
@@ -71,7 +67,7 @@ impl HeldNorm {
         x: &[f32],
         g: &[f32],
         residual: Option<&[f32]>,
-    ) -> Result<(Vec<f32>, Vec<(Tensor, Tensor)>)> {
+    ) -> Result<(Vec<f32>, ParamGrads)> {
         let (dx, dw, db) = with_data([&self.weight], |[w]| {
             Ok(self.op.backward_adding(x, w, g, residual))
         })?;

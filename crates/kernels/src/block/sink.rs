@@ -7,10 +7,12 @@
 //! if candle had computed them (candle's public `GradStore::insert`; Ember keeps no autograd of
 //! its own).
 //!
-//! The risk of a side channel is a gradient that never arrives: an op whose backward never ran
-//! (its input carried no gradient) or a caller that forgot to merge. The first is an error at
-//! [`GradSink::merge_into`], which names the op; the second cannot happen silently because only
-//! a caller that passes a sink gets the fused ops.
+//! The risk of a side channel is a gradient that never arrives. An op whose backward never ran
+//! (its input carried no gradient) is an error at [`GradSink::merge_into`], which names the op.
+//! A caller that passes a sink owns the merge: a sink dropped unmerged loses its gradients, and
+//! two backward passes before one merge add both passes' gradients. So the one caller that
+//! passes a sink, the trainer's `gradient_sums`, makes one per micro-batch and merges it right
+//! after that micro-batch's `backward()`.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
