@@ -395,7 +395,7 @@ fn with_param_cache<R>(device: &Device, f: impl FnOnce() -> R) -> R {
 
 /// Whether training passes run pre-norm sub-blocks as one op each, their parameter gradients
 /// merged from a [`GradSink`] (unless `EMBER_FUSED_BLOCKS=0`, which A/B benchmarks use: both
-/// ways give the same bits, `tests/fused_blocks.rs`).
+/// ways give the same bits, `crates/model/tests/fused_blocks.rs`).
 fn fused_blocks() -> bool {
     std::env::var("EMBER_FUSED_BLOCKS").as_deref() != Ok("0")
 }
