@@ -21,8 +21,8 @@ use std::sync::Mutex;
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 
 use crate::attention::{take, AttentionOptions, AttentionTelemetry, AttnOp};
-use crate::block::{BlockNorm, GradSink, HeldNorm, ParamGrads};
-use crate::dropout::{add_dropped, dropout_apply, DropoutOp};
+use crate::block::{branch_gradient, BlockNorm, GradSink, HeldNorm, ParamGrads};
+use crate::dropout::{add_dropped, DropoutOp};
 use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
 use crate::linear::{project, project_grads, Epilogue, Plain, Rotate, Scale};
 use crate::rope::{check_heads, PositionScale, RopeOp, RopeTables};
@@ -141,7 +141,7 @@ pub fn attention_block(
         residual: DropoutOp::new(residual.0, residual.1),
         precision,
         kept: Mutex::new(None),
-        id: sink.register(format!("the fused attention block of input {:?}", x.shape())),
+        id: sink.register("the fused attention block"),
         sink: sink.clone(),
     };
     let x = x.contiguous()?;
@@ -312,7 +312,7 @@ impl<Q: Epilogue, K: Epilogue> CustomOp1 for AttentionBlockOp<Q, K> {
     /// the norm, and x's two gradients (the residual's g and the norm's) summed.
     fn bwd(&self, x: &Tensor, _res: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
         let p = &self.parts;
-        let kept = p.kept.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let kept = take(&p.kept);
         let shape = x.shape();
         let (rows, d, q_width, kv_width) = self.dims(shape)?;
         let tensors = [x, g, &p.proj.q, &p.proj.k, &p.proj.v, &p.proj.o];
@@ -329,10 +329,7 @@ impl<Q: Epilogue, K: Epilogue> CustomOp1 for AttentionBlockOp<Q, K> {
                 Some(kept) => kept,
                 None => self.activations(xs, shape)?,
             };
-            let g_branch = match p.residual {
-                Some(mask) => Cow::Owned(dropout_apply(mask, gs)),
-                None => Cow::Borrowed(gs),
-            };
+            let g_branch = branch_gradient(p.residual, gs);
             let (d_o, d_wo) = project_grads(&o, wo, &g_branch, (rows, q_width, d), p.precision);
             let (dq, dk, dv) = p.attn.backward_values(&q, &k, &v, &o, &d_o)?;
             drop((o, d_o, v));

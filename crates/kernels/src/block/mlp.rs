@@ -21,8 +21,9 @@ use std::sync::Mutex;
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 
 use crate::activation::{swiglu_grads, swiglu_values, GeluSlope};
-use crate::block::{BlockNorm, GradSink, HeldNorm};
-use crate::dropout::{add_dropped, dropout_apply, DropoutOp};
+use crate::attention::take;
+use crate::block::{branch_gradient, BlockNorm, GradSink, HeldNorm};
+use crate::dropout::{add_dropped, DropoutOp};
 use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
 use crate::linear::{project, project_grads};
 use crate::simd::add_in_place;
@@ -111,7 +112,7 @@ pub fn mlp_block(
         precision,
         gelu: GeluSlope::new(true),
         kept: Mutex::new(None),
-        id: sink.register(format!("the fused MLP block of input {:?}", x.shape())),
+        id: sink.register("the fused MLP block"),
         sink: sink.clone(),
     };
     Ok(Some(x.contiguous()?.apply_op1(op)?))
@@ -229,17 +230,14 @@ impl CustomOp1 for MlpBlockOp {
     /// its projections, the norm, and x's two gradients (the residual's g and the norm's)
     /// summed.
     fn bwd(&self, x: &Tensor, _res: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
-        let kept = self.kept.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let kept = take(&self.kept);
         let (dx, grads) = with_data([x, g, &self.down], |[xs, gs, down]| {
             let (rows, d, ff) = self.dims(xs)?;
             let mut kept = match kept {
                 Some(kept) => kept,
                 None => self.hidden(xs, &GeluSlope::new(false))?,
             };
-            let g_branch = match self.dropout {
-                Some(mask) => Cow::Owned(dropout_apply(mask, gs)),
-                None => Cow::Borrowed(gs),
-            };
+            let g_branch = branch_gradient(self.dropout, gs);
             let hidden = std::mem::take(&mut kept.hidden);
             let (d_hidden, d_down) = project_grads(&hidden, down, &g_branch, (rows, ff, d), self.precision);
             drop(hidden);

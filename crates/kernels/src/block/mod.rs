@@ -6,7 +6,11 @@
 //! (docs/performance.md, twelfth session). A sub-block op has one candle input, the residual
 //! stream, so the buffers of its inner activations and parameters go.
 
+use std::borrow::Cow;
+
 use candle_core::{Result, Tensor};
+
+use crate::dropout::{dropout_apply, DropoutOp};
 
 use crate::host::{cpu_tensor, with_all_data, with_data};
 use crate::norm::NormOp;
@@ -27,6 +31,15 @@ pub struct BlockNorm<'a> {
     /// RMSNorm (which takes no bias: the ops refuse one); LayerNorm otherwise.
     pub rms: bool,
     pub eps: f64,
+}
+
+/// The gradient at a residual branch's output for the gradient `g` at the block's output: g
+/// through the branch's dropout mask, or g itself without dropout.
+pub(crate) fn branch_gradient(mask: Option<DropoutOp>, g: &[f32]) -> Cow<'_, [f32]> {
+    match mask {
+        Some(mask) => Cow::Owned(dropout_apply(mask, g)),
+        None => Cow::Borrowed(g),
+    }
 }
 
 /// (parameter, gradient) pairs, as a block op deposits them in its sink.

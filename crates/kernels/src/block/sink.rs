@@ -28,7 +28,7 @@ pub struct GradSink(Arc<Mutex<SinkState>>);
 #[derive(Default)]
 struct SinkState {
     /// Ops made with this sink whose backward has not run yet: their id and what they are.
-    owing: BTreeMap<u64, String>,
+    owing: BTreeMap<u64, &'static str>,
     next_id: u64,
     /// (parameter, gradient) in the order the backward pass deposited them.
     grads: Vec<(Tensor, Tensor)>,
@@ -43,8 +43,9 @@ impl GradSink {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Records an op (described by `what`) that will deposit gradients; returns its id.
-    pub(crate) fn register(&self, what: String) -> u64 {
+    /// Records an op (described by `what`, for the error that names it) that will deposit
+    /// gradients; returns its id.
+    pub(crate) fn register(&self, what: &'static str) -> u64 {
         let mut state = self.state();
         let id = state.next_id;
         state.next_id += 1;
