@@ -11,11 +11,13 @@ use std::sync::Mutex;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Tensor};
 
 use crate::cuda::{takes, Kernel};
+use crate::gemm::Activation;
 use crate::host::{
     cpu_slice, cpu_storage_as, cpu_tensor, cpu_tensor_as, cpu_values, is_host, is_host_f32, with_data,
 };
-use crate::par::{fill, fill2, ELEMENTS_PER_TASK};
+use crate::par::{fill, fill2, SharedMut, ELEMENTS_PER_TASK};
 use crate::simd::{erf_and_gauss, exp_fast, mul, simd_dispatch};
+use crate::Precision;
 
 /// GELU, erf form; fused backward on CPU f32 (candle's backward is eleven elementwise passes).
 /// Forward and gradient follow candle's formulas with a vectorisable erf (|error| < 1.5·10⁻⁷),
@@ -54,6 +56,41 @@ impl GeluSlope {
                 y
             }
             None => fill(x.len(), ELEMENTS_PER_TASK, |r, y| gelu_fwd(&x[r], y)),
+        }
+    }
+
+    /// GELU of every element of `x` (rows × cols) as an activation for products in `precision`:
+    /// in bf16 each block of rows is rounded as GELU makes it, so GELU's f32 output never goes
+    /// to memory ([`Activation::rounded_with`]); the same values as [`Self::forward`]'s.
+    pub(crate) fn forward_kept(
+        &self,
+        x: &[f32],
+        (rows, cols): (usize, usize),
+        precision: Precision,
+    ) -> Activation {
+        if precision == Precision::F32 {
+            return Activation::F32(self.forward(x));
+        }
+        let elements = |r: &std::ops::Range<usize>| r.start * cols..r.end * cols;
+        // SAFETY (both casts below): f32 and MaybeUninit<f32> share a layout, and GELU writes
+        // every element of its output.
+        let uninit = |out: &mut [f32]| unsafe { &mut *(out as *mut [f32] as *mut [MaybeUninit<f32>]) };
+        match &self.0 {
+            Some(slot) => {
+                let mut slope = Vec::<f32>::with_capacity(x.len());
+                let slope_at = SharedMut(slope.as_mut_ptr().cast::<MaybeUninit<f32>>());
+                let y = Activation::rounded_with(rows, cols, |r, out| {
+                    let e = elements(&r);
+                    // SAFETY: the rows `r` of the slope are this block's alone.
+                    let d = unsafe { slope_at.slice(e.start, e.len()) };
+                    gelu_fwd_keep(&x[e], uninit(out), d)
+                });
+                // SAFETY: the blocks cover every row, and each wrote its slopes.
+                unsafe { slope.set_len(x.len()) };
+                *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(slope);
+                y
+            }
+            None => Activation::rounded_with(rows, cols, |r, out| gelu_fwd(&x[elements(&r)], uninit(out))),
         }
     }
 

@@ -21,9 +21,10 @@
 //! On the CPU x may be an f32 or a bf16 activation; the output is in x's dtype, and so is dx
 //! (the residual op's output is in its stream's). On bf16 x an op gives the bits of the f32 op
 //! on x widened, its output and dx rounded once: x is rounded for the product anyway, so a bf16
-//! x costs the forward pass nothing and halves what the backward pass holds. (The model does
-//! not keep bf16 activations yet: candle's bf16 gradient adds cost more than that saves,
-//! docs/performance.md.)
+//! x costs the forward pass nothing and halves what the backward pass holds. (The model's
+//! tensors stay f32: candle's bf16 gradient adds cost more than that saves, docs/performance.md.
+//! Inside the fused sub-blocks, which hold their activations themselves, what feeds only
+//! products is kept rounded instead: [`project_kept`], [`project_grads_kept`].)
 
 use std::borrow::Cow;
 
@@ -32,7 +33,7 @@ use candle_core::{CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape
 use crate::activation::GeluSlope;
 use crate::cuda::{takes, Kernel};
 use crate::dropout::{add_dropout, add_dropped, dropout, dropout_apply, DropoutOp};
-use crate::gemm::{product_in, Mat};
+use crate::gemm::{product_from, product_in, AFrom, Activation, BFrom, Mat};
 use crate::host::{
     cpu_slice, cpu_storage_as, cpu_tensor, cpu_tensor_as, cpu_values, is_host, is_host_f32, with_data,
 };
@@ -147,7 +148,7 @@ pub(crate) fn project(
 }
 
 /// dx = g·W and dW = gᵀ·x of x·Wᵀ for contiguous x (rows × in), W (out × in) and the gradient
-/// g (rows × out) of the product.
+/// g (rows × out) of the product. In bf16, g is rounded once for both products.
 pub(crate) fn project_grads(
     x: &[f32],
     w: &[f32],
@@ -155,22 +156,71 @@ pub(crate) fn project_grads(
     (rows, in_dim, out_dim): (usize, usize, usize),
     precision: Precision,
 ) -> (Vec<f32>, Vec<f32>) {
-    let dx = product_in(
-        precision,
+    match precision {
+        Precision::F32 => {
+            let dx = product_in(
+                precision,
+                rows,
+                out_dim,
+                in_dim,
+                Mat::rows(g, out_dim),
+                Mat::rows(w, in_dim),
+            );
+            let dw = product_in(
+                precision,
+                out_dim,
+                rows,
+                in_dim,
+                Mat::rows(g, out_dim).t(),
+                Mat::rows(x, in_dim),
+            );
+            (dx, dw)
+        }
+        Precision::Bf16 => grads_from(BFrom::View(Mat::rows(x, in_dim)), w, g, (rows, in_dim, out_dim)),
+    }
+}
+
+/// x·Wᵀ for x kept as an [`Activation`] (rows × in) and W (out × in), in x's precision.
+pub(crate) fn project_kept(
+    x: &Activation,
+    w: &[f32],
+    (rows, in_dim, out_dim): (usize, usize, usize),
+) -> Vec<f32> {
+    let w_t = BFrom::View(Mat::rows(w, in_dim).t());
+    product_from(rows, in_dim, out_dim, AFrom::Rows(x), w_t)
+}
+
+/// [`project_grads`] for x kept as an [`Activation`], in x's precision.
+pub(crate) fn project_grads_kept(
+    x: &Activation,
+    w: &[f32],
+    g: &[f32],
+    dims: (usize, usize, usize),
+) -> (Vec<f32>, Vec<f32>) {
+    match x {
+        Activation::F32(x) => project_grads(x, w, g, dims, Precision::F32),
+        #[allow(unreachable_patterns)]
+        _ => grads_from(BFrom::Rows(x), w, g, dims),
+    }
+}
+
+/// The bf16 [`project_grads`] for dW's B = x as given: g rounded once, read in rows by dx = g·W
+/// and transposed by dW = gᵀ·x.
+fn grads_from(
+    x: BFrom<'_>,
+    w: &[f32],
+    g: &[f32],
+    (rows, in_dim, out_dim): (usize, usize, usize),
+) -> (Vec<f32>, Vec<f32>) {
+    let g = Activation::rounded(rows, out_dim, g);
+    let dx = product_from(
         rows,
         out_dim,
         in_dim,
-        Mat::rows(g, out_dim),
-        Mat::rows(w, in_dim),
+        AFrom::Rows(&g),
+        BFrom::View(Mat::rows(w, in_dim)),
     );
-    let dw = product_in(
-        precision,
-        out_dim,
-        rows,
-        in_dim,
-        Mat::rows(g, out_dim).t(),
-        Mat::rows(x, in_dim),
-    );
+    let dw = product_from(out_dim, rows, in_dim, AFrom::Transposed(&g), x);
     (dx, dw)
 }
 

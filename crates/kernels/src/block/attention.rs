@@ -23,8 +23,11 @@ use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 use crate::attention::{take, AttentionOptions, AttentionTelemetry, AttnOp};
 use crate::block::{branch_gradient, BlockNorm, GradSink, HeldNorm, ParamGrads};
 use crate::dropout::{add_dropped, DropoutOp};
+use crate::gemm::Activation;
 use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
-use crate::linear::{project, project_grads, Epilogue, Plain, Rotate, Scale};
+use crate::linear::{
+    project, project_grads, project_grads_kept, project_kept, Epilogue, Plain, Rotate, Scale,
+};
 use crate::rope::{check_heads, PositionScale, RopeOp, RopeTables};
 use crate::simd::add_in_place;
 
@@ -203,10 +206,11 @@ impl Parts {
     }
 }
 
-/// A forward pass's normalised input h, q, k and v as attention reads them, its output o, and
-/// q's and k's projections before QK-norm (empty without it).
+/// A forward pass's normalised input h (kept for products only: rounded in bf16), q, k and v as
+/// attention reads them, its output o, and q's and k's projections before QK-norm (empty
+/// without it).
 struct Kept {
-    h: Vec<f32>,
+    h: Activation,
     q: Vec<f32>,
     k: Vec<f32>,
     v: Vec<f32>,
@@ -259,20 +263,14 @@ impl<Q: Epilogue, K: Epilogue> AttentionBlockOp<Q, K> {
     fn activations(&self, x: &[f32], shape: &Shape) -> Result<Kept> {
         let p = &self.parts;
         let (rows, d, q_width, kv_width) = self.dims(shape)?;
-        let h = p.norm.forward(x)?;
+        let h = Activation::new(p.precision, rows, d, p.norm.forward(x)?);
         let [q_norm, k_norm] = p.qk_norms();
         let (q, k, v, q_raw, k_raw) = with_data([&p.proj.q, &p.proj.k, &p.proj.v], |[wq, wk, wv]| {
-            let (q, q_raw) = through_norm(q_norm, project(&h, wq, (rows, d, q_width), p.precision))?;
-            let (k, k_raw) = through_norm(k_norm, project(&h, wk, (rows, d, kv_width), p.precision))?;
+            let (q, q_raw) = through_norm(q_norm, project_kept(&h, wq, (rows, d, q_width)))?;
+            let (k, k_raw) = through_norm(k_norm, project_kept(&h, wk, (rows, d, kv_width)))?;
             let q = self.query.forward(q, shape, q_width)?;
             let k = self.key.forward(k, shape, kv_width)?;
-            Ok((
-                q,
-                k,
-                project(&h, wv, (rows, d, kv_width), p.precision),
-                q_raw,
-                k_raw,
-            ))
+            Ok((q, k, project_kept(&h, wv, (rows, d, kv_width)), q_raw, k_raw))
         })?;
         let o = p.attn.forward_values(&q, &k, &v)?;
         Ok(Kept {
@@ -333,17 +331,17 @@ impl<Q: Epilogue, K: Epilogue> CustomOp1 for AttentionBlockOp<Q, K> {
             let (d_o, d_wo) = project_grads(&o, wo, &g_branch, (rows, q_width, d), p.precision);
             let (dq, dk, dv) = p.attn.backward_values(&q, &k, &v, &o, &d_o)?;
             drop((o, d_o, v));
-            let (dh_v, d_wv) = project_grads(&h, wv, &dv, (rows, d, kv_width), p.precision);
+            let (dh_v, d_wv) = project_grads_kept(&h, wv, &dv, (rows, d, kv_width));
             // The epilogues here (rotation, scale, none) never recompute what they took.
             let [q_norm, k_norm] = p.qk_norms();
-            let recompute_k = || project(&h, wk, (rows, d, kv_width), p.precision);
+            let recompute_k = || project_kept(&h, wk, (rows, d, kv_width));
             let dk = self.key.backward(&dk, shape, kv_width, recompute_k)?;
             let (dk, k_norm_grads) = back_through_norm(k_norm, &k_raw, dk)?;
-            let (dh_k, d_wk) = project_grads(&h, wk, &dk, (rows, d, kv_width), p.precision);
-            let recompute_q = || project(&h, wq, (rows, d, q_width), p.precision);
+            let (dh_k, d_wk) = project_grads_kept(&h, wk, &dk, (rows, d, kv_width));
+            let recompute_q = || project_kept(&h, wq, (rows, d, q_width));
             let dq = self.query.backward(&dq, shape, q_width, recompute_q)?;
             let (dq, q_norm_grads) = back_through_norm(q_norm, &q_raw, dq)?;
-            let (dh_q, d_wq) = project_grads(&h, wq, &dq, (rows, d, q_width), p.precision);
+            let (dh_q, d_wq) = project_grads_kept(&h, wq, &dq, (rows, d, q_width));
             drop((h, q, k));
             // h's three gradients summed as candle sums them: v's, then k's, then q's.
             let mut dh = dh_v;

@@ -24,8 +24,9 @@ use crate::activation::{swiglu_grads, swiglu_values, GeluSlope};
 use crate::attention::take;
 use crate::block::{branch_gradient, BlockNorm, GradSink, HeldNorm};
 use crate::dropout::{add_dropped, DropoutOp};
+use crate::gemm::Activation;
 use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
-use crate::linear::{project, project_grads};
+use crate::linear::{project_grads_kept, project_kept};
 use crate::simd::add_in_place;
 use crate::Precision;
 
@@ -138,12 +139,14 @@ struct MlpBlockOp {
 }
 
 /// A forward pass's activations: the normalised input h, SwiGLU's two projections (empty for
-/// GELU), and the hidden activation the down projection reads.
+/// GELU), and the hidden activation the down projection reads. h and the hidden activation feed
+/// only products, so in bf16 they are kept rounded ([`Activation`]): half the memory, and each
+/// product reads them without converting.
 struct Hidden {
-    h: Vec<f32>,
+    h: Activation,
     gate: Vec<f32>,
     up: Vec<f32>,
-    hidden: Vec<f32>,
+    hidden: Activation,
 }
 
 impl MlpBlockOp {
@@ -156,11 +159,12 @@ impl MlpBlockOp {
     /// The activations of x, GELU's slope kept in `gelu`.
     fn hidden(&self, x: &[f32], gelu: &GeluSlope) -> Result<Hidden> {
         let (rows, d, ff) = self.dims(x)?;
-        let h = self.norm.forward(x)?;
-        let product = |w: &Tensor| with_data([w], |[w]| Ok(project(&h, w, (rows, d, ff), self.precision)));
+        let h = Activation::new(self.precision, rows, d, self.norm.forward(x)?);
+        let product = |w: &Tensor| with_data([w], |[w]| Ok(project_kept(&h, w, (rows, d, ff))));
+        let kept = |hidden| Activation::new(self.precision, rows, ff, hidden);
         Ok(match &self.gate {
             None => Hidden {
-                hidden: gelu.forward(&product(&self.up)?),
+                hidden: gelu.forward_kept(&product(&self.up)?, (rows, ff), self.precision),
                 gate: Vec::new(),
                 up: Vec::new(),
                 h,
@@ -168,7 +172,7 @@ impl MlpBlockOp {
             Some(gate) => {
                 let (gate, up) = (product(gate)?, product(&self.up)?);
                 Hidden {
-                    hidden: swiglu_values(&gate, &up),
+                    hidden: kept(swiglu_values(&gate, &up)),
                     gate,
                     up,
                     h,
@@ -185,21 +189,20 @@ impl MlpBlockOp {
         dh_act: &[f32],
         d: (usize, usize, usize),
     ) -> Result<(Vec<f32>, Vec<Vec<f32>>)> {
-        let p = self.precision;
         let Hidden { h, gate, up, .. } = a;
         with_data([&self.up], |[w_up]| match &self.gate {
             None => {
-                let recompute = || Ok(Cow::Owned(project(&h, w_up, d, p)));
+                let recompute = || Ok(Cow::Owned(project_kept(&h, w_up, d)));
                 let d_product = self.gelu.backward(dh_act, recompute)?;
-                let (dh, d_up) = project_grads(&h, w_up, &d_product, d, p);
+                let (dh, d_up) = project_grads_kept(&h, w_up, &d_product, d);
                 Ok((dh, vec![d_up]))
             }
             Some(w_gate) => with_data([w_gate], |[w_gate]| {
                 let (d_gate_product, d_up_product) = swiglu_grads(&gate, &up, dh_act);
                 drop((gate, up));
                 // candle reaches h through the up projection first, then the gate's.
-                let (mut dh, d_up) = project_grads(&h, w_up, &d_up_product, d, p);
-                let (dh_gate, d_gate) = project_grads(&h, w_gate, &d_gate_product, d, p);
+                let (mut dh, d_up) = project_grads_kept(&h, w_up, &d_up_product, d);
+                let (dh_gate, d_gate) = project_grads_kept(&h, w_gate, &d_gate_product, d);
                 add_in_place(&mut dh, &dh_gate);
                 Ok((dh, vec![d_gate, d_up]))
             }),
@@ -217,7 +220,7 @@ impl CustomOp1 for MlpBlockOp {
         let (rows, d, ff) = self.dims(x)?;
         let kept = self.hidden(x, &self.gelu)?;
         let branch = with_data([&self.down], |[down]| {
-            Ok(project(&kept.hidden, down, (rows, ff, d), self.precision))
+            Ok(project_kept(&kept.hidden, down, (rows, ff, d)))
         })?;
         *self.kept.lock().unwrap_or_else(|e| e.into_inner()) = Some(kept);
         Ok((
@@ -238,8 +241,8 @@ impl CustomOp1 for MlpBlockOp {
                 None => self.hidden(xs, &GeluSlope::new(false))?,
             };
             let g_branch = branch_gradient(self.dropout, gs);
-            let hidden = std::mem::take(&mut kept.hidden);
-            let (d_hidden, d_down) = project_grads(&hidden, down, &g_branch, (rows, ff, d), self.precision);
+            let hidden = std::mem::replace(&mut kept.hidden, Activation::F32(Vec::new()));
+            let (d_hidden, d_down) = project_grads_kept(&hidden, down, &g_branch, (rows, ff, d));
             drop(hidden);
             let (dh, d_in) = self.projection_grads(kept, &d_hidden, (rows, d, ff))?;
             drop(d_hidden);

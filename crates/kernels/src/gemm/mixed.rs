@@ -196,3 +196,124 @@ impl<'a> PackedIn<'a> {
         }
     }
 }
+
+/// An activation kept for products in their precision: f32 as it is, or for bf16 products
+/// rounded to bf16 once ([`super::bf16::Rounded`]), so that every product reading it reads half
+/// the bytes and converts nothing, with the bits it would give from the f32 values.
+pub(crate) enum Activation {
+    F32(Vec<f32>),
+    #[cfg(target_arch = "x86_64")]
+    Bf16(super::bf16::Rounded),
+}
+
+impl Activation {
+    /// `x` (rows × cols, row-major) kept for products in `precision`.
+    pub fn new(precision: Precision, rows: usize, cols: usize, x: Vec<f32>) -> Self {
+        match precision {
+            Precision::F32 => Activation::F32(x),
+            Precision::Bf16 => Self::rounded(rows, cols, &x),
+        }
+    }
+
+    /// A rows × cols activation for bf16 products made in blocks of rows by `fill(rows, out)`
+    /// (`out`: the block's `rows.len()·cols` values, row-major, in scratch rows rounded as each
+    /// block is made: [`super::bf16::Rounded::from_rows_with`]).
+    pub fn rounded_with(
+        rows: usize,
+        cols: usize,
+        fill: impl Fn(std::ops::Range<usize>, &mut [f32]) + Sync + Send,
+    ) -> Self {
+        assert_bf16();
+        #[cfg(target_arch = "x86_64")]
+        return Activation::Bf16(super::bf16::Rounded::from_rows_with(rows, cols, fill));
+        #[cfg(not(target_arch = "x86_64"))]
+        unreachable!(
+            "assert_bf16 fails off x86-64 ({rows}×{cols}, {})",
+            std::mem::size_of_val(&fill)
+        )
+    }
+
+    /// The f32 values, unless rounded.
+    fn as_f32(&self) -> Option<&[f32]> {
+        match self {
+            Activation::F32(v) => Some(v),
+            #[cfg(target_arch = "x86_64")]
+            Activation::Bf16(_) => None,
+        }
+    }
+
+    /// The rounded values, for a bf16 product (which never takes an f32 activation).
+    #[cfg(target_arch = "x86_64")]
+    fn as_rounded(&self) -> &super::bf16::Rounded {
+        match self {
+            Activation::Bf16(r) => r,
+            Activation::F32(_) => panic!("bf16 product: an f32 activation beside a bf16 one"),
+        }
+    }
+
+    /// `x` (rows × cols, row-major) rounded for bf16 products.
+    pub fn rounded(rows: usize, cols: usize, x: &[f32]) -> Self {
+        assert_bf16();
+        #[cfg(target_arch = "x86_64")]
+        return Activation::Bf16(super::bf16::Rounded::new(rows, cols, x));
+        #[cfg(not(target_arch = "x86_64"))]
+        unreachable!("assert_bf16 fails off x86-64 ({rows}×{cols}, {})", x.len())
+    }
+}
+
+/// The A operand of [`product_from`]: an [`Activation`] read in rows, or its transpose.
+#[derive(Clone, Copy)]
+pub(crate) enum AFrom<'a> {
+    Rows(&'a Activation),
+    Transposed(&'a Activation),
+}
+
+/// A B operand of [`product_from`]: f32 (a view), or an [`Activation`] in rows (k×n).
+#[derive(Clone, Copy)]
+pub(crate) enum BFrom<'a> {
+    View(Mat<'a>),
+    Rows(&'a Activation),
+}
+
+/// `A·B` (m×k times k×n) into a new row-major m×n vector, for operands kept as
+/// [`Activation`]s: the precision is theirs (an f32 activation with an f32 B: [`product`]).
+pub(crate) fn product_from(m: usize, k: usize, n: usize, a: AFrom<'_>, b: BFrom<'_>) -> Vec<f32> {
+    let (a_f32, b_f32) = match (a, b) {
+        (AFrom::Rows(x), b) => (x.as_f32().map(|v| Mat::rows(v, k)), b),
+        (AFrom::Transposed(x), b) => (x.as_f32().map(|v| Mat::rows(v, m).t()), b),
+    };
+    let b_f32 = match b_f32 {
+        BFrom::View(v) => Some(v),
+        BFrom::Rows(x) => x.as_f32().map(|v| Mat::rows(v, n)),
+    };
+    if let (Some(a), Some(b)) = (a_f32, b_f32) {
+        return product(m, k, n, a, b);
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        use super::bf16::{gemm_packed_from, pack_b, pack_b_rounded, AInput};
+        let a = match a {
+            AFrom::Rows(x) => AInput::Rows(x.as_rounded()),
+            AFrom::Transposed(x) => AInput::Transposed(x.as_rounded()),
+        };
+        let packed = match b {
+            BFrom::View(v) => {
+                assert!(v.fits(k, n), "sgemm: operand out of bounds");
+                // SAFETY: B's k×n view is in bounds (asserted); a rounded activation exists
+                // only where the CPU has AVX512_BF16.
+                unsafe { pack_b(k, n, v.operand()) }
+            }
+            BFrom::Rows(x) => pack_b_rounded(x.as_rounded()),
+        };
+        let mut c = Vec::with_capacity(m * n);
+        // SAFETY: A fits B (asserted by `gemm_packed_from`), C has room for m×n and is this
+        // function's alone; a β = 0 product writes every element of C.
+        unsafe {
+            gemm_packed_from(m, a, &packed, 0.0, c.as_mut_ptr(), n);
+            c.set_len(m * n);
+        }
+        c
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("only f32 activations exist off x86-64")
+}

@@ -33,6 +33,8 @@ mod bf16;
 #[cfg(all(test, target_arch = "x86_64"))]
 mod bf16_tests;
 mod mixed;
+#[cfg(all(test, target_arch = "x86_64"))]
+mod rounded_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
@@ -41,7 +43,9 @@ mod timing;
 mod x86;
 
 use mixed::gemm_in;
-pub(crate) use mixed::{bf16_on_amx, bf16_supported, product_in, sgemm_in, PackedIn};
+pub(crate) use mixed::{
+    bf16_on_amx, bf16_supported, product_from, product_in, sgemm_in, AFrom, Activation, BFrom, PackedIn,
+};
 
 use crate::Precision;
 

@@ -39,6 +39,7 @@ use amx::TileUnit;
 
 pub(super) mod amx;
 mod pack;
+mod rounded;
 #[cfg(test)]
 mod timing;
 pub(super) use pack::pack_b_for;
@@ -48,6 +49,9 @@ use pack::{convert_block, pack_a, ABlock, ASource, A_BLOCK};
 #[cfg(test)]
 pub(crate) use pack::{from_bf16, to_bf16};
 pub(crate) use pack::{pack_b, PackedPairs};
+#[cfg(test)]
+pub(in crate::gemm) use rounded::pack_b_rounded as pack_b_rounded_for;
+pub(crate) use rounded::Rounded;
 
 /// Rows and columns of the C tile held in registers (8 rows × two 16-lane vectors).
 pub(super) const MR: usize = 8;
@@ -174,12 +178,42 @@ pub(super) unsafe fn product_on_this_thread(m: usize, a: Operand, b: &PackedPair
     run(ASource::Rows(a), b, 0..m, 0..b.n, 0.0, SharedMut(c), ldc);
 }
 
+/// A of a product whose B was packed beforehand: f32 (any strides, converted as the products
+/// read it), or a matrix [`Rounded`] beforehand, read in rows (x·Wᵀ, g·W) or as its transpose
+/// (gᵀ in dW = gᵀ·x).
+#[derive(Clone, Copy)]
+pub(crate) enum AInput<'a> {
+    F32(Operand),
+    Rows(&'a Rounded),
+    Transposed(&'a Rounded),
+}
+
 /// [`gemm`] with B packed beforehand, on the steps it was packed for.
 ///
 /// # Safety
 /// As [`gemm`], for A's m×k view with k the packed B's.
 pub(crate) unsafe fn gemm_packed(m: usize, a: Operand, b: &PackedPairs, beta: f32, c: *mut f32, ldc: usize) {
+    gemm_packed_from(m, AInput::F32(a), b, beta, c, ldc)
+}
+
+/// [`gemm_packed`] for any [`AInput`]; a rounded A is m×k (rows) or k×m (transposed).
+///
+/// # Safety
+/// As [`gemm_packed`].
+pub(crate) unsafe fn gemm_packed_from(
+    m: usize,
+    a: AInput<'_>,
+    b: &PackedPairs,
+    beta: f32,
+    c: *mut f32,
+    ldc: usize,
+) {
     let (k, n) = (b.k, b.n);
+    match a {
+        AInput::F32(_) => {}
+        AInput::Rows(r) => assert_eq!(r.dims(), (m, k), "bf16 product: A does not fit B"),
+        AInput::Transposed(r) => assert_eq!(r.dims(), (k, m), "bf16 product: Aᵀ does not fit B"),
+    }
     if m == 0 || n == 0 {
         return;
     }
@@ -189,19 +223,41 @@ pub(crate) unsafe fn gemm_packed(m: usize, a: Operand, b: &PackedPairs, beta: f3
     // least): one chain of sums per element either way.
     if m >= n {
         // Each task converts its own rows of A, a block at a time, just before the block's
-        // products read them (`ASource::Rows`).
+        // products read them (`ASource::Rows`), or reads them where they were rounded.
+        let source = match a {
+            AInput::F32(a) => ASource::Rows(a),
+            AInput::Rows(r) => ASource::Rounded(r),
+            AInput::Transposed(r) => ASource::Transposed(r),
+        };
         for_each_block(m, blocks_for(m, k, n, m, align), align, |rows| {
             // SAFETY: each task writes C's rows `rows` only.
-            unsafe { run(ASource::Rows(a), b, rows, 0..n, beta, c, ldc) }
+            unsafe { run(source, b, rows, 0..n, beta, c, ldc) }
         });
     } else {
         // Every task reads all of A's rows: converted once, beforehand.
-        let a = pack_a(b.kernel, m, k, a);
+        let packed;
+        let source = match a {
+            AInput::F32(a) => {
+                packed = pack_a(b.kernel, m, k, a);
+                ASource::Packed(&packed)
+            }
+            AInput::Rows(r) => ASource::Rounded(r),
+            AInput::Transposed(r) => {
+                packed = rounded::pack_transposed(b.kernel, r);
+                ASource::Packed(&packed)
+            }
+        };
         for_each_block(n, blocks_for(m, k, n, n, NR), NR, |cols| {
             // SAFETY: each task writes C's columns `cols` only.
-            unsafe { run(ASource::Packed(&a), b, 0..m, cols, beta, c, ldc) }
+            unsafe { run(source, b, 0..m, cols, beta, c, ldc) }
         });
     }
+}
+
+/// B rounded beforehand (k×n, read along its rows: x in dW = gᵀ·x) packed into strips for
+/// this CPU's steps.
+pub(crate) fn pack_b_rounded(b: &Rounded) -> PackedPairs {
+    rounded::pack_b_rounded(Kernel::detect(), b)
 }
 
 /// The tiles of C's `rows` × `cols` (both starting at a tile boundary), in blocks of [`MC`]
@@ -247,6 +303,13 @@ unsafe fn run(
                 q_stride: p.q_stride,
             },
             ASource::Rows(a) => convert_block(b.kernel, b.k, a, ic..ic_end, &mut buf),
+            ASource::Rounded(r) => ABlock {
+                ptr: r.pairs().add(ic * r.row_stride()),
+                tile_stride: MR * r.row_stride(),
+                row_stride: r.row_stride(),
+                q_stride: 1,
+            },
+            ASource::Transposed(r) => rounded::convert_transposed(b.kernel, r, ic..ic_end, &mut buf),
         };
         for jc in cols.clone().step_by(NC) {
             let jc_end = cols.end.min(jc + NC);

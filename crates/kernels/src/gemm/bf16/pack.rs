@@ -473,6 +473,10 @@ unsafe fn pack_row(k: usize, a: Operand, out: *mut u32) {
 pub(super) enum ASource<'a> {
     /// Converted beforehand, all of it.
     Packed(&'a PairsA),
+    /// A rounded beforehand, read in rows where it lies.
+    Rounded(&'a super::Rounded),
+    /// The transpose of a matrix rounded beforehand, each block converted as [`Self::Rows`]'.
+    Transposed(&'a super::Rounded),
     /// A itself (m×k, any strides): each block of [`super::MC`] rows is converted into this thread's
     /// buffer as its turn comes. The block's pairs (128 rows × k: 192 KiB at k = 384, 1 MiB at
     /// k = 2,048) are then read from L2 (or close to it) by all of its products, where A
@@ -495,6 +499,24 @@ thread_local! {
     pub(super) static A_BLOCK: std::cell::RefCell<Aligned> = std::cell::RefCell::new(Aligned::default());
 }
 
+/// Room in `buf` (grown as needed) for a block of `rows` rows of A converted for `kernel`, with
+/// `kq` pairs a row.
+pub(super) fn block_buffer(kernel: Kernel, rows: usize, kq: usize, buf: &mut Aligned) -> *mut u32 {
+    let len = kernel.padded_rows(rows) * kq;
+    if buf.buf.len() < len + 16 {
+        *buf = Aligned::for_writing(len);
+    }
+    let out = buf.ptr_mut();
+    // The tests' NaN pairs for every block, not only a fresh buffer: a reused one holds the
+    // last product's pairs, which would hide an element this block's packers skipped.
+    #[cfg(test)]
+    // SAFETY: the buffer holds `len` elements.
+    unsafe {
+        std::slice::from_raw_parts_mut(out, len).fill(0x7fc0_7fc0)
+    };
+    out
+}
+
 /// Rows `rows` of A (m×k, any strides) converted into `buf` (grown as needed), laid out as
 /// [`pack_a`] lays out the whole of A.
 ///
@@ -508,15 +530,7 @@ pub(super) unsafe fn convert_block(
     buf: &mut Aligned,
 ) -> ABlock {
     let kq = kernel.kq_stride(k);
-    let len = kernel.padded_rows(rows.len()) * kq;
-    if buf.buf.len() < len + 16 {
-        *buf = Aligned::for_writing(len);
-    }
-    let out = buf.ptr_mut();
-    // The tests' NaN pairs for every block, not only a fresh buffer: a reused one holds the
-    // last product's pairs, which would hide an element this block's packers skipped.
-    #[cfg(test)]
-    std::slice::from_raw_parts_mut(out, len).fill(0x7fc0_7fc0);
+    let out = block_buffer(kernel, rows.len(), kq, buf);
     if kernel.tiles() {
         pack_rows_for_tiles(k, a, rows, out, kq);
         return ABlock {

@@ -1,0 +1,335 @@
+//! A matrix rounded to bf16 once and read by several products where it lies ([`Rounded`]).
+//!
+//! Every product converts its f32 operands to bf16 pairs as it packs them, so an activation
+//! that feeds several products is converted once per product: the normalised input of
+//! attention's q, k and v projections three times forward and three times more as the B of
+//! their weights' gradients, a gradient twice (dx = g·W reads its rows, dW = gᵀ·x its columns).
+//! Rounded once, with the packers' own rounding, the products read the same bf16 values — the
+//! same bits of C — from half the bytes:
+//!
+//! - as A in rows (x·Wᵀ, g·W): the rows are laid out as the tiles read A (pairs of k, padded
+//!   with zero pairs to a multiple of 16 and with zero rows to a multiple of 32), so the
+//!   products read them with no conversion at all, on AMX and on `vdpbf16ps` alike;
+//! - as B in dW = gᵀ·x (x's rows along k): a strip's pair row q is rows 2q and 2q+1
+//!   interleaved, 16 bits at a time ([`pack_b_rounded`]), with no conversion;
+//! - as the column-major A of dW = gᵀ·x: 16 columns of two rows interleaved into pairs and
+//!   transposed in blocks of 16 × 16 as the f32 packer does, from half the bytes.
+//!
+//! Only AVX-512F and VL instructions beyond AVX512_BF16's rounding: 16 bf16 are read in whole
+//! 32-bit words and widened into the halves of 16 pairs (`vpmovzxwd`), so no AVX512BW is needed.
+
+use std::arch::x86_64::*;
+
+use super::pack::{
+    block_buffer, pack_rows_for_tiles, pack_tasks, transpose16, ABlock, Aligned, PackedPairs, PairsA,
+};
+use super::{amx, Kernel, MR, NR};
+use crate::gemm::x86::avx512::lane_mask as lanes;
+use crate::gemm::Operand;
+use crate::par::SharedMut;
+
+/// A rows × cols matrix rounded to bf16 (to nearest even, as the packers round), row r's pairs
+/// from `r·stride` on: pairs of columns, zero past the last column up to `stride` (a multiple
+/// of 16 pairs) and zero rows up to a multiple of 32.
+pub(crate) struct Rounded {
+    data: Aligned,
+    rows: usize,
+    cols: usize,
+}
+
+impl Rounded {
+    /// Pairs per row: the tiles' padding of k (which the vectors' kernel ignores, reading a
+    /// row's pairs from its start), so every product reads these rows in place.
+    fn stride(cols: usize) -> usize {
+        cols.div_ceil(2).next_multiple_of(amx::KQ_STEP)
+    }
+
+    /// `x` (rows × cols, row-major) rounded, in parallel blocks of 32 rows.
+    ///
+    /// # Panics
+    /// If `x` holds fewer than rows × cols elements, or the CPU has no AVX512_BF16.
+    pub(crate) fn new(rows: usize, cols: usize, x: &[f32]) -> Self {
+        assert!(
+            x.len() >= rows * cols,
+            "Rounded: {rows}×{cols} from {} elements",
+            x.len()
+        );
+        assert!(super::supported(), "bf16 rounding needs AVX512_BF16");
+        let stride = Self::stride(cols);
+        let padded = rows.next_multiple_of(amx::ROWS);
+        let mut data = Aligned::for_writing(padded * stride);
+        let out = SharedMut(data.ptr_mut());
+        let source = Operand {
+            ptr: x.as_ptr(),
+            row_stride: cols,
+            col_stride: 1,
+        };
+        let blocks = padded / amx::ROWS;
+        pack_tasks(rows * cols, blocks, 1, |range| {
+            for blk in range {
+                let i0 = blk * amx::ROWS;
+                // SAFETY: rows i0..i0 + 32 of the padded buffer are this task's alone; x's
+                // rows that exist are in bounds (asserted); the CPU has AVX512_BF16 (asserted).
+                unsafe {
+                    pack_rows_for_tiles(
+                        cols,
+                        source,
+                        i0..rows.min(i0 + amx::ROWS),
+                        out.at(i0 * stride),
+                        stride,
+                    )
+                }
+            }
+        });
+        Self { data, rows, cols }
+    }
+
+    /// A rows × cols matrix made a block of 32 rows at a time by `fill(rows, out)` (`out`:
+    /// `rows.len()·cols` floats, row-major, scratch of this thread's that stays in its caches),
+    /// each block rounded as it is made, so the f32 values never travel to memory and back.
+    ///
+    /// # Panics
+    /// If the CPU has no AVX512_BF16.
+    pub(crate) fn from_rows_with(
+        rows: usize,
+        cols: usize,
+        fill: impl Fn(std::ops::Range<usize>, &mut [f32]) + Sync + Send,
+    ) -> Self {
+        assert!(super::supported(), "bf16 rounding needs AVX512_BF16");
+        let stride = Self::stride(cols);
+        let padded = rows.next_multiple_of(amx::ROWS);
+        let mut data = Aligned::for_writing(padded * stride);
+        let out = SharedMut(data.ptr_mut());
+        pack_tasks(rows * cols, padded / amx::ROWS, 1, |range| {
+            SCRATCH.with(|scratch| {
+                let mut scratch = scratch.borrow_mut();
+                scratch.resize(amx::ROWS * cols, 0.0);
+                for blk in range {
+                    let block = blk * amx::ROWS..rows.min((blk + 1) * amx::ROWS);
+                    let made = &mut scratch[..block.len() * cols];
+                    fill(block.clone(), made);
+                    let source = Operand {
+                        ptr: made.as_ptr(),
+                        row_stride: cols,
+                        col_stride: 1,
+                    };
+                    // SAFETY: the block's rows of the padded buffer are this task's alone; the
+                    // scratch holds the block's rows; the CPU has AVX512_BF16 (asserted).
+                    unsafe {
+                        pack_rows_for_tiles(
+                            cols,
+                            source,
+                            0..block.len(),
+                            out.at(block.start * stride),
+                            stride,
+                        )
+                    }
+                }
+            })
+        });
+        Self { data, rows, cols }
+    }
+
+    pub(crate) fn dims(&self) -> (usize, usize) {
+        (self.rows, self.cols)
+    }
+
+    /// Row r's pairs (u32), from `r·stride`.
+    pub(super) fn pairs(&self) -> *const u32 {
+        self.data.ptr()
+    }
+
+    /// Pairs from one row to the next.
+    pub(super) fn row_stride(&self) -> usize {
+        Self::stride(self.cols)
+    }
+
+    /// Element (r, c) of the bf16 halves: `halves() + r·2·stride + c`.
+    fn halves(&self) -> *const u16 {
+        self.data.ptr().cast()
+    }
+
+    /// The first `len` pairs, padding included, for the tests.
+    #[cfg(test)]
+    pub(crate) fn pairs_slice(&self, len: usize) -> &[u32] {
+        // SAFETY: the constructors write every pair of the padded rows.
+        unsafe { std::slice::from_raw_parts(self.data.ptr(), len) }
+    }
+
+    /// The f32 values (exact), for the tests.
+    #[cfg(test)]
+    pub(crate) fn to_f32(&self) -> Vec<f32> {
+        let at = |r: usize, c: usize| unsafe { *self.halves().add(r * 2 * self.row_stride() + c) };
+        (0..self.rows * self.cols)
+            .map(|i| super::from_bf16(at(i / self.cols, i % self.cols)))
+            .collect()
+    }
+}
+
+thread_local! {
+    /// [`Rounded::from_rows_with`]'s f32 rows, kept from matrix to matrix on this thread.
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The `count` (≤ 16) pairs (first[j], second[j]) of the bf16 at `first` and at `second`,
+/// `first`'s in the low halves (the element of the lower k, as the packers pair them), zeros
+/// past `count`. Read in whole u32, so one bf16 past an odd `count` is read: a row's padding.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vl")]
+unsafe fn interleave16(first: *const u16, second: *const u16, count: usize) -> __m512i {
+    let words = ((1u32 << count.div_ceil(2)) - 1) as __mmask8;
+    let keep = lanes(count);
+    let lo = _mm512_maskz_cvtepu16_epi32(keep, _mm256_maskz_loadu_epi32(words, first.cast()));
+    let hi = _mm512_maskz_cvtepu16_epi32(keep, _mm256_maskz_loadu_epi32(words, second.cast()));
+    _mm512_or_si512(lo, _mm512_slli_epi32::<16>(hi))
+}
+
+/// Pair q over k = `r`'s rows for its columns `c0..c0 + 16` (those that exist; zeros past
+/// them): rows 2q and 2q+1 interleaved, zeros from pair ⌈rows/2⌉ on.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vl")]
+unsafe fn pair_of_rows(r: &Rounded, q: usize, c0: usize) -> __m512i {
+    let count = r.cols.saturating_sub(c0).min(16);
+    if 2 * q >= r.rows || count == 0 {
+        return _mm512_setzero_si512();
+    }
+    // Row 2q+1 past the last row is one of the zero rows (rows are padded to 32, an even count).
+    let row = |i: usize| r.halves().add(i * 2 * r.row_stride() + c0);
+    interleave16(row(2 * q), row(2 * q + 1), count)
+}
+
+/// Pair rows ahead of the one being packed that [`pack_b_rounded`] prefetches (as the f32
+/// packer does: rows 2·stride bf16 apart can be past the hardware prefetcher's reach).
+const PREFETCH_PAIRS_AHEAD: usize = 24;
+
+/// B = `b` (k = its rows, n = its columns) packed into strips for `kernel`'s steps, a strip per
+/// task: the same pairs [`super::pack_b_for`] makes from the f32 values `b` was rounded from.
+pub(crate) fn pack_b_rounded(kernel: Kernel, b: &Rounded) -> PackedPairs {
+    assert!(super::supported(), "bf16 products need AVX512_BF16");
+    let (k, n) = (b.rows, b.cols);
+    let (kq, strips) = (kernel.kq_stride(k), n.div_ceil(NR));
+    let mut data = Aligned::for_writing(strips * kq * NR);
+    let out = SharedMut(data.ptr_mut());
+    pack_tasks(k * n, strips, 1, |range| {
+        for s in range {
+            // SAFETY: strip s (NR·kq elements from its start) is this task's alone; the CPU has
+            // AVX-512 (asserted through `supported`).
+            unsafe { strip_from_rounded(b, s, out.at(s * kq * NR), kq) }
+        }
+    });
+    PackedPairs { data, k, n, kernel }
+}
+
+/// Strip `s` of B = `b` into `out`: pair rows up to ⌈k/2⌉ from `b`'s rows, zeros up to `kq`.
+#[target_feature(enable = "avx512f,avx512vl")]
+unsafe fn strip_from_rounded(b: &Rounded, s: usize, out: *mut u32, kq: usize) {
+    let j0 = s * NR;
+    let pairs = b.rows.div_ceil(2);
+    for q in 0..pairs {
+        let ahead = 2 * (q + PREFETCH_PAIRS_AHEAD);
+        for r in ahead..b.rows.min(ahead + 2) {
+            _mm_prefetch::<_MM_HINT_T0>(b.halves().wrapping_add(r * 2 * b.row_stride() + j0).cast());
+        }
+        _mm512_store_si512(out.add(q * NR).cast(), pair_of_rows(b, q, j0));
+        _mm512_store_si512(out.add(q * NR + 16).cast(), pair_of_rows(b, q, j0 + 16));
+    }
+    std::ptr::write_bytes(out.add(pairs * NR), 0, (kq - pairs) * NR);
+}
+
+/// A = `g`ᵀ's rows `rows` (columns of `g`; k = `g`'s rows) as [`super::pack::convert_block`]
+/// lays them out for `kernel` into `out`: rows of pairs for the tiles (zero pairs to
+/// `kernel.kq_stride(k)`, zero rows to a multiple of 32), or panels of [`MR`] rows, pair-major,
+/// for `vdpbf16ps`.
+///
+/// # Safety
+/// `out` has room for the layout's `padded_rows(rows.len())·kq_stride` pairs; `rows.start` is
+/// `rows.end ≤ g`'s columns; AVX-512.
+#[target_feature(enable = "avx512f,avx512vl")]
+pub(super) unsafe fn transposed_block(
+    kernel: Kernel,
+    g: &Rounded,
+    rows: std::ops::Range<usize>,
+    out: *mut u32,
+) {
+    let kq = kernel.kq_stride(g.rows);
+    if kernel.tiles() {
+        for r0 in (0..rows.len().next_multiple_of(amx::ROWS)).step_by(16) {
+            for q0 in (0..kq).step_by(16) {
+                let block: [__m512i; 16] = std::array::from_fn(|t| pair_of_rows(g, q0 + t, rows.start + r0));
+                for (r, row) in transpose16(block).iter().enumerate() {
+                    _mm512_storeu_si512(out.add((r0 + r) * kq + q0).cast(), *row);
+                }
+            }
+        }
+        return;
+    }
+    for i0 in rows.clone().step_by(2 * MR) {
+        let panels = out.add((i0 - rows.start) * kq);
+        for q in 0..kq {
+            let p = pair_of_rows(g, q, i0);
+            _mm256_storeu_si256(panels.add(q * MR).cast(), _mm512_castsi512_si256(p));
+            if i0 + MR < rows.end {
+                let next = panels.add(MR * kq + q * MR);
+                _mm256_storeu_si256(next.cast(), _mm512_extracti64x4_epi64::<1>(p));
+            }
+        }
+    }
+}
+
+/// A = `g`ᵀ's rows `rows` converted into `buf` (grown as needed), as
+/// [`super::pack::convert_block`] converts a block of an f32 A.
+///
+/// # Safety
+/// `rows.end ≤ g`'s columns; AVX-512.
+pub(super) unsafe fn convert_transposed(
+    kernel: Kernel,
+    g: &Rounded,
+    rows: std::ops::Range<usize>,
+    buf: &mut Aligned,
+) -> ABlock {
+    let kq = kernel.kq_stride(g.rows);
+    let out = block_buffer(kernel, rows.len(), kq, buf);
+    transposed_block(kernel, g, rows, out);
+    let (row_stride, q_stride) = if kernel.tiles() { (kq, 1) } else { (1, MR) };
+    ABlock {
+        ptr: out,
+        tile_stride: MR * kq,
+        row_stride,
+        q_stride,
+    }
+}
+
+/// All of A = `g`ᵀ converted beforehand ([`transposed_block`] over blocks of 32 rows as
+/// parallel tasks), for products whose threads split C's columns.
+pub(super) fn pack_transposed(kernel: Kernel, g: &Rounded) -> PairsA {
+    let (m, k) = (g.cols, g.rows);
+    let kq = kernel.kq_stride(k);
+    let padded = kernel.padded_rows(m).next_multiple_of(amx::ROWS);
+    let mut data = Aligned::for_writing(padded * kq);
+    let out = SharedMut(data.ptr_mut());
+    pack_tasks(m * k, padded / amx::ROWS, 1, |range| {
+        for blk in range {
+            let i0 = blk * amx::ROWS;
+            if i0 < m {
+                // SAFETY: these 32 rows are this task's alone, within the buffer; AVX-512 (the
+                // products' callers checked `supported`).
+                unsafe { transposed_block(kernel, g, i0..m.min(i0 + amx::ROWS), out.at(i0 * kq)) }
+            }
+        }
+    });
+    if kernel.tiles() {
+        PairsA {
+            data,
+            tile_stride: MR * kq,
+            row_stride: kq,
+            q_stride: 1,
+        }
+    } else {
+        PairsA {
+            data,
+            tile_stride: MR * kq,
+            row_stride: 1,
+            q_stride: MR,
+        }
+    }
+}
