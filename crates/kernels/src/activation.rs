@@ -71,6 +71,12 @@ impl GeluSlope {
         if precision == Precision::F32 {
             return Activation::F32(self.forward(x));
         }
+        assert_eq!(
+            x.len(),
+            rows * cols,
+            "GELU: {} elements are not {rows}×{cols}",
+            x.len()
+        );
         let elements = |r: &std::ops::Range<usize>| r.start * cols..r.end * cols;
         // SAFETY (both casts below): f32 and MaybeUninit<f32> share a layout, and GELU writes
         // every element of its output.

@@ -58,7 +58,7 @@ fn kernel_kq(kernel: Kernel, k: usize) -> usize {
 
 /// x·Wᵀ with x rounded (A in rows), and dW = gᵀ·x with g and x rounded (A transposed, B in
 /// rows): the bits of the same products from the f32 values, at every β, split by rows (m ≥ n)
-/// and by columns (m < n), at 1 and 3 threads.
+/// and by columns (m < n), at 1 and 3 threads (the largest shape packs in parallel tasks).
 #[test]
 fn products_of_rounded_operands_give_the_bits_of_the_f32_ones() {
     if !supported() {
@@ -71,6 +71,7 @@ fn products_of_rounded_operands_give_the_bits_of_the_f32_ones() {
         (65, 129, 33),
         (300, 96, 40),
         (37, 200, 500),
+        (300, 300, 600),
     ];
     for kernel in [Kernel::Avx512, Kernel::AmxEmulated] {
         for threads in [1, 3] {
@@ -119,7 +120,8 @@ fn a_matrix_rounded_as_it_is_made_is_the_rounding_of_what_was_made() {
     }
     for threads in [1, 3] {
         crate::par::set_threads(threads).unwrap();
-        for (rows, cols) in [(1usize, 3usize), (31, 40), (33, 17), (100, 129)] {
+        // 300 × 300 is past the size from which the blocks run as parallel tasks.
+        for (rows, cols) in [(1usize, 3usize), (31, 40), (33, 17), (100, 129), (300, 300)] {
             let x = values(rows * cols, (rows * cols) as u64);
             let made = Rounded::from_rows_with(rows, cols, |r, out| {
                 out.copy_from_slice(&x[r.start * cols..r.end * cols]);

@@ -101,31 +101,26 @@ impl Rounded {
         let mut data = Aligned::for_writing(padded * stride);
         let out = SharedMut(data.ptr_mut());
         pack_tasks(rows * cols, padded / amx::ROWS, 1, |range| {
-            SCRATCH.with(|scratch| {
-                let mut scratch = scratch.borrow_mut();
-                scratch.resize(amx::ROWS * cols, 0.0);
-                for blk in range {
-                    let block = blk * amx::ROWS..rows.min((blk + 1) * amx::ROWS);
-                    let made = &mut scratch[..block.len() * cols];
-                    fill(block.clone(), made);
-                    let source = Operand {
-                        ptr: made.as_ptr(),
-                        row_stride: cols,
-                        col_stride: 1,
-                    };
-                    // SAFETY: the block's rows of the padded buffer are this task's alone; the
-                    // scratch holds the block's rows; the CPU has AVX512_BF16 (asserted).
-                    unsafe {
-                        pack_rows_for_tiles(
-                            cols,
-                            source,
-                            0..block.len(),
-                            out.at(block.start * stride),
-                            stride,
-                        )
-                    }
+            // Taken out, not borrowed, while `fill` runs: a `fill` that ran parallel tasks could
+            // have this thread pick up another block of the same matrix meanwhile.
+            let mut scratch = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
+            scratch.resize(amx::ROWS * cols, 0.0);
+            for blk in range {
+                let block = blk * amx::ROWS..rows.min((blk + 1) * amx::ROWS);
+                let made = &mut scratch[..block.len() * cols];
+                fill(block.clone(), made);
+                let source = Operand {
+                    ptr: made.as_ptr(),
+                    row_stride: cols,
+                    col_stride: 1,
+                };
+                // SAFETY: the block's rows of the padded buffer are this task's alone; the
+                // scratch holds the block's rows; the CPU has AVX512_BF16 (asserted).
+                unsafe {
+                    pack_rows_for_tiles(cols, source, 0..block.len(), out.at(block.start * stride), stride)
                 }
-            })
+            }
+            SCRATCH.with(|s| *s.borrow_mut() = scratch);
         });
         Self { data, rows, cols }
     }
