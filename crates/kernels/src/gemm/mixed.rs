@@ -278,11 +278,11 @@ pub(crate) enum BFrom<'a> {
 /// `A·B` (m×k times k×n) into a new row-major m×n vector, for operands kept as
 /// [`Activation`]s: the precision is theirs (an f32 activation with an f32 B: [`product`]).
 pub(crate) fn product_from(m: usize, k: usize, n: usize, a: AFrom<'_>, b: BFrom<'_>) -> Vec<f32> {
-    let (a_f32, b_f32) = match (a, b) {
-        (AFrom::Rows(x), b) => (x.as_f32().map(|v| Mat::rows(v, k)), b),
-        (AFrom::Transposed(x), b) => (x.as_f32().map(|v| Mat::rows(v, m).t()), b),
+    let a_f32 = match a {
+        AFrom::Rows(x) => x.as_f32().map(|v| Mat::rows(v, k)),
+        AFrom::Transposed(x) => x.as_f32().map(|v| Mat::rows(v, m).t()),
     };
-    let b_f32 = match b_f32 {
+    let b_f32 = match b {
         BFrom::View(v) => Some(v),
         BFrom::Rows(x) => x.as_f32().map(|v| Mat::rows(v, n)),
     };

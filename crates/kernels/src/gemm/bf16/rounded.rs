@@ -54,34 +54,15 @@ impl Rounded {
             "Rounded: {rows}×{cols} from {} elements",
             x.len()
         );
-        assert!(super::supported(), "bf16 rounding needs AVX512_BF16");
-        let stride = Self::stride(cols);
-        let padded = rows.next_multiple_of(amx::ROWS);
-        let mut data = Aligned::for_writing(padded * stride);
-        let out = SharedMut(data.ptr_mut());
         let source = Operand {
             ptr: x.as_ptr(),
             row_stride: cols,
             col_stride: 1,
         };
-        let blocks = padded / amx::ROWS;
-        pack_tasks(rows * cols, blocks, 1, |range| {
-            for blk in range {
-                let i0 = blk * amx::ROWS;
-                // SAFETY: rows i0..i0 + 32 of the padded buffer are this task's alone; x's
-                // rows that exist are in bounds (asserted); the CPU has AVX512_BF16 (asserted).
-                unsafe {
-                    pack_rows_for_tiles(
-                        cols,
-                        source,
-                        i0..rows.min(i0 + amx::ROWS),
-                        out.at(i0 * stride),
-                        stride,
-                    )
-                }
-            }
-        });
-        Self { data, rows, cols }
+        // SAFETY: x's rows that exist are in bounds (asserted).
+        Self::in_blocks(rows, cols, |block, out| unsafe {
+            pack_rows_for_tiles(cols, source, block, out.0, out.1)
+        })
     }
 
     /// A rows × cols matrix made a block of 32 rows at a time by `fill(rows, out)` (`out`:
@@ -95,32 +76,43 @@ impl Rounded {
         cols: usize,
         fill: impl Fn(std::ops::Range<usize>, &mut [f32]) + Sync + Send,
     ) -> Self {
+        Self::in_blocks(rows, cols, |block, out| {
+            // Taken out, not borrowed, while `fill` runs: a `fill` that ran parallel tasks could
+            // have this thread pick up another block of the same matrix meanwhile.
+            let mut scratch = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
+            scratch.resize(amx::ROWS * cols, 0.0);
+            let made = &mut scratch[..block.len() * cols];
+            fill(block.clone(), made);
+            let source = Operand {
+                ptr: made.as_ptr(),
+                row_stride: cols,
+                col_stride: 1,
+            };
+            // SAFETY: the scratch holds the block's rows.
+            unsafe { pack_rows_for_tiles(cols, source, 0..block.len(), out.0, out.1) };
+            SCRATCH.with(|s| *s.borrow_mut() = scratch);
+        })
+    }
+
+    /// A rows × cols matrix whose blocks of 32 rows `round(rows, (out, stride))` writes as
+    /// parallel tasks: the block's rows of pairs (and zero padding) from `out`, `stride` pairs
+    /// apart, as [`pack_rows_for_tiles`] writes them.
+    fn in_blocks(
+        rows: usize,
+        cols: usize,
+        round: impl Fn(std::ops::Range<usize>, (*mut u32, usize)) + Sync + Send,
+    ) -> Self {
         assert!(super::supported(), "bf16 rounding needs AVX512_BF16");
         let stride = Self::stride(cols);
         let padded = rows.next_multiple_of(amx::ROWS);
         let mut data = Aligned::for_writing(padded * stride);
         let out = SharedMut(data.ptr_mut());
         pack_tasks(rows * cols, padded / amx::ROWS, 1, |range| {
-            // Taken out, not borrowed, while `fill` runs: a `fill` that ran parallel tasks could
-            // have this thread pick up another block of the same matrix meanwhile.
-            let mut scratch = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
-            scratch.resize(amx::ROWS * cols, 0.0);
             for blk in range {
                 let block = blk * amx::ROWS..rows.min((blk + 1) * amx::ROWS);
-                let made = &mut scratch[..block.len() * cols];
-                fill(block.clone(), made);
-                let source = Operand {
-                    ptr: made.as_ptr(),
-                    row_stride: cols,
-                    col_stride: 1,
-                };
-                // SAFETY: the block's rows of the padded buffer are this task's alone; the
-                // scratch holds the block's rows; the CPU has AVX512_BF16 (asserted).
-                unsafe {
-                    pack_rows_for_tiles(cols, source, 0..block.len(), out.at(block.start * stride), stride)
-                }
+                // The block's rows of the padded buffer are this task's alone.
+                round(block.clone(), (out.at(block.start * stride), stride));
             }
-            SCRATCH.with(|s| *s.borrow_mut() = scratch);
         });
         Self { data, rows, cols }
     }
@@ -285,7 +277,7 @@ pub(super) unsafe fn convert_transposed(
     let kq = kernel.kq_stride(g.rows);
     let out = block_buffer(kernel, rows.len(), kq, buf);
     transposed_block(kernel, g, rows, out);
-    let (row_stride, q_stride) = if kernel.tiles() { (kq, 1) } else { (1, MR) };
+    let (row_stride, q_stride) = layout(kernel, kq);
     ABlock {
         ptr: out,
         tile_stride: MR * kq,
@@ -312,19 +304,21 @@ pub(super) fn pack_transposed(kernel: Kernel, g: &Rounded) -> PairsA {
             }
         }
     });
+    let (row_stride, q_stride) = layout(kernel, kq);
+    PairsA {
+        data,
+        tile_stride: MR * kq,
+        row_stride,
+        q_stride,
+    }
+}
+
+/// (row stride, pair stride) of A's pairs as `kernel` reads them: rows of pairs for the tiles,
+/// panels of [`MR`] rows, pair-major, for `vdpbf16ps`.
+fn layout(kernel: Kernel, kq: usize) -> (usize, usize) {
     if kernel.tiles() {
-        PairsA {
-            data,
-            tile_stride: MR * kq,
-            row_stride: kq,
-            q_stride: 1,
-        }
+        (kq, 1)
     } else {
-        PairsA {
-            data,
-            tile_stride: MR * kq,
-            row_stride: 1,
-            q_stride: MR,
-        }
+        (1, MR)
     }
 }
