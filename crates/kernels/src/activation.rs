@@ -78,9 +78,6 @@ impl GeluSlope {
             x.len()
         );
         let elements = |r: &std::ops::Range<usize>| r.start * cols..r.end * cols;
-        // SAFETY (both casts below): f32 and MaybeUninit<f32> share a layout, and GELU writes
-        // every element of its output.
-        let uninit = |out: &mut [f32]| unsafe { &mut *(out as *mut [f32] as *mut [MaybeUninit<f32>]) };
         match &self.0 {
             Some(slot) => {
                 let mut slope = Vec::<f32>::with_capacity(x.len());
@@ -108,11 +105,7 @@ impl GeluSlope {
         g: &[f32],
         input: impl FnOnce() -> Result<Cow<'a, [f32]>>,
     ) -> Result<Vec<f32>> {
-        let kept = self
-            .0
-            .as_ref()
-            .and_then(|slot| slot.lock().unwrap_or_else(|e| e.into_inner()).take());
-        Ok(match kept {
+        Ok(match self.take_slope() {
             Some(d) if d.len() == g.len() => fill(g.len(), ELEMENTS_PER_TASK, |r, out| {
                 mul(&g[r.clone()], &d[r], out)
             }),
@@ -124,6 +117,56 @@ impl GeluSlope {
             }
         })
     }
+
+    /// [`Self::backward`]'s gradient (rows × cols) as an activation for products in
+    /// `precision`: in bf16 each block of rows is rounded as it is made, so the f32 gradient
+    /// never goes to memory (it feeds only the two products of the projection before GELU);
+    /// the same values.
+    pub(crate) fn backward_kept<'a>(
+        &self,
+        g: &[f32],
+        (rows, cols): (usize, usize),
+        precision: Precision,
+        input: impl FnOnce() -> Result<Cow<'a, [f32]>>,
+    ) -> Result<Activation> {
+        if precision == Precision::F32 {
+            return Ok(Activation::F32(self.backward(g, input)?));
+        }
+        assert_eq!(
+            g.len(),
+            rows * cols,
+            "GELU: {} gradient elements are not {rows}×{cols}",
+            g.len()
+        );
+        let elements = |r: &std::ops::Range<usize>| r.start * cols..r.end * cols;
+        Ok(match self.take_slope() {
+            Some(d) if d.len() == g.len() => Activation::rounded_with(rows, cols, |r, out| {
+                let e = elements(&r);
+                mul(&g[e.clone()], &d[e], uninit(out))
+            }),
+            _ => {
+                let x = input()?;
+                Activation::rounded_with(rows, cols, |r, out| {
+                    let e = elements(&r);
+                    gelu_bwd(&x[e.clone()], &g[e], uninit(out))
+                })
+            }
+        })
+    }
+
+    /// The kept derivative, taken out (`None`: none kept, or already taken).
+    fn take_slope(&self) -> Option<Vec<f32>> {
+        self.0
+            .as_ref()
+            .and_then(|slot| slot.lock().unwrap_or_else(|e| e.into_inner()).take())
+    }
+}
+
+/// `out` as the uninitialised floats the elementwise kernels write.
+fn uninit(out: &mut [f32]) -> &mut [MaybeUninit<f32>] {
+    // SAFETY: f32 and MaybeUninit<f32> share a layout, and every kernel given it writes each
+    // element (so nothing is left uninitialised in an f32 slice).
+    unsafe { &mut *(out as *mut [f32] as *mut [MaybeUninit<f32>]) }
 }
 
 // The loops below write into the output's uninitialised elements instead of `map().collect()`
@@ -247,6 +290,30 @@ simd_dispatch!(swiglu_bwd => swiglu_bwd_generic(
 pub(crate) fn swiglu_values(a: &[f32], u: &[f32]) -> Vec<f32> {
     fill(a.len(), ELEMENTS_PER_TASK, |r, y| {
         swiglu_fwd(&a[r.clone()], &u[r], y)
+    })
+}
+
+/// [`swiglu_values`] of a and u (rows × cols each) as an activation for products in
+/// `precision`: in bf16 each block of rows is rounded as it is made (the down projection is
+/// all that reads it), so the f32 values never go to memory; the same values.
+pub(crate) fn swiglu_kept(
+    a: &[f32],
+    u: &[f32],
+    (rows, cols): (usize, usize),
+    precision: Precision,
+) -> Activation {
+    if precision == Precision::F32 {
+        return Activation::F32(swiglu_values(a, u));
+    }
+    assert!(
+        a.len() == rows * cols && u.len() == rows * cols,
+        "SwiGLU: {} and {} elements are not {rows}×{cols}",
+        a.len(),
+        u.len()
+    );
+    Activation::rounded_with(rows, cols, |r, out| {
+        let e = r.start * cols..r.end * cols;
+        swiglu_fwd(&a[e.clone()], &u[e], uninit(out))
     })
 }
 

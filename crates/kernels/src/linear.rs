@@ -204,23 +204,43 @@ pub(crate) fn project_grads_kept(
     }
 }
 
+/// [`project_grads_kept`] for a gradient kept as an [`Activation`] as well (made rounded, in
+/// bf16: GELU's backward pass rounds it as it makes it).
+pub(crate) fn project_grads_of(
+    x: &Activation,
+    w: &[f32],
+    g: &Activation,
+    dims: (usize, usize, usize),
+) -> (Vec<f32>, Vec<f32>) {
+    match (x, g) {
+        (Activation::F32(x), Activation::F32(g)) => project_grads(x, w, g, dims, Precision::F32),
+        #[allow(unreachable_patterns)]
+        _ => grads_of(BFrom::Rows(x), w, g, dims),
+    }
+}
+
 /// The bf16 [`project_grads`] for dW's B = x as given: g rounded once, read in rows by dx = g·W
 /// and transposed by dW = gᵀ·x.
-fn grads_from(
+fn grads_from(x: BFrom<'_>, w: &[f32], g: &[f32], dims: (usize, usize, usize)) -> (Vec<f32>, Vec<f32>) {
+    let (rows, _, out_dim) = dims;
+    grads_of(x, w, &Activation::rounded(rows, out_dim, g), dims)
+}
+
+/// [`grads_from`] for g already rounded.
+fn grads_of(
     x: BFrom<'_>,
     w: &[f32],
-    g: &[f32],
+    g: &Activation,
     (rows, in_dim, out_dim): (usize, usize, usize),
 ) -> (Vec<f32>, Vec<f32>) {
-    let g = Activation::rounded(rows, out_dim, g);
     let dx = product_from(
         rows,
         out_dim,
         in_dim,
-        AFrom::Rows(&g),
+        AFrom::Rows(g),
         BFrom::View(Mat::rows(w, in_dim)),
     );
-    let dw = product_from(out_dim, rows, in_dim, AFrom::Transposed(&g), x);
+    let dw = product_from(out_dim, rows, in_dim, AFrom::Transposed(g), x);
     (dx, dw)
 }
 

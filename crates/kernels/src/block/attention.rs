@@ -263,7 +263,7 @@ impl<Q: Epilogue, K: Epilogue> AttentionBlockOp<Q, K> {
     fn activations(&self, x: &[f32], shape: &Shape) -> Result<Kept> {
         let p = &self.parts;
         let (rows, d, q_width, kv_width) = self.dims(shape)?;
-        let h = Activation::new(p.precision, rows, d, p.norm.forward(x)?);
+        let h = p.norm.forward_kept(x, p.precision)?;
         let [q_norm, k_norm] = p.qk_norms();
         let (q, k, v, q_raw, k_raw) = with_data([&p.proj.q, &p.proj.k, &p.proj.v], |[wq, wk, wv]| {
             let (q, q_raw) = through_norm(q_norm, project_kept(&h, wq, (rows, d, q_width)))?;

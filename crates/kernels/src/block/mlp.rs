@@ -20,13 +20,13 @@ use std::sync::Mutex;
 
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 
-use crate::activation::{swiglu_grads, swiglu_values, GeluSlope};
+use crate::activation::{swiglu_grads, swiglu_kept, GeluSlope};
 use crate::attention::take;
 use crate::block::{branch_gradient, BlockNorm, GradSink, HeldNorm};
 use crate::dropout::{add_dropped, DropoutOp};
 use crate::gemm::Activation;
 use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
-use crate::linear::{project_grads_kept, project_kept};
+use crate::linear::{project_grads_kept, project_grads_of, project_kept};
 use crate::simd::add_in_place;
 use crate::Precision;
 
@@ -159,9 +159,8 @@ impl MlpBlockOp {
     /// The activations of x, GELU's slope kept in `gelu`.
     fn hidden(&self, x: &[f32], gelu: &GeluSlope) -> Result<Hidden> {
         let (rows, d, ff) = self.dims(x)?;
-        let h = Activation::new(self.precision, rows, d, self.norm.forward(x)?);
+        let h = self.norm.forward_kept(x, self.precision)?;
         let product = |w: &Tensor| with_data([w], |[w]| Ok(project_kept(&h, w, (rows, d, ff))));
-        let kept = |hidden| Activation::new(self.precision, rows, ff, hidden);
         Ok(match &self.gate {
             None => Hidden {
                 hidden: gelu.forward_kept(&product(&self.up)?, (rows, ff), self.precision),
@@ -172,7 +171,7 @@ impl MlpBlockOp {
             Some(gate) => {
                 let (gate, up) = (product(gate)?, product(&self.up)?);
                 Hidden {
-                    hidden: kept(swiglu_values(&gate, &up)),
+                    hidden: swiglu_kept(&gate, &up, (rows, ff), self.precision),
                     gate,
                     up,
                     h,
@@ -193,8 +192,11 @@ impl MlpBlockOp {
         with_data([&self.up], |[w_up]| match &self.gate {
             None => {
                 let recompute = || Ok(Cow::Owned(project_kept(&h, w_up, d)));
-                let d_product = self.gelu.backward(dh_act, recompute)?;
-                let (dh, d_up) = project_grads_kept(&h, w_up, &d_product, d);
+                let (rows, _, ff) = d;
+                let d_product = self
+                    .gelu
+                    .backward_kept(dh_act, (rows, ff), self.precision, recompute)?;
+                let (dh, d_up) = project_grads_of(&h, w_up, &d_product, d);
                 Ok((dh, vec![d_up]))
             }
             Some(w_gate) => with_data([w_gate], |[w_gate]| {

@@ -7,13 +7,16 @@
 //! stream, so the buffers of its inner activations and parameters go.
 
 use std::borrow::Cow;
+use std::mem::MaybeUninit;
 
 use candle_core::{Result, Tensor};
 
 use crate::dropout::{dropout_apply, DropoutOp};
+use crate::gemm::Activation;
 
 use crate::host::{cpu_tensor, with_all_data, with_data};
 use crate::norm::NormOp;
+use crate::Precision;
 
 mod attention;
 mod mlp;
@@ -71,6 +74,24 @@ impl HeldNorm {
     /// The normalised vectors of x.
     pub(crate) fn forward(&self, x: &[f32]) -> Result<Vec<f32>> {
         with_all_data(&self.params(), |p| self.op.forward(x, p[0], p.get(1).copied()))
+    }
+
+    /// The normalised vectors of x kept for products in `precision` (they feed nothing else):
+    /// in bf16 each block of rows is rounded as the norm makes it, so the f32 vectors never go
+    /// to memory; the values [`Self::forward`] gives.
+    pub(crate) fn forward_kept(&self, x: &[f32], precision: Precision) -> Result<Activation> {
+        if precision == Precision::F32 {
+            return Ok(Activation::F32(self.forward(x)?));
+        }
+        with_all_data(&self.params(), |p| {
+            let (w, b) = (p[0], p.get(1).copied());
+            let d = NormOp::row_width(x, w)?;
+            Ok(Activation::rounded_with(x.len() / d, d, |rows, out| {
+                // SAFETY: f32 and MaybeUninit<f32> share a layout; the norm writes every element.
+                let out = unsafe { &mut *(out as *mut [f32] as *mut [MaybeUninit<f32>]) };
+                self.op.forward_into(&x[rows.start * d..rows.end * d], w, b, out)
+            }))
+        })
     }
 
     /// x's gradient for the gradient g at the output (plus `residual`, a gradient that reaches x

@@ -207,14 +207,6 @@ pub(crate) enum Activation {
 }
 
 impl Activation {
-    /// `x` (rows × cols, row-major) kept for products in `precision`.
-    pub fn new(precision: Precision, rows: usize, cols: usize, x: Vec<f32>) -> Self {
-        match precision {
-            Precision::F32 => Activation::F32(x),
-            Precision::Bf16 => Self::rounded(rows, cols, &x),
-        }
-    }
-
     /// A rows × cols activation for bf16 products made in blocks of rows by `fill(rows, out)`
     /// (`out`: the block's `rows.len()·cols` values, row-major, in scratch rows rounded as each
     /// block is made: [`super::bf16::Rounded::from_rows_with`]).

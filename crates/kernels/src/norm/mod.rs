@@ -266,13 +266,7 @@ impl NormOp {
     }
 
     pub(crate) fn forward(&self, x: &[f32], w: &[f32], b: Option<&[f32]>) -> Result<Vec<f32>> {
-        let d = w.len();
-        if d == 0 || !x.len().is_multiple_of(d) {
-            bail!(
-                "norm: input size {} is not a multiple of the gain size {d}",
-                x.len()
-            );
-        }
+        let d = Self::row_width(x, w)?;
         let mut y = Vec::with_capacity(x.len());
         let out = SharedMut(y.as_mut_ptr());
         for_each_chunk(x.len() / d, ROWS_PER_TASK, |rows| {
@@ -286,6 +280,25 @@ impl NormOp {
         // SAFETY: the tasks wrote every row (x.len() is a multiple of d, checked above).
         unsafe { y.set_len(x.len()) };
         Ok(y)
+    }
+
+    /// The rows of x normalised into `y` (x's size), on this thread: for a caller that makes
+    /// a matrix in blocks of rows (`Activation::rounded_with`); the rows [`Self::forward`] gives.
+    pub(crate) fn forward_into(&self, x: &[f32], w: &[f32], b: Option<&[f32]>, y: &mut [MaybeUninit<f32>]) {
+        assert_eq!(x.len(), y.len(), "norm: input and output sizes differ");
+        norm_forward_rows(*self, x, w, b, y);
+    }
+
+    /// The width of x's rows (w's size), checked to divide x's size.
+    pub(crate) fn row_width(x: &[f32], w: &[f32]) -> Result<usize> {
+        let d = w.len();
+        if d == 0 || !x.len().is_multiple_of(d) {
+            bail!(
+                "norm: input size {} is not a multiple of the gain size {d}",
+                x.len()
+            );
+        }
+        Ok(d)
     }
 
     /// (dx, dw, db) from x, w and the output gradient g.
