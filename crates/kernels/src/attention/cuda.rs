@@ -102,6 +102,9 @@ pub(super) fn attention(
             dropout,
             telemetry: telemetry.clone(),
             probs: None,
+            // The CPU tasks' setting: the CUDA kernels compute every block.
+            skip_dead: false,
+            live: std::sync::OnceLock::new(),
         };
         q.contiguous()?
             .apply_op3(&k.contiguous()?, &v.contiguous()?, op)?

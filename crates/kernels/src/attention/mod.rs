@@ -25,13 +25,15 @@ use candle_core::backend::BackendStorage;
 use candle_core::{bail, CpuStorage, CustomOp3, DType, Device, Layout, Result, Shape, Tensor};
 
 use crate::dropout::DropoutOp;
-use crate::gemm::{sgemm_in, Blocks, Mat};
+use crate::gemm::Blocks;
 use crate::host::{cpu_storage, cpu_storage_as, cpu_tensor_as, cpu_values, is_host, is_host_f32, with_data};
-use crate::simd::{dot, simd_dispatch};
-use crate::softmax::softmax_rows_in_place;
 use crate::Precision;
 
+mod live;
+mod tasks;
 mod unfused;
+use live::Live;
+use tasks::{backward_task, forward_task, Backward, Forward, Measured};
 pub use unfused::attention_unfused;
 
 /// Converts a 0/1 key mask (B, S) (1 = real token) into an additive mask (B, 1, 1, S) that
@@ -217,6 +219,11 @@ pub(crate) struct AttnOp {
     /// The forward pass's probabilities (B, H, T, S), taken by the backward pass (`None`: not
     /// kept, the backward recomputes them).
     probs: Option<Mutex<Option<Vec<f32>>>>,
+    /// Whether the tasks skip the mask's dead blocks ([`Self::live`]).
+    skip_dead: bool,
+    /// The live blocks, found by the first pass and kept for the backward pass (the mask does
+    /// not change between them).
+    live: std::sync::OnceLock<Live>,
 }
 
 /// An additive mask as (data, (b, h, t, s) element strides, offset).
@@ -256,6 +263,8 @@ impl AttnOp {
             dropout: opts.dropout.and_then(|(p, state)| DropoutOp::new(p, state)),
             telemetry: opts.telemetry.then(|| Arc::new(Mutex::new(None))),
             probs: keep.then(|| Mutex::new(None)),
+            skip_dead: opts.precision == Precision::Bf16,
+            live: std::sync::OnceLock::new(),
         })
     }
 
@@ -275,6 +284,7 @@ impl AttnOp {
             .as_ref()
             .map(|_| Blocks::new(dims.b * dims.h * dims.t * dims.s));
         let per_task = self.with_mask(|mask| {
+            let live = self.live(mask);
             let task = Forward {
                 dims,
                 precision: self.precision,
@@ -282,6 +292,7 @@ impl AttnOp {
                 k,
                 v,
                 mask,
+                live,
                 dropout: self.dropout,
                 out: &out,
                 kept: kept.as_ref(),
@@ -343,6 +354,7 @@ impl AttnOp {
             .filter(|p| p.len() == dims.b * dims.h * dims.t * dims.s);
         let (dq, dk, dv) = (Blocks::new(q.len()), Blocks::new(k.len()), Blocks::new(v.len()));
         self.with_mask(|mask| {
+            let live = self.live(mask);
             let task = Backward {
                 dims,
                 precision: self.precision,
@@ -352,6 +364,7 @@ impl AttnOp {
                 o,
                 go,
                 mask,
+                live,
                 dropout: self.dropout,
                 kept: kept.as_deref(),
                 dq: &dq,
@@ -366,6 +379,16 @@ impl AttnOp {
         Ok((dq.finish(), dk.finish(), dv.finish()))
     }
 
+    /// The live blocks of the probabilities under `mask`, skipped in bf16 only: there every
+    /// product is one chain over k per element, so leaving out the dead (exactly zero) terms
+    /// keeps the bits, and the causal half of the work goes. f32's kernels sum long k in
+    /// chunks whose boundaries would move with a block's start (dk and dv begin at its first
+    /// live query row), so f32 runs every block whole, as before.
+    fn live(&self, mask: MaskView<'_>) -> &Live {
+        self.live
+            .get_or_init(|| Live::of(self.dims, mask, self.skip_dead))
+    }
+
     /// Runs `f` with the mask's data and strides.
     fn with_mask<R>(&self, f: impl FnOnce(MaskView<'_>) -> Result<R>) -> Result<R> {
         match &self.mask {
@@ -375,248 +398,6 @@ impl AttnOp {
                 let data = cpu_storage(&st)?;
                 let s = l.stride();
                 f(Some((data, [s[0], s[1], s[2], s[3]], l.start_offset())))
-            }
-        }
-    }
-}
-
-/// Per-task telemetry: the largest unmasked |logit|, and the entropy summed over rows, in all
-/// and per query position (`by_position`: T sums over the task's heads).
-#[derive(Clone, Default)]
-struct Measured {
-    max_abs: f32,
-    entropy_sum: f64,
-    by_position: Vec<f64>,
-}
-
-/// Head `hq`'s probabilities of batch `bi` in `p` (T×S, holding q·kᵀ): adds the mask and takes
-/// each row's softmax in place, measuring the logits first and the rows after when `measure` is
-/// given.
-#[inline(always)]
-fn softmax_head(
-    dims: AttnDims,
-    p: &mut [f32],
-    mask: MaskView<'_>,
-    bi: usize,
-    hq: usize,
-    mut measure: Option<&mut Measured>,
-) {
-    let s = dims.s;
-    for (ti, row) in p.chunks_exact_mut(s).enumerate() {
-        let mask_row = mask.map(|(m, st, off)| (m, st[3], off + bi * st[0] + hq * st[1] + ti * st[2]));
-        if let Some(m) = measure.as_deref_mut() {
-            for (si, &x) in row.iter().enumerate() {
-                let unmasked = mask_row.is_none_or(|(mv, stride, base)| mv[base + si * stride] >= -1.0);
-                if unmasked && x.abs() > m.max_abs {
-                    m.max_abs = x.abs();
-                }
-            }
-        }
-        if let Some((m, stride, base)) = mask_row {
-            if stride == 1 {
-                for (x, &mv) in row.iter_mut().zip(&m[base..base + s]) {
-                    *x += mv;
-                }
-            } else {
-                for (si, x) in row.iter_mut().enumerate() {
-                    *x += m[base + si * stride];
-                }
-            }
-        }
-    }
-    softmax_rows_in_place(p, s);
-    if let Some(m) = measure {
-        for (ti, row) in p.chunks_exact(s).enumerate() {
-            let h: f32 = row.iter().map(|&p| -p * p.max(1e-30).ln()).sum();
-            m.entropy_sum += h as f64;
-            m.by_position[ti] += h as f64;
-        }
-    }
-}
-
-/// The dropped-out probabilities of head `hq` of batch `bi` into `out`.
-#[inline(always)]
-fn drop_head(dims: AttnDims, drop: &DropoutOp, p: &[f32], out: &mut [f32], bi: usize, hq: usize) {
-    let first = dims.probs_block(bi, hq);
-    for (i, (o, &x)) in out.iter_mut().zip(p).enumerate() {
-        *o = x * drop.factor(first + i);
-    }
-}
-
-/// q rows of head `hq` in batch `bi` as a T×d matrix (rows H·d apart).
-fn q_mat<'a>(dims: AttnDims, x: &'a [f32], bi: usize, hq: usize) -> Mat<'a> {
-    Mat {
-        data: &x[dims.q_row(bi, 0, hq)..],
-        row_stride: dims.h * dims.d,
-        col_stride: 1,
-    }
-}
-
-/// k or v rows of KV head `kh` in batch `bi` as an S×d matrix (rows H_kv·d apart).
-fn kv_mat<'a>(dims: AttnDims, x: &'a [f32], bi: usize, kh: usize) -> Mat<'a> {
-    Mat {
-        data: &x[dims.kv_row(bi, 0, kh)..],
-        row_stride: dims.hkv * dims.d,
-        col_stride: 1,
-    }
-}
-
-/// Everything one task of the forward pass reads and writes.
-struct Forward<'a> {
-    dims: AttnDims,
-    precision: Precision,
-    q: &'a [f32],
-    k: &'a [f32],
-    v: &'a [f32],
-    mask: MaskView<'a>,
-    dropout: Option<DropoutOp>,
-    out: &'a Blocks,
-    kept: Option<&'a Blocks>,
-    measure: bool,
-}
-
-simd_dispatch!(forward_task => forward_task_generic(f: &Forward<'_>, bi: usize, kh: usize) -> Measured);
-
-/// A task's (probabilities, dropped probabilities) buffers of `len` each: the first only where
-/// the kept probabilities are not stored for backward, the second only under dropout.
-fn task_buffers(kept_stored: bool, dropout: bool, len: usize) -> (Vec<f32>, Vec<f32>) {
-    let buffer = |needed: bool| if needed { vec![0f32; len] } else { Vec::new() };
-    (buffer(!kept_stored), buffer(dropout))
-}
-
-/// The output rows of the query heads of KV head `kh` in batch `bi`.
-#[inline(always)]
-fn forward_task_generic(f: &Forward<'_>, bi: usize, kh: usize) -> Measured {
-    let dims = f.dims;
-    let (t, s, d) = (dims.t, dims.s, dims.d);
-    let mut measured = Measured {
-        by_position: if f.measure { vec![0.0; t] } else { Vec::new() },
-        ..Measured::default()
-    };
-    let (mut scratch, mut dropped) = task_buffers(f.kept.is_some(), f.dropout.is_some(), t * s);
-    let (k, v) = (kv_mat(dims, f.k, bi, kh), kv_mat(dims, f.v, bi, kh));
-    for hq in kh * dims.group()..(kh + 1) * dims.group() {
-        let q = q_mat(dims, f.q, bi, hq);
-        let p: &mut [f32] = match f.kept {
-            // SAFETY: head hq's block of batch bi belongs to this task alone.
-            Some(all) => unsafe { all.product(f.precision, dims.probs_block(bi, hq), t, d, s, q, k.t()) },
-            None => {
-                sgemm_in(f.precision, t, d, s, q, k.t(), 0.0, &mut scratch);
-                &mut scratch
-            }
-        };
-        softmax_head(dims, p, f.mask, bi, hq, f.measure.then_some(&mut measured));
-        let p: &[f32] = match &f.dropout {
-            Some(drop) => {
-                drop_head(dims, drop, p, &mut dropped, bi, hq);
-                &dropped
-            }
-            None => p,
-        };
-        // SAFETY: head hq's output rows of batch bi belong to this task alone.
-        unsafe {
-            f.out.product_ld(
-                f.precision,
-                dims.q_row(bi, 0, hq),
-                dims.h * d,
-                t,
-                s,
-                d,
-                Mat::rows(p, s),
-                v,
-            )
-        };
-    }
-    measured
-}
-
-/// Everything one task of the backward pass reads and writes.
-struct Backward<'a> {
-    dims: AttnDims,
-    precision: Precision,
-    q: &'a [f32],
-    k: &'a [f32],
-    v: &'a [f32],
-    o: &'a [f32],
-    go: &'a [f32],
-    mask: MaskView<'a>,
-    dropout: Option<DropoutOp>,
-    kept: Option<&'a [f32]>,
-    dq: &'a Blocks,
-    dk: &'a Blocks,
-    dv: &'a Blocks,
-}
-
-simd_dispatch!(backward_task => backward_task_generic(f: &Backward<'_>, bi: usize, kh: usize) -> ());
-
-/// With P the probabilities, P̃ = P ⊙ M the dropped-out ones and δ_t = ⟨dO_t, O_t⟩:
-/// dP = (dO·vᵀ) ⊙ M, dS = P ⊙ (dP − δ), dq = dS·k, dk = Σ_heads dSᵀ·q, dv = Σ_heads P̃ᵀ·dO, the
-/// query heads of the group summed in order (the first writes, the others add).
-#[inline(always)]
-fn backward_task_generic(f: &Backward<'_>, bi: usize, kh: usize) {
-    let dims = f.dims;
-    let (t, s, d) = (dims.t, dims.s, dims.d);
-    let (mut scratch, mut dropped) = task_buffers(f.kept.is_some(), f.dropout.is_some(), t * s);
-    let mut ds = vec![0f32; t * s];
-    let (k, v) = (kv_mat(dims, f.k, bi, kh), kv_mat(dims, f.v, bi, kh));
-    let kv_at = dims.kv_row(bi, 0, kh);
-    let kv_ld = dims.hkv * d;
-    for (gi, hq) in (kh * dims.group()..(kh + 1) * dims.group()).enumerate() {
-        let (q, go) = (q_mat(dims, f.q, bi, hq), q_mat(dims, f.go, bi, hq));
-        let p: &[f32] = match f.kept {
-            Some(all) => &all[dims.probs_block(bi, hq)..][..t * s],
-            None => {
-                sgemm_in(f.precision, t, d, s, q, k.t(), 0.0, &mut scratch);
-                softmax_head(dims, &mut scratch, f.mask, bi, hq, None);
-                &scratch
-            }
-        };
-        sgemm_in(f.precision, t, d, s, go, v.t(), 0.0, &mut ds);
-        let first = dims.probs_block(bi, hq);
-        for ti in 0..t {
-            let row = dims.q_row(bi, ti, hq);
-            let delta = dot(&f.go[row..row + d], &f.o[row..row + d]);
-            let (pr, dr) = (&p[ti * s..(ti + 1) * s], &mut ds[ti * s..(ti + 1) * s]);
-            match &f.dropout {
-                Some(drop) => {
-                    // One mask draw per element serves both the dropped probabilities (for dv)
-                    // and dS.
-                    let dropped_row = &mut dropped[ti * s..(ti + 1) * s];
-                    for (si, ((x, &pv), dp)) in dr.iter_mut().zip(pr).zip(dropped_row).enumerate() {
-                        let factor = drop.factor(first + ti * s + si);
-                        *dp = pv * factor;
-                        *x = pv * (*x * factor - delta);
-                    }
-                }
-                None => {
-                    for (x, &pv) in dr.iter_mut().zip(pr) {
-                        *x = pv * (*x - delta);
-                    }
-                }
-            }
-        }
-        let p_used: &[f32] = if f.dropout.is_some() { &dropped } else { p };
-        // SAFETY: head hq's rows of dq, and KV head kh's rows of dk and dv, in batch bi belong to
-        // this task alone.
-        unsafe {
-            let pr = f.precision;
-            f.dq.product_ld(
-                pr,
-                dims.q_row(bi, 0, hq),
-                dims.h * d,
-                t,
-                s,
-                d,
-                Mat::rows(&ds, s),
-                k,
-            );
-            let (dk_from_head, dv_from_head) = (Mat::rows(&ds, s).t(), Mat::rows(p_used, s).t());
-            if gi == 0 {
-                f.dk.product_ld(pr, kv_at, kv_ld, s, t, d, dk_from_head, q);
-                f.dv.product_ld(pr, kv_at, kv_ld, s, t, d, dv_from_head, go);
-            } else {
-                f.dk.add_product_ld(pr, kv_at, kv_ld, s, t, d, dk_from_head, q);
-                f.dv.add_product_ld(pr, kv_at, kv_ld, s, t, d, dv_from_head, go);
             }
         }
     }
@@ -680,5 +461,7 @@ impl CustomOp3 for AttnOp {
 #[cfg(feature = "cuda")]
 mod cuda;
 
+#[cfg(test)]
+mod live_tests;
 #[cfg(test)]
 mod mirror;

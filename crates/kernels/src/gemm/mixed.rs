@@ -197,6 +197,103 @@ impl<'a> PackedIn<'a> {
     }
 }
 
+/// B (k×n) for products over parts of it ([`Self::product`]): packed once in bf16; an f32 view
+/// in f32, whose kernels pick their route per product as they do for a whole one.
+pub(crate) enum PartsOf<'a> {
+    F32 {
+        b: Mat<'a>,
+        k: usize,
+        n: usize,
+    },
+    #[cfg(target_arch = "x86_64")]
+    Bf16(super::bf16::PackedPairs),
+}
+
+impl<'a> PartsOf<'a> {
+    pub fn new(precision: Precision, k: usize, n: usize, b: Mat<'a>) -> Self {
+        assert!(b.fits(k, n), "sgemm: operand out of bounds");
+        match precision {
+            Precision::F32 => PartsOf::F32 { b, k, n },
+            Precision::Bf16 => {
+                assert_bf16();
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: B's k×n view is in bounds (asserted) and the CPU has AVX512_BF16.
+                return PartsOf::Bf16(unsafe { super::bf16::pack_b(k, n, b.operand()) });
+                #[cfg(not(target_arch = "x86_64"))]
+                unreachable!("assert_bf16 fails off x86-64")
+            }
+        }
+    }
+
+    /// `C = A·B + beta·C` over parts of C, each its rows × columns over k's elements `ks`
+    /// alone, for an A (m×k, any strides) whose columns outside a part's `ks` are zero in its
+    /// rows: the bits of the whole product's rows and columns, without the work of the zeros.
+    /// In bf16 a part's `ks` starts at a multiple of 32 and ends at one or at k, and its
+    /// columns start at a multiple of 32; in f32 each part is one product.
+    ///
+    /// # Safety
+    /// C's parts, rows `ldc` apart from `c` (element (0, 0)), are writable (readable for
+    /// β ≠ 0) and touched by no one else meanwhile, and overlap neither A nor B.
+    pub unsafe fn products(&self, a: Mat<'_>, parts: &[Part], beta: f32, c: *mut f32, ldc: usize) {
+        let (k, n) = match self {
+            PartsOf::F32 { k, n, .. } => (*k, *n),
+            #[cfg(target_arch = "x86_64")]
+            PartsOf::Bf16(p) => p.dims(),
+        };
+        for (rows, cols, ks) in parts {
+            assert!(
+                (rows.is_empty() || a.fits(rows.end, k))
+                    && cols.start <= cols.end
+                    && cols.end <= n
+                    && cols.len() <= ldc
+                    && ks.start <= ks.end
+                    && ks.end <= k,
+                "sgemm: operand part out of bounds"
+            );
+        }
+        match self {
+            PartsOf::F32 { b, .. } => {
+                for (rows, cols, ks) in parts.iter().filter(|(r, c, _)| !r.is_empty() && !c.is_empty()) {
+                    let c = c.add(rows.start * ldc + cols.start);
+                    if ks.is_empty() {
+                        // An empty sum: β·C, as every path of `gemm` gives for k = 0.
+                        for r in 0..rows.len() {
+                            for j in 0..cols.len() {
+                                let x = c.add(r * ldc + j);
+                                *x = if beta == 0.0 { 0.0 } else { beta * *x };
+                            }
+                        }
+                        continue;
+                    }
+                    let a = a.operand().skip_rows(rows.start).skip_cols(ks.start);
+                    let b = b.operand().skip_rows(ks.start).skip_cols(cols.start);
+                    gemm_in(
+                        Precision::F32,
+                        rows.len(),
+                        ks.len(),
+                        cols.len(),
+                        a,
+                        b,
+                        beta,
+                        c,
+                        ldc,
+                    )
+                }
+            }
+            #[cfg(target_arch = "x86_64")]
+            PartsOf::Bf16(packed) => super::bf16::gemm_packed_parts(a.operand(), packed, parts, beta, c, ldc),
+        }
+    }
+}
+
+/// A part of a product for [`PartsOf::products`]: C's rows, C's columns, and the elements of k
+/// its sums run over.
+pub(crate) type Part = (
+    std::ops::Range<usize>,
+    std::ops::Range<usize>,
+    std::ops::Range<usize>,
+);
+
 /// An activation kept for products in their precision: f32 as it is, or for bf16 products
 /// rounded to bf16 once ([`super::bf16::Rounded`]), so that every product reading it reads half
 /// the bytes and converts nothing, with the bits it would give from the f32 values.

@@ -32,6 +32,7 @@ mod amx_tests;
 mod bf16;
 #[cfg(all(test, target_arch = "x86_64"))]
 mod bf16_tests;
+mod blocks;
 mod mixed;
 #[cfg(all(test, target_arch = "x86_64"))]
 mod rounded_tests;
@@ -42,14 +43,14 @@ mod timing;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
+pub(crate) use blocks::Blocks;
 use mixed::gemm_in;
 pub(crate) use mixed::{
     bf16_on_amx, bf16_supported, product_from, product_in, sgemm_in, AFrom, Activation, BFrom, PackedIn,
+    Part, PartsOf,
 };
 
 use crate::Precision;
-
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::par::SharedMut;
 
@@ -198,142 +199,6 @@ pub(crate) fn product(m: usize, k: usize, n: usize, a: Mat<'_>, b: Mat<'_>) -> V
     // SAFETY: the only block of a vector no one else can see.
     unsafe { c.product(Precision::F32, 0, m, k, n, a, b) };
     c.finish()
-}
-
-/// A vector assembled from disjoint blocks, each written in full — by a β = 0 product (which
-/// writes every element of its block without reading it) or by the caller — so it needs no
-/// zero-fill first. Tasks of one parallel region write their blocks through a shared reference;
-/// the count of written elements checks at the end that the blocks covered the vector.
-pub(crate) struct Blocks {
-    data: Vec<f32>,
-    ptr: SharedMut<f32>,
-    len: usize,
-    written: AtomicUsize,
-}
-
-impl Blocks {
-    pub fn new(len: usize) -> Self {
-        let mut data = Vec::with_capacity(len);
-        let ptr = SharedMut(data.as_mut_ptr());
-        Self {
-            data,
-            ptr,
-            len,
-            written: AtomicUsize::new(0),
-        }
-    }
-
-    /// Panics unless A (m×k), B (k×n) and the m rows of n elements at `at`, `ldc` apart, fit.
-    #[allow(clippy::too_many_arguments)]
-    fn check(&self, at: usize, ldc: usize, m: usize, k: usize, n: usize, a: &Mat<'_>, b: &Mat<'_>) {
-        assert!(
-            a.fits(m, k) && b.fits(k, n) && n <= ldc && (m == 0 || at + (m - 1) * ldc + n <= self.len),
-            "sgemm: operand out of bounds"
-        );
-    }
-
-    /// `A·B` (m×k times k×n) in `precision` into rows of n elements starting at `at`, `ldc`
-    /// apart.
-    ///
-    /// # Safety
-    /// No other task writes or reads these rows while this runs. (bf16 products on a CPU
-    /// without them panic: the ops refuse first, [`Precision::missing_cpu_feature`].)
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn product_ld(
-        &self,
-        precision: Precision,
-        at: usize,
-        ldc: usize,
-        m: usize,
-        k: usize,
-        n: usize,
-        a: Mat<'_>,
-        b: Mat<'_>,
-    ) {
-        self.check(at, ldc, m, k, n, &a, &b);
-        if m == 0 || n == 0 {
-            return;
-        }
-        let c = self.ptr.0.add(at);
-        // Operands in bounds (asserted); the rows of C lie in our spare capacity, which no
-        // operand borrows. With β = 0 every element of each row is written without being read
-        // (matrixmultiply: "If β is zero, then C does not need to be initialized"); for k = 0
-        // the fill writes it.
-        if k == 0 {
-            for r in 0..m {
-                std::ptr::write_bytes(c.add(r * ldc), 0, n);
-            }
-        } else {
-            gemm_in(precision, m, k, n, a.operand(), b.operand(), 0.0, c, ldc);
-        }
-        self.written.fetch_add(m * n, Ordering::Relaxed);
-    }
-
-    /// Adds `A·B` (m×k times k×n) in `precision` to rows of n elements starting at `at`, `ldc`
-    /// apart, which an earlier [`product_ld`](Self::product_ld) of the same task wrote.
-    ///
-    /// # Safety
-    /// As [`product_ld`](Self::product_ld); the rows were written before.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn add_product_ld(
-        &self,
-        precision: Precision,
-        at: usize,
-        ldc: usize,
-        m: usize,
-        k: usize,
-        n: usize,
-        a: Mat<'_>,
-        b: Mat<'_>,
-    ) {
-        self.check(at, ldc, m, k, n, &a, &b);
-        if m > 0 && n > 0 && k > 0 {
-            gemm_in(
-                precision,
-                m,
-                k,
-                n,
-                a.operand(),
-                b.operand(),
-                1.0,
-                self.ptr.0.add(at),
-                ldc,
-            );
-        }
-    }
-
-    /// `A·B` (m×k times k×n) in `precision` into elements `at..at + m·n`; returns them.
-    ///
-    /// # Safety
-    /// As [`product_ld`](Self::product_ld), for as long as the returned slice lives.
-    #[allow(clippy::mut_from_ref, clippy::too_many_arguments)]
-    pub unsafe fn product(
-        &self,
-        precision: Precision,
-        at: usize,
-        m: usize,
-        k: usize,
-        n: usize,
-        a: Mat<'_>,
-        b: Mat<'_>,
-    ) -> &mut [f32] {
-        self.product_ld(precision, at, n, m, k, n, a, b);
-        // product_ld wrote (and bounds-checked) these m·n contiguous elements.
-        self.ptr.slice(at, m * n)
-    }
-
-    /// The vector, once disjoint blocks have covered it.
-    pub fn finish(mut self) -> Vec<f32> {
-        assert_eq!(
-            self.written.load(Ordering::Relaxed),
-            self.len,
-            "blocks do not cover the vector"
-        );
-        // SAFETY: disjoint blocks (the callers' block ranges partition the vector) wrote
-        // `len` elements in all, so every element is initialised.
-        unsafe { self.data.set_len(self.len) };
-        self.data
-    }
 }
 
 /// A raw operand of [`gemm`]: a pointer with element strides for rows and columns.

@@ -1,10 +1,12 @@
 //! Operands rounded to bf16 once ([`Rounded`]) give every product the bits it gives from the
 //! f32 values they were rounded from: as A in rows, as a transposed A and as B, on `vdpbf16ps`
 //! and on the emulated tiles, at ragged edges, β ≠ 0 and thread counts that split C's rows or
-//! its columns.
+//! its columns. And products over parts of k give the whole product's bits where A's other
+//! pairs are zero.
 
 use super::bf16::{
-    gemm_packed_from, gemm_with, pack_b_for, pack_b_rounded_for, supported, AInput, Kernel, Rounded,
+    gemm_packed_from, gemm_packed_parts, gemm_with, pack_b_for, pack_b_rounded_for, supported, AInput,
+    Kernel, Rounded,
 };
 use super::bf16_tests::{round, same_bits};
 use super::tests::{operands, values};
@@ -136,5 +138,55 @@ fn a_matrix_rounded_as_it_is_made_is_the_rounding_of_what_was_made() {
             assert_eq!(made.pairs_slice(len), want.pairs_slice(len), "{rows}×{cols}");
         }
         crate::par::set_threads(1).unwrap();
+    }
+}
+
+/// Parts of a product over the pairs of k where A is not zero ([`gemm_packed_parts`]:
+/// attention's causal blocks) give the whole product's bits there: prefixes of k (P·v), suffixes
+/// (dSᵀ·q), empty ranges, column prefixes (q·kᵀ), A in rows or columns, β = 0 and 1, on
+/// `vdpbf16ps` and the emulated tiles.
+#[test]
+fn parts_over_the_nonzero_pairs_are_the_whole_products_bits() {
+    if !supported() {
+        return;
+    }
+    let (m, k, n) = (100usize, 96usize, 70usize);
+    // (rows, columns, k): the rows of a part see A's columns `k` only.
+    let parts = [
+        (0..32, 0..70, 0..32),
+        (32..64, 0..64, 0..64),
+        (64..96, 32..70, 32..96),
+        (96..100, 0..70, 64..64),
+    ];
+    for kernel in [Kernel::Avx512, Kernel::AmxEmulated] {
+        for a_t in [false, true] {
+            let mut a = values(m * k, 3);
+            for (rows, _, ks) in &parts {
+                for i in rows.clone() {
+                    for p in (0..k).filter(|p| !ks.contains(p)) {
+                        a[if a_t { p * m + i } else { i * k + p }] = 0.0;
+                    }
+                }
+            }
+            let b = values(k * n, 4);
+            let (ao, bo) = operands(&a, &b, (m, k, n), a_t, false);
+            let packed = unsafe { pack_b_for(kernel, k, n, bo) };
+            for beta in [0.0f32, 1.0] {
+                let start = values(m * n, 5);
+                let mut whole = start.clone();
+                unsafe { gemm_packed_from(m, AInput::F32(ao), &packed, beta, whole.as_mut_ptr(), n) };
+                let mut parted = start.clone();
+                unsafe { gemm_packed_parts(ao, &packed, &parts, beta, parted.as_mut_ptr(), n) };
+                for (rows, cols, ks) in &parts {
+                    for i in rows.clone() {
+                        let (got, want) = (&parted[i * n..][cols.clone()], &whole[i * n..][cols.clone()]);
+                        assert!(
+                            same_bits(got, want),
+                            "{kernel:?} Aᵀ {a_t} β {beta}: row {i}, k {ks:?}"
+                        );
+                    }
+                }
+            }
+        }
     }
 }

@@ -175,7 +175,16 @@ pub(super) unsafe fn gemm_with(
 /// # Safety
 /// As [`gemm_packed`].
 pub(super) unsafe fn product_on_this_thread(m: usize, a: Operand, b: &PackedPairs, c: *mut f32, ldc: usize) {
-    run(ASource::Rows(a), b, 0..m, 0..b.n, 0.0, SharedMut(c), ldc);
+    run(
+        ASource::Rows(a),
+        b,
+        0..m,
+        0..b.n,
+        b.pairs(),
+        0.0,
+        SharedMut(c),
+        ldc,
+    );
 }
 
 /// A of a product whose B was packed beforehand: f32 (any strides, converted as the products
@@ -231,7 +240,7 @@ pub(crate) unsafe fn gemm_packed_from(
         };
         for_each_block(m, blocks_for(m, k, n, m, align), align, |rows| {
             // SAFETY: each task writes C's rows `rows` only.
-            unsafe { run(source, b, rows, 0..n, beta, c, ldc) }
+            unsafe { run(source, b, rows, 0..n, b.pairs(), beta, c, ldc) }
         });
     } else {
         // Every task reads all of A's rows: converted once, beforehand.
@@ -249,9 +258,62 @@ pub(crate) unsafe fn gemm_packed_from(
         };
         for_each_block(n, blocks_for(m, k, n, n, NR), NR, |cols| {
             // SAFETY: each task writes C's columns `cols` only.
-            unsafe { run(source, b, 0..m, cols, beta, c, ldc) }
+            unsafe { run(source, b, 0..m, cols, b.pairs(), beta, c, ldc) }
         });
     }
+}
+
+/// Parts of `C = A·B + beta·C` with B packed beforehand, on this thread: for each of `parts`,
+/// C's rows × columns over k's elements `ks` alone, for an f32 A (m×k, any strides) whose other
+/// columns are known to be zero in those rows — attention's causal blocks, where a block of
+/// queries sees the keys up to its diagonal only. Each element is the chain over those pairs,
+/// which has the bits of the chain over all of k (a zero pair adds an exact zero).
+///
+/// Each part has columns from a multiple of [`NR`] and `ks` from a multiple of 32 to one or to
+/// k (or empty: β·C); its rows go in blocks of [`MC`], as a whole product's do.
+///
+/// # Safety
+/// A's rows of every part × k are readable; C's parts, rows `ldc` apart from `c` (element
+/// (0, 0)), are writable and touched by no one else meanwhile; the CPU has AVX512_BF16.
+pub(crate) unsafe fn gemm_packed_parts(
+    a: Operand,
+    b: &PackedPairs,
+    parts: &[(
+        std::ops::Range<usize>,
+        std::ops::Range<usize>,
+        std::ops::Range<usize>,
+    )],
+    beta: f32,
+    c: *mut f32,
+    ldc: usize,
+) {
+    let parts = parts
+        .iter()
+        .filter(|(rows, cols, _)| !rows.is_empty() && !cols.is_empty())
+        .flat_map(|(rows, cols, ks)| {
+            assert!(
+                (ks.start.is_multiple_of(2 * amx::KQ_STEP) || ks.is_empty())
+                    && ks.start <= ks.end
+                    && (ks.end == b.k || (ks.end < b.k && ks.end.is_multiple_of(2 * amx::KQ_STEP)))
+                    && cols.start.is_multiple_of(NR)
+                    && cols.start <= cols.end
+                    && cols.end <= b.n,
+                "bf16 product part: rows {rows:?}, k {ks:?} of {} or columns {cols:?} of {} off the blocks",
+                b.k,
+                b.n
+            );
+            // An empty sum is β·C, as `run_parts` gives it (0 + β·C).
+            let pairs = match ks.is_empty() {
+                true => 0..0,
+                false => ks.start / 2..if ks.end == b.k { b.kq_stride() } else { ks.end / 2 },
+            };
+            rows.clone().step_by(MC).map(move |ic| Part {
+                rows: ic..rows.end.min(ic + MC),
+                cols: cols.clone(),
+                pairs: pairs.clone(),
+            })
+        });
+    run_parts(ASource::Rows(a), b, parts, beta, SharedMut(c), ldc);
 }
 
 /// B rounded beforehand (k×n, read along its rows: x in dW = gᵀ·x) packed into strips for
@@ -267,13 +329,47 @@ pub(crate) fn pack_b_rounded(b: &Rounded) -> PackedPairs {
 /// the blocks — pieces over all of C, as the f32 kernel takes them — C went to memory and back
 /// once per piece, and the kernel ran at a third of its speed at d 384. A row block's pairs
 /// are converted (with [`ASource::Rows`]) before its first product.
-#[target_feature(enable = "avx512f,avx512bf16")]
+///
+/// k runs over B's pair rows `pairs` only (all of them, [`PackedPairs::pairs`], but for a
+/// part of a product whose other pairs of A are known to be zero: attention's causal blocks).
+/// Each element is then the chain over those pairs alone — the same bits as over all of them,
+/// since a zero pair adds an exact zero — and the first piece starts the sums (β applied)
+/// wherever the range starts.
 #[allow(clippy::too_many_arguments)]
 unsafe fn run(
     a: ASource<'_>,
     b: &PackedPairs,
     rows: std::ops::Range<usize>,
     cols: std::ops::Range<usize>,
+    pairs: std::ops::Range<usize>,
+    beta: f32,
+    c: SharedMut<f32>,
+    ldc: usize,
+) {
+    let parts = rows.clone().step_by(MC).map(|ic| Part {
+        rows: ic..rows.end.min(ic + MC),
+        cols: cols.clone(),
+        pairs: pairs.clone(),
+    });
+    run_parts(a, b, parts, beta, c, ldc)
+}
+
+/// A block of C for [`run_parts`]: its rows (at most [`MC`]), its columns (from a multiple of
+/// [`NR`]) and the pairs of k its sums run over.
+pub(super) struct Part {
+    pub(super) rows: std::ops::Range<usize>,
+    pub(super) cols: std::ops::Range<usize>,
+    pub(super) pairs: std::ops::Range<usize>,
+}
+
+/// [`run`] over blocks of C that each have their own columns and pairs of k, under one
+/// configuration of the tiles and one A buffer: attention's causal blocks, 32 rows each, would
+/// otherwise configure and release the tiles per block (eight times a head's product at T = 256).
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn run_parts(
+    a: ASource<'_>,
+    b: &PackedPairs,
+    parts: impl IntoIterator<Item = Part>,
     beta: f32,
     c: SharedMut<f32>,
     ldc: usize,
@@ -291,35 +387,49 @@ unsafe fn run(
         Kernel::AmxFaulty => Unit::Faulty(Box::new(amx::Faulty(amx::Emulated::new()))),
     };
     let kq = b.kq_stride();
-    // With β ≠ 0 in one piece: β·C is added once, after the whole chain.
-    let piece = if beta == 0.0 { KQ_PIECE } else { kq.max(1) };
-    for ic in rows.clone().step_by(MC) {
-        let ic_end = rows.end.min(ic + MC);
-        let block = match a {
-            ASource::Packed(p) => ABlock {
-                ptr: p.data.ptr().add((ic / MR) * p.tile_stride),
-                tile_stride: p.tile_stride,
-                row_stride: p.row_stride,
-                q_stride: p.q_stride,
-            },
-            ASource::Rows(a) => convert_block(b.kernel, b.k, a, ic..ic_end, &mut buf),
-            ASource::Rounded(r) => ABlock {
-                ptr: r.pairs().add(ic * r.row_stride()),
-                tile_stride: MR * r.row_stride(),
-                row_stride: r.row_stride(),
-                q_stride: 1,
-            },
-            ASource::Transposed(r) => rounded::convert_transposed(b.kernel, r, ic..ic_end, &mut buf),
+    for Part { rows, cols, pairs } in parts {
+        debug_assert!(pairs.end <= kq && pairs.start <= pairs.end && rows.len() <= MC);
+        // With β ≠ 0 in one piece: β·C is added once, after the whole chain.
+        let piece = if beta == 0.0 { KQ_PIECE } else { pairs.len().max(1) };
+        let (ic, ic_end) = (rows.start, rows.end);
+        // The block's pair q is A's pair `q + first`: a block converted here holds the range's
+        // pairs alone; the others hold all of A's.
+        let (block, first) = match a {
+            ASource::Packed(p) => (
+                ABlock {
+                    ptr: p.data.ptr().add((ic / MR) * p.tile_stride),
+                    tile_stride: p.tile_stride,
+                    row_stride: p.row_stride,
+                    q_stride: p.q_stride,
+                },
+                0,
+            ),
+            ASource::Rows(a) => {
+                let k = b.k.min(2 * pairs.end).saturating_sub(2 * pairs.start);
+                let a = a.skip_cols(2 * pairs.start);
+                (convert_block(b.kernel, k, a, ic..ic_end, &mut buf), pairs.start)
+            }
+            ASource::Rounded(r) => (
+                ABlock {
+                    ptr: r.pairs().add(ic * r.row_stride()),
+                    tile_stride: MR * r.row_stride(),
+                    row_stride: r.row_stride(),
+                    q_stride: 1,
+                },
+                0,
+            ),
+            ASource::Transposed(r) => (rounded::convert_transposed(b.kernel, r, ic..ic_end, &mut buf), 0),
         };
         for jc in cols.clone().step_by(NC) {
             let jc_end = cols.end.min(jc + NC);
-            for q0 in (0..kq.max(1)).step_by(piece) {
+            for q0 in (pairs.start..pairs.end.max(pairs.start + 1)).step_by(piece) {
                 for j0 in (jc..jc_end).step_by(NR) {
                     let p = Piece {
                         block: &block,
                         rows: ic..ic_end,
-                        q0,
-                        kq: piece.min(kq - q0),
+                        qa: q0 - first,
+                        resume: q0 > pairs.start,
+                        kq: piece.min(pairs.end.saturating_sub(q0)),
                         strip: b.data.ptr().add((j0 / NR) * kq * NR + q0 * NR),
                         c: c.at(ic * ldc + j0),
                         ldc,
@@ -359,7 +469,10 @@ enum Unit {
 struct Piece<'a> {
     block: &'a ABlock,
     rows: std::ops::Range<usize>,
-    q0: usize,
+    /// The block's pair where the piece starts.
+    qa: usize,
+    /// The sums start from C's (a piece after the first; β not applied).
+    resume: bool,
     kq: usize,
     /// The strip's pair row q0.
     strip: *const u32,
@@ -380,7 +493,7 @@ unsafe fn piece_on_vectors(p: Piece<'_>) {
             kq: p.kq,
             a: block
                 .ptr
-                .add((r / MR) * block.tile_stride + p.q0 * block.q_stride),
+                .add((r / MR) * block.tile_stride + p.qa * block.q_stride),
             rsa: block.row_stride,
             qsa: block.q_stride,
             b: p.strip,
@@ -389,7 +502,7 @@ unsafe fn piece_on_vectors(p: Piece<'_>) {
             lo: lanes(p.width),
             hi: lanes(p.width.saturating_sub(16)),
             beta: p.beta,
-            resume: p.q0 > 0,
+            resume: p.resume,
         };
         run_tile(MR.min(p.rows.end - i0), p.width > 16, t);
     }
@@ -404,7 +517,7 @@ unsafe fn piece_on_tiles<U: amx::TileUnit>(unit: &mut U, p: Piece<'_>) {
         let r = i0 - p.rows.start;
         let step = amx::Step {
             kq: p.kq,
-            a: p.block.ptr.add(r * p.block.row_stride + p.q0),
+            a: p.block.ptr.add(r * p.block.row_stride + p.qa),
             lda: p.block.row_stride,
             b: p.strip,
             c: p.c.add(r * p.ldc),
@@ -412,7 +525,7 @@ unsafe fn piece_on_tiles<U: amx::TileUnit>(unit: &mut U, p: Piece<'_>) {
             rows: amx::ROWS.min(p.rows.end - i0),
             width: p.width,
             beta: p.beta,
-            resume: p.q0 > 0,
+            resume: p.resume,
         };
         amx::step(unit, step);
     }

@@ -81,6 +81,11 @@ impl PackedPairs {
     pub(super) fn kq_stride(&self) -> usize {
         self.kernel.kq_stride(self.k)
     }
+
+    /// All of B's pair rows, padding included: the range a whole product runs over.
+    pub(super) fn pairs(&self) -> std::ops::Range<usize> {
+        0..self.kq_stride()
+    }
     pub fn dims(&self) -> (usize, usize) {
         (self.k, self.n)
     }

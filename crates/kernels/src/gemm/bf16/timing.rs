@@ -82,7 +82,16 @@ fn amx_product_parts_at_the_standard_shape() {
                 let (pa, pb) = (pack_a(Kernel::Amx, m, k, ao), pack_b_for(Kernel::Amx, k, n, bo));
                 for (part, c) in [(2, lined.ptr_mut()), (3, skewed.ptr_mut())] {
                     time(&mut best[part], &mut || {
-                        run(ASource::Packed(&pa), &pb, 0..m, 0..n, 0.0, SharedMut(c), n)
+                        run(
+                            ASource::Packed(&pa),
+                            &pb,
+                            0..m,
+                            0..n,
+                            pb.pairs(),
+                            0.0,
+                            SharedMut(c),
+                            n,
+                        )
                     });
                 }
                 let c = lined.ptr_mut();

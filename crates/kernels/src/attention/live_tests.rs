@@ -1,0 +1,131 @@
+//! Skipping the mask's dead blocks ([`super::live`]) changes no bit: the bf16 op over the live
+//! blocks against the same op over every block — output, telemetry and gradients — under
+//! causal masks (T a multiple of the blocks or not, after cached positions), causal with
+//! padding (rows with no live key among them), a sliding window (dead keys before the live
+//! ones), with and without dropout, grouped-query heads, and kept or recomputed probabilities.
+
+use candle_core::{DType, Device, Tensor};
+
+use super::{causal_mask, padding_mask, take, AttentionOptions, AttentionTelemetry, AttnOp};
+use crate::Precision;
+
+fn randn(seed: u64, n: usize, scale: f32) -> Vec<f32> {
+    let mut rng = ember_rng::SplitMix64::new(seed);
+    (0..n).map(|_| scale * rng.normal() as f32).collect()
+}
+
+/// A (1, 1, T, S) mask: position j is hidden from query i where `dead(i, j)`.
+fn mask_of(t: usize, s: usize, dead: impl Fn(usize, usize) -> bool) -> Tensor {
+    let m: Vec<f32> = (0..t * s)
+        .map(|i| if dead(i / s, i % s) { -1e9 } else { 0.0 })
+        .collect();
+    Tensor::from_vec(m, (1, 1, t, s), &Device::Cpu).unwrap()
+}
+
+/// (output, telemetry, dq, dk, dv) of the op over every block (`skip_dead` false) or the live
+/// ones.
+#[allow(clippy::type_complexity)]
+fn run(
+    dims: (usize, usize, usize, usize, usize, usize),
+    mask: &Tensor,
+    dropout: Option<(f64, u64)>,
+    skip_dead: bool,
+) -> (Vec<f32>, Option<AttentionTelemetry>, Vec<f32>, Vec<f32>, Vec<f32>) {
+    let (b, t, s, h, hkv, d) = dims;
+    let opts = AttentionOptions {
+        heads: h,
+        kv_heads: hkv,
+        dropout,
+        telemetry: true,
+        precision: Precision::Bf16,
+    };
+    let mut op = AttnOp::cpu(&[b, t, h * d], &[b, s, hkv * d], Some(mask), &opts, true).unwrap();
+    op.skip_dead = skip_dead;
+    let q = randn(1, b * t * h * d, 0.8);
+    let (k, v) = (randn(2, b * s * hkv * d, 1.0), randn(3, b * s * hkv * d, 1.0));
+    let go = randn(4, b * t * h * d, 1.0);
+    let o = op.forward_values(&q, &k, &v).unwrap();
+    let telemetry = op.telemetry_slot().and_then(|slot| take(&slot));
+    let (dq, dk, dv) = op.backward_values(&q, &k, &v, &o, &go).unwrap();
+    (o, telemetry, dq, dk, dv)
+}
+
+#[test]
+fn the_live_blocks_give_every_blocks_bits() {
+    if !crate::gemm::bf16_supported() {
+        return;
+    }
+    let causal = |t, offset| causal_mask(t, offset, DType::F32, &Device::Cpu).unwrap();
+    // Batch row 0 sees no key at all, row 1 its first 60: rows with no live key, and keys
+    // that no query sees.
+    let keys = Tensor::from_vec(
+        (0..140)
+            .map(|j| f32::from(j >= 70 && j < 130))
+            .collect::<Vec<f32>>(),
+        (2, 70),
+        &Device::Cpu,
+    )
+    .unwrap();
+    let causal_padded = causal(70, 0)
+        .broadcast_add(&padding_mask(&keys, DType::F32).unwrap())
+        .unwrap();
+    let window = mask_of(96, 96, |i, j| j > i || j + 40 < i);
+    // (b, t, s, heads, kv heads, d), the mask: S ≤ 4d keeps the probabilities, S > 4d
+    // recomputes them.
+    let cases = [
+        ("causal", (2, 256, 256, 2, 1, 64), causal(256, 0)),
+        (
+            "causal, T not a multiple of 32",
+            (1, 100, 100, 2, 2, 16),
+            causal(100, 0),
+        ),
+        (
+            "causal after 64 cached positions",
+            (2, 40, 104, 2, 2, 32),
+            causal(40, 64),
+        ),
+        ("causal and padding", (2, 70, 70, 4, 2, 32), causal_padded),
+        ("sliding window", (1, 96, 96, 2, 2, 32), window),
+    ];
+    for (name, dims, mask) in cases {
+        for dropout in [None, Some((0.2, 9))] {
+            let whole = run(dims, &mask, dropout, false);
+            let live = run(dims, &mask, dropout, true);
+            let what = format!("{name} {dims:?} dropout {dropout:?}");
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&whole.0), bits(&live.0), "{what}: output");
+            assert_eq!(whole.1, live.1, "{what}: telemetry");
+            assert_eq!(bits(&whole.2), bits(&live.2), "{what}: dq");
+            assert_eq!(bits(&whole.3), bits(&live.3), "{what}: dk");
+            assert_eq!(bits(&whole.4), bits(&live.4), "{what}: dv");
+        }
+    }
+}
+
+/// The blocks themselves: a causal mask's row blocks end at their diagonal (rounded up to 32),
+/// and its key blocks start at their first query row.
+#[test]
+fn a_causal_masks_live_blocks_end_at_the_diagonal() {
+    let mask = causal_mask(100, 0, DType::F32, &Device::Cpu).unwrap();
+    let opts = AttentionOptions {
+        heads: 1,
+        kv_heads: 1,
+        dropout: None,
+        telemetry: false,
+        precision: Precision::Bf16,
+    };
+    let op = AttnOp::cpu(&[1, 100, 8], &[1, 100, 8], Some(&mask), &opts, false).unwrap();
+    op.with_mask(|view| {
+        let live = op.live(view);
+        assert_eq!(
+            live.row_blocks(0, 0),
+            vec![(0..32, 32), (32..64, 64), (64..96, 96), (96..100, 100)]
+        );
+        assert_eq!(
+            live.column_blocks(0, 0),
+            vec![(0..32, 0), (32..64, 32), (64..96, 64), (96..100, 96)]
+        );
+        Ok(())
+    })
+    .unwrap();
+}

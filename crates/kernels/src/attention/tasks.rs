@@ -1,0 +1,332 @@
+//! The CPU work of one task — a (batch row, KV head) and the query heads of its group — forward
+//! and backward, over the live blocks of each head's probabilities ([`Live`]).
+
+use super::live::Live;
+use super::{AttnDims, MaskView};
+use crate::dropout::DropoutOp;
+use crate::gemm::{Blocks, Mat, Part, PartsOf};
+use crate::precision::Precision;
+use crate::simd::{dot, simd_dispatch};
+use crate::softmax::softmax_rows_in_place;
+
+/// Per-task telemetry: the largest unmasked |logit|, and the entropy summed over rows, in all
+/// and per query position (`by_position`: T sums over the task's heads).
+#[derive(Clone, Default)]
+pub(super) struct Measured {
+    pub(super) max_abs: f32,
+    pub(super) entropy_sum: f64,
+    pub(super) by_position: Vec<f64>,
+}
+
+/// A head's blocks of query rows, each with the end of its live columns.
+type RowBlocks = [(std::ops::Range<usize>, usize)];
+
+/// Head `hq`'s probabilities of batch `bi` in `p` (T×S, holding q·kᵀ in each block's live
+/// columns and zeros in the rest, as [`logits`] leaves it): adds the mask and takes the softmax
+/// of each row's live columns in place, measuring the logits first and the rows after when `measure` is given. The live
+/// columns end at a multiple of 32 (or S), so each row's sums run in the same lanes as over the
+/// whole row, the dead columns adding exact zeros there.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn softmax_head(
+    dims: AttnDims,
+    p: &mut [f32],
+    blocks: &RowBlocks,
+    mask: MaskView<'_>,
+    bi: usize,
+    hq: usize,
+    mut measure: Option<&mut Measured>,
+) {
+    let s = dims.s;
+    for (rows, end) in blocks {
+        for ti in rows.clone() {
+            let row = &mut p[ti * s..ti * s + end];
+            let mask_row = mask.map(|(m, st, off)| (m, st[3], off + bi * st[0] + hq * st[1] + ti * st[2]));
+            if let Some(m) = measure.as_deref_mut() {
+                for (si, &x) in row.iter().enumerate() {
+                    let unmasked = mask_row.is_none_or(|(mv, stride, base)| mv[base + si * stride] >= -1.0);
+                    if unmasked && x.abs() > m.max_abs {
+                        m.max_abs = x.abs();
+                    }
+                }
+            }
+            if let Some((m, stride, base)) = mask_row {
+                if stride == 1 {
+                    for (x, &mv) in row.iter_mut().zip(&m[base..base + end]) {
+                        *x += mv;
+                    }
+                } else {
+                    for (si, x) in row.iter_mut().enumerate() {
+                        *x += m[base + si * stride];
+                    }
+                }
+            }
+            softmax_rows_in_place(row, *end);
+            if let Some(m) = measure.as_deref_mut() {
+                let h: f32 = row.iter().map(|&p| -p * p.max(1e-30).ln()).sum();
+                m.entropy_sum += h as f64;
+                m.by_position[ti] += h as f64;
+            }
+        }
+    }
+}
+
+/// The dropped-out probabilities of head `hq` of batch `bi` into `out`, in each block's live
+/// columns (zeros in the rest).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn drop_head(
+    dims: AttnDims,
+    drop: &DropoutOp,
+    p: &[f32],
+    out: &mut [f32],
+    blocks: &RowBlocks,
+    bi: usize,
+    hq: usize,
+) {
+    let (first, s) = (dims.probs_block(bi, hq), dims.s);
+    for (rows, end) in blocks {
+        for ti in rows.clone() {
+            let (live, dead) = out[ti * s..(ti + 1) * s].split_at_mut(*end);
+            for (si, (o, &x)) in live.iter_mut().zip(&p[ti * s..]).enumerate() {
+                *o = x * drop.factor(first + ti * s + si);
+            }
+            dead.fill(0.0);
+        }
+    }
+}
+
+/// q rows of head `hq` in batch `bi` as a T×d matrix (rows H·d apart).
+fn q_mat<'a>(dims: AttnDims, x: &'a [f32], bi: usize, hq: usize) -> Mat<'a> {
+    Mat {
+        data: &x[dims.q_row(bi, 0, hq)..],
+        row_stride: dims.h * dims.d,
+        col_stride: 1,
+    }
+}
+
+/// k or v rows of KV head `kh` in batch `bi` as an S×d matrix (rows H_kv·d apart).
+fn kv_mat<'a>(dims: AttnDims, x: &'a [f32], bi: usize, kh: usize) -> Mat<'a> {
+    Mat {
+        data: &x[dims.kv_row(bi, 0, kh)..],
+        row_stride: dims.hkv * dims.d,
+        col_stride: 1,
+    }
+}
+
+/// q·kᵀ (T×S, rows S apart from `c`) in each block's live columns, zeros in the rest.
+///
+/// # Safety
+/// `c` has room for T×S floats that no one else touches meanwhile.
+unsafe fn logits(k_t: &PartsOf<'_>, q: Mat<'_>, blocks: &RowBlocks, dims: AttnDims, c: *mut f32) {
+    let (s, d) = (dims.s, dims.d);
+    let parts: Vec<Part> = blocks
+        .iter()
+        .map(|(rows, end)| (rows.clone(), 0..*end, 0..d))
+        .collect();
+    k_t.products(q, &parts, 0.0, c, s);
+    for (rows, end) in blocks {
+        for ti in rows.clone() {
+            std::ptr::write_bytes(c.add(ti * s + end), 0, s - end);
+        }
+    }
+}
+
+/// Each block of query rows × all d columns over its live keys (`A·B` for A's rows T×S).
+fn by_queries(blocks: &RowBlocks, d: usize) -> Vec<Part> {
+    blocks
+        .iter()
+        .map(|(rows, end)| (rows.clone(), 0..d, 0..*end))
+        .collect()
+}
+
+/// Everything one task of the forward pass reads and writes.
+pub(super) struct Forward<'a> {
+    pub(super) dims: AttnDims,
+    pub(super) precision: Precision,
+    pub(super) q: &'a [f32],
+    pub(super) k: &'a [f32],
+    pub(super) v: &'a [f32],
+    pub(super) mask: MaskView<'a>,
+    pub(super) live: &'a Live,
+    pub(super) dropout: Option<DropoutOp>,
+    pub(super) out: &'a Blocks,
+    pub(super) kept: Option<&'a Blocks>,
+    pub(super) measure: bool,
+}
+
+simd_dispatch!(pub(super) forward_task => forward_task_generic(f: &Forward<'_>, bi: usize, kh: usize) -> Measured);
+
+/// A task's (probabilities, dropped probabilities) buffers of `len` each: the first only where
+/// the kept probabilities are not stored for backward, the second only under dropout.
+fn task_buffers(kept_stored: bool, dropout: bool, len: usize) -> (Vec<f32>, Vec<f32>) {
+    let buffer = |needed: bool| if needed { vec![0f32; len] } else { Vec::new() };
+    (buffer(!kept_stored), buffer(dropout))
+}
+
+/// The output rows of the query heads of KV head `kh` in batch `bi`: kᵀ and v packed once for
+/// the group's heads, each block of query rows multiplied over its live keys alone.
+#[inline(always)]
+fn forward_task_generic(f: &Forward<'_>, bi: usize, kh: usize) -> Measured {
+    let dims = f.dims;
+    let (t, s, d) = (dims.t, dims.s, dims.d);
+    let mut measured = Measured {
+        by_position: if f.measure { vec![0.0; t] } else { Vec::new() },
+        ..Measured::default()
+    };
+    let (mut scratch, mut dropped) = task_buffers(f.kept.is_some(), f.dropout.is_some(), t * s);
+    let (k, v) = (kv_mat(dims, f.k, bi, kh), kv_mat(dims, f.v, bi, kh));
+    let (k_t, v) = (
+        PartsOf::new(f.precision, d, s, k.t()),
+        PartsOf::new(f.precision, s, d, v),
+    );
+    for hq in kh * dims.group()..(kh + 1) * dims.group() {
+        let q = q_mat(dims, f.q, bi, hq);
+        let blocks = f.live.row_blocks(bi, hq);
+        let p: &mut [f32] = match f.kept {
+            // SAFETY: head hq's block of batch bi belongs to this task alone; `logits` writes
+            // all of it.
+            Some(all) => unsafe {
+                let at = dims.probs_block(bi, hq);
+                all.write_ld(at, s, t, s, |c| logits(&k_t, q, &blocks, dims, c));
+                all.written(at, t * s)
+            },
+            None => {
+                // SAFETY: the scratch holds T×S floats.
+                unsafe { logits(&k_t, q, &blocks, dims, scratch.as_mut_ptr()) };
+                &mut scratch
+            }
+        };
+        softmax_head(
+            dims,
+            p,
+            &blocks,
+            f.mask,
+            bi,
+            hq,
+            f.measure.then_some(&mut measured),
+        );
+        let p: &[f32] = match &f.dropout {
+            Some(drop) => {
+                drop_head(dims, drop, p, &mut dropped, &blocks, bi, hq);
+                &dropped
+            }
+            None => p,
+        };
+        // SAFETY: head hq's output rows of batch bi belong to this task alone, and the blocks
+        // cover all T of them.
+        unsafe {
+            f.out.write_ld(dims.q_row(bi, 0, hq), dims.h * d, t, d, |c| {
+                v.products(Mat::rows(p, s), &by_queries(&blocks, d), 0.0, c, dims.h * d)
+            })
+        };
+    }
+    measured
+}
+
+/// Everything one task of the backward pass reads and writes.
+pub(super) struct Backward<'a> {
+    pub(super) dims: AttnDims,
+    pub(super) precision: Precision,
+    pub(super) q: &'a [f32],
+    pub(super) k: &'a [f32],
+    pub(super) v: &'a [f32],
+    pub(super) o: &'a [f32],
+    pub(super) go: &'a [f32],
+    pub(super) mask: MaskView<'a>,
+    pub(super) live: &'a Live,
+    pub(super) dropout: Option<DropoutOp>,
+    pub(super) kept: Option<&'a [f32]>,
+    pub(super) dq: &'a Blocks,
+    pub(super) dk: &'a Blocks,
+    pub(super) dv: &'a Blocks,
+}
+
+simd_dispatch!(pub(super) backward_task => backward_task_generic(f: &Backward<'_>, bi: usize, kh: usize) -> ());
+
+/// With P the probabilities, P̃ = P ⊙ M the dropped-out ones and δ_t = ⟨dO_t, O_t⟩:
+/// dP = (dO·vᵀ) ⊙ M, dS = P ⊙ (dP − δ), dq = dS·k, dk = Σ_heads dSᵀ·q, dv = Σ_heads P̃ᵀ·dO, the
+/// query heads of the group summed in order (the first writes, the others add), each over the
+/// live blocks alone (dS and P̃ hold zeros in the rest).
+#[inline(always)]
+fn backward_task_generic(f: &Backward<'_>, bi: usize, kh: usize) {
+    let dims = f.dims;
+    let (t, s, d) = (dims.t, dims.s, dims.d);
+    let (mut scratch, mut dropped) = task_buffers(f.kept.is_some(), f.dropout.is_some(), t * s);
+    let mut ds = vec![0f32; t * s];
+    let (k, v) = (kv_mat(dims, f.k, bi, kh), kv_mat(dims, f.v, bi, kh));
+    let (v_t, k) = (
+        PartsOf::new(f.precision, d, s, v.t()),
+        PartsOf::new(f.precision, s, d, k),
+    );
+    let kv_at = dims.kv_row(bi, 0, kh);
+    let kv_ld = dims.hkv * d;
+    for (gi, hq) in (kh * dims.group()..(kh + 1) * dims.group()).enumerate() {
+        let (q, go) = (q_mat(dims, f.q, bi, hq), q_mat(dims, f.go, bi, hq));
+        let blocks = f.live.row_blocks(bi, hq);
+        let p: &[f32] = match f.kept {
+            Some(all) => &all[dims.probs_block(bi, hq)..][..t * s],
+            None => {
+                let k_t = PartsOf::new(f.precision, d, s, kv_mat(dims, f.k, bi, kh).t());
+                // SAFETY: the scratch holds T×S floats.
+                unsafe { logits(&k_t, q, &blocks, dims, scratch.as_mut_ptr()) };
+                softmax_head(dims, &mut scratch, &blocks, f.mask, bi, hq, None);
+                &scratch
+            }
+        };
+        // SAFETY: ds holds T×S floats.
+        unsafe { logits(&v_t, go, &blocks, dims, ds.as_mut_ptr()) };
+        let first = dims.probs_block(bi, hq);
+        for (rows, end) in &blocks {
+            for ti in rows.clone() {
+                let row = dims.q_row(bi, ti, hq);
+                let delta = dot(&f.go[row..row + d], &f.o[row..row + d]);
+                let (pr, dr) = (&p[ti * s..ti * s + end], &mut ds[ti * s..ti * s + end]);
+                match &f.dropout {
+                    Some(drop) => {
+                        // One mask draw per element serves both the dropped probabilities (for
+                        // dv) and dS.
+                        let (dropped_row, dead) = dropped[ti * s..(ti + 1) * s].split_at_mut(*end);
+                        for (si, ((x, &pv), dp)) in dr.iter_mut().zip(pr).zip(dropped_row).enumerate() {
+                            let factor = drop.factor(first + ti * s + si);
+                            *dp = pv * factor;
+                            *x = pv * (*x * factor - delta);
+                        }
+                        dead.fill(0.0);
+                    }
+                    None => {
+                        for (x, &pv) in dr.iter_mut().zip(pr) {
+                            *x = pv * (*x - delta);
+                        }
+                    }
+                }
+            }
+        }
+        let p_used: &[f32] = if f.dropout.is_some() { &dropped } else { p };
+        let (q, go) = (
+            PartsOf::new(f.precision, t, d, q),
+            PartsOf::new(f.precision, t, d, go),
+        );
+        // dk and dv for each block of keys, over the query rows that see it (the rows before
+        // hold zeros in its columns of dS and P̃).
+        let by_keys: Vec<Part> = (f.live.column_blocks(bi, hq).into_iter())
+            .map(|(keys, from)| (keys, 0..d, from..t))
+            .collect();
+        // SAFETY: head hq's rows of dq, and KV head kh's rows of dk and dv, in batch bi belong to
+        // this task alone; the blocks cover all of them (the first head's products write them,
+        // the others add).
+        unsafe {
+            f.dq.write_ld(dims.q_row(bi, 0, hq), dims.h * d, t, d, |c| {
+                k.products(Mat::rows(&ds, s), &by_queries(&blocks, d), 0.0, c, dims.h * d)
+            });
+            let (ds_t, p_t) = (Mat::rows(&ds, s).t(), Mat::rows(p_used, s).t());
+            if gi == 0 {
+                f.dk.write_ld(kv_at, kv_ld, s, d, |c| q.products(ds_t, &by_keys, 0.0, c, kv_ld));
+                f.dv.write_ld(kv_at, kv_ld, s, d, |c| go.products(p_t, &by_keys, 0.0, c, kv_ld));
+            } else {
+                f.dk.update_ld(kv_at, kv_ld, s, d, |c| q.products(ds_t, &by_keys, 1.0, c, kv_ld));
+                f.dv.update_ld(kv_at, kv_ld, s, d, |c| go.products(p_t, &by_keys, 1.0, c, kv_ld));
+            }
+        }
+    }
+}
