@@ -8,10 +8,13 @@
 //! on any row sees one; the tasks compute those parts alone. Skipping exact zeros leaves every
 //! sum's bits as they were.
 //!
-//! A column is dead for a row where the mask is at most [`DEAD`]: for any logit short of 10⁷
+//! A column is dead for a row where the mask is at most [`DEAD`], and the blocks are used only
+//! where every other mask value is above [`LIVE`] (Ember's masks hold 0 and −1e9): a dead
+//! logit then lies more than 9·10⁷ below the row's largest for any logits short of 4·10⁷, so
 //! its probability underflows to exactly 0 (an f32 exponent below −87.3 is 0 in
-//! [`crate::simd::exp_fast`]). A row with no live column has a softmax over its dead logits,
-//! which is not zero; its block is computed whole.
+//! [`crate::simd::exp_fast`]). A mask with values between gets every block computed. A row
+//! with no live column has a softmax over its dead logits, which is not zero; its block is
+//! computed whole.
 
 use std::ops::Range;
 
@@ -23,8 +26,11 @@ pub(super) const ROWS: usize = 32;
 /// Key columns per block: the bf16 products take k and strips in 32s.
 pub(super) const COLS: usize = 32;
 
-/// Mask values at or below which a logit's probability is exactly 0.
+/// Mask values at or below which a logit's probability is exactly 0 ...
 const DEAD: f32 = -1e8;
+
+/// ... where every other value of the mask is above this.
+const LIVE: f32 = -1e6;
 
 /// The live parts of every head's probabilities.
 pub(super) enum Live {
@@ -64,11 +70,16 @@ impl Live {
                     let mut end = 0;
                     for ti in rb * ROWS..t.min((rb + 1) * ROWS) {
                         // The last live column + 1; a row with none sees its dead logits.
-                        let live = (0..s)
-                            .rev()
-                            .find(|&si| !(at(ti, si) <= DEAD))
-                            .map_or(s, |si| si + 1);
-                        end = end.max(live);
+                        let mut last = None;
+                        for si in 0..s {
+                            let m = at(ti, si);
+                            if m > LIVE || m.is_nan() {
+                                last = Some(si);
+                            } else if m > DEAD {
+                                return Live::Whole { t, s };
+                            }
+                        }
+                        end = end.max(last.map_or(s, |si| si + 1));
                     }
                     ends.push(end.next_multiple_of(COLS).min(s));
                 }

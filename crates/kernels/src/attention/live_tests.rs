@@ -2,7 +2,8 @@
 //! blocks against the same op over every block — output, telemetry and gradients — under
 //! causal masks (T a multiple of the blocks or not, after cached positions), causal with
 //! padding (rows with no live key among them), a sliding window (dead keys before the live
-//! ones), with and without dropout, grouped-query heads, and kept or recomputed probabilities.
+//! ones), a mask per head, later rows seeing fewer keys, k long enough for several pieces, with
+//! and without dropout, grouped-query heads, and kept or recomputed probabilities.
 
 use candle_core::{DType, Device, Tensor};
 
@@ -16,9 +17,12 @@ fn randn(seed: u64, n: usize, scale: f32) -> Vec<f32> {
 
 /// A (1, 1, T, S) mask: position j is hidden from query i where `dead(i, j)`.
 fn mask_of(t: usize, s: usize, dead: impl Fn(usize, usize) -> bool) -> Tensor {
-    let m: Vec<f32> = (0..t * s)
-        .map(|i| if dead(i / s, i % s) { -1e9 } else { 0.0 })
-        .collect();
+    mask_with(t, s, |i, j| if dead(i, j) { -1e9 } else { 0.0 })
+}
+
+/// A (1, 1, T, S) mask of the values `value(i, j)`.
+fn mask_with(t: usize, s: usize, value: impl Fn(usize, usize) -> f32) -> Tensor {
+    let m: Vec<f32> = (0..t * s).map(|i| value(i / s, i % s)).collect();
     Tensor::from_vec(m, (1, 1, t, s), &Device::Cpu).unwrap()
 }
 
@@ -70,6 +74,18 @@ fn the_live_blocks_give_every_blocks_bits() {
         .broadcast_add(&padding_mask(&keys, DType::F32).unwrap())
         .unwrap();
     let window = mask_of(96, 96, |i, j| j > i || j + 40 < i);
+    // Heads with masks of their own (a window for head 0, causal for head 1; both under one
+    // KV head), and a mask whose later rows see fewer keys than its first (the first 32 rows
+    // see all 96, the rest the first 32).
+    let per_head = Tensor::cat(
+        &[
+            mask_of(96, 96, |i, j| j > i || j + 40 < i),
+            mask_of(96, 96, |i, j| j > i),
+        ],
+        1,
+    )
+    .unwrap();
+    let shrinking = mask_of(96, 96, |i, j| i >= 32 && j >= 32);
     // (b, t, s, heads, kv heads, d), the mask: S ≤ 4d keeps the probabilities, S > 4d
     // recomputes them.
     let cases = [
@@ -86,6 +102,14 @@ fn the_live_blocks_give_every_blocks_bits() {
         ),
         ("causal and padding", (2, 70, 70, 4, 2, 32), causal_padded),
         ("sliding window", (1, 96, 96, 2, 2, 32), window),
+        ("a mask per head", (2, 96, 96, 2, 1, 32), per_head),
+        ("later rows seeing fewer keys", (1, 96, 96, 2, 2, 32), shrinking),
+        (
+            "causal after 37 cached positions",
+            (1, 60, 97, 2, 2, 32),
+            causal(60, 37),
+        ),
+        ("causal over 600 keys", (1, 600, 600, 1, 1, 160), causal(600, 0)),
     ];
     for (name, dims, mask) in cases {
         for dropout in [None, Some((0.2, 9))] {
@@ -102,19 +126,29 @@ fn the_live_blocks_give_every_blocks_bits() {
     }
 }
 
+/// A mask with values between the dead and the live ones (−5e7 here) gets every block computed:
+/// there a masked probability need not be exactly 0.
+#[test]
+fn a_mask_with_values_between_dead_and_live_is_computed_whole() {
+    let mask = mask_with(64, 64, |i, j| match (j > i, j == 40) {
+        (false, _) => 0.0,
+        (true, false) => -1e9,
+        (true, true) => -5e7,
+    });
+    let op = one_head(64, &mask);
+    op.with_mask(|view| {
+        assert_eq!(op.live(view).row_blocks(0, 0), vec![(0..64, 64)]);
+        Ok(())
+    })
+    .unwrap();
+}
+
 /// The blocks themselves: a causal mask's row blocks end at their diagonal (rounded up to 32),
 /// and its key blocks start at their first query row.
 #[test]
 fn a_causal_masks_live_blocks_end_at_the_diagonal() {
     let mask = causal_mask(100, 0, DType::F32, &Device::Cpu).unwrap();
-    let opts = AttentionOptions {
-        heads: 1,
-        kv_heads: 1,
-        dropout: None,
-        telemetry: false,
-        precision: Precision::Bf16,
-    };
-    let op = AttnOp::cpu(&[1, 100, 8], &[1, 100, 8], Some(&mask), &opts, false).unwrap();
+    let op = one_head(100, &mask);
     op.with_mask(|view| {
         let live = op.live(view);
         assert_eq!(
@@ -128,4 +162,16 @@ fn a_causal_masks_live_blocks_end_at_the_diagonal() {
         Ok(())
     })
     .unwrap();
+}
+
+/// A bf16 op of one head over T = S = `t` under `mask`.
+fn one_head(t: usize, mask: &Tensor) -> AttnOp {
+    let opts = AttentionOptions {
+        heads: 1,
+        kv_heads: 1,
+        dropout: None,
+        telemetry: false,
+        precision: Precision::Bf16,
+    };
+    AttnOp::cpu(&[1, t, 8], &[1, t, 8], Some(mask), &opts, false).unwrap()
 }

@@ -61,9 +61,21 @@ fn softmax_head(
                     }
                 }
             }
-            softmax_rows_in_place(row, *end);
-            if let Some(m) = measure.as_deref_mut() {
-                let h: f32 = row.iter().map(|&p| -p * p.max(1e-30).ln()).sum();
+            if *end < s {
+                softmax_rows_in_place(row, *end);
+            }
+        }
+        if *end == s {
+            // Whole rows in one call: its exponentials run as one loop over the block, which
+            // rows of a dozen keys (the translation models') need to vectorise.
+            softmax_rows_in_place(&mut p[rows.start * s..rows.end * s], s);
+        }
+        if let Some(m) = measure.as_deref_mut() {
+            for ti in rows.clone() {
+                let h: f32 = p[ti * s..ti * s + end]
+                    .iter()
+                    .map(|&p| -p * p.max(1e-30).ln())
+                    .sum();
                 m.entropy_sum += h as f64;
                 m.by_position[ti] += h as f64;
             }
@@ -255,6 +267,7 @@ fn backward_task_generic(f: &Backward<'_>, bi: usize, kh: usize) {
     let (mut scratch, mut dropped) = task_buffers(f.kept.is_some(), f.dropout.is_some(), t * s);
     let mut ds = vec![0f32; t * s];
     let (k, v) = (kv_mat(dims, f.k, bi, kh), kv_mat(dims, f.v, bi, kh));
+    let k_t = f.kept.is_none().then(|| PartsOf::new(f.precision, d, s, k.t()));
     let (v_t, k) = (
         PartsOf::new(f.precision, d, s, v.t()),
         PartsOf::new(f.precision, s, d, k),
@@ -267,9 +280,11 @@ fn backward_task_generic(f: &Backward<'_>, bi: usize, kh: usize) {
         let p: &[f32] = match f.kept {
             Some(all) => &all[dims.probs_block(bi, hq)..][..t * s],
             None => {
-                let k_t = PartsOf::new(f.precision, d, s, kv_mat(dims, f.k, bi, kh).t());
+                let k_t = k_t
+                    .as_ref()
+                    .expect("kᵀ packed where the probabilities were not kept");
                 // SAFETY: the scratch holds T×S floats.
-                unsafe { logits(&k_t, q, &blocks, dims, scratch.as_mut_ptr()) };
+                unsafe { logits(k_t, q, &blocks, dims, scratch.as_mut_ptr()) };
                 softmax_head(dims, &mut scratch, &blocks, f.mask, bi, hq, None);
                 &scratch
             }

@@ -197,7 +197,7 @@ impl<'a> PackedIn<'a> {
     }
 }
 
-/// B (k×n) for products over parts of it ([`Self::product`]): packed once in bf16; an f32 view
+/// B (k×n) for products over parts of it ([`Self::products`]): packed once in bf16; an f32 view
 /// in f32, whose kernels pick their route per product as they do for a whole one.
 pub(crate) enum PartsOf<'a> {
     F32 {
@@ -245,7 +245,7 @@ impl<'a> PartsOf<'a> {
                 (rows.is_empty() || a.fits(rows.end, k))
                     && cols.start <= cols.end
                     && cols.end <= n
-                    && cols.len() <= ldc
+                    && cols.end <= ldc
                     && ks.start <= ks.end
                     && ks.end <= k,
                 "sgemm: operand part out of bounds"

@@ -150,18 +150,27 @@ fn parts_over_the_nonzero_pairs_are_the_whole_products_bits() {
     if !supported() {
         return;
     }
-    let (m, k, n) = (100usize, 96usize, 70usize);
-    // (rows, columns, k): the rows of a part see A's columns `k` only.
-    let parts = [
+    // (rows, columns, k): the rows of a part see A's columns `k` only. The second k is long
+    // enough for several pieces (512 of k each), which parts start and end inside.
+    let short = [
         (0..32, 0..70, 0..32),
         (32..64, 0..64, 0..64),
         (64..96, 32..70, 32..96),
         (96..100, 0..70, 64..64),
     ];
-    for kernel in [Kernel::Avx512, Kernel::AmxEmulated] {
+    let long = [
+        (0..32, 0..70, 0..1024),
+        (32..64, 0..70, 544..1101),
+        (64..96, 0..40, 256..768),
+    ];
+    for (kernel, (k, parts)) in [Kernel::Avx512, Kernel::AmxEmulated]
+        .into_iter()
+        .flat_map(|kernel| [(kernel, (96usize, &short[..])), (kernel, (1101, &long[..]))])
+    {
+        let (m, n) = (100usize, 70usize);
         for a_t in [false, true] {
             let mut a = values(m * k, 3);
-            for (rows, _, ks) in &parts {
+            for (rows, _, ks) in parts {
                 for i in rows.clone() {
                     for p in (0..k).filter(|p| !ks.contains(p)) {
                         a[if a_t { p * m + i } else { i * k + p }] = 0.0;
@@ -176,13 +185,20 @@ fn parts_over_the_nonzero_pairs_are_the_whole_products_bits() {
                 let mut whole = start.clone();
                 unsafe { gemm_packed_from(m, AInput::F32(ao), &packed, beta, whole.as_mut_ptr(), n) };
                 let mut parted = start.clone();
-                unsafe { gemm_packed_parts(ao, &packed, &parts, beta, parted.as_mut_ptr(), n) };
-                for (rows, cols, ks) in &parts {
-                    for i in rows.clone() {
-                        let (got, want) = (&parted[i * n..][cols.clone()], &whole[i * n..][cols.clone()]);
-                        assert!(
-                            same_bits(got, want),
-                            "{kernel:?} Aᵀ {a_t} β {beta}: row {i}, k {ks:?}"
+                unsafe { gemm_packed_parts(ao, &packed, parts, beta, parted.as_mut_ptr(), n) };
+                for i in 0..m {
+                    for j in 0..n {
+                        let part = parts.iter().find(|(r, c, _)| r.contains(&i) && c.contains(&j));
+                        let want = if part.is_some() {
+                            whole[i * n + j]
+                        } else {
+                            start[i * n + j]
+                        };
+                        assert_eq!(
+                            parted[i * n + j].to_bits(),
+                            want.to_bits(),
+                            "{kernel:?} k {k} Aᵀ {a_t} β {beta}: ({i}, {j}) in {:?}",
+                            part.map(|p| &p.2)
                         );
                     }
                 }

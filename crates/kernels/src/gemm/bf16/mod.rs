@@ -287,7 +287,9 @@ pub(crate) unsafe fn gemm_packed_parts(
     c: *mut f32,
     ldc: usize,
 ) {
-    let parts = parts
+    // Checked and cut into blocks before the tiles are configured (a failed check then leaves
+    // their state and the A buffer as they were).
+    let parts: Vec<Part> = parts
         .iter()
         .filter(|(rows, cols, _)| !rows.is_empty() && !cols.is_empty())
         .flat_map(|(rows, cols, ks)| {
@@ -312,7 +314,8 @@ pub(crate) unsafe fn gemm_packed_parts(
                 cols: cols.clone(),
                 pairs: pairs.clone(),
             })
-        });
+        })
+        .collect();
     run_parts(ASource::Rows(a), b, parts, beta, SharedMut(c), ldc);
 }
 
