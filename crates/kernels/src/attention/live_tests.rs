@@ -60,54 +60,41 @@ fn the_live_blocks_give_every_blocks_bits() {
         return;
     }
     let causal = |t, offset| causal_mask(t, offset, DType::F32, &Device::Cpu).unwrap();
-    // Batch row 0 sees no key at all, row 1 its first 60: rows with no live key, and keys
+    // Batch row 0 sees no key at all, row 1 its first 120: rows with no live key, and keys
     // that no query sees.
-    let keys = Tensor::from_vec(
-        (0..140)
-            .map(|j| f32::from(j >= 70 && j < 130))
-            .collect::<Vec<f32>>(),
-        (2, 70),
-        &Device::Cpu,
-    )
-    .unwrap();
-    let causal_padded = causal(70, 0)
+    let keys: Vec<f32> = (0..280).map(|j| f32::from((140..260).contains(&j))).collect();
+    let keys = Tensor::from_vec(keys, (2, 140), &Device::Cpu).unwrap();
+    let causal_padded = causal(140, 0)
         .broadcast_add(&padding_mask(&keys, DType::F32).unwrap())
         .unwrap();
-    let window = mask_of(96, 96, |i, j| j > i || j + 40 < i);
+    let window = mask_of(160, 160, |i, j| j > i || j + 40 < i);
     // Heads with masks of their own (a window for head 0, causal for head 1; both under one
     // KV head), and a mask whose later rows see fewer keys than its first (the first 32 rows
-    // see all 96, the rest the first 32).
-    let per_head = Tensor::cat(
-        &[
-            mask_of(96, 96, |i, j| j > i || j + 40 < i),
-            mask_of(96, 96, |i, j| j > i),
-        ],
-        1,
-    )
-    .unwrap();
-    let shrinking = mask_of(96, 96, |i, j| i >= 32 && j >= 32);
+    // see all 160, the rest the first 32).
+    let per_head = Tensor::cat(&[window.clone(), mask_of(160, 160, |i, j| j > i)], 1).unwrap();
+    let shrinking = mask_of(160, 160, |i, j| i >= 32 && j >= 32);
     // (b, t, s, heads, kv heads, d), the mask: S ≤ 4d keeps the probabilities, S > 4d
-    // recomputes them.
+    // recomputes them. Every case has the 128 keys the live blocks need.
     let cases = [
         ("causal", (2, 256, 256, 2, 1, 64), causal(256, 0)),
         (
             "causal, T not a multiple of 32",
-            (1, 100, 100, 2, 2, 16),
-            causal(100, 0),
+            (1, 150, 150, 2, 2, 16),
+            causal(150, 0),
         ),
         (
             "causal after 64 cached positions",
-            (2, 40, 104, 2, 2, 32),
-            causal(40, 64),
+            (2, 70, 134, 2, 2, 48),
+            causal(70, 64),
         ),
-        ("causal and padding", (2, 70, 70, 4, 2, 32), causal_padded),
-        ("sliding window", (1, 96, 96, 2, 2, 32), window),
-        ("a mask per head", (2, 96, 96, 2, 1, 32), per_head),
-        ("later rows seeing fewer keys", (1, 96, 96, 2, 2, 32), shrinking),
+        ("causal and padding", (2, 140, 140, 4, 2, 48), causal_padded),
+        ("sliding window", (1, 160, 160, 2, 2, 48), window),
+        ("a mask per head", (2, 160, 160, 2, 1, 48), per_head),
+        ("later rows seeing fewer keys", (1, 160, 160, 2, 2, 48), shrinking),
         (
             "causal after 37 cached positions",
-            (1, 60, 97, 2, 2, 32),
-            causal(60, 37),
+            (1, 100, 137, 2, 2, 48),
+            causal(100, 37),
         ),
         ("causal over 600 keys", (1, 600, 600, 1, 1, 160), causal(600, 0)),
     ];
@@ -130,35 +117,40 @@ fn the_live_blocks_give_every_blocks_bits() {
 /// there a masked probability need not be exactly 0.
 #[test]
 fn a_mask_with_values_between_dead_and_live_is_computed_whole() {
-    let mask = mask_with(64, 64, |i, j| match (j > i, j == 40) {
+    let mask = mask_with(160, 160, |i, j| match (j > i, j == 40) {
         (false, _) => 0.0,
         (true, false) => -1e9,
         (true, true) => -5e7,
     });
-    let op = one_head(64, &mask);
+    let op = one_head(160, &mask);
     op.with_mask(|view| {
-        assert_eq!(op.live(view).row_blocks(0, 0), vec![(0..64, 64)]);
+        assert_eq!(op.live(view).row_blocks(0, 0), vec![(0..160, 160)]);
         Ok(())
     })
     .unwrap();
 }
 
 /// The blocks themselves: a causal mask's row blocks end at their diagonal (rounded up to 32),
-/// and its key blocks start at their first query row.
+/// and its key blocks start at their first query row; below 128 keys every block is computed.
 #[test]
 fn a_causal_masks_live_blocks_end_at_the_diagonal() {
+    let mask = causal_mask(150, 0, DType::F32, &Device::Cpu).unwrap();
+    let op = one_head(150, &mask);
+    op.with_mask(|view| {
+        let live = op.live(view);
+        let ends = [32, 64, 96, 128, 150];
+        let rows: Vec<_> = (0..5).map(|b| (32 * b..ends[b], ends[b])).collect();
+        assert_eq!(live.row_blocks(0, 0), rows);
+        let keys: Vec<_> = (0..5).map(|b| (32 * b..ends[b], 32 * b)).collect();
+        assert_eq!(live.column_blocks(0, 0), keys);
+        Ok(())
+    })
+    .unwrap();
+    // Fewer than 128 keys: every block.
     let mask = causal_mask(100, 0, DType::F32, &Device::Cpu).unwrap();
     let op = one_head(100, &mask);
     op.with_mask(|view| {
-        let live = op.live(view);
-        assert_eq!(
-            live.row_blocks(0, 0),
-            vec![(0..32, 32), (32..64, 64), (64..96, 96), (96..100, 100)]
-        );
-        assert_eq!(
-            live.column_blocks(0, 0),
-            vec![(0..32, 0), (32..64, 32), (64..96, 64), (96..100, 96)]
-        );
+        assert_eq!(op.live(view).row_blocks(0, 0), vec![(0..100, 100)]);
         Ok(())
     })
     .unwrap();
