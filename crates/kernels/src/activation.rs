@@ -86,14 +86,14 @@ impl GeluSlope {
                     let e = elements(&r);
                     // SAFETY: the rows `r` of the slope are this block's alone.
                     let d = unsafe { slope_at.slice(e.start, e.len()) };
-                    gelu_fwd_keep(&x[e], uninit(out), d)
+                    gelu_fwd_keep(&x[e], out, d)
                 });
                 // SAFETY: the blocks cover every row, and each wrote its slopes.
                 unsafe { slope.set_len(x.len()) };
                 *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(slope);
                 y
             }
-            None => Activation::rounded_with(rows, cols, |r, out| gelu_fwd(&x[elements(&r)], uninit(out))),
+            None => Activation::rounded_with(rows, cols, |r, out| gelu_fwd(&x[elements(&r)], out)),
         }
     }
 
@@ -142,13 +142,13 @@ impl GeluSlope {
         Ok(match self.take_slope() {
             Some(d) if d.len() == g.len() => Activation::rounded_with(rows, cols, |r, out| {
                 let e = elements(&r);
-                mul(&g[e.clone()], &d[e], uninit(out))
+                mul(&g[e.clone()], &d[e], out)
             }),
             _ => {
                 let x = input()?;
                 Activation::rounded_with(rows, cols, |r, out| {
                     let e = elements(&r);
-                    gelu_bwd(&x[e.clone()], &g[e], uninit(out))
+                    gelu_bwd(&x[e.clone()], &g[e], out)
                 })
             }
         })
@@ -160,13 +160,6 @@ impl GeluSlope {
             .as_ref()
             .and_then(|slot| slot.lock().unwrap_or_else(|e| e.into_inner()).take())
     }
-}
-
-/// `out` as the uninitialised floats the elementwise kernels write.
-fn uninit(out: &mut [f32]) -> &mut [MaybeUninit<f32>] {
-    // SAFETY: f32 and MaybeUninit<f32> share a layout, and every kernel given it writes each
-    // element (so nothing is left uninitialised in an f32 slice).
-    unsafe { &mut *(out as *mut [f32] as *mut [MaybeUninit<f32>]) }
 }
 
 // The loops below write into the output's uninitialised elements instead of `map().collect()`
@@ -313,7 +306,7 @@ pub(crate) fn swiglu_kept(
     );
     Activation::rounded_with(rows, cols, |r, out| {
         let e = r.start * cols..r.end * cols;
-        swiglu_fwd(&a[e.clone()], &u[e], uninit(out))
+        swiglu_fwd(&a[e.clone()], &u[e], out)
     })
 }
 

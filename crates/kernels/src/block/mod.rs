@@ -7,7 +7,6 @@
 //! stream, so the buffers of its inner activations and parameters go.
 
 use std::borrow::Cow;
-use std::mem::MaybeUninit;
 
 use candle_core::{Result, Tensor};
 
@@ -87,8 +86,6 @@ impl HeldNorm {
             let (w, b) = (p[0], p.get(1).copied());
             let d = NormOp::row_width(x, w)?;
             Ok(Activation::rounded_with(x.len() / d, d, |rows, out| {
-                // SAFETY: f32 and MaybeUninit<f32> share a layout; the norm writes every element.
-                let out = unsafe { &mut *(out as *mut [f32] as *mut [MaybeUninit<f32>]) };
                 self.op.forward_into(&x[rows.start * d..rows.end * d], w, b, out)
             }))
         })

@@ -310,7 +310,7 @@ impl Activation {
     pub fn rounded_with(
         rows: usize,
         cols: usize,
-        fill: impl Fn(std::ops::Range<usize>, &mut [f32]) + Sync + Send,
+        fill: impl Fn(std::ops::Range<usize>, &mut [std::mem::MaybeUninit<f32>]) + Sync + Send,
     ) -> Self {
         assert_bf16();
         #[cfg(target_arch = "x86_64")]

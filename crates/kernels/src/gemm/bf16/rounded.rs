@@ -66,7 +66,7 @@ impl Rounded {
     }
 
     /// A rows × cols matrix made a block of 32 rows at a time by `fill(rows, out)` (`out`:
-    /// `rows.len()·cols` floats, row-major, scratch of this thread's that stays in its caches),
+    /// `rows.len()·cols` floats to write, row-major, scratch of this thread's that stays in its caches),
     /// each block rounded as it is made, so the f32 values never travel to memory and back.
     ///
     /// # Panics
@@ -74,7 +74,7 @@ impl Rounded {
     pub(crate) fn from_rows_with(
         rows: usize,
         cols: usize,
-        fill: impl Fn(std::ops::Range<usize>, &mut [f32]) + Sync + Send,
+        fill: impl Fn(std::ops::Range<usize>, &mut [std::mem::MaybeUninit<f32>]) + Sync + Send,
     ) -> Self {
         Self::in_blocks(rows, cols, |block, out| {
             // Taken out, not borrowed, while `fill` runs: a `fill` that ran parallel tasks could
@@ -82,7 +82,11 @@ impl Rounded {
             let mut scratch = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
             scratch.resize(amx::ROWS * cols, 0.0);
             let made = &mut scratch[..block.len() * cols];
-            fill(block.clone(), made);
+            // SAFETY: f32 and MaybeUninit<f32> share a layout; `fill` writes only values, so
+            // the scratch stays initialised.
+            fill(block.clone(), unsafe {
+                &mut *(made as *mut [f32] as *mut [std::mem::MaybeUninit<f32>])
+            });
             let source = Operand {
                 ptr: made.as_ptr(),
                 row_stride: cols,
