@@ -36,11 +36,10 @@
 # defaults; none: kernels off; nocache: all kernels, upload cache off).
 #
 # The defaults run every section, config and impl (over an hour on a GPU): a device call with a
-# time budget names its --sections, --configs, --impls and --pairs. For a first bf16 check within
-# a 15-minute loan (start-up included; earlier calls of suite+counts+bench at two configs and
-# two impls took 127 s, docs/performance.md):
-#   scripts/gpu-check.sh --sections suite,bench,amx --configs multi30k-tiny,standard \
-#       --impls ember,ember-bf16,ember-bf16-composed,torch-bf16,torch-bf16-compile --pairs 2 --steps 20
+# time budget names its --sections, --configs, --impls and --pairs. Within a 15-minute loan
+# (start-up included), scripts/gpu-loan.sh runs this script's sections in stages, each under its
+# own time limit (earlier calls of suite+counts+bench at two configs and two impls took 127 s,
+# docs/performance.md).
 #
 # Prints one table last. Logs and JSON go to a work folder, packed after every section into
 # $OUT/gpu-check.tgz (a device call returns at most 8 files) beside $OUT/summary.md.
@@ -68,7 +67,8 @@ mark() { echo "[$((SECONDS - started))s] $*"; }
 
 # Unpacked once per machine: a second call of this script in the same device command reuses them.
 for f in .dev/ember.xz .dev/tests/*.xz .dev/amx/*.xz; do
-  [[ ${f%.xz} -nt $f ]] || { xz -dkf "$f" && chmod +x "${f%.xz}"; }
+  # Through a temporary name: a call cut short mid-way leaves no half binary behind.
+  [[ ${f%.xz} -nt $f ]] || { xz -dc "$f" > "${f%.xz}.part" && chmod +x "${f%.xz}.part" && mv "${f%.xz}.part" "${f%.xz}"; }
 done
 mkdir -p data && cp -rn .dev/data/. data/
 export LD_LIBRARY_PATH=$(python3 -c "import glob,os,nvidia;print(':'.join(d for r in nvidia.__path__ for d in sorted(glob.glob(os.path.join(r,'*','lib')))))")

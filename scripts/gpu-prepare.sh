@@ -8,7 +8,8 @@
 #
 #   scripts/gpu-prepare.sh            # ~20 min cold on 2 cores (candle's kernels), minutes after
 #
-# Then, in one device call: `carry: [".dev"]`, command `scripts/gpu-check.sh`.
+# Then, in one device call: `carry: [".dev"]`, command `scripts/gpu-check.sh` with its sections,
+# or `scripts/gpu-loan.sh` (every check that fits a 15-minute loan, in stages).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 exclude=$(git rev-parse --git-common-dir)/info/exclude
