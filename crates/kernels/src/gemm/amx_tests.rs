@@ -31,6 +31,19 @@ fn the_tiles_give_the_modelled_bits_for_every_layout_and_edge() {
     }
 }
 
+/// A product wider than a block's 384 columns: with B small enough for L2 its rows go one tile
+/// step at a time (a ragged last step included), beyond that in blocks of 128; either way the
+/// modelled bits, at any thread count.
+#[test]
+fn wide_products_give_the_modelled_bits_in_either_blocking() {
+    if !supported() {
+        return;
+    }
+    holds_to_the_model_at_every_layout(Kernel::AmxEmulated, (70, 33, 800));
+    // B: 560 pairs × 800 columns × 4 bytes = 1.7 MiB, past the bound.
+    bits_do_not_depend_on_the_threads(Kernel::AmxEmulated, &[((40, 1100, 800), false, true)]);
+}
+
 /// A long k in pieces (each resuming from C's sums, through the edge buffer where the step is
 /// ragged), split over threads by C's rows or its columns, with a column-major A: the same bits
 /// at 1, 2 and 3 threads, the modelled ones, and within rounding of the f64 sum.

@@ -66,6 +66,11 @@ const KQ_PIECE: usize = 256;
 const MC: usize = 128;
 const NC: usize = 384;
 
+/// The packed B (bytes of pairs over the columns a product runs) up to which a product wider
+/// than [`NC`] takes its rows one tile step at a time on AMX ([`rows_per_block`]): three quarters
+/// of a 2 MiB L2, the size on every AMX Xeon so far.
+const B_IN_L2: usize = 3 << 19;
+
 /// Whether the bf16 kernel runs here: the CPU has AVX512_BF16 and [`crate::simd::unit`] is
 /// AVX-512 (`EMBER_CPU_VECTOR_UNIT=avx2` turns it off like the rest of AVX-512).
 pub(crate) fn supported() -> bool {
@@ -349,12 +354,31 @@ unsafe fn run(
     c: SharedMut<f32>,
     ldc: usize,
 ) {
-    let parts = rows.clone().step_by(MC).map(|ic| Part {
-        rows: ic..rows.end.min(ic + MC),
+    let mc = rows_per_block(b, cols.len(), pairs.len());
+    let parts = rows.clone().step_by(mc).map(move |ic| Part {
+        rows: ic..rows.end.min(ic + mc),
         cols: cols.clone(),
         pairs: pairs.clone(),
     });
     run_parts(a, b, parts, beta, c, ldc)
+}
+
+/// Rows of C per block of [`run`]: [`MC`], but one tile step (32 rows) on AMX for a product
+/// wider than a block's [`NC`] columns whose packed B fits in L2 (the MLP's up projection x·Wᵀ
+/// and the down projection's dX = g·W at d_ff 1,536). A block's rows of A then stay in L1 while
+/// B's strips, contiguous, stream through from L2, where at 128 rows the strips stayed and A's
+/// 128 rows — tile loads of 16 rows apart — came from L2 for every strip. Same bits: the blocks
+/// only order the tiles. Measured with `gemm::bf16::timing::amx_product_parts_at_the_standard_shape`
+/// (medians of 6 alternating rounds, one thread; docs/performance.md, 2026-11-30): x·Wᵀ at
+/// 2048×384×1536 992 → 1,236 GFLOP/s in its tile steps, the products of n ≤ 384 within ±3%;
+/// dW = gᵀ·x (k 2,048, B 6 MiB at n 1,536) fell to 554 from 922 at 32 rows, hence the bound on B.
+fn rows_per_block(b: &PackedPairs, cols: usize, pairs: usize) -> usize {
+    let b_bytes = cols * pairs * 4;
+    if b.kernel.tiles() && cols > NC && b_bytes <= B_IN_L2 {
+        amx::ROWS
+    } else {
+        MC
+    }
 }
 
 /// A block of C for [`run_parts`]: its rows (at most [`MC`]), its columns (from a multiple of
