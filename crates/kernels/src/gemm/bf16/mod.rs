@@ -367,11 +367,13 @@ unsafe fn run(
 /// wider than a block's [`NC`] columns whose packed B fits in L2 (the MLP's up projection x·Wᵀ
 /// and the down projection's dX = g·W at d_ff 1,536). A block's rows of A then stay in L1 while
 /// B's strips, contiguous, stream through from L2, where at 128 rows the strips stayed and A's
-/// 128 rows — tile loads of 16 rows apart — came from L2 for every strip. Same bits: the blocks
+/// 128 rows — tile loads of 16 rows apart — came from L2 for every strip (an inference: the
+/// development VM has no cache counters). Same bits: the blocks
 /// only order the tiles. Measured with `gemm::bf16::timing::amx_product_parts_at_the_standard_shape`
 /// (medians of 6 alternating rounds, one thread; docs/performance.md, 2026-11-30): x·Wᵀ at
 /// 2048×384×1536 992 → 1,236 GFLOP/s in its tile steps, the products of n ≤ 384 within ±3%;
 /// dW = gᵀ·x (k 2,048, B 6 MiB at n 1,536) fell to 554 from 922 at 32 rows, hence the bound on B.
+/// The standard shape's bf16 step: 1.070× (8 pairs).
 fn rows_per_block(b: &PackedPairs, cols: usize, pairs: usize) -> usize {
     let b_bytes = cols * pairs * 4;
     if b.kernel.tiles() && cols > NC && b_bytes <= B_IN_L2 {
