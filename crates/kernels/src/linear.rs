@@ -33,7 +33,7 @@ use candle_core::{CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape
 use crate::activation::GeluSlope;
 use crate::cuda::{takes, Kernel};
 use crate::dropout::{add_dropout, add_dropped, dropout, dropout_apply, DropoutOp};
-use crate::gemm::{product_from, product_in, AFrom, Activation, BFrom, Mat};
+use crate::gemm::{product_from, product_in, AFrom, Activation, BFrom, Mat, SharedB};
 use crate::host::{
     cpu_slice, cpu_storage_as, cpu_tensor, cpu_tensor_as, cpu_values, is_host, is_host_f32, with_data,
 };
@@ -201,6 +201,21 @@ pub(crate) fn project_grads_kept(
         Activation::F32(x) => project_grads(x, w, g, dims, Precision::F32),
         #[allow(unreachable_patterns)]
         _ => grads_from(BFrom::Rows(x), w, g, dims),
+    }
+}
+
+/// [`project_grads_kept`] for an x that several projections read, as [`SharedB`] packed it
+/// once for their dW products.
+pub(crate) fn project_grads_shared(
+    x: &SharedB,
+    w: &[f32],
+    g: &[f32],
+    dims: (usize, usize, usize),
+) -> (Vec<f32>, Vec<f32>) {
+    match x {
+        SharedB::F32(x) => project_grads(x, w, g, dims, Precision::F32),
+        #[cfg(target_arch = "x86_64")]
+        SharedB::Packed(x) => grads_from(BFrom::Packed(x), w, g, dims),
     }
 }
 

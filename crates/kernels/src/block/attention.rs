@@ -23,10 +23,10 @@ use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 use crate::attention::{take, AttentionOptions, AttentionTelemetry, AttnOp};
 use crate::block::{branch_gradient, BlockNorm, GradSink, HeldNorm, ParamGrads};
 use crate::dropout::{add_dropped, DropoutOp};
-use crate::gemm::Activation;
+use crate::gemm::{Activation, SharedB};
 use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
 use crate::linear::{
-    project, project_grads, project_grads_kept, project_kept, Epilogue, Plain, Rotate, Scale,
+    project, project_grads, project_grads_shared, project_kept, Epilogue, Plain, Rotate, Scale,
 };
 use crate::rope::{check_heads, PositionScale, RopeOp, RopeTables};
 use crate::simd::add_in_place;
@@ -331,17 +331,20 @@ impl<Q: Epilogue, K: Epilogue> CustomOp1 for AttentionBlockOp<Q, K> {
             let (d_o, d_wo) = project_grads(&o, wo, &g_branch, (rows, q_width, d), p.precision);
             let (dq, dk, dv) = p.attn.backward_values(&q, &k, &v, &o, &d_o)?;
             drop((o, d_o, v));
-            let (dh_v, d_wv) = project_grads_kept(&h, wv, &dv, (rows, d, kv_width));
+            // h is dW's B for all three projections: packed once in bf16.
+            let h_b = SharedB::new(&h);
+            let (dh_v, d_wv) = project_grads_shared(&h_b, wv, &dv, (rows, d, kv_width));
             // The epilogues here (rotation, scale, none) never recompute what they took.
             let [q_norm, k_norm] = p.qk_norms();
             let recompute_k = || project_kept(&h, wk, (rows, d, kv_width));
             let dk = self.key.backward(&dk, shape, kv_width, recompute_k)?;
             let (dk, k_norm_grads) = back_through_norm(k_norm, &k_raw, dk)?;
-            let (dh_k, d_wk) = project_grads_kept(&h, wk, &dk, (rows, d, kv_width));
+            let (dh_k, d_wk) = project_grads_shared(&h_b, wk, &dk, (rows, d, kv_width));
             let recompute_q = || project_kept(&h, wq, (rows, d, q_width));
             let dq = self.query.backward(&dq, shape, q_width, recompute_q)?;
             let (dq, q_norm_grads) = back_through_norm(q_norm, &q_raw, dq)?;
-            let (dh_q, d_wq) = project_grads_kept(&h, wq, &dq, (rows, d, q_width));
+            let (dh_q, d_wq) = project_grads_shared(&h_b, wq, &dq, (rows, d, q_width));
+            drop(h_b);
             drop((h, q, k));
             // h's three gradients summed as candle sums them: v's, then k's, then q's.
             let mut dh = dh_v;

@@ -24,9 +24,9 @@ use crate::activation::{swiglu_grads, swiglu_kept, GeluSlope};
 use crate::attention::take;
 use crate::block::{branch_gradient, BlockNorm, GradSink, HeldNorm};
 use crate::dropout::{add_dropped, DropoutOp};
-use crate::gemm::Activation;
+use crate::gemm::{Activation, SharedB};
 use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
-use crate::linear::{project_grads_kept, project_grads_of, project_kept};
+use crate::linear::{project_grads_kept, project_grads_of, project_grads_shared, project_kept};
 use crate::simd::add_in_place;
 use crate::Precision;
 
@@ -202,9 +202,11 @@ impl MlpBlockOp {
             Some(w_gate) => with_data([w_gate], |[w_gate]| {
                 let (d_gate_product, d_up_product) = swiglu_grads(&gate, &up, dh_act);
                 drop((gate, up));
-                // candle reaches h through the up projection first, then the gate's.
-                let (mut dh, d_up) = project_grads_kept(&h, w_up, &d_up_product, d);
-                let (dh_gate, d_gate) = project_grads_kept(&h, w_gate, &d_gate_product, d);
+                // candle reaches h through the up projection first, then the gate's; h is
+                // dW's B for both, packed once in bf16.
+                let h_b = SharedB::new(&h);
+                let (mut dh, d_up) = project_grads_shared(&h_b, w_up, &d_up_product, d);
+                let (dh_gate, d_gate) = project_grads_shared(&h_b, w_gate, &d_gate_product, d);
                 add_in_place(&mut dh, &dh_gate);
                 Ok((dh, vec![d_gate, d_up]))
             }),

@@ -357,11 +357,33 @@ pub(crate) enum AFrom<'a> {
     Transposed(&'a Activation),
 }
 
-/// A B operand of [`product_from`]: f32 (a view), or an [`Activation`] in rows (k×n).
+/// A B operand of [`product_from`]: f32 (a view), an [`Activation`] in rows (k×n), or one
+/// packed beforehand for several products ([`SharedB`]).
 #[derive(Clone, Copy)]
 pub(crate) enum BFrom<'a> {
     View(Mat<'a>),
     Rows(&'a Activation),
+    #[cfg(target_arch = "x86_64")]
+    Packed(&'a super::bf16::PackedPairs),
+}
+
+/// An activation that several products read as their B: x in the dW = gᵀ·x of each projection
+/// that reads x (the attention block's q, k and v; SwiGLU's gate and up). In bf16 its strips are
+/// packed once for all of them instead of once per product; f32 reads it where it lies.
+pub(crate) enum SharedB<'a> {
+    F32(&'a [f32]),
+    #[cfg(target_arch = "x86_64")]
+    Packed(super::bf16::PackedPairs),
+}
+
+impl<'a> SharedB<'a> {
+    pub fn new(x: &'a Activation) -> Self {
+        match x {
+            Activation::F32(v) => SharedB::F32(v),
+            #[cfg(target_arch = "x86_64")]
+            Activation::Bf16(r) => SharedB::Packed(super::bf16::pack_b_rounded(r)),
+        }
+    }
 }
 
 /// `A·B` (m×k times k×n) into a new row-major m×n vector, for operands kept as
@@ -374,6 +396,8 @@ pub(crate) fn product_from(m: usize, k: usize, n: usize, a: AFrom<'_>, b: BFrom<
     let b_f32 = match b {
         BFrom::View(v) => Some(v),
         BFrom::Rows(x) => x.as_f32().map(|v| Mat::rows(v, n)),
+        #[cfg(target_arch = "x86_64")]
+        BFrom::Packed(_) => None,
     };
     if let (Some(a), Some(b)) = (a_f32, b_f32) {
         return product(m, k, n, a, b);
@@ -385,20 +409,29 @@ pub(crate) fn product_from(m: usize, k: usize, n: usize, a: AFrom<'_>, b: BFrom<
             AFrom::Rows(x) => AInput::Rows(x.as_rounded()),
             AFrom::Transposed(x) => AInput::Transposed(x.as_rounded()),
         };
+        let owned;
         let packed = match b {
             BFrom::View(v) => {
                 assert!(v.fits(k, n), "sgemm: operand out of bounds");
                 // SAFETY: B's k×n view is in bounds (asserted); a rounded activation exists
                 // only where the CPU has AVX512_BF16.
-                unsafe { pack_b(k, n, v.operand()) }
+                owned = unsafe { pack_b(k, n, v.operand()) };
+                &owned
             }
-            BFrom::Rows(x) => pack_b_rounded(x.as_rounded()),
+            BFrom::Rows(x) => {
+                owned = pack_b_rounded(x.as_rounded());
+                &owned
+            }
+            BFrom::Packed(p) => {
+                assert_eq!(p.dims(), (k, n), "sgemm: B packed as another shape");
+                p
+            }
         };
         let mut c = Vec::with_capacity(m * n);
         // SAFETY: A fits B (asserted by `gemm_packed_from`), C has room for m×n and is this
         // function's alone; a β = 0 product writes every element of C.
         unsafe {
-            gemm_packed_from(m, a, &packed, 0.0, c.as_mut_ptr(), n);
+            gemm_packed_from(m, a, packed, 0.0, c.as_mut_ptr(), n);
             c.set_len(m * n);
         }
         c

@@ -47,7 +47,7 @@ pub(crate) use blocks::Blocks;
 use mixed::gemm_in;
 pub(crate) use mixed::{
     bf16_on_amx, bf16_supported, product_from, product_in, sgemm_in, AFrom, Activation, BFrom, PackedIn,
-    Part, PartsOf,
+    Part, PartsOf, SharedB,
 };
 
 use crate::Precision;
