@@ -190,22 +190,19 @@ pub(crate) fn project_kept(
     product_from(rows, in_dim, out_dim, AFrom::Rows(x), w_t)
 }
 
-/// [`project_grads`] for x kept as an [`Activation`], in x's precision.
+/// [`project_grads`] for x kept as an [`Activation`], in x's precision (x packed as dW's B
+/// for this one projection).
 pub(crate) fn project_grads_kept(
     x: &Activation,
     w: &[f32],
     g: &[f32],
     dims: (usize, usize, usize),
 ) -> (Vec<f32>, Vec<f32>) {
-    match x {
-        Activation::F32(x) => project_grads(x, w, g, dims, Precision::F32),
-        #[allow(unreachable_patterns)]
-        _ => grads_from(BFrom::Rows(x), w, g, dims),
-    }
+    project_grads_shared(&SharedB::new(x), w, g, dims)
 }
 
-/// [`project_grads_kept`] for an x that several projections read, as [`SharedB`] packed it
-/// once for their dW products.
+/// [`project_grads`] for an x that several projections read, as [`SharedB`] packed it once for
+/// their dW products.
 pub(crate) fn project_grads_shared(
     x: &SharedB,
     w: &[f32],
