@@ -265,7 +265,9 @@ fn backward_task_generic(f: &Backward<'_>, bi: usize, kh: usize) {
     let dims = f.dims;
     let (t, s, d) = (dims.t, dims.s, dims.d);
     let (mut scratch, mut dropped) = task_buffers(f.kept.is_some(), f.dropout.is_some(), t * s);
-    let mut ds = vec![0f32; t * s];
+    // Every element of dS is written by `logits` below (the live columns by a β = 0 product,
+    // the dead ones zeroed) before anything reads it: no zero fill first.
+    let mut ds: Vec<f32> = Vec::with_capacity(t * s);
     let (k, v) = (kv_mat(dims, f.k, bi, kh), kv_mat(dims, f.v, bi, kh));
     let k_t = f.kept.is_none().then(|| PartsOf::new(f.precision, d, s, k.t()));
     let (v_t, k) = (
@@ -289,8 +291,11 @@ fn backward_task_generic(f: &Backward<'_>, bi: usize, kh: usize) {
                 &scratch
             }
         };
-        // SAFETY: ds holds T×S floats.
-        unsafe { logits(&v_t, go, &blocks, dims, ds.as_mut_ptr()) };
+        // SAFETY: ds has room for T×S floats, and `logits` writes all of them.
+        unsafe {
+            logits(&v_t, go, &blocks, dims, ds.as_mut_ptr());
+            ds.set_len(t * s);
+        }
         let first = dims.probs_block(bi, hq);
         for (rows, end) in &blocks {
             for ti in rows.clone() {
