@@ -20,7 +20,10 @@ and −0.1 loss for every QK-norm variant, Henry et al.'s +0.93 BLEU for l2 too.
 A sweep over several peak learning rates (part c) gets, instead, the tables per variant and
 learning rate and each variant's LR sensitivity (Wortsman et al. 2023, with BLEU for the loss): per
 seed, the mean over the rates of BLEU(η*) − BLEU(η), where η* is the rate with the seed's best
-*validation* BLEU and the BLEUs are test BLEUs; a diverged run counts as BLEU 0 on both.
+*validation* BLEU and the BLEUs are test BLEUs; a diverged run counts as BLEU 0 on both. Its
+paired difference from `none` gets the t interval, p and Holm adjustment over the variants; then,
+as a secondary table, test BLEU against `none` at each rate, Holm-adjusted over every variant ×
+rate pair.
 
 Needs scipy (t quantiles, p values, the non-central t of the power):
 
@@ -286,19 +289,45 @@ def lr_sweep_tables(runs, variants, lrs):
           "best validation BLEU minus test BLEU at each rate; lower is more robust), and the paired "
           "Δ vs `none`:")
     print()
-    print("| variant | seeds | LR sensitivity (test BLEU) | Δ vs none [95% CI] | best lr by validation, per seed |")
-    print("|---|---|---|---|---|")
+    print("| variant | seeds | LR sensitivity (test BLEU) | per seed | Δ vs none [95% CI] | p | Holm p | best lr by validation, per seed |")
+    print("|---|---|---|---|---|---|---|---|")
+    others = [v for v in variants if v != "none"]
+    diffs = {v: [sens[(v, s)] - sens[("none", s)] for s in seeds if (v, s) in sens and ("none", s) in sens]
+             for v in others}
+    tests = {v: t_test(d) if d else (NAN, NAN, NAN, NAN) for v, d in diffs.items()}
+    adjusted = dict(zip(others, holm([tests[v][3] for v in others])))
     for v in variants:
         mine = [s for s in seeds if (v, s) in sens]
         if not mine:
             continue
-        pairs = [sens[(v, s)] - sens[("none", s)] for s in mine if ("none", s) in sens]
-        delta = ""
-        if v != "none" and pairs:
-            mu, lo, hi, _ = t_test(pairs)
+        delta, p, hp = "", "", ""
+        if v != "none" and diffs[v]:
+            mu, lo, hi, pv = tests[v]
             delta = f"{signed(mu, 2)} [{signed(lo, 2)}, {signed(hi, 2)}]"
+            p, hp = fmt(pv, 3), fmt(adjusted[v], 3)
+        each = ", ".join(fmt(sens[(v, s)], 2) for s in mine)
         chosen = ", ".join(f"seed {s}: {best_lr[(v, s)]}" for s in mine)
-        print(f"| {v} | {len(mine)} | {mean_sd([sens[(v, s)] for s in mine], 2)} | {delta} | {chosen} |")
+        print(f"| {v} | {len(mine)} | {mean_sd([sens[(v, s)] for s in mine], 2)} | {each} | {delta} | {p} | {hp} | {chosen} |")
+    print()
+    per_rate_table(runs, others, lrs)
+
+
+def per_rate_table(runs, others, lrs):
+    """Secondary to the LR sensitivity: test BLEU vs none at each rate, Holm over every pair."""
+    cells = [(v, lr, paired(runs, v, "bleu", lr)) for v in others for lr in lrs]
+    cells = [c for c in cells if c[2]]
+    if not cells:
+        return
+    tests = [t_test(d) for _, _, d in cells]
+    adjusted = holm([t[3] for t in tests])
+    print(f"Secondary, per rate: test BLEU vs `none` (variant − none, same seed; a diverged run counts "
+          f"as BLEU 0), with the paired t test's p and its Holm adjustment over all {len(cells)} "
+          f"variant × rate comparisons:")
+    print()
+    print("| variant | lr | seeds | Δ test BLEU [95% CI] | p | Holm p |")
+    print("|---|---|---|---|---|---|")
+    for (v, lr, d), (mu, lo, hi, p), hp in zip(cells, tests, adjusted):
+        print(f"| {v} | {lr} | {len(d)} | {signed(mu, 2)} [{signed(lo, 2)}, {signed(hi, 2)}] | {fmt(p, 3)} | {fmt(hp, 3)} |")
     print()
 
 
