@@ -318,12 +318,6 @@ impl NormOp {
     ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
         let d = w.len();
         let rows = x.len() / d.max(1);
-        assert_eq!(
-            rows * d,
-            x.len(),
-            "norm: input size {} is not a multiple of {d}",
-            x.len()
-        );
         // dx is written whole by the rows' tasks, so it is not zero-filled first (a pass over
         // an activation-sized buffer: 0.7% of the standard shape's bf16 step in a profile).
         let mut dx: Vec<f32> = Vec::with_capacity(x.len());
@@ -351,7 +345,8 @@ impl NormOp {
             );
         });
         // SAFETY: the tasks covered rows 0..rows, and `backward_rows` writes every element of
-        // each of its rows.
+        // each of its rows: rows·d elements, all of x where d divides it (as
+        // [`Self::row_width`] checks for the ops).
         unsafe { dx.set_len(rows * d) };
         let (mut dw, mut db) = (vec![0f32; d], vec![0f32; d]);
         let (dw_out, db_out) = (SharedMut(dw.as_mut_ptr()), SharedMut(db.as_mut_ptr()));
