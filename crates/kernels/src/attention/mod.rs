@@ -465,3 +465,5 @@ mod cuda;
 mod live_tests;
 #[cfg(test)]
 mod mirror;
+#[cfg(test)]
+mod timing;

@@ -39,7 +39,7 @@ mod rounded_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
-mod timing;
+pub(crate) mod timing;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 

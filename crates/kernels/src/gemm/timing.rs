@@ -197,7 +197,7 @@ fn bf16_against_f32_at_training_shapes() {
     crate::par::set_threads(1).unwrap();
 }
 /// Seconds of CPU time this thread has run.
-pub(super) fn thread_cpu_secs() -> f64 {
+pub(crate) fn thread_cpu_secs() -> f64 {
     let mut t = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,

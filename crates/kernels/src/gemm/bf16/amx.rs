@@ -62,6 +62,9 @@ pub(super) trait TileUnit {
     unsafe fn store<const T: u8>(&mut self, ptr: *mut f32, stride: usize);
     /// `tdpbf16ps`: tile C (f32) += tile A (bf16 pairs, 16×16) · tile B (bf16 pairs, 16×16).
     unsafe fn dot<const C: u8, const A: u8, const B: u8>(&mut self);
+    /// Asks for the cache line at `ptr` in L1, to be written (`prefetchw`): a hint, with no
+    /// effect on any value.
+    unsafe fn prefetch_for_writing(&mut self, _ptr: *const f32) {}
 }
 
 /// The configuration [`TileUnit::configure`] loads: palette 1, tiles 0–7 of 16 rows × 64 bytes.
@@ -106,6 +109,11 @@ impl TileUnit for Hardware {
     unsafe fn dot<const C: u8, const A: u8, const B: u8>(&mut self) {
         asm!("tdpbf16ps tmm{c}, tmm{a}, tmm{b}", c = const C, a = const A, b = const B,
              options(nostack, nomem));
+    }
+    /// Every CPU with AMX has `prefetchw` (PRFCHW); `asm!` because the crate is not built for it.
+    #[inline(always)]
+    unsafe fn prefetch_for_writing(&mut self, ptr: *const f32) {
+        asm!("prefetchw [{}]", in(reg) ptr, options(nostack, readonly, preserves_flags));
     }
 }
 
@@ -211,7 +219,9 @@ impl TileUnit for Faulty {
 /// multiple of [`KQ_STEP`]) of A's rows at `a` (row stride `lda` u32, 32 rows readable, zero past
 /// k and past the rows that exist) and of a strip of B at `b` (pair rows of [`NR`] u32, zero past
 /// k and n). With `resume` the sums start from C's values (β not applied), else from zero with
-/// β·C added at the end.
+/// β·C added at the end. `next`: where the step after this one stores its sums, a whole 32 × 32
+/// (rows `ldc` apart; null if unknown or not whole), whose lines this one asks for while its
+/// products run; `asked`: whether the step before asked for this one's lines so.
 pub(super) struct Step {
     pub kq: usize,
     pub a: *const u32,
@@ -223,6 +233,14 @@ pub(super) struct Step {
     pub width: usize,
     pub beta: f32,
     pub resume: bool,
+    pub next: *const f32,
+    pub asked: bool,
+}
+
+/// C's 32 rows × 32 columns as 64 cache lines: line `i`'s first element, rows `ldc` apart.
+#[inline(always)]
+unsafe fn c_line(c: *const f32, ldc: usize, i: usize) -> *const f32 {
+    c.add((i / 2) * ldc + (i % 2) * 16)
 }
 
 /// Runs a [`Step`] on `unit`, configured beforehand. A whole 32×32 tile of C with nothing to add
@@ -258,11 +276,24 @@ pub(super) unsafe fn step<U: TileUnit>(unit: &mut U, s: Step) {
         unit.load::<2>(c.add(16 * ldc).cast(), 4 * ldc);
         unit.load::<3>(c.add(16 * ldc + 16).cast(), 4 * ldc);
     } else {
+        if direct && !s.asked {
+            // C's lines asked for, for writing, before the products: the stores at the end
+            // then find them in L1 rather than each tile row waiting for its own lines.
+            for i in 0..2 * ROWS {
+                unit.prefetch_for_writing(c_line(c, ldc, i));
+            }
+        }
         unit.zero::<0>();
         unit.zero::<1>();
         unit.zero::<2>();
         unit.zero::<3>();
     }
+    // The next step's 64 lines of C, asked for a share at a time among this step's products,
+    // so that they arrive while the tiles multiply. Attention's products (k = d = 64: two
+    // `tdpbf16ps` per tile of C) spent half their steps' time waiting on the stores of C's
+    // lines otherwise (docs/performance.md, 2026-12-01).
+    let per_k = (2 * ROWS).div_ceil(s.kq.div_ceil(KQ_STEP).max(1));
+    let mut line = 0;
     for q in (0..s.kq).step_by(KQ_STEP) {
         unit.load::<4>(s.a.add(q), 4 * s.lda);
         unit.load::<5>(s.a.add(16 * s.lda + q), 4 * s.lda);
@@ -272,6 +303,12 @@ pub(super) unsafe fn step<U: TileUnit>(unit: &mut U, s: Step) {
         unit.dot::<1, 4, 7>();
         unit.dot::<2, 5, 6>();
         unit.dot::<3, 5, 7>();
+        if !s.next.is_null() {
+            for i in line..(line + per_k).min(2 * ROWS) {
+                unit.prefetch_for_writing(c_line(s.next, s.ldc, i));
+            }
+            line += per_k;
+        }
     }
     unit.store::<0>(c, 4 * ldc);
     unit.store::<1>(c.add(16), 4 * ldc);

@@ -464,6 +464,13 @@ unsafe fn run_parts(
                         ldc,
                         width: NR.min(jc_end - j0),
                         beta,
+                        // The next strip's first step, where it is a whole one.
+                        next: match j0 + 2 * NR <= jc_end && ic_end - ic >= amx::ROWS {
+                            true => c.at(ic * ldc + j0 + NR),
+                            false => std::ptr::null_mut(),
+                        },
+                        // Whether the strip before asked for this one's first step so.
+                        asked: j0 > jc && j0 + NR <= jc_end && ic_end - ic >= amx::ROWS,
                     };
                     match &mut unit {
                         Unit::Vectors => piece_on_vectors(p),
@@ -509,6 +516,11 @@ struct Piece<'a> {
     ldc: usize,
     width: usize,
     beta: f32,
+    /// Where the piece after this one stores its first step's sums, where that step is a whole
+    /// 32 × 32 (else null).
+    next: *mut f32,
+    /// Whether the piece before asked for this one's first step's lines.
+    asked: bool,
 }
 
 /// A [`Piece`] as 8×32 tiles of C in vector registers (`vdpbf16ps`).
@@ -555,6 +567,17 @@ unsafe fn piece_on_tiles<U: amx::TileUnit>(unit: &mut U, p: Piece<'_>) {
             width: p.width,
             beta: p.beta,
             resume: p.resume,
+            // The next row step, or the next piece's first, where it is a whole one.
+            next: match (i0 + amx::ROWS < p.rows.end, i0 + 2 * amx::ROWS <= p.rows.end) {
+                (true, true) if p.width == NR => p.c.add((r + amx::ROWS) * p.ldc),
+                (true, _) => std::ptr::null_mut(),
+                (false, _) => p.next,
+            },
+            // The row step before asked for this one's lines where it is whole.
+            asked: match i0 == p.rows.start {
+                true => p.asked,
+                false => p.width == NR && i0 + amx::ROWS <= p.rows.end,
+            },
         };
         amx::step(unit, step);
     }

@@ -198,6 +198,8 @@ fn amx_tiles_in_l1() {
                         width: 32,
                         beta: 0.0,
                         resume: false,
+                        next: std::ptr::null(),
+                        asked: false,
                     };
                     amx::step(&mut unit, step);
                 });
