@@ -294,15 +294,34 @@ pub(super) unsafe fn step<U: TileUnit>(unit: &mut U, s: Step) {
     // lines otherwise (docs/performance.md, 2026-12-01).
     let per_k = (2 * ROWS).div_ceil(s.kq.div_ceil(KQ_STEP).max(1));
     let mut line = 0;
+    // Each operand tile of the next 16 pairs is loaded as soon as the last product reading its
+    // register has been issued, so that its load runs beside the products still to come: the
+    // tile registers are not renamed, so a load waits for the products before it that read
+    // its register. The steps of the products' timing test ran 5–17% faster than with the four
+    // loads at the top of each 16 pairs, the training step 1.007× and 1.019× (docs/performance.md,
+    // 2026-12-01).
+    if s.kq > 0 {
+        unit.load::<4>(s.a, 4 * s.lda);
+        unit.load::<6>(s.b, 4 * NR);
+        unit.load::<5>(s.a.add(16 * s.lda), 4 * s.lda);
+        unit.load::<7>(s.b.add(16), 4 * NR);
+    }
     for q in (0..s.kq).step_by(KQ_STEP) {
-        unit.load::<4>(s.a.add(q), 4 * s.lda);
-        unit.load::<5>(s.a.add(16 * s.lda + q), 4 * s.lda);
-        unit.load::<6>(s.b.add(q * NR), 4 * NR);
-        unit.load::<7>(s.b.add(q * NR + 16), 4 * NR);
+        let (n, more) = (q + KQ_STEP, q + KQ_STEP < s.kq);
         unit.dot::<0, 4, 6>();
         unit.dot::<1, 4, 7>();
+        if more {
+            unit.load::<4>(s.a.add(n), 4 * s.lda);
+        }
         unit.dot::<2, 5, 6>();
+        if more {
+            unit.load::<6>(s.b.add(n * NR), 4 * NR);
+        }
         unit.dot::<3, 5, 7>();
+        if more {
+            unit.load::<5>(s.a.add(16 * s.lda + n), 4 * s.lda);
+            unit.load::<7>(s.b.add(n * NR + 16), 4 * NR);
+        }
         if !s.next.is_null() {
             for i in line..(line + per_k).min(2 * ROWS) {
                 unit.prefetch_for_writing(c_line(s.next, s.ldc, i));
