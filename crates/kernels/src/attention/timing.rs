@@ -11,8 +11,8 @@ fn randn(seed: u64, n: usize, scale: f32) -> Vec<f32> {
     (0..n).map(|_| scale * rng.normal() as f32).collect()
 }
 
-/// Forward and backward passes of the core, medians of 15 rounds (`EMBER_TIMING_ROUNDS`: more, for a profiler), each ms and GFLOP/s of the
-/// live blocks' products.
+/// Forward and backward passes of the core, medians of 15 rounds (`EMBER_TIMING_ROUNDS` sets
+/// more, for a profiler), each in ms and in GFLOP/s of the live blocks' products.
 #[test]
 #[ignore]
 fn attention_core_at_the_standard_shape() {

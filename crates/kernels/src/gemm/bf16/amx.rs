@@ -297,10 +297,10 @@ pub(super) unsafe fn step<U: TileUnit>(unit: &mut U, s: Step) {
     // Each operand tile of the next 16 pairs is loaded as soon as the last product reading its
     // register has been issued, so that its load runs beside the products still to come: the
     // tile registers are not renamed, so a load waits for the products before it that read
-    // its register. With both operands in L1 a step over 192 pairs ran 10–20% faster than with the
-    // four loads at the top of each 16 pairs (`amx_tiles_in_l1`); where the operands come from
-    // L2 and beyond, as in training, the gain is within this machine's noise (the training step
-    // 1.007× and 1.019×; docs/performance.md, 2026-12-01).
+    // its register. With both operands in L1 a step over 192 pairs ran 10–20% faster than
+    // with the four loads at the top of each 16 pairs (`amx_tiles_in_l1`); where the operands
+    // come from L2 and beyond, as in training, the gain is within this machine's noise (the
+    // training step 1.007× and 1.019×; docs/performance.md, 2026-12-01).
     if s.kq > 0 {
         unit.load::<4>(s.a, 4 * s.lda);
         unit.load::<6>(s.b, 4 * NR);
