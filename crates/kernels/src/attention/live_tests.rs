@@ -10,7 +10,7 @@ use candle_core::{DType, Device, Tensor};
 use super::{causal_mask, padding_mask, take, AttentionOptions, AttentionTelemetry, AttnOp};
 use crate::Precision;
 
-fn randn(seed: u64, n: usize, scale: f32) -> Vec<f32> {
+pub(super) fn randn(seed: u64, n: usize, scale: f32) -> Vec<f32> {
     let mut rng = ember_rng::SplitMix64::new(seed);
     (0..n).map(|_| scale * rng.normal() as f32).collect()
 }

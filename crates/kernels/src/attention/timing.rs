@@ -2,14 +2,10 @@
 //! 256 positions, 6 heads of 64), causal, bf16, one thread, by its own CPU time. Run with
 //! `cargo test --release -p ember-kernels --lib attention::timing -- --ignored --nocapture`.
 
+use super::live_tests::randn;
 use super::{causal_mask, AttentionOptions, AttnOp};
 use crate::gemm::timing::thread_cpu_secs;
 use crate::Precision;
-
-fn randn(seed: u64, n: usize, scale: f32) -> Vec<f32> {
-    let mut rng = ember_rng::SplitMix64::new(seed);
-    (0..n).map(|_| scale * rng.normal() as f32).collect()
-}
 
 /// Forward and backward passes of the core, medians of 15 rounds (`EMBER_TIMING_ROUNDS` sets
 /// more, for a profiler), each in ms and in GFLOP/s of the live blocks' products.

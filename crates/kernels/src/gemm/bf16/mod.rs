@@ -452,7 +452,14 @@ unsafe fn run_parts(
         for jc in cols.clone().step_by(NC) {
             let jc_end = cols.end.min(jc + NC);
             for q0 in (pairs.start..pairs.end.max(pairs.start + 1)).step_by(piece) {
+                // Whether the strip before asked for this one's first step's lines.
+                let mut asked = false;
                 for j0 in (jc..jc_end).step_by(NR) {
+                    // The next strip's first step, where it is a whole one.
+                    let next = match j0 + 2 * NR <= jc_end && ic_end - ic >= amx::ROWS {
+                        true => c.at(ic * ldc + j0 + NR),
+                        false => std::ptr::null_mut(),
+                    };
                     let p = Piece {
                         block: &block,
                         rows: ic..ic_end,
@@ -464,14 +471,10 @@ unsafe fn run_parts(
                         ldc,
                         width: NR.min(jc_end - j0),
                         beta,
-                        // The next strip's first step, where it is a whole one.
-                        next: match j0 + 2 * NR <= jc_end && ic_end - ic >= amx::ROWS {
-                            true => c.at(ic * ldc + j0 + NR),
-                            false => std::ptr::null_mut(),
-                        },
-                        // Whether the strip before asked for this one's first step so.
-                        asked: j0 > jc && j0 + NR <= jc_end && ic_end - ic >= amx::ROWS,
+                        next,
+                        asked,
                     };
+                    asked = !next.is_null();
                     match &mut unit {
                         Unit::Vectors => piece_on_vectors(p),
                         Unit::Tiles(tiles) => piece_on_tiles(tiles, p),
@@ -554,8 +557,16 @@ unsafe fn piece_on_vectors(p: Piece<'_>) {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bf16")]
 unsafe fn piece_on_tiles<U: amx::TileUnit>(unit: &mut U, p: Piece<'_>) {
+    // Whether the step before asked for this one's lines (its `next`).
+    let mut asked = p.asked;
     for i0 in p.rows.clone().step_by(amx::ROWS) {
         let r = i0 - p.rows.start;
+        // The next row step, or the next piece's first, where it is a whole one.
+        let next = match (i0 + amx::ROWS < p.rows.end, i0 + 2 * amx::ROWS <= p.rows.end) {
+            (true, true) if p.width == NR => p.c.add((r + amx::ROWS) * p.ldc),
+            (true, _) => std::ptr::null_mut(),
+            (false, _) => p.next,
+        };
         let step = amx::Step {
             kq: p.kq,
             a: p.block.ptr.add(r * p.block.row_stride + p.qa),
@@ -567,18 +578,10 @@ unsafe fn piece_on_tiles<U: amx::TileUnit>(unit: &mut U, p: Piece<'_>) {
             width: p.width,
             beta: p.beta,
             resume: p.resume,
-            // The next row step, or the next piece's first, where it is a whole one.
-            next: match (i0 + amx::ROWS < p.rows.end, i0 + 2 * amx::ROWS <= p.rows.end) {
-                (true, true) if p.width == NR => p.c.add((r + amx::ROWS) * p.ldc),
-                (true, _) => std::ptr::null_mut(),
-                (false, _) => p.next,
-            },
-            // The row step before asked for this one's lines where it is whole.
-            asked: match i0 == p.rows.start {
-                true => p.asked,
-                false => p.width == NR && i0 + amx::ROWS <= p.rows.end,
-            },
+            next,
+            asked,
         };
+        asked = !next.is_null();
         amx::step(unit, step);
     }
 }
