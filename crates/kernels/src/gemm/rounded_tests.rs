@@ -34,7 +34,15 @@ fn strips_from_rounded_rows_are_the_strips_from_f32_rows() {
         return;
     }
     for kernel in [Kernel::Avx512, Kernel::AmxEmulated] {
-        for (k, n) in [(1usize, 1usize), (2, 31), (33, 32), (64, 70), (129, 17)] {
+        // n = 300: strips packed four at a time, the last group of two partly past n.
+        for (k, n) in [
+            (1usize, 1usize),
+            (2, 31),
+            (33, 32),
+            (64, 70),
+            (129, 17),
+            (65, 300),
+        ] {
             let b = values(k * n, (k * 3 + n) as u64);
             let (_, bo) = operands(&[], &b, (0, k, n), false, false);
             let from_f32 = unsafe { pack_b_for(kernel, k, n, bo) };

@@ -63,7 +63,7 @@ const KQ_PIECE: usize = 256;
 /// Rows and columns of C per block of [`run`] (multiples of [`MR`] and [`NR`]): 192 KiB of
 /// sums. Blocks of 64–256 rows and 384–768 columns, and pieces of 128–512 pairs, measured alike
 /// (thread CPU time, d 384's products).
-const MC: usize = 128;
+pub(super) const MC: usize = 128;
 const NC: usize = 384;
 
 /// The packed B (bytes of pairs over the columns a product runs) up to which a product wider

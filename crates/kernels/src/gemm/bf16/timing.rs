@@ -213,3 +213,54 @@ fn amx_tiles_in_l1() {
         );
     }
 }
+
+/// dW's operands from matrices rounded beforehand at the standard shape (a share of 2,048
+/// rows): g's transpose as A ([`super::rounded::pack_transposed`]) and x's strips as B
+/// ([`super::rounded::pack_b_rounded`]), in GB/s of bf16 read; several matrices in turn, so
+/// that each is read from beyond L2 as in training. Best of 7 rounds.
+#[test]
+#[ignore]
+fn amx_weight_grad_operands() {
+    if !amx::available() {
+        println!("no AMX here");
+        return;
+    }
+    crate::par::set_threads(1).unwrap();
+    println!(
+        "GB/s of bf16 read: transposed A, strips of B, transposed A in blocks of {} rows",
+        super::MC
+    );
+    for cols in [384, 1536] {
+        let rows = 2048;
+        let made: Vec<super::Rounded> = (0..8)
+            .map(|i| super::Rounded::new(rows, cols, &values(rows * cols, i)))
+            .collect();
+        let (mut transposed, mut strips, mut blocks) = (0f64, 0f64, 0f64);
+        let mut buf = super::pack::Aligned::default();
+        for _ in 0..7 {
+            let mut i = 0;
+            let t = per_call(16, || {
+                std::hint::black_box(super::rounded::pack_transposed(Kernel::Amx, &made[i % 8]));
+                i += 1;
+            });
+            transposed = transposed.max((rows * cols * 2) as f64 / t / 1e9);
+            let t = per_call(16, || {
+                std::hint::black_box(super::rounded::pack_b_rounded(Kernel::Amx, &made[i % 8]));
+                i += 1;
+            });
+            strips = strips.max((rows * cols * 2) as f64 / t / 1e9);
+            let t = per_call(16, || {
+                for ic in (0..cols).step_by(super::MC) {
+                    // SAFETY: the rows are g's columns; AMX (checked above) implies AVX-512.
+                    let rows_of_a = ic..cols.min(ic + super::MC);
+                    std::hint::black_box(unsafe {
+                        super::rounded::convert_transposed(Kernel::Amx, &made[i % 8], rows_of_a, &mut buf)
+                    });
+                }
+                i += 1;
+            });
+            blocks = blocks.max((rows * cols * 2) as f64 / t / 1e9);
+        }
+        println!("    {rows}×{cols:>4}: {transposed:7.1} {strips:7.1} {blocks:7.1}");
+    }
+}
