@@ -212,9 +212,10 @@ pub(crate) fn pack_b_rounded(kernel: Kernel, b: &Rounded) -> PackedPairs {
 /// Strips packed together by [`strips_from_rounded`], one line of each of b's rows apiece: a
 /// pass over b's rows then reads four adjacent lines of each, where a strip at a time read one
 /// line of every row per pass. `gemm::bf16::timing::amx_weight_grad_operands` (bf16 read per
-/// second, 2,048 rows, one thread, the two builds alternated 4 times): 6.2–7.3 → 7.2–7.7 GB/s
-/// at 384 columns, 3.6–4.2 → 4.7–5.6 at 1,536; 8 strips read no faster than 4. (The f32
-/// packer's strips of contiguous rows, two at a time, read 10% slower: not done there.)
+/// second, 2,048 rows, one thread, the two builds in turn 4 times, twice;
+/// docs/performance-raw/2026-12-01-nineteenth): 6.2–7.3 → 7.2–10.1 GB/s at 384 columns,
+/// 3.6–4.7 → 4.7–5.9 at 1,536; 8 strips read no faster than 4. (The f32 packer's strips of
+/// contiguous rows, two at a time, read 10% slower: not done there.)
 const STRIPS_PER_PASS: usize = 4;
 
 /// Strips `strips` of B = `b` into B's strips from `out`: pair rows up to ⌈k/2⌉ from `b`'s
@@ -268,9 +269,9 @@ pub(super) unsafe fn transposed_block(
             // are each a stream of their own to the hardware prefetcher, and the loads below
             // waited on every line (perf annotate: 78% of this function's samples). With the
             // loops turned round (below), `gemm::bf16::timing::amx_weight_grad_operands`
-            // (alternating builds, 4 times): the products' own blocks of 128 rows 6.8–7.2 →
-            // 9.6–10.8 GB/s of g read at 384 columns, 3.5–3.7 → 5.9–7.4 at 1,536; all of A in
-            // blocks of 32 rows 5.0–5.9 → 5.2–6.0 and 2.6–2.9 → 3.2–3.8.
+            // (the builds in turn 4 times, twice): the products' own blocks of 128 rows
+            // 6.8–7.3 → 9.6–11.5 GB/s of g read at 384 columns, 3.5–4.5 → 5.9–7.5 at 1,536;
+            // all of A in blocks of 32 rows 5.0–5.9 → 5.2–7.6 and 2.6–3.3 → 3.2–4.0.
             let ahead = 2 * (q0 + TRANSPOSED_PAIRS_AHEAD);
             for r in ahead..g.rows.min(ahead + 2 * 16) {
                 let row = g.halves().wrapping_add(r * 2 * g.row_stride() + rows.start);
