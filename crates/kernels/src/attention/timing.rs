@@ -4,7 +4,7 @@
 
 use super::live_tests::randn;
 use super::{causal_mask, AttentionOptions, AttnOp};
-use crate::gemm::timing::thread_cpu_secs;
+use crate::gemm::timing::{on_one_thread, thread_cpu_secs};
 use crate::Precision;
 
 /// Forward and backward passes of the core, medians of 15 rounds (`EMBER_TIMING_ROUNDS` sets
@@ -12,11 +12,9 @@ use crate::Precision;
 #[test]
 #[ignore]
 fn attention_core_at_the_standard_shape() {
-    if !crate::gemm::bf16_supported() {
-        println!("no bf16 products here");
+    if !on_one_thread(crate::gemm::bf16_supported(), "bf16 products") {
         return;
     }
-    crate::par::set_threads(1).unwrap();
     // As the binary sets glibc up: freed blocks reused, not unmapped and faulted in again.
     // SAFETY: mallopt only adjusts allocator parameters.
     unsafe {

@@ -6,7 +6,7 @@ use super::amx::{self, TileUnit};
 use super::pack::{pack_a, ASource};
 use super::{pack_b_for, run, Kernel, NR};
 use crate::gemm::tests::{operands, values};
-use crate::gemm::timing::thread_cpu_secs;
+use crate::gemm::timing::{on_one_thread, thread_cpu_secs};
 use crate::par::SharedMut;
 
 /// A buffer of `len` u32 or f32 whose first element starts `skew` elements past a cache line.
@@ -46,11 +46,9 @@ fn per_call(reps: usize, mut f: impl FnMut()) -> f64 {
 #[test]
 #[ignore]
 fn amx_product_parts_at_the_standard_shape() {
-    if !amx::available() {
-        println!("no AMX here");
+    if !on_one_thread(amx::available(), "AMX") {
         return;
     }
-    crate::par::set_threads(1).unwrap();
     // (m, k, n, A transposed, B transposed, what)
     let shapes = [
         (2048, 384, 384, false, true, "fwd x·Wᵀ q/k/v/o"),
@@ -221,11 +219,9 @@ fn amx_tiles_in_l1() {
 #[test]
 #[ignore]
 fn amx_weight_grad_operands() {
-    if !amx::available() {
-        println!("no AMX here");
+    if !on_one_thread(amx::available(), "AMX") {
         return;
     }
-    crate::par::set_threads(1).unwrap();
     println!(
         "GB/s of bf16 read: transposed A, strips of B, transposed A in blocks of {} rows",
         super::MC
