@@ -12,8 +12,11 @@ as a string (the Ember binary, the torch version, nanoGPT's commit). PRECISIONS 
 in the order each pair ran them. A run's record holds the median and p10 of its own steps; the
 summary takes, per side, the median over pairs of those medians, with their range as the spread,
 and per pair the ratios nanoGPT ms ÷ Ember ms (above 1: Ember faster) and, when both
-precisions ran, each side's bf16 speed-up (f32 ms ÷ bf16 ms). The summary is printed and
-appended to OUT as `{"summary": ...}` lines after the run records.
+precisions ran, each side's bf16 speed-up (f32 ms ÷ bf16 ms) and each side's faster precision
+against the other's (nanoGPT's faster ms ÷ Ember's faster ms, per pair). A precision with no
+Ember records was refused by Ember (a CPU without AVX512_BF16): its rows say so and it counts
+for nanoGPT alone. The summary is printed and appended to OUT as `{"summary": ...}` lines after
+the run records.
 """
 
 import json
@@ -21,6 +24,7 @@ import statistics
 import sys
 
 IMPLS = ("ember", "nanogpt")
+REFUSED = "refused by Ember"
 NAMES = {"ember": "Ember", "nanogpt": "nanoGPT"}
 
 
@@ -75,13 +79,13 @@ def pair_row(out, pair, threads, precisions):
     cols = [f"{threads:<8} {pair:<5}"]
     for p in precisions:
         e, n = side["ember", p], side["nanogpt", p]
-        cols += [f"{e['ms_median']:>14.1f} ({e['ms_p10']:>6.1f})",
+        cols += [f"{e['ms_median']:>14.1f} ({e['ms_p10']:>6.1f})" if e else f"{REFUSED:>22}",
                  f"{n['ms_median']:>16.1f} ({n['ms_p10']:>6.1f})",
-                 f"{n['ms_median'] / e['ms_median']:>9.2f}"]
+                 f"{n['ms_median'] / e['ms_median']:>9.2f}" if e else f"{'–':>9}"]
     if len(precisions) == 2:
         for impl, width in (("ember", 12), ("nanogpt", 14)):
-            speed_up = side[impl, "f32"]["ms_median"] / side[impl, "bf16"]["ms_median"]
-            cols.append(f"{speed_up:>{width}.2f}")
+            f32, bf16 = side[impl, "f32"], side[impl, "bf16"]
+            cols.append(f"{f32['ms_median'] / bf16['ms_median']:>{width}.2f}" if bf16 else f"{'–':>{width}}")
     print(" ".join(cols))
 
 
@@ -92,6 +96,21 @@ def spread(values):
 
 def shown(s, digits):
     return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}–{s['max']:.{digits}f})"
+
+
+def fastest_against_fastest(complete, shape, threads):
+    """Per pair, each side in whichever precision ran faster: nanoGPT's ms ÷ Ember's ms."""
+    pairs = sorted(set.intersection(*(set(by[impl]) for by in complete.values() for impl in IMPLS
+                                      if by[impl])))
+    faster = {impl: [min((by[impl][q] for by in complete.values() if by[impl]),
+                         key=lambda r: r["ms_median"]) for q in pairs] for impl in IMPLS}
+    s = spread([n["ms_median"] / e["ms_median"] for e, n in zip(faster["ember"], faster["nanogpt"])])
+    chosen = {impl: sorted({r["precision"] for r in faster[impl]}) for impl in IMPLS}
+    print(f"\nthreads {threads}: each side's faster precision (Ember {'/'.join(chosen['ember'])}, "
+          f"nanoGPT {'/'.join(chosen['nanogpt'])}), nanoGPT ms ÷ Ember ms per pair: "
+          f"**{shown(s, 2)}**, {len(pairs)} pairs")
+    return dict(summary="fastest_against_fastest", shape=shape, threads=threads,
+                ember_precisions=chosen["ember"], nanogpt_precisions=chosen["nanogpt"], **s)
 
 
 def summary(out, precisions):
@@ -108,8 +127,14 @@ def summary(out, precisions):
             by = {impl: {r["pair"]: r for r in rs
                          if (r["impl"], r["threads"], r["precision"]) == (impl, t, p)}
                   for impl in IMPLS}
-            pairs = sorted(set(by["ember"]) & set(by["nanogpt"]))
             complete[p] = by
+            if not by["ember"]:
+                ms = spread([r["ms_median"] for r in by["nanogpt"].values()])
+                print(f"{t} | {p} | {REFUSED} | {shown(ms, 1)} | – | {len(by['nanogpt'])}")
+                lines.append(dict(summary="ember_refused", shape=shape, threads=t, precision=p,
+                                  nanogpt_ms=ms))
+                continue
+            pairs = sorted(set(by["ember"]) & set(by["nanogpt"]))
             ms = {impl: spread([by[impl][q]["ms_median"] for q in pairs]) for impl in IMPLS}
             ratio = spread([by["nanogpt"][q]["ms_median"] / by["ember"][q]["ms_median"] for q in pairs])
             print(f"{t} | {p} | {shown(ms['ember'], 1)} | {shown(ms['nanogpt'], 1)} | "
@@ -121,9 +146,13 @@ def summary(out, precisions):
             for impl in IMPLS:
                 f32, bf16 = complete["f32"][impl], complete["bf16"][impl]
                 pairs = sorted(set(f32) & set(bf16))
+                if not pairs:
+                    print(f"  {NAMES[impl]:<8} no bf16 runs (refused)")
+                    continue
                 s = spread([f32[q]["ms_median"] / bf16[q]["ms_median"] for q in pairs])
                 print(f"  {NAMES[impl]:<8} {shown(s, 3)}, {len(pairs)} pairs")
                 lines.append(dict(summary="bf16_speed_up", impl=impl, shape=shape, threads=t, **s))
+            lines.append(fastest_against_fastest(complete, shape, t))
     with open(out, "a") as f:
         for line in lines:
             print(json.dumps(line), file=f)
