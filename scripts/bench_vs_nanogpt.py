@@ -54,7 +54,7 @@ def record(out, impl, pair, threads, precision, shape, data, *info):
 
 def runs(out):
     with open(out) as f:
-        return [r for r in map(json.loads, f) if "impl" in r]
+        return [r for r in map(json.loads, f) if "impl" in r and "summary" not in r]
 
 
 def lookup(rs, impl, pair, threads, precision):
@@ -100,10 +100,10 @@ def shown(s, digits):
 
 def fastest_against_fastest(complete, shape, threads):
     """Per pair, each side in whichever precision ran faster: nanoGPT's ms ÷ Ember's ms."""
-    pairs = sorted(set.intersection(*(set(by[impl]) for by in complete.values() for impl in IMPLS
-                                      if by[impl])))
-    faster = {impl: [min((by[impl][q] for by in complete.values() if by[impl]),
-                         key=lambda r: r["ms_median"]) for q in pairs] for impl in IMPLS}
+    ran = {impl: [by[impl] for by in complete.values() if by[impl]] for impl in IMPLS}
+    pairs = sorted(set.intersection(*(set(runs) for impl in IMPLS for runs in ran[impl])))
+    faster = {impl: [min((runs[q] for runs in ran[impl]), key=lambda r: r["ms_median"])
+                     for q in pairs] for impl in IMPLS}
     s = spread([n["ms_median"] / e["ms_median"] for e, n in zip(faster["ember"], faster["nanogpt"])])
     chosen = {impl: sorted({r["precision"] for r in faster[impl]}) for impl in IMPLS}
     print(f"\nthreads {threads}: each side's faster precision (Ember {'/'.join(chosen['ember'])}, "

@@ -19,8 +19,10 @@ grep -qx '/.dev/' "$exclude" 2>/dev/null || echo '/.dev/' >> "$exclude"
 # brings to a fresh machine; without them it exits before printing anything, and an `eval` of
 # nothing would go on to a build that fails on the missing nvcc instead.
 cargo fetch --quiet
-toolkit_env=$(../shared/cuda/setup-toolkit.sh) \
-  || { echo "gpu-prepare: ../shared/cuda/setup-toolkit.sh failed (its output is above)" >&2; exit 1; }
+toolkit_env=$(../shared/cuda/setup-toolkit.sh) || {
+  echo "gpu-prepare: ../shared/cuda/setup-toolkit.sh exited with status $?; run it alone to see where" >&2
+  exit 1
+}
 eval "$toolkit_env"
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target-cuda}
 case $CARGO_TARGET_DIR in

@@ -196,6 +196,7 @@ fn bf16_against_f32_at_training_shapes() {
     }
     crate::par::set_threads(1).unwrap();
 }
+
 /// Whether a timing test runs here: where the CPU lacks what it times (`available` false) it
 /// says so, naming `missing`, and the test returns; else the kernels are set to one thread.
 pub(crate) fn on_one_thread(available: bool, missing: &str) -> bool {
