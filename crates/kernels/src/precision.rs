@@ -126,6 +126,7 @@ impl Precision {
     pub fn cpu_products(self) -> String {
         match self {
             Precision::F32 if crate::simd::avx512() => "f32 products on AVX-512 FMA".into(),
+            Precision::F32 if crate::gemm::f32_on_avx2() => "f32 products on AVX2 FMA".into(),
             Precision::F32 => format!("f32 products on {} (matrixmultiply)", crate::vector_unit()),
             Precision::Bf16 if crate::gemm::bf16_on_amx() => {
                 "bf16 products on AMX-BF16 (tdpbf16ps), f32 sums".into()

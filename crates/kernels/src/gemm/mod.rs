@@ -29,6 +29,10 @@
 #[cfg(all(test, target_arch = "x86_64"))]
 mod amx_tests;
 #[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(all(test, target_arch = "x86_64"))]
+mod avx2_tests;
+#[cfg(target_arch = "x86_64")]
 mod bf16;
 #[cfg(all(test, target_arch = "x86_64"))]
 mod bf16_tests;
@@ -273,6 +277,16 @@ pub(crate) unsafe fn gemm(
     gemm_with(true, m, k, n, a, b, beta, c, ldc)
 }
 
+/// Whether the f32 products that the AVX-512 kernels do not take run on Ember's AVX2 kernel
+/// (where those are off and the CPU has AVX2 and FMA) rather than on matrixmultiply's: the
+/// same bits either way.
+pub(crate) fn f32_on_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return !crate::simd::avx512() && avx2::available();
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 /// Multiply-adds below which a product runs as one task: splitting costs more than it saves.
 const PAR_MIN_FMAS: usize = 1 << 18;
 
@@ -373,7 +387,15 @@ unsafe fn gemm_with(
             return;
         }
     }
+    #[cfg(target_arch = "x86_64")]
+    let own_avx2 = f32_on_avx2();
     let packed = |m: usize, n: usize, a: Operand, b: Operand, c: *mut f32| {
+        // matrixmultiply's bits either way (the `avx2` module's doc): Ember's AVX2 kernel where
+        // the AVX-512 ones are off, matrixmultiply's own (AVX-512 or older) elsewhere.
+        #[cfg(target_arch = "x86_64")]
+        if own_avx2 {
+            return avx2::gemm(m, k, n, a, b, beta, c, ldc);
+        }
         matrixmultiply::sgemm(
             m,
             k,
@@ -392,7 +414,18 @@ unsafe fn gemm_with(
         )
     };
     if m >= n {
-        for_each_block(m, blocks_for(m, k, n, m, 8), 8, |r| {
+        let blocks = blocks_for(m, k, n, m, 8);
+        #[cfg(target_arch = "x86_64")]
+        if own_avx2 && blocks > 1 && k > 0 && k * n <= SHARED_B_MAX_FLOATS {
+            // SAFETY: B's k×n view is readable (the caller's contract) and the kernel available.
+            let b = avx2::PackedB::new(k, n, b);
+            for_each_block(m, blocks, 8, |r| {
+                // SAFETY: each task writes C's rows `r` only.
+                avx2::gemm_packed(r.len(), a.skip_rows(r.start), &b, beta, c.at(r.start * ldc), ldc);
+            });
+            return;
+        }
+        for_each_block(m, blocks, 8, |r| {
             // SAFETY: each task writes C's rows `r` only.
             packed(r.len(), n, a.skip_rows(r.start), b, c.at(r.start * ldc));
         });
@@ -403,6 +436,11 @@ unsafe fn gemm_with(
         });
     }
 }
+
+/// Elements of B up to which the AVX2 kernel's row blocks share one packed copy of it (16 MiB);
+/// a larger B (a wide vocabulary's output layer) is packed by each block a part at a time.
+#[cfg(target_arch = "x86_64")]
+const SHARED_B_MAX_FLOATS: usize = 1 << 22;
 
 /// Elements of C up to which a column-major A (dW = gᵀ·x) is multiplied in place, k cut into
 /// [`K_PIECE`]s: C is then small enough to be read and written once per piece.

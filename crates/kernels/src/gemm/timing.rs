@@ -95,39 +95,6 @@ fn bf16_against_f32_at_training_shapes() {
         println!("no AVX512_BF16 here");
         return;
     }
-    // (m, k, n, A transposed, B transposed, what, times per layer or per step)
-    let standard = |m: usize| {
-        [
-            (m, 384, 384, false, true, "fwd x·Wᵀ q/k/v/o", 4),
-            (m, 384, 1536, false, true, "fwd x·Wᵀ up", 1),
-            (m, 1536, 384, false, true, "fwd x·Wᵀ down", 1),
-            (m, 384, 384, false, false, "dX g·W q/k/v/o", 4),
-            (m, 1536, 384, false, false, "dX g·W up", 1),
-            (m, 384, 1536, false, false, "dX g·W down", 1),
-            (384, m, 384, true, false, "dW gᵀ·x q/k/v/o", 4),
-            (1536, m, 384, true, false, "dW gᵀ·x up", 1),
-            (384, m, 1536, true, false, "dW gᵀ·x down", 1),
-            (m, 384, 65, false, true, "logits h·Wᵀ", 0),
-            (m, 65, 384, false, false, "dh dlogits·W", 0),
-            (384, m, 65, true, false, "dWᵀ hᵀ·dlogits", 0),
-        ]
-    };
-    let small = |m: usize| {
-        [
-            (m, 128, 128, false, true, "fwd x·Wᵀ q/k/v/o", 4),
-            (m, 128, 512, false, true, "fwd x·Wᵀ up", 1),
-            (m, 512, 128, false, true, "fwd x·Wᵀ down", 1),
-            (m, 128, 128, false, false, "dX g·W q/k/v/o", 4),
-            (m, 512, 128, false, false, "dX g·W up", 1),
-            (m, 128, 512, false, false, "dX g·W down", 1),
-            (128, m, 128, true, false, "dW gᵀ·x q/k/v/o", 4),
-            (512, m, 128, true, false, "dW gᵀ·x up", 1),
-            (128, m, 512, true, false, "dW gᵀ·x down", 1),
-            (m, 128, 65, false, true, "logits h·Wᵀ", 0),
-            (m, 65, 128, false, false, "dh dlogits·W", 0),
-            (128, m, 65, true, false, "dWᵀ hᵀ·dlogits", 0),
-        ]
-    };
     for threads in [1, 2] {
         let clock = if threads == 1 {
             thread_cpu_secs
@@ -136,8 +103,8 @@ fn bf16_against_f32_at_training_shapes() {
         };
         crate::par::set_threads(threads).unwrap();
         for (name, shapes) in [
-            ("d 384, 2,048 rows", standard(2048)),
-            ("d 128, 384 rows", small(384)),
+            ("d 384, 2,048 rows", standard_shapes(2048)),
+            ("d 128, 384 rows", small_shapes(384)),
         ] {
             println!("{name}, {threads} thread(s): f32 ms, bf16 ms (medians), f32 ÷ bf16 median (range)");
             let (mut total_f32, mut total_bf16) = (0.0, 0.0);
@@ -195,6 +162,130 @@ fn bf16_against_f32_at_training_shapes() {
         }
     }
     crate::par::set_threads(1).unwrap();
+}
+
+/// A training step's products at nanoGPT's standard Shakespeare shape (d 384, d_ff 1536,
+/// vocabulary 65) for `m` rows: (m, k, n, A transposed, B transposed, what, times per layer).
+fn standard_shapes(m: usize) -> [(usize, usize, usize, bool, bool, &'static str, usize); 12] {
+    [
+        (m, 384, 384, false, true, "fwd x·Wᵀ q/k/v/o", 4),
+        (m, 384, 1536, false, true, "fwd x·Wᵀ up", 1),
+        (m, 1536, 384, false, true, "fwd x·Wᵀ down", 1),
+        (m, 384, 384, false, false, "dX g·W q/k/v/o", 4),
+        (m, 1536, 384, false, false, "dX g·W up", 1),
+        (m, 384, 1536, false, false, "dX g·W down", 1),
+        (384, m, 384, true, false, "dW gᵀ·x q/k/v/o", 4),
+        (1536, m, 384, true, false, "dW gᵀ·x up", 1),
+        (384, m, 1536, true, false, "dW gᵀ·x down", 1),
+        (m, 384, 65, false, true, "logits h·Wᵀ", 0),
+        (m, 65, 384, false, false, "dh dlogits·W", 0),
+        (384, m, 65, true, false, "dWᵀ hᵀ·dlogits", 0),
+    ]
+}
+
+/// The same products at shakespeare-char's d 128 (d_ff 512).
+fn small_shapes(m: usize) -> [(usize, usize, usize, bool, bool, &'static str, usize); 12] {
+    [
+        (m, 128, 128, false, true, "fwd x·Wᵀ q/k/v/o", 4),
+        (m, 128, 512, false, true, "fwd x·Wᵀ up", 1),
+        (m, 512, 128, false, true, "fwd x·Wᵀ down", 1),
+        (m, 128, 128, false, false, "dX g·W q/k/v/o", 4),
+        (m, 512, 128, false, false, "dX g·W up", 1),
+        (m, 128, 512, false, false, "dX g·W down", 1),
+        (128, m, 128, true, false, "dW gᵀ·x q/k/v/o", 4),
+        (512, m, 128, true, false, "dW gᵀ·x up", 1),
+        (128, m, 512, true, false, "dW gᵀ·x down", 1),
+        (m, 128, 65, false, true, "logits h·Wᵀ", 0),
+        (m, 65, 128, false, false, "dh dlogits·W", 0),
+        (128, m, 65, true, false, "dWᵀ hᵀ·dlogits", 0),
+    ]
+}
+
+/// Not a test: `cargo test --release -p ember-kernels --lib gemm::timing::avx2 -- --ignored
+/// --nocapture` times Ember's AVX2 kernel against matrixmultiply's, on one thread (its CPU
+/// time), packing included, at the products of a training step (the shapes of
+/// [`standard_shapes`] and [`small_shapes`], one share's rows). Alternating pairs
+/// (matrixmultiply then Ember, 9 pairs): the median of each, the median and range of the
+/// per-pair ratios (matrixmultiply's time ÷ Ember's), and a layer's products weighed by how
+/// often a layer runs each.
+#[cfg(target_arch = "x86_64")]
+#[test]
+#[ignore]
+fn avx2_against_matrixmultiply_at_training_shapes() {
+    if !on_one_thread(super::avx2::available(), "AVX2 with FMA") {
+        return;
+    }
+    for (name, shapes) in [
+        ("d 384, 2,048 rows", standard_shapes(2048)),
+        ("d 128, 384 rows", small_shapes(384)),
+    ] {
+        println!("{name}: matrixmultiply ms, Ember ms (medians), matrixmultiply ÷ Ember median (range)");
+        let (mut total_mm, mut total_own) = (0.0, 0.0);
+        for (m, k, n, a_t, b_t, what, count) in shapes {
+            let (a, b) = (super::tests::values(m * k, 1), super::tests::values(k * n, 2));
+            let (ao, bo) = super::tests::operands(&a, &b, (m, k, n), a_t, b_t);
+            let mut c = vec![0f32; m * n];
+            let reps = (1e9 / (m * k * n) as f64).clamp(1.0, 500.0) as usize;
+            let mut time = |own: bool| {
+                let t = thread_cpu_secs();
+                for _ in 0..reps {
+                    // SAFETY: the operands and C hold these shapes.
+                    unsafe {
+                        if own {
+                            super::avx2::gemm(m, k, n, ao, bo, 0.0, c.as_mut_ptr(), n);
+                        } else {
+                            matrixmultiply::sgemm(
+                                m,
+                                k,
+                                n,
+                                1.0,
+                                ao.ptr,
+                                ao.row_stride as isize,
+                                ao.col_stride as isize,
+                                bo.ptr,
+                                bo.row_stride as isize,
+                                bo.col_stride as isize,
+                                0.0,
+                                c.as_mut_ptr(),
+                                n as isize,
+                                1,
+                            );
+                        }
+                    }
+                }
+                (thread_cpu_secs() - t) / reps as f64
+            };
+            let (mut mms, mut owns, mut ratios) = (vec![], vec![], vec![]);
+            for _ in 0..9 {
+                let (x, y) = (time(false), time(true));
+                mms.push(x);
+                owns.push(y);
+                ratios.push(x / y);
+            }
+            let median = |v: &mut Vec<f64>| {
+                v.sort_by(f64::total_cmp);
+                v[v.len() / 2]
+            };
+            let (x, y, r) = (median(&mut mms), median(&mut owns), median(&mut ratios));
+            total_mm += x * count as f64;
+            total_own += y * count as f64;
+            println!(
+                "  {what:>18} {m:>4}×{k:>4}×{n:>4}: {:7.3} {:7.3}  {r:.2}× ({:.2}–{:.2})  Ember {:5.1} GFLOP/s",
+                x * 1e3,
+                y * 1e3,
+                ratios[0],
+                ratios[ratios.len() - 1],
+                2.0 * (m * k * n) as f64 / y / 1e9
+            );
+        }
+        println!(
+            "  {:>18} layer: {:.3} ms matrixmultiply, {:.3} ms Ember, {:.2}×",
+            "all",
+            total_mm * 1e3,
+            total_own * 1e3,
+            total_mm / total_own
+        );
+    }
 }
 
 /// Whether a timing test runs here: where the CPU lacks what it times (`available` false) it

@@ -13,7 +13,16 @@ pub(super) mod avx {
         dst: *mut f32,
         dst_stride: usize,
     ) {
-        let r: [__m256; 8] = std::array::from_fn(|i| _mm256_loadu_ps(src.add(i * src_stride)));
+        let rows: [__m256; 8] = std::array::from_fn(|i| _mm256_loadu_ps(src.add(i * src_stride)));
+        for (i, v) in transpose8(rows).into_iter().enumerate() {
+            _mm256_storeu_ps(dst.add(i * dst_stride), v);
+        }
+    }
+
+    /// The columns of eight 8-lane rows, as rows.
+    #[inline]
+    #[target_feature(enable = "avx")]
+    pub(in crate::gemm) unsafe fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
         let t0 = _mm256_unpacklo_ps(r[0], r[1]);
         let t1 = _mm256_unpackhi_ps(r[0], r[1]);
         let t2 = _mm256_unpacklo_ps(r[2], r[3]);
@@ -30,7 +39,7 @@ pub(super) mod avx {
         let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
         let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
         let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
-        let out = [
+        [
             _mm256_permute2f128_ps::<0x20>(u0, u4),
             _mm256_permute2f128_ps::<0x20>(u1, u5),
             _mm256_permute2f128_ps::<0x20>(u2, u6),
@@ -39,10 +48,7 @@ pub(super) mod avx {
             _mm256_permute2f128_ps::<0x31>(u1, u5),
             _mm256_permute2f128_ps::<0x31>(u2, u6),
             _mm256_permute2f128_ps::<0x31>(u3, u7),
-        ];
-        for (i, v) in out.into_iter().enumerate() {
-            _mm256_storeu_ps(dst.add(i * dst_stride), v);
-        }
+        ]
     }
 }
 

@@ -1,0 +1,190 @@
+//! The AVX2 kernel gives matrixmultiply's bits: at every layout of A and B, at ragged edges of
+//! every block (tile, packed panel, k's blocks of 256), at β zero, one and neither, and
+//! without reading C where β is zero.
+
+use super::tests::{operands, values};
+use super::{avx2, Operand};
+
+/// C = A·B + β·C by matrixmultiply.
+fn by_matrixmultiply(
+    (m, k, n): (usize, usize, usize),
+    a: Operand,
+    b: Operand,
+    beta: f32,
+    c: &mut [f32],
+    ldc: usize,
+) {
+    // SAFETY: the callers' operands hold these shapes and C is exclusively borrowed.
+    unsafe {
+        matrixmultiply::sgemm(
+            m,
+            k,
+            n,
+            1.0,
+            a.ptr,
+            a.row_stride as isize,
+            a.col_stride as isize,
+            b.ptr,
+            b.row_stride as isize,
+            b.col_stride as isize,
+            beta,
+            c.as_mut_ptr(),
+            ldc as isize,
+            1,
+        )
+    }
+}
+
+/// Both products of (m, k, n) at every layout of A and B and every β, C inside a wider buffer
+/// (row stride n + 3) whose other elements must stay as they were: the same bits.
+fn same_bits_as_matrixmultiply((m, k, n): (usize, usize, usize)) {
+    let (a, b) = (values(m * k, 1), values(k * n, 2));
+    let ldc = n + 3;
+    for (a_t, b_t) in [(false, false), (false, true), (true, false), (true, true)] {
+        for beta in [0.0, 1.0, 0.5] {
+            let (ao, bo) = operands(&a, &b, (m, k, n), a_t, b_t);
+            let c0 = values(m * ldc, 3);
+            let (mut want, mut got) = (c0.clone(), c0.clone());
+            by_matrixmultiply((m, k, n), ao, bo, beta, &mut want, ldc);
+            // SAFETY: as above; the test runs only where the kernel is available.
+            unsafe { avx2::gemm(m, k, n, ao, bo, beta, got.as_mut_ptr(), ldc) };
+            let same = want.iter().zip(&got).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(
+                same,
+                "({m}, {k}, {n}), A transposed {a_t}, B transposed {b_t}, β {beta}"
+            );
+        }
+    }
+}
+
+fn available() -> bool {
+    if avx2::available() {
+        return true;
+    }
+    eprintln!("skipped: this CPU has no AVX2 with FMA");
+    false
+}
+
+#[test]
+fn gives_matrixmultiplys_bits_at_every_layout_edge_and_beta() {
+    if !available() {
+        return;
+    }
+    // Tiles (6 × 16) whole and ragged, the packed A's 120 rows, k's 256-blocks whole, ragged
+    // and several, a single row, column and step.
+    for shape in [
+        (1, 1, 1),
+        (6, 16, 16),
+        (7, 5, 17),
+        (5, 256, 15),
+        (13, 257, 33),
+        (121, 300, 40),
+        (240, 512, 48),
+        (64, 700, 9),
+        (3, 1, 1100),
+        (130, 64, 1030),
+    ] {
+        same_bits_as_matrixmultiply(shape);
+    }
+}
+
+#[test]
+fn strided_operands_give_matrixmultiplys_bits() {
+    if !available() {
+        return;
+    }
+    // A and B with neither stride one: every other element of a wider buffer.
+    let (m, k, n) = (19, 300, 21);
+    let (a, b) = (values(2 * m * k, 4), values(2 * k * n, 5));
+    let ao = Operand {
+        ptr: a.as_ptr(),
+        row_stride: 2 * k,
+        col_stride: 2,
+    };
+    let bo = Operand {
+        ptr: b.as_ptr(),
+        row_stride: 2,
+        col_stride: 2 * k,
+    };
+    let c0 = values(m * n, 6);
+    let (mut want, mut got) = (c0.clone(), c0);
+    by_matrixmultiply((m, k, n), ao, bo, 0.5, &mut want, n);
+    // SAFETY: every element of both views lies inside its buffer; C holds m × n.
+    unsafe { avx2::gemm(m, k, n, ao, bo, 0.5, got.as_mut_ptr(), n) };
+    assert!(want.iter().zip(&got).all(|(x, y)| x.to_bits() == y.to_bits()));
+}
+
+#[test]
+fn beta_zero_never_reads_c_and_k_zero_scales_it() {
+    if !available() {
+        return;
+    }
+    let (m, k, n) = (7, 9, 18);
+    let (a, b) = (values(m * k, 7), values(k * n, 8));
+    let (ao, bo) = operands(&a, &b, (m, k, n), false, false);
+    let mut c = vec![f32::NAN; m * n];
+    // SAFETY: the operands hold these shapes.
+    unsafe { avx2::gemm(m, k, n, ao, bo, 0.0, c.as_mut_ptr(), n) };
+    assert!(c.iter().all(|x| x.is_finite()), "a NaN in C leaked through β = 0");
+    let mut c = vec![2.0f32; m * n];
+    // SAFETY: k = 0 reads neither operand.
+    unsafe { avx2::gemm(m, 0, n, ao, bo, 0.5, c.as_mut_ptr(), n) };
+    assert!(c.iter().all(|&x| x == 1.0));
+    unsafe { avx2::gemm(m, 0, n, ao, bo, 0.0, c.as_mut_ptr(), n) };
+    assert!(c.iter().all(|&x| x.to_bits() == 0));
+}
+
+/// Every product −0 and C all −0: matrixmultiply's sums start from +0, so they end +0 and C
+/// becomes +0 at every β; a kernel whose sums started from −0 would leave −0 at β = 1.
+#[test]
+fn signed_zeros_as_matrixmultiply() {
+    if !available() {
+        return;
+    }
+    let (m, k, n) = (6, 2, 16);
+    // Products (−1)·0 and 0·(−0).
+    let a: Vec<f32> = (0..m * k).map(|i| if i % 2 == 0 { -1.0 } else { 0.0 }).collect();
+    let b: Vec<f32> = (0..k * n).map(|i| if i < n { 0.0 } else { -0.0 }).collect();
+    for beta in [0.0, 1.0, -1.0] {
+        let (ao, bo) = operands(&a, &b, (m, k, n), false, false);
+        let c0 = vec![-0.0f32; m * n];
+        let (mut want, mut got) = (c0.clone(), c0);
+        by_matrixmultiply((m, k, n), ao, bo, beta, &mut want, n);
+        // SAFETY: the operands hold these shapes.
+        unsafe { avx2::gemm(m, k, n, ao, bo, beta, got.as_mut_ptr(), n) };
+        assert!(
+            want.iter().zip(&got).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "β {beta}"
+        );
+    }
+}
+
+/// B packed once and shared by blocks of C's rows (as `gemm_with` does on several threads):
+/// each block's rows get matrixmultiply's bits, with B's blocks of 1,024 columns and of 256
+/// steps of k ragged, and B as it lies or transposed.
+#[test]
+fn b_packed_once_for_row_blocks_gives_matrixmultiplys_bits() {
+    if !available() {
+        return;
+    }
+    for (m, k, n) in [(40, 600, 1100), (13, 5, 20), (6, 256, 16)] {
+        let (a, b) = (values(m * k, 9), values(k * n, 10));
+        for b_t in [false, true] {
+            let (ao, bo) = operands(&a, &b, (m, k, n), false, b_t);
+            let c0 = values(m * n, 11);
+            let (mut want, mut got) = (c0.clone(), c0);
+            by_matrixmultiply((m, k, n), ao, bo, 0.5, &mut want, n);
+            // SAFETY: the operands hold these shapes; each block writes rows of its own.
+            unsafe {
+                let packed = avx2::PackedB::new(k, n, bo);
+                for start in (0..m).step_by(8) {
+                    let rows = 8.min(m - start);
+                    let c = got.as_mut_ptr().add(start * n);
+                    avx2::gemm_packed(rows, ao.skip_rows(start), &packed, 0.5, c, n);
+                }
+            }
+            let same = want.iter().zip(&got).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same, "({m}, {k}, {n}), B transposed {b_t}");
+        }
+    }
+}
