@@ -7,7 +7,7 @@
 //!
 //! | module | op |
 //! |---|---|
-//! | [`linear`] | `x·Wᵀ` through `gemm` (Ember's in-place AVX-512 kernel or matrixmultiply; in bf16 its `vdpbf16ps` kernel), alone, followed by GELU or by the rotary rotation, or ending a residual branch |
+//! | [`linear`] | `x·Wᵀ` through `gemm` (Ember's in-place AVX-512 kernel, or matrixmultiply's sums on Ember's AVX2 kernel; in bf16 its `vdpbf16ps` kernel), alone, followed by GELU or by the rotary rotation, or ending a residual branch |
 //! | `precision` | the products' [`Precision`]: f32, or bf16 operands with f32 sums |
 //! | `norm` | RMSNorm and LayerNorm over the last dimension |
 //! | [`rope`] | rotary position embeddings with a folded-in output scale (constant, or grown per position by log-n scaling) |

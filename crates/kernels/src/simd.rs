@@ -199,9 +199,10 @@ impl Unit {
 
 /// Names the vector unit to use in place of the best one the CPU has: `avx2` or `baseline`
 /// (`avx512` only where the CPU has it). With `avx2` an AVX-512 machine computes exactly what an
-/// AVX2 one does — the same loops and the same matrixmultiply kernels — so a result from one
-/// can be reproduced bit for bit on the other. (`baseline` turns off Ember's own vector loops
-/// only: matrixmultiply keeps choosing its kernel by itself.) Any of these also keeps AMX's
+/// AVX2 one does — the same loops and the same products (matrixmultiply's sums, on Ember's AVX2
+/// kernel) — so a result from one can be reproduced bit for bit on the other. (`baseline` turns
+/// off Ember's own vector loops and kernels; the products then run on matrixmultiply, which
+/// chooses its kernel by itself and gives the same sums, but for a zero's sign on AVX-512.) Any of these also keeps AMX's
 /// tiles off, so `avx512` makes an AMX machine compute what an AVX512_BF16 one does; `amx`
 /// asks for the best the CPU has, as no value does.
 pub const VECTOR_UNIT_ENV: &str = "EMBER_CPU_VECTOR_UNIT";
@@ -270,8 +271,8 @@ pub(crate) fn avx512() -> bool {
 /// `"baseline x86-64"` (the best the CPU has, unless [`VECTOR_UNIT_ENV`] names a lower one).
 ///
 /// `simd_dispatch`'s loops give the same bits on all three, but the matrix products do not:
-/// with AVX-512 they run Ember's own GEMM kernel, otherwise matrixmultiply, which sums in another
-/// order. A run is bit-identical across thread counts and reruns on one machine; between
+/// with AVX-512 they run Ember's own GEMM kernel, otherwise matrixmultiply's sums (on Ember's AVX2
+/// kernel where the CPU has AVX2 and FMA), in another order. A run is bit-identical across thread counts and reruns on one machine; between
 /// machines whose vector units differ its first steps differ in the last digits, which training
 /// can amplify (the quickstart's baseline runs: up to 3.6 BLEU); reports name the unit.
 pub fn vector_unit() -> &'static str {

@@ -14,15 +14,19 @@
 //! docs/performance.md has the step). Hand-written because no crate on the registries gives
 //! matrixmultiply's bits faster: the gemm crate (candle's) sums in another order.
 //!
-//! **The same bits as matrixmultiply** (0.3, the version in Cargo.lock), so that no f32 result
-//! of Ember's changes with it — neither a run on an AVX2 CPU nor one made with
-//! `EMBER_CPU_VECTOR_UNIT=avx2`. matrixmultiply's kernels (AVX2 and AVX-512 alike) compute each
-//! element of C the same way, whatever their tile: k is cut into blocks of [`KC`] from its
-//! start; within a block the sum is one chain of fused multiply-adds in k's order starting from
-//! zero; the block's sum `s` then goes into C as `c = s + β·c` (β·c rounded first, and not read
-//! at all where β is zero), with β = 1 after the first block. Only the tile, the packing and the
-//! loops around it differ here, which no element's sum sees. The tests hold the two to the same
-//! bits at every layout, edge and β.
+//! **The same bits as matrixmultiply's AVX2 kernel** (matrixmultiply 0.3, the version in
+//! Cargo.lock, which picks that kernel on every CPU with AVX2 and FMA but without AVX-512), so
+//! that no f32 result of Ember's changes with it — neither a run on an AVX2 CPU nor one made
+//! with `EMBER_CPU_VECTOR_UNIT=avx2`. That kernel computes each element of C the same way,
+//! whatever its tile: k is cut into blocks of [`KC`] from its start; within a block the sum is
+//! one chain of fused multiply-adds in k's order starting from +0; the block's sum `s` then
+//! goes into C as `c = s + β·c` (β·c rounded first, and not read at all where β is zero), with
+//! β = 1 after the first block — and where its 8×8 tile is cut by C's edges, with `s + 0` in
+//! place of `s` ([`Out`]). Only the tile, the packing and the loops around them differ here,
+//! which no element's sum sees. The tests hold the two to the same bits at every layout, edge
+//! and β, sums of −0 included. (matrixmultiply's AVX-512 kernel, which it picks on AVX-512
+//! CPUs, keeps a −0 sum where β is zero; so before this kernel `EMBER_CPU_VECTOR_UNIT=avx2` on
+//! an AVX-512 CPU could differ from an AVX2 CPU in a zero's sign.)
 
 use std::arch::x86_64::*;
 
@@ -42,7 +46,9 @@ const MC: usize = 120;
 const NC: usize = 1024;
 
 /// Whether this kernel can run: the CPU has AVX2 and FMA (where matrixmultiply picks the AVX2
-/// kernel whose bits this one gives).
+/// kernel whose bits this one gives). The products use it where the vector unit in use is AVX2
+/// ([`super::f32_on_avx2`]); the tests wherever it can run.
+#[cfg(test)]
 pub(super) fn available() -> bool {
     std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
 }
@@ -52,7 +58,7 @@ pub(super) fn available() -> bool {
 ///
 /// # Safety
 /// Every element of the m×k view of A and the k×n view of B is readable, `c` is valid for
-/// reads and writes of the m×n view, C does not overlap A or B, and [`available`] holds.
+/// reads and writes of the m×n view, C does not overlap A or B, and the CPU has AVX2 and FMA.
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn gemm(
     m: usize,
@@ -105,7 +111,7 @@ impl PackedB {
     /// parallel tasks.
     ///
     /// # Safety
-    /// Every element of B's k×n view is readable, and [`available`] holds.
+    /// Every element of B's k×n view is readable, and the CPU has AVX2 and FMA.
     pub(super) unsafe fn new(k: usize, n: usize, b: Operand) -> Self {
         let mut strips = vec![0f32; k * n.div_ceil(NR) * NR];
         let out = crate::par::SharedMut(strips.as_mut_ptr());
@@ -203,9 +209,16 @@ unsafe fn blocked(
                     let strip = packed_b.add(s * NR * kc);
                     for (q, i) in (0..mc).step_by(MR).enumerate() {
                         let panel = packed_a.as_ptr().add(q * MR * kc);
-                        let at = c.add((i0 + i) * ldc + j0 + j);
                         let (rows, cols) = (MR.min(mc - i), NR.min(nc - j));
-                        tile(kc, panel, strip, beta, at, ldc, rows, cols);
+                        let out = Out {
+                            c: c.add((i0 + i) * ldc + j0 + j),
+                            ldc,
+                            rows,
+                            cols,
+                            plain_rows: (m / 8 * 8).saturating_sub(i0 + i).min(rows),
+                            plain_cols: (n / 8 * 8).saturating_sub(j0 + j).min(cols),
+                        };
+                        tile(kc, panel, strip, beta, out);
                     }
                 }
             }
@@ -247,7 +260,7 @@ unsafe fn pack_a(mc: usize, kc: usize, a: Operand, out: &mut [f32]) {
                 for (step, v) in transpose8(eight).into_iter().enumerate() {
                     let at = panel.as_mut_ptr().add((p + step) * MR);
                     _mm_storeu_ps(at, _mm256_castps256_ps128(v));
-                    _mm_store_sd(at.add(4).cast(), _mm_castps_pd(_mm256_extractf128_ps::<1>(v)));
+                    _mm_storel_epi64(at.add(4).cast(), _mm_castps_si128(_mm256_extractf128_ps::<1>(v)));
                 }
                 p += 8;
             }
@@ -314,28 +327,40 @@ unsafe fn pack_b(kc: usize, nc: usize, b: Operand, out: &mut [f32]) {
     }
 }
 
-/// One tile of C (`rows` ≤ [`MR`] × `cols` ≤ [`NR`] at `c`) from a panel of A and a strip of
-/// B over `kc` steps: each element's chain of multiply-adds from zero, then `c = sum + β·c`.
-// Not inlined, so that a profile tells the packing from the products.
-#[inline(never)]
-#[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn tile(
-    kc: usize,
-    mut a: *const f32,
-    mut b: *const f32,
-    beta: f32,
+/// Where a tile's sums go: `rows` ≤ [`MR`] × `cols` ≤ [`NR`] elements of C at `c` (row stride
+/// `ldc`), of which the first `plain_rows` × `plain_cols` lie in whole 8×8 tiles of
+/// matrixmultiply's.
+///
+/// matrixmultiply adds a tile's sums to β·C in two ways: a whole tile as `sum + β·c` in one
+/// fused multiply-add, a tile cut by C's last rows or columns through a buffer written as
+/// `sum + 0` first. The two differ only where a sum is −0 (products that all underflow) and
+/// β·c is −0 as well: +0 from the buffer, −0 otherwise. So this tile adds +0 to its sums
+/// outside `plain_rows` × `plain_cols`, where matrixmultiply's tiles were cut.
+struct Out {
     c: *mut f32,
     ldc: usize,
     rows: usize,
     cols: usize,
-) {
+    plain_rows: usize,
+    plain_cols: usize,
+}
+
+/// One tile of C from a panel of A and a strip of B over `kc` steps: each element's chain of
+/// multiply-adds from zero, then `c = sum + β·c` ([`Out`] says where, and how at the edges).
+// Not inlined, so that a profile tells the packing from the products.
+#[inline(never)]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile(kc: usize, mut a: *const f32, mut b: *const f32, beta: f32, out: Out) {
+    let Out {
+        c, ldc, rows, cols, ..
+    } = out;
     // C's lines asked for now, to be in cache when the sums are done: a read or write of C
-    // that misses stalls the tile otherwise, and C is read back once per block of k.
+    // that misses stalls the tile otherwise, and C is read back once per block of k. (Prefetches
+    // never fault; the addresses wrap rather than claim to stay inside C.)
     for r in 0..rows {
-        let line = c.add(r * ldc).cast::<i8>();
+        let line = c.wrapping_add(r * ldc).cast::<i8>();
         _mm_prefetch::<_MM_HINT_T0>(line);
-        _mm_prefetch::<_MM_HINT_T0>(line.add(15 * 4));
+        _mm_prefetch::<_MM_HINT_T0>(line.wrapping_add(15 * 4));
     }
     let mut sums = [[_mm256_setzero_ps(); 2]; MR];
     // Four steps a turn: the loop's own instructions cost 1.3× in the kernel's time otherwise
@@ -353,7 +378,7 @@ unsafe fn tile(
         b = b.add(NR);
     }
     let betas = _mm256_set1_ps(beta);
-    if rows == MR && cols == NR {
+    if (rows, cols, out.plain_rows, out.plain_cols) == (MR, NR, MR, NR) {
         // All of C's tile read before any of it is written, so that the reads overlap.
         let mut old = [[_mm256_setzero_ps(); 2]; MR];
         if beta != 0.0 {
@@ -378,6 +403,8 @@ unsafe fn tile(
     for (r, sums) in whole.iter().enumerate().take(rows) {
         for (j, &sum) in sums.iter().enumerate().take(cols) {
             let at = c.add(r * ldc + j);
+            let plain = r < out.plain_rows && j < out.plain_cols;
+            let sum = if plain { sum } else { sum + 0.0 };
             *at = sum + if beta == 0.0 { 0.0 } else { *at * beta };
         }
     }

@@ -134,28 +134,56 @@ fn beta_zero_never_reads_c_and_k_zero_scales_it() {
     assert!(c.iter().all(|&x| x.to_bits() == 0));
 }
 
-/// Every product −0 and C all −0: matrixmultiply's sums start from +0, so they end +0 and C
-/// becomes +0 at every β; a kernel whose sums started from −0 would leave −0 at β = 1.
+/// Sums of −0 (every product underflowing below zero) into C of −0, at β one, zero, −0 and
+/// neither, at shapes whose last rows and columns cut matrixmultiply's 8×8 tiles and this
+/// kernel's 6×16 ones in different places: matrixmultiply keeps −0 + −0 = −0 in its whole
+/// tiles and gives +0 in its cut ones, and so must this.
 #[test]
-fn signed_zeros_as_matrixmultiply() {
+fn sums_of_negative_zero_as_matrixmultiply() {
     if !available() {
         return;
     }
-    let (m, k, n) = (6, 2, 16);
-    // Products (−1)·0 and 0·(−0).
-    let a: Vec<f32> = (0..m * k).map(|i| if i % 2 == 0 { -1.0 } else { 0.0 }).collect();
-    let b: Vec<f32> = (0..k * n).map(|i| if i < n { 0.0 } else { -0.0 }).collect();
-    for beta in [0.0, 1.0, -1.0] {
-        let (ao, bo) = operands(&a, &b, (m, k, n), false, false);
-        let c0 = vec![-0.0f32; m * n];
-        let (mut want, mut got) = (c0.clone(), c0);
-        by_matrixmultiply((m, k, n), ao, bo, beta, &mut want, n);
-        // SAFETY: the operands hold these shapes.
-        unsafe { avx2::gemm(m, k, n, ao, bo, beta, got.as_mut_ptr(), n) };
-        assert!(
-            want.iter().zip(&got).all(|(x, y)| x.to_bits() == y.to_bits()),
-            "β {beta}"
-        );
+    for (m, k, n) in [(6, 2, 16), (13, 3, 21), (17, 300, 35)] {
+        // a·b = −1e−30 · 1e−30, below f32's smallest subnormal: every sum rounds to −0.
+        let a = vec![-1e-30f32; m * k];
+        let b = vec![1e-30f32; k * n];
+        for beta in [1.0, 0.0, -0.0, 0.5] {
+            let (ao, bo) = operands(&a, &b, (m, k, n), false, false);
+            let c0 = vec![-0.0f32; m * n];
+            let (mut want, mut got) = (c0.clone(), c0);
+            by_matrixmultiply((m, k, n), ao, bo, beta, &mut want, n);
+            // SAFETY: the operands hold these shapes.
+            unsafe { avx2::gemm(m, k, n, ao, bo, beta, got.as_mut_ptr(), n) };
+            let same = want.iter().zip(&got).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same, "({m}, {k}, {n}), β {beta}");
+        }
+    }
+}
+
+/// `gemm_with`'s packed path as the ops call it, on 1 and 2 threads (row blocks sharing one
+/// packed B, or column blocks packing their own), C inside a wider buffer: matrixmultiply's bits.
+/// (Where the AVX-512 kernels are on, that path is matrixmultiply itself.)
+#[test]
+fn products_on_several_threads_give_matrixmultiplys_bits() {
+    if !available() {
+        return;
+    }
+    for (m, k, n, a_t) in [(300, 520, 70, true), (200, 90, 1500, false), (97, 700, 40, false)] {
+        let (a, b) = (values(m * k, 12), values(k * n, 13));
+        let ldc = n + 5;
+        let (ao, bo) = operands(&a, &b, (m, k, n), a_t, false);
+        let c0 = values(m * ldc, 14);
+        let mut want = c0.clone();
+        by_matrixmultiply((m, k, n), ao, bo, 1.0, &mut want, ldc);
+        for threads in [1, 2] {
+            crate::par::set_threads(threads).unwrap();
+            let mut got = c0.clone();
+            // SAFETY: the operands hold these shapes; C is exclusively borrowed.
+            unsafe { super::gemm_with(false, m, k, n, ao, bo, 1.0, got.as_mut_ptr(), ldc) };
+            crate::par::set_threads(1).unwrap();
+            let same = want.iter().zip(&got).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same, "({m}, {k}, {n}) on {threads} threads");
+        }
     }
 }
 
@@ -169,22 +197,28 @@ fn b_packed_once_for_row_blocks_gives_matrixmultiplys_bits() {
     }
     for (m, k, n) in [(40, 600, 1100), (13, 5, 20), (6, 256, 16)] {
         let (a, b) = (values(m * k, 9), values(k * n, 10));
-        for b_t in [false, true] {
-            let (ao, bo) = operands(&a, &b, (m, k, n), false, b_t);
-            let c0 = values(m * n, 11);
+        let ldc = n + 2;
+        for (a_t, b_t) in [(false, false), (false, true), (true, false)] {
+            let (ao, bo) = operands(&a, &b, (m, k, n), a_t, b_t);
+            let c0 = values(m * ldc, 11);
             let (mut want, mut got) = (c0.clone(), c0);
-            by_matrixmultiply((m, k, n), ao, bo, 0.5, &mut want, n);
+            // Row blocks of 8, as the ops cut them: matrixmultiply's edges are each block's.
+            for start in (0..m).step_by(8) {
+                let rows = 8.min(m - start);
+                let c = &mut want[start * ldc..];
+                by_matrixmultiply((rows, k, n), ao.skip_rows(start), bo, 0.5, c, ldc);
+            }
             // SAFETY: the operands hold these shapes; each block writes rows of its own.
             unsafe {
                 let packed = avx2::PackedB::new(k, n, bo);
                 for start in (0..m).step_by(8) {
                     let rows = 8.min(m - start);
-                    let c = got.as_mut_ptr().add(start * n);
-                    avx2::gemm_packed(rows, ao.skip_rows(start), &packed, 0.5, c, n);
+                    let c = got.as_mut_ptr().add(start * ldc);
+                    avx2::gemm_packed(rows, ao.skip_rows(start), &packed, 0.5, c, ldc);
                 }
             }
             let same = want.iter().zip(&got).all(|(x, y)| x.to_bits() == y.to_bits());
-            assert!(same, "({m}, {k}, {n}), B transposed {b_t}");
+            assert!(same, "({m}, {k}, {n}), A transposed {a_t}, B transposed {b_t}");
         }
     }
 }

@@ -17,7 +17,9 @@
 //! [`K_CHUNK`] tokens that run as tasks of their own and are summed in order ([`k_chunked`]):
 //! 1.03× per multi30k-tiny step against matrixmultiply, whose tasks each packed all of B. A large
 //! B (the output layer packs its W once, [`PackedB`]), a large C with a column-major A (the
-//! output layer's dWᵀ), or a CPU without AVX-512 go to matrixmultiply.
+//! output layer's dWᵀ), or a CPU without AVX-512 go to a packed GEMM: on a CPU without AVX-512
+//! (or with it turned off), Ember's AVX2 kernel (the `avx2` module), which gives
+//! matrixmultiply's bits 1.09–1.10× faster; elsewhere matrixmultiply itself.
 //!
 //! The kernel sums over k in order, one fused multiply-add per term, so results are the same
 //! on every run; where k is cut into chunks, the cut depends on k alone.
@@ -104,9 +106,9 @@ impl<'a> Mat<'a> {
 /// `C = A·B + beta·C` for A (m×k), B (k×n) and a row-major C (m×n), single-threaded.
 ///
 /// [`gemm`] multiplies small operands in place with an AVX-512 kernel and hands the rest
-/// to matrixmultiply's packed kernels (1.6–1.8× faster than the gemm crate behind candle's
-/// matmul at our shapes, see docs/performance.md); one thread with a fixed order of summation
-/// gives the same bits on every run.
+/// to a packed GEMM with matrixmultiply's sums (1.6–1.8× faster than the gemm crate behind
+/// candle's matmul at our shapes, see docs/performance.md); one thread with a fixed order of
+/// summation gives the same bits on every run.
 pub(crate) fn sgemm(m: usize, k: usize, n: usize, a: Mat<'_>, b: Mat<'_>, beta: f32, c: &mut [f32]) {
     assert!(
         a.fits(m, k) && b.fits(k, n) && c.len() >= m * n,
@@ -278,13 +280,10 @@ pub(crate) unsafe fn gemm(
 }
 
 /// Whether the f32 products that the AVX-512 kernels do not take run on Ember's AVX2 kernel
-/// (where those are off and the CPU has AVX2 and FMA) rather than on matrixmultiply's: the
-/// same bits either way.
+/// (where the vector unit in use is AVX2: the CPU has AVX2 and FMA, and AVX-512 is absent or
+/// turned off) rather than on matrixmultiply's: the same bits either way.
 pub(crate) fn f32_on_avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    return !crate::simd::avx512() && avx2::available();
-    #[cfg(not(target_arch = "x86_64"))]
-    false
+    crate::simd::unit() == crate::simd::Unit::Avx2
 }
 
 /// Multiply-adds below which a product runs as one task: splitting costs more than it saves.
