@@ -8,10 +8,10 @@
 //! memory (loads, not shuffles): per step of k, two loads of B and six broadcasts feed twelve
 //! multiply-adds. The operands are packed with 8×8 transposes where they lie across the
 //! panels (A row-major, B transposed), and the row blocks of one product share one packed B
-//! ([`PackedB`]). On one core of an AMD EPYC (Zen 3, AVX2 only), packing included, a training
-//! step's products ran 1.10× (d 384) and 1.09× (d 128) matrixmultiply's speed, 87–92 GFLOP/s
-//! for most of them (`gemm::timing::avx2_against_matrixmultiply_at_training_shapes`;
-//! docs/performance.md has the step). Hand-written because no crate on the registries gives
+//! ([`PackedB`]). On one core of an AMD EPYC (Zen 3, AVX2 only), packing included, a layer's
+//! products ran 1.10–1.11× (d 384) and 1.09–1.10× (d 128) matrixmultiply's speed in two
+//! sittings (`gemm::timing::avx2_against_matrixmultiply_at_training_shapes`; docs/performance.md
+//! has the training step). Hand-written because no crate on the registries gives
 //! matrixmultiply's bits faster: the gemm crate (candle's) sums in another order.
 //!
 //! **The same bits as matrixmultiply's AVX2 kernel** (matrixmultiply 0.3, the version in
@@ -364,7 +364,8 @@ unsafe fn tile(kc: usize, mut a: *const f32, mut b: *const f32, beta: f32, out: 
     }
     let mut sums = [[_mm256_setzero_ps(); 2]; MR];
     // Four steps a turn: the loop's own instructions cost 1.3× in the kernel's time otherwise
-    // (77 against 100 GFLOP/s on one Zen 3 core with the operands in L1).
+    // (a scratch benchmark of this loop alone, operands in L1, one Zen 3 core: 77 against 96–100
+    // GFLOP/s).
     for _ in 0..kc / 4 {
         for step in 0..4 {
             multiply_add(&mut sums, a.add(step * MR), b.add(step * NR));
