@@ -15,24 +15,7 @@ fn by_matrixmultiply(
     ldc: usize,
 ) {
     // SAFETY: the callers' operands hold these shapes and C is exclusively borrowed.
-    unsafe {
-        matrixmultiply::sgemm(
-            m,
-            k,
-            n,
-            1.0,
-            a.ptr,
-            a.row_stride as isize,
-            a.col_stride as isize,
-            b.ptr,
-            b.row_stride as isize,
-            b.col_stride as isize,
-            beta,
-            c.as_mut_ptr(),
-            ldc as isize,
-            1,
-        )
-    }
+    unsafe { super::by_matrixmultiply(m, k, n, a, b, beta, c.as_mut_ptr(), ldc) }
 }
 
 /// Both products of (m, k, n) at every layout of A and B and every β, C inside a wider buffer

@@ -19,7 +19,7 @@
 //! B (the output layer packs its W once, [`PackedB`]), a large C with a column-major A (the
 //! output layer's dWᵀ), or a CPU without AVX-512 go to a packed GEMM: on a CPU without AVX-512
 //! (or with it turned off), Ember's AVX2 kernel (the `avx2` module), which gives
-//! matrixmultiply's bits 1.09–1.10× faster; elsewhere matrixmultiply itself.
+//! matrixmultiply's bits 1.07–1.11× faster; elsewhere matrixmultiply itself.
 //!
 //! The kernel sums over k in order, one fused multiply-add per term, so results are the same
 //! on every run; where k is cut into chunks, the cut depends on k alone.
@@ -395,22 +395,7 @@ unsafe fn gemm_with(
         if own_avx2 {
             return avx2::gemm(m, k, n, a, b, beta, c, ldc);
         }
-        matrixmultiply::sgemm(
-            m,
-            k,
-            n,
-            1.0,
-            a.ptr,
-            a.row_stride as isize,
-            a.col_stride as isize,
-            b.ptr,
-            b.row_stride as isize,
-            b.col_stride as isize,
-            beta,
-            c,
-            ldc as isize,
-            1,
-        )
+        by_matrixmultiply(m, k, n, a, b, beta, c, ldc)
     };
     if m >= n {
         let blocks = blocks_for(m, k, n, m, 8);
@@ -440,6 +425,39 @@ unsafe fn gemm_with(
 /// a larger B (a wide vocabulary's output layer) is packed by each block a part at a time.
 #[cfg(target_arch = "x86_64")]
 const SHARED_B_MAX_FLOATS: usize = 1 << 22;
+
+/// `C = A·B + beta·C` by matrixmultiply, on the calling thread.
+///
+/// # Safety
+/// As [`gemm`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn by_matrixmultiply(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: Operand,
+    b: Operand,
+    beta: f32,
+    c: *mut f32,
+    ldc: usize,
+) {
+    matrixmultiply::sgemm(
+        m,
+        k,
+        n,
+        1.0,
+        a.ptr,
+        a.row_stride as isize,
+        a.col_stride as isize,
+        b.ptr,
+        b.row_stride as isize,
+        b.col_stride as isize,
+        beta,
+        c,
+        ldc as isize,
+        1,
+    )
+}
 
 /// Elements of C up to which a column-major A (dW = gᵀ·x) is multiplied in place, k cut into
 /// [`K_PIECE`]s: C is then small enough to be read and written once per piece.

@@ -122,34 +122,25 @@ fn bf16_against_f32_at_training_shapes() {
                 let (a, b): (&'static [f32], &'static [f32]) = (a.leak(), b.leak());
                 let (av, bv) = (view(a, m, k, a_t), view(b, k, n, b_t));
                 let reps = (1e9 / (m * k * n) as f64).clamp(1.0, 500.0) as usize;
-                let time = |precision| {
+                let time = |bf16: bool| {
+                    let precision = if bf16 { Precision::Bf16 } else { Precision::F32 };
                     let t = clock();
                     for _ in 0..reps {
                         std::hint::black_box(super::product_in(precision, m, k, n, av, bv));
                     }
                     (clock() - t) / reps as f64
                 };
-                let (mut f32s, mut bf16s, mut ratios) = (vec![], vec![], vec![]);
-                for _ in 0..9 {
-                    let (f, h) = (time(Precision::F32), time(Precision::Bf16));
-                    f32s.push(f);
-                    bf16s.push(h);
-                    ratios.push(f / h);
-                }
-                let median = |v: &mut Vec<f64>| {
-                    v.sort_by(f64::total_cmp);
-                    v[v.len() / 2]
-                };
-                let (f, h, r) = (median(&mut f32s), median(&mut bf16s), median(&mut ratios));
-                total_f32 += f * count as f64;
-                total_bf16 += h * count as f64;
+                let p = nine_pairs(time);
+                total_f32 += p.first * count as f64;
+                total_bf16 += p.second * count as f64;
                 println!(
-                    "  {what:>18} {m:>4}×{k:>4}×{n:>4}: {:7.3} {:7.3}  {r:.2}× ({:.2}–{:.2})  bf16 {:5.0} GFLOP/s",
-                    f * 1e3,
-                    h * 1e3,
-                    ratios[0],
-                    ratios[ratios.len() - 1],
-                    2.0 * (m * k * n) as f64 / h / 1e9
+                    "  {what:>18} {m:>4}×{k:>4}×{n:>4}: {:7.3} {:7.3}  {:.2}× ({:.2}–{:.2})  bf16 {:5.0} GFLOP/s",
+                    p.first * 1e3,
+                    p.second * 1e3,
+                    p.ratio,
+                    p.lowest,
+                    p.highest,
+                    2.0 * (m * k * n) as f64 / p.second / 1e9
                 );
             }
             println!(
@@ -226,7 +217,7 @@ fn avx2_against_matrixmultiply_at_training_shapes() {
             let (ao, bo) = super::tests::operands(&a, &b, (m, k, n), a_t, b_t);
             let mut c = vec![0f32; m * n];
             let reps = (1e9 / (m * k * n) as f64).clamp(1.0, 500.0) as usize;
-            let mut time = |own: bool| {
+            let time = |own: bool| {
                 let t = thread_cpu_secs();
                 for _ in 0..reps {
                     // SAFETY: the operands and C hold these shapes.
@@ -234,48 +225,23 @@ fn avx2_against_matrixmultiply_at_training_shapes() {
                         if own {
                             super::avx2::gemm(m, k, n, ao, bo, 0.0, c.as_mut_ptr(), n);
                         } else {
-                            matrixmultiply::sgemm(
-                                m,
-                                k,
-                                n,
-                                1.0,
-                                ao.ptr,
-                                ao.row_stride as isize,
-                                ao.col_stride as isize,
-                                bo.ptr,
-                                bo.row_stride as isize,
-                                bo.col_stride as isize,
-                                0.0,
-                                c.as_mut_ptr(),
-                                n as isize,
-                                1,
-                            );
+                            super::by_matrixmultiply(m, k, n, ao, bo, 0.0, c.as_mut_ptr(), n);
                         }
                     }
                 }
                 (thread_cpu_secs() - t) / reps as f64
             };
-            let (mut mms, mut owns, mut ratios) = (vec![], vec![], vec![]);
-            for _ in 0..9 {
-                let (x, y) = (time(false), time(true));
-                mms.push(x);
-                owns.push(y);
-                ratios.push(x / y);
-            }
-            let median = |v: &mut Vec<f64>| {
-                v.sort_by(f64::total_cmp);
-                v[v.len() / 2]
-            };
-            let (x, y, r) = (median(&mut mms), median(&mut owns), median(&mut ratios));
-            total_mm += x * count as f64;
-            total_own += y * count as f64;
+            let p = nine_pairs(time);
+            total_mm += p.first * count as f64;
+            total_own += p.second * count as f64;
             println!(
-                "  {what:>18} {m:>4}×{k:>4}×{n:>4}: {:7.3} {:7.3}  {r:.2}× ({:.2}–{:.2})  Ember {:5.1} GFLOP/s",
-                x * 1e3,
-                y * 1e3,
-                ratios[0],
-                ratios[ratios.len() - 1],
-                2.0 * (m * k * n) as f64 / y / 1e9
+                "  {what:>18} {m:>4}×{k:>4}×{n:>4}: {:7.3} {:7.3}  {:.2}× ({:.2}–{:.2})  Ember {:5.1} GFLOP/s",
+                p.first * 1e3,
+                p.second * 1e3,
+                p.ratio,
+                p.lowest,
+                p.highest,
+                2.0 * (m * k * n) as f64 / p.second / 1e9
             );
         }
         println!(
@@ -285,6 +251,40 @@ fn avx2_against_matrixmultiply_at_training_shapes() {
             total_own * 1e3,
             total_mm / total_own
         );
+    }
+}
+
+/// Two timings of the same work, alternated: their medians and the median and range of the
+/// per-pair ratios (first ÷ second).
+struct Paired {
+    first: f64,
+    second: f64,
+    ratio: f64,
+    lowest: f64,
+    highest: f64,
+}
+
+/// Nine pairs of `time(false)` then `time(true)`: other tenants of a shared machine slow both
+/// alike.
+fn nine_pairs(mut time: impl FnMut(bool) -> f64) -> Paired {
+    let (mut firsts, mut seconds, mut ratios) = (vec![], vec![], vec![]);
+    for _ in 0..9 {
+        let (x, y) = (time(false), time(true));
+        firsts.push(x);
+        seconds.push(y);
+        ratios.push(x / y);
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (first, second, ratio) = (median(&mut firsts), median(&mut seconds), median(&mut ratios));
+    Paired {
+        first,
+        second,
+        ratio,
+        lowest: ratios[0],
+        highest: ratios[ratios.len() - 1],
     }
 }
 
