@@ -133,15 +133,7 @@ fn bf16_against_f32_at_training_shapes() {
                 let p = nine_pairs(time);
                 total_f32 += p.first * count as f64;
                 total_bf16 += p.second * count as f64;
-                println!(
-                    "  {what:>18} {m:>4}×{k:>4}×{n:>4}: {:7.3} {:7.3}  {:.2}× ({:.2}–{:.2})  bf16 {:5.0} GFLOP/s",
-                    p.first * 1e3,
-                    p.second * 1e3,
-                    p.ratio,
-                    p.lowest,
-                    p.highest,
-                    2.0 * (m * k * n) as f64 / p.second / 1e9
-                );
+                p.print(what, (m, k, n), "bf16");
             }
             println!(
                 "  {:>18} layer: {:.3} ms f32, {:.3} ms bf16, {:.2}×",
@@ -234,15 +226,7 @@ fn avx2_against_matrixmultiply_at_training_shapes() {
             let p = nine_pairs(time);
             total_mm += p.first * count as f64;
             total_own += p.second * count as f64;
-            println!(
-                "  {what:>18} {m:>4}×{k:>4}×{n:>4}: {:7.3} {:7.3}  {:.2}× ({:.2}–{:.2})  Ember {:5.1} GFLOP/s",
-                p.first * 1e3,
-                p.second * 1e3,
-                p.ratio,
-                p.lowest,
-                p.highest,
-                2.0 * (m * k * n) as f64 / p.second / 1e9
-            );
+            p.print(what, (m, k, n), "Ember");
         }
         println!(
             "  {:>18} layer: {:.3} ms matrixmultiply, {:.3} ms Ember, {:.2}×",
@@ -262,6 +246,21 @@ struct Paired {
     ratio: f64,
     lowest: f64,
     highest: f64,
+}
+
+impl Paired {
+    /// A product's line: both medians in ms, the ratio and its range, and the second's GFLOP/s.
+    fn print(&self, what: &str, (m, k, n): (usize, usize, usize), second: &str) {
+        println!(
+            "  {what:>18} {m:>4}×{k:>4}×{n:>4}: {:7.3} {:7.3}  {:.2}× ({:.2}–{:.2})  {second} {:5.1} GFLOP/s",
+            self.first * 1e3,
+            self.second * 1e3,
+            self.ratio,
+            self.lowest,
+            self.highest,
+            2.0 * (m * k * n) as f64 / self.second / 1e9
+        );
+    }
 }
 
 /// Nine pairs of `time(false)` then `time(true)`: other tenants of a shared machine slow both
