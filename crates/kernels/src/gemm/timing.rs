@@ -7,6 +7,11 @@ use super::*;
 #[test]
 #[ignore]
 fn print_gflops_at_model_shapes() {
+    // Its "in place" and "swapped" variants are the AVX-512 kernels.
+    if !crate::simd::avx512() {
+        println!("no AVX-512 here");
+        return;
+    }
     // (m, k, n, A transposed, B transposed, what)
     let shapes = [
         (400, 128, 10000, false, true, "lce logits"),
