@@ -401,7 +401,7 @@ unsafe fn gemm_with(
         let blocks = blocks_for(m, k, n, m, 8);
         #[cfg(target_arch = "x86_64")]
         if own_avx2 && blocks > 1 && k > 0 && k * n <= SHARED_B_MAX_FLOATS {
-            // SAFETY: B's k×n view is readable (the caller's contract) and the kernel available.
+            // SAFETY: B's k×n view is readable (the caller's contract); the unit is AVX2 (with FMA).
             let b = avx2::PackedB::new(k, n, b);
             for_each_block(m, blocks, 8, |r| {
                 // SAFETY: each task writes C's rows `r` only.
