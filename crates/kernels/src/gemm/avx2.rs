@@ -25,7 +25,7 @@
 //! place of `s` ([`Out`]). Only the tile, the packing and the loops around them differ here,
 //! which no element's sum sees. The tests hold the two to the same bits at every layout, edge
 //! and β, sums of −0 included. (matrixmultiply's AVX-512 kernel, which it picks on AVX-512
-//! CPUs, keeps a −0 sum where β is zero; so before this kernel `EMBER_CPU_VECTOR_UNIT=avx2` on
+//! CPUs, never turns a −0 sum into +0; so before this kernel `EMBER_CPU_VECTOR_UNIT=avx2` on
 //! an AVX-512 CPU could differ from an AVX2 CPU in a zero's sign.)
 
 use std::arch::x86_64::*;
