@@ -9,7 +9,7 @@
 //! multiply-adds. The operands are packed with 8×8 transposes where they lie across the
 //! panels (A row-major, B transposed), and the row blocks of one product share one packed B
 //! ([`PackedB`]). On one core of an AMD EPYC (Zen 3, AVX2 only), packing included, a layer's
-//! products ran 1.10–1.11× (d 384) and 1.07–1.10× (d 128) matrixmultiply's speed in three
+//! products ran 1.10–1.11× (d 384) and 1.07–1.10× (d 128) matrixmultiply's speed in five
 //! sittings (`gemm::timing::avx2_against_matrixmultiply_at_training_shapes`; docs/performance.md
 //! has the training step). Hand-written because no crate on the registries gives
 //! matrixmultiply's bits faster: the gemm crate (candle's) sums in another order.

@@ -107,10 +107,7 @@ fn bf16_against_f32_at_training_shapes() {
             || std::time::UNIX_EPOCH.elapsed().map_or(0.0, |d| d.as_secs_f64())
         };
         crate::par::set_threads(threads).unwrap();
-        for (name, shapes) in [
-            ("d 384, 2,048 rows", standard_shapes(2048)),
-            ("d 128, 384 rows", small_shapes(384)),
-        ] {
+        for (name, shapes) in shape_sets() {
             println!("{name}, {threads} thread(s): f32 ms, bf16 ms (medians), f32 ÷ bf16 median (range)");
             let (mut total_f32, mut total_bf16) = (0.0, 0.0);
             for (m, k, n, a_t, b_t, what, count) in shapes {
@@ -152,47 +149,46 @@ fn bf16_against_f32_at_training_shapes() {
     crate::par::set_threads(1).unwrap();
 }
 
-/// A training step's products at nanoGPT's standard Shakespeare shape (d 384, d_ff 1536,
-/// vocabulary 65) for `m` rows: (m, k, n, A transposed, B transposed, what, times per layer).
-fn standard_shapes(m: usize) -> [(usize, usize, usize, bool, bool, &'static str, usize); 12] {
+/// A training step's products for `m` rows of a model of width `d` and MLP width `d_ff` over
+/// a vocabulary of 65 (Shakespeare's characters): (m, k, n, A transposed, B transposed, what,
+/// times per layer).
+fn training_shapes(
+    m: usize,
+    d: usize,
+    d_ff: usize,
+) -> [(usize, usize, usize, bool, bool, &'static str, usize); 12] {
     [
-        (m, 384, 384, false, true, "fwd x·Wᵀ q/k/v/o", 4),
-        (m, 384, 1536, false, true, "fwd x·Wᵀ up", 1),
-        (m, 1536, 384, false, true, "fwd x·Wᵀ down", 1),
-        (m, 384, 384, false, false, "dX g·W q/k/v/o", 4),
-        (m, 1536, 384, false, false, "dX g·W up", 1),
-        (m, 384, 1536, false, false, "dX g·W down", 1),
-        (384, m, 384, true, false, "dW gᵀ·x q/k/v/o", 4),
-        (1536, m, 384, true, false, "dW gᵀ·x up", 1),
-        (384, m, 1536, true, false, "dW gᵀ·x down", 1),
-        (m, 384, 65, false, true, "logits h·Wᵀ", 0),
-        (m, 65, 384, false, false, "dh dlogits·W", 0),
-        (384, m, 65, true, false, "dWᵀ hᵀ·dlogits", 0),
+        (m, d, d, false, true, "fwd x·Wᵀ q/k/v/o", 4),
+        (m, d, d_ff, false, true, "fwd x·Wᵀ up", 1),
+        (m, d_ff, d, false, true, "fwd x·Wᵀ down", 1),
+        (m, d, d, false, false, "dX g·W q/k/v/o", 4),
+        (m, d_ff, d, false, false, "dX g·W up", 1),
+        (m, d, d_ff, false, false, "dX g·W down", 1),
+        (d, m, d, true, false, "dW gᵀ·x q/k/v/o", 4),
+        (d_ff, m, d, true, false, "dW gᵀ·x up", 1),
+        (d, m, d_ff, true, false, "dW gᵀ·x down", 1),
+        (m, d, 65, false, true, "logits h·Wᵀ", 0),
+        (m, 65, d, false, false, "dh dlogits·W", 0),
+        (d, m, 65, true, false, "dWᵀ hᵀ·dlogits", 0),
     ]
 }
 
-/// The same products at shakespeare-char's d 128 (d_ff 512).
-fn small_shapes(m: usize) -> [(usize, usize, usize, bool, bool, &'static str, usize); 12] {
+/// nanoGPT's standard Shakespeare shape (d 384, d_ff 1536, 256 × 16 tokens in two shares of
+/// 2,048 rows) and shakespeare-char's d 128 (d_ff 512, 64 × 12 tokens, two shares of 384 rows).
+fn shape_sets() -> [(
+    &'static str,
+    [(usize, usize, usize, bool, bool, &'static str, usize); 12],
+); 2] {
     [
-        (m, 128, 128, false, true, "fwd x·Wᵀ q/k/v/o", 4),
-        (m, 128, 512, false, true, "fwd x·Wᵀ up", 1),
-        (m, 512, 128, false, true, "fwd x·Wᵀ down", 1),
-        (m, 128, 128, false, false, "dX g·W q/k/v/o", 4),
-        (m, 512, 128, false, false, "dX g·W up", 1),
-        (m, 128, 512, false, false, "dX g·W down", 1),
-        (128, m, 128, true, false, "dW gᵀ·x q/k/v/o", 4),
-        (512, m, 128, true, false, "dW gᵀ·x up", 1),
-        (128, m, 512, true, false, "dW gᵀ·x down", 1),
-        (m, 128, 65, false, true, "logits h·Wᵀ", 0),
-        (m, 65, 128, false, false, "dh dlogits·W", 0),
-        (128, m, 65, true, false, "dWᵀ hᵀ·dlogits", 0),
+        ("d 384, 2,048 rows", training_shapes(2048, 384, 1536)),
+        ("d 128, 384 rows", training_shapes(384, 128, 512)),
     ]
 }
 
 /// Not a test: `cargo test --release -p ember-kernels --lib gemm::timing::avx2 -- --ignored
 /// --nocapture` times Ember's AVX2 kernel against matrixmultiply's, on one thread (its CPU
-/// time), packing included, at the products of a training step (the shapes of
-/// [`standard_shapes`] and [`small_shapes`], one share's rows). Alternating pairs
+/// time), packing included, at the products of a training step ([`shape_sets`], one share's
+/// rows). Alternating pairs
 /// (matrixmultiply then Ember, 9 pairs): the median of each, the median and range of the
 /// per-pair ratios (matrixmultiply's time ÷ Ember's), and a layer's products weighed by how
 /// often a layer runs each.
@@ -203,10 +199,7 @@ fn avx2_against_matrixmultiply_at_training_shapes() {
     if !on_one_thread(super::avx2::available(), "AVX2 with FMA") {
         return;
     }
-    for (name, shapes) in [
-        ("d 384, 2,048 rows", standard_shapes(2048)),
-        ("d 128, 384 rows", small_shapes(384)),
-    ] {
+    for (name, shapes) in shape_sets() {
         println!("{name}: matrixmultiply ms, Ember ms (medians), matrixmultiply ÷ Ember median (range)");
         let (mut total_mm, mut total_own) = (0.0, 0.0);
         for (m, k, n, a_t, b_t, what, count) in shapes {
