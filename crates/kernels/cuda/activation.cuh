@@ -32,3 +32,29 @@ EMBER_HD void ember_swiglu_bwd(float a, float u, float g, float* da, float* du) 
     // d/da silu = σ(a)·(1 − silu(a)) + silu(a)
     *da = g * u * (sig * (1.0f - silu) + silu);
 }
+
+// The kernels' bodies for element i of f32 or bf16 buffers (T: float or ember_bf16; common.cuh's
+// ember_load and ember_store), with the arithmetic above in f32.
+template <typename T>
+EMBER_HD void ember_gelu_fwd_at(const T* x, T* y, uint64_t i) {
+    ember_store(y, i, ember_gelu(ember_load(x, i)));
+}
+
+// dx = g·gelu'(x).
+template <typename T>
+EMBER_HD void ember_gelu_bwd_at(const T* x, const T* g, T* dx, uint64_t i) {
+    ember_store(dx, i, ember_load(g, i) * ember_gelu_slope(ember_load(x, i)));
+}
+
+template <typename T>
+EMBER_HD void ember_swiglu_fwd_at(const T* a, const T* u, T* y, uint64_t i) {
+    ember_store(y, i, ember_swiglu(ember_load(a, i), ember_load(u, i)));
+}
+
+template <typename T>
+EMBER_HD void ember_swiglu_bwd_at(const T* a, const T* u, const T* g, T* da, T* du, uint64_t i) {
+    float dai, dui;
+    ember_swiglu_bwd(ember_load(a, i), ember_load(u, i), ember_load(g, i), &dai, &dui);
+    ember_store(da, i, dai);
+    ember_store(du, i, dui);
+}

@@ -49,6 +49,20 @@ EMBER_HD float ember_round_bf16(float x) {
     return ember_f32_from_bits(((u >> 16) + up) << 16);
 }
 
+// A bf16 element as stored: the upper 16 bits of an f32 (candle's and the half crate's bf16).
+typedef uint16_t ember_bf16;
+
+// Element i of an f32 or a bf16 buffer as f32 (a bf16 widens exactly), and v into element i of
+// one (rounded once, by ember_round_bf16, into a bf16). The kernels with bf16 variants are
+// written over these: the f32 kernel's arithmetic on the widened inputs, each output rounded
+// once, which is what the CPU ops compute on bf16 activations (ember_kernels::host).
+EMBER_HD float ember_load(const float* p, uint64_t i) { return p[i]; }
+EMBER_HD float ember_load(const ember_bf16* p, uint64_t i) { return ember_f32_from_bits((uint32_t)p[i] << 16); }
+EMBER_HD void ember_store(float* p, uint64_t i, float v) { p[i] = v; }
+EMBER_HD void ember_store(ember_bf16* p, uint64_t i, float v) {
+    p[i] = (ember_bf16)(ember_f32_bits(ember_round_bf16(v)) >> 16);
+}
+
 // -inf, without relying on INFINITY being defined in device code.
 EMBER_HD float ember_neg_inf(void) { return ember_f32_from_bits(0xff800000u); }
 

@@ -11,6 +11,14 @@ float ember_mirror_exp_fast(float x) { return ember_exp_fast(x); }
 
 float ember_mirror_round_bf16(float x) { return ember_round_bf16(x); }
 
+uint16_t ember_mirror_store_bf16(float x) {
+    ember_bf16 out;
+    ember_store(&out, 0, x);
+    return out;
+}
+
+float ember_mirror_load_bf16(uint16_t x) { return ember_load(&x, 0); }
+
 float ember_mirror_dropout_value(float v, uint64_t state, uint64_t threshold, float keep, uint64_t i) {
     return ember_dropout_value(v, state, threshold, keep, i);
 }

@@ -12,19 +12,21 @@
 
 #define EMBER_NORM_LANES 32u
 
-// The sum of the lane's elements of x[0..d).
-EMBER_HD float ember_norm_lane_sum(const float* x, uint32_t d, uint32_t lane) {
+// The sum of the lane's elements of x[0..d) (X: float, or ember_bf16 widened as it is read).
+template <typename X>
+EMBER_HD float ember_norm_lane_sum(const X* x, uint32_t d, uint32_t lane) {
     float s = 0.0f;
-    for (uint32_t i = lane; i < d; i += EMBER_NORM_LANES) s += x[i];
+    for (uint32_t i = lane; i < d; i += EMBER_NORM_LANES) s += ember_load(x, i);
     return s;
 }
 
 // The sum of the lane's (x - mean)²: the centred second moment, as the CPU kernel takes it (two
 // passes, the mean first).
-EMBER_HD float ember_norm_lane_sumsq(const float* x, uint32_t d, uint32_t lane, float mean) {
+template <typename X>
+EMBER_HD float ember_norm_lane_sumsq(const X* x, uint32_t d, uint32_t lane, float mean) {
     float s = 0.0f;
     for (uint32_t i = lane; i < d; i += EMBER_NORM_LANES) {
-        const float v = x[i] - mean;
+        const float v = ember_load(x, i) - mean;
         s += v * v;
     }
     return s;
@@ -45,13 +47,15 @@ EMBER_HD float ember_norm_value_bias(float x, float mean, float rstd, float w, f
     return (x - mean) * rstd * w + b;
 }
 
-// The lane's parts of the backward sums: Σ gx·x̂ and Σ gx, with gx = g·w and x̂ = (x − mean)/σ.
-EMBER_HD void ember_norm_lane_bwd_sums(const float* x, const float* w, const float* g, uint32_t d, uint32_t lane,
+// The lane's parts of the backward sums: Σ gx·x̂ and Σ gx, with gx = g·w and x̂ = (x − mean)/σ
+// (x in the input's type X, the output's gradient g in the output's type G).
+template <typename X, typename G>
+EMBER_HD void ember_norm_lane_bwd_sums(const X* x, const float* w, const G* g, uint32_t d, uint32_t lane,
                                        float mean, float rstd, float* gx_xhat, float* gx_sum) {
     float a = 0.0f, b = 0.0f;
     for (uint32_t i = lane; i < d; i += EMBER_NORM_LANES) {
-        const float xhat = (x[i] - mean) * rstd;
-        const float gx = g[i] * w[i];
+        const float xhat = (ember_load(x, i) - mean) * rstd;
+        const float gx = ember_load(g, i) * w[i];
         a += gx * xhat;
         b += gx;
     }

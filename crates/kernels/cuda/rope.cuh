@@ -26,8 +26,10 @@ EMBER_HD void ember_rope_pair(float x1, float x2, float c, float s, float sign, 
     *y2 = (x2 * c + x1 * s) * scale;
 }
 
-// Pair p of x into y (the kernel's body for one index).
-EMBER_HD void ember_rope_at(const float* x, const float* cos, const float* sin, const double* ln_pos, float* y,
+// Pair p of x into y (the kernel's body for one index); x and y f32 or bf16 (T: float or
+// ember_bf16), the rotation in f32, each output rounded once.
+template <typename T>
+EMBER_HD void ember_rope_at(const T* x, const float* cos, const float* sin, const double* ln_pos, T* y,
                             uint64_t p, uint32_t half, uint32_t heads, uint32_t t, uint64_t offset,
                             uint32_t stride, double scale, uint64_t logn_length, double ln_m, float sign) {
     const uint64_t i = p % half;
@@ -36,5 +38,8 @@ EMBER_HD void ember_rope_at(const float* x, const float* cos, const float* sin, 
     const uint64_t at = q * (2 * (uint64_t)half) + i;
     const uint64_t angle = position * stride + i;
     const float factor = ember_rope_factor(scale, position, logn_length, ln_pos[position], ln_m);
-    ember_rope_pair(x[at], x[at + half], cos[angle], sin[angle], sign, factor, &y[at], &y[at + half]);
+    float y1, y2;
+    ember_rope_pair(ember_load(x, at), ember_load(x, at + half), cos[angle], sin[angle], sign, factor, &y1, &y2);
+    ember_store(y, at, y1);
+    ember_store(y, at + half, y2);
 }

@@ -2,7 +2,8 @@
 //!
 //! On CUDA (the `activation` kernel switched on, `cuda/activation.cu`) each op and its backward
 //! is one elementwise pass with the same formulas, CUDA's erff/expf in place of the CPU's
-//! polynomial erf and exp.
+//! polynomial erf and exp. On bf16 activations (with the `bf16` kernels switched on too) the
+//! kernels' `_bf16` variants read them widened, compute in f32 and round each output once.
 
 use std::borrow::Cow;
 use std::mem::MaybeUninit;
@@ -235,11 +236,13 @@ pub fn swiglu_unfused(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
 }
 
 /// `silu(gate) · up` in one pass with a fused backward on CPU f32 and (with the activation
-/// kernel switched on) CUDA f32. On the CPU gate and up may also be bf16 activations: computed
-/// in f32 on their widened values, the output and both gradients rounded once to bf16.
+/// kernel switched on) CUDA f32. gate and up may also be bf16 activations, on the CPU and (with
+/// the `bf16` kernels switched on too) on CUDA: computed in f32 on their widened values, the
+/// output and both gradients rounded once to bf16.
 pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
-    let fused = (is_host(gate) && is_host(up) && gate.dtype() == up.dtype())
-        || (takes(gate, Kernel::Activation) && takes(up, Kernel::Activation));
+    let fused = gate.dtype() == up.dtype()
+        && ((is_host(gate) && is_host(up))
+            || (takes(gate, Kernel::Activation) && takes(up, Kernel::Activation)));
     if !fused || gate.shape() != up.shape() {
         return swiglu_unfused(gate, up);
     }
@@ -364,23 +367,45 @@ impl CustomOp2 for SwigluOp {
     }
 }
 
-/// The launches of `cuda/activation.cu`.
+/// The launches of `cuda/activation.cu`: f32 activations, or bf16 ones (with the `bf16` kernels
+/// switched on) through the kernels' `_bf16` variants; a gradient comes in its output's dtype,
+/// which is its input's.
 #[cfg(feature = "cuda")]
 mod cuda {
+    use candle_core::backend::BackendStorage as _;
     use candle_core::{bail, CudaStorage, Layout, Result, Tensor};
 
-    use crate::cuda::device::{alloc, elementwise, launch, storage, tensor, view, with_cuda, ACTIVATION};
+    use crate::cuda::device::{
+        alloc_of, elementwise, kernel_name, launch, storage, tensor, view_of, with_cuda, with_element,
+        Element, ACTIVATION,
+    };
+
+    /// `base` for activations of `T`.
+    fn name<T: Element>(base: &str) -> String {
+        kernel_name(base, &[T::NAME])
+    }
+
+    /// An error unless every tensor of an op holds its first one's dtype.
+    fn same_dtype(what: &str, dtypes: &[candle_core::DType]) -> Result<()> {
+        if dtypes.iter().any(|d| *d != dtypes[0]) {
+            bail!("{what}: inputs of dtypes {dtypes:?}; the CUDA kernel takes one dtype");
+        }
+        Ok(())
+    }
 
     pub(super) fn gelu(s: &CudaStorage, l: &Layout) -> Result<CudaStorage> {
-        let (x, n) = (view(s, l)?, l.shape().elem_count());
-        let mut y = alloc(&s.device, n)?;
-        if n > 0 {
-            launch!(s.device, ACTIVATION, "ember_gelu_fwd", elementwise(n); &x, &mut y, &(n as u64))?;
-        }
-        Ok(storage(y, &s.device))
+        with_element!(s.dtype(), T => {
+            let (x, n) = (view_of::<T>(s, l)?, l.shape().elem_count());
+            let mut y = alloc_of::<T>(&s.device, n)?;
+            if n > 0 {
+                launch!(s.device, ACTIVATION, name::<T>("ember_gelu_fwd"), elementwise(n); &x, &mut y, &(n as u64))?;
+            }
+            Ok(storage(y, &s.device))
+        })
     }
 
     pub(super) fn gelu_bwd(x: &Tensor, g: &Tensor) -> Result<Tensor> {
+        same_dtype("gelu backward", &[x.dtype(), g.dtype()])?;
         with_cuda([x, g], |[(xs, xl), (gs, gl)]| {
             let n = xl.shape().elem_count();
             if gl.shape().elem_count() != n {
@@ -390,13 +415,15 @@ mod cuda {
                     xl.shape()
                 );
             }
-            let (xv, gv) = (view(xs, xl)?, view(gs, gl)?);
-            let mut dx = alloc(&xs.device, n)?;
-            if n > 0 {
-                launch!(xs.device, ACTIVATION, "ember_gelu_bwd", elementwise(n);
-                    &xv, &gv, &mut dx, &(n as u64))?;
-            }
-            Ok(tensor(dx, &xs.device, xl.shape()))
+            with_element!(xs.dtype(), T => {
+                let (xv, gv) = (view_of::<T>(xs, xl)?, view_of::<T>(gs, gl)?);
+                let mut dx = alloc_of::<T>(&xs.device, n)?;
+                if n > 0 {
+                    launch!(xs.device, ACTIVATION, name::<T>("ember_gelu_bwd"), elementwise(n);
+                        &xv, &gv, &mut dx, &(n as u64))?;
+                }
+                Ok(tensor(dx, &xs.device, xl.shape()))
+            })
         })
     }
 
@@ -406,19 +433,24 @@ mod cuda {
         s2: &CudaStorage,
         l2: &Layout,
     ) -> Result<CudaStorage> {
-        let (a, u, n) = (view(s1, l1)?, view(s2, l2)?, l1.shape().elem_count());
+        same_dtype("swiglu", &[s1.dtype(), s2.dtype()])?;
+        let n = l1.shape().elem_count();
         if l2.shape().elem_count() != n {
             bail!("swiglu: gate {:?} and up {:?} differ", l1.shape(), l2.shape());
         }
-        let mut y = alloc(&s1.device, n)?;
-        if n > 0 {
-            launch!(s1.device, ACTIVATION, "ember_swiglu_fwd", elementwise(n);
-                &a, &u, &mut y, &(n as u64))?;
-        }
-        Ok(storage(y, &s1.device))
+        with_element!(s1.dtype(), T => {
+            let (a, u) = (view_of::<T>(s1, l1)?, view_of::<T>(s2, l2)?);
+            let mut y = alloc_of::<T>(&s1.device, n)?;
+            if n > 0 {
+                launch!(s1.device, ACTIVATION, name::<T>("ember_swiglu_fwd"), elementwise(n);
+                    &a, &u, &mut y, &(n as u64))?;
+            }
+            Ok(storage(y, &s1.device))
+        })
     }
 
     pub(super) fn swiglu_bwd(a: &Tensor, u: &Tensor, g: &Tensor) -> Result<(Tensor, Tensor)> {
+        same_dtype("swiglu backward", &[a.dtype(), u.dtype(), g.dtype()])?;
         with_cuda([a, u, g], |[(as_, al), (us, ul), (gs, gl)]| {
             let n = al.shape().elem_count();
             if ul.shape().elem_count() != n || gl.shape().elem_count() != n {
@@ -429,14 +461,16 @@ mod cuda {
                     gl.shape()
                 );
             }
-            let (av, uv, gv) = (view(as_, al)?, view(us, ul)?, view(gs, gl)?);
-            let dev = &as_.device;
-            let (mut da, mut du) = (alloc(dev, n)?, alloc(dev, n)?);
-            if n > 0 {
-                launch!(dev, ACTIVATION, "ember_swiglu_bwd", elementwise(n);
-                    &av, &uv, &gv, &mut da, &mut du, &(n as u64))?;
-            }
-            Ok((tensor(da, dev, al.shape()), tensor(du, dev, ul.shape())))
+            with_element!(as_.dtype(), T => {
+                let (av, uv, gv) = (view_of::<T>(as_, al)?, view_of::<T>(us, ul)?, view_of::<T>(gs, gl)?);
+                let dev = &as_.device;
+                let (mut da, mut du) = (alloc_of::<T>(dev, n)?, alloc_of::<T>(dev, n)?);
+                if n > 0 {
+                    launch!(dev, ACTIVATION, name::<T>("ember_swiglu_bwd"), elementwise(n);
+                        &av, &uv, &gv, &mut da, &mut du, &(n as u64))?;
+                }
+                Ok((tensor(da, dev, al.shape()), tensor(du, dev, ul.shape())))
+            })
         })
     }
 }
@@ -452,6 +486,28 @@ mod mirror {
         fn ember_mirror_gelu_slope(x: f32) -> f32;
         fn ember_mirror_swiglu(a: f32, u: f32) -> f32;
         fn ember_mirror_swiglu_bwd(a: f32, u: f32, g: f32, da: *mut f32, du: *mut f32);
+        fn ember_mirror_gelu_fwd_f32(x: *const f32, y: *mut f32, n: u64);
+        fn ember_mirror_gelu_bwd_f32(x: *const f32, g: *const f32, dx: *mut f32, n: u64);
+        fn ember_mirror_swiglu_fwd_f32(a: *const f32, u: *const f32, y: *mut f32, n: u64);
+        fn ember_mirror_swiglu_bwd_f32(
+            a: *const f32,
+            u: *const f32,
+            g: *const f32,
+            da: *mut f32,
+            du: *mut f32,
+            n: u64,
+        );
+        fn ember_mirror_gelu_fwd_bf16(x: *const u16, y: *mut u16, n: u64);
+        fn ember_mirror_gelu_bwd_bf16(x: *const u16, g: *const u16, dx: *mut u16, n: u64);
+        fn ember_mirror_swiglu_fwd_bf16(a: *const u16, u: *const u16, y: *mut u16, n: u64);
+        fn ember_mirror_swiglu_bwd_bf16(
+            a: *const u16,
+            u: *const u16,
+            g: *const u16,
+            da: *mut u16,
+            du: *mut u16,
+            n: u64,
+        );
     }
 
     /// −8 to 8 in steps of about 0.0013, and the special values.
@@ -486,6 +542,61 @@ mod mirror {
         // gelu(0) is 0 and gelu'(0) one half exactly on both.
         assert_eq!(unsafe { ember_mirror_gelu(0.0) }, 0.0);
         assert_eq!(unsafe { ember_mirror_gelu_slope(0.0) }, 0.5);
+    }
+
+    #[test]
+    fn the_bf16_kernels_are_the_f32_kernels_between_casts_bit_for_bit() {
+        // `_bf16` reads bf16 activations and gradients, widens them exactly, computes as the f32
+        // kernel does and rounds each output once: the f32 kernel's bits on the widened
+        // inputs, rounded as candle's cast rounds (the CPU ops' contract on bf16 activations).
+        let bits = |v: &[f32]| -> Vec<u16> { v.iter().map(|&x| half::bf16::from_f32(x).to_bits()).collect() };
+        let wide = |v: &[u16]| -> Vec<f32> { v.iter().map(|&h| f32::from_bits((h as u32) << 16)).collect() };
+        let mut rng = ember_rng::SplitMix64::new(6);
+        let x = bits(&inputs());
+        let (u, g) = (
+            bits(&x.iter().map(|_| rng.normal() as f32).collect::<Vec<_>>()),
+            bits(&x.iter().map(|_| rng.normal() as f32).collect::<Vec<_>>()),
+        );
+        let (xw, uw, gw) = (wide(&x), wide(&u), wide(&g));
+        let n = x.len();
+        let (mut y, mut y16) = (vec![f32::NAN; n], vec![u16::MAX; n]);
+        let (mut d, mut d16) = (vec![f32::NAN; n], vec![u16::MAX; n]);
+        unsafe {
+            ember_mirror_gelu_fwd_f32(xw.as_ptr(), y.as_mut_ptr(), n as u64);
+            ember_mirror_gelu_fwd_bf16(x.as_ptr(), y16.as_mut_ptr(), n as u64);
+            ember_mirror_gelu_bwd_f32(xw.as_ptr(), gw.as_ptr(), d.as_mut_ptr(), n as u64);
+            ember_mirror_gelu_bwd_bf16(x.as_ptr(), g.as_ptr(), d16.as_mut_ptr(), n as u64);
+        }
+        assert_eq!(y16, bits(&y), "gelu");
+        assert_eq!(d16, bits(&d), "gelu backward");
+        let (mut du, mut du16) = (vec![f32::NAN; n], vec![u16::MAX; n]);
+        unsafe {
+            ember_mirror_swiglu_fwd_f32(xw.as_ptr(), uw.as_ptr(), y.as_mut_ptr(), n as u64);
+            ember_mirror_swiglu_fwd_bf16(x.as_ptr(), u.as_ptr(), y16.as_mut_ptr(), n as u64);
+            ember_mirror_swiglu_bwd_f32(
+                xw.as_ptr(),
+                uw.as_ptr(),
+                gw.as_ptr(),
+                d.as_mut_ptr(),
+                du.as_mut_ptr(),
+                n as u64,
+            );
+            ember_mirror_swiglu_bwd_bf16(
+                x.as_ptr(),
+                u.as_ptr(),
+                g.as_ptr(),
+                d16.as_mut_ptr(),
+                du16.as_mut_ptr(),
+                n as u64,
+            );
+        }
+        assert_eq!(y16, bits(&y), "swiglu");
+        assert_eq!(d16, bits(&d), "swiglu: gate gradient");
+        assert_eq!(du16, bits(&du), "swiglu: up gradient");
+        // And the f32 bodies are the per-element functions the tests above check.
+        for (i, &v) in xw.iter().enumerate() {
+            assert_eq!(y[i].to_bits(), unsafe { ember_mirror_swiglu(v, uw[i]) }.to_bits());
+        }
     }
 
     #[test]

@@ -182,7 +182,8 @@ pub fn rope_unfused(x: &Tensor, tables: &RopeTables, offset: usize) -> Result<Te
 
 /// `scale · rotated(x)` for x (B, T, H·head_dim) whose first position is `offset` (`scale` an
 /// `f64` or a [`PositionScale`]); fused on CPU f32 or bf16 (computed in f32, the output in x's
-/// dtype) and (with the rope kernel switched on and f32 tables on the same device) CUDA f32,
+/// dtype) and (with the rope kernel switched on and f32 tables on the same device) CUDA f32, or
+/// CUDA bf16 with the `bf16` kernels switched on too (computed in f32, the output in bf16),
 /// [`rope_unfused`] (then the scale) elsewhere.
 pub fn rope(
     x: &Tensor,
@@ -345,10 +346,14 @@ impl RopeOp {
 /// The launch of `cuda/rope.cu`.
 #[cfg(feature = "cuda")]
 mod cuda {
+    use candle_core::backend::BackendStorage as _;
     use candle_core::{bail, CudaStorage, Layout, Result};
 
     use super::{check_heads, RopeOp};
-    use crate::cuda::device::{alloc, elementwise, launch, storage, view, with_cuda, ROPE};
+    use crate::cuda::device::{
+        alloc_of, elementwise, kernel_name, launch, storage, view, view_of, with_cuda, with_element, Element,
+        ROPE,
+    };
 
     pub(super) fn rotate(op: &RopeOp, s: &CudaStorage, l: &Layout) -> Result<CudaStorage> {
         let (_, t, width) = l.shape().dims3()?;
@@ -369,19 +374,22 @@ mod cuda {
         with_cuda([&tables.cos, &tables.sin, ln], |[(cs, cl), (ss, sl), (ls, ll)]| {
             let (pairs, half, heads, t, offset, stride, scale, logn_length, ln_m, sign) =
                 op.kernel_args(n, t, width, cl.shape().dims2()?.1)?;
-            let x = view(s, l)?;
             let (cos, sin) = (view(cs, cl)?, view(ss, sl)?);
             let Some((a, b)) = ll.contiguous_offsets() else {
                 bail!("rope: expected a contiguous log table");
             };
             let ln_pos = ls.as_cuda_slice::<f64>()?.slice(a..b);
-            let mut y = alloc(&s.device, n)?;
-            if pairs > 0 {
-                launch!(s.device, ROPE, "ember_rope", elementwise(pairs as usize);
-                    &x, &cos, &sin, &ln_pos, &mut y, &pairs, &half, &heads, &t, &offset, &stride, &scale,
-                    &logn_length, &ln_m, &sign)?;
-            }
-            Ok(storage(y, &s.device))
+            // x and y: f32, or bf16 activations (ember_rope_bf16; the tables stay f32).
+            with_element!(s.dtype(), T => {
+                let x = view_of::<T>(s, l)?;
+                let mut y = alloc_of::<T>(&s.device, n)?;
+                if pairs > 0 {
+                    launch!(s.device, ROPE, kernel_name("ember_rope", &[T::NAME]), elementwise(pairs as usize);
+                        &x, &cos, &sin, &ln_pos, &mut y, &pairs, &half, &heads, &t, &offset, &stride, &scale,
+                        &logn_length, &ln_m, &sign)?;
+                }
+                Ok(storage(y, &s.device))
+            })
         })
     }
 }
@@ -401,6 +409,24 @@ mod mirror {
             sin: *const f32,
             ln_pos: *const f64,
             y: *mut f32,
+            pairs: u64,
+            half: u32,
+            heads: u32,
+            t: u32,
+            offset: u64,
+            stride: u32,
+            scale: f64,
+            logn_length: u64,
+            ln_m: f64,
+            sign: f32,
+        );
+        #[allow(clippy::too_many_arguments)]
+        fn ember_mirror_rope_bf16(
+            x: *const u16,
+            cos: *const f32,
+            sin: *const f32,
+            ln_pos: *const f64,
+            y: *mut u16,
             pairs: u64,
             half: u32,
             heads: u32,
@@ -491,6 +517,36 @@ mod mirror {
                             "case {i} scale {scale} inverse {inverse}, element {j}: {a} vs {c}"
                         );
                     }
+                    // ember_rope_bf16: x in bf16, the CPU op's rotation of its widened values
+                    // (as cpu_fwd computes on a bf16 tensor), each output rounded once.
+                    let x16: Vec<u16> = x.iter().map(|&v| half::bf16::from_f32(v).to_bits()).collect();
+                    let wide: Vec<f32> = x16.iter().map(|&h| f32::from_bits((h as u32) << 16)).collect();
+                    let want: Vec<u16> = op
+                        .run(&wide, t, width)
+                        .into_iter()
+                        .map(|v| half::bf16::from_f32(v).to_bits())
+                        .collect();
+                    let mut y16 = vec![u16::MAX; x.len()];
+                    unsafe {
+                        ember_mirror_rope_bf16(
+                            x16.as_ptr(),
+                            cos.as_ptr(),
+                            sin.as_ptr(),
+                            ln.as_ptr(),
+                            y16.as_mut_ptr(),
+                            pairs,
+                            half,
+                            heads,
+                            tt,
+                            off,
+                            stride,
+                            sc,
+                            m,
+                            ln_m,
+                            sign,
+                        )
+                    };
+                    assert_eq!(y16, want, "case {i} scale {scale} inverse {inverse}: bf16");
                 }
             }
         }

@@ -1,5 +1,6 @@
-//! Specification of the ops on bf16 activations (mixed precision keeps the activations that only
-//! feed products in bf16, `Precision::activations`): an op computes on their exact f32 widening
+//! Specification of the ops on bf16 activations (what a model keeping the activations that only
+//! feed products in bf16 would run; the trainer keeps f32 ones today, see
+//! ember-trainer's `setup::precision`): an op computes on their exact f32 widening
 //! and rounds its output, and the gradient of each bf16 input, once. So it gives the bits of the
 //! same op on f32 inputs between candle's casts (`to_dtype`, whose backward pass rounds the
 //! gradient the same way), for the products in f32 and in bf16, on contiguous and strided

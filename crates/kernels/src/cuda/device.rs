@@ -2,8 +2,8 @@
 //! geometry, and views of candle's CUDA storage. Kernels run on candle's stream for the device,
 //! so they are ordered with candle's own ops and need no synchronisation.
 
-use candle_core::cuda::cudarc::driver::{CudaSlice, CudaView, LaunchConfig};
-use candle_core::cuda::{CudaDevice, CudaStorage};
+use candle_core::cuda::cudarc::driver::{CudaSlice, CudaView, DeviceRepr, LaunchConfig};
+use candle_core::cuda::{CudaDType, CudaDevice, CudaStorage};
 use candle_core::op::BackpropOp;
 use candle_core::{bail, Layout, Result, Shape, Storage, Tensor};
 
@@ -33,14 +33,60 @@ module!(CROSS_ENTROPY, "cross_entropy");
 module!(ACTIVATION, "activation");
 module!(ROPE, "rope");
 
-/// Launches kernel `$name` of module `$module` on `$dev`'s stream with geometry `$cfg` and the
+/// An element type of the kernels' activations: f32, or bf16 (widened as it is read, computed
+/// in f32 and rounded once as it is written; `ember_load`/`ember_store` in `cuda/common.cuh`).
+pub(crate) trait Element: CudaDType + DeviceRepr {
+    /// The type's part of a kernel's name (`f32`, `bf16`).
+    const NAME: &'static str;
+}
+impl Element for f32 {
+    const NAME: &'static str = "f32";
+}
+impl Element for half::bf16 {
+    const NAME: &'static str = "bf16";
+}
+
+/// The kernel `base` for activations of the element types `types`, in the order of its name:
+/// `base` itself when all are f32, else `base_T1_T2…` (`ember_norm_fwd_f32_bf16`).
+pub(crate) fn kernel_name(base: &str, types: &[&str]) -> String {
+    if types.iter().all(|&t| t == "f32") {
+        return base.to_owned();
+    }
+    let mut name = base.to_owned();
+    for t in types {
+        name.push('_');
+        name.push_str(t);
+    }
+    name
+}
+
+/// Runs `$body` with the type alias `$T` bound to the element type of `$dtype` (f32 or bf16),
+/// or fails naming the dtype.
+macro_rules! with_element {
+    ($dtype:expr, $T:ident => $body:expr) => {
+        match $dtype {
+            candle_core::DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            candle_core::DType::BF16 => {
+                type $T = half::bf16;
+                $body
+            }
+            other => candle_core::bail!("ember CUDA kernels: {other:?} elements (f32 and bf16 only)"),
+        }
+    };
+}
+pub(crate) use with_element;
+
+/// Launches kernel `$name` (a `&str`) of module `$module` on `$dev`'s stream with geometry `$cfg` and the
 /// arguments after the `;`, each a reference (`&mut` for what the kernel writes), in the order of
 /// the kernel's parameters. The module is loaded once per device. Evaluates to `Result<()>`.
 macro_rules! launch {
-    ($dev:expr, $module:expr, $name:literal, $cfg:expr; $($arg:expr),* $(,)?) => {{
+    ($dev:expr, $module:expr, $name:expr, $cfg:expr; $($arg:expr),* $(,)?) => {{
         use $crate::cuda::device::{PushKernelArg as _, WrapErr as _};
         let module = &$module;
-        let func = $dev.get_or_load_custom_func($name, module.name, module.ptx)?;
+        let func = $dev.get_or_load_custom_func(&$name, module.name, module.ptx)?;
         let mut builder = func.builder();
         // Each argument is bound first: the builder keeps pointers to them until the launch.
         $( let arg = $arg; builder.arg(arg); )*
@@ -78,25 +124,35 @@ pub(crate) fn per_row(rows: usize, threads: u32) -> LaunchConfig {
 
 /// The f32 elements of a contiguous CUDA storage.
 pub(crate) fn view<'a>(s: &'a CudaStorage, l: &Layout) -> Result<CudaView<'a, f32>> {
+    view_of::<f32>(s, l)
+}
+
+/// The `T` elements of a contiguous CUDA storage (an error unless it holds `T`).
+pub(crate) fn view_of<'a, T: Element>(s: &'a CudaStorage, l: &Layout) -> Result<CudaView<'a, T>> {
     let Some((a, b)) = l.contiguous_offsets() else {
         bail!("ember CUDA kernels: expected a contiguous tensor");
     };
-    Ok(s.as_cuda_slice::<f32>()?.slice(a..b))
+    Ok(s.as_cuda_slice::<T>()?.slice(a..b))
 }
 
 /// Uninitialised device memory for `n` f32 (the kernel writes every element).
 pub(crate) fn alloc(dev: &CudaDevice, n: usize) -> Result<CudaSlice<f32>> {
+    alloc_of::<f32>(dev, n)
+}
+
+/// Uninitialised device memory for `n` elements of `T` (the kernel writes every element).
+pub(crate) fn alloc_of<T: Element>(dev: &CudaDevice, n: usize) -> Result<CudaSlice<T>> {
     // SAFETY: every kernel that fills such a buffer writes each of its elements.
-    unsafe { dev.alloc::<f32>(n.max(1)) }
+    unsafe { dev.alloc::<T>(n.max(1)) }
 }
 
 /// `y` as candle storage.
-pub(crate) fn storage(y: CudaSlice<f32>, dev: &CudaDevice) -> CudaStorage {
+pub(crate) fn storage<T: Element>(y: CudaSlice<T>, dev: &CudaDevice) -> CudaStorage {
     CudaStorage::wrap_cuda_slice(y, dev.clone())
 }
 
 /// A tensor of `shape` over `y`, outside the autograd graph (what a backward pass returns).
-pub(crate) fn tensor(y: CudaSlice<f32>, dev: &CudaDevice, shape: &Shape) -> Tensor {
+pub(crate) fn tensor<T: Element>(y: CudaSlice<T>, dev: &CudaDevice, shape: &Shape) -> Tensor {
     Tensor::from_storage(
         Storage::Cuda(storage(y, dev)),
         shape.clone(),

@@ -25,6 +25,8 @@ extern "C" {
     fn ember_mirror_draw_at(state: u64, i: u64) -> u64;
     fn ember_mirror_exp_fast(x: f32) -> f32;
     fn ember_mirror_round_bf16(x: f32) -> f32;
+    fn ember_mirror_store_bf16(x: f32) -> u16;
+    fn ember_mirror_load_bf16(x: u16) -> f32;
     fn ember_mirror_dropout_value(v: f32, state: u64, threshold: u64, keep: f32, i: u64) -> f32;
     fn ember_mirror_adamw(theta: *mut f32, g: *const f32, m: *mut f32, v: *mut f32, n: u64, c: MirrorAdamW);
     #[allow(clippy::too_many_arguments)]
@@ -135,6 +137,40 @@ fn the_device_bf16_rounding_is_the_cpu_cast_bit_for_bit() {
             cpu.to_bits(),
             "{b:#010x}: device {device:e}, CPU {cpu:e}"
         );
+    }
+}
+
+#[test]
+fn the_device_bf16_elements_are_candles_bit_for_bit() {
+    // The kernels' bf16 variants read a bf16 activation as the CPU ops widen one (the top half
+    // of an f32, exactly; signalling NaNs stay signalling, where the half crate's `to_f32`
+    // would quieten them) and write one as candle's cast rounds it: all 65,536 bf16 values
+    // widen alike, and a store of an f32 keeps the bits of `bf16::from_f32`.
+    for b in 0..=u16::MAX {
+        let (device, cpu) = (
+            unsafe { ember_mirror_load_bf16(b) },
+            f32::from_bits((b as u32) << 16),
+        );
+        assert_eq!(device.to_bits(), cpu.to_bits(), "load {b:#06x}");
+    }
+    let mut xs: Vec<f32> = (0..=u16::MAX as u32)
+        .flat_map(|hi| {
+            [
+                hi << 16,
+                (hi << 16) | 0x8000,
+                (hi << 16) | 0x8001,
+                (hi << 16) | 0x7fff,
+            ]
+        })
+        .map(f32::from_bits)
+        .collect();
+    xs.extend(random(50_000, 12).into_iter().map(|x| x * 1e3));
+    for x in xs {
+        let (device, cpu) = (
+            unsafe { ember_mirror_store_bf16(x) },
+            half::bf16::from_f32(x).to_bits(),
+        );
+        assert_eq!(device, cpu, "store {:#010x} ({x:e})", x.to_bits());
     }
 }
 

@@ -44,10 +44,32 @@ pub enum Kernel {
     Activation,
     /// Rotary position embeddings with the log-n factor, forward and backward.
     Rope,
+    /// The bf16 variants of the norm, activation and rope kernels: bf16 activations (and their
+    /// gradients) read and written, widened exactly and computed as in f32, each output rounded
+    /// once ([`Kernel::reads_bf16`]). Used together with the op's own family: a bf16 CUDA
+    /// tensor takes the op's kernel only while both are on.
+    Bf16,
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 8] = [
+    pub const ALL: [Kernel; 9] = [
+        Kernel::Dropout,
+        Kernel::Optimizer,
+        Kernel::Softmax,
+        Kernel::Attention,
+        Kernel::Norm,
+        Kernel::CrossEntropy,
+        Kernel::Activation,
+        Kernel::Rope,
+        Kernel::Bf16,
+    ];
+
+    /// The kernels that passed the GPU suite (`cargo test --release --features cuda`) on a real
+    /// GPU, and so are on by default. A kernel joins only on a GPU result: all eight passed on an
+    /// H100 (CUDA 13.0, driver 580) at `4d4adce`, `scripts/gpu-check.sh`,
+    /// docs/performance-raw/2026-11-26-gpu/. The bf16 variants, written since, have run on no
+    /// GPU yet: their arithmetic is checked on the host (the mirrors), their launches are not.
+    pub const VERIFIED: [Kernel; 8] = [
         Kernel::Dropout,
         Kernel::Optimizer,
         Kernel::Softmax,
@@ -57,12 +79,6 @@ impl Kernel {
         Kernel::Activation,
         Kernel::Rope,
     ];
-
-    /// The kernels that passed the GPU suite (`cargo test --release --features cuda`) on a real
-    /// GPU, and so are on by default. A kernel joins only on a GPU result: all eight passed on an
-    /// H100 (CUDA 13.0, driver 580) at `4d4adce`, `scripts/gpu-check.sh`,
-    /// docs/performance-raw/2026-11-26-gpu/.
-    pub const VERIFIED: [Kernel; 8] = Kernel::ALL;
 
     pub fn name(self) -> &'static str {
         match self {
@@ -74,7 +90,13 @@ impl Kernel {
             Kernel::CrossEntropy => "cross_entropy",
             Kernel::Activation => "activation",
             Kernel::Rope => "rope",
+            Kernel::Bf16 => "bf16",
         }
+    }
+
+    /// Whether this family has bf16 variants (taken with [`Kernel::Bf16`] switched on).
+    pub fn reads_bf16(self) -> bool {
+        matches!(self, Kernel::Norm | Kernel::Activation | Kernel::Rope)
     }
 
     fn bit(self) -> u32 {
@@ -155,10 +177,22 @@ pub fn check_env() -> Result<(), String> {
     }
 }
 
-/// Whether `t` takes kernel `k`'s CUDA path: an f32 CUDA tensor (in a build with the `cuda`
-/// feature) while `k` is switched on.
+/// Whether `t` takes kernel `k`'s CUDA path: a CUDA tensor (in a build with the `cuda`
+/// feature) while `k` is switched on, of f32 or (for a family with bf16 variants, while
+/// [`Kernel::Bf16`] is on too) bf16.
 pub(crate) fn takes(t: &Tensor, k: Kernel) -> bool {
-    cfg!(feature = "cuda") && t.device().is_cuda() && t.dtype() == DType::F32 && enabled(k)
+    cfg!(feature = "cuda") && t.device().is_cuda() && takes_dtype(t.dtype(), k)
+}
+
+/// Whether kernel `k` reads and writes activations of `dtype` now (switched on, and of f32 or
+/// bf16 as [`takes`] says).
+pub(crate) fn takes_dtype(dtype: DType, k: Kernel) -> bool {
+    enabled(k)
+        && match dtype {
+            DType::F32 => true,
+            DType::BF16 => k.reads_bf16() && enabled(Kernel::Bf16),
+            _ => false,
+        }
 }
 
 #[cfg(test)]
@@ -179,6 +213,28 @@ mod tests {
             err.contains("EMBER_CUDA_KERNELS") && err.contains("\"flash\""),
             "{err}"
         );
+    }
+
+    #[test]
+    fn bf16_activations_take_a_kernel_only_with_its_family_and_the_bf16_variants_on() {
+        // The switch is the process's; nothing else in this test binary reads it (no CUDA here).
+        let before = enabled_kernels();
+        set_enabled(&[Kernel::Norm, Kernel::Softmax]);
+        assert!(takes_dtype(DType::F32, Kernel::Norm));
+        assert!(!takes_dtype(DType::BF16, Kernel::Norm), "bf16 variants off");
+        set_enabled(&[Kernel::Norm, Kernel::Softmax, Kernel::Bf16]);
+        assert!(takes_dtype(DType::BF16, Kernel::Norm));
+        assert!(
+            !takes_dtype(DType::BF16, Kernel::Softmax),
+            "softmax has no bf16 variant"
+        );
+        assert!(!takes_dtype(DType::BF16, Kernel::Rope), "rope switched off");
+        assert!(!takes_dtype(DType::F16, Kernel::Norm));
+        assert!(
+            !Kernel::VERIFIED.contains(&Kernel::Bf16),
+            "no GPU has run the bf16 variants"
+        );
+        set_enabled(&before);
     }
 
     #[test]

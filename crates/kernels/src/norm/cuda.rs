@@ -1,10 +1,16 @@
-//! The launches of `cuda/norm.cu`.
+//! The launches of `cuda/norm.cu`. The input x and the output may each be f32 or bf16 (the
+//! op's `out`): the kernel named for the pair (`ember_norm_fwd_bf16_f32`…, plain for f32 and
+//! f32); the output's gradient comes in the output's dtype and dx goes out in x's.
 
+use candle_core::backend::BackendStorage as _;
 use candle_core::cuda::cudarc::driver::LaunchConfig;
 use candle_core::{bail, CudaStorage, Layout, Result, Tensor};
 
 use super::{NormOp, NormType};
-use crate::cuda::device::{alloc, elementwise, launch, storage, tensor, view, with_cuda, NORM};
+use crate::cuda::device::{
+    alloc, alloc_of, elementwise, kernel_name, launch, storage, tensor, view, view_of, with_cuda,
+    with_element, Element, NORM,
+};
 
 /// Threads per block of the per-vector kernels: 8 warps, one vector each.
 const VECTOR_THREADS: u32 = 256;
@@ -48,7 +54,7 @@ pub(super) fn forward(
 ) -> Result<CudaStorage> {
     let (n, d) = (xl.shape().elem_count(), wl.shape().elem_count());
     let (count, d32) = vectors(n, d)?;
-    let (x, w) = (view(xs, xl)?, view(ws, wl)?);
+    let w = view(ws, wl)?;
     // Without a bias the kernel reads no `b`; the gain stands in for the pointer.
     let (b, has_bias) = match b {
         Some((bs, bl)) => {
@@ -64,16 +70,32 @@ pub(super) fn forward(
     };
     let (layer, eps) = flags(op);
     let dev = &xs.device;
-    let mut y = alloc(dev, n)?;
-    if count > 0 {
-        launch!(dev, NORM, "ember_norm_fwd", per_vector(count);
-            &x, &w, &b, &mut y, &(count as u64), &d32, &layer, &has_bias, &eps)?;
-    }
-    Ok(storage(y, dev))
+    with_element!(xs.dtype(), X => with_element!(op.out, Y => {
+        let x = view_of::<X>(xs, xl)?;
+        let mut y = alloc_of::<Y>(dev, n)?;
+        if count > 0 {
+            launch!(dev, NORM, kernel_name("ember_norm_fwd", &[X::NAME, Y::NAME]), per_vector(count);
+                &x, &w, &b, &mut y, &(count as u64), &d32, &layer, &has_bias, &eps)?;
+        }
+        Ok(storage(y, dev))
+    }))
 }
 
-/// (dx, dw, db) from x, w and the output gradient g.
+/// (dx, dw, db) from x, w and the output gradient g (in the op's output dtype).
 pub(super) fn backward(op: NormOp, x: &Tensor, w: &Tensor, g: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+    if g.dtype() != op.out {
+        bail!("norm: a {:?} gradient for a {:?} output", g.dtype(), op.out);
+    }
+    with_element!(x.dtype(), X => with_element!(op.out, Y => backward_as::<X, Y>(op, x, w, g)))
+}
+
+fn backward_as<X: Element, Y: Element>(
+    op: NormOp,
+    x: &Tensor,
+    w: &Tensor,
+    g: &Tensor,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let types = [X::NAME, Y::NAME];
     with_cuda([x, w, g], |[(xs, xl), (ws, wl), (gs, gl)]| {
         let (n, d) = (xl.shape().elem_count(), wl.shape().elem_count());
         let (count, d32) = vectors(n, d)?;
@@ -84,13 +106,13 @@ pub(super) fn backward(op: NormOp, x: &Tensor, w: &Tensor, g: &Tensor) -> Result
                 xl.shape()
             );
         }
-        let (xv, wv, gv) = (view(xs, xl)?, view(ws, wl)?, view(gs, gl)?);
+        let (xv, wv, gv) = (view_of::<X>(xs, xl)?, view(ws, wl)?, view_of::<Y>(gs, gl)?);
         let (layer, eps) = flags(op);
         let dev = &xs.device;
-        let mut dx = alloc(dev, n)?;
+        let mut dx = alloc_of::<X>(dev, n)?;
         let mut stats = alloc(dev, 2 * count)?;
         if count > 0 {
-            launch!(dev, NORM, "ember_norm_bwd_dx", per_vector(count);
+            launch!(dev, NORM, kernel_name("ember_norm_bwd_dx", &types), per_vector(count);
                 &xv, &wv, &gv, &mut dx, &mut stats, &(count as u64), &d32, &layer, &eps)?;
         }
         let per_chunk = PER_CHUNK.max(count.div_ceil(MAX_CHUNKS));
@@ -106,7 +128,7 @@ pub(super) fn backward(op: NormOp, x: &Tensor, w: &Tensor, g: &Tensor) -> Result
             block_dim: (threads as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        launch!(dev, NORM, "ember_norm_bwd_partials", cfg;
+        launch!(dev, NORM, kernel_name("ember_norm_bwd_partials", &types), cfg;
             &xv, &gv, &stats, &mut pw, &mut pb, &(count as u64), &d32, &(per_chunk as u64))?;
         let (mut dw, mut db) = (alloc(dev, d)?, alloc(dev, d)?);
         launch!(dev, NORM, "ember_norm_bwd_reduce", elementwise(d);

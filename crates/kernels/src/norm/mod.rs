@@ -11,13 +11,15 @@
 //!
 //! On CUDA (the `norm` kernel switched on, `cuda/norm.cu`) a warp normalises each vector; the
 //! gain's and bias's gradients are summed per column over fixed chunks of vectors, then over the
-//! chunks in order, so they too have the same bits on every run.
+//! chunks in order, so they too have the same bits on every run. Its bf16 variants (the `bf16`
+//! kernels switched on too) read a bf16 input or gradient widened and write a bf16 output or
+//! dx rounded once, for any pairing of an f32 or bf16 input with an f32 or bf16 output.
 
 use std::mem::MaybeUninit;
 
 use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor, D};
 
-use crate::cuda::{takes, Kernel};
+use crate::cuda::{takes, takes_dtype, Kernel};
 use crate::host::{
     cpu_slice, cpu_storage_as, cpu_tensor, cpu_tensor_as, cpu_values, is_host, is_host_f32, with_data,
 };
@@ -67,15 +69,18 @@ pub fn layer_norm_unfused(x: &Tensor, w: &Tensor, b: Option<&Tensor>, eps: f64) 
 }
 
 /// Whether x, w (and b) take the fused op: on the CPU an f32 or bf16 input with an f32 gain
-/// and bias; on CUDA all f32 with the norm kernel switched on and an f32 output.
+/// and bias; on CUDA, with the norm kernel switched on, an f32 gain and bias, and an input and
+/// output each f32 or (with the bf16 variants on too) bf16.
 fn fused(x: &Tensor, w: &Tensor, b: Option<&Tensor>, out: DType) -> bool {
     let params = |f: &dyn Fn(&Tensor) -> bool| f(w) && b.is_none_or(f);
+    let cuda_f32 = |t: &Tensor| t.dtype() == DType::F32 && takes(t, Kernel::Norm);
     (is_host(x) && params(&is_host_f32))
-        || (out == DType::F32 && takes(x, Kernel::Norm) && params(&|t| takes(t, Kernel::Norm)))
+        || (takes(x, Kernel::Norm) && takes_dtype(out, Kernel::Norm) && params(&cuda_f32))
 }
 
 /// RMSNorm with gain `w` over each vector of w's size along the last dimension; fused on CPU f32
-/// and (with the norm kernel switched on) CUDA f32. The output is in x's dtype.
+/// and (with the norm kernel switched on) CUDA f32, and on bf16 inputs on the CPU and (with the
+/// `bf16` kernels switched on too) on CUDA. The output is in x's dtype.
 pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
     rms_norm_as(x, w, eps, x.dtype())
 }
@@ -121,7 +126,7 @@ pub fn layer_norm_as(x: &Tensor, w: &Tensor, b: Option<&Tensor>, eps: f64, out: 
 pub(crate) struct NormOp {
     kind: NormType,
     eps: f64,
-    /// The output's dtype (the CUDA kernels take f32 only).
+    /// The output's dtype (f32 or bf16).
     out: DType,
 }
 

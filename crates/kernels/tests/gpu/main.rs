@@ -13,6 +13,7 @@ mod common;
 
 mod attention;
 mod bf16;
+mod bf16_activations;
 mod cross_entropy;
 mod dropout_optimizer;
 mod norm_activation_rope;

@@ -12,7 +12,7 @@
 //!
 //! On a CPU with AMX the products' steps run on its tiles (`tdpbf16ps`), once a start-up check
 //! has held them to their emulator (ember-kernels' `gemm::bf16::amx`); `EMBER_CPU_VECTOR_UNIT=avx512`
-//! keeps them off. No AMX machine has run them yet.
+//! keeps them off. They have run on an Intel Xeon with AMX (docs/results/bf16/).
 //!
 //! A CPU without AVX512_BF16 is refused before any work, naming the feature: an emulation would
 //! do f32's multiply-adds plus the rounding, so it could only be slower than f32, with worse
@@ -20,8 +20,10 @@
 //! operands cast to bf16, their outputs rounded to bf16 as under PyTorch's autocast
 //! ([`Precision::matmul`]); attention's fused kernel rounds its four products' operands to bf16
 //! and sums in f32, as the CPU kernel does (longer sequences: those GEMMs around its softmax
-//! kernel), and Ember's other CUDA kernels stay f32. Unverified on a GPU so far: no device has
-//! run it.
+//! kernel), and Ember's other CUDA kernels take the f32 activations. (The norm, activation and
+//! rope kernels also have bf16 variants, off by default as no GPU has run them: the `bf16`
+//! family of `EMBER_CUDA_KERNELS`; nothing in training hands them bf16 activations yet.)
+//! Unverified on a GPU so far: no device has run it.
 
 use anyhow::{bail, Result};
 use ember_kernels::Precision;
