@@ -26,14 +26,15 @@
 #
 # --configs: which of quickstart, multi30k-tiny, shakespeare-char, standard the counts, bench and
 # cpu sections run (default: all four for bench, multi30k-tiny and shakespeare-char for counts and
-# cpu). --impls: what the bench section times (ember: the defaults; ember-off: CUDA kernels off;
+# cpu). --impls: what the bench section times (ember: all kernels on, as by default; ember-off: CUDA kernels off;
 # ember-nocache: candle's upload cache off, EMBER_CUDA_PARAM_CACHE=0; ember-bf16:
 # train.precision=bf16; ember-bf16-composed: the same with the attention and cross-entropy
 # kernels off, so candle's compositions around cuBLAS's bf16 GEMMs instead (bf16's path before
 # those kernels took bf16: which is faster is unmeasured); torch-bf16: the reference under bf16
 # autocast; torch-bf16-compile: the
-# same through torch.compile); --kernels: the settings the counts section counts under (all: the
-# defaults; none: kernels off; nocache: all kernels, upload cache off).
+# same through torch.compile); --kernels: the settings the counts section counts under (all: every
+# kernel, the defaults plus the bf16 variants, which training's f32 activations never reach;
+# none: kernels off; nocache: all kernels, upload cache off).
 #
 # The defaults run every section, config and impl (over an hour on a GPU): a device call with a
 # time budget names its --sections, --configs, --impls and --pairs. Within a 15-minute loan

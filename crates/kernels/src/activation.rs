@@ -27,7 +27,9 @@ use crate::Precision;
 /// When a gradient will be needed, the forward pass also stores GELU's derivative at each
 /// element: erf is the expensive part of both passes and the forward has it in hand, so the
 /// backward becomes one multiplication per element (for one more activation-sized buffer).
-/// On CUDA (with the activation kernel switched on) the backward recomputes it instead.
+/// On CUDA (with the activation kernel switched on) the backward recomputes it instead; there x
+/// may also be a bf16 activation (with the `bf16` kernels on too), computed in f32 and rounded
+/// once.
 pub fn gelu_erf(x: &Tensor) -> Result<Tensor> {
     let host = is_host_f32(x);
     if !(host || takes(x, Kernel::Activation)) {

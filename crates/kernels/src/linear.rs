@@ -404,9 +404,9 @@ pub fn linear_gelu_unfused(x: &Tensor, w: &Tensor) -> Result<Tensor> {
 
 /// `gelu_erf(x·Wᵀ)` for x (…, in) and a weight (out, in): [`linear`] and
 /// [`gelu_erf`](crate::gelu_erf) as one op on CPU f32, with the same bits; the GELU keeps its
-/// derivative for the backward pass as the standalone op does. On CUDA f32 with the activation
-/// kernel switched on, [`linear`] (cuBLAS) then the GELU kernel; [`linear_gelu_unfused`]
-/// elsewhere.
+/// derivative for the backward pass as the standalone op does. On CUDA with the activation
+/// kernel switched on, [`linear`] (cuBLAS) then the GELU kernel, on x widened to f32 if it is a
+/// bf16 activation (the output rounded back once); [`linear_gelu_unfused`] elsewhere.
 pub fn linear_gelu(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     linear_gelu_in(x, w, Precision::F32)
 }
@@ -414,8 +414,11 @@ pub fn linear_gelu(x: &Tensor, w: &Tensor) -> Result<Tensor> {
 /// [`linear_gelu`] with its products in `precision`.
 pub fn linear_gelu_in(x: &Tensor, w: &Tensor, precision: Precision) -> Result<Tensor> {
     check_fit("linear_gelu", x, w)?;
-    if takes(x, Kernel::Activation) && takes(w, Kernel::Activation) {
-        return crate::activation::gelu_erf(&linear_in(x, w, precision)?);
+    if takes(x, Kernel::Activation) && w.dtype() == DType::F32 && takes(w, Kernel::Activation) {
+        // A bf16 x is widened first and only GELU's output rounded (rounding the product too
+        // would round twice); an f32 x passes through the cast untouched.
+        let y = crate::activation::gelu_erf(&linear_in(&x.to_dtype(DType::F32)?, w, precision)?)?;
+        return y.to_dtype(x.dtype());
     }
     if !fused(x, w) {
         return linear_unfused_in(x, w, precision)?
@@ -475,8 +478,9 @@ fn linear_rope_unfused_in(
 
 /// `scale · rotated(x·Wᵀ)` for x (B, T, in) whose first position is `offset` and a weight
 /// (out, in) of whole heads: a query or key projection and its rotation as one op on CPU f32,
-/// with the bits of [`linear`] then [`rope`](crate::rope). On CUDA f32 with the rope kernel
-/// switched on (and f32 tables on the same device), [`linear`] (cuBLAS) then the rope kernel;
+/// with the bits of [`linear`] then [`rope`](crate::rope). On CUDA with the rope kernel
+/// switched on (and f32 tables on the same device), [`linear`] (cuBLAS) then the rope kernel, on
+/// x widened to f32 if it is a bf16 activation (the output rounded back once);
 /// [`linear_rope_unfused`] elsewhere.
 pub fn linear_rope(
     x: &Tensor,
@@ -500,9 +504,11 @@ pub fn linear_rope_in(
     check_fit("linear_rope", x, w)?;
     let (_, t, _) = x.dims3()?;
     check_heads(tables, w.dims2()?.0)?;
-    if takes(x, Kernel::Rope) && takes(w, Kernel::Rope) && tables.on_device_of(x) && tables.covers(offset, t)
-    {
-        return crate::rope::rope(&linear_in(x, w, precision)?, tables, offset, scale);
+    let cuda = takes(x, Kernel::Rope) && w.dtype() == DType::F32 && takes(w, Kernel::Rope);
+    if cuda && tables.on_device_of(x) && tables.covers(offset, t) {
+        // As in linear_gelu_in: a bf16 x widened, one rounding of the rotated output.
+        let projected = linear_in(&x.to_dtype(DType::F32)?, w, precision)?;
+        return crate::rope::rope(&projected, tables, offset, scale)?.to_dtype(x.dtype());
     }
     if !(fused(x, w) && tables.covers(offset, t)) {
         let out = linear_rope_unfused_in(x, w, tables, offset, scale.into(), precision)?;

@@ -9,7 +9,8 @@
 //!
 //! **The switch.** A kernel runs only when it is switched on; otherwise a CUDA tensor takes the
 //! unfused reference (candle's own ops), as before any kernel was written. The default is the
-//! kernels that passed the GPU suite on a real GPU ([`Kernel::VERIFIED`]: today all of them);
+//! kernels that passed the GPU suite on a real GPU ([`Kernel::VERIFIED`]: today all but the
+//! bf16 variants, [`Kernel::Bf16`]);
 //! `EMBER_CUDA_KERNELS` overrides it for a process: `all`, `none`, `verified`, or a
 //! comma-separated list of names ([`Kernel::name`]). A new kernel family starts outside the
 //! verified set. Tests and benchmarks set it in code with [`set_enabled`].

@@ -100,8 +100,7 @@ pub fn rms_norm_as(x: &Tensor, w: &Tensor, eps: f64, out: DType) -> Result<Tenso
 }
 
 /// LayerNorm with gain `w` and optional bias `b` over each vector of w's size along the last
-/// dimension; fused on CPU f32 and (with the norm kernel switched on) CUDA f32. The output is
-/// in x's dtype.
+/// dimension; fused where [`rms_norm`] is. The output is in x's dtype.
 pub fn layer_norm(x: &Tensor, w: &Tensor, b: Option<&Tensor>, eps: f64) -> Result<Tensor> {
     layer_norm_as(x, w, b, eps, x.dtype())
 }

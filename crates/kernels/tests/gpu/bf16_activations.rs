@@ -9,7 +9,7 @@
 use crate::common::*;
 use candle_core::{DType, Tensor};
 use ember_kernels as kernels;
-use ember_kernels::{PositionScale, RopeTables};
+use ember_kernels::{PositionScale, Precision, RopeTables};
 
 fn bf16(t: &Tensor) -> Tensor {
     t.to_dtype(DType::BF16).unwrap()
@@ -113,7 +113,10 @@ fn norms_on_bf16_activations_are_the_f32_kernel_between_casts() {
 #[test]
 fn gelu_and_swiglu_on_bf16_activations_are_the_f32_kernels_between_casts() {
     let dev = gpu();
-    for (i, shape) in [&[2usize, 7, 96][..], &[3, 1000], &[5]].into_iter().enumerate() {
+    for (i, shape) in [&[2usize, 7, 96][..], &[3, 1000], &[5, 3]]
+        .into_iter()
+        .enumerate()
+    {
         let a = bf16(&randn(&dev, 950 + i as u64, shape, 2.0));
         let u = bf16(&randn(&dev, 960 + i as u64, shape, 1.0));
         for (label, v) in layouts(&[a, u]) {
@@ -160,6 +163,39 @@ fn rope_on_bf16_activations_is_the_f32_kernel_between_casts() {
                 DType::BF16,
                 &|v| kernels::rope(&v[0], &tables, offset, scale).unwrap(),
                 &|v| kernels::rope(&v[0], &tables, offset, scale).unwrap(),
+            );
+        }
+    }
+}
+
+#[test]
+fn projections_into_gelu_and_rope_on_bf16_activations_round_once() {
+    // A bf16 x into the fused projection and GELU or RoPE: the f32 op on x widened, its output
+    // rounded once (not the product as well), dx rounded once, dW from the f32 gradient; the
+    // products in f32 and in bf16.
+    let dev = gpu();
+    let tables = RopeTables::new(8, 64, 10_000.0, DType::F32, &dev).unwrap();
+    let scale = PositionScale {
+        scale: 0.35,
+        logn_length: Some(4),
+    };
+    let x = bf16(&randn(&dev, 990, &[2, 7, 24], 1.0));
+    let w = randn(&dev, 991, &[32, 24], 0.3);
+    for p in [Precision::F32, Precision::Bf16] {
+        for (label, v) in layouts(&[x.clone(), w.clone()]) {
+            between_casts(
+                &format!("linear_gelu {p} {label}"),
+                &v,
+                DType::BF16,
+                &|t| kernels::linear_gelu_in(&t[0], &t[1], p).unwrap(),
+                &|t| kernels::linear_gelu_in(&t[0], &t[1], p).unwrap(),
+            );
+            between_casts(
+                &format!("linear_rope {p} {label}"),
+                &v,
+                DType::BF16,
+                &|t| kernels::linear_rope_in(&t[0], &t[1], &tables, 2, scale, p).unwrap(),
+                &|t| kernels::linear_rope_in(&t[0], &t[1], &tables, 2, scale, p).unwrap(),
             );
         }
     }
