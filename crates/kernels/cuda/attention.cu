@@ -18,6 +18,10 @@
 // as the CPU kernel's bf16 products compute them (but for subnormal operands, which the CPU's
 // flush to zero); the softmax, the mask, the dropout, the telemetry and delta = <dO, O> take the
 // unrounded values, as there.
+//
+// q, k, v and the output (and in the backward pass o, go, dq, dk, dv) are f32 (ember_attn_fwd,
+// ember_attn_bwd) or bf16 activations (the `_bf16` kernels: widened as they are read, every
+// output rounded once as it is written); the mask, the telemetry and shared memory are f32.
 #include "attention.cuh"
 
 // One row (b, h, t) by one warp: `in` (n logits q k^T before the mask) to the probabilities before
@@ -70,14 +74,15 @@ __device__ __forceinline__ void ember_attn_softmax_row(const float* in, float* o
 // out (B, T, H*D). With `measure`, row_max and row_ent (B*H*T) receive each row's largest
 // unmasked |logit| and entropy; otherwise they are not touched. With `round`, q, k, v and the
 // probabilities P v reads are rounded to bf16.
-extern "C" __global__ void ember_attn_fwd(const float* __restrict__ q, const float* __restrict__ k,
-                                          const float* __restrict__ v, const float* __restrict__ mask,
-                                          float* __restrict__ out, float* __restrict__ row_max,
-                                          float* __restrict__ row_ent, uint32_t H, uint32_t Hkv, uint32_t T,
-                                          uint32_t S, uint32_t D, uint32_t rows_per_block, int has_mask,
-                                          uint64_t ms_b, uint64_t ms_h, uint64_t ms_t, uint64_t ms_s,
-                                          int has_dropout, uint64_t state, uint64_t threshold, float keep,
-                                          int measure, int round) {
+template <typename E>
+__device__ __forceinline__ void ember_attn_fwd_body(const E* __restrict__ q, const E* __restrict__ k,
+                                                    const E* __restrict__ v, const float* __restrict__ mask,
+                                                    E* __restrict__ out, float* __restrict__ row_max,
+                                                    float* __restrict__ row_ent, uint32_t H, uint32_t Hkv, uint32_t T,
+                                                    uint32_t S, uint32_t D, uint32_t rows_per_block, int has_mask,
+                                                    uint64_t ms_b, uint64_t ms_h, uint64_t ms_t, uint64_t ms_s,
+                                                    int has_dropout, uint64_t state, uint64_t threshold, float keep,
+                                                    int measure, int round) {
     extern __shared__ float smem[];
     const uint32_t warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31u;
     const uint32_t kp = D | 1u;
@@ -92,8 +97,8 @@ extern "C" __global__ void ember_attn_fwd(const float* __restrict__ q, const flo
     for (uint32_t i = threadIdx.x; i < S * D; i += blockDim.x) {
         const uint32_t s = i / D, j = i % D;
         const uint64_t src = ember_attn_kv_offset(b, s, kh, S, Hkv, D) + j;
-        ks[s * kp + j] = ember_attn_operand(k[src], round);
-        vs[i] = ember_attn_operand(v[src], round);
+        ks[s * kp + j] = ember_attn_operand(ember_load(k, src), round);
+        vs[i] = ember_attn_operand(ember_load(v, src), round);
     }
     __syncthreads();
 
@@ -102,7 +107,7 @@ extern "C" __global__ void ember_attn_fwd(const float* __restrict__ q, const flo
     // Warp-uniform bounds: every lane of a warp runs the same rows.
     for (uint32_t t = first + warp; t < end; t += warps) {
         const uint64_t qo = ember_attn_q_offset(b, t, h, T, H, D);
-        for (uint32_t j = lane; j < D; j += 32) qw[j] = ember_attn_operand(q[qo + j], round);
+        for (uint32_t j = lane; j < D; j += 32) qw[j] = ember_attn_operand(ember_load(q, qo + j), round);
         __syncwarp();
         for (uint32_t s = lane; s < S; s += 32) pw[s] = ember_attn_dot(qw, ks + (size_t)s * kp, D);
         const uint64_t row = ember_attn_row(b, h, t, H, T);
@@ -120,7 +125,7 @@ extern "C" __global__ void ember_attn_fwd(const float* __restrict__ q, const flo
             for (uint32_t s = lane; s < S; s += 32) pw[s] = ember_round_bf16(pw[s]);
         }
         __syncwarp();
-        for (uint32_t j = lane; j < D; j += 32) out[qo + j] = ember_attn_weighted(pw, vs + j, D, S);
+        for (uint32_t j = lane; j < D; j += 32) ember_store(out, qo + j, ember_attn_weighted(pw, vs + j, D, S));
         // The next row overwrites qw and pw.
         __syncwarp();
     }
@@ -136,14 +141,15 @@ extern "C" __global__ void ember_attn_fwd(const float* __restrict__ q, const flo
 // shared memory, in floats:
 //   K: S*kp | V: S*kp | dK: S*D | dV: S*D | per warp: q row D | per warp: go row D |
 //   per warp: ds row S | per warp: used-probability row S
-extern "C" __global__ void ember_attn_bwd(const float* __restrict__ q, const float* __restrict__ k,
-                                          const float* __restrict__ v, const float* __restrict__ o,
-                                          const float* __restrict__ go, const float* __restrict__ mask,
-                                          float* __restrict__ dq, float* __restrict__ dk, float* __restrict__ dv,
-                                          uint32_t H, uint32_t Hkv, uint32_t T, uint32_t S, uint32_t D,
-                                          int has_mask, uint64_t ms_b, uint64_t ms_h, uint64_t ms_t, uint64_t ms_s,
-                                          int has_dropout, uint64_t state, uint64_t threshold, float keep,
-                                          int round) {
+template <typename E>
+__device__ __forceinline__ void ember_attn_bwd_body(const E* __restrict__ q, const E* __restrict__ k,
+                                                    const E* __restrict__ v, const E* __restrict__ o,
+                                                    const E* __restrict__ go, const float* __restrict__ mask,
+                                                    E* __restrict__ dq, E* __restrict__ dk, E* __restrict__ dv,
+                                                    uint32_t H, uint32_t Hkv, uint32_t T, uint32_t S, uint32_t D,
+                                                    int has_mask, uint64_t ms_b, uint64_t ms_h, uint64_t ms_t,
+                                                    uint64_t ms_s, int has_dropout, uint64_t state, uint64_t threshold,
+                                                    float keep, int round) {
     extern __shared__ float smem[];
     const uint32_t warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31u;
     const uint32_t kp = D | 1u;
@@ -162,8 +168,8 @@ extern "C" __global__ void ember_attn_bwd(const float* __restrict__ q, const flo
     for (uint32_t i = threadIdx.x; i < S * D; i += blockDim.x) {
         const uint32_t s = i / D, j = i % D;
         const uint64_t src = ember_attn_kv_offset(b, s, kh, S, Hkv, D) + j;
-        ks[s * kp + j] = ember_attn_operand(k[src], round);
-        vs[s * kp + j] = ember_attn_operand(v[src], round);
+        ks[s * kp + j] = ember_attn_operand(ember_load(k, src), round);
+        vs[s * kp + j] = ember_attn_operand(ember_load(v, src), round);
         dks[i] = 0.0f;
         dvs[i] = 0.0f;
     }
@@ -181,10 +187,10 @@ extern "C" __global__ void ember_attn_bwd(const float* __restrict__ q, const flo
                 const uint64_t qo = ember_attn_q_offset(b, t, h, T, H, D);
                 float partial = 0.0f;
                 for (uint32_t j = lane; j < D; j += 32) {
-                    qw[j] = ember_attn_operand(q[qo + j], round);
-                    const float g = go[qo + j];
+                    qw[j] = ember_attn_operand(ember_load(q, qo + j), round);
+                    const float g = ember_load(go, qo + j);
                     gw[j] = ember_attn_operand(g, round);
-                    partial += g * o[qo + j];
+                    partial += g * ember_load(o, qo + j);
                 }
                 const float delta = ember_softmax_warp_sum(partial);
                 __syncwarp();
@@ -203,7 +209,7 @@ extern "C" __global__ void ember_attn_bwd(const float* __restrict__ q, const flo
                     pw[s] = ember_attn_operand(used, round);
                 }
                 __syncwarp();
-                for (uint32_t j = lane; j < D; j += 32) dq[qo + j] = ember_attn_weighted(dsw, ks + j, kp, S);
+                for (uint32_t j = lane; j < D; j += 32) ember_store(dq, qo + j, ember_attn_weighted(dsw, ks + j, kp, S));
             }
             __syncthreads();
             const uint32_t rows = min(warps, T - t0);
@@ -224,10 +230,34 @@ extern "C" __global__ void ember_attn_bwd(const float* __restrict__ q, const flo
     for (uint32_t i = threadIdx.x; i < S * D; i += blockDim.x) {
         const uint32_t s = i / D, j = i % D;
         const uint64_t dst = ember_attn_kv_offset(b, s, kh, S, Hkv, D) + j;
-        dk[dst] = dks[i];
-        dv[dst] = dvs[i];
+        ember_store(dk, dst, dks[i]);
+        ember_store(dv, dst, dvs[i]);
     }
 }
+
+// The two passes above for activations of E, named with SUFFIX.
+#define EMBER_ATTN_KERNELS(SUFFIX, E)                                                                              \
+    extern "C" __global__ void ember_attn_fwd##SUFFIX(                                                             \
+        const E* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v, const float* __restrict__ mask, \
+        E* __restrict__ out, float* __restrict__ row_max, float* __restrict__ row_ent, uint32_t H, uint32_t Hkv,   \
+        uint32_t T, uint32_t S, uint32_t D, uint32_t rows_per_block, int has_mask, uint64_t ms_b, uint64_t ms_h,   \
+        uint64_t ms_t, uint64_t ms_s, int has_dropout, uint64_t state, uint64_t threshold, float keep, int measure, \
+        int round) {                                                                                               \
+        ember_attn_fwd_body(q, k, v, mask, out, row_max, row_ent, H, Hkv, T, S, D, rows_per_block, has_mask, ms_b, \
+                            ms_h, ms_t, ms_s, has_dropout, state, threshold, keep, measure, round);                \
+    }                                                                                                              \
+    extern "C" __global__ void ember_attn_bwd##SUFFIX(                                                             \
+        const E* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v, const E* __restrict__ o,        \
+        const E* __restrict__ go, const float* __restrict__ mask, E* __restrict__ dq, E* __restrict__ dk,          \
+        E* __restrict__ dv, uint32_t H, uint32_t Hkv, uint32_t T, uint32_t S, uint32_t D, int has_mask,            \
+        uint64_t ms_b, uint64_t ms_h, uint64_t ms_t, uint64_t ms_s, int has_dropout, uint64_t state,               \
+        uint64_t threshold, float keep, int round) {                                                               \
+        ember_attn_bwd_body(q, k, v, o, go, mask, dq, dk, dv, H, Hkv, T, S, D, has_mask, ms_b, ms_h, ms_t, ms_s,    \
+                            has_dropout, state, threshold, keep, round);                                           \
+    }
+
+EMBER_ATTN_KERNELS(, float)
+EMBER_ATTN_KERNELS(_bf16, ember_bf16)
 
 // Mask, softmax and telemetry of contiguous (B, H, T, S) logits into probabilities (before
 // dropout), one warp per row, the grid striding over rows. With `measure`, row_max and row_ent

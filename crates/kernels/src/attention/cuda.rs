@@ -6,16 +6,24 @@
 //! sum in f32, the CPU kernel's arithmetic (their `round` argument); the longer sequences' path
 //! takes cuBLAS's bf16 GEMMs ([`Precision::matmul`], whose outputs are rounded to bf16 too)
 //! around the same f32 softmax kernel.
+//!
+//! q, k and v may also be bf16 activations (with the `bf16` kernels switched on): the fused
+//! kernels' `_bf16` variants widen them as they read them and round the output (and dq, dk, dv)
+//! once; the longer sequences' path runs on them widened to f32, its output rounded back.
 
 use std::sync::{Arc, Mutex};
 
+use candle_core::backend::BackendStorage as _;
 use candle_core::cuda::cudarc::driver::{CudaSlice, CudaView, LaunchConfig};
 use candle_core::cuda::{CudaDevice, CudaStorage};
-use candle_core::{bail, CpuStorage, CustomOp1, Layout, Result, Shape, Storage, Tensor};
+use candle_core::{bail, CpuStorage, CustomOp1, DType, Layout, Result, Shape, Storage, Tensor};
 
 use super::unfused::{logits_by_head, output_of_heads};
 use super::{telemetry_of_rows, AttentionOptions, AttentionTelemetry, AttnDims, AttnOp};
-use crate::cuda::device::{alloc, launch, storage, tensor, view, with_cuda, WrapErr, ATTENTION};
+use crate::cuda::device::{
+    alloc, alloc_of, kernel_name, launch, storage, tensor, view, view_of, with_cuda, with_element, Element,
+    WrapErr, ATTENTION,
+};
 use crate::cuda::{takes as kernel_on, Kernel};
 use crate::dropout::DropoutOp;
 use crate::softmax::cuda::warp_rows;
@@ -31,11 +39,13 @@ const SHARED: usize = 48 * 1024;
 
 type Slot = Arc<Mutex<Option<AttentionTelemetry>>>;
 
-/// Whether a call takes the CUDA kernels: q, k, v and the mask f32 on q's CUDA device, with
-/// the attention kernel switched on (in either precision of the products).
+/// Whether a call takes the CUDA kernels: q, k and v of one dtype (f32, or bf16 with the
+/// `bf16` kernels on too) and an f32 mask, all on q's CUDA device, with the attention kernel
+/// switched on (in either precision of the products).
 pub(super) fn takes(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> bool {
     let here = |t: &Tensor| kernel_on(t, Kernel::Attention) && t.device().same_device(q.device());
-    here(q) && here(k) && here(v) && mask.is_none_or(here)
+    let one_dtype = k.dtype() == q.dtype() && v.dtype() == q.dtype();
+    one_dtype && here(q) && here(k) && here(v) && mask.is_none_or(|m| m.dtype() == DType::F32 && here(m))
 }
 
 /// Bytes of `ember_attn_fwd`'s shared memory (the layout in attention.cu).
@@ -108,8 +118,21 @@ pub(super) fn attention(
         };
         q.contiguous()?
             .apply_op3(&k.contiguous()?, &v.contiguous()?, op)?
-    } else {
+    } else if q.dtype() == DType::F32 {
         fallback(q, k, v, mask, dims, opts, telemetry.clone())?
+    } else {
+        // cuBLAS's products and the f32 softmax kernel on the widened activations.
+        let wide = |t: &Tensor| t.to_dtype(DType::F32);
+        fallback(
+            &wide(q)?,
+            &wide(k)?,
+            &wide(v)?,
+            mask,
+            dims,
+            opts,
+            telemetry.clone(),
+        )?
+        .to_dtype(q.dtype())?
     };
     let telemetry = telemetry.and_then(|t| t.lock().unwrap_or_else(|e| e.into_inner()).take());
     Ok((out, telemetry))
@@ -194,9 +217,26 @@ pub(super) fn forward(
     if !fused_fits(d, false) {
         bail!("ember attention: the fused forward pass does not fit {d:?}");
     }
+    with_element!(s1.dtype(), E => forward_as::<E>(op, (s1, l1), (s2, l2), (s3, l3)))
+}
+
+fn forward_as<E: Element>(
+    op: &AttnOp,
+    (s1, l1): (&CudaStorage, &Layout),
+    (s2, l2): (&CudaStorage, &Layout),
+    (s3, l3): (&CudaStorage, &Layout),
+) -> Result<CudaStorage> {
+    let d = op.dims;
     let dev = &s1.device;
-    let (q, k, v) = (view(s1, l1)?, view(s2, l2)?, view(s3, l3)?);
-    let mut out = alloc(dev, q.len())?;
+    let (q, k, v) = (
+        view_of::<E>(s1, l1)?,
+        view_of::<E>(s2, l2)?,
+        view_of::<E>(s3, l3)?,
+    );
+    // Where there is no mask the kernel reads none; q's address stands in for the pointer.
+    // SAFETY: an empty view, never read.
+    let no_mask = unsafe { q.transmute::<f32>(0) }.expect("an empty view fits any buffer");
+    let mut out = alloc_of::<E>(dev, q.len())?;
     let rows = d.b * d.h * d.t;
     let measure = op.telemetry.is_some();
     let (mut row_max, mut row_ent) = telemetry_buffers(dev, measure, rows)?;
@@ -208,8 +248,8 @@ pub(super) fn forward(
             shared_mem_bytes: fwd_shared(d) as u32,
         };
         with_mask(op.mask.as_ref(), |mask, ms| {
-            launch!(dev, ATTENTION, "ember_attn_fwd", cfg;
-                &q, &k, &v, mask.unwrap_or(&q), &mut out, &mut row_max, &mut row_ent,
+            launch!(dev, ATTENTION, kernel_name("ember_attn_fwd", &[E::NAME]), cfg;
+                &q, &k, &v, mask.unwrap_or(&no_mask), &mut out, &mut row_max, &mut row_ent,
                 &(d.h as u32), &(d.hkv as u32), &(d.t as u32), &(d.s as u32), &(d.d as u32),
                 &FWD_ROWS, &(mask.is_some() as i32), &ms[0], &ms[1], &ms[2], &ms[3],
                 &has_dropout, &state, &threshold, &keep, &(measure as i32), &rounds(op))
@@ -234,19 +274,40 @@ pub(super) fn backward(
     if !fused_fits(d, true) {
         bail!("ember attention: the fused backward pass does not fit {d:?}");
     }
+    if [k, v, o, go].iter().any(|t| t.dtype() != q.dtype()) {
+        bail!("ember attention backward: q, k, v, the output and its gradient differ in dtype");
+    }
+    with_element!(q.dtype(), E => backward_as::<E>(op, q, k, v, o, go))
+}
+
+fn backward_as<E: Element>(
+    op: &AttnOp,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    o: &Tensor,
+    go: &Tensor,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let d = op.dims;
     let (has_dropout, state, threshold, keep) = dropout_args(op.dropout);
     with_cuda(
         [q, k, v, o, go],
         |[(sq, lq), (sk, lk), (sv, lv), (so, lo), (sg, lg)]| {
             let dev = &sq.device;
-            let (qv, kv, vv) = (view(sq, lq)?, view(sk, lk)?, view(sv, lv)?);
-            let (ov, gv) = (view(so, lo)?, view(sg, lg)?);
+            let (qv, kv, vv) = (
+                view_of::<E>(sq, lq)?,
+                view_of::<E>(sk, lk)?,
+                view_of::<E>(sv, lv)?,
+            );
+            let (ov, gv) = (view_of::<E>(so, lo)?, view_of::<E>(sg, lg)?);
             if ov.len() != qv.len() || gv.len() != qv.len() {
                 bail!("ember attention backward: the output or its gradient is not q's size");
             }
-            let mut dq = alloc(dev, qv.len())?;
-            let mut dk = alloc(dev, kv.len())?;
-            let mut dv = alloc(dev, vv.len())?;
+            // SAFETY: an empty view, never read (the kernel reads no mask without one).
+            let no_mask = unsafe { qv.transmute::<f32>(0) }.expect("an empty view fits any buffer");
+            let mut dq = alloc_of::<E>(dev, qv.len())?;
+            let mut dk = alloc_of::<E>(dev, kv.len())?;
+            let mut dv = alloc_of::<E>(dev, vv.len())?;
             if d.b * d.hkv > 0 {
                 let cfg = LaunchConfig {
                     grid_dim: ((d.b * d.hkv) as u32, 1, 1),
@@ -254,8 +315,8 @@ pub(super) fn backward(
                     shared_mem_bytes: bwd_shared(d) as u32,
                 };
                 with_mask(op.mask.as_ref(), |mask, ms| {
-                    launch!(dev, ATTENTION, "ember_attn_bwd", cfg;
-                        &qv, &kv, &vv, &ov, &gv, mask.unwrap_or(&qv), &mut dq, &mut dk, &mut dv,
+                    launch!(dev, ATTENTION, kernel_name("ember_attn_bwd", &[E::NAME]), cfg;
+                        &qv, &kv, &vv, &ov, &gv, mask.unwrap_or(&no_mask), &mut dq, &mut dk, &mut dv,
                         &(d.h as u32), &(d.hkv as u32), &(d.t as u32), &(d.s as u32), &(d.d as u32),
                         &(mask.is_some() as i32), &ms[0], &ms[1], &ms[2], &ms[3],
                         &has_dropout, &state, &threshold, &keep, &rounds(op))

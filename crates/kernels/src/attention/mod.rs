@@ -90,8 +90,9 @@ pub struct AttentionTelemetry {
 /// treated as a constant: it gets no gradient. q, k and v may also be bf16 activations
 /// (computed on their widened values; the output in v's dtype, each gradient in its input's;
 /// the backward pass reads the output as stored, so a bf16 output's rounding reaches the
-/// gradients through rowsum(dO ∘ O)). On CUDA f32 tensors the CUDA kernels, in either
-/// precision; the unfused form elsewhere.
+/// gradients through rowsum(dO ∘ O)). On CUDA the CUDA kernels, in either precision, on f32
+/// tensors or (with the `bf16` kernels switched on too) bf16 ones, the same contract; the
+/// unfused form elsewhere.
 pub fn attention(
     q: &Tensor,
     k: &Tensor,

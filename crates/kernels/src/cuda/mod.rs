@@ -45,7 +45,7 @@ pub enum Kernel {
     Activation,
     /// Rotary position embeddings with the log-n factor, forward and backward.
     Rope,
-    /// The bf16 variants of the norm, activation and rope kernels: bf16 activations (and their
+    /// The bf16 variants of the norm, activation, rope and attention kernels: bf16 activations (and their
     /// gradients) read and written, widened exactly and computed as in f32, each output rounded
     /// once ([`Kernel::reads_bf16`]). Used together with the op's own family: a bf16 CUDA
     /// tensor takes the op's kernel only while both are on.
@@ -97,7 +97,10 @@ impl Kernel {
 
     /// Whether this family has bf16 variants (taken with [`Kernel::Bf16`] switched on).
     pub fn reads_bf16(self) -> bool {
-        matches!(self, Kernel::Norm | Kernel::Activation | Kernel::Rope)
+        matches!(
+            self,
+            Kernel::Norm | Kernel::Activation | Kernel::Rope | Kernel::Attention
+        )
     }
 
     fn bit(self) -> u32 {

@@ -1,4 +1,4 @@
-//! The bf16 variants of the norm, activation and rope kernels (`Kernel::Bf16`): on bf16
+//! The bf16 variants of the norm, activation, rope and attention kernels (`Kernel::Bf16`): on bf16
 //! activations each op is its f32 kernel between casts — the inputs widened exactly, the f32
 //! kernel's arithmetic, the output and every bf16 input's gradient rounded once — so the same
 //! bits as the f32 kernel on the GPU wrapped in candle's casts, forward and backward, on
@@ -9,7 +9,7 @@
 use crate::common::*;
 use candle_core::{DType, Tensor};
 use ember_kernels as kernels;
-use ember_kernels::{PositionScale, Precision, RopeTables};
+use ember_kernels::{causal_mask, cuda_fuses, AttentionOptions, PositionScale, Precision, RopeTables};
 
 fn bf16(t: &Tensor) -> Tensor {
     t.to_dtype(DType::BF16).unwrap()
@@ -197,6 +197,76 @@ fn projections_into_gelu_and_rope_on_bf16_activations_round_once() {
                 &|t| kernels::linear_rope_in(&t[0], &t[1], &tables, 2, scale, p).unwrap(),
                 &|t| kernels::linear_rope_in(&t[0], &t[1], &tables, 2, scale, p).unwrap(),
             );
+        }
+    }
+}
+
+#[test]
+fn attention_on_bf16_activations_is_the_f32_kernel_between_casts() {
+    // The forward pass: the f32 kernel's bits on q, k, v widened, the output rounded once, for
+    // the fused kernels and for the longer sequences' cuBLAS path, both precisions of the
+    // products, with a causal mask and with dropout. The backward pass reads the output as
+    // stored (rowsum(dO ∘ O)), so a bf16 output's rounding reaches the fused kernels' gradients:
+    // within bf16's rounding of the f32 kernel's there (as on the CPU), the same bits on the
+    // cuBLAS path, which differentiates the widened composition.
+    let dev = gpu();
+    // (B, H, H_kv, T, S, d): fused (grouped heads), and too long for shared memory.
+    for (shape, fused) in [((2, 4, 2, 9, 9, 16), true), ((2, 2, 1, 9, 300, 64), false)] {
+        let (b, h, hkv, t, s, d) = shape;
+        let q = bf16(&randn(&dev, 1000, &[b, t, h * d], 0.5));
+        let k = bf16(&randn(&dev, 1001, &[b, s, hkv * d], 1.0));
+        let v = bf16(&randn(&dev, 1002, &[b, s, hkv * d], 1.0));
+        let mask = causal_mask(t, s - t, DType::F32, &dev).unwrap();
+        for precision in [Precision::F32, Precision::Bf16] {
+            for dropout in [None, Some((0.2, 77))] {
+                let o = AttentionOptions {
+                    heads: h,
+                    kv_heads: hkv,
+                    dropout,
+                    telemetry: false,
+                    precision,
+                };
+                assert_eq!(
+                    cuda_fuses(&[b, t, h * d], &[b, s, hkv * d], &o, true),
+                    fused,
+                    "{shape:?}"
+                );
+                let what = format!("attention {shape:?} {precision} dropout {dropout:?}");
+                let op = |x: &[Tensor]| {
+                    kernels::attention(&x[0], &x[1], &x[2], Some(&mask), &o)
+                        .unwrap()
+                        .0
+                };
+                let inputs = [q.clone(), k.clone(), v.clone()];
+                let probe = randn(&dev, 1003, &[b, t, h * d], 1.0);
+                let (y, g) = run(&inputs, &probe, &op);
+                let reference = |x: &[Tensor]| {
+                    let wide: Vec<Tensor> = x.iter().map(|t| t.to_dtype(DType::F32).unwrap()).collect();
+                    op(&wide).to_dtype(DType::BF16).unwrap()
+                };
+                let (y_ref, g_ref) = run(&inputs, &probe, &reference);
+                assert_eq!(y.dtype(), DType::BF16, "{what}: output dtype");
+                assert!(
+                    same_bits(&y, &y_ref),
+                    "{what}: output differs from the f32 kernel between casts"
+                );
+                for (i, (a, r)) in g.iter().zip(&g_ref).enumerate() {
+                    assert_eq!(a.dtype(), DType::BF16, "{what}: gradient {i} dtype");
+                    if fused {
+                        assert_close(&format!("{what} gradient {i}"), a, r, 2e-2);
+                    } else {
+                        assert!(
+                            same_bits(a, r),
+                            "{what}: gradient {i} differs from the widened path's"
+                        );
+                    }
+                }
+                let (y2, g2) = run(&inputs, &probe, &op);
+                assert!(same_bits(&y, &y2), "{what}: forward not repeatable");
+                for (i, (a, r)) in g.iter().zip(&g2).enumerate() {
+                    assert!(same_bits(a, r), "{what}: gradient {i} not repeatable");
+                }
+            }
         }
     }
 }

@@ -20,8 +20,8 @@
 //! operands cast to bf16, their outputs rounded to bf16 as under PyTorch's autocast
 //! ([`Precision::matmul`]); attention's fused kernel rounds its four products' operands to bf16
 //! and sums in f32, as the CPU kernel does (longer sequences: those GEMMs around its softmax
-//! kernel), and Ember's other CUDA kernels take the f32 activations. (The norm, activation and
-//! rope kernels also have bf16 variants, off by default as no GPU has run them: the `bf16`
+//! kernel), and Ember's other CUDA kernels take the f32 activations. (The norm, activation, rope
+//! and attention kernels also have bf16 variants, off by default as no GPU has run them: the `bf16`
 //! family of `EMBER_CUDA_KERNELS`; nothing in training hands them bf16 activations yet.)
 //! Unverified on a GPU so far: no device has run it.
 
