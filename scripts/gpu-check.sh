@@ -26,7 +26,8 @@
 #
 # --configs: which of quickstart, multi30k-tiny, shakespeare-char, standard the counts, bench and
 # cpu sections run (default: all four for bench, multi30k-tiny and shakespeare-char for counts and
-# cpu). --impls: what the bench section times (ember: all kernels on, as by default; ember-off: CUDA kernels off;
+# cpu). --impls: what the bench section times (ember: every kernel, EMBER_CUDA_KERNELS=all: the
+# defaults plus the bf16 variants, which f32 activations never reach; ember-off: CUDA kernels off;
 # ember-nocache: candle's upload cache off, EMBER_CUDA_PARAM_CACHE=0; ember-bf16:
 # train.precision=bf16; ember-bf16-composed: the same with the attention and cross-entropy
 # kernels off, so candle's compositions around cuBLAS's bf16 GEMMs instead (bf16's path before

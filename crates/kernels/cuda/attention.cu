@@ -2,8 +2,9 @@
 // dropout and telemetry (ember_kernels::attention), on q (B, T, H*D) and k, v (B, S, Hkv*D) as
 // the projections produce them: no head split, no copies.
 //
-// - ember_attn_fwd / ember_attn_bwd: the fused forward and backward passes for sequences whose
-//   keys and values fit in shared memory (the host checks the sizes, see attention.rs). One warp
+// - ember_attn_fwd / ember_attn_bwd (and their _bf16 variants): the fused forward and backward
+//   passes for sequences whose keys and values fit in shared memory (the host checks the sizes,
+//   see src/attention/cuda.rs). One warp
 //   per query row; a row's logits, probabilities and gradients live in shared memory.
 // - ember_attn_softmax: the mask, softmax and telemetry of (B, H, T, S) logits that cuBLAS
 //   computed, one warp per row (the path for longer sequences).

@@ -405,8 +405,9 @@ pub fn linear_gelu_unfused(x: &Tensor, w: &Tensor) -> Result<Tensor> {
 /// `gelu_erf(x·Wᵀ)` for x (…, in) and a weight (out, in): [`linear`] and
 /// [`gelu_erf`](crate::gelu_erf) as one op on CPU f32, with the same bits; the GELU keeps its
 /// derivative for the backward pass as the standalone op does. On CUDA with the activation
-/// kernel switched on, [`linear`] (cuBLAS) then the GELU kernel, on x widened to f32 if it is a
-/// bf16 activation (the output rounded back once); [`linear_gelu_unfused`] elsewhere.
+/// kernel switched on and an f32 weight, [`linear`] (cuBLAS) then the GELU kernel, on x widened
+/// to f32 if it is a bf16 activation (with the `bf16` kernels on too; the output rounded back
+/// once); [`linear_gelu_unfused`] elsewhere.
 pub fn linear_gelu(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     linear_gelu_in(x, w, Precision::F32)
 }
@@ -415,8 +416,9 @@ pub fn linear_gelu(x: &Tensor, w: &Tensor) -> Result<Tensor> {
 pub fn linear_gelu_in(x: &Tensor, w: &Tensor, precision: Precision) -> Result<Tensor> {
     check_fit("linear_gelu", x, w)?;
     if takes(x, Kernel::Activation) && w.dtype() == DType::F32 && takes(w, Kernel::Activation) {
-        // A bf16 x is widened first and only GELU's output rounded (rounding the product too
-        // would round twice); an f32 x passes through the cast untouched.
+        // A bf16 x (the `bf16` kernels on) is widened first and GELU's output rounded once, not
+        // its input as well (in bf16 products cuBLAS rounds the product itself, as the
+        // precision's contract); an f32 x passes through the cast untouched.
         let y = crate::activation::gelu_erf(&linear_in(&x.to_dtype(DType::F32)?, w, precision)?)?;
         return y.to_dtype(x.dtype());
     }
@@ -479,8 +481,9 @@ fn linear_rope_unfused_in(
 /// `scale · rotated(x·Wᵀ)` for x (B, T, in) whose first position is `offset` and a weight
 /// (out, in) of whole heads: a query or key projection and its rotation as one op on CPU f32,
 /// with the bits of [`linear`] then [`rope`](crate::rope). On CUDA with the rope kernel
-/// switched on (and f32 tables on the same device), [`linear`] (cuBLAS) then the rope kernel, on
-/// x widened to f32 if it is a bf16 activation (the output rounded back once);
+/// switched on (an f32 weight, and f32 tables on the same device), [`linear`] (cuBLAS) then the
+/// rope kernel, on x widened to f32 if it is a bf16 activation (with the `bf16` kernels on too;
+/// the output rounded back once);
 /// [`linear_rope_unfused`] elsewhere.
 pub fn linear_rope(
     x: &Tensor,

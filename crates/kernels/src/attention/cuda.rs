@@ -203,7 +203,8 @@ fn record(
     Ok(())
 }
 
-/// `ember_attn_fwd` on q, k, v (contiguous, the projections' layout): the output (B, T, H·d).
+/// `ember_attn_fwd` (`_bf16` for bf16 activations) on q, k, v (contiguous, the projections'
+/// layout): the output (B, T, H·d) in their dtype.
 pub(super) fn forward(
     op: &AttnOp,
     s1: &CudaStorage,
@@ -261,7 +262,8 @@ fn forward_as<E: Element>(
     Ok(storage(out, dev))
 }
 
-/// `ember_attn_bwd`: (dq, dk, dv) from q, k, v, the forward output `o` and its gradient `go`.
+/// `ember_attn_bwd` (`_bf16` for bf16 activations): (dq, dk, dv) from q, k, v, the forward
+/// output `o` and its gradient `go`, all of one dtype.
 pub(super) fn backward(
     op: &AttnOp,
     q: &Tensor,

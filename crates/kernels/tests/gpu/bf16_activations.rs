@@ -205,10 +205,11 @@ fn projections_into_gelu_and_rope_on_bf16_activations_round_once() {
 fn attention_on_bf16_activations_is_the_f32_kernel_between_casts() {
     // The forward pass: the f32 kernel's bits on q, k, v widened, the output rounded once, for
     // the fused kernels and for the longer sequences' cuBLAS path, both precisions of the
-    // products, with a causal mask and with dropout. The backward pass reads the output as
-    // stored (rowsum(dO ∘ O)), so a bf16 output's rounding reaches the fused kernels' gradients:
-    // within bf16's rounding of the f32 kernel's there (as on the CPU), the same bits on the
-    // cuBLAS path, which differentiates the widened composition.
+    // products, with and without a causal mask, with dropout and telemetry, contiguous and
+    // strided. The backward pass reads the output as stored (rowsum(dO ∘ O)), so a bf16
+    // output's rounding reaches the fused kernels' dq and dk: within bf16's rounding of the f32
+    // kernel's there (as on the CPU), while dv (from the probabilities and dO alone) keeps the
+    // same bits; the cuBLAS path differentiates the widened composition: the same bits.
     let dev = gpu();
     // (B, H, H_kv, T, S, d): fused (grouped heads), and too long for shared memory.
     for (shape, fused) in [((2, 4, 2, 9, 9, 16), true), ((2, 2, 1, 9, 300, 64), false)] {
@@ -216,34 +217,39 @@ fn attention_on_bf16_activations_is_the_f32_kernel_between_casts() {
         let q = bf16(&randn(&dev, 1000, &[b, t, h * d], 0.5));
         let k = bf16(&randn(&dev, 1001, &[b, s, hkv * d], 1.0));
         let v = bf16(&randn(&dev, 1002, &[b, s, hkv * d], 1.0));
-        let mask = causal_mask(t, s - t, DType::F32, &dev).unwrap();
-        for precision in [Precision::F32, Precision::Bf16] {
-            for dropout in [None, Some((0.2, 77))] {
-                let o = AttentionOptions {
-                    heads: h,
-                    kv_heads: hkv,
-                    dropout,
-                    telemetry: false,
-                    precision,
-                };
-                assert_eq!(
-                    cuda_fuses(&[b, t, h * d], &[b, s, hkv * d], &o, true),
-                    fused,
-                    "{shape:?}"
+        let causal = causal_mask(t, s - t, DType::F32, &dev).unwrap();
+        let probe = randn(&dev, 1003, &[b, t, h * d], 1.0);
+        let cases = [
+            (Precision::F32, None, Some(&causal), false),
+            (Precision::Bf16, None, Some(&causal), true),
+            (Precision::Bf16, Some((0.2, 77)), Some(&causal), false),
+            (Precision::F32, Some((0.2, 77)), None, false),
+            (Precision::Bf16, None, None, false),
+        ];
+        for (precision, dropout, mask, telemetry) in cases {
+            let o = AttentionOptions {
+                heads: h,
+                kv_heads: hkv,
+                dropout,
+                telemetry,
+                precision,
+            };
+            assert_eq!(
+                cuda_fuses(&[b, t, h * d], &[b, s, hkv * d], &o, true),
+                fused,
+                "{shape:?}"
+            );
+            let op = |x: &[Tensor]| kernels::attention(&x[0], &x[1], &x[2], mask, &o).unwrap().0;
+            let reference = |x: &[Tensor]| {
+                let wide: Vec<Tensor> = x.iter().map(|t| t.to_dtype(DType::F32).unwrap()).collect();
+                op(&wide).to_dtype(DType::BF16).unwrap()
+            };
+            for (label, inputs) in layouts(&[q.clone(), k.clone(), v.clone()]) {
+                let what = format!(
+                    "attention {shape:?} {precision} dropout {dropout:?} mask {} telemetry {telemetry} {label}",
+                    mask.is_some()
                 );
-                let what = format!("attention {shape:?} {precision} dropout {dropout:?}");
-                let op = |x: &[Tensor]| {
-                    kernels::attention(&x[0], &x[1], &x[2], Some(&mask), &o)
-                        .unwrap()
-                        .0
-                };
-                let inputs = [q.clone(), k.clone(), v.clone()];
-                let probe = randn(&dev, 1003, &[b, t, h * d], 1.0);
                 let (y, g) = run(&inputs, &probe, &op);
-                let reference = |x: &[Tensor]| {
-                    let wide: Vec<Tensor> = x.iter().map(|t| t.to_dtype(DType::F32).unwrap()).collect();
-                    op(&wide).to_dtype(DType::BF16).unwrap()
-                };
                 let (y_ref, g_ref) = run(&inputs, &probe, &reference);
                 assert_eq!(y.dtype(), DType::BF16, "{what}: output dtype");
                 assert!(
@@ -252,12 +258,12 @@ fn attention_on_bf16_activations_is_the_f32_kernel_between_casts() {
                 );
                 for (i, (a, r)) in g.iter().zip(&g_ref).enumerate() {
                     assert_eq!(a.dtype(), DType::BF16, "{what}: gradient {i} dtype");
-                    if fused {
-                        assert_close(&format!("{what} gradient {i}"), a, r, 2e-2);
+                    if fused && i < 2 {
+                        assert_close(&format!("{what} gradient {i}"), a, r, 1e-2);
                     } else {
                         assert!(
                             same_bits(a, r),
-                            "{what}: gradient {i} differs from the widened path's"
+                            "{what}: gradient {i} differs from the f32 kernel's between casts"
                         );
                     }
                 }
