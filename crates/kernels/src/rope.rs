@@ -402,42 +402,35 @@ mod mirror {
 
     use super::*;
 
+    /// The mirror of `ember_rope` over elements of `$t` (f32, or u16 for bf16).
+    macro_rules! rope_mirror {
+        ($name:ident, $t:ty) => {
+            extern "C" {
+                #[allow(clippy::too_many_arguments)]
+                fn $name(
+                    x: *const $t,
+                    cos: *const f32,
+                    sin: *const f32,
+                    ln_pos: *const f64,
+                    y: *mut $t,
+                    pairs: u64,
+                    half: u32,
+                    heads: u32,
+                    t: u32,
+                    offset: u64,
+                    stride: u32,
+                    scale: f64,
+                    logn_length: u64,
+                    ln_m: f64,
+                    sign: f32,
+                );
+            }
+        };
+    }
+    rope_mirror!(ember_mirror_rope, f32);
+    rope_mirror!(ember_mirror_rope_bf16, u16);
+
     extern "C" {
-        fn ember_mirror_rope(
-            x: *const f32,
-            cos: *const f32,
-            sin: *const f32,
-            ln_pos: *const f64,
-            y: *mut f32,
-            pairs: u64,
-            half: u32,
-            heads: u32,
-            t: u32,
-            offset: u64,
-            stride: u32,
-            scale: f64,
-            logn_length: u64,
-            ln_m: f64,
-            sign: f32,
-        );
-        #[allow(clippy::too_many_arguments)]
-        fn ember_mirror_rope_bf16(
-            x: *const u16,
-            cos: *const f32,
-            sin: *const f32,
-            ln_pos: *const f64,
-            y: *mut u16,
-            pairs: u64,
-            half: u32,
-            heads: u32,
-            t: u32,
-            offset: u64,
-            stride: u32,
-            scale: f64,
-            logn_length: u64,
-            ln_m: f64,
-            sign: f32,
-        );
         fn ember_mirror_rope_factor(scale: f64, position: u64, logn_length: u64, ln_n: f64, ln_m: f64)
             -> f32;
     }
@@ -489,26 +482,32 @@ mod mirror {
                     let (pairs, half, heads, tt, off, stride, sc, m, ln_m, sign) =
                         op.kernel_args(x.len(), t, width, head_dim).unwrap();
                     assert_eq!(pairs as usize * 2, x.len());
+                    // The kernel body over x into y, f32 or bf16.
+                    macro_rules! mirror {
+                        ($f:ident, $x:expr, $y:expr) => {
+                            unsafe {
+                                $f(
+                                    $x.as_ptr(),
+                                    cos.as_ptr(),
+                                    sin.as_ptr(),
+                                    ln.as_ptr(),
+                                    $y.as_mut_ptr(),
+                                    pairs,
+                                    half,
+                                    heads,
+                                    tt,
+                                    off,
+                                    stride,
+                                    sc,
+                                    m,
+                                    ln_m,
+                                    sign,
+                                )
+                            }
+                        };
+                    }
                     let mut y = vec![f32::NAN; x.len()];
-                    unsafe {
-                        ember_mirror_rope(
-                            x.as_ptr(),
-                            cos.as_ptr(),
-                            sin.as_ptr(),
-                            ln.as_ptr(),
-                            y.as_mut_ptr(),
-                            pairs,
-                            half,
-                            heads,
-                            tt,
-                            off,
-                            stride,
-                            sc,
-                            m,
-                            ln_m,
-                            sign,
-                        )
-                    };
+                    mirror!(ember_mirror_rope, x, y);
                     assert_eq!(y.len(), cpu.len());
                     for (j, (a, c)) in y.iter().zip(&cpu).enumerate() {
                         assert_eq!(
@@ -527,25 +526,7 @@ mod mirror {
                         .map(|v| half::bf16::from_f32(v).to_bits())
                         .collect();
                     let mut y16 = vec![u16::MAX; x.len()];
-                    unsafe {
-                        ember_mirror_rope_bf16(
-                            x16.as_ptr(),
-                            cos.as_ptr(),
-                            sin.as_ptr(),
-                            ln.as_ptr(),
-                            y16.as_mut_ptr(),
-                            pairs,
-                            half,
-                            heads,
-                            tt,
-                            off,
-                            stride,
-                            sc,
-                            m,
-                            ln_m,
-                            sign,
-                        )
-                    };
+                    mirror!(ember_mirror_rope_bf16, x16, y16);
                     assert_eq!(y16, want, "case {i} scale {scale} inverse {inverse}: bf16");
                 }
             }
