@@ -383,7 +383,7 @@ mod cuda {
     };
 
     /// `base` for activations of `T`.
-    fn name<T: Element>(base: &str) -> String {
+    fn name<T: Element>(base: &'static str) -> std::borrow::Cow<'static, str> {
         kernel_name(base, &[T::NAME])
     }
 

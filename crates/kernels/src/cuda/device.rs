@@ -47,17 +47,18 @@ impl Element for half::bf16 {
 }
 
 /// The kernel `base` for activations of the element types `types`, in the order of its name:
-/// `base` itself when all are f32, else `base_T1_T2…` (`ember_norm_fwd_f32_bf16`).
-pub(crate) fn kernel_name(base: &str, types: &[&str]) -> String {
+/// `base` itself when all are f32 (no allocation on the f32 path), else `base_T1_T2…`
+/// (`ember_norm_fwd_f32_bf16`).
+pub(crate) fn kernel_name(base: &'static str, types: &[&str]) -> std::borrow::Cow<'static, str> {
     if types.iter().all(|&t| t == "f32") {
-        return base.to_owned();
+        return base.into();
     }
     let mut name = base.to_owned();
     for t in types {
         name.push('_');
         name.push_str(t);
     }
-    name
+    name.into()
 }
 
 /// Runs `$body` with the type alias `$T` bound to the element type of `$dtype` (f32 or bf16),
