@@ -31,7 +31,7 @@ use std::borrow::Cow;
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor};
 
 use crate::activation::GeluSlope;
-use crate::cuda::{takes, Kernel};
+use crate::cuda::{takes, takes_param, Kernel};
 use crate::dropout::{add_dropout, add_dropped, dropout, dropout_apply, DropoutOp};
 use crate::gemm::{product_from, product_in, AFrom, Activation, BFrom, Mat, SharedB};
 use crate::host::{
@@ -415,7 +415,7 @@ pub fn linear_gelu(x: &Tensor, w: &Tensor) -> Result<Tensor> {
 /// [`linear_gelu`] with its products in `precision`.
 pub fn linear_gelu_in(x: &Tensor, w: &Tensor, precision: Precision) -> Result<Tensor> {
     check_fit("linear_gelu", x, w)?;
-    if takes(x, Kernel::Activation) && w.dtype() == DType::F32 && takes(w, Kernel::Activation) {
+    if takes(x, Kernel::Activation) && takes_param(w, Kernel::Activation) {
         // A bf16 x (the `bf16` kernels on) is widened first and GELU's output rounded once, not
         // its input as well (in bf16 products cuBLAS rounds the product itself, as the
         // precision's contract); an f32 x passes through the cast untouched.
@@ -507,7 +507,7 @@ pub fn linear_rope_in(
     check_fit("linear_rope", x, w)?;
     let (_, t, _) = x.dims3()?;
     check_heads(tables, w.dims2()?.0)?;
-    let cuda = takes(x, Kernel::Rope) && w.dtype() == DType::F32 && takes(w, Kernel::Rope);
+    let cuda = takes(x, Kernel::Rope) && takes_param(w, Kernel::Rope);
     if cuda && tables.on_device_of(x) && tables.covers(offset, t) {
         // As in linear_gelu_in: a bf16 x widened, one rounding of the rotated output.
         let projected = linear_in(&x.to_dtype(DType::F32)?, w, precision)?;

@@ -191,6 +191,12 @@ pub(crate) fn takes(t: &Tensor, k: Kernel) -> bool {
     cfg!(feature = "cuda") && t.device().is_cuda() && takes_dtype(t.dtype(), k)
 }
 
+/// Whether `t` can be a parameter (a weight, gain or bias) of kernel `k`'s CUDA path: as
+/// [`takes`], and f32 whatever the activations are (the kernels read f32 parameters only).
+pub(crate) fn takes_param(t: &Tensor, k: Kernel) -> bool {
+    t.dtype() == DType::F32 && takes(t, k)
+}
+
 /// Whether kernel `k` reads and writes activations of `dtype` now (switched on, and of f32 or
 /// bf16 as [`takes`] says).
 pub(crate) fn takes_dtype(dtype: DType, k: Kernel) -> bool {

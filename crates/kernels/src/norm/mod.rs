@@ -19,7 +19,7 @@ use std::mem::MaybeUninit;
 
 use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor, D};
 
-use crate::cuda::{takes, takes_dtype, Kernel};
+use crate::cuda::{takes, takes_dtype, takes_param, Kernel};
 use crate::host::{
     cpu_slice, cpu_storage_as, cpu_tensor, cpu_tensor_as, cpu_values, is_host, is_host_f32, with_data,
 };
@@ -73,9 +73,10 @@ pub fn layer_norm_unfused(x: &Tensor, w: &Tensor, b: Option<&Tensor>, eps: f64) 
 /// output each f32 or (with the bf16 variants on too) bf16.
 fn fused(x: &Tensor, w: &Tensor, b: Option<&Tensor>, out: DType) -> bool {
     let params = |f: &dyn Fn(&Tensor) -> bool| f(w) && b.is_none_or(f);
-    let cuda_f32 = |t: &Tensor| t.dtype() == DType::F32 && takes(t, Kernel::Norm);
     (is_host(x) && params(&is_host_f32))
-        || (takes(x, Kernel::Norm) && takes_dtype(out, Kernel::Norm) && params(&cuda_f32))
+        || (takes(x, Kernel::Norm)
+            && takes_dtype(out, Kernel::Norm)
+            && params(&|t| takes_param(t, Kernel::Norm)))
 }
 
 /// RMSNorm with gain `w` over each vector of w's size along the last dimension; fused on CPU f32
