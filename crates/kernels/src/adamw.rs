@@ -2,7 +2,10 @@
 //!
 //! On the CPU the moments of an f32 parameter are plain buffers and the update is one in-place
 //! pass over (θ, g, m, v); the tensor form ([`adamw_step_unfused`], the reference) is a dozen
-//! passes and allocations per parameter. The trainer's optimizer owns the schedule, the decay
+//! passes and allocations per parameter. The gradient may be bf16 (mixed precision's gradients,
+//! on the CPU and, with the `bf16` kernels on too, on CUDA): it is widened exactly as it is read
+//! and the update is f32's, so θ and the moments stay f32 and take the bits of the f32 update
+//! of the widened gradient. The trainer's optimizer owns the schedule, the decay
 //! decisions and the checkpointed state; this module owns the arithmetic.
 
 use std::sync::Mutex;
@@ -11,7 +14,7 @@ use candle_core::{CpuStorage, Device, InplaceOp2, Layout, Result, Shape, Tensor,
 
 #[cfg(feature = "cuda")]
 use crate::cuda::{takes, Kernel};
-use crate::host::is_host_f32;
+use crate::host::{is_host, is_host_f32, widen};
 use crate::par::{self, SharedMut};
 use crate::simd::simd_dispatch;
 
@@ -122,8 +125,10 @@ impl Moments {
 /// The update from tensor ops (every device and dtype; the reference for the fused pass).
 pub fn adamw_step_unfused(param: &Var, g: &Tensor, moments: &mut Moments, c: &AdamWStep) -> Result<()> {
     let (m, v) = moments.tensors(param.shape())?;
+    // A bf16 gradient of an f32 parameter, widened (exact).
+    let g = g.to_dtype(param.dtype())?;
     let g = if c.grad_scale == 1.0 {
-        g.clone()
+        g
     } else {
         (g * c.grad_scale)?
     };
@@ -137,13 +142,14 @@ pub fn adamw_step_unfused(param: &Var, g: &Tensor, moments: &mut Moments, c: &Ad
     moments.store(m, v)
 }
 
-/// One AdamW update of `param` with gradient `g`: a single in-place pass for an f32 CPU
-/// parameter with host moments, [`adamw_step_unfused`] otherwise.
+/// One AdamW update of `param` with gradient `g` (in the parameter's dtype, or bf16 for an f32
+/// parameter): a single in-place pass for an f32 CPU parameter with host moments,
+/// [`adamw_step_unfused`] otherwise.
 pub fn adamw_step(param: &Var, g: &Tensor, moments: &mut Moments, c: &AdamWStep) -> Result<()> {
     let Moments::Host { m, v } = moments else {
         return adamw_step_unfused(param, g, moments, c);
     };
-    if !is_host_f32(g) {
+    if !is_host(g) {
         return adamw_step_unfused(param, g, moments, c);
     }
     let update = AdamWUpdate {
@@ -194,15 +200,20 @@ impl InplaceOp2 for AdamWUpdate<'_> {
     }
 
     fn cpu_fwd(&self, theta: &mut CpuStorage, l1: &Layout, g: &CpuStorage, l2: &Layout) -> Result<()> {
-        let (CpuStorage::F32(theta), CpuStorage::F32(g)) = (theta, g) else {
-            candle_core::bail!("ember-adamw: expected f32 parameter and gradient");
+        let CpuStorage::F32(theta) = theta else {
+            candle_core::bail!("ember-adamw: expected an f32 parameter");
         };
         let (Some((t0, t1)), Some((g0, g1))) = (l1.contiguous_offsets(), l2.contiguous_offsets()) else {
             candle_core::bail!("ember-adamw: expected a contiguous parameter and gradient");
         };
+        let g = match g {
+            CpuStorage::F32(g) => Gradient::F32(&g[g0..g1]),
+            CpuStorage::BF16(g) => Gradient::Bf16(&g[g0..g1]),
+            _ => candle_core::bail!("ember-adamw: expected an f32 or bf16 gradient"),
+        };
         let mut guard = self.moments.lock().unwrap_or_else(|e| e.into_inner());
         let (m, v) = &mut *guard;
-        let (theta, g) = (&mut theta[t0..t1], &g[g0..g1]);
+        let theta = &mut theta[t0..t1];
         if theta.len() != g.len() || m.len() != g.len() || v.len() != g.len() {
             candle_core::bail!("ember-adamw: parameter, gradient and moments differ in size");
         }
@@ -222,9 +233,29 @@ impl InplaceOp2 for AdamWUpdate<'_> {
                     vp.slice(r.start, r.len()),
                 )
             };
-            update(theta, &g[r], m, v, c);
+            match g {
+                Gradient::F32(g) => update(theta, &g[r], m, v, c),
+                Gradient::Bf16(g) => update(theta, &widen(&g[r]), m, v, c),
+            }
         });
         Ok(())
+    }
+}
+
+/// A parameter's gradient as the host update reads it.
+#[derive(Clone, Copy)]
+enum Gradient<'a> {
+    F32(&'a [f32]),
+    /// Widened a task's piece at a time (exact), so the update is the f32 one.
+    Bf16(&'a [half::bf16]),
+}
+
+impl Gradient<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Gradient::F32(g) => g.len(),
+            Gradient::Bf16(g) => g.len(),
+        }
     }
 }
 
@@ -243,3 +274,72 @@ fn update_generic(theta: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], c:
 }
 simd_dispatch!(update => update_generic(
     theta: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], c: UpdateConsts) -> ());
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{DType, Device, Tensor, Var};
+
+    use super::{adamw_step, adamw_step_unfused, AdamWStep, Moments};
+
+    fn step() -> AdamWStep {
+        AdamWStep {
+            lr: 3e-3,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            decay: 1.0 - 3e-3 * 0.1,
+            bias_correction1: 1.0 - 0.9f64.powi(3),
+            bias_correction2: 1.0 - 0.95f64.powi(3),
+            grad_scale: 0.7,
+        }
+    }
+
+    /// (θ, m, v) after three updates of an f32 parameter with `grads` by `update`.
+    fn after(
+        grads: &[Tensor],
+        update: fn(&Var, &Tensor, &mut Moments, &AdamWStep) -> candle_core::Result<()>,
+    ) -> Vec<Vec<f32>> {
+        let theta: Vec<f32> = (0..1000).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.01).collect();
+        let var = Var::from_tensor(&Tensor::from_vec(theta, (10, 100), &Device::Cpu).unwrap()).unwrap();
+        let mut moments = Moments::zeros(&var).unwrap();
+        for g in grads {
+            update(&var, g, &mut moments, &step()).unwrap();
+        }
+        let (m, v) = moments.tensors(var.shape()).unwrap();
+        [var.as_tensor(), &m, &v]
+            .iter()
+            .map(|t| t.flatten_all().unwrap().to_vec1().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn a_bf16_gradient_updates_an_f32_parameter_as_its_f32_widening_does() {
+        let grads: Vec<Tensor> = (0..3)
+            .map(|s| {
+                let g: Vec<f32> = (0..1000)
+                    .map(|i| ((i * (7 + s) % 53) as f32 - 26.0) * 0.013)
+                    .collect();
+                Tensor::from_vec(g, (10, 100), &Device::Cpu)
+                    .unwrap()
+                    .to_dtype(DType::BF16)
+                    .unwrap()
+            })
+            .collect();
+        let widened: Vec<Tensor> = grads.iter().map(|g| g.to_dtype(DType::F32).unwrap()).collect();
+        let reference = after(&widened, adamw_step);
+        let bits = |v: &Vec<Vec<f32>>| -> Vec<Vec<u32>> {
+            v.iter()
+                .map(|x| x.iter().map(|f| f.to_bits()).collect())
+                .collect()
+        };
+        // The fused pass reads the bf16 gradient itself; θ and the moments stay f32.
+        assert_eq!(bits(&after(&grads, adamw_step)), bits(&reference));
+        // The tensor form widens it first: the same update to f32 rounding (the two differ in
+        // the order of a few operations, held together by the trainer's optimizer tests).
+        for (a, b) in after(&grads, adamw_step_unfused).iter().zip(&reference) {
+            for (x, y) in a.iter().zip(b) {
+                assert!((x - y).abs() <= 1e-6 * y.abs().max(1e-3), "{x} against {y}");
+            }
+        }
+    }
+}

@@ -6,14 +6,19 @@
 //!
 //! The residual connection `x + dropout(y)` is one pass ([`add_dropped`]) inside the op that
 //! also computes y, [`linear_residual`](crate::linear_residual).
+//!
+//! On bf16 activations (the CPU, and CUDA with the `bf16` kernels switched on too) each element
+//! is widened, masked and scaled in f32 and rounded once: the f32 op between casts, the same
+//! mask. (The residual stream, and so [`add_dropout`]'s sum, stays f32.)
 
 use std::mem::MaybeUninit;
 
-use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
+use candle_core::backend::BackendStorage as _;
+use candle_core::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
 use ember_rng::{draw_at, SplitMix64};
 
 use crate::cuda::{takes, Kernel};
-use crate::host::{cpu_slice, is_host_f32};
+use crate::host::{cpu_slice, cpu_storage_as, cpu_values, is_host};
 use crate::par::{fill, ELEMENTS_PER_TASK};
 use crate::simd::{add, simd_dispatch};
 
@@ -29,14 +34,14 @@ pub fn dropout_unfused(x: &Tensor, p: f64, state: u64) -> Result<Tensor> {
     x.mul(&mask)
 }
 
-/// Dropout with probability `p` and the mask of the generator at `state`; fused on CPU f32 and
-/// (with the dropout kernel switched on) CUDA f32, [`dropout_unfused`] elsewhere. `p ≤ 0` is the
-/// identity.
+/// Dropout with probability `p` and the mask of the generator at `state`, in x's dtype; fused on
+/// CPU f32 and bf16 and (with the dropout kernel switched on) CUDA f32, and bf16 with the `bf16`
+/// kernels on too; [`dropout_unfused`] elsewhere. `p ≤ 0` is the identity.
 pub fn dropout(x: &Tensor, p: f64, state: u64) -> Result<Tensor> {
     if p <= 0.0 {
         return Ok(x.clone());
     }
-    if !(is_host_f32(x) || takes(x, Kernel::Dropout)) {
+    if !(is_host(x) || takes(x, Kernel::Dropout)) {
         return dropout_unfused(x, p, state);
     }
     let Some(op) = DropoutOp::new(p, state) else {
@@ -110,10 +115,8 @@ impl CustomOp1 for DropoutOp {
         "ember-dropout"
     }
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        Ok((
-            CpuStorage::F32(dropout_apply(*self, cpu_slice(s, l)?)),
-            l.shape().clone(),
-        ))
+        let y = dropout_apply(*self, &cpu_values(s, l)?);
+        Ok((cpu_storage_as(y, s.dtype())?, l.shape().clone()))
     }
     #[cfg(feature = "cuda")]
     fn cuda_fwd(
@@ -157,11 +160,16 @@ pub(crate) fn add_dropped(mask: Option<DropoutOp>, x: &[f32], y: &[f32]) -> Vec<
 /// elsewhere this is `x + dropout(y)`.)
 pub fn add_dropout(x: &Tensor, y: &Tensor, p: f64, state: u64) -> Result<Tensor> {
     match DropoutOp::new(p, state) {
-        Some(op) if takes(x, Kernel::Dropout) && x.shape() == y.shape() => {
+        // f32 only: the stream the branch joins is f32 (module docs).
+        Some(op) if takes(x, Kernel::Dropout) && is_f32_pair(x, y) && x.shape() == y.shape() => {
             x.contiguous()?.apply_op2(&y.contiguous()?, AddDropoutOp(op))
         }
         _ => x + dropout(y, p, state)?,
     }
+}
+
+fn is_f32_pair(x: &Tensor, y: &Tensor) -> bool {
+    x.dtype() == DType::F32 && y.dtype() == DType::F32
 }
 
 struct AddDropoutOp(DropoutOp);

@@ -20,7 +20,7 @@ pub(crate) fn is_host(t: &Tensor) -> bool {
 }
 
 /// bf16 values widened to f32 (exact: a bf16 is the top half of an f32).
-fn widen(v: &[bf16]) -> Vec<f32> {
+pub(crate) fn widen(v: &[bf16]) -> Vec<f32> {
     v.iter()
         .map(|h| f32::from_bits((h.to_bits() as u32) << 16))
         .collect()

@@ -28,6 +28,9 @@
 //! (the weight packed once per call as pairs, dlogits rounded as the products read them); the
 //! logits themselves, the loss's row math and every gradient stay f32.
 //!
+//! h may be a bf16 activation, with the products in either precision: it is read widened and
+//! dh is rounded once, so the op is the f32 op between casts (W, the losses and dW stay f32).
+//!
 //! Blocks have a fixed number of rows for a given vocabulary size, and every product and row
 //! op inside a block splits its work as the other kernels do ([`crate::par`]): the bits do not
 //! depend on the thread count. They do differ from the unfused composition's in the last place
@@ -56,7 +59,7 @@ use candle_core::{bail, CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
 
 use crate::cross_entropy::{cross_entropy_unfused, loss_output, LossRows};
 use crate::gemm::{sgemm_in, transposed, Mat, PackedIn};
-use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
+use crate::host::{cpu_slice, cpu_tensor, cpu_tensor_as, cpu_values, is_host, is_host_f32, with_data};
 use crate::linear::linear_unfused_in;
 use crate::simd::scale_in_place;
 use crate::Precision;
@@ -157,7 +160,7 @@ pub fn linear_cross_entropy_in(
         let terms = (label_smoothing, z_loss);
         return cuda::linear_cross_entropy(h, w, targets, mask, terms, grads, precision);
     }
-    if !(is_host_f32(h) && is_host_f32(w)) {
+    if !(is_host(h) && is_host_f32(w)) {
         let terms = (label_smoothing, z_loss);
         return linear_cross_entropy_unfused_in(h, w, targets, mask, terms, precision);
     }
@@ -312,7 +315,9 @@ impl CustomOp2 for LinearCrossEntropyOp {
     ) -> Result<(CpuStorage, Shape)> {
         let (n, d) = l1.shape().dims2()?;
         let (v, _) = l2.shape().dims2()?;
-        let (h, w) = (cpu_slice(s1, l1)?, cpu_slice(s2, l2)?);
+        // h may be a bf16 activation, read widened (exact); dh then leaves rounded once.
+        let (h, w) = (cpu_values(s1, l1)?, cpu_slice(s2, l2)?);
+        let h: &[f32] = &h;
         let mut rows = vec![(0f32, 0f32, 0f32, 0f32); n];
         let mut stats = vec![(0f32, 0f32); n];
         let unit = if self.grads {
@@ -371,7 +376,10 @@ impl CustomOp2 for LinearCrossEntropyOp {
             self.run_blocks(h, w, (n, d, v), None, &mut stats, Some(grad));
             Ok((dh, dw))
         })?;
-        Ok((Some(cpu_tensor(dh, h.shape())?), Some(cpu_tensor(dw, w.shape())?)))
+        Ok((
+            Some(cpu_tensor_as(dh, h.shape(), h.dtype())?),
+            Some(cpu_tensor(dw, w.shape())?),
+        ))
     }
 }
 

@@ -1,15 +1,21 @@
 //! Softmax over the last dimension.
 //!
+//! On bf16 activations (the CPU, and CUDA with the `bf16` kernels switched on too) the row is
+//! read widened, computed in f32 and each probability rounded once; the backward pass reads the
+//! rounded probabilities and the bf16 gradient the same way and rounds dx once. So each is the
+//! f32 op between casts.
+//!
 //! On CUDA (`cuda/softmax.cu`) one warp per row computes what the CPU kernel does, with the CPU's
 //! own exponential (`ember_exp_fast` in `cuda/softmax.cuh`, checked bit for bit against
 //! [`exp_fast`] by the host mirror); only the order of each row's sum differs.
 
 use std::mem::MaybeUninit;
 
+use candle_core::backend::BackendStorage as _;
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor, D};
 
 use crate::cuda::{takes, Kernel};
-use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
+use crate::host::{cpu_storage_as, cpu_tensor_as, cpu_values, is_host, with_data};
 use crate::par::{fill, rows_per_task};
 use crate::simd::{dot, exp_fast, max_of, sum};
 
@@ -21,10 +27,10 @@ pub fn softmax_rows_unfused(x: &Tensor) -> Result<Tensor> {
     e.broadcast_div(&e.sum_keepdim(D::Minus1)?)
 }
 
-/// Softmax over the last dimension; fused on CPU f32 and (with the softmax kernel switched on)
-/// CUDA f32.
+/// Softmax over the last dimension, in x's dtype; fused on CPU f32 and bf16 and (with the
+/// softmax kernel switched on) CUDA f32, and bf16 with the `bf16` kernels on too.
 pub fn softmax_rows(x: &Tensor) -> Result<Tensor> {
-    if !(is_host_f32(x) || takes(x, Kernel::Softmax)) {
+    if !(is_host(x) || takes(x, Kernel::Softmax)) {
         return softmax_rows_unfused(x);
     }
     x.contiguous()?.apply_op1(SoftmaxOp)
@@ -61,7 +67,7 @@ impl CustomOp1 for SoftmaxOp {
         "ember-softmax"
     }
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let x = cpu_slice(s, l)?;
+        let x = cpu_values(s, l)?;
         let n = l.dims().last().copied().unwrap_or(1).max(1);
         let y = fill(x.len(), rows_per_task(n) * n, |r, y| {
             for (o, &v) in y.iter_mut().zip(&x[r]) {
@@ -70,7 +76,7 @@ impl CustomOp1 for SoftmaxOp {
             // SAFETY: every element of `y` was written just above.
             softmax_rows_in_place(unsafe { &mut *(y as *mut [MaybeUninit<f32>] as *mut [f32]) }, n);
         });
-        Ok((CpuStorage::F32(y), l.shape().clone()))
+        Ok((cpu_storage_as(y, s.dtype())?, l.shape().clone()))
     }
     #[cfg(feature = "cuda")]
     fn cuda_fwd(
@@ -86,7 +92,7 @@ impl CustomOp1 for SoftmaxOp {
 }
 
 /// The gradient of softmax over the last dimension, dx = p·(g − Σ p·g) per row, from the
-/// probabilities `p` and the output's gradient `g` (on either device; no autograd).
+/// probabilities `p` and the output's gradient `g` (on either device; no autograd), in p's dtype.
 pub(crate) fn softmax_backward(p: &Tensor, g: &Tensor) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
     {
@@ -109,7 +115,7 @@ pub(crate) fn softmax_backward(p: &Tensor, g: &Tensor) -> Result<Tensor> {
             }
         }))
     })?;
-    cpu_tensor(dx, p.shape())
+    cpu_tensor_as(dx, p.shape(), p.dtype())
 }
 
 /// The launches of `cuda/softmax.cu`, and the warp-per-row geometry the attention kernels share.

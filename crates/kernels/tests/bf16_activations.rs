@@ -38,12 +38,25 @@ fn check(
     gradient_tol: Option<f64>,
 ) {
     let probe = randn(99, op(inputs).dims());
-    let (y, g) = run(inputs, &probe, op);
+    check_under(what, inputs, out, op, reference, gradient_tol, &probe);
+}
+
+/// [`check`] under the upstream gradient `probe`.
+fn check_under(
+    what: &str,
+    inputs: &[Tensor],
+    out: DType,
+    op: &dyn Fn(&[Tensor]) -> Tensor,
+    reference: &dyn Fn(&[Tensor]) -> Tensor,
+    gradient_tol: Option<f64>,
+    probe: &Tensor,
+) {
+    let (y, g) = run(inputs, probe, op);
     let between_casts = |ts: &[Tensor]| {
         let wide: Vec<Tensor> = ts.iter().map(widened).collect();
         reference(&wide).to_dtype(out).unwrap()
     };
-    let (y_ref, g_ref) = run(inputs, &probe, &between_casts);
+    let (y_ref, g_ref) = run(inputs, probe, &between_casts);
     assert_eq!(y.dtype(), out, "{what}: output dtype");
     assert!(
         same_bits(&y, &y_ref),
@@ -241,6 +254,115 @@ fn attention_reads_bf16_and_writes_in_the_values_dtype() {
                         },
                         Some(GRADIENT_TOL),
                     );
+                }
+            }
+        }
+    }
+}
+
+/// Softmax keeps bf16 rows bf16: the forward pass the f32 op's bits between casts. Its backward
+/// pass reads the rounded probabilities (dx = p·(g − Σ p·g)), where the f32 op reads its own: the
+/// gradient within a tolerance of bf16's rounding, as attention's.
+#[test]
+fn softmax_reads_and_writes_bf16_between_casts() {
+    const GRADIENT_TOL: f64 = 1e-2;
+    // Rows narrower than a vector, wider than several, and a masked-out (−1e9) column.
+    for (seed, shape) in [(40, [3, 5, 7]), (41, [2, 3, 70])] {
+        let mut x = (randn(seed, &shape) * 3.0).unwrap();
+        x = x
+            .slice_assign(
+                &[0..1, 0..1, 0..1],
+                &Tensor::full(-1e9f32, (1, 1, 1), &Device::Cpu).unwrap(),
+            )
+            .unwrap();
+        for (label, v) in layouts(&[bf16(&x)]) {
+            check(
+                &format!("softmax {shape:?} {label}"),
+                &v,
+                DType::BF16,
+                &|t| kernels::softmax_rows(&t[0]).unwrap(),
+                &|t| kernels::softmax_rows(&t[0]).unwrap(),
+                Some(GRADIENT_TOL),
+            );
+        }
+    }
+}
+
+/// Dropout keeps bf16 activations bf16, with the f32 op's mask: the same bits between casts,
+/// forward and backward.
+#[test]
+fn dropout_reads_and_writes_bf16_between_casts() {
+    let x = bf16(&randn(50, &[4, 9, 33]));
+    for p in [0.1, 0.5] {
+        for (label, v) in layouts(&[x.clone()]) {
+            check(
+                &format!("dropout p={p} {label}"),
+                &v,
+                DType::BF16,
+                &|t| kernels::dropout(&t[0], p, 17).unwrap(),
+                &|t| kernels::dropout(&t[0], p, 17).unwrap(),
+                None,
+            );
+        }
+    }
+    // The fused op is the unfused mask's, on bf16 as on f32 (equal values: the unfused product
+    // keeps −0 where a negative element is dropped, the kernel writes +0).
+    let values = |t: Tensor| -> Vec<f32> { widened(&t).flatten_all().unwrap().to_vec1().unwrap() };
+    let fused = values(kernels::dropout(&x, 0.3, 5).unwrap());
+    let unfused = values(
+        kernels::dropout_unfused(&widened(&x), 0.3, 5)
+            .unwrap()
+            .to_dtype(DType::BF16)
+            .unwrap(),
+    );
+    assert_eq!(fused, unfused, "dropout on bf16 is not the unfused mask's");
+}
+
+/// The output layer and loss read a bf16 h (the final norm's output) and send dh back in bf16;
+/// W, the losses and dW stay f32: the f32 op between casts, for the trainer's gradient (made in
+/// the forward pass) and any other (the blocks rerun in the backward pass).
+#[test]
+fn the_output_layer_and_loss_read_a_bf16_h_between_casts() {
+    let h = bf16(&randn(60, &[2, 6, 24]));
+    let w = (randn(61, &[37, 24]) * 0.3).unwrap();
+    let targets = Tensor::from_vec((0..12u32).map(|i| i * 5 % 37).collect(), 12, &Device::Cpu).unwrap();
+    let mask = Tensor::from_vec(
+        (0..12).map(|i| if i % 5 == 4 { 0f32 } else { 1.0 }).collect(),
+        12,
+        &Device::Cpu,
+    )
+    .unwrap();
+    for precision in Precision::on_this_cpu() {
+        for (eps, z) in [(0.0, 0.0), (0.1, 1e-4)] {
+            for grads in [true, false] {
+                for (label, v) in layouts(&[h.clone(), w.clone()]) {
+                    let loss = |t: &[Tensor]| {
+                        kernels::linear_cross_entropy_in(
+                            &t[0], &t[1], &targets, &mask, eps, z, grads, precision,
+                        )
+                        .unwrap()
+                    };
+                    // The trainer's upstream gradient (the dh and dW the forward pass made,
+                    // scaled) and a random one (the blocks rerun).
+                    let trainers = Tensor::cat(
+                        &[
+                            &Tensor::full(0.25f32, (1, 12), &Device::Cpu).unwrap(),
+                            &Tensor::zeros((1, 12), DType::F32, &Device::Cpu).unwrap(),
+                        ],
+                        0,
+                    )
+                    .unwrap();
+                    for (upstream, probe) in [("trainer's", trainers), ("random", randn(62, &[2, 12]))] {
+                        check_under(
+                            &format!("linear_cross_entropy {precision} ε={eps} z={z} grads={grads} {upstream} {label}"),
+                            &v,
+                            DType::F32,
+                            &loss,
+                            &loss,
+                            None,
+                            &probe,
+                        );
+                    }
                 }
             }
         }
