@@ -33,18 +33,22 @@ __device__ __forceinline__ float ember_ce_block_reduce(float v, int is_max, floa
 // Row r of x (n × v, row-major): out[r] = mask·objective, out[n + r] = mask·NLL, stats[2r] = max,
 // stats[2r + 1] = lse. With `write_probs`, the row is then replaced by its probabilities
 // exp(x − max − lse), which ember_ce_backward turns into the gradient for any upstream gradient.
+// T: float, or ember_bf16 for bf16 logits (`_bf16`: read widened, the math f32; the Rust side
+// keeps such logits and passes write_probs = 0, so that the backward pass computes each
+// probability in f32 from the logit, as the f32 kernels do, and rounds only the gradient).
 // Launch: grid (n), block (EMBER_CE_THREADS).
-extern "C" __global__ void ember_ce_forward(float* __restrict__ x, const uint32_t* __restrict__ targets,
-                                            const float* __restrict__ mask, float* __restrict__ out,
-                                            float* __restrict__ stats, uint32_t n, uint32_t v, float eps, float z,
-                                            int write_probs) {
+template <typename T>
+__device__ __forceinline__ void ember_ce_forward_row(T* __restrict__ x, const uint32_t* __restrict__ targets,
+                                                     const float* __restrict__ mask, float* __restrict__ out,
+                                                     float* __restrict__ stats, uint32_t n, uint32_t v, float eps,
+                                                     float z, int write_probs) {
     __shared__ float partial[EMBER_CE_WARPS];
     const uint32_t row = blockIdx.x;
     if (row >= n) return;
-    float* xr = x + (uint64_t)row * v;
+    T* xr = x + (uint64_t)row * v;
     const uint32_t t = targets[row];
     // Read before the first reduction's barrier, so before any thread overwrites the row.
-    const float x_t = (threadIdx.x == 0 && t < v) ? xr[t] : ember_f32_from_bits(0x7fc00000u);
+    const float x_t = (threadIdx.x == 0 && t < v) ? ember_load(xr, t) : ember_f32_from_bits(0x7fc00000u);
 
     const float max = ember_ce_block_reduce(ember_ce_lane_max(xr, v, threadIdx.x), 1, partial);
     float exp_part, raw_part;
@@ -64,25 +68,46 @@ extern "C" __global__ void ember_ce_forward(float* __restrict__ x, const uint32_
     }
     if (write_probs) {
         const float shift = max + lse;
-        for (uint32_t j = threadIdx.x; j < v; j += EMBER_CE_THREADS) xr[j] = ember_ce_prob(xr[j], shift);
+        for (uint32_t j = threadIdx.x; j < v; j += EMBER_CE_THREADS)
+            ember_store(xr, j, ember_ce_prob(ember_load(xr, j), shift));
     }
 }
 
 // Row r of x (n × v) replaced by the gradient of Σ g[r]·out[r] + g[n + r]·out[n + r] with respect
 // to its logits. x holds the logits, or (`from_probs`) the probabilities ember_ce_forward left;
-// stats are ember_ce_forward's. Launch: grid (n), block (EMBER_CE_THREADS).
-extern "C" __global__ void ember_ce_backward(float* __restrict__ x, const float* __restrict__ g,
-                                             const float* __restrict__ stats, const uint32_t* __restrict__ targets,
-                                             const float* __restrict__ mask, uint32_t n, uint32_t v, float eps,
-                                             float z, int from_probs) {
+// stats are ember_ce_forward's. Each gradient is rounded once into a bf16 x.
+// Launch: grid (n), block (EMBER_CE_THREADS).
+template <typename T>
+__device__ __forceinline__ void ember_ce_backward_row(T* __restrict__ x, const float* __restrict__ g,
+                                                      const float* __restrict__ stats,
+                                                      const uint32_t* __restrict__ targets,
+                                                      const float* __restrict__ mask, uint32_t n, uint32_t v,
+                                                      float eps, float z, int from_probs) {
     const uint32_t row = blockIdx.x;
     if (row >= n) return;
-    float* xr = x + (uint64_t)row * v;
+    T* xr = x + (uint64_t)row * v;
     const struct EmberCeGradient c =
         ember_ce_gradient_setup(g[row], g[(uint64_t)n + row], mask[row], stats[2 * (uint64_t)row],
                                 stats[2 * (uint64_t)row + 1], v, eps, z);
     const uint32_t t = targets[row];
     for (uint32_t j = threadIdx.x; j < v; j += EMBER_CE_THREADS) {
-        xr[j] = ember_ce_gradient_at(c, xr[j], from_probs, j == t);
+        ember_store(xr, j, ember_ce_gradient_at(c, ember_load(xr, j), from_probs, j == t));
     }
 }
+
+#define EMBER_CE_KERNELS(SUFFIX, T)                                                                              \
+    extern "C" __global__ void ember_ce_forward##SUFFIX(                                                         \
+        T* __restrict__ x, const uint32_t* __restrict__ targets, const float* __restrict__ mask,                 \
+        float* __restrict__ out, float* __restrict__ stats, uint32_t n, uint32_t v, float eps, float z,          \
+        int write_probs) {                                                                                       \
+        ember_ce_forward_row(x, targets, mask, out, stats, n, v, eps, z, write_probs);                           \
+    }                                                                                                            \
+    extern "C" __global__ void ember_ce_backward##SUFFIX(                                                        \
+        T* __restrict__ x, const float* __restrict__ g, const float* __restrict__ stats,                         \
+        const uint32_t* __restrict__ targets, const float* __restrict__ mask, uint32_t n, uint32_t v, float eps, \
+        float z, int from_probs) {                                                                               \
+        ember_ce_backward_row(x, g, stats, targets, mask, n, v, eps, z, from_probs);                            \
+    }
+
+EMBER_CE_KERNELS(, float)
+EMBER_CE_KERNELS(_bf16, ember_bf16)

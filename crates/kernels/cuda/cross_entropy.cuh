@@ -22,19 +22,22 @@
 EMBER_HD float ember_ce_max(float m, float x) { return (m > x || m != m) ? m : x; }
 
 
-// Thread `lane`'s part of the row's max.
-EMBER_HD float ember_ce_lane_max(const float* x, uint32_t v, uint32_t lane) {
+// Thread `lane`'s part of the row's max. T: float, or ember_bf16 for bf16 logits (read widened;
+// the `_bf16` kernels).
+template <typename T>
+EMBER_HD float ember_ce_lane_max(const T* x, uint32_t v, uint32_t lane) {
     float m = ember_neg_inf();
-    for (uint32_t j = lane; j < v; j += EMBER_CE_THREADS) m = ember_ce_max(m, x[j]);
+    for (uint32_t j = lane; j < v; j += EMBER_CE_THREADS) m = ember_ce_max(m, ember_load(x, j));
     return m;
 }
 
 // Thread `lane`'s parts of Σ exp(x − max) and of Σ x (the latter for the smoothing term).
-EMBER_HD void ember_ce_lane_sums(const float* x, uint32_t v, uint32_t lane, float max, float* exp_sum,
+template <typename T>
+EMBER_HD void ember_ce_lane_sums(const T* x, uint32_t v, uint32_t lane, float max, float* exp_sum,
                                  float* raw_sum) {
     float s = 0.0f, r = 0.0f;
     for (uint32_t j = lane; j < v; j += EMBER_CE_THREADS) {
-        const float xj = x[j];
+        const float xj = ember_load(x, j);
         s += ember_exp_fast(xj - max);
         r += xj;
     }

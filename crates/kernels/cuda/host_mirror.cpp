@@ -27,6 +27,18 @@ void ember_mirror_adamw(float* theta, const float* g, float* m, float* v, uint64
     for (uint64_t i = 0; i < n; ++i) ember_adamw_element(&theta[i], g[i], &m[i], &v[i], c);
 }
 
+// ember_adamw_bf16's loop: the gradient read as the kernel reads it.
+void ember_mirror_adamw_bf16(float* theta, const ember_bf16* g, float* m, float* v, uint64_t n,
+                             struct EmberAdamW c) {
+    for (uint64_t i = 0; i < n; ++i) ember_adamw_element(&theta[i], ember_load(g, i), &m[i], &v[i], c);
+}
+
+// ember_dropout_bf16's loop.
+void ember_mirror_dropout_bf16(const ember_bf16* x, ember_bf16* y, uint64_t n, uint64_t state, uint64_t threshold,
+                               float keep) {
+    for (uint64_t i = 0; i < n; ++i) ember_store(y, i, ember_dropout_value(ember_load(x, i), state, threshold, keep, i));
+}
+
 }  // extern "C"
 
 extern "C" void ember_mirror_finish_step(double* ledger, const double* partials, uint32_t count, double objective,

@@ -18,24 +18,25 @@ EMBER_HD float ember_softmax_exp(float x, float max) { return ember_exp_fast(x -
 EMBER_HD float ember_softmax_grad(float p, float g, float dot) { return p * (g - dot); }
 
 // The softmax of one row of n, in order (the mirror's reference; the kernels split the row's
-// max and sum across a warp's lanes).
-EMBER_HD void ember_softmax_row(const float* x, float* y, uint32_t n) {
+// max and sum across a warp's lanes), over f32 or bf16 rows (T: float or ember_bf16; the math
+// f32, each probability rounded once). The exponential is recomputed in the last pass, as the
+// kernel does, so a bf16 row needs no f32 scratch.
+template <typename T>
+EMBER_HD void ember_softmax_row(const T* x, T* y, uint32_t n) {
     float m = ember_neg_inf();
-    for (uint32_t i = 0; i < n; ++i) m = ember_softmax_max(m, x[i]);
+    for (uint32_t i = 0; i < n; ++i) m = ember_softmax_max(m, ember_load(x, i));
     float sum = 0.0f;
-    for (uint32_t i = 0; i < n; ++i) {
-        y[i] = ember_softmax_exp(x[i], m);
-        sum += y[i];
-    }
+    for (uint32_t i = 0; i < n; ++i) sum += ember_softmax_exp(ember_load(x, i), m);
     const float inv = 1.0f / sum;
-    for (uint32_t i = 0; i < n; ++i) y[i] = y[i] * inv;
+    for (uint32_t i = 0; i < n; ++i) ember_store(y, i, ember_softmax_exp(ember_load(x, i), m) * inv);
 }
 
 // The backward pass of one row, in order.
-EMBER_HD void ember_softmax_row_bwd(const float* p, const float* g, float* dx, uint32_t n) {
+template <typename T>
+EMBER_HD void ember_softmax_row_bwd(const T* p, const T* g, T* dx, uint32_t n) {
     float dot = 0.0f;
-    for (uint32_t i = 0; i < n; ++i) dot += p[i] * g[i];
-    for (uint32_t i = 0; i < n; ++i) dx[i] = ember_softmax_grad(p[i], g[i], dot);
+    for (uint32_t i = 0; i < n; ++i) dot += ember_load(p, i) * ember_load(g, i);
+    for (uint32_t i = 0; i < n; ++i) ember_store(dx, i, ember_softmax_grad(ember_load(p, i), ember_load(g, i), dot));
 }
 
 #ifdef __CUDACC__

@@ -13,4 +13,13 @@ void ember_mirror_softmax_rows_bwd(const float* p, const float* g, float* dx, ui
     for (uint64_t r = 0; r < rows; ++r) ember_softmax_row_bwd(p + r * n, g + r * n, dx + r * n, n);
 }
 
+void ember_mirror_softmax_rows_bf16(const ember_bf16* x, ember_bf16* y, uint64_t rows, uint32_t n) {
+    for (uint64_t r = 0; r < rows; ++r) ember_softmax_row(x + r * n, y + r * n, n);
+}
+
+void ember_mirror_softmax_rows_bwd_bf16(const ember_bf16* p, const ember_bf16* g, ember_bf16* dx, uint64_t rows,
+                                        uint32_t n) {
+    for (uint64_t r = 0; r < rows; ++r) ember_softmax_row_bwd(p + r * n, g + r * n, dx + r * n, n);
+}
+
 }  // extern "C"

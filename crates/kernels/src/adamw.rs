@@ -13,7 +13,7 @@ use std::sync::Mutex;
 use candle_core::{CpuStorage, Device, InplaceOp2, Layout, Result, Shape, Tensor, Var};
 
 #[cfg(feature = "cuda")]
-use crate::cuda::{takes, Kernel};
+use crate::cuda::{takes_param, Kernel};
 use crate::host::{is_host, is_host_f32, widen};
 use crate::par::{self, SharedMut};
 use crate::simd::simd_dispatch;
@@ -54,7 +54,8 @@ impl Moments {
     /// Zero moments shaped like `param`.
     pub fn zeros(param: &Var) -> Result<Self> {
         #[cfg(feature = "cuda")]
-        if takes(param, Kernel::Optimizer) {
+        // f32 parameters only (the kernel's θ and moments are f32; the gradient may be bf16).
+        if takes_param(param, Kernel::Optimizer) {
             if let Device::Cuda(dev) = param.device() {
                 use candle_core::cuda::WrapErr;
                 let stream = dev.cuda_stream();

@@ -541,4 +541,89 @@ mod cuda_mirror {
             }
         }
     }
+
+    extern "C" {
+        fn ember_mirror_ce_forward_row_bf16(
+            x: *const u16,
+            v: u32,
+            target: u32,
+            mask: f32,
+            eps: f32,
+            z: f32,
+            out: *mut f32,
+            probs: *mut f32,
+        );
+        fn ember_mirror_ce_gradient_row_bf16(
+            x: *mut u16,
+            v: u32,
+            target: u32,
+            g_obj: f32,
+            g_nll: f32,
+            mask: f32,
+            max: f32,
+            lse: f32,
+            eps: f32,
+            z: f32,
+            from_probs: i32,
+        );
+    }
+
+    #[test]
+    fn the_bf16_device_rows_are_the_f32_rows_between_casts_bit_for_bit() {
+        // bf16 logits (cuBLAS's bf16 products under bf16 precision) read widened: the losses,
+        // (max, lse) and probabilities of the f32 row of their widened values, bit for bit; the
+        // gradient, computed from the logits, that row's rounded once.
+        let bits = |v: &[f32]| -> Vec<u16> { v.iter().map(|&x| half::bf16::from_f32(x).to_bits()).collect() };
+        for row in rows() {
+            let row16 = bits(&row);
+            let wide: Vec<f32> = row16.iter().map(|&b| f32::from_bits((b as u32) << 16)).collect();
+            let v = row.len();
+            for (eps, z) in SETTINGS {
+                for (mask, g) in [(1.0, [1.0, 0.0]), (0.5, [-0.2, 1.3]), (0.0, [1.0, 0.0])] {
+                    let op = one_row(v / 3, mask, eps, z);
+                    let (dev, probs) = device_forward(&wide, &op);
+                    let (mut dev16, mut probs16) = ([0f32; 4], vec![0f32; v]);
+                    unsafe {
+                        ember_mirror_ce_forward_row_bf16(
+                            row16.as_ptr(),
+                            v as u32,
+                            op.targets[0],
+                            mask,
+                            eps,
+                            z,
+                            dev16.as_mut_ptr(),
+                            probs16.as_mut_ptr(),
+                        )
+                    };
+                    let what = format!("v {v} eps {eps} z {z} mask {mask} g {g:?}");
+                    assert!(
+                        dev.iter().zip(&dev16).all(|(&a, &b)| same(a, b)),
+                        "{what}: {dev:?} vs {dev16:?}"
+                    );
+                    assert!(
+                        probs.iter().zip(&probs16).all(|(&a, &b)| same(a, b)),
+                        "{what}: probabilities"
+                    );
+                    let f32_gradient = device_gradient(&wide, &op, g, (dev[2], dev[3]), false);
+                    let mut x16 = row16.clone();
+                    unsafe {
+                        ember_mirror_ce_gradient_row_bf16(
+                            x16.as_mut_ptr(),
+                            v as u32,
+                            op.targets[0],
+                            g[0],
+                            g[1],
+                            mask,
+                            dev[2],
+                            dev[3],
+                            eps,
+                            z,
+                            0,
+                        )
+                    };
+                    assert_eq!(x16, bits(&f32_gradient), "{what}: gradient");
+                }
+            }
+        }
+    }
 }

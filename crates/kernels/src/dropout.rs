@@ -212,20 +212,27 @@ impl candle_core::CustomOp2 for AddDropoutOp {
 /// The launches of `cuda/dropout.cu`.
 #[cfg(feature = "cuda")]
 mod cuda {
+    use candle_core::backend::BackendStorage as _;
     use candle_core::{CudaStorage, Layout, Result};
 
     use super::DropoutOp;
-    use crate::cuda::device::{alloc, elementwise, launch, storage, view, DROPOUT};
+    use crate::cuda::device::{
+        alloc, alloc_of, elementwise, kernel_name, launch, storage, view, view_of, with_element, Element,
+        DROPOUT,
+    };
 
+    /// The mask on f32 activations, or (`ember_dropout_bf16`) on bf16 ones.
     pub(super) fn dropout(op: DropoutOp, s: &CudaStorage, l: &Layout) -> Result<CudaStorage> {
-        let (x, n) = (view(s, l)?, l.shape().elem_count());
-        let (state, threshold, keep) = op.parts();
-        let mut y = alloc(&s.device, n)?;
-        if n > 0 {
-            launch!(s.device, DROPOUT, "ember_dropout", elementwise(n);
-                &x, &mut y, &(n as u64), &state, &threshold, &keep)?;
-        }
-        Ok(storage(y, &s.device))
+        with_element!(s.dtype(), T => {
+            let (x, n) = (view_of::<T>(s, l)?, l.shape().elem_count());
+            let (state, threshold, keep) = op.parts();
+            let mut y = alloc_of::<T>(&s.device, n)?;
+            if n > 0 {
+                launch!(s.device, DROPOUT, kernel_name("ember_dropout", &[T::NAME]), elementwise(n);
+                    &x, &mut y, &(n as u64), &state, &threshold, &keep)?;
+            }
+            Ok(storage(y, &s.device))
+        })
     }
 
     pub(super) fn add_dropout(

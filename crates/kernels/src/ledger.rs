@@ -170,7 +170,12 @@ mod imp {
 
     use super::{DeviceAdamW, Verdict, LEN, SKIPPED, UPDATES};
     use crate::adamw::Moments;
-    use crate::cuda::device::{elementwise, launch, per_row, view, with_cuda, OPTIMIZER};
+    use candle_core::backend::BackendStorage as _;
+
+    use crate::cuda::device::{
+        elementwise, kernel_name, launch, per_row, view_of, with_cuda, with_element, Element, OPTIMIZER,
+    };
+    use crate::cuda::{takes_dtype, Kernel};
 
     /// Threads of `ember_sum_squares` (its EMBER_SQUARES_THREADS).
     const SQUARES_THREADS: u32 = 512;
@@ -220,13 +225,21 @@ mod imp {
                     slot + 1
                 );
             }
-            let g = g.to_dtype(DType::F32)?;
+            // An f32 gradient, or a bf16 one read as it is (`ember_sum_squares_bf16`) with the
+            // `bf16` kernels on; any other dtype widened first.
+            let g = match g.dtype() {
+                DType::F32 => g.clone(),
+                DType::BF16 if takes_dtype(DType::BF16, Kernel::Optimizer) => g.clone(),
+                _ => g.to_dtype(DType::F32)?,
+            };
             let partials = &mut self.partials;
             with_cuda([&g], |[(s, l)]| {
-                let x = view(s, l)?;
-                let n = l.shape().elem_count() as u64;
-                launch!(s.device, OPTIMIZER, "ember_sum_squares", per_row(1, SQUARES_THREADS);
-                    &x, &n, partials, &(slot as u32))
+                with_element!(s.dtype(), T => {
+                    let x = view_of::<T>(s, l)?;
+                    let n = l.shape().elem_count() as u64;
+                    launch!(s.device, OPTIMIZER, kernel_name("ember_sum_squares", &[T::NAME]),
+                        per_row(1, SQUARES_THREADS); &x, &n, partials, &(slot as u32))
+                })
             })
         }
 
@@ -272,6 +285,12 @@ mod imp {
                 ledger: &self.slots,
                 c: *c,
             };
+            // The gradient in the parameter's f32, or bf16 read as it is (`ember_adamw_bf16`)
+            // with the `bf16` kernels on.
+            let g = match g.dtype() {
+                DType::BF16 if takes_dtype(DType::BF16, Kernel::Optimizer) => g.clone(),
+                _ => g.to_dtype(param.dtype())?,
+            };
             param.as_tensor().inplace_op2(&g.contiguous()?, &update)
         }
 
@@ -313,19 +332,21 @@ mod imp {
                 bail!("ember-adamw-device: expected a contiguous parameter and gradient");
             };
             let n = t1 - t0;
-            let gv = view(g, l2)?;
-            let mut guard = self.moments.lock().unwrap_or_else(|e| e.into_inner());
-            let (m, v) = &mut *guard;
-            if gv.len() != n || m.len() != n || v.len() != n {
-                bail!("ember-adamw-device: parameter, gradient and moments differ in size");
-            }
-            let dev = theta.device.clone();
-            let mut theta = theta.as_cuda_slice_mut::<f32>()?.slice_mut(t0..t1);
-            let c = self.c;
-            launch!(dev, OPTIMIZER, "ember_adamw", elementwise(n);
-                &mut theta, &gv, &mut **m, &mut **v, &(n as u64), self.ledger,
-                &(c.lr as f32), &(c.beta1 as f32), &((1.0 - c.beta1) as f32), &(c.beta2 as f32),
-                &((1.0 - c.beta2) as f32), &(c.eps as f32), &(c.decay as f32))
+            with_element!(g.dtype(), G => {
+                let gv = view_of::<G>(g, l2)?;
+                let mut guard = self.moments.lock().unwrap_or_else(|e| e.into_inner());
+                let (m, v) = &mut *guard;
+                if gv.len() != n || m.len() != n || v.len() != n {
+                    bail!("ember-adamw-device: parameter, gradient and moments differ in size");
+                }
+                let dev = theta.device.clone();
+                let mut theta = theta.as_cuda_slice_mut::<f32>()?.slice_mut(t0..t1);
+                let c = self.c;
+                launch!(dev, OPTIMIZER, kernel_name("ember_adamw", &[G::NAME]), elementwise(n);
+                    &mut theta, &gv, &mut **m, &mut **v, &(n as u64), self.ledger,
+                    &(c.lr as f32), &(c.beta1 as f32), &((1.0 - c.beta1) as f32), &(c.beta2 as f32),
+                    &((1.0 - c.beta2) as f32), &(c.eps as f32), &(c.decay as f32))
+            })
         }
     }
 }

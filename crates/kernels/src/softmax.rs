@@ -121,10 +121,13 @@ pub(crate) fn softmax_backward(p: &Tensor, g: &Tensor) -> Result<Tensor> {
 /// The launches of `cuda/softmax.cu`, and the warp-per-row geometry the attention kernels share.
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda {
+    use candle_core::backend::BackendStorage as _;
     use candle_core::cuda::cudarc::driver::LaunchConfig;
     use candle_core::{bail, CudaStorage, Layout, Result, Tensor};
 
-    use crate::cuda::device::{alloc, launch, storage, tensor, view, with_cuda, SOFTMAX};
+    use crate::cuda::device::{
+        alloc_of, kernel_name, launch, storage, tensor, view_of, with_cuda, with_element, Element, SOFTMAX,
+    };
 
     /// Warps (rows at once) per block of the warp-per-row kernels.
     const WARPS: u32 = 8;
@@ -151,34 +154,41 @@ pub(crate) mod cuda {
         Ok((total / n, width))
     }
 
+    /// Softmax of f32 rows, or (`_bf16`) of bf16 ones.
     pub(super) fn forward(s: &CudaStorage, l: &Layout) -> Result<CudaStorage> {
-        let (x, total) = (view(s, l)?, l.shape().elem_count());
-        let (rows, n) = rows_of(l.dims(), total)?;
-        let mut y = alloc(&s.device, total)?;
-        if rows > 0 {
-            launch!(s.device, SOFTMAX, "ember_softmax_fwd", warp_rows(rows);
-                &x, &mut y, &(rows as u64), &n)?;
-        }
-        Ok(storage(y, &s.device))
+        with_element!(s.dtype(), T => {
+            let (x, total) = (view_of::<T>(s, l)?, l.shape().elem_count());
+            let (rows, n) = rows_of(l.dims(), total)?;
+            let mut y = alloc_of::<T>(&s.device, total)?;
+            if rows > 0 {
+                launch!(s.device, SOFTMAX, kernel_name("ember_softmax_fwd", &[T::NAME]), warp_rows(rows);
+                    &x, &mut y, &(rows as u64), &n)?;
+            }
+            Ok(storage(y, &s.device))
+        })
     }
 
     pub(super) fn backward(p: &Tensor, g: &Tensor) -> Result<Tensor> {
-        if p.shape() != g.shape() {
+        if p.shape() != g.shape() || p.dtype() != g.dtype() {
             bail!(
-                "ember softmax backward: probabilities {:?} and gradient {:?} differ in shape",
+                "ember softmax backward: probabilities {:?} ({:?}) and gradient {:?} ({:?}) differ",
                 p.shape(),
-                g.shape()
+                p.dtype(),
+                g.shape(),
+                g.dtype()
             );
         }
         with_cuda([p, g], |[(sp, lp), (sg, lg)]| {
-            let (pv, gv, total) = (view(sp, lp)?, view(sg, lg)?, lp.shape().elem_count());
-            let (rows, n) = rows_of(lp.dims(), total)?;
-            let mut dx = alloc(&sp.device, total)?;
-            if rows > 0 {
-                launch!(sp.device, SOFTMAX, "ember_softmax_bwd", warp_rows(rows);
-                    &pv, &gv, &mut dx, &(rows as u64), &n)?;
-            }
-            Ok(tensor(dx, &sp.device, lp.shape()))
+            with_element!(sp.dtype(), T => {
+                let (pv, gv, total) = (view_of::<T>(sp, lp)?, view_of::<T>(sg, lg)?, lp.shape().elem_count());
+                let (rows, n) = rows_of(lp.dims(), total)?;
+                let mut dx = alloc_of::<T>(&sp.device, total)?;
+                if rows > 0 {
+                    launch!(sp.device, SOFTMAX, kernel_name("ember_softmax_bwd", &[T::NAME]), warp_rows(rows);
+                        &pv, &gv, &mut dx, &(rows as u64), &n)?;
+                }
+                Ok(tensor(dx, &sp.device, lp.shape()))
+            })
         })
     }
 }
@@ -192,6 +202,46 @@ mod mirror {
     extern "C" {
         fn ember_mirror_softmax_rows(x: *const f32, y: *mut f32, rows: u64, n: u32);
         fn ember_mirror_softmax_rows_bwd(p: *const f32, g: *const f32, dx: *mut f32, rows: u64, n: u32);
+        fn ember_mirror_softmax_rows_bf16(x: *const u16, y: *mut u16, rows: u64, n: u32);
+        fn ember_mirror_softmax_rows_bwd_bf16(p: *const u16, g: *const u16, dx: *mut u16, rows: u64, n: u32);
+    }
+
+    /// bf16's bits of each value (candle's rounding), and the values they stand for.
+    fn bf16_bits(v: &[f32]) -> Vec<u16> {
+        v.iter().map(|&x| half::bf16::from_f32(x).to_bits()).collect()
+    }
+
+    fn widened(v: &[u16]) -> Vec<f32> {
+        v.iter().map(|&b| f32::from_bits((b as u32) << 16)).collect()
+    }
+
+    #[test]
+    fn the_bf16_softmax_rows_are_the_f32_rows_between_casts_bit_for_bit() {
+        for (rows, n) in [(3, 1), (4, 7), (5, 32), (3, 33), (2, 300)] {
+            let mut x = bf16_bits(&random(rows * n, 7 + n as u64, 4.0));
+            x[0] = half::bf16::from_f32(-1e9).to_bits();
+            let (mut y16, mut y) = (vec![0u16; rows * n], vec![f32::NAN; rows * n]);
+            unsafe {
+                ember_mirror_softmax_rows_bf16(x.as_ptr(), y16.as_mut_ptr(), rows as u64, n as u32);
+                ember_mirror_softmax_rows(widened(&x).as_ptr(), y.as_mut_ptr(), rows as u64, n as u32);
+            }
+            assert_eq!(y16, bf16_bits(&y), "forward ({rows}, {n})");
+
+            let g = bf16_bits(&random(rows * n, 200 + n as u64, 1.0));
+            let (mut d16, mut d) = (vec![0u16; rows * n], vec![f32::NAN; rows * n]);
+            let (p, gw) = (widened(&y16), widened(&g));
+            unsafe {
+                ember_mirror_softmax_rows_bwd_bf16(
+                    y16.as_ptr(),
+                    g.as_ptr(),
+                    d16.as_mut_ptr(),
+                    rows as u64,
+                    n as u32,
+                );
+                ember_mirror_softmax_rows_bwd(p.as_ptr(), gw.as_ptr(), d.as_mut_ptr(), rows as u64, n as u32);
+            }
+            assert_eq!(d16, bf16_bits(&d), "backward ({rows}, {n})");
+        }
     }
 
     fn random(n: usize, seed: u64, scale: f32) -> Vec<f32> {

@@ -13,7 +13,7 @@ use std::mem::MaybeUninit;
 
 use candle_core::{DType, Result, Tensor};
 
-use crate::host::{cpu_tensor, is_host_f32, with_all_data, with_data};
+use crate::host::{cpu_tensor, is_host, is_host_f32, with_all_data, with_data};
 use crate::par::{fill, ELEMENTS_PER_TASK};
 use crate::simd::simd_dispatch;
 
@@ -75,9 +75,14 @@ pub fn sum_in_order_unfused(parts: &[Tensor]) -> Result<Tensor> {
 /// Σ x² of a tensor, in f64. On the CPU, blocks of `SQUARES_PER_BLOCK` elements are summed in
 /// parallel, each with eight f32 lanes, and the blocks' sums added in order in f64: the
 /// blocks depend on the size alone, so the result is the same at any thread count. Tensor ops
-/// in f64 elsewhere.
+/// in t's dtype elsewhere, widened to f64 at the end. A bf16 tensor (mixed precision's
+/// gradients) is read widened to f32 first, on either device: its squares are f32's.
 pub fn sum_of_squares(t: &Tensor) -> Result<f64> {
-    if !is_host_f32(t) {
+    if !is_host(t) {
+        let t = match t.dtype() {
+            DType::BF16 => t.to_dtype(DType::F32)?,
+            _ => t.clone(),
+        };
         return t.sqr()?.sum_all()?.to_dtype(DType::F64)?.to_scalar::<f64>();
     }
     with_data([t], |[data]| {
@@ -185,6 +190,16 @@ mod tests {
         assert_eq!(seen[0], seen[1]);
         let got = f64::from_bits(seen[0]);
         assert!((got - exact).abs() <= 1e-5 * exact, "{got} vs {exact}");
+    }
+
+    #[test]
+    fn the_sum_of_squares_of_a_bf16_tensor_is_its_f32_widenings() {
+        let t = random(SQUARES_PER_BLOCK + 9, 8).to_dtype(DType::BF16).unwrap();
+        let widened = t.to_dtype(DType::F32).unwrap();
+        assert_eq!(
+            sum_of_squares(&t).unwrap().to_bits(),
+            sum_of_squares(&widened).unwrap().to_bits()
+        );
     }
 
     /// Not a test: `CANDLE_NUM_THREADS=1 cargo test --release -p ember-kernels --lib

@@ -29,6 +29,15 @@ extern "C" {
     fn ember_mirror_load_bf16(x: u16) -> f32;
     fn ember_mirror_dropout_value(v: f32, state: u64, threshold: u64, keep: f32, i: u64) -> f32;
     fn ember_mirror_adamw(theta: *mut f32, g: *const f32, m: *mut f32, v: *mut f32, n: u64, c: MirrorAdamW);
+    fn ember_mirror_adamw_bf16(
+        theta: *mut f32,
+        g: *const u16,
+        m: *mut f32,
+        v: *mut f32,
+        n: u64,
+        c: MirrorAdamW,
+    );
+    fn ember_mirror_dropout_bf16(x: *const u16, y: *mut u16, n: u64, state: u64, threshold: u64, keep: f32);
     #[allow(clippy::too_many_arguments)]
     fn ember_mirror_finish_step(
         ledger: *mut f64,
@@ -192,11 +201,10 @@ fn the_device_dropout_mask_is_the_cpu_mask_bit_for_bit() {
 
 #[test]
 fn the_device_adamw_update_is_the_cpu_update_bit_for_bit() {
-    use candle_core::{Device, Tensor, Var};
+    use candle_core::{DType, Device, Tensor, Var};
 
     use crate::adamw::{adamw_step, AdamWStep, Moments};
     let n = 1000;
-    let (theta, g) = (random(n, 1), random(n, 2));
     let c = AdamWStep {
         lr: 3e-3,
         beta1: 0.9,
@@ -207,18 +215,6 @@ fn the_device_adamw_update_is_the_cpu_update_bit_for_bit() {
         bias_correction2: 1.0 - 0.98f64.powi(3),
         grad_scale: 0.37,
     };
-    let var = Var::from_tensor(&Tensor::from_slice(&theta, n, &Device::Cpu).unwrap()).unwrap();
-    let mut moments = Moments::Host {
-        m: random(n, 3),
-        v: random(n, 4).iter().map(|x| x * x).collect(),
-    };
-    let (mut m, mut v) = match &moments {
-        Moments::Host { m, v } => (m.clone(), v.clone()),
-        _ => unreachable!(),
-    };
-    let gt = Tensor::from_slice(&g, n, &Device::Cpu).unwrap();
-    adamw_step(&var, &gt, &mut moments, &c).unwrap();
-    let mut t = theta.clone();
     let mc = MirrorAdamW {
         grad_scale: c.grad_scale as f32,
         beta1: c.beta1 as f32,
@@ -231,24 +227,101 @@ fn the_device_adamw_update_is_the_cpu_update_bit_for_bit() {
         decay: c.decay as f32,
         lr: c.lr as f32,
     };
-    unsafe {
-        ember_mirror_adamw(
-            t.as_mut_ptr(),
-            g.as_ptr(),
-            m.as_mut_ptr(),
-            v.as_mut_ptr(),
-            n as u64,
-            mc,
-        )
-    };
-    let cpu: Vec<f32> = var.as_tensor().to_vec1().unwrap();
-    let Moments::Host { m: cm, v: cv } = &moments else {
-        unreachable!()
-    };
-    for i in 0..n {
-        assert_eq!(t[i].to_bits(), cpu[i].to_bits(), "θ[{i}]");
-        assert_eq!(m[i].to_bits(), cm[i].to_bits(), "m[{i}]");
-        assert_eq!(v[i].to_bits(), cv[i].to_bits(), "v[{i}]");
+    // An f32 gradient (ember_adamw) and a bf16 one (ember_adamw_bf16, mixed precision's).
+    for dtype in [DType::F32, DType::BF16] {
+        let theta = random(n, 1);
+        let var = Var::from_tensor(&Tensor::from_slice(&theta, n, &Device::Cpu).unwrap()).unwrap();
+        let mut moments = Moments::Host {
+            m: random(n, 3),
+            v: random(n, 4).iter().map(|x| x * x).collect(),
+        };
+        let (mut m, mut v) = match &moments {
+            Moments::Host { m, v } => (m.clone(), v.clone()),
+            _ => unreachable!(),
+        };
+        let g = random(n, 2);
+        let gt = Tensor::from_slice(&g, n, &Device::Cpu)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
+        adamw_step(&var, &gt, &mut moments, &c).unwrap();
+        let mut t = theta.clone();
+        unsafe {
+            if dtype == DType::BF16 {
+                let g16: Vec<u16> = gt
+                    .to_vec1::<half::bf16>()
+                    .unwrap()
+                    .iter()
+                    .map(|h| h.to_bits())
+                    .collect();
+                ember_mirror_adamw_bf16(
+                    t.as_mut_ptr(),
+                    g16.as_ptr(),
+                    m.as_mut_ptr(),
+                    v.as_mut_ptr(),
+                    n as u64,
+                    mc,
+                )
+            } else {
+                ember_mirror_adamw(
+                    t.as_mut_ptr(),
+                    g.as_ptr(),
+                    m.as_mut_ptr(),
+                    v.as_mut_ptr(),
+                    n as u64,
+                    mc,
+                )
+            }
+        };
+        let cpu: Vec<f32> = var.as_tensor().to_vec1().unwrap();
+        let Moments::Host { m: cm, v: cv } = &moments else {
+            unreachable!()
+        };
+        for i in 0..n {
+            assert_eq!(t[i].to_bits(), cpu[i].to_bits(), "{dtype:?} θ[{i}]");
+            assert_eq!(m[i].to_bits(), cm[i].to_bits(), "{dtype:?} m[{i}]");
+            assert_eq!(v[i].to_bits(), cv[i].to_bits(), "{dtype:?} v[{i}]");
+        }
+    }
+}
+
+#[test]
+fn the_device_bf16_dropout_is_the_cpu_ops_bit_for_bit() {
+    use candle_core::{DType, Device, Tensor};
+
+    let mut x = random(4099, 5);
+    x[..4].copy_from_slice(&[f32::NAN, -0.0, f32::INFINITY, 1e-30]);
+    let xt = Tensor::from_slice(&x, x.len(), &Device::Cpu)
+        .unwrap()
+        .to_dtype(DType::BF16)
+        .unwrap();
+    let x16: Vec<u16> = xt
+        .to_vec1::<half::bf16>()
+        .unwrap()
+        .iter()
+        .map(|h| h.to_bits())
+        .collect();
+    for p in [0.1, 0.5] {
+        let cpu: Vec<u16> = crate::dropout::dropout(&xt, p, 0xF00D)
+            .unwrap()
+            .to_vec1::<half::bf16>()
+            .unwrap()
+            .iter()
+            .map(|h| h.to_bits())
+            .collect();
+        let (state, threshold, keep) = DropoutOp::new(p, 0xF00D).unwrap().parts();
+        let mut y = vec![0u16; x.len()];
+        unsafe {
+            ember_mirror_dropout_bf16(
+                x16.as_ptr(),
+                y.as_mut_ptr(),
+                x.len() as u64,
+                state,
+                threshold,
+                keep,
+            )
+        };
+        assert_eq!(y, cpu, "p {p}");
     }
 }
 

@@ -98,12 +98,11 @@ impl Kernel {
         }
     }
 
-    /// Whether this family has bf16 variants (taken with [`Kernel::Bf16`] switched on).
+    /// Whether this family has bf16 variants (taken with [`Kernel::Bf16`] switched on): every
+    /// family does. Softmax, dropout and the loss read and write bf16 activations (the loss's
+    /// losses and statistics stay f32); the optimizer reads bf16 gradients into f32 θ and moments.
     pub fn reads_bf16(self) -> bool {
-        matches!(
-            self,
-            Kernel::Norm | Kernel::Activation | Kernel::Rope | Kernel::Attention
-        )
+        self != Kernel::Bf16
     }
 
     fn bit(self) -> u32 {
@@ -237,11 +236,12 @@ mod tests {
         assert!(!takes_dtype(DType::BF16, Kernel::Norm), "bf16 variants off");
         set_enabled(&[Kernel::Norm, Kernel::Softmax, Kernel::Bf16]);
         assert!(takes_dtype(DType::BF16, Kernel::Norm));
-        assert!(
-            !takes_dtype(DType::BF16, Kernel::Softmax),
-            "softmax has no bf16 variant"
-        );
+        assert!(takes_dtype(DType::BF16, Kernel::Softmax));
         assert!(!takes_dtype(DType::BF16, Kernel::Rope), "rope switched off");
+        assert!(
+            Kernel::ALL.iter().all(|&k| k.reads_bf16() == (k != Kernel::Bf16)),
+            "every family has bf16 variants"
+        );
         assert!(!takes_dtype(DType::F16, Kernel::Norm));
         assert!(
             !Kernel::VERIFIED.contains(&Kernel::Bf16),

@@ -231,6 +231,47 @@ fn the_device_step_matches_the_host_step_and_skips_what_the_host_skips() {
 }
 
 #[test]
+fn the_device_step_reads_bf16_gradients_as_their_f32_widening() {
+    // Mixed precision's gradients, read by `ember_sum_squares_bf16` and `ember_adamw_bf16` (the
+    // `bf16` kernels on): the host's step on the same bf16 gradients to rounding, and the device's
+    // own step on their f32 widening bit for bit.
+    let dev = gpu();
+    let shapes = vec![vec![300, 128], vec![128], vec![7, 13]];
+    let (mut twin16, mut twin32) = (Twin::new(&dev, &shapes), Twin::new(&dev, &shapes));
+    for (step, scale) in [(1u64, 3.0f32), (2, 0.5)] {
+        let grads: Vec<Tensor> = shapes
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                randn_cpu(step * 10 + i as u64, s, scale)
+                    .to_dtype(candle_core::DType::BF16)
+                    .unwrap()
+            })
+            .collect();
+        let widened: Vec<Tensor> = grads
+            .iter()
+            .map(|g| g.to_dtype(candle_core::DType::F32).unwrap())
+            .collect();
+        let (l16, l32) = (
+            twin16.step(&grads, 1e-2, 1.0, step),
+            twin32.step(&widened, 1e-2, 1.0, step),
+        );
+        assert_eq!(
+            l16[ledger::NORM].to_bits(),
+            l32[ledger::NORM].to_bits(),
+            "step {step}: norm"
+        );
+        twin16.assert_same(&format!("bf16 gradients, step {step}"));
+        for (i, ((a, _), (b, _))) in twin16.gpu.iter().zip(&twin32.gpu).enumerate() {
+            assert!(
+                same_bits(a.as_tensor(), b.as_tensor()),
+                "step {step}: θ{i} from bf16 gradients differs from their widening's"
+            );
+        }
+    }
+}
+
+#[test]
 fn device_moments_survive_a_checkpoint_round_trip() {
     let dev = gpu();
     let v = Var::from_tensor(&randn(&dev, 1, &[5, 9], 1.0)).unwrap();

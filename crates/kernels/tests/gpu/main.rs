@@ -14,6 +14,7 @@ mod common;
 mod attention;
 mod bf16;
 mod bf16_activations;
+mod bf16_loss_and_optimizer;
 mod cross_entropy;
 mod dropout_optimizer;
 mod norm_activation_rope;
