@@ -21,7 +21,7 @@
 #           alternating, 16 threads; otherwise the CPU's name and that it has none
 #
 #   scripts/gpu-check.sh [--sections suite,counts,bench,cpu,amx] [--configs a,b] [--pairs N] [--steps N]
-#                        [--impls ember,ember-off,ember-nocache,torch,ember-bf16,ember-bf16-composed,torch-bf16,torch-bf16-compile]
+#                        [--impls ember,ember-off,ember-nocache,torch,ember-bf16,ember-bf16-verified,ember-bf16-composed,torch-bf16,torch-bf16-compile]
 #                        [--kernels all,none,nocache]
 #
 # --configs: which of quickstart, multi30k-tiny, shakespeare-char, standard the counts, bench and
@@ -29,7 +29,9 @@
 # cpu). --impls: what the bench section times (ember: every kernel, EMBER_CUDA_KERNELS=all: the
 # defaults plus the bf16 variants, which f32 activations never reach; ember-off: CUDA kernels off;
 # ember-nocache: candle's upload cache off, EMBER_CUDA_PARAM_CACHE=0; ember-bf16:
-# train.precision=bf16; ember-bf16-composed: the same with the attention and cross-entropy
+# train.precision=bf16 with every kernel, so the loss keeps cuBLAS's bf16 logits for its bf16
+# variant (the widened logits' bits, half their memory); ember-bf16-verified: the same with the
+# verified kernels only, the logits widened to f32; ember-bf16-composed: the same with the attention and cross-entropy
 # kernels off, so candle's compositions around cuBLAS's bf16 GEMMs instead (bf16's path before
 # those kernels took bf16: which is faster is unmeasured); torch-bf16: the reference under bf16
 # autocast; torch-bf16-compile: the
@@ -51,7 +53,7 @@ RESULTS=${OUT:-/tmp}
 OUT=$(mktemp -d /tmp/gpu-check.XXXXXX)
 pack() { tar czf "$RESULTS/gpu-check.tgz" -C "$OUT" . 2>/dev/null; }
 sections=suite,counts,bench,cpu,amx pairs=2 steps=30 configs="" kernel_sets=all,none,nocache
-impls=ember,ember-off,ember-nocache,torch,ember-bf16,ember-bf16-composed,torch-bf16,torch-bf16-compile
+impls=ember,ember-off,ember-nocache,torch,ember-bf16,ember-bf16-verified,ember-bf16-composed,torch-bf16,torch-bf16-compile
 while [[ $# -gt 0 ]]; do
   case $1 in
     --sections) sections=$2; shift 2 ;;
@@ -135,6 +137,9 @@ if has bench; then
                    bench $(cfg_args "$cfg") --steps "$steps" --set device=cuda:0 --json > "$tag.json" 2> "$tag.err" ;;
           ember-bf16) with_memory "$tag.mem" env EMBER_CUDA_KERNELS=all timeout 300 .dev/ember bench $(cfg_args "$cfg") \
                    --steps "$steps" --set device=cuda:0 --set train.precision=bf16 --json > "$tag.json" 2> "$tag.err" ;;
+          ember-bf16-verified) with_memory "$tag.mem" env EMBER_CUDA_KERNELS=verified timeout 300 .dev/ember bench \
+                   $(cfg_args "$cfg") --steps "$steps" --set device=cuda:0 --set train.precision=bf16 --json \
+                   > "$tag.json" 2> "$tag.err" ;;
           ember-bf16-composed) with_memory "$tag.mem" env EMBER_CUDA_KERNELS=dropout,optimizer,softmax,norm,activation,rope \
                    timeout 300 .dev/ember bench $(cfg_args "$cfg") --steps "$steps" --set device=cuda:0 \
                    --set train.precision=bf16 --json > "$tag.json" 2> "$tag.err" ;;

@@ -79,7 +79,8 @@ if rows:
 
 benches = {}
 for path in glob.glob(os.path.join(out, "bench-*-*.json")):
-    impls = "ember|ember-off|ember-nocache|ember-cache|ember-bf16-composed|ember-bf16|torch|torch-bf16|torch-bf16-compile"
+    impls = ("ember|ember-off|ember-nocache|ember-cache|ember-bf16-composed|ember-bf16-verified|ember-bf16|torch|"
+             "torch-bf16|torch-bf16-compile")
     m = re.match(rf"bench-(.+)-({impls})-(\d+)\.json$", os.path.basename(path))
     r = load(path)
     if m and r:
@@ -90,7 +91,7 @@ if benches:
     print("|---|---|---|---|---|---|")
     for cfg in ("quickstart", "multi30k-tiny", "shakespeare-char", "standard"):
         for impl in ("ember", "ember-nocache", "ember-cache", "ember-off", "torch",
-                     "ember-bf16", "ember-bf16-composed", "torch-bf16", "torch-bf16-compile"):
+                     "ember-bf16", "ember-bf16-verified", "ember-bf16-composed", "torch-bf16", "torch-bf16-compile"):
             rs = benches.get((cfg, impl))
             if not rs:
                 continue
@@ -101,7 +102,7 @@ if benches:
             print(f"| {cfg} | {impl} | {statistics.median(ms):.2f} ({min(ms):.2f}-{max(ms):.2f}) | {tps:,.0f} | "
                   f"{max(r['mem'] for r in rs):.0f} | {alloc} |")
         for ours, theirs in (("ember", "torch"), ("ember-bf16", "torch-bf16"), ("ember-bf16", "torch-bf16-compile"),
-                             ("ember-bf16", "ember-bf16-composed")):
+                             ("ember-bf16", "ember-bf16-composed"), ("ember-bf16", "ember-bf16-verified")):
             e, t = benches.get((cfg, ours)), benches.get((cfg, theirs))
             if e and t:
                 ratio = statistics.median(r["tokens_per_sec"] for r in e) / statistics.median(r["tokens_per_sec"] for r in t)

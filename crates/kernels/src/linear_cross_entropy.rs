@@ -36,7 +36,7 @@
 //! depend on the thread count. They do differ from the unfused composition's in the last place
 //! (dW is summed block by block).
 //!
-//! **On CUDA** (f32, with [`Kernel::CrossEntropy`](crate::cuda::Kernel) switched on) the logits
+//! **On CUDA** (f32 h and W, with [`Kernel::CrossEntropy`](crate::cuda::Kernel) switched on) the logits
 //! are one cuBLAS product (candle's own), made whole — the GPU has the memory, and a product per
 //! block would run far below its speed — and one kernel (`cuda/cross_entropy.cu`, a block per
 //! row) turns them into the losses and each row's (max, lse). The targets and mask stay on the
@@ -51,7 +51,11 @@
 //! the three products are cuBLAS's bf16 GEMMs with f32 compute on operands cast to bf16, their
 //! outputs rounded to bf16 ([`Precision::matmul`]'s, as under PyTorch's autocast); the logits
 //! are widened to f32 for the kernel, and the loss, the probabilities and the gradient of the
-//! logits stay f32.
+//! logits stay f32. With the `bf16` kernels switched on too, the logits stay bf16 (half the
+//! n × V buffer, no widening pass): the `_bf16` kernels read them, the forward pass keeps them
+//! instead of probabilities, and the backward pass computes each probability from its logit in
+//! f32 and rounds the gradient once, as the products read it — the same bits as the widened
+//! path. A bf16 h (with them on) is read as in f32 and dh leaves in bf16.
 
 use std::sync::{Arc, Mutex};
 

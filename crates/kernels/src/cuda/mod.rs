@@ -45,10 +45,10 @@ pub enum Kernel {
     Activation,
     /// Rotary position embeddings with the log-n factor, forward and backward.
     Rope,
-    /// The bf16 variants of the norm, activation, rope and attention kernels: bf16 activations (and their
-    /// gradients) read and written, widened exactly and computed as in f32, each output rounded
-    /// once ([`Kernel::reads_bf16`]). Used together with the op's own family: a bf16 CUDA
-    /// tensor takes the op's kernel only while both are on.
+    /// The bf16 variants of every family's kernels: bf16 activations (and their gradients), or
+    /// for the optimizer bf16 gradients, read and written, widened exactly and computed as in
+    /// f32, each output rounded once ([`Kernel::reads_bf16`]). Used together with the op's own
+    /// family: a bf16 CUDA tensor takes the op's kernel only while both are on.
     Bf16,
 }
 

@@ -1,4 +1,5 @@
-//! The bf16 variants of the norm, activation, rope and attention kernels (`Kernel::Bf16`): on bf16
+//! The bf16 variants of the norm, activation, rope and attention kernels (`Kernel::Bf16`; the
+//! softmax, dropout, loss and optimizer ones: bf16_loss_and_optimizer.rs): on bf16
 //! activations each op is its f32 kernel between casts — the inputs widened exactly, the f32
 //! kernel's arithmetic, the output and every bf16 input's gradient rounded once — so the same
 //! bits as the f32 kernel on the GPU wrapped in candle's casts, forward and backward, on

@@ -20,9 +20,11 @@
 //! operands cast to bf16, their outputs rounded to bf16 as under PyTorch's autocast
 //! ([`Precision::matmul`]); attention's fused kernel rounds its four products' operands to bf16
 //! and sums in f32, as the CPU kernel does (longer sequences: those GEMMs around its softmax
-//! kernel), and Ember's other CUDA kernels take the f32 activations. (The norm, activation, rope
-//! and attention kernels also have bf16 variants, off by default as no GPU has run them: the `bf16`
-//! family of `EMBER_CUDA_KERNELS`; nothing in training hands them bf16 activations yet.)
+//! kernel), and Ember's other CUDA kernels take the f32 activations. (Every kernel family also
+//! has bf16 variants, off by default as no GPU has run them: the `bf16` family of
+//! `EMBER_CUDA_KERNELS`. Of them training reaches only the loss's: with them on, the output
+//! layer's bf16 logits stay bf16 for it, with the bits of the widened path; nothing in training
+//! hands the others bf16 activations or gradients yet.)
 //! Unverified on a GPU so far: no device has run it.
 
 use anyhow::{bail, Result};
