@@ -35,7 +35,8 @@ __device__ __forceinline__ float ember_ce_block_reduce(float v, int is_max, floa
 // exp(x − max − lse), which ember_ce_backward turns into the gradient for any upstream gradient.
 // T: float, or ember_bf16 for bf16 logits (`_bf16`: read widened, the math f32; the Rust side
 // keeps such logits and passes write_probs = 0, so that the backward pass computes each
-// probability in f32 from the logit, as the f32 kernels do, and rounds only the gradient).
+// probability in f32 from the logit, as the f32 kernels do, and rounds only the gradient;
+// write_probs = 1 would round the probabilities into the bf16 row, which nothing asks for).
 // Launch: grid (n), block (EMBER_CE_THREADS).
 template <typename T>
 __device__ __forceinline__ void ember_ce_forward_row(T* __restrict__ x, const uint32_t* __restrict__ targets,

@@ -26,7 +26,7 @@
 //!
 //! In bf16 ([`linear_cross_entropy_in`]) the three products take bf16 operands with f32 sums
 //! (the weight packed once per call as pairs, dlogits rounded as the products read them); the
-//! logits themselves, the loss's row math and every gradient stay f32.
+//! logits themselves, the loss's row math and every gradient stay f32 (dh in h's dtype).
 //!
 //! h may be a bf16 activation, with the products in either precision: it is read widened and
 //! dh is rounded once, so the op is the f32 op between casts (W, the losses and dW stay f32).
@@ -36,7 +36,8 @@
 //! depend on the thread count. They do differ from the unfused composition's in the last place
 //! (dW is summed block by block).
 //!
-//! **On CUDA** (f32 h and W, with [`Kernel::CrossEntropy`](crate::cuda::Kernel) switched on) the logits
+//! **On CUDA** (f32 W; h f32, or bf16 with the `bf16` kernels on too; with
+//! [`Kernel::CrossEntropy`](crate::cuda::Kernel) switched on) the logits
 //! are one cuBLAS product (candle's own), made whole — the GPU has the memory, and a product per
 //! block would run far below its speed — and one kernel (`cuda/cross_entropy.cu`, a block per
 //! row) turns them into the losses and each row's (max, lse). The targets and mask stay on the
@@ -55,7 +56,9 @@
 //! n × V buffer, no widening pass): the `_bf16` kernels read them, the forward pass keeps them
 //! instead of probabilities, and the backward pass computes each probability from its logit in
 //! f32 and rounds the gradient once, as the products read it — the same bits as the widened
-//! path. A bf16 h (with them on) is read as in f32 and dh leaves in bf16.
+//! path (but for a NaN's payload: candle's CUDA cast makes every NaN its canonical one, the
+//! kernel keeps the sign and payload as the CPU's cast does). A bf16 h (with them on) is read as
+//! in f32 and dh leaves in bf16.
 
 use std::sync::{Arc, Mutex};
 
@@ -108,8 +111,9 @@ fn linear_cross_entropy_unfused_in(
 /// `crate::cross_entropy` gives them — of the logits `h·Wᵀ` for hidden states h (…, d) folded
 /// into N rows and an output weight W (V, d). `grads`: the caller will call backward with the
 /// trainer's upstream gradient (see the module docs); without it the forward pass computes the
-/// losses only. On f32 CUDA tensors with the cross-entropy kernel switched on this is the CUDA op
-/// (module docs); on anything else but f32 CPU tensors it is [`linear_cross_entropy_unfused`].
+/// losses only. On CUDA tensors with the cross-entropy kernel switched on (W f32; h f32, or bf16
+/// with the `bf16` kernels on too) this is the CUDA op (module docs); on the CPU, for an f32 W
+/// and an f32 or bf16 h, the fused CPU op; on anything else [`linear_cross_entropy_unfused`].
 pub fn linear_cross_entropy(
     h: &Tensor,
     w: &Tensor,

@@ -1,5 +1,7 @@
 //! The ops in bf16 on CUDA (`Precision::Bf16`: cuBLAS's bf16 GEMMs with f32 compute, their
-//! outputs rounded to bf16; everything else Ember's f32 kernels or candle's f32 ops): each op
+//! outputs rounded to bf16; everything else Ember's f32 kernels or candle's f32 ops, but for the
+//! loss, which with every kernel on, as here, reads cuBLAS's bf16 logits through its bf16
+//! variant: bf16_loss_and_optimizer.rs holds it to the widened logits' bits): each op
 //! within bf16's rounding of the same op in f32 on the CPU — forward and every gradient — really
 //! in bf16 (not the f32 op's values), and the same bits on a second run.
 

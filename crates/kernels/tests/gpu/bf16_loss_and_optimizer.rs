@@ -16,6 +16,24 @@ fn bf16(t: &Tensor) -> Tensor {
     t.to_dtype(DType::BF16).unwrap()
 }
 
+/// The process's kernel switch set to `kernels` until dropped, then back to every kernel (what
+/// `gpu()` sets), a failing assertion included. The switch is the process's: the suite runs one
+/// test at a time (`--test-threads=1`, main.rs).
+struct Switched;
+
+impl Switched {
+    fn to(kernels: &[Kernel]) -> Self {
+        set_enabled(kernels);
+        Switched
+    }
+}
+
+impl Drop for Switched {
+    fn drop(&mut self) {
+        set_enabled(&Kernel::ALL);
+    }
+}
+
 #[test]
 fn softmax_on_bf16_rows_is_the_f32_kernel_between_casts() {
     // The backward pass reads the rounded probabilities (the f32 kernel its own): the gradient
@@ -123,9 +141,10 @@ fn the_loss_on_bf16_logits_has_the_bits_of_the_widened_logits() {
                 };
                 let inputs = [h.clone(), w.clone()];
                 let (y16, g16) = run(&inputs, &probe, &loss);
-                set_enabled(&Kernel::VERIFIED);
-                let (y, g) = run(&inputs, &probe, &loss);
-                set_enabled(&Kernel::ALL);
+                let (y, g) = {
+                    let _verified = Switched::to(&Kernel::VERIFIED);
+                    run(&inputs, &probe, &loss)
+                };
                 let what = format!("{shape:?} x {vocab} {upstream} grads {grads}");
                 assert!(same_bits(&y16, &y), "{what}: losses");
                 assert!(same_bits(&g16[0], &g[0]), "{what}: dh");

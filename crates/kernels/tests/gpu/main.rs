@@ -3,9 +3,11 @@
 //! and the CUDA results against the CPU kernels'. One test binary (one CUDA context to start, one
 //! executable to carry to a GPU machine):
 //!
-//!     cargo test --release --features cuda -p ember-kernels --test gpu
+//!     cargo test --release --features cuda -p ember-kernels --test gpu -- --test-threads=1
 //!
-//! Built without a GPU; run on one (without one every test fails, saying so).
+//! One test at a time: the kernel switch is the process's, and a test may set it for a while
+//! (`bf16_loss_and_optimizer`). Built without a GPU; run on one (without one every test fails,
+//! saying so).
 #![cfg(feature = "cuda")]
 
 #[path = "../common/mod.rs"]
