@@ -13,25 +13,24 @@ use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape
 
 use crate::cuda::{takes, Kernel};
 use crate::gemm::Activation;
-use crate::host::{
-    cpu_slice, cpu_storage_as, cpu_tensor, cpu_tensor_as, cpu_values, is_host, is_host_f32, with_data,
-};
+use crate::host::{cpu_storage_as, cpu_storage_like, cpu_tensor_as, cpu_values, is_host, with_data};
 use crate::par::{fill, fill2, SharedMut, ELEMENTS_PER_TASK};
 use crate::simd::{erf_and_gauss, exp_fast, mul, simd_dispatch};
 use crate::Precision;
 
-/// GELU, erf form; fused backward on CPU f32 (candle's backward is eleven elementwise passes).
+/// GELU, erf form; fused backward on CPU f32 and bf16 (candle's backward is eleven elementwise
+/// passes).
 /// Forward and gradient follow candle's formulas with a vectorisable erf (|error| < 1.5·10⁻⁷),
 /// so they agree with `Tensor::gelu_erf` to float rounding.
 ///
 /// When a gradient will be needed, the forward pass also stores GELU's derivative at each
 /// element: erf is the expensive part of both passes and the forward has it in hand, so the
 /// backward becomes one multiplication per element (for one more activation-sized buffer).
-/// On CUDA (with the activation kernel switched on) the backward recomputes it instead; there x
-/// may also be a bf16 activation (with the `bf16` kernels on too), computed in f32 and rounded
-/// once.
+/// On CUDA (with the activation kernel switched on) the backward recomputes it instead. x may
+/// also be a bf16 activation, on the CPU and (with the `bf16` kernels on too) on CUDA: computed
+/// in f32 on its widened values, the output and the gradient rounded once.
 pub fn gelu_erf(x: &Tensor) -> Result<Tensor> {
-    let host = is_host_f32(x);
+    let host = is_host(x);
     if !(host || takes(x, Kernel::Activation)) {
         return x.gelu_erf();
     }
@@ -209,10 +208,8 @@ impl CustomOp1 for GeluOp {
         "ember-gelu-erf"
     }
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        Ok((
-            CpuStorage::F32(self.0.forward(cpu_slice(s, l)?)),
-            l.shape().clone(),
-        ))
+        let y = self.0.forward(&cpu_values(s, l)?);
+        Ok((cpu_storage_like(y, s)?, l.shape().clone()))
     }
     #[cfg(feature = "cuda")]
     fn cuda_fwd(
@@ -228,7 +225,7 @@ impl CustomOp1 for GeluOp {
             return Ok(Some(cuda::gelu_bwd(x, g)?));
         }
         let dx = with_data([x, g], |[x, g]| self.0.backward(g, || Ok(Cow::Borrowed(x))))?;
-        Ok(Some(cpu_tensor(dx, x.shape())?))
+        Ok(Some(cpu_tensor_as(dx, x.shape(), x.dtype())?))
     }
 }
 

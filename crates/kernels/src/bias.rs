@@ -6,35 +6,37 @@
 //! `configs/multi30k-tiny-wu.yaml` took 561 ms a step against 391 without its biases, all of it
 //! in the backward pass (655 against 298 ms; `ember bench`, 2 threads). Here the column sums
 //! run down the rows in order, each column's terms added first row to last, so the result does
-//! not depend on the thread count. CPU f32 only; every other device and dtype takes
-//! `broadcast_add`.
+//! not depend on the thread count. On the CPU, f32 or bf16 activations (y, x) with an f32 bias
+//! and weight: a bf16 activation is read widened, the sum (and its ReLU) made in f32 and rounded
+//! once, its gradient likewise; the bias's and weight's gradients stay f32 — the f32 op between
+//! casts. Every other device and dtype takes `broadcast_add` (the bias cast to y's dtype).
 
 use std::borrow::Cow;
 use std::sync::Mutex;
 
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor, D};
 
-use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
+use crate::host::{
+    cpu_slice, cpu_storage_like, cpu_tensor, cpu_tensor_as, cpu_values, is_host, is_host_f32, with_data,
+};
 use crate::linear::{check_fit, dims, linear_in, linear_unfused, output_shape, project, project_grads};
 use crate::par::{fill, for_each_chunk, rows_per_task, SharedMut, ELEMENTS_PER_TASK};
 use crate::Precision;
 
 /// `y + b` over y's last dimension (`b` of shape (C,), `y` of shape (…, C)).
 pub fn add_bias(y: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let fused = is_host_f32(y)
-        && is_host_f32(b)
-        && b.rank() == 1
-        && b.dim(0)? > 0
-        && y.dim(D::Minus1)? == b.dim(0)?;
+    let fused =
+        is_host(y) && is_host_f32(b) && b.rank() == 1 && b.dim(0)? > 0 && y.dim(D::Minus1)? == b.dim(0)?;
     match fused {
         true => y.contiguous()?.apply_op2(&b.contiguous()?, AddBiasOp),
         false => add_bias_unfused(y, b),
     }
 }
 
-/// The reference: candle's broadcast add.
+/// The reference: candle's broadcast add (an f32 bias cast to a bf16 y's dtype first, a
+/// differentiable cast).
 pub fn add_bias_unfused(y: &Tensor, b: &Tensor) -> Result<Tensor> {
-    y.broadcast_add(b)
+    y.broadcast_add(&b.to_dtype(y.dtype())?)
 }
 
 struct AddBiasOp;
@@ -50,9 +52,9 @@ impl candle_core::CustomOp2 for AddBiasOp {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let mut out = cpu_slice(s1, l1)?.to_vec();
+        let mut out = cpu_values(s1, l1)?.into_owned();
         add_to_rows(&mut out, cpu_slice(s2, l2)?);
-        Ok((CpuStorage::F32(out), l1.shape().clone()))
+        Ok((cpu_storage_like(out, s1)?, l1.shape().clone()))
     }
     fn bwd(
         &self,
@@ -66,7 +68,7 @@ impl candle_core::CustomOp2 for AddBiasOp {
 }
 
 /// Σ over the rows of `g` viewed as (rows, c), each column summed from the first row to the last.
-/// (`g` is the gradient of the op's CPU f32 output.)
+/// (`g` is the gradient of the op's CPU output, a bf16 one widened: the sums are f32.)
 fn column_sums(g: &Tensor, c: usize) -> Result<Tensor> {
     let sums = with_data([&g.contiguous()?], |[g]| Ok(column_sums_of(g, c)))?;
     cpu_tensor(sums, &Shape::from(c))
@@ -104,7 +106,8 @@ pub fn linear_bias_unfused(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor>
     linear_unfused(x, w)?.broadcast_add(b)
 }
 
-/// `x·Wᵀ + b` for x (…, in), a weight (out, in) and a bias (out): one op on CPU f32, the bias
+/// `x·Wᵀ + b` for x (…, in), a weight (out, in) and a bias (out): one op on the CPU (f32 W and
+/// b; x f32, or bf16 read widened with the output rounded once), the bias
 /// added to the product in place and its gradient summed in the op's backward pass, with the
 /// bits of [`linear`](crate::linear) then [`add_bias`]; those two elsewhere.
 ///
@@ -125,7 +128,7 @@ pub fn linear_bias_relu_unfused(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Te
     linear_bias_unfused(x, w, b)?.relu()
 }
 
-/// `relu(x·Wᵀ + b)`: [`linear_bias`] and candle's `relu` as one op on CPU f32 (a fairseq
+/// `relu(x·Wᵀ + b)`: [`linear_bias`] and candle's `relu` as one op on the CPU (a fairseq
 /// feed-forward block's up-projection), with their bits; its backward pass lets the gradient
 /// through where the sum is ≥ 0, as candle's does, and saves candle's four passes over the
 /// activation for it.
@@ -157,9 +160,8 @@ fn biased_op(
             w.shape()
         );
     }
-    // An f32 x only: the op adds the bias to the f32 product, where a bf16 x would want its
-    // output rounded after the add ([`linear_in`] rounds before it).
-    if !(is_host_f32(x) && is_host_f32(w) && is_host_f32(b)) {
+    // A bf16 x's output is rounded once, after the add (and the ReLU).
+    if !(is_host(x) && is_host_f32(w) && is_host_f32(b)) {
         let y = add_bias(&linear_in(x, w, precision)?, b)?;
         return if relu.is_some() { y.relu() } else { Ok(y) };
     }
@@ -250,12 +252,12 @@ impl CustomOp3 for LinearBiasOp {
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let dims = dims(l1.shape(), l2.shape())?;
-        let mut y = project(cpu_slice(s1, l1)?, cpu_slice(s2, l2)?, dims, self.precision);
+        let mut y = project(&cpu_values(s1, l1)?, cpu_slice(s2, l2)?, dims, self.precision);
         add_to_rows(&mut y, cpu_slice(s3, l3)?);
         if let Some(relu) = &self.relu {
             relu.forward(&mut y);
         }
-        Ok((CpuStorage::F32(y), output_shape(l1.shape(), dims.2)))
+        Ok((cpu_storage_like(y, s1)?, output_shape(l1.shape(), dims.2)))
     }
     /// The gradient at the sum (the incoming one, or the ReLU's share of it) gives dx = g·W,
     /// dW = gᵀ·x and db, its column sums.
@@ -277,7 +279,7 @@ impl CustomOp3 for LinearBiasOp {
             Ok((dx, dw, column_sums_of(&g_sum, dims.2)))
         })?;
         Ok((
-            Some(cpu_tensor(dx, x.shape())?),
+            Some(cpu_tensor_as(dx, x.shape(), x.dtype())?),
             Some(cpu_tensor(dw, w.shape())?),
             Some(cpu_tensor(db, b.shape())?),
         ))

@@ -13,12 +13,11 @@
 
 use std::mem::MaybeUninit;
 
-use candle_core::backend::BackendStorage as _;
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
 use ember_rng::{draw_at, SplitMix64};
 
 use crate::cuda::{takes, Kernel};
-use crate::host::{cpu_slice, cpu_storage_as, cpu_values, is_host};
+use crate::host::{cpu_slice, cpu_storage_like, cpu_values, is_host};
 use crate::par::{fill, ELEMENTS_PER_TASK};
 use crate::simd::{add, simd_dispatch};
 
@@ -116,7 +115,7 @@ impl CustomOp1 for DropoutOp {
     }
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let y = dropout_apply(*self, &cpu_values(s, l)?);
-        Ok((cpu_storage_as(y, s.dtype())?, l.shape().clone()))
+        Ok((cpu_storage_like(y, s)?, l.shape().clone()))
     }
     #[cfg(feature = "cuda")]
     fn cuda_fwd(

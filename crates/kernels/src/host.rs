@@ -6,6 +6,7 @@
 
 use std::borrow::Cow;
 
+use candle_core::backend::BackendStorage as _;
 use candle_core::{bail, CpuStorage, DType, Device, Layout, Result, Shape, Storage, Tensor};
 use half::bf16;
 
@@ -47,6 +48,12 @@ pub(crate) fn cpu_storage_as(v: Vec<f32>, dtype: DType) -> Result<CpuStorage> {
         DType::BF16 => Ok(CpuStorage::BF16(v.into_iter().map(bf16::from_f32).collect())),
         other => bail!("ember kernels: outputs are f32 or bf16, not {other:?}"),
     }
+}
+
+/// `v` as the storage of an op's output in the dtype of its input's storage `like` (an
+/// elementwise or row op's output is in its input's dtype).
+pub(crate) fn cpu_storage_like(v: Vec<f32>, like: &CpuStorage) -> Result<CpuStorage> {
+    cpu_storage_as(v, like.dtype())
 }
 
 /// A CPU tensor over `v` in `dtype` (rounded as [`cpu_storage_as`] rounds): a gradient in the

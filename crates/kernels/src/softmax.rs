@@ -12,11 +12,10 @@
 
 use std::mem::MaybeUninit;
 
-use candle_core::backend::BackendStorage as _;
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor, D};
 
 use crate::cuda::{takes, Kernel};
-use crate::host::{cpu_storage_as, cpu_tensor_as, cpu_values, is_host, with_data};
+use crate::host::{cpu_storage_like, cpu_tensor_as, cpu_values, is_host, with_data};
 use crate::par::{fill, rows_per_task};
 use crate::simd::{dot, exp_fast, max_of, sum};
 
@@ -77,7 +76,7 @@ impl CustomOp1 for SoftmaxOp {
             // SAFETY: every element of `y` was written just above.
             softmax_rows_in_place(unsafe { &mut *(y as *mut [MaybeUninit<f32>] as *mut [f32]) }, n);
         });
-        Ok((cpu_storage_as(y, s.dtype())?, l.shape().clone()))
+        Ok((cpu_storage_like(y, s)?, l.shape().clone()))
     }
     #[cfg(feature = "cuda")]
     fn cuda_fwd(

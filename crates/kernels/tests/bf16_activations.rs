@@ -186,6 +186,56 @@ fn projections_read_and_write_bf16_between_casts() {
     }
 }
 
+/// A biased projection (and its ReLU) reads a bf16 x and writes its output rounded once, after
+/// the add; GELU and the bias add keep bf16 activations bf16. The weight, the bias and their
+/// gradients stay f32.
+#[test]
+fn biased_projections_gelu_and_the_bias_add_read_and_write_bf16_between_casts() {
+    let x = bf16(&randn(70, &[2, 7, 24]));
+    let w = randn(71, &[32, 24]);
+    let b = (randn(72, &[32]) * 0.5).unwrap();
+    let y = bf16(&randn(73, &[2, 7, 32]));
+    for precision in Precision::on_this_cpu() {
+        for (label, v) in layouts(&[x.clone(), w.clone(), b.clone()]) {
+            let what = |op: &str| format!("{op} {precision} {label}");
+            check(
+                &what("linear_bias"),
+                &v,
+                DType::BF16,
+                &|t| kernels::linear_bias_in(&t[0], &t[1], &t[2], precision).unwrap(),
+                &|t| kernels::linear_bias_in(&t[0], &t[1], &t[2], precision).unwrap(),
+                None,
+            );
+            check(
+                &what("linear_bias_relu"),
+                &v,
+                DType::BF16,
+                &|t| kernels::linear_bias_relu_in(&t[0], &t[1], &t[2], precision).unwrap(),
+                &|t| kernels::linear_bias_relu_in(&t[0], &t[1], &t[2], precision).unwrap(),
+                None,
+            );
+        }
+    }
+    for (label, v) in layouts(&[y.clone(), b.clone()]) {
+        check(
+            &format!("add_bias {label}"),
+            &v,
+            DType::BF16,
+            &|t| kernels::add_bias(&t[0], &t[1]).unwrap(),
+            &|t| kernels::add_bias(&t[0], &t[1]).unwrap(),
+            None,
+        );
+        check(
+            &format!("gelu_erf {label}"),
+            &v[..1],
+            DType::BF16,
+            &|t| kernels::gelu_erf(&t[0]).unwrap(),
+            &|t| kernels::gelu_erf(&t[0]).unwrap(),
+            None,
+        );
+    }
+}
+
 /// SwiGLU and the rotary rotation keep bf16 activations bf16.
 #[test]
 fn swiglu_and_rope_read_and_write_bf16_between_casts() {
