@@ -29,9 +29,10 @@
 # cpu). --impls: what the bench section times (ember: every kernel, EMBER_CUDA_KERNELS=all: the
 # defaults plus the bf16 variants, which f32 activations never reach; ember-off: CUDA kernels off;
 # ember-nocache: candle's upload cache off, EMBER_CUDA_PARAM_CACHE=0; ember-bf16:
-# train.precision=bf16 with every kernel, so the loss keeps cuBLAS's bf16 logits for its bf16
-# variant (the widened logits' bits, half their memory); ember-bf16-verified: the same with the
-# verified kernels only, the logits widened to f32; ember-bf16-composed: the same with the attention and cross-entropy
+# train.precision=bf16 with every kernel, so the pre-norm branches' activations are bf16 and the
+# loss keeps cuBLAS's bf16 logits for its bf16 variant (the widened logits' bits, half their
+# memory); ember-bf16-verified: the same with the verified kernels only, f32 activations and the
+# logits widened to f32; ember-bf16-composed: the same with the attention and cross-entropy
 # kernels off, so candle's compositions around cuBLAS's bf16 GEMMs instead (bf16's path before
 # those kernels took bf16: which is faster is unmeasured); torch-bf16: the reference under bf16
 # autocast; torch-bf16-compile: the

@@ -43,8 +43,8 @@ stage() {
 }
 
 stage suite 150 --sections suite
-# ember-bf16 runs every kernel, the unverified bf16 variants included (the loss then keeps
-# cuBLAS's bf16 logits); gpu-check.sh's ember-bf16-verified is the default kernel set in bf16.
+# ember-bf16 runs every kernel, the unverified bf16 variants included (bf16 branch activations,
+# bf16 logits); gpu-check.sh's ember-bf16-verified is the default kernel set in bf16.
 stage bench 230 --sections bench --configs standard,shakespeare-char,multi30k-tiny,quickstart \
   --impls ember,ember-bf16,torch,torch-bf16 --pairs 2 --steps 20
 stage amx 70 --sections amx --pairs 1

@@ -7,7 +7,7 @@
 //! CUDA the projections' products are cuBLAS's bf16 GEMMs, which also round their outputs
 //! ([`Precision::matmul`]), and attention's fused kernel rounds its operands as the CPU does.
 
-use candle_core::{DType, Result, Tensor};
+use candle_core::{DType, Device, Result, Tensor};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -108,6 +108,21 @@ impl Precision {
                 a.to_dtype(DType::BF16)?.matmul(&b16)?.to_dtype(a.dtype())
             }
             Precision::Bf16 => self.round(a)?.matmul(&view(&self.round(b)?)?),
+        }
+    }
+
+    /// The dtype of the activations inside a pre-norm block's branches (from the norm's output
+    /// up to the branch's output projection, which writes the f32 residual stream) on `device`:
+    /// bf16 under bf16 products on CUDA with every kernel family switched on, their bf16
+    /// variants included (`EMBER_CUDA_KERNELS=all`), so that every op a branch runs reads and
+    /// writes them with f32 math (as PyTorch's autocast keeps them); f32 otherwise. Not on the
+    /// CPU: candle's own bf16 gradient arithmetic there (zero-fills and adds) made a step
+    /// 0.67–0.93× as fast for a few hundred MiB (docs/performance.md). Not yet run on a GPU.
+    pub fn branch_dtype(self, device: &Device) -> DType {
+        let every_kernel = || crate::cuda::Kernel::ALL.into_iter().all(crate::cuda::enabled);
+        match self {
+            Precision::Bf16 if device.is_cuda() && every_kernel() => DType::BF16,
+            _ => DType::F32,
         }
     }
 

@@ -5,7 +5,7 @@
 //! per-head norm, the rotation and the attention kernel all read it as it is, so the graph has
 //! no head split or merge (each would cost a copy and an autograd edge).
 
-use candle_core::{Result, Tensor};
+use candle_core::{DType, Result, Tensor};
 use candle_nn::{Init, VarBuilder};
 use ember_kernels::{AttentionOptions, AttentionTelemetry, AttentionWeights, BlockPositions, PositionScale};
 
@@ -177,7 +177,9 @@ impl Attention {
             (QkNormLayer::None, _) => Ok(x.clone()),
             (QkNormLayer::Norm { q, .. }, Side::Query) => q.forward(x),
             (QkNormLayer::Norm { k, .. }, Side::Key) => k.forward(x),
-            (QkNormLayer::L2 { eps, .. }, _) => l2_normalize(x, self.head_dim, *eps),
+            // In f32 (candle's ops on a bf16 branch would sum the squares in bf16); the query
+            // and key are cast back to the branch's dtype once scaled and rotated.
+            (QkNormLayer::L2 { eps, .. }, _) => l2_normalize(&x.to_dtype(DType::F32)?, self.head_dim, *eps),
         }
     }
 
@@ -211,7 +213,7 @@ impl Attention {
             (_, None) => scale.apply_unfused(&self.project_normalized(x, Side::Query, ctx)?, offset)?,
         };
         match &self.qk_norm {
-            QkNormLayer::L2 { g, .. } => q.broadcast_mul(g),
+            QkNormLayer::L2 { g, .. } => q.broadcast_mul(g)?.to_dtype(x.dtype()),
             _ => Ok(q),
         }
     }
@@ -225,7 +227,8 @@ impl Attention {
             (_, Some(rotary)) => rotary.apply(&self.project_normalized(x, Side::Key, ctx)?, offset)?,
             (_, None) => self.project_normalized(x, Side::Key, ctx)?,
         };
-        Ok((k, self.v_proj.forward(x, ctx)?))
+        // (An L2-normalised key comes back in f32.)
+        Ok((k.to_dtype(x.dtype())?, self.v_proj.forward(x, ctx)?))
     }
 
     /// The query or key projection of `x` (plus its bias, if any), QK-normed.
@@ -258,7 +261,8 @@ impl Attention {
         self.attend(&q, &k, &v, mask, to, ctx)
     }
 
-    /// Keys and values of an encoder output (B, S, D), for [`forward_cross`](Self::forward_cross).
+    /// Keys and values of an encoder output (B, S, D), for [`forward_cross`](Self::forward_cross),
+    /// in `memory`'s dtype (the caller's: the queries').
     pub fn cross_kv(&self, memory: &Tensor, ctx: ForwardCtx) -> Result<CrossKv> {
         let (k, v) = self.keys_values(memory, 0, ctx)?;
         Ok(CrossKv { k, v })

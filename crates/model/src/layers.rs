@@ -31,6 +31,9 @@ pub struct ForwardCtx<'a> {
     /// `GradStore` after `backward()` ([`GradSink::merge_into`]); only then do pre-norm layers
     /// run their sub-blocks as one op each (`ember_kernels::attention_block`, `mlp_block`).
     pub grad_sink: Option<&'a GradSink>,
+    /// The dtype of pre-norm branches' activations, where it is not the precision's own
+    /// ([`Precision::branch_dtype`]): [`with_branch_dtype`](Self::with_branch_dtype).
+    branch_dtype: Option<DType>,
 }
 
 impl<'a> ForwardCtx<'a> {
@@ -67,6 +70,19 @@ impl<'a> ForwardCtx<'a> {
     pub(crate) fn in_precision(mut self, precision: Precision) -> Self {
         self.precision = precision;
         self
+    }
+    /// Pre-norm branches' activations in `dtype` whatever the device and precision: what
+    /// bf16 products on CUDA choose ([`Precision::branch_dtype`]), run on the CPU by the tests
+    /// (every CPU op reads and writes bf16 activations as its CUDA kernel does).
+    pub fn with_branch_dtype(mut self, dtype: DType) -> Self {
+        self.branch_dtype = Some(dtype);
+        self
+    }
+    /// The dtype of the activations of a pre-norm branch on the stream `x`: the norm writes it
+    /// and the ops up to the branch's output projection keep it.
+    pub(crate) fn branch_dtype_of(&self, x: &Tensor) -> DType {
+        self.branch_dtype
+            .unwrap_or_else(|| self.precision.branch_dtype(x.device()))
     }
 }
 
@@ -293,7 +309,9 @@ impl Linear {
         if self.bias.is_none() {
             return ember_kernels::linear_residual_in(to.stream, h, &self.weight, p, state, ctx.precision);
         }
-        ember_kernels::add_dropout(to.stream, &self.forward(h, ctx)?, p, state)
+        // A bf16 branch's output joins the stream in its dtype (widened, exact).
+        let y = self.forward(h, ctx)?.to_dtype(to.stream.dtype())?;
+        ember_kernels::add_dropout(to.stream, &y, p, state)
     }
 }
 
@@ -371,6 +389,20 @@ impl Norm {
         match self.kind {
             NormKind::Rmsnorm => ember_kernels::rms_norm(x, &self.weight, self.eps),
             NormKind::Layernorm => ember_kernels::layer_norm(x, &self.weight, self.bias.as_ref(), self.eps),
+        }
+    }
+
+    /// [`forward`](Self::forward) with its output in `out` (a bf16 branch's activations from
+    /// an f32 stream: computed in f32, rounded once).
+    pub fn forward_as(&self, x: &Tensor, out: DType) -> Result<Tensor> {
+        if out == x.dtype() {
+            return self.forward(x);
+        }
+        match self.kind {
+            NormKind::Rmsnorm => ember_kernels::rms_norm_as(x, &self.weight, self.eps, out),
+            NormKind::Layernorm => {
+                ember_kernels::layer_norm_as(x, &self.weight, self.bias.as_ref(), self.eps, out)
+            }
         }
     }
 }

@@ -191,6 +191,7 @@ impl Layer {
         &self,
         norm: &Norm,
         x: &Tensor,
+        ctx: ForwardCtx,
         branch: impl FnOnce(&Tensor, Residual) -> Result<Tensor>,
     ) -> Result<Tensor> {
         let into = Residual {
@@ -198,7 +199,7 @@ impl Layer {
             dropout: self.dropout,
         };
         match self.placement {
-            NormPlacement::Pre => branch(&norm.forward(x)?, into),
+            NormPlacement::Pre => branch(&norm.forward_as(x, ctx.branch_dtype_of(x))?, into),
             NormPlacement::Post => norm.forward(&branch(x, into)?),
         }
     }
@@ -225,22 +226,25 @@ impl Layer {
         };
         let x = match fused {
             Some(x) => x,
-            None => self.sublayer(&self.attn_norm, x, |h, into| {
+            None => self.sublayer(&self.attn_norm, x, ctx, |h, into| {
                 self.self_attn.forward_self(h, into, self_mask, self_kv, ctx)
             })?,
         };
         let x = match (&self.cross, memory) {
-            (Some((norm, attn)), Some(memory)) => self.sublayer(norm, &x, |h, into| {
+            (Some((norm, attn)), Some(memory)) => self.sublayer(norm, &x, ctx, |h, into| {
                 let mask = memory.mask.as_ref();
+                // Keys and values in the queries' dtype: a bf16 branch's from the f32 encoder
+                // output rounded once (what bf16 products read of it anyway).
+                let kv = || attn.cross_kv(&memory.hidden.to_dtype(h.dtype())?, ctx);
                 match cross_kv {
                     Some(slot) => {
                         if slot.is_none() {
-                            *slot = Some(attn.cross_kv(&memory.hidden, ctx)?);
+                            *slot = Some(kv()?);
                         }
                         let kv = slot.as_ref().expect("filled above");
                         attn.forward_cross(h, kv, into, mask, ctx)
                     }
-                    None => attn.forward_cross(h, &attn.cross_kv(&memory.hidden, ctx)?, into, mask, ctx),
+                    None => attn.forward_cross(h, &kv()?, into, mask, ctx),
                 }
             })?,
             (Some(_), None) => candle_core::bail!("a seq2seq decoder needs the encoder output"),
@@ -254,7 +258,7 @@ impl Layer {
                 return Ok(x);
             }
         }
-        self.sublayer(&self.mlp_norm, &x, |h, into| self.mlp.forward(h, into, ctx))
+        self.sublayer(&self.mlp_norm, &x, ctx, |h, into| self.mlp.forward(h, into, ctx))
     }
 }
 

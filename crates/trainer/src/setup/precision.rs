@@ -20,12 +20,14 @@
 //! operands cast to bf16, their outputs rounded to bf16 as under PyTorch's autocast
 //! ([`Precision::matmul`]); attention's fused kernel rounds its four products' operands to bf16
 //! and sums in f32, as the CPU kernel does (longer sequences: those GEMMs around its softmax
-//! kernel), and Ember's other CUDA kernels take the f32 activations. (Every kernel family also
-//! has bf16 variants, off by default as no GPU has run them: the `bf16` family of
-//! `EMBER_CUDA_KERNELS`. Of them training reaches only the loss's: with them on, the output
-//! layer's bf16 logits stay bf16 for it, with the bits of the widened path; nothing in training
-//! hands the others bf16 activations or gradients yet.)
-//! Unverified on a GPU so far: no device has run it.
+//! kernel), and Ember's other CUDA kernels take the f32 activations. Every kernel family also
+//! has bf16 variants, off by default as no GPU has run them (the `bf16` family of
+//! `EMBER_CUDA_KERNELS`). With every family on (`EMBER_CUDA_KERNELS=all`) a bf16 run on CUDA
+//! keeps the activations of its pre-norm branches in bf16 — from the norm's output up to the
+//! branch's output projection, which writes the f32 residual stream — as PyTorch's autocast
+//! does (`Precision::branch_dtype`; on the CPU the model tests run that path through
+//! `ForwardCtx::with_branch_dtype`), and the output layer's bf16 logits stay bf16 for the loss,
+//! with the bits of the widened path. Unverified on a GPU so far: no device has run it.
 
 use anyhow::{bail, Result};
 use ember_kernels::Precision;
