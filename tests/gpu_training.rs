@@ -171,6 +171,7 @@ fn checkpoints(run_dir: &Path) -> Vec<(u64, PathBuf)> {
 fn a_bf16_cuda_run_follows_the_f32_run_within_bf16s_rounding() {
     let tmp = tempfile::tempdir().unwrap();
     let f32 = records(&train(tmp.path(), &yaml(50, "cuda:0", 50), "f32", "all"));
+    let mut runs = vec![];
     for kernels in ["all", "verified"] {
         let bf16 = records(&train(
             tmp.path(),
@@ -192,7 +193,12 @@ fn a_bf16_cuda_run_follows_the_f32_run_within_bf16s_rounding() {
             bf16.last().unwrap().1 < bf16[0].1,
             "the bf16 run ({kernels} kernels) learns"
         );
+        runs.push(bf16);
     }
+    assert!(
+        max_rel_diff(&runs[0], &runs[1]) > 0.0,
+        "bf16 branches (all kernels) gave the f32 branches' run (verified kernels): not run in bf16"
+    );
 }
 
 #[test]

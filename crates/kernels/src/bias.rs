@@ -14,7 +14,7 @@
 use std::borrow::Cow;
 use std::sync::Mutex;
 
-use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor, D};
+use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor, D};
 
 use crate::host::{
     cpu_slice, cpu_storage_like, cpu_tensor, cpu_tensor_as, cpu_values, is_host, is_host_f32, with_data,
@@ -160,10 +160,16 @@ fn biased_op(
             w.shape()
         );
     }
-    // A bf16 x's output is rounded once, after the add (and the ReLU).
+    // A bf16 x's output is rounded once, after the add (and the ReLU): elsewhere its product
+    // is widened (exact) for the bias in the weight's dtype, as the CPU op adds it.
     if !(is_host(x) && is_host_f32(w) && is_host_f32(b)) {
-        let y = add_bias(&linear_in(x, w, precision)?, b)?;
-        return if relu.is_some() { y.relu() } else { Ok(y) };
+        let product = match x.dtype() {
+            DType::BF16 => linear_in(x, w, precision)?.to_dtype(w.dtype())?,
+            _ => linear_in(x, w, precision)?,
+        };
+        let y = add_bias(&product, b)?;
+        let y = if relu.is_some() { y.relu()? } else { y };
+        return y.to_dtype(x.dtype());
     }
     precision.check_cpu()?;
     x.contiguous()?.apply_op3(

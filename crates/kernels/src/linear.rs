@@ -22,7 +22,9 @@
 //! (the residual op's output is in its stream's). On bf16 x an op gives the bits of the f32 op
 //! on x widened, its output and dx rounded once: x is rounded for the product anyway, so a bf16
 //! x costs the forward pass nothing and halves what the backward pass holds. (The model's
-//! tensors stay f32: candle's bf16 gradient adds cost more than that saves, docs/performance.md.
+//! tensors stay f32 on the CPU: candle's bf16 gradient adds cost more than that saves there,
+//! docs/performance.md; on CUDA with every kernel on its branches are bf16,
+//! [`Precision::branch_dtype`].
 //! Inside the fused sub-blocks, which hold their activations themselves, what feeds only
 //! products is kept rounded instead: [`project_kept`], [`project_grads_kept`].)
 
@@ -56,11 +58,13 @@ pub fn linear_unfused(x: &Tensor, w: &Tensor) -> Result<Tensor> {
 }
 
 /// [`linear_unfused`] with its product in `precision` ([`Precision::matmul`]: cuBLAS's bf16
-/// GEMM on CUDA), x first cast to the weight's dtype.
+/// GEMM on CUDA), x first cast to the weight's dtype — but for a bf16 x under bf16 products on
+/// CUDA, which cuBLAS reads as it is (its output then bf16 too): widened, it would be rounded
+/// straight back, the copies kept alive for the backward pass.
 pub(crate) fn linear_unfused_in(x: &Tensor, w: &Tensor, precision: Precision) -> Result<Tensor> {
     let (out_dim, in_dim) = w.dims2()?;
     let rows = x.elem_count() / in_dim.max(1);
-    let x2 = like_weight(x, w)?.reshape((rows, in_dim))?;
+    let x2 = product_input(x, w, precision)?.reshape((rows, in_dim))?;
     precision
         .matmul_t(&x2, w)?
         .reshape(output_shape(x.shape(), out_dim))
@@ -90,6 +94,24 @@ fn fused(x: &Tensor, w: &Tensor) -> bool {
 /// x in the weight's dtype, for the unfused compositions (a no-op when it is already).
 fn like_weight(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     x.to_dtype(w.dtype())
+}
+
+/// x as an unfused product reads it: [`like_weight`], but a bf16 x under bf16 products on CUDA
+/// as it is ([`linear_unfused_in`]).
+fn product_input(x: &Tensor, w: &Tensor, precision: Precision) -> Result<Tensor> {
+    if precision == Precision::Bf16 && x.device().is_cuda() && x.dtype() == DType::BF16 {
+        return Ok(x.clone());
+    }
+    like_weight(x, w)
+}
+
+/// x widened to f32 for a product in `precision` whose output an f32 kernel takes next, unless
+/// the products are bf16 (cuBLAS rounds the product to bf16 whatever x is: a bf16 x stays).
+fn wide_unless_bf16(x: &Tensor, precision: Precision) -> Result<Tensor> {
+    match precision {
+        Precision::Bf16 => Ok(x.clone()),
+        Precision::F32 => x.to_dtype(DType::F32),
+    }
 }
 
 /// x·Wᵀ and `epilogue` as one op on CPU tensors, its products in `precision` (refused,
@@ -416,10 +438,11 @@ pub fn linear_gelu(x: &Tensor, w: &Tensor) -> Result<Tensor> {
 pub fn linear_gelu_in(x: &Tensor, w: &Tensor, precision: Precision) -> Result<Tensor> {
     check_fit("linear_gelu", x, w)?;
     if takes(x, Kernel::Activation) && takes_param(w, Kernel::Activation) {
-        // A bf16 x (the `bf16` kernels on) is widened first and GELU's output rounded once, not
-        // its input as well (in bf16 products cuBLAS rounds the product itself, as the
-        // precision's contract); an f32 x passes through the cast untouched.
-        let y = crate::activation::gelu_erf(&linear_in(&x.to_dtype(DType::F32)?, w, precision)?)?;
+        // A bf16 x (the `bf16` kernels on) under f32 products is widened first and GELU's
+        // output rounded once, not its input as well; under bf16 products cuBLAS rounds the
+        // product to bf16 itself (the precision's contract), so the GELU kernel's bf16 variant
+        // reads it as it is, with the same bits. An f32 x passes through the casts untouched.
+        let y = crate::activation::gelu_erf(&linear_in(&wide_unless_bf16(x, precision)?, w, precision)?)?;
         return y.to_dtype(x.dtype());
     }
     if !fused(x, w) {
@@ -509,8 +532,9 @@ pub fn linear_rope_in(
     check_heads(tables, w.dims2()?.0)?;
     let cuda = takes(x, Kernel::Rope) && takes_param(w, Kernel::Rope);
     if cuda && tables.on_device_of(x) && tables.covers(offset, t) {
-        // As in linear_gelu_in: a bf16 x widened, one rounding of the rotated output.
-        let projected = linear_in(&x.to_dtype(DType::F32)?, w, precision)?;
+        // As in linear_gelu_in: a bf16 x widened under f32 products, one rounding of the
+        // rotated output.
+        let projected = linear_in(&wide_unless_bf16(x, precision)?, w, precision)?;
         return crate::rope::rope(&projected, tables, offset, scale)?.to_dtype(x.dtype());
     }
     if !(fused(x, w) && tables.covers(offset, t)) {
@@ -553,12 +577,13 @@ pub fn linear_residual_in(
         );
     }
     if !(is_host_f32(x) && fused(h, w)) {
-        let h = &like_weight(h, w)?;
+        // In the stream's dtype (a bf16 branch's product under bf16 products widened, exact).
+        let y = linear_in(&product_input(h, w, precision)?, w, precision)?.to_dtype(x.dtype())?;
         if p > 0.0 && takes(x, Kernel::Dropout) {
             // The product is cuBLAS's; the mask and the add one pass of Ember's.
-            return add_dropout(x, &linear_in(h, w, precision)?, p, state);
+            return add_dropout(x, &y, p, state);
         }
-        return x + dropout(&linear_in(h, w, precision)?, p, state)?;
+        return x + dropout(&y, p, state)?;
     }
     precision.check_cpu()?;
     x.contiguous()?.apply_op3(

@@ -2,7 +2,8 @@
 //! bf16 operands with f32 sums (mixed precision, `train.precision: bf16`).
 //!
 //! Only the products change. Everything else an op computes — norm statistics, softmax, the
-//! loss, every elementwise op — stays f32, and so do its inputs and outputs: on the CPU the
+//! loss, every elementwise op — stays f32, and so do its inputs and outputs (but for a model
+//! whose branches keep bf16 activations, [`Precision::branch_dtype`]): on the CPU the
 //! operands are rounded to bf16 as the product packs them ([`crate::gemm`]'s `bf16` module); on
 //! CUDA the projections' products are cuBLAS's bf16 GEMMs, which also round their outputs
 //! ([`Precision::matmul`]), and attention's fused kernel rounds its operands as the CPU does.
@@ -119,7 +120,9 @@ impl Precision {
     /// CPU: candle's own bf16 gradient arithmetic there (zero-fills and adds) made a step
     /// 0.67–0.93× as fast for a few hundred MiB (docs/performance.md). Not yet run on a GPU.
     pub fn branch_dtype(self, device: &Device) -> DType {
-        let every_kernel = || crate::cuda::Kernel::ALL.into_iter().all(crate::cuda::enabled);
+        // (A build without the CUDA kernels has no bf16 variants to run them.)
+        let every_kernel =
+            || cfg!(feature = "cuda") && crate::cuda::Kernel::ALL.into_iter().all(crate::cuda::enabled);
         match self {
             Precision::Bf16 if device.is_cuda() && every_kernel() => DType::BF16,
             _ => DType::F32,

@@ -148,8 +148,15 @@ impl PositionScale {
             Some(s) => x.affine(s, 0.0),
             None => {
                 let factors: Vec<f32> = (offset..offset + t).map(|p| self.at(p) as f32).collect();
-                let factors = Tensor::from_vec(factors, (1, t, 1), x.device())?.to_dtype(x.dtype())?;
-                x.broadcast_mul(&factors)
+                let factors = Tensor::from_vec(factors, (1, t, 1), x.device())?;
+                match x.dtype() {
+                    // A bf16 x scaled in f32 and rounded once (not by factors rounded first).
+                    DType::BF16 => x
+                        .to_dtype(DType::F32)?
+                        .broadcast_mul(&factors)?
+                        .to_dtype(DType::BF16),
+                    dtype => x.broadcast_mul(&factors.to_dtype(dtype)?),
+                }
             }
         }
     }

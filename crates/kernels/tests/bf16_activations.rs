@@ -1,6 +1,7 @@
-//! Specification of the ops on bf16 activations (what a model keeping the activations that only
-//! feed products in bf16 would run; the trainer keeps f32 ones today, see
-//! ember-trainer's `setup::precision`): an op computes on their exact f32 widening
+//! Specification of the ops on bf16 activations (what a model keeping its branches' activations
+//! in bf16 runs: on CUDA with every kernel on, and in ember-model's `bf16_branches` tests on the
+//! CPU; CPU training keeps f32 ones, see ember-trainer's `setup::precision`): an op computes on
+//! their exact f32 widening
 //! and rounds its output, and the gradient of each bf16 input, once. So it gives the bits of the
 //! same op on f32 inputs between candle's casts (`to_dtype`, whose backward pass rounds the
 //! gradient the same way), for the products in f32 and in bf16, on contiguous and strided
@@ -416,5 +417,26 @@ fn the_output_layer_and_loss_read_a_bf16_h_between_casts() {
                 }
             }
         }
+    }
+}
+
+/// The log-n scaling of queries without a rotation (QK-norm with learned positions) scales a
+/// bf16 x in f32 and rounds once, not by factors rounded to bf16 first.
+#[test]
+fn position_scaling_reads_and_writes_bf16_between_casts() {
+    let scale = kernels::PositionScale {
+        scale: 0.3,
+        logn_length: Some(3),
+    };
+    let x = bf16(&randn(80, &[2, 9, 16]));
+    for (label, v) in layouts(&[x]) {
+        check(
+            &format!("apply_unfused {label}"),
+            &v,
+            DType::BF16,
+            &|t| scale.apply_unfused(&t[0], 2).unwrap(),
+            &|t| scale.apply_unfused(&t[0], 2).unwrap(),
+            None,
+        );
     }
 }

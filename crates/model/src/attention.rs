@@ -5,7 +5,7 @@
 //! per-head norm, the rotation and the attention kernel all read it as it is, so the graph has
 //! no head split or merge (each would cost a copy and an autograd edge).
 
-use candle_core::{DType, Result, Tensor};
+use candle_core::{Result, Tensor};
 use candle_nn::{Init, VarBuilder};
 use ember_kernels::{AttentionOptions, AttentionTelemetry, AttentionWeights, BlockPositions, PositionScale};
 
@@ -177,9 +177,9 @@ impl Attention {
             (QkNormLayer::None, _) => Ok(x.clone()),
             (QkNormLayer::Norm { q, .. }, Side::Query) => q.forward(x),
             (QkNormLayer::Norm { k, .. }, Side::Key) => k.forward(x),
-            // In f32 (candle's ops on a bf16 branch would sum the squares in bf16); the query
-            // and key are cast back to the branch's dtype once scaled and rotated.
-            (QkNormLayer::L2 { eps, .. }, _) => l2_normalize(&x.to_dtype(DType::F32)?, self.head_dim, *eps),
+            // In the parameters' dtype (candle's ops on a bf16 branch would sum the squares in
+            // bf16); the query and key are cast back to the branch's dtype once scaled.
+            (QkNormLayer::L2 { eps, g }, _) => l2_normalize(&x.to_dtype(g.dtype())?, self.head_dim, *eps),
         }
     }
 

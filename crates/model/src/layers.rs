@@ -71,18 +71,26 @@ impl<'a> ForwardCtx<'a> {
         self.precision = precision;
         self
     }
-    /// Pre-norm branches' activations in `dtype` whatever the device and precision: what
-    /// bf16 products on CUDA choose ([`Precision::branch_dtype`]), run on the CPU by the tests
-    /// (every CPU op reads and writes bf16 activations as its CUDA kernel does).
+    /// Pre-norm branches' activations in `dtype` (bf16 turns an f32 stream's branches bf16;
+    /// f32 keeps them), in place of what the precision chooses ([`Precision::branch_dtype`]):
+    /// the model tests run the bf16 branches of bf16 products on CUDA on the CPU this way,
+    /// whose ops take bf16 activations with the contract of the CUDA kernels' bf16 variants.
+    /// Passes without a gradient sink only (a sink's fused sub-blocks take the f32 stream).
     pub fn with_branch_dtype(mut self, dtype: DType) -> Self {
         self.branch_dtype = Some(dtype);
         self
     }
     /// The dtype of the activations of a pre-norm branch on the stream `x`: the norm writes it
-    /// and the ops up to the branch's output projection keep it.
+    /// and the ops up to the branch's output projection keep it. Only an f32 stream's branches
+    /// turn bf16; any other stream's (an f64 model's) keep its dtype.
     pub(crate) fn branch_dtype_of(&self, x: &Tensor) -> DType {
-        self.branch_dtype
-            .unwrap_or_else(|| self.precision.branch_dtype(x.device()))
+        let chosen = self
+            .branch_dtype
+            .unwrap_or_else(|| self.precision.branch_dtype(x.device()));
+        match chosen {
+            DType::BF16 if x.dtype() == DType::F32 => DType::BF16,
+            _ => x.dtype(),
+        }
     }
 }
 

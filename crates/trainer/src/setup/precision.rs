@@ -2,10 +2,11 @@
 //! ([`Model::set_precision`](ember_model::Model::set_precision)); nothing else in the trainer
 //! looks at it.
 //!
-//! `bf16` is mixed precision: the weights, the AdamW moments, the gradients and every
-//! activation stay f32 (and are checkpointed as in f32), and only the operands of the matrix
-//! products — forward and backward — are rounded to bf16, with f32 sums. Activations are not
-//! *stored* in bf16: Ember's CPU ops take bf16 activations in and out, but candle zero-fills and
+//! `bf16` is mixed precision: the weights, the AdamW moments, the gradients and (but on CUDA
+//! with every kernel family on, below) every activation stay f32 (and are checkpointed as in
+//! f32), and only the operands of the matrix products — forward and backward — are rounded to
+//! bf16, with f32 sums. On the CPU activations are not *stored* in bf16: Ember's CPU ops take
+//! bf16 activations in and out, but candle zero-fills and
 //! adds every bf16 node's gradient with its own slow bf16 arithmetic, which measured 0.67–0.93×
 //! the step for a few hundred MiB saved (docs/performance.md); the bf16 copies live only inside
 //! the products, packed for them and dropped after.
