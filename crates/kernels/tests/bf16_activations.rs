@@ -42,6 +42,11 @@ fn check(
     check_under(what, inputs, out, op, reference, gradient_tol, &probe);
 }
 
+/// [`check`] of an op that is its own reference: on bf16 inputs, the same op on them widened.
+fn between_casts(what: &str, inputs: &[Tensor], out: DType, op: &dyn Fn(&[Tensor]) -> Tensor) {
+    check(what, inputs, out, op, op, None);
+}
+
 /// [`check`] under the upstream gradient `probe`.
 fn check_under(
     what: &str,
@@ -53,11 +58,11 @@ fn check_under(
     probe: &Tensor,
 ) {
     let (y, g) = run(inputs, probe, op);
-    let between_casts = |ts: &[Tensor]| {
+    let f32_op_between_casts = |ts: &[Tensor]| {
         let wide: Vec<Tensor> = ts.iter().map(widened).collect();
         reference(&wide).to_dtype(out).unwrap()
     };
-    let (y_ref, g_ref) = run(inputs, probe, &between_casts);
+    let (y_ref, g_ref) = run(inputs, probe, &f32_op_between_casts);
     assert_eq!(y.dtype(), out, "{what}: output dtype");
     assert!(
         same_bits(&y, &y_ref),
@@ -138,49 +143,27 @@ fn projections_read_and_write_bf16_between_casts() {
             let what = |op: &str| format!("{op} {precision} {label}");
             let xw = [v[0].clone(), v[1].clone()];
             let bf = DType::BF16;
-            check(
-                &what("linear"),
-                &xw,
-                bf,
-                &|t| kernels::linear_in(&t[0], &t[1], precision).unwrap(),
-                &|t| kernels::linear_in(&t[0], &t[1], precision).unwrap(),
-                None,
-            );
-            check(
-                &what("linear_gelu"),
-                &xw,
-                bf,
-                &|t| kernels::linear_gelu_in(&t[0], &t[1], precision).unwrap(),
-                &|t| kernels::linear_gelu_in(&t[0], &t[1], precision).unwrap(),
-                None,
-            );
-            check(
-                &what("linear_scaled"),
-                &xw,
-                bf,
-                &|t| kernels::linear_scaled_in(&t[0], &t[1], -0.3, precision).unwrap(),
-                &|t| kernels::linear_scaled_in(&t[0], &t[1], -0.3, precision).unwrap(),
-                None,
-            );
+            between_casts(&what("linear"), &xw, bf, &|t| {
+                kernels::linear_in(&t[0], &t[1], precision).unwrap()
+            });
+            between_casts(&what("linear_gelu"), &xw, bf, &|t| {
+                kernels::linear_gelu_in(&t[0], &t[1], precision).unwrap()
+            });
+            between_casts(&what("linear_scaled"), &xw, bf, &|t| {
+                kernels::linear_scaled_in(&t[0], &t[1], -0.3, precision).unwrap()
+            });
             for scale in [kernels::PositionScale::from(1.0), logn] {
-                check(
-                    &what(&format!("linear_rope {scale:?}")),
-                    &xw,
-                    bf,
-                    &|t| kernels::linear_rope_in(&t[0], &t[1], &tables, 3, scale, precision).unwrap(),
-                    &|t| kernels::linear_rope_in(&t[0], &t[1], &tables, 3, scale, precision).unwrap(),
-                    None,
-                );
+                between_casts(&what(&format!("linear_rope {scale:?}")), &xw, bf, &|t| {
+                    kernels::linear_rope_in(&t[0], &t[1], &tables, 3, scale, precision).unwrap()
+                });
             }
             for p in [0.0, 0.3] {
                 let (stream, h, w) = (v[2].clone(), v[0].clone(), v[1].clone());
-                check(
+                between_casts(
                     &what(&format!("linear_residual p={p}")),
                     &[stream, h, w],
                     DType::F32,
                     &|t| kernels::linear_residual_in(&t[0], &t[1], &t[2], p, 7, precision).unwrap(),
-                    &|t| kernels::linear_residual_in(&t[0], &t[1], &t[2], p, 7, precision).unwrap(),
-                    None,
                 );
             }
         }
@@ -199,41 +182,21 @@ fn biased_projections_gelu_and_the_bias_add_read_and_write_bf16_between_casts() 
     for precision in Precision::on_this_cpu() {
         for (label, v) in layouts(&[x.clone(), w.clone(), b.clone()]) {
             let what = |op: &str| format!("{op} {precision} {label}");
-            check(
-                &what("linear_bias"),
-                &v,
-                DType::BF16,
-                &|t| kernels::linear_bias_in(&t[0], &t[1], &t[2], precision).unwrap(),
-                &|t| kernels::linear_bias_in(&t[0], &t[1], &t[2], precision).unwrap(),
-                None,
-            );
-            check(
-                &what("linear_bias_relu"),
-                &v,
-                DType::BF16,
-                &|t| kernels::linear_bias_relu_in(&t[0], &t[1], &t[2], precision).unwrap(),
-                &|t| kernels::linear_bias_relu_in(&t[0], &t[1], &t[2], precision).unwrap(),
-                None,
-            );
+            between_casts(&what("linear_bias"), &v, DType::BF16, &|t| {
+                kernels::linear_bias_in(&t[0], &t[1], &t[2], precision).unwrap()
+            });
+            between_casts(&what("linear_bias_relu"), &v, DType::BF16, &|t| {
+                kernels::linear_bias_relu_in(&t[0], &t[1], &t[2], precision).unwrap()
+            });
         }
     }
     for (label, v) in layouts(&[y.clone(), b.clone()]) {
-        check(
-            &format!("add_bias {label}"),
-            &v,
-            DType::BF16,
-            &|t| kernels::add_bias(&t[0], &t[1]).unwrap(),
-            &|t| kernels::add_bias(&t[0], &t[1]).unwrap(),
-            None,
-        );
-        check(
-            &format!("gelu_erf {label}"),
-            &v[..1],
-            DType::BF16,
-            &|t| kernels::gelu_erf(&t[0]).unwrap(),
-            &|t| kernels::gelu_erf(&t[0]).unwrap(),
-            None,
-        );
+        between_casts(&format!("add_bias {label}"), &v, DType::BF16, &|t| {
+            kernels::add_bias(&t[0], &t[1]).unwrap()
+        });
+        between_casts(&format!("gelu_erf {label}"), &v[..1], DType::BF16, &|t| {
+            kernels::gelu_erf(&t[0]).unwrap()
+        });
     }
 }
 
@@ -244,22 +207,12 @@ fn swiglu_and_rope_read_and_write_bf16_between_casts() {
     let gate = bf16(&randn(20, &[2, 7, 48]));
     let up = bf16(&randn(21, &[2, 7, 48]));
     for (label, v) in layouts(&[gate, up]) {
-        check(
-            &format!("swiglu {label}"),
-            &v,
-            DType::BF16,
-            &|t| kernels::swiglu(&t[0], &t[1]).unwrap(),
-            &|t| kernels::swiglu(&t[0], &t[1]).unwrap(),
-            None,
-        );
-        check(
-            &format!("rope {label}"),
-            &v[..1],
-            DType::BF16,
-            &|t| kernels::rope(&t[0], &tables, 5, 0.5).unwrap(),
-            &|t| kernels::rope(&t[0], &tables, 5, 0.5).unwrap(),
-            None,
-        );
+        between_casts(&format!("swiglu {label}"), &v, DType::BF16, &|t| {
+            kernels::swiglu(&t[0], &t[1]).unwrap()
+        });
+        between_casts(&format!("rope {label}"), &v[..1], DType::BF16, &|t| {
+            kernels::rope(&t[0], &tables, 5, 0.5).unwrap()
+        });
     }
 }
 
@@ -346,14 +299,9 @@ fn dropout_reads_and_writes_bf16_between_casts() {
     let x = bf16(&randn(50, &[4, 9, 33]));
     for p in [0.1, 0.5] {
         for (label, v) in layouts(&[x.clone()]) {
-            check(
-                &format!("dropout p={p} {label}"),
-                &v,
-                DType::BF16,
-                &|t| kernels::dropout(&t[0], p, 17).unwrap(),
-                &|t| kernels::dropout(&t[0], p, 17).unwrap(),
-                None,
-            );
+            between_casts(&format!("dropout p={p} {label}"), &v, DType::BF16, &|t| {
+                kernels::dropout(&t[0], p, 17).unwrap()
+            });
         }
     }
     // The fused op is the unfused mask's, on bf16 as on f32 (equal values: the unfused product
@@ -430,13 +378,8 @@ fn position_scaling_reads_and_writes_bf16_between_casts() {
     };
     let x = bf16(&randn(80, &[2, 9, 16]));
     for (label, v) in layouts(&[x]) {
-        check(
-            &format!("apply_unfused {label}"),
-            &v,
-            DType::BF16,
-            &|t| scale.apply_unfused(&t[0], 2).unwrap(),
-            &|t| scale.apply_unfused(&t[0], 2).unwrap(),
-            None,
-        );
+        between_casts(&format!("apply_unfused {label}"), &v, DType::BF16, &|t| {
+            scale.apply_unfused(&t[0], 2).unwrap()
+        });
     }
 }
