@@ -298,7 +298,7 @@ fn softmax_reads_and_writes_bf16_between_casts() {
 fn dropout_reads_and_writes_bf16_between_casts() {
     let x = bf16(&randn(50, &[4, 9, 33]));
     for p in [0.1, 0.5] {
-        for (label, v) in layouts(&[x.clone()]) {
+        for (label, v) in layouts(std::slice::from_ref(&x)) {
             between_casts(&format!("dropout p={p} {label}"), &v, DType::BF16, &|t| {
                 kernels::dropout(&t[0], p, 17).unwrap()
             });
