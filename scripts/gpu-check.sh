@@ -4,7 +4,8 @@
 #
 #   suite   the GPU suite: every CUDA kernel against its unfused candle composition (values,
 #           gradients, strided inputs, determinism), CUDA dropout masks = CPU masks, a 50-step
-#           CPU-vs-CUDA trajectory, kernels on vs off, and a CUDA kill -9 resume (bit-identical)
+#           CPU-vs-CUDA trajectory, kernels on vs off, bf16 branches against f32 ones in every
+#           model configuration, and a CUDA kill -9 resume (bit-identical)
 #   counts  CUDA driver calls per training step (kernel launches, host<->device copies,
 #           synchronisations) from two `ember bench` runs that differ only in their step count,
 #           counted by a CUPTI injection library (.dev/libcuda-call-counter.so)

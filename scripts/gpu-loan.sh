@@ -10,7 +10,8 @@
 #
 # Stages (seconds at --scale 1):
 #   suite    150  the GPU suite: every CUDA kernel against its composition, f32 and bf16; the
-#                 CPU-vs-CUDA, kernels-on-vs-off and bf16-vs-f32 trajectories; kill -9 resumes
+#                 model's bf16 branches; the CPU-vs-CUDA, kernels-on-vs-off and bf16-vs-f32
+#                 trajectories; kill -9 resumes
 #   bench    230  ember f32 and bf16 beside PyTorch eager f32 and under bf16 autocast, on
 #                 standard, shakespeare-char, multi30k-tiny and quickstart, 2 pairs of 20 steps
 #   amx       70  the host CPU's AMX tiles against their emulator, and bf16 on the tiles against

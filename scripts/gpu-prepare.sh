@@ -42,7 +42,7 @@ for l in sys.stdin:
 }
 # The GPU suite's, and ember-kernels' unit tests for the AMX check (kept out of .dev/tests, which
 # the suite runs whole).
-tests=$(test_executables -p ember-kernels --test gpu -p ember --test gpu_training)
+tests=$(test_executables -p ember-kernels --test gpu -p ember-model --test gpu_bf16_branches -p ember --test gpu_training)
 kernels_lib=$(test_executables -p ember-kernels --lib | cut -d' ' -f2)
 rm -rf .dev && mkdir -p .dev/tests .dev/amx .dev/data
 strip -o .dev/ember "$CARGO_TARGET_DIR/release/ember"

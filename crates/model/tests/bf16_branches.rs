@@ -9,130 +9,25 @@
 
 mod common;
 
-use std::collections::BTreeMap;
-
-use candle_core::{DType, Tensor};
+use candle_core::{DType, Device, Tensor};
+use common::branches::*;
 use common::*;
 use ember_model::{
-    Arch, DecoderCache, DropoutRng, ForwardCtx, MlpKind, Model, ModelConfig, NormKind, NormPlacement,
-    ParamStore, Positions, QkNorm,
+    Arch, DecoderCache, ForwardCtx, MlpKind, Model, ModelConfig, NormKind, NormPlacement, Positions, QkNorm,
 };
 
-/// The logits and every parameter's gradient of one training pass (dropout on) with the
-/// branches' activations in `branch`.
-fn pass(
-    model: &Model,
-    params: &ParamStore,
-    vocab: usize,
-    branch: DType,
-) -> (Tensor, BTreeMap<String, Tensor>) {
-    let rng = DropoutRng::new(7);
-    let ctx = ForwardCtx::train(&rng).with_branch_dtype(branch);
-    let logits = logits(model, vocab, ctx).unwrap();
-    assert_eq!(
-        logits.dtype(),
-        DType::F32,
-        "the logits leave the final norm in f32"
-    );
-    let weights = random(logits.dims(), DType::F32, 99);
-    let grads = (&logits * weights)
-        .unwrap()
-        .sum_all()
-        .unwrap()
-        .backward()
-        .unwrap();
-    let grads = params
-        .vars()
-        .into_iter()
-        .map(|(name, var)| {
-            let g = grads
-                .get(var.as_tensor())
-                .unwrap_or_else(|| panic!("{name} has no gradient"));
-            assert_eq!(g.dtype(), DType::F32, "{name}'s gradient is not f32");
-            (name, g.clone())
-        })
-        .collect();
-    (logits, grads)
-}
-
-fn values(t: &Tensor) -> Vec<f32> {
-    t.flatten_all().unwrap().to_vec1().unwrap()
-}
-
-/// ‖a − b‖ / ‖b‖.
-fn relative(a: &Tensor, b: &Tensor) -> f64 {
-    let (a, b) = (values(a), values(b));
-    let num: f64 = a.iter().zip(&b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
-    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-    (num / den.max(1e-30)).sqrt()
-}
-
-/// cos(a, b), their directions' agreement.
-fn cosine(a: &Tensor, b: &Tensor) -> f64 {
-    let (a, b) = (values(a), values(b));
-    let dot: f64 = a.iter().zip(&b).map(|(x, y)| (*x as f64) * (*y as f64)).sum();
-    let norm = |v: &[f32]| v.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
-    dot / (norm(&a) * norm(&b)).max(1e-30)
-}
-
-/// How far from the f32 pass's a bf16-branch gradient of `c` may lie (‖Δg‖/‖g‖ over every
-/// parameter): a few bf16 roundings (2⁻⁹ ≈ 0.002 each) compounded over the layers for smooth
-/// activations; more where the model amplifies them. ReLU's kink switches a unit's gradient
-/// whose input's rounding crosses 0, and L2 QK-norm's logits g·q̂·k̂ (g ≈ 10) scale the
-/// rounding of q̂ and k̂ by g before the softmax.
-fn gradient_tolerance(c: &ModelConfig) -> f64 {
-    match (c.qk_norm, c.mlp) {
-        (QkNorm::L2, _) => 0.15,
-        (_, MlpKind::Relu) => 0.08,
-        _ => 0.02,
-    }
-}
-
-/// bf16 branches against f32 ones for `c`; `pre_norm`: whether it has branches to change.
+/// bf16 branches against f32 ones for `c` on the CPU; `pre_norm`: whether it has branches to
+/// change.
 fn check(what: &str, c: &ModelConfig, pre_norm: bool) {
-    const LOGITS_TOL: f64 = 3e-2;
-    // Each parameter's gradient keeps its direction; its size may move more than the whole's
-    // (a gain's or a bias's gradient is a sum that mostly cancels). A scalar's (L2's g) may even
-    // change sign: only its finiteness is held.
-    const MIN_COSINE: f64 = 0.95;
     let (model, params) = build(c, DType::F32);
     perturb(&params, 0.05, 3);
-    let (l32, g32) = pass(&model, &params, c.vocab(), DType::F32);
-    let (l16, g16) = pass(&model, &params, c.vocab(), DType::BF16);
-    let same = values(&l16) == values(&l32);
-    if !pre_norm {
-        assert!(same, "{what}: no pre-norm branch, yet the logits changed");
-        return;
-    }
-    assert!(
-        !same,
-        "{what}: bf16 branches gave the f32 pass's logits: not run in bf16"
-    );
-    let e = relative(&l16, &l32);
-    assert!(e < LOGITS_TOL, "{what}: logits {e:e} from the f32 pass's");
-    let flat = |g: &BTreeMap<String, Tensor>| {
-        let all: Vec<Tensor> = g.values().map(|t| t.flatten_all().unwrap()).collect();
-        Tensor::cat(&all, 0).unwrap()
-    };
-    let (e, tol) = (relative(&flat(&g16), &flat(&g32)), gradient_tolerance(c));
-    assert!(
-        e < tol,
-        "{what}: the gradient {e:e} from the f32 pass's (within {tol})"
-    );
-    for (name, g) in &g32 {
-        let b = &g16[name];
-        assert!(
-            values(b).iter().all(|x| x.is_finite()),
-            "{what}: {name}'s gradient is not finite"
-        );
-        if g.elem_count() > 1 {
-            let cos = cosine(b, g);
-            assert!(
-                cos > MIN_COSINE,
-                "{what}: {name}'s gradient at cos {cos:.3} to the f32 pass's"
-            );
-        }
-    }
+    let f32_branches = training_pass(&model, &params, c.vocab(), &Device::Cpu, |ctx| {
+        ctx.with_branch_dtype(DType::F32)
+    });
+    let bf16_branches = training_pass(&model, &params, c.vocab(), &Device::Cpu, |ctx| {
+        ctx.with_branch_dtype(DType::BF16)
+    });
+    assert_branches_close(what, c, &bf16_branches, &f32_branches, pre_norm);
 }
 
 #[test]

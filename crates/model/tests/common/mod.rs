@@ -1,6 +1,8 @@
 //! Shared fixtures for the model specification tests.
 #![allow(dead_code)]
 
+pub mod branches;
+
 use candle_core::{DType, Device, Result, Tensor};
 use ember_model::{init_model, Arch, ForwardCtx, MlpKind, Model, ModelConfig, NormKind, ParamStore, QkNorm};
 use ember_rng::SplitMix64;
@@ -66,12 +68,18 @@ pub fn lengths_mask(lens: &[usize], s: usize) -> Tensor {
 
 /// Logits of a fixed small batch, with padding in the source for seq2seq.
 pub fn logits(model: &Model, vocab: usize, ctx: ForwardCtx) -> Result<Tensor> {
+    logits_on(model, vocab, ctx, &Device::Cpu)
+}
+
+/// [`logits`] of a model on `device`.
+pub fn logits_on(model: &Model, vocab: usize, ctx: ForwardCtx, device: &Device) -> Result<Tensor> {
+    let on = |t: Tensor| t.to_device(device);
     match model {
-        Model::Lm(m) => m.forward(&tokens(2, 7, vocab, 1), ctx),
+        Model::Lm(m) => m.forward(&on(tokens(2, 7, vocab, 1))?, ctx),
         Model::Seq2seq(m) => {
-            let src = tokens(2, 6, vocab, 2);
-            let mask = lengths_mask(&[6, 4], 6);
-            m.forward(&src, Some(&mask), &tokens(2, 5, vocab, 3), ctx)
+            let src = on(tokens(2, 6, vocab, 2))?;
+            let mask = on(lengths_mask(&[6, 4], 6))?;
+            m.forward(&src, Some(&mask), &on(tokens(2, 5, vocab, 3))?, ctx)
         }
     }
 }
