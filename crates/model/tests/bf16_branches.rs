@@ -12,9 +12,7 @@ mod common;
 use candle_core::{DType, Device, Tensor};
 use common::branches::*;
 use common::*;
-use ember_model::{
-    Arch, DecoderCache, ForwardCtx, MlpKind, Model, ModelConfig, NormKind, NormPlacement, Positions, QkNorm,
-};
+use ember_model::{DecoderCache, ForwardCtx, MlpKind, Model, ModelConfig, NormKind, Positions, QkNorm};
 
 /// bf16 branches against f32 ones for `c` on the CPU; `pre_norm`: whether it has branches to
 /// change.
@@ -32,57 +30,11 @@ fn check(what: &str, c: &ModelConfig, pre_norm: bool) {
 
 #[test]
 fn bf16_branches_train_as_f32_ones_to_bf16s_rounding() {
-    let mut checked = 0;
-    for arch in ALL_ARCHS {
-        for qk in ALL_QK {
-            for (mlp, norm, positions) in [
-                (MlpKind::Swiglu, NormKind::Rmsnorm, Positions::Rope),
-                (MlpKind::Gelu, NormKind::Layernorm, Positions::Learned),
-                (MlpKind::Relu, NormKind::Layernorm, Positions::None),
-            ] {
-                let mut c = cfg(arch, qk, norm, mlp);
-                (c.positions, c.dropout, c.attn_dropout) = (positions, 0.1, 0.1);
-                check(
-                    &format!("{arch:?}/{qk:?}/{mlp:?}/{norm:?}/{positions:?}"),
-                    &c,
-                    true,
-                );
-                checked += 1;
-            }
-        }
+    let configs = branch_configs();
+    assert_eq!(configs.len(), 29);
+    for (what, c, pre_norm) in configs {
+        check(&what, &c, pre_norm);
     }
-    assert_eq!(checked, 24);
-}
-
-#[test]
-fn bf16_branches_with_biases_grouped_heads_and_log_n_train_as_f32_ones() {
-    let lm = |f: &dyn Fn(&mut ModelConfig)| {
-        let mut c = cfg(Arch::Lm, QkNorm::Layernorm, NormKind::Layernorm, MlpKind::Gelu);
-        c.dropout = 0.1;
-        f(&mut c);
-        c
-    };
-    let cases = [
-        ("projection biases", lm(&|c| c.proj_bias = true)),
-        (
-            "qkv biases, relu",
-            lm(&|c| (c.qkv_bias, c.mlp) = (true, MlpKind::Relu)),
-        ),
-        (
-            "swiglu with biases, l2",
-            lm(&|c| (c.mlp, c.proj_bias, c.qk_norm) = (MlpKind::Swiglu, true, QkNorm::L2)),
-        ),
-        (
-            "grouped heads, log-n",
-            lm(&|c| (c.n_kv_heads, c.logn_attention, c.positions) = (Some(2), true, Positions::Rope)),
-        ),
-    ];
-    for (what, c) in cases {
-        check(what, &c, true);
-    }
-    let mut post = cfg(Arch::Seq2seq, QkNorm::Rmsnorm, NormKind::Layernorm, MlpKind::Relu);
-    post.norm_placement = NormPlacement::Post;
-    check("post-norm", &post, false);
 }
 
 /// The logits of `tokens` (1, T) one position at a time through the cache, stacked (1, T, V).

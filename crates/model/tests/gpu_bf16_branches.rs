@@ -14,10 +14,10 @@ mod common;
 
 use candle_core::{DType, Device};
 use common::branches::*;
-use common::*;
+use common::perturb;
 use ember_kernels::cuda::{set_enabled, Kernel};
 use ember_kernels::Precision;
-use ember_model::{init_model, Arch, MlpKind, ModelConfig, NormKind, NormPlacement, Positions, QkNorm};
+use ember_model::{init_model, ModelConfig};
 
 /// CUDA device 0 with every kernel family switched on (the process's switch: one test at a time).
 fn gpu() -> Device {
@@ -57,43 +57,7 @@ fn check(what: &str, c: &ModelConfig, pre_norm: bool) {
 
 #[test]
 fn bf16_branches_on_cuda_train_as_f32_branches_to_bf16s_rounding() {
-    for arch in ALL_ARCHS {
-        for qk in ALL_QK {
-            for (mlp, norm, positions) in [
-                (MlpKind::Swiglu, NormKind::Rmsnorm, Positions::Rope),
-                (MlpKind::Gelu, NormKind::Layernorm, Positions::Learned),
-                (MlpKind::Relu, NormKind::Layernorm, Positions::None),
-            ] {
-                let mut c = cfg(arch, qk, norm, mlp);
-                (c.positions, c.dropout, c.attn_dropout) = (positions, 0.1, 0.1);
-                check(
-                    &format!("{arch:?}/{qk:?}/{mlp:?}/{norm:?}/{positions:?}"),
-                    &c,
-                    true,
-                );
-            }
-        }
+    for (what, c, pre_norm) in branch_configs() {
+        check(&what, &c, pre_norm);
     }
-    let lm = |f: &dyn Fn(&mut ModelConfig)| {
-        let mut c = cfg(Arch::Lm, QkNorm::Layernorm, NormKind::Layernorm, MlpKind::Gelu);
-        c.dropout = 0.1;
-        f(&mut c);
-        c
-    };
-    for (what, c) in [
-        ("projection biases", lm(&|c| c.proj_bias = true)),
-        (
-            "qkv biases, relu",
-            lm(&|c| (c.qkv_bias, c.mlp) = (true, MlpKind::Relu)),
-        ),
-        (
-            "grouped heads, log-n",
-            lm(&|c| (c.n_kv_heads, c.logn_attention, c.positions) = (Some(2), true, Positions::Rope)),
-        ),
-    ] {
-        check(what, &c, true);
-    }
-    let mut post = cfg(Arch::Seq2seq, QkNorm::Rmsnorm, NormKind::Layernorm, MlpKind::Relu);
-    post.norm_placement = NormPlacement::Post;
-    check("post-norm", &post, false);
 }

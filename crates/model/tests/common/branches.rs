@@ -5,9 +5,61 @@
 use std::collections::BTreeMap;
 
 use candle_core::{DType, Device, Tensor};
-use ember_model::{DropoutRng, ForwardCtx, MlpKind, Model, ModelConfig, ParamStore, QkNorm};
+use ember_model::{
+    Arch, DropoutRng, ForwardCtx, MlpKind, Model, ModelConfig, NormKind, NormPlacement, ParamStore,
+    Positions, QkNorm,
+};
 
-use super::{logits_on, random};
+use super::{cfg, logits_on, random, ALL_ARCHS, ALL_QK};
+
+/// The configurations the bf16-branch tests run, each named and with whether it has pre-norm
+/// branches: every architecture and QK-norm with three MLP, norm and position schemes; projection
+/// biases, qkv biases with ReLU, L2 QK-norm with SwiGLU and biases, grouped heads with log-n
+/// scaling; all with dropout; and post-norm, which has no branch to change.
+pub fn branch_configs() -> Vec<(String, ModelConfig, bool)> {
+    let mut out = vec![];
+    for arch in ALL_ARCHS {
+        for qk in ALL_QK {
+            for (mlp, norm, positions) in [
+                (MlpKind::Swiglu, NormKind::Rmsnorm, Positions::Rope),
+                (MlpKind::Gelu, NormKind::Layernorm, Positions::Learned),
+                (MlpKind::Relu, NormKind::Layernorm, Positions::None),
+            ] {
+                let mut c = cfg(arch, qk, norm, mlp);
+                (c.positions, c.dropout, c.attn_dropout) = (positions, 0.1, 0.1);
+                out.push((format!("{arch:?}/{qk:?}/{mlp:?}/{norm:?}/{positions:?}"), c, true));
+            }
+        }
+    }
+    let lm = |f: &dyn Fn(&mut ModelConfig)| {
+        let mut c = cfg(Arch::Lm, QkNorm::Layernorm, NormKind::Layernorm, MlpKind::Gelu);
+        c.dropout = 0.1;
+        f(&mut c);
+        c
+    };
+    out.extend(
+        [
+            ("projection biases", lm(&|c| c.proj_bias = true)),
+            (
+                "qkv biases, relu",
+                lm(&|c| (c.qkv_bias, c.mlp) = (true, MlpKind::Relu)),
+            ),
+            (
+                "swiglu with biases, l2",
+                lm(&|c| (c.mlp, c.proj_bias, c.qk_norm) = (MlpKind::Swiglu, true, QkNorm::L2)),
+            ),
+            (
+                "grouped heads, log-n",
+                lm(&|c| (c.n_kv_heads, c.logn_attention, c.positions) = (Some(2), true, Positions::Rope)),
+            ),
+        ]
+        .map(|(what, c)| (what.to_string(), c, true)),
+    );
+    let mut post = cfg(Arch::Seq2seq, QkNorm::Rmsnorm, NormKind::Layernorm, MlpKind::Relu);
+    post.norm_placement = NormPlacement::Post;
+    out.push(("post-norm".into(), post, false));
+    out
+}
 
 /// The logits and every parameter's gradient of one pass.
 pub struct Pass {
