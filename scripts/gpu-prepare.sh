@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds what scripts/gpu-check.sh runs on a lent GPU machine and packs it into .dev/, the folder
 # a `device` call carries (../shared/cuda/README.md): the CUDA build of `ember`, the GPU suite's
-# test binaries (crates/kernels/tests/gpu, tests/gpu_training.rs), the CUDA call counter
+# test binaries (crates/kernels/tests/gpu, crates/model/tests/gpu_bf16_branches.rs,
+# tests/gpu_training.rs), the CUDA call counter
 # (scripts/gpu/cuda-call-counter.c, a CUPTI injection library), ember-kernels' unit tests (their
 # ignored AMX test holds the machine's AMX tiles to their emulator) and the data the benchmarks read.
 # Binaries are stripped and xz-compressed (a call carries at most 64 MiB).

@@ -19,7 +19,9 @@ use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor, D
 use crate::host::{
     cpu_slice, cpu_storage_like, cpu_tensor, cpu_tensor_as, cpu_values, is_host, is_host_f32, with_data,
 };
-use crate::linear::{check_fit, dims, linear_in, linear_unfused, output_shape, project, project_grads};
+use crate::linear::{
+    check_fit, dims, linear_in, linear_unfused, output_shape, project, project_grads, wide_unless_bf16,
+};
 use crate::par::{fill, for_each_chunk, rows_per_task, SharedMut, ELEMENTS_PER_TASK};
 use crate::Precision;
 
@@ -109,7 +111,8 @@ pub fn linear_bias_unfused(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor>
 /// `x·Wᵀ + b` for x (…, in), a weight (out, in) and a bias (out): one op on the CPU (f32 W and
 /// b; x f32, or bf16 read widened with the output rounded once), the bias
 /// added to the product in place and its gradient summed in the op's backward pass, with the
-/// bits of [`linear`](crate::linear) then [`add_bias`]; those two elsewhere.
+/// bits of [`linear`](crate::linear) then [`add_bias`]; those two elsewhere (for a bf16 x, the
+/// product in f32, the sum rounded once).
 ///
 /// As two ops, the bias add cost a second activation-sized buffer and pass in the forward pass
 /// and, in the backward pass, candle's zero-filled gradient buffer for the product and the add
@@ -160,11 +163,12 @@ fn biased_op(
             w.shape()
         );
     }
-    // A bf16 x's output is rounded once, after the add (and the ReLU): elsewhere its product
-    // is widened (exact) for the bias in the weight's dtype, as the CPU op adds it.
+    // A bf16 x's output is rounded once, after the add (and the ReLU), as the CPU op rounds
+    // it: elsewhere its product is made in f32 (under bf16 products cuBLAS's, rounded to bf16
+    // by the precision's contract, is widened exactly) for the bias in the weight's dtype.
     if !(is_host(x) && is_host_f32(w) && is_host_f32(b)) {
         let product = match x.dtype() {
-            DType::BF16 => linear_in(x, w, precision)?.to_dtype(w.dtype())?,
+            DType::BF16 => linear_in(&wide_unless_bf16(x, precision)?, w, precision)?.to_dtype(w.dtype())?,
             _ => linear_in(x, w, precision)?,
         };
         let y = add_bias(&product, b)?;

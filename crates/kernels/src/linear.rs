@@ -58,15 +58,18 @@ pub fn linear_unfused(x: &Tensor, w: &Tensor) -> Result<Tensor> {
 }
 
 /// [`linear_unfused`] with its product in `precision` ([`Precision::matmul`]: cuBLAS's bf16
-/// GEMM on CUDA), x first cast to the weight's dtype — but for a bf16 x under bf16 products on
-/// CUDA, which cuBLAS reads as it is (its output then bf16 too): widened, it would be rounded
-/// straight back, the copies kept alive for the backward pass.
+/// GEMM on CUDA), x first cast to the weight's dtype: the product in the weight's dtype, for the
+/// compositions that go on from it (a scale, GELU, a rotation, the loss) in that dtype.
 pub(crate) fn linear_unfused_in(x: &Tensor, w: &Tensor, precision: Precision) -> Result<Tensor> {
+    product_rows(&like_weight(x, w)?, w, precision)
+}
+
+/// x·Wᵀ in `precision` on x as it is given, in [`Precision::matmul`]'s output dtype (x's).
+fn product_rows(x: &Tensor, w: &Tensor, precision: Precision) -> Result<Tensor> {
     let (out_dim, in_dim) = w.dims2()?;
     let rows = x.elem_count() / in_dim.max(1);
-    let x2 = product_input(x, w, precision)?.reshape((rows, in_dim))?;
     precision
-        .matmul_t(&x2, w)?
+        .matmul_t(&x.reshape((rows, in_dim))?, w)?
         .reshape(output_shape(x.shape(), out_dim))
 }
 
@@ -81,7 +84,7 @@ pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
 pub fn linear_in(x: &Tensor, w: &Tensor, precision: Precision) -> Result<Tensor> {
     check_fit("linear", x, w)?;
     if !fused(x, w) {
-        return linear_unfused_in(x, w, precision)?.to_dtype(x.dtype());
+        return product_rows(&product_input(x, w, precision)?, w, precision)?.to_dtype(x.dtype());
     }
     project_op(x, w, Plain, precision)
 }
@@ -96,8 +99,9 @@ fn like_weight(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     x.to_dtype(w.dtype())
 }
 
-/// x as an unfused product reads it: [`like_weight`], but a bf16 x under bf16 products on CUDA
-/// as it is ([`linear_unfused_in`]).
+/// x as a plain unfused product ([`linear_in`]'s) reads it: [`like_weight`], but a bf16 x under
+/// bf16 products on CUDA as it is, which cuBLAS reads directly (its output then bf16 too):
+/// widened, it would be rounded straight back, the copies kept alive for the backward pass.
 fn product_input(x: &Tensor, w: &Tensor, precision: Precision) -> Result<Tensor> {
     if precision == Precision::Bf16 && x.device().is_cuda() && x.dtype() == DType::BF16 {
         return Ok(x.clone());
@@ -107,7 +111,7 @@ fn product_input(x: &Tensor, w: &Tensor, precision: Precision) -> Result<Tensor>
 
 /// x widened to f32 for a product in `precision` whose output an f32 kernel takes next, unless
 /// the products are bf16 (cuBLAS rounds the product to bf16 whatever x is: a bf16 x stays).
-fn wide_unless_bf16(x: &Tensor, precision: Precision) -> Result<Tensor> {
+pub(crate) fn wide_unless_bf16(x: &Tensor, precision: Precision) -> Result<Tensor> {
     match precision {
         Precision::Bf16 => Ok(x.clone()),
         Precision::F32 => x.to_dtype(DType::F32),
@@ -428,8 +432,9 @@ pub fn linear_gelu_unfused(x: &Tensor, w: &Tensor) -> Result<Tensor> {
 /// [`gelu_erf`](crate::gelu_erf) as one op on CPU f32, with the same bits; the GELU keeps its
 /// derivative for the backward pass as the standalone op does. On CUDA with the activation
 /// kernel switched on and an f32 weight, [`linear`] (cuBLAS) then the GELU kernel, on x widened
-/// to f32 if it is a bf16 activation (with the `bf16` kernels on too; the output rounded back
-/// once); [`linear_gelu_unfused`] elsewhere.
+/// to f32 if it is a bf16 activation under f32 products (with the `bf16` kernels on too; the
+/// output rounded back once; under bf16 products cuBLAS's bf16 product itself, through the
+/// kernel's bf16 variant, the same bits); [`linear_gelu_unfused`] elsewhere.
 pub fn linear_gelu(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     linear_gelu_in(x, w, Precision::F32)
 }
@@ -505,8 +510,9 @@ fn linear_rope_unfused_in(
 /// (out, in) of whole heads: a query or key projection and its rotation as one op on CPU f32,
 /// with the bits of [`linear`] then [`rope`](crate::rope). On CUDA with the rope kernel
 /// switched on (an f32 weight, and f32 tables on the same device), [`linear`] (cuBLAS) then the
-/// rope kernel, on x widened to f32 if it is a bf16 activation (with the `bf16` kernels on too;
-/// the output rounded back once);
+/// rope kernel, on x widened to f32 if it is a bf16 activation under f32 products (with the
+/// `bf16` kernels on too; the output rounded back once; under bf16 products cuBLAS's bf16
+/// product itself, through the kernel's bf16 variant, the same bits);
 /// [`linear_rope_unfused`] elsewhere.
 pub fn linear_rope(
     x: &Tensor,

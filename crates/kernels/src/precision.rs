@@ -88,7 +88,8 @@ impl Precision {
     /// `a·b` (candle's matmul, batched) with this precision's products, for the compositions
     /// that run where the fused ops do not. f32: candle's. bf16 on CUDA: cuBLAS's bf16 GEMM
     /// with f32 compute (tensor cores) on the operands cast to bf16, its output rounded to bf16
-    /// (as under PyTorch's autocast) and widened back; its backward products the same way.
+    /// (as under PyTorch's autocast) and cast back to a's dtype (widened for an f32 a, kept for a
+    /// bf16 one); its backward products the same way.
     /// bf16 elsewhere: the f32 product of the rounded operands (the CPU ops' references).
     pub fn matmul(self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
         self.matmul_by(a, b, |b| Ok(b.clone()))

@@ -145,6 +145,10 @@ impl PositionScale {
         let t = x.dim(1)?;
         match self.constant(offset, t) {
             Some(1.0) => Ok(x.clone()),
+            // candle's affine would round s to bf16 first.
+            Some(s) if x.dtype() == DType::BF16 => {
+                x.to_dtype(DType::F32)?.affine(s, 0.0)?.to_dtype(DType::BF16)
+            }
             Some(s) => x.affine(s, 0.0),
             None => {
                 let factors: Vec<f32> = (offset..offset + t).map(|p| self.at(p) as f32).collect();

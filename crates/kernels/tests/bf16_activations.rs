@@ -372,14 +372,19 @@ fn the_output_layer_and_loss_read_a_bf16_h_between_casts() {
 /// bf16 x in f32 and rounds once, not by factors rounded to bf16 first.
 #[test]
 fn position_scaling_reads_and_writes_bf16_between_casts() {
-    let scale = kernels::PositionScale {
-        scale: 0.3,
-        logn_length: Some(3),
-    };
     let x = bf16(&randn(80, &[2, 9, 16]));
-    for (label, v) in layouts(&[x]) {
-        between_casts(&format!("apply_unfused {label}"), &v, DType::BF16, &|t| {
-            scale.apply_unfused(&t[0], 2).unwrap()
-        });
+    // Per position (log-n), and one constant not exact in bf16 (1/√32).
+    for (scale, label) in [(0.3, Some(3)), (1.0 / 32f64.sqrt(), None)].map(|(scale, logn_length)| {
+        (
+            kernels::PositionScale { scale, logn_length },
+            format!("{logn_length:?}"),
+        )
+    }) {
+        for (layout, v) in layouts(std::slice::from_ref(&x)) {
+            let label = format!("{label} {layout}");
+            between_casts(&format!("apply_unfused {label}"), &v, DType::BF16, &|t| {
+                scale.apply_unfused(&t[0], 2).unwrap()
+            });
+        }
     }
 }

@@ -186,7 +186,7 @@ fn rope_on_bf16_activations_is_the_f32_kernel_between_casts() {
 }
 
 #[test]
-fn projections_into_gelu_and_rope_on_bf16_activations_round_once() {
+fn projections_on_bf16_activations_round_once() {
     // A bf16 x into the fused projection and GELU or RoPE: the f32 op on x widened, its output
     // rounded once (not the product as well), dx rounded once, dW from the f32 gradient; the
     // products in f32 and in bf16.
@@ -198,6 +198,7 @@ fn projections_into_gelu_and_rope_on_bf16_activations_round_once() {
     };
     let x = bf16(&randn(&dev, 990, &[2, 7, 24], 1.0));
     let w = randn(&dev, 991, &[32, 24], 0.3);
+    let bias = randn(&dev, 992, &[32], 0.5);
     for p in [Precision::F32, Precision::Bf16] {
         for (label, v) in layouts(&[x.clone(), w.clone()]) {
             between_casts(
@@ -214,6 +215,23 @@ fn projections_into_gelu_and_rope_on_bf16_activations_round_once() {
                 &|t| kernels::linear_rope_in(&t[0], &t[1], &tables, 2, scale, p).unwrap(),
                 &|t| kernels::linear_rope_in(&t[0], &t[1], &tables, 2, scale, p).unwrap(),
             );
+            // The plain and scaled projections (a scale not exact in bf16: 1/√32) and the
+            // biased ones (bias added in f32, the sum rounded once), as the CPU ops round.
+            let ops: [(&str, &dyn Fn(&[Tensor]) -> Tensor); 4] = [
+                ("linear", &|t| kernels::linear_in(&t[0], &t[1], p).unwrap()),
+                ("linear_scaled", &|t| {
+                    kernels::linear_scaled_in(&t[0], &t[1], 1.0 / 32f64.sqrt(), p).unwrap()
+                }),
+                ("linear_bias", &|t| {
+                    kernels::linear_bias_in(&t[0], &t[1], &bias, p).unwrap()
+                }),
+                ("linear_bias_relu", &|t| {
+                    kernels::linear_bias_relu_in(&t[0], &t[1], &bias, p).unwrap()
+                }),
+            ];
+            for (what, op) in ops {
+                between_casts(&format!("{what} {p} {label}"), &v, DType::BF16, op, op);
+            }
         }
     }
 }
