@@ -225,13 +225,7 @@ mod imp {
                     slot + 1
                 );
             }
-            // An f32 gradient, or a bf16 one read as it is (`ember_sum_squares_bf16`) with the
-            // `bf16` kernels on; any other dtype widened first.
-            let g = match g.dtype() {
-                DType::F32 => g.clone(),
-                DType::BF16 if takes_dtype(DType::BF16, Kernel::Optimizer) => g.clone(),
-                _ => g.to_dtype(DType::F32)?,
-            };
+            let g = as_kernels_read(g)?;
             let partials = &mut self.partials;
             with_cuda([&g], |[(s, l)]| {
                 with_element!(s.dtype(), T => {
@@ -285,12 +279,7 @@ mod imp {
                 ledger: &self.slots,
                 c: *c,
             };
-            // The gradient in the parameter's f32, or bf16 read as it is (`ember_adamw_bf16`)
-            // with the `bf16` kernels on.
-            let g = match g.dtype() {
-                DType::BF16 if takes_dtype(DType::BF16, Kernel::Optimizer) => g.clone(),
-                _ => g.to_dtype(param.dtype())?,
-            };
+            let g = as_kernels_read(g)?;
             param.as_tensor().inplace_op2(&g.contiguous()?, &update)
         }
 
@@ -303,6 +292,17 @@ mod imp {
 
         pub(super) fn write(&mut self, slots: &[f64; LEN]) -> Result<()> {
             self.dev.cuda_stream().memcpy_htod(slots, &mut self.slots).w()
+        }
+    }
+
+    /// A gradient as the optimizer's kernels read it: f32 (a device parameter is f32), or bf16
+    /// as it is (`ember_sum_squares_bf16`, `ember_adamw_bf16`) with the `bf16` kernels on; any
+    /// other dtype widened first.
+    fn as_kernels_read(g: &Tensor) -> Result<Tensor> {
+        match g.dtype() {
+            DType::F32 => Ok(g.clone()),
+            DType::BF16 if takes_dtype(DType::BF16, Kernel::Optimizer) => Ok(g.clone()),
+            _ => g.to_dtype(DType::F32),
         }
     }
 
