@@ -317,12 +317,11 @@ fn a_run_killed_with_sigkill_resumes_to_the_bit_identical_result_of_an_uninterru
     assert_sigkill_resume_is_exact("");
 }
 
-/// The same in bf16 mixed precision (`train.precision: bf16`), on a CPU that runs it.
+/// The same in bf16 mixed precision (`train.precision: bf16`; emulated where the CPU has no
+/// AVX512_BF16, as every test runs `ember`).
 #[test]
 fn a_bf16_run_killed_with_sigkill_resumes_to_the_bit_identical_result_of_an_uninterrupted_run() {
-    if ember_kernels::Precision::Bf16.missing_cpu_feature().is_none() {
-        assert_sigkill_resume_is_exact("  precision: bf16\n");
-    }
+    assert_sigkill_resume_is_exact("  precision: bf16\n");
 }
 
 /// A run with `train_keys` added to its `train:` section, killed with SIGKILL mid-run and
@@ -993,8 +992,8 @@ fn bleu_by_source_length_scores_each_bucket_of_line_aligned_segments() {
 }
 
 /// On a CPU without AVX512_BF16 (here one acting as an AVX2 machine) `train.precision: bf16` is
-/// refused before any work, naming the key and the missing feature: no run directory is
-/// created, and `ember bench` refuses alike.
+/// refused before any work, naming the key, the missing feature and the emulation one can ask
+/// for: no run directory is created, and `ember bench` refuses alike.
 #[test]
 fn bf16_on_a_cpu_without_avx512_bf16_is_refused_before_any_work() {
     let tmp = tempfile::tempdir().unwrap();
@@ -1014,13 +1013,17 @@ fn bf16_on_a_cpu_without_avx512_bf16_is_refused_before_any_work() {
     ] {
         let out = ember(dir)
             .env(ember_kernels::VECTOR_UNIT_ENV, "avx2")
+            .env_remove(ember_kernels::BF16_ENV)
             .args(&args)
             .stdin(Stdio::null())
             .output()
             .unwrap();
         let err = assert_clear_failure(&out, "bf16 on an AVX2 machine");
         assert!(
-            err.contains("train.precision: bf16") && err.contains("AVX512_BF16") && err.contains("f32"),
+            err.contains("train.precision: bf16")
+                && err.contains("AVX512_BF16")
+                && err.contains("f32")
+                && err.contains("EMBER_CPU_BF16=emulate"),
             "{err}"
         );
         assert!(!run_dir.exists(), "a refused run created {}", run_dir.display());
@@ -1038,6 +1041,44 @@ fn bf16_on_a_cpu_without_avx512_bf16_is_refused_before_any_work() {
         ],
     );
     assert!(err.contains("train.precision") && err.contains("bf16"), "{err}");
+}
+
+/// Asked for (`EMBER_CPU_BF16=emulate`), the same machine trains in bf16 with the products
+/// emulated, and says so at the start with how many times slower than f32 it measured a product;
+/// its config and report name bf16 and the emulation.
+#[test]
+fn bf16_emulated_where_asked_trains_and_says_how_much_slower() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let cfg = write(dir, "tiny.yaml", seq2seq_yaml(4, 4, 2));
+    let run_dir = dir.join("run");
+    let out = ember(dir)
+        .env(ember_kernels::VECTOR_UNIT_ENV, "avx2")
+        .env(ember_kernels::BF16_ENV, "emulate")
+        .args([
+            "train",
+            s(&cfg),
+            "--run-dir",
+            s(&run_dir),
+            "--set",
+            "train.precision=bf16",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let told = format!("{stdout}{stderr}");
+    assert!(
+        told.contains("bf16 runs emulated") && told.contains("× as long as in f32"),
+        "{told}"
+    );
+    assert!(told.contains("bf16 products emulated in software"), "{told}");
+    let saved = std::fs::read_to_string(run_dir.join("config.yaml")).unwrap();
+    assert!(saved.contains("precision: bf16"), "{saved}");
 }
 
 /// The thread count is a speed setting in every pool a process has — Ember's kernels and

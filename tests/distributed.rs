@@ -28,9 +28,13 @@ fn mpirun(dir: &Path, ranks: usize, args: &[&str]) -> Command {
     c.args([
         "--allow-run-as-root",
         "--oversubscribe",
+        // bf16 on any CPU, as `ember` runs in every test (`common::ember`).
+        "-x",
+        ember_kernels::BF16_ENV,
         "-np",
         &ranks.to_string(),
     ])
+    .env(ember_kernels::BF16_ENV, "emulate")
     .arg(env!("CARGO_BIN_EXE_ember"))
     .args(args)
     .current_dir(dir)
@@ -201,13 +205,10 @@ fn two_ranks_give_the_bits_of_one_process_computing_the_same_two_shares() {
     }
 }
 
-/// The same in bf16 mixed precision (`train.precision: bf16`), on a CPU that runs it: the ranks'
-/// bf16 products and the all-reduce of their f32 gradients give one process's bits.
+/// The same in bf16 mixed precision (`train.precision: bf16`; emulated where the CPU has no
+/// AVX512_BF16): the ranks' bf16 products and the all-reduce of their f32 gradients give one process's bits.
 #[test]
 fn two_bf16_ranks_give_the_bits_of_one_bf16_process_computing_the_same_two_shares() {
-    if ember_kernels::Precision::Bf16.missing_cpu_feature().is_some() {
-        return;
-    }
     let _job = one_job();
     let text_dir = tempfile::tempdir().unwrap();
     let yaml = lm_yaml(text_dir.path(), 12, 6).replace("threads: 1,", "threads: 1, precision: bf16,");

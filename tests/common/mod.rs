@@ -43,10 +43,13 @@ checkpoint:
     )
 }
 
-/// `ember`, started in `dir` (relative default paths such as runs/<name> land there).
+/// `ember`, started in `dir` (relative default paths such as runs/<name> land there), with bf16
+/// products on any CPU: natively where it has AVX512_BF16, else emulated with the same bits
+/// (`EMBER_CPU_BF16=emulate`), so that the bf16 specifications run everywhere, CI's CPU
+/// included. A test of the refusal removes the variable.
 pub fn ember(dir: &Path) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_ember"));
-    c.current_dir(dir);
+    c.current_dir(dir).env(ember_kernels::BF16_ENV, "emulate");
     c
 }
 

@@ -239,6 +239,7 @@ pub(crate) fn project_grads_shared(
         SharedB::F32(x) => project_grads(x, w, g, dims, Precision::F32),
         #[cfg(target_arch = "x86_64")]
         SharedB::Packed(x) => grads_from(BFrom::Packed(x), w, g, dims),
+        SharedB::Kept(x) => grads_from(BFrom::Rows(x), w, g, dims),
     }
 }
 

@@ -46,9 +46,9 @@ impl Precision {
     /// What this process lacks to run these products on the CPU, as a clause naming the
     /// feature (`AVX512_BF16, which this CPU does not have …`), or `None` when it can. bf16
     /// needs AVX512_BF16 with the AVX-512 unit in use (`EMBER_CPU_VECTOR_UNIT=avx2` turns it off
-    /// as it turns off the rest of AVX-512).
+    /// as it turns off the rest of AVX-512), or the emulation asked for ([`crate::BF16_ENV`]).
     pub fn missing_cpu_feature(self) -> Option<String> {
-        if self == Precision::F32 || crate::gemm::bf16_supported() {
+        if self == Precision::F32 || crate::gemm::bf16_supported() || crate::gemm::bf16_emulated() {
             return None;
         }
         let unit = crate::vector_unit();
@@ -149,6 +149,9 @@ impl Precision {
             Precision::F32 => format!("f32 products on {} (matrixmultiply)", crate::vector_unit()),
             Precision::Bf16 if crate::gemm::bf16_on_amx() => {
                 "bf16 products on AMX-BF16 (tdpbf16ps), f32 sums".into()
+            }
+            Precision::Bf16 if crate::gemm::bf16_emulated() => {
+                "bf16 products emulated in software (vdpbf16ps's bits), f32 sums".into()
             }
             Precision::Bf16 => "bf16 products on AVX512_BF16 (vdpbf16ps), f32 sums".into(),
         }

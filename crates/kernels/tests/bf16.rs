@@ -1,4 +1,5 @@
-//! Specification of the ops in bf16 (`*_in` with `Precision::Bf16`, on a CPU with AVX512_BF16):
+//! Specification of the ops in bf16 (`*_in` with `Precision::Bf16`; natively on a CPU with
+//! AVX512_BF16, elsewhere emulated with its bits):
 //! each is the f32 composition of its operands rounded to bf16 — forward values to f32 rounding,
 //! gradients to bf16's (the backward products round the incoming gradient, where the
 //! composition's casts round the gradients they pass back) — on contiguous and strided inputs; the same bits on every run and at
@@ -19,8 +20,10 @@ const FORWARD_TOL: f64 = 2e-5;
 /// product by up to 2⁻⁹ of each term.
 const GRADIENT_TOL: f64 = 6e-3;
 
-fn runs_here() -> bool {
-    BF16.missing_cpu_feature().is_none()
+/// bf16 products on any CPU: natively where it has AVX512_BF16, else emulated with the same bits
+/// (`bf16_refused.rs` covers the refusal without the emulation).
+fn bf16_everywhere() {
+    kernels::emulate_bf16_products();
 }
 
 fn randn(seed: u64, shape: &[usize]) -> Tensor {
@@ -73,10 +76,7 @@ fn r(t: &Tensor) -> Tensor {
 
 #[test]
 fn every_projection_in_bf16_is_the_composition_of_its_rounded_operands() {
-    if !runs_here() {
-        eprintln!("skipped: this CPU has no AVX512_BF16 (bf16_refused.rs covers it)");
-        return;
-    }
+    bf16_everywhere();
     let tables = RopeTables::new(8, 160, 10_000.0, DType::F32, &Device::Cpu).unwrap();
     let logn = kernels::PositionScale {
         scale: 0.35,
@@ -148,9 +148,7 @@ fn targets_and_mask(n: usize, vocab: usize) -> (Tensor, Tensor) {
 
 #[test]
 fn the_output_layer_and_loss_in_bf16_is_the_composition_of_its_rounded_operands() {
-    if !runs_here() {
-        return;
-    }
+    bf16_everywhere();
     // Several blocks of rows at 70k words; the trainer's gradient made in the forward pass
     // (`grads`) and the recomputing backward (the probe puts weight on the NLL row too).
     for (rows, d, vocab) in [(17, 16, 69), (150, 8, 70_000), (40, 64, 65)] {
@@ -198,9 +196,7 @@ fn the_output_layer_and_loss_in_bf16_is_the_composition_of_its_rounded_operands(
 /// the forward pass prepared; against the composition on rounded operands.
 #[test]
 fn the_trainers_gradient_from_the_bf16_forward_pass_is_the_compositions() {
-    if !runs_here() {
-        return;
-    }
+    bf16_everywhere();
     let (rows, d, vocab) = (96, 32, 300);
     let h = randn(1, &[rows, d]);
     let w = (randn(2, &[vocab, d]) * 0.5).unwrap();
@@ -260,9 +256,7 @@ fn padding_of_last_row(b: usize, s: usize) -> Tensor {
 /// (S ≤ 4d keeps them).
 #[test]
 fn attention_in_bf16_is_the_composition_of_its_rounded_operands() {
-    if !runs_here() {
-        return;
-    }
+    bf16_everywhere();
     let opts = attention_opts;
     // (b, t, s, heads, kv heads, d): self-attention, cross-attention over a longer source,
     // grouped-query heads, and S > 4d (the backward pass recomputes the probabilities).
@@ -317,9 +311,7 @@ fn attention_in_bf16_is_the_composition_of_its_rounded_operands() {
 /// product left in f32 would see the difference.
 #[test]
 fn attention_in_bf16_sees_q_k_and_v_only_through_their_rounding() {
-    if !runs_here() {
-        return;
-    }
+    bf16_everywhere();
     // Kept probabilities (S ≤ 4d), recomputed ones (S > 4d) and grouped-query heads.
     for (b, t, s, h, hkv, d) in [(2, 9, 9, 4, 4, 8), (1, 7, 40, 4, 2, 4)] {
         let inputs = [
@@ -362,9 +354,7 @@ fn attention_in_bf16_sees_q_k_and_v_only_through_their_rounding() {
 /// Products large enough to be cut into tasks give the same bits at 1 and 3 threads.
 #[test]
 fn bf16_ops_give_the_same_bits_at_any_thread_count() {
-    if !runs_here() {
-        return;
-    }
+    bf16_everywhere();
     let x = randn(1, &[4, 64, 128]);
     let w = randn(2, &[384, 128]);
     let stream = randn(3, &[4, 64, 384]);

@@ -12,8 +12,8 @@
 mod common;
 
 use candle_core::{DType, Device, Tensor};
-use common::{assert_close, randn_cpu, run, same_bits, strided};
-use ember_kernels::{self as kernels, Precision, RopeTables};
+use common::{assert_close, every_precision, randn_cpu, run, same_bits, strided};
+use ember_kernels::{self as kernels, RopeTables};
 
 fn randn(seed: u64, shape: &[usize]) -> Tensor {
     randn_cpu(seed, shape, 1.0)
@@ -138,7 +138,7 @@ fn projections_read_and_write_bf16_between_casts() {
     let x = bf16(&randn(10, &[2, 7, 24]));
     let w = randn(11, &[32, 24]);
     let stream = randn(12, &[2, 7, 32]);
-    for precision in Precision::on_this_cpu() {
+    for precision in every_precision() {
         for (label, v) in layouts(&[x.clone(), w.clone(), stream.clone()]) {
             let what = |op: &str| format!("{op} {precision} {label}");
             let xw = [v[0].clone(), v[1].clone()];
@@ -179,7 +179,7 @@ fn biased_projections_gelu_and_the_bias_add_read_and_write_bf16_between_casts() 
     let w = randn(71, &[32, 24]);
     let b = (randn(72, &[32]) * 0.5).unwrap();
     let y = bf16(&randn(73, &[2, 7, 32]));
-    for precision in Precision::on_this_cpu() {
+    for precision in every_precision() {
         for (label, v) in layouts(&[x.clone(), w.clone(), b.clone()]) {
             let what = |op: &str| format!("{op} {precision} {label}");
             between_casts(&what("linear_bias"), &v, DType::BF16, &|t| {
@@ -224,7 +224,7 @@ fn attention_reads_bf16_and_writes_in_the_values_dtype() {
     // A relative error of a few bf16 roundings (2⁻⁹) of the output, through D.
     const GRADIENT_TOL: f64 = 1e-2;
     let mask = kernels::causal_mask(9, 0, DType::F32, &Device::Cpu).unwrap();
-    for precision in Precision::on_this_cpu() {
+    for precision in every_precision() {
         for dropout in [None, Some((0.2, 11))] {
             let opts = kernels::AttentionOptions {
                 heads: 4,
@@ -331,7 +331,7 @@ fn the_output_layer_and_loss_read_a_bf16_h_between_casts() {
         &Device::Cpu,
     )
     .unwrap();
-    for precision in Precision::on_this_cpu() {
+    for precision in every_precision() {
         for (eps, z) in [(0.0, 0.0), (0.1, 1e-4)] {
             for grads in [true, false] {
                 for (label, v) in layouts(&[h.clone(), w.clone()]) {

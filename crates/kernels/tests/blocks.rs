@@ -10,7 +10,7 @@ mod common;
 
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor, Var};
-use common::{host, randn_cpu, same_bits};
+use common::{every_precision, host, randn_cpu, same_bits};
 use ember_kernels::{
     self as kernels, attention_block, causal_mask, mlp_block, AttentionOptions, AttentionWeights, BlockNorm,
     BlockPositions, GradSink, MlpWeights, PositionScale, Precision, RopeTables,
@@ -124,7 +124,7 @@ fn the_mlp_block_gives_the_bits_of_its_ops_one_by_one() {
         ("rmsnorm", false),
         ("rmsnorm", true),
     ] {
-        for precision in Precision::on_this_cpu() {
+        for precision in every_precision() {
             for dropout in [(0.0, 0), (0.1, 12345)] {
                 let what = format!("{norm}, swiglu {swiglu}, {precision:?}, dropout {}", dropout.0);
                 let m = Mlp::new(7, (2, 13, 24, 40), norm, swiglu);
@@ -392,7 +392,7 @@ fn the_attention_block_gives_the_bits_of_its_ops_one_by_one() {
         ),
     ];
     for (what, positions, (heads, kv_heads), rms, mask, qk_rms) in cases {
-        for precision in Precision::on_this_cpu() {
+        for precision in every_precision() {
             for dropout in [None, Some((0.1, 4242))] {
                 let what = format!("{what}, {precision:?}, attention dropout {dropout:?}");
                 let mut a = Attention::new(11, (b, t, heads * hd - 3), (heads, kv_heads, hd), rms);

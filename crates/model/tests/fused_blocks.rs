@@ -119,7 +119,7 @@ fn fused_sub_blocks_train_the_same_bits_as_their_ops_one_by_one() {
                 (Positions::None, true, false),
             ];
             for (positions, norm_bias, logn) in positions {
-                for precision in Precision::on_this_cpu() {
+                for precision in every_precision() {
                     // SwiGLU with the learned positions, GELU with the others.
                     let mlp = if positions == Positions::Learned {
                         MlpKind::Swiglu

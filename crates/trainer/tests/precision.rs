@@ -12,9 +12,7 @@ use ember_trainer::{evaluate, open_run, train, Split};
 
 #[test]
 fn a_bf16_run_trains_in_bf16_and_says_so_in_its_config() {
-    if !bf16_runs_here() {
-        return;
-    }
+    bf16_everywhere();
     let tmp = tempdir();
     let (f32_dir, bf16_dir) = (tmp.path().join("f32"), tmp.path().join("bf16"));
     let yaml = seq2seq_yaml();
@@ -51,9 +49,7 @@ fn a_bf16_run_trains_in_bf16_and_says_so_in_its_config() {
 
 #[test]
 fn evaluating_a_bf16_run_takes_its_precision_and_reproduces_its_validation_loss() {
-    if !bf16_runs_here() {
-        return;
-    }
+    bf16_everywhere();
     let tmp = tempdir();
     let dir = tmp.path().join("bf16");
     let summary = train(config(&in_bf16(&seq2seq_yaml()), &[]), &opts(&dir)).unwrap();
@@ -71,9 +67,7 @@ fn evaluating_a_bf16_run_takes_its_precision_and_reproduces_its_validation_loss(
 
 #[test]
 fn resuming_in_another_precision_is_refused_unless_allowed() {
-    if !bf16_runs_here() {
-        return;
-    }
+    bf16_everywhere();
     let tmp = tempdir();
     let dir = tmp.path().join("run");
     let yaml = seq2seq_yaml();

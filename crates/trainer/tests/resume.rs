@@ -48,18 +48,16 @@ fn resuming_a_language_model_run_with_accumulation_is_bit_identical() {
 
 #[test]
 fn resuming_a_bf16_translation_run_is_bit_identical_to_an_uninterrupted_one() {
-    if bf16_runs_here() {
-        assert_resume_is_exact(&in_bf16(&seq2seq_yaml()));
-    }
+    bf16_everywhere();
+    assert_resume_is_exact(&in_bf16(&seq2seq_yaml()));
 }
 
 #[test]
 fn resuming_a_bf16_language_model_run_with_accumulation_is_bit_identical() {
-    if bf16_runs_here() {
-        let tmp = tempdir();
-        let text = write_text(tmp.path());
-        assert_resume_is_exact(&in_bf16(&lm_yaml(&text)));
-    }
+    bf16_everywhere();
+    let tmp = tempdir();
+    let text = write_text(tmp.path());
+    assert_resume_is_exact(&in_bf16(&lm_yaml(&text)));
 }
 
 #[test]

@@ -75,18 +75,16 @@ fn a_language_model_run_in_shares_is_bit_identical_at_any_thread_count() {
 
 #[test]
 fn a_bf16_translation_run_in_shares_is_bit_identical_at_any_thread_count() {
-    if bf16_runs_here() {
-        assert_threads_change_nothing(&in_bf16(&seq2seq_yaml()), "train.shares=3");
-    }
+    bf16_everywhere();
+    assert_threads_change_nothing(&in_bf16(&seq2seq_yaml()), "train.shares=3");
 }
 
 #[test]
 fn a_bf16_language_model_run_is_bit_identical_at_any_thread_count() {
-    if bf16_runs_here() {
-        let tmp = tempdir();
-        let text = write_text(tmp.path());
-        assert_threads_change_nothing(&in_bf16(&lm_yaml(&text)), "train.shares=1");
-    }
+    bf16_everywhere();
+    let tmp = tempdir();
+    let text = write_text(tmp.path());
+    assert_threads_change_nothing(&in_bf16(&lm_yaml(&text)), "train.shares=1");
 }
 
 #[test]

@@ -1,11 +1,13 @@
 //! The products in either [`Precision`]: f32 goes to [`sgemm`] and its kernels, bf16 to the
-//! `vdpbf16ps` kernel ([`super::bf16`]). The ops call these and never look at the precision
-//! themselves.
+//! `vdpbf16ps` kernel ([`super::bf16`]), or where the CPU has no AVX512_BF16 and the user asked
+//! for it, to its emulation ([`super::emulated`]). The ops call these and never look at the
+//! precision themselves.
 
+use super::emulated::{self, Packed as EmulatedB};
 use super::{product, sgemm, sgemm_packed, Mat, Operand, PackedB};
 use crate::Precision;
 
-/// Whether bf16 products run on this CPU ([`super::bf16::supported`]).
+/// Whether the CPU runs bf16 products itself ([`super::bf16::supported`]).
 pub(crate) fn bf16_supported() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -26,13 +28,30 @@ pub(crate) fn bf16_on_amx() -> bool {
     false
 }
 
-/// Panics unless bf16 products run here: the ops check [`Precision::missing_cpu_feature`]
-/// first and return an error.
-fn assert_bf16() {
+/// Whether bf16 products run in software here: the CPU cannot run them and the user asked for
+/// the emulation ([`BF16_ENV`](crate::BF16_ENV)).
+pub fn bf16_emulated() -> bool {
+    !bf16_supported() && emulated::asked()
+}
+
+/// Where this process's bf16 products run.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Bf16On {
+    Cpu,
+    Emulation,
+}
+
+/// Where bf16 products run here; panics where they do not: the ops check
+/// [`Precision::missing_cpu_feature`] first and return an error.
+fn bf16_on() -> Bf16On {
+    if bf16_supported() {
+        return Bf16On::Cpu;
+    }
     assert!(
-        bf16_supported(),
+        bf16_emulated(),
         "bf16 products need AVX512_BF16; the op should have refused"
     );
+    Bf16On::Emulation
 }
 
 /// `A·B` for A (m×k) and B (k×n) into a new row-major (m×n) vector, in `precision`.
@@ -97,13 +116,13 @@ pub(super) unsafe fn gemm_in(
 ) {
     match precision {
         Precision::F32 => super::gemm(m, k, n, a, b, beta, c, ldc),
-        Precision::Bf16 => {
-            assert_bf16();
+        Precision::Bf16 => match bf16_on() {
+            Bf16On::Emulation => emulated::gemm(m, k, n, a, b, beta, c, ldc),
             #[cfg(target_arch = "x86_64")]
-            super::bf16::gemm(m, k, n, a, b, beta, c, ldc);
+            Bf16On::Cpu => super::bf16::gemm(m, k, n, a, b, beta, c, ldc),
             #[cfg(not(target_arch = "x86_64"))]
-            let _ = (a, b, beta, c, ldc);
-        }
+            Bf16On::Cpu => unreachable!("no bf16 instructions off x86-64"),
+        },
     }
 }
 
@@ -123,7 +142,7 @@ fn sgemm_bf16(
         "sgemm: operand out of bounds"
     );
     // SAFETY: operands in bounds (asserted), and C is exclusively borrowed, so it cannot alias
-    // A or B; `gemm_in` asserts that the CPU has AVX512_BF16.
+    // A or B; `gemm_in` asserts that bf16 products run here.
     unsafe {
         gemm_in(
             Precision::Bf16,
@@ -151,6 +170,7 @@ pub(crate) enum PackedIn<'a> {
     },
     #[cfg(target_arch = "x86_64")]
     Bf16(super::bf16::PackedPairs),
+    Emulated(EmulatedB),
 }
 
 impl<'a> PackedIn<'a> {
@@ -164,12 +184,14 @@ impl<'a> PackedIn<'a> {
             },
             Precision::Bf16 => {
                 assert!(b.fits(k, n), "sgemm: operand out of bounds");
-                assert_bf16();
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: B's k×n view is in bounds and the CPU has AVX512_BF16 (asserted).
-                return PackedIn::Bf16(unsafe { super::bf16::pack_b(k, n, b.operand()) });
-                #[cfg(not(target_arch = "x86_64"))]
-                unreachable!("assert_bf16 fails off x86-64")
+                match bf16_on() {
+                    Bf16On::Emulation => PackedIn::Emulated(EmulatedB::of(k, n, b)),
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: B's k×n view is in bounds (asserted) and the CPU has AVX512_BF16.
+                    Bf16On::Cpu => PackedIn::Bf16(unsafe { super::bf16::pack_b(k, n, b.operand()) }),
+                    #[cfg(not(target_arch = "x86_64"))]
+                    Bf16On::Cpu => unreachable!("no bf16 instructions off x86-64"),
+                }
             }
         }
     }
@@ -193,6 +215,12 @@ impl<'a> PackedIn<'a> {
                 // SAFETY: operands in bounds (asserted); C is exclusively borrowed.
                 unsafe { super::bf16::gemm_packed(m, a.operand(), packed, beta, c.as_mut_ptr(), n) }
             }
+            PackedIn::Emulated(packed) => {
+                let (k, n) = packed.dims();
+                assert!(a.fits(m, k) && c.len() >= m * n, "sgemm: operand out of bounds");
+                // SAFETY: operands in bounds (asserted); C is exclusively borrowed.
+                unsafe { emulated::gemm_packed(m, a.operand(), packed, beta, c.as_mut_ptr(), n) }
+            }
         }
     }
 }
@@ -207,6 +235,7 @@ pub(crate) enum PartsOf<'a> {
     },
     #[cfg(target_arch = "x86_64")]
     Bf16(super::bf16::PackedPairs),
+    Emulated(EmulatedB),
 }
 
 impl<'a> PartsOf<'a> {
@@ -214,14 +243,14 @@ impl<'a> PartsOf<'a> {
         assert!(b.fits(k, n), "sgemm: operand out of bounds");
         match precision {
             Precision::F32 => PartsOf::F32 { b, k, n },
-            Precision::Bf16 => {
-                assert_bf16();
+            Precision::Bf16 => match bf16_on() {
+                Bf16On::Emulation => PartsOf::Emulated(EmulatedB::of(k, n, b)),
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: B's k×n view is in bounds (asserted) and the CPU has AVX512_BF16.
-                return PartsOf::Bf16(unsafe { super::bf16::pack_b(k, n, b.operand()) });
+                Bf16On::Cpu => PartsOf::Bf16(unsafe { super::bf16::pack_b(k, n, b.operand()) }),
                 #[cfg(not(target_arch = "x86_64"))]
-                unreachable!("assert_bf16 fails off x86-64")
-            }
+                Bf16On::Cpu => unreachable!("no bf16 instructions off x86-64"),
+            },
         }
     }
 
@@ -239,6 +268,7 @@ impl<'a> PartsOf<'a> {
             PartsOf::F32 { k, n, .. } => (*k, *n),
             #[cfg(target_arch = "x86_64")]
             PartsOf::Bf16(p) => p.dims(),
+            PartsOf::Emulated(p) => p.dims(),
         };
         for (rows, cols, ks) in parts {
             assert!(
@@ -282,6 +312,9 @@ impl<'a> PartsOf<'a> {
             }
             #[cfg(target_arch = "x86_64")]
             PartsOf::Bf16(packed) => super::bf16::gemm_packed_parts(a.operand(), packed, parts, beta, c, ldc),
+            PartsOf::Emulated(packed) => {
+                emulated::gemm_packed_parts(a.operand(), packed, parts, beta, c, ldc)
+            }
         }
     }
 }
@@ -301,6 +334,8 @@ pub(crate) enum Activation {
     F32(Vec<f32>),
     #[cfg(target_arch = "x86_64")]
     Bf16(super::bf16::Rounded),
+    /// Rounded for emulated bf16 products: the bf16 values, held (exactly) as f32.
+    Emulated(Vec<f32>),
 }
 
 impl Activation {
@@ -312,14 +347,13 @@ impl Activation {
         cols: usize,
         fill: impl Fn(std::ops::Range<usize>, &mut [std::mem::MaybeUninit<f32>]) + Sync + Send,
     ) -> Self {
-        assert_bf16();
-        #[cfg(target_arch = "x86_64")]
-        return Activation::Bf16(super::bf16::Rounded::from_rows_with(rows, cols, fill));
-        #[cfg(not(target_arch = "x86_64"))]
-        unreachable!(
-            "assert_bf16 fails off x86-64 ({rows}×{cols}, {})",
-            std::mem::size_of_val(&fill)
-        )
+        match bf16_on() {
+            Bf16On::Emulation => Activation::Emulated(emulated::rounded_with(rows, cols, fill)),
+            #[cfg(target_arch = "x86_64")]
+            Bf16On::Cpu => Activation::Bf16(super::bf16::Rounded::from_rows_with(rows, cols, fill)),
+            #[cfg(not(target_arch = "x86_64"))]
+            Bf16On::Cpu => unreachable!("no bf16 instructions off x86-64"),
+        }
     }
 
     /// The f32 values, unless rounded.
@@ -328,6 +362,15 @@ impl Activation {
             Activation::F32(v) => Some(v),
             #[cfg(target_arch = "x86_64")]
             Activation::Bf16(_) => None,
+            Activation::Emulated(_) => None,
+        }
+    }
+
+    /// The rounded values of an emulated bf16 activation.
+    fn as_emulated(&self) -> Option<&[f32]> {
+        match self {
+            Activation::Emulated(v) => Some(v),
+            _ => None,
         }
     }
 
@@ -336,17 +379,26 @@ impl Activation {
     fn as_rounded(&self) -> &super::bf16::Rounded {
         match self {
             Activation::Bf16(r) => r,
-            Activation::F32(_) => panic!("bf16 product: an f32 activation beside a bf16 one"),
+            _ => panic!("bf16 product: an f32 or emulated activation beside a bf16 one"),
         }
     }
 
     /// `x` (rows × cols, row-major) rounded for bf16 products.
     pub fn rounded(rows: usize, cols: usize, x: &[f32]) -> Self {
-        assert_bf16();
-        #[cfg(target_arch = "x86_64")]
-        return Activation::Bf16(super::bf16::Rounded::new(rows, cols, x));
-        #[cfg(not(target_arch = "x86_64"))]
-        unreachable!("assert_bf16 fails off x86-64 ({rows}×{cols}, {})", x.len())
+        match bf16_on() {
+            Bf16On::Emulation => {
+                assert!(
+                    x.len() >= rows * cols,
+                    "Activation: {rows}×{cols} from {} elements",
+                    x.len()
+                );
+                Activation::Emulated(x[..rows * cols].iter().map(|&v| emulated::round(v)).collect())
+            }
+            #[cfg(target_arch = "x86_64")]
+            Bf16On::Cpu => Activation::Bf16(super::bf16::Rounded::new(rows, cols, x)),
+            #[cfg(not(target_arch = "x86_64"))]
+            Bf16On::Cpu => unreachable!("no bf16 instructions off x86-64"),
+        }
     }
 }
 
@@ -374,6 +426,8 @@ pub(crate) enum SharedB<'a> {
     F32(&'a [f32]),
     #[cfg(target_arch = "x86_64")]
     Packed(super::bf16::PackedPairs),
+    /// Emulated: each product rounds its B itself (the values are rounded already).
+    Kept(&'a Activation),
 }
 
 impl<'a> SharedB<'a> {
@@ -382,6 +436,7 @@ impl<'a> SharedB<'a> {
             Activation::F32(v) => SharedB::F32(v),
             #[cfg(target_arch = "x86_64")]
             Activation::Bf16(r) => SharedB::Packed(super::bf16::pack_b_rounded(r)),
+            Activation::Emulated(_) => SharedB::Kept(x),
         }
     }
 }
@@ -401,6 +456,9 @@ pub(crate) fn product_from(m: usize, k: usize, n: usize, a: AFrom<'_>, b: BFrom<
     };
     if let (Some(a), Some(b)) = (a_f32, b_f32) {
         return product(m, k, n, a, b);
+    }
+    if bf16_emulated() {
+        return emulated_product(m, k, n, a, b);
     }
     #[cfg(target_arch = "x86_64")]
     {
@@ -438,4 +496,24 @@ pub(crate) fn product_from(m: usize, k: usize, n: usize, a: AFrom<'_>, b: BFrom<
     }
     #[cfg(not(target_arch = "x86_64"))]
     unreachable!("only f32 activations exist off x86-64")
+}
+
+/// [`product_from`] for emulated bf16 operands (and f32 views of weights beside them).
+fn emulated_product(m: usize, k: usize, n: usize, a: AFrom<'_>, b: BFrom<'_>) -> Vec<f32> {
+    const ROUNDED: &str = "emulated bf16 product: an operand not rounded for it";
+    let a = match a {
+        AFrom::Rows(x) => Mat::rows(x.as_emulated().expect(ROUNDED), k),
+        AFrom::Transposed(x) => Mat::rows(x.as_emulated().expect(ROUNDED), m).t(),
+    };
+    let b = match b {
+        BFrom::View(v) => v,
+        BFrom::Rows(x) => Mat::rows(x.as_emulated().expect(ROUNDED), n),
+        #[cfg(target_arch = "x86_64")]
+        BFrom::Packed(_) => panic!("{ROUNDED}"),
+    };
+    assert!(a.fits(m, k) && b.fits(k, n), "sgemm: operand out of bounds");
+    let mut c = vec![0f32; m * n];
+    // SAFETY: the operands are in bounds (asserted) and C holds m×n elements of its own.
+    unsafe { emulated::gemm(m, k, n, a.operand(), b.operand(), 0.0, c.as_mut_ptr(), n) };
+    c
 }

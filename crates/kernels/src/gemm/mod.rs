@@ -39,6 +39,9 @@ mod bf16;
 #[cfg(all(test, target_arch = "x86_64"))]
 mod bf16_tests;
 mod blocks;
+mod emulated;
+#[cfg(all(test, target_arch = "x86_64"))]
+mod emulated_tests;
 mod mixed;
 #[cfg(all(test, target_arch = "x86_64"))]
 mod rounded_tests;
@@ -50,6 +53,8 @@ pub(crate) mod timing;
 mod x86;
 
 pub(crate) use blocks::Blocks;
+pub use emulated::{emulate_bf16_products, emulation_slowdown, BF16_ENV};
+pub use mixed::bf16_emulated;
 use mixed::gemm_in;
 pub(crate) use mixed::{
     bf16_on_amx, bf16_supported, product_from, product_in, sgemm_in, AFrom, Activation, BFrom, PackedIn,

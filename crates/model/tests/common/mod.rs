@@ -145,3 +145,11 @@ pub fn check_against_finite_differences(c: &ModelConfig) {
         }
     }
 }
+
+/// Every precision, bf16 on any CPU: natively where it has AVX512_BF16, else emulated with the
+/// same bits (`ember_kernels::emulate_bf16_products`), so that the bf16 specifications run on
+/// every machine, CI's included.
+pub fn every_precision() -> [ember_kernels::Precision; 2] {
+    ember_kernels::emulate_bf16_products();
+    [ember_kernels::Precision::F32, ember_kernels::Precision::Bf16]
+}

@@ -15,9 +15,12 @@
 //! has held them to their emulator (ember-kernels' `gemm::bf16::amx`); `EMBER_CPU_VECTOR_UNIT=avx512`
 //! keeps them off. They have run on an Intel Xeon with AMX (docs/results/bf16/).
 //!
-//! A CPU without AVX512_BF16 is refused before any work, naming the feature: an emulation would
-//! do f32's multiply-adds plus the rounding, so it could only be slower than f32, with worse
-//! numerics. On CUDA the products are cuBLAS's bf16 GEMMs with f32 compute (tensor cores) on
+//! A CPU without AVX512_BF16 is refused before any work, naming the feature: an emulation does
+//! f32's multiply-adds plus the rounding, so it can only be slower than f32, with worse numerics.
+//! Unless the user asks for that emulation (`EMBER_CPU_BF16=emulate`, [`ember_kernels::BF16_ENV`]):
+//! then the products run in software with the bits of AVX512_BF16's `vdpbf16ps` (for checking a
+//! bf16 run before it goes to a machine that has it, and for the tests), and the run says at its
+//! start how many times slower than f32 a product measured on this machine ([`emulation_note`]). On CUDA the products are cuBLAS's bf16 GEMMs with f32 compute (tensor cores) on
 //! operands cast to bf16, their outputs rounded to bf16 as under PyTorch's autocast
 //! ([`Precision::matmul`]); attention's fused kernel rounds its four products' operands to bf16
 //! and sums in f32, as the CPU kernel does (longer sequences: those GEMMs around its softmax
@@ -57,13 +60,35 @@ pub fn for_training(cfg: &RunConfig) -> Result<Precision> {
     }
     if let Some(missing) = precision.missing_cpu_feature() {
         bail!(
-            "train.precision: {precision}: its matrix products need {missing}. Ember does not \
-             emulate them: an emulation does f32's work plus the rounding, slower than f32 \
-             itself. Train with train.precision: f32 (the default) here, or on a CPU with \
-             AVX512_BF16 (AMD Zen 4 and later, Intel Cooper Lake, Sapphire Rapids and later)."
+            "train.precision: {precision}: its matrix products need {missing}. Train with \
+             train.precision: f32 (the default) here, or on a CPU with AVX512_BF16 (AMD Zen 4 \
+             and later, Intel Cooper Lake, Sapphire Rapids and later). To check a bf16 run on \
+             this machine anyway, set {env}=emulate: the products then run in software with \
+             AVX512_BF16's bits, several times slower than f32 (an emulation does f32's work \
+             plus the rounding).",
+            env = ember_kernels::BF16_ENV
         );
     }
     Ok(precision)
+}
+
+/// What a run whose products are emulated ([`ember_kernels::bf16_emulated`]) tells at its start:
+/// that they are, and how many times longer than f32's a product took just now (a measurement
+/// of this machine, not a figure of Ember's). `None` for every other run.
+pub fn emulation_note(cfg: &RunConfig) -> Option<String> {
+    if cfg.train.precision != Precision::Bf16
+        || cfg.device.starts_with("cuda")
+        || !ember_kernels::bf16_emulated()
+    {
+        return None;
+    }
+    Some(format!(
+        "train.precision: bf16 runs emulated ({}=emulate; this CPU has no AVX512_BF16): the \
+         products have AVX512_BF16's bits, but a 256×256×256 product took {:.1}× as long as in \
+         f32 on this machine just now",
+        ember_kernels::BF16_ENV,
+        ember_kernels::emulation_slowdown()
+    ))
 }
 
 /// The precision to evaluate or decode a trained run in: its own where this machine runs it,

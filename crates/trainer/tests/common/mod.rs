@@ -80,14 +80,12 @@ pub fn in_bf16(yaml: &str) -> String {
     yaml.replacen("\ntrain:\n", "\ntrain:\n  precision: bf16\n", 1)
 }
 
-/// Whether this machine runs bf16 products (AVX512_BF16); the bf16 specifications are skipped,
-/// saying so, where it does not (`precision.rs` covers the refusal there).
-pub fn bf16_runs_here() -> bool {
-    let runs = ember_kernels::Precision::Bf16.missing_cpu_feature().is_none();
-    if !runs {
-        eprintln!("skipped: this CPU has no AVX512_BF16");
-    }
-    runs
+/// Lets this test process run bf16 products on any CPU: natively where it has AVX512_BF16, else
+/// emulated with the same bits (`ember_kernels::emulate_bf16_products`), so that the bf16
+/// specifications run everywhere, CI's CPU included (`tests/cli.rs` covers the refusal without
+/// the emulation).
+pub fn bf16_everywhere() {
+    ember_kernels::emulate_bf16_products();
 }
 
 pub fn write_text(dir: &Path) -> PathBuf {

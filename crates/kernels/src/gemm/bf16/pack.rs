@@ -11,18 +11,7 @@ use crate::gemm::x86::avx512::lane_mask as lanes;
 use crate::gemm::Operand;
 use crate::par::SharedMut;
 
-/// f32 → bf16 bits as `vcvtneps2bf16` rounds: to nearest even; a NaN stays a (quiet) NaN;
-/// a denormal (and a zero) becomes a zero of its sign.
-pub(crate) fn to_bf16(x: f32) -> u16 {
-    let bits = x.to_bits();
-    if x.is_nan() {
-        return ((bits >> 16) | 0x40) as u16;
-    }
-    if bits & 0x7f80_0000 == 0 {
-        return ((bits >> 16) & 0x8000) as u16;
-    }
-    ((bits + 0x7fff + ((bits >> 16) & 1)) >> 16) as u16
-}
+pub(crate) use crate::gemm::emulated::to_bf16;
 
 /// The f32 of bf16 bits (exact).
 #[cfg(test)]

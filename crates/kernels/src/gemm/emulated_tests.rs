@@ -1,0 +1,155 @@
+//! The emulated bf16 products against the scalar model of `vdpbf16ps` that `bf16_tests` holds the
+//! hardware kernel to, bit for bit, on values that exercise the rounding and the flushing; and,
+//! where the CPU has AVX512_BF16, against the hardware kernel itself.
+
+use super::bf16::{gemm_with, supported, Kernel};
+use super::bf16_tests::{accessors, modelled, same_bits};
+use super::emulated::{gemm, gemm_packed_parts, Packed};
+use super::tests::{operands, LAYOUTS};
+use super::{Mat, Part};
+
+/// Values that exercise the rounding and the flushing: signed zeros, a tie (1 + 2⁻⁸ rounds to
+/// even), operands whose products underflow, a denormal operand, and ordinary values whose
+/// sums cancel.
+fn values(len: usize, seed: u64) -> Vec<f32> {
+    let ordinary = super::tests::values(len, seed);
+    (0..len)
+        .map(|i| match i % 11 {
+            0 => 0.0,
+            1 => -0.0,
+            2 => f32::from_bits(0x3f80_8000),
+            3 => 1e-20 * ordinary[i],
+            4 => 3e-39,
+            _ => 8.0 * ordinary[i],
+        })
+        .collect()
+}
+
+/// `(m, k, n)` at every layout of A and B and β ∈ {0, 1, ½}, C inside a wider buffer: the
+/// emulation's bits and `kernel`'s, or the model's where `kernel` is `None`.
+fn check(kernel: Option<Kernel>, (m, k, n): (usize, usize, usize)) {
+    for (case, (a_t, b_t, beta)) in LAYOUTS.into_iter().enumerate() {
+        let a = values(m * k, (m * 31 + k * 7 + n) as u64);
+        let b = values(k * n, (n * 17 + k + case) as u64);
+        let ldc = n + 5;
+        let c0 = values(m * ldc, 99);
+        let (ao, bo) = operands(&a, &b, (m, k, n), a_t, b_t);
+        let mut got = c0.clone();
+        // SAFETY: the operands hold their views and C holds m rows of ldc.
+        unsafe { gemm(m, k, n, ao, bo, beta, got.as_mut_ptr(), ldc) };
+        let want = match kernel {
+            Some(kernel) => {
+                let mut c = c0.clone();
+                // SAFETY: as above; the caller checked that the CPU runs `kernel`.
+                unsafe { gemm_with(kernel, m, k, n, ao, bo, beta, c.as_mut_ptr(), ldc) };
+                c
+            }
+            None => {
+                let (fa, fb) = accessors(&a, &b, (m, k, n), a_t, b_t);
+                modelled(Kernel::Avx512, (m, k, n), &fa, &fb, beta, &c0, ldc)
+            }
+        };
+        assert!(same_bits(&got, &want), "{kernel:?} m={m} k={k} n={n} case={case}");
+    }
+}
+
+const SHAPES: [(usize, usize, usize); 8] = [
+    (1, 1, 1),
+    (7, 0, 9),
+    (8, 3, 17),
+    (9, 33, 16),
+    (17, 129, 70),
+    (33, 2, 600),
+    (40, 600, 33),
+    (3, 1100, 5),
+];
+
+#[test]
+fn emulated_products_give_the_modelled_bits_at_every_layout_and_edge() {
+    for shape in SHAPES {
+        check(None, shape);
+    }
+}
+
+#[test]
+fn emulated_products_give_the_vdpbf16ps_kernels_bits() {
+    if !supported() {
+        eprintln!("skipped: this CPU has no AVX512_BF16 (the model stands in for it above)");
+        return;
+    }
+    for shape in SHAPES {
+        check(Some(Kernel::Avx512), shape);
+    }
+}
+
+/// Parts of a product, each over its own elements of k (A zero elsewhere in its rows, as the
+/// attention kernel's are): in each part's rows and columns, the bits of its own product.
+#[test]
+fn parts_give_their_products_bits_in_their_rows_and_columns() {
+    let (m, k, n) = (6, 70, 40);
+    let (a, b) = (values(m * k, 4), values(k * n, 5));
+    let parts: Vec<Part> = vec![(0..3, 0..32, 0..32), (3..6, 32..40, 32..70)];
+    let mut a_parts = vec![0f32; m * k];
+    for (rows, _, ks) in &parts {
+        for i in rows.clone() {
+            a_parts[i * k + ks.start..i * k + ks.end].copy_from_slice(&a[i * k + ks.start..i * k + ks.end]);
+        }
+    }
+    let packed = Packed::of(k, n, Mat::rows(&b, n));
+    let mut got = vec![f32::NAN; m * n];
+    // SAFETY: A and C hold their elements; the parts do not overlap.
+    unsafe {
+        gemm_packed_parts(
+            Mat::rows(&a_parts, k).operand(),
+            &packed,
+            &parts,
+            0.0,
+            got.as_mut_ptr(),
+            n,
+        )
+    };
+    for (rows, cols, ks) in &parts {
+        let fa = |i: usize, p: usize| a[(rows.start + i) * k + ks.start + p];
+        let fb = |p: usize, j: usize| b[(ks.start + p) * n + cols.start + j];
+        let (pm, pn) = (rows.len(), cols.len());
+        let want = modelled(
+            Kernel::Avx512,
+            (pm, ks.len(), pn),
+            fa,
+            fb,
+            0.0,
+            &vec![0.0; pm * pn],
+            pn,
+        );
+        for (r, i) in rows.clone().enumerate() {
+            let row = &got[i * n + cols.start..i * n + cols.end];
+            assert!(same_bits(row, &want[r * pn..(r + 1) * pn]), "row {i}");
+        }
+    }
+}
+
+#[test]
+fn emulated_bits_do_not_depend_on_the_threads() {
+    let (m, k, n) = (300, 96, 700);
+    let (a, b) = (values(m * k, 6), values(k * n, 7));
+    let run = |threads| {
+        crate::par::set_threads(threads).unwrap();
+        let mut c = vec![0f32; m * n];
+        // SAFETY: the views and C hold their elements.
+        unsafe {
+            gemm(
+                m,
+                k,
+                n,
+                Mat::rows(&a, k).operand(),
+                Mat::rows(&b, n).operand(),
+                0.0,
+                c.as_mut_ptr(),
+                n,
+            )
+        };
+        crate::par::set_threads(1).unwrap();
+        c
+    };
+    assert!(same_bits(&run(1), &run(3)));
+}
