@@ -1,15 +1,17 @@
 //! Specification: where the CPU cannot run bf16 products (here made to act as an AVX2 machine
 //! with `EMBER_CPU_VECTOR_UNIT=avx2`, set before any kernel runs in this process), the bf16 ops
 //! refuse with an error naming the missing feature — never a silent f32 product or a slow
-//! emulation — while f32 runs as before.
+//! emulation nobody asked for (`EMBER_CPU_BF16=emulate` asks) — while f32 runs as before.
 
 use candle_core::{Device, Tensor};
 use ember_kernels::{self as kernels, Precision};
 
 #[test]
 fn bf16_products_are_refused_naming_the_missing_cpu_feature() {
-    // The only test of this binary: the vector unit is read once per process.
+    // The only test of this binary: the vector unit and the emulation's switch are read once per
+    // process.
     std::env::set_var(kernels::VECTOR_UNIT_ENV, "avx2");
+    std::env::remove_var(kernels::BF16_ENV);
     assert_eq!(kernels::vector_unit(), "AVX2");
     let missing = Precision::Bf16
         .missing_cpu_feature()

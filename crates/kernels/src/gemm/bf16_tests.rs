@@ -16,8 +16,10 @@ pub(super) fn round(x: f32) -> f32 {
 }
 
 /// What `kernel` must give, modelled element by element on the rounded operands (each product
-/// exact, each sum rounded, denormals flushed), then `beta·C + acc` in one fused multiply-add:
-/// - `vdpbf16ps`: one chain over the pairs of k, `acc = (acc + a₁·b₁) + a₀·b₀`;
+/// exact unless it underflows, each sum rounded, denormal results flushed), then `beta·C + acc`
+/// in one fused multiply-add:
+/// - `vdpbf16ps` as Intel's SDM defines it ("FP32 FMA with DAZ in, FTZ out"): one chain of
+///   fused multiply-adds over the pairs of k, `acc = (acc + a₁·b₁) + a₀·b₀`;
 /// - AMX's `tdpbf16ps` as Intel's SDM defines it: per 16 pairs (one instruction), the even
 ///   products and the odd products in two chains of fused multiply-adds from zero, then
 ///   `acc = acc + (even + odd)`.
@@ -48,8 +50,8 @@ pub(super) fn modelled(
             if kernel == Kernel::Avx512 {
                 for p in (0..k).step_by(2) {
                     let (a0, b0, a1, b1) = pair(p);
-                    acc = ftz(acc + ftz(a1 * b1));
-                    acc = ftz(acc + ftz(a0 * b0));
+                    acc = ftz(a1.mul_add(b1, acc));
+                    acc = ftz(a0.mul_add(b0, acc));
                 }
             } else {
                 for p0 in (0..k).step_by(32) {

@@ -2,11 +2,13 @@
 //! ([`BF16_ENV`]`=emulate`, or [`emulate_bf16_products`]). Each element of C is what the
 //! `vdpbf16ps` kernel ([`super::bf16`]) computes, step by step: the operands rounded to bf16 as
 //! the hardware rounds them ([`to_bf16`]), `acc = (acc + a₁·b₁) + a₀·b₀` over k's pairs in
-//! order (each product exact, each product and sum a denormal flushed to a zero of its sign),
+//! order, each step one fused multiply-add whose result is flushed to a zero of its sign where
+//! it is a denormal (Intel's definition of the instruction: "FP32 FMA with DAZ in, FTZ out"),
 //! then `β·C + acc` in one fused multiply-add. A run therefore gives the bits that an
 //! AVX512_BF16 CPU gives with the same vector unit for the rest (`EMBER_CPU_VECTOR_UNIT=avx2`
 //! there makes a Zen 4 compute what an AVX2 machine with the emulation does); AMX's tiles sum in
-//! another order.
+//! another order. Parts of a product ([`gemm_packed_parts`]) must lie as the hardware kernel's
+//! must, so that what runs here runs there.
 //!
 //! It is not fast and cannot be: it does f32's multiplies plus the rounding and the flushing,
 //! vectorised over C's columns but with no register tiling, and a run says at its start how many
@@ -84,6 +86,10 @@ fn flushed(x: f32) -> f32 {
     })
 }
 
+/// Where the parts of a product may start and end ([`gemm_packed_parts`]): the hardware
+/// kernel's strips of 32 columns and steps of 16 pairs of k.
+const PART_ALIGN: usize = 32;
+
 /// Columns of C summed at once: a row's sums stay in L1 while B's rows pass.
 const COLUMNS: usize = 512;
 
@@ -155,8 +161,9 @@ pub(crate) unsafe fn gemm_packed(m: usize, a: Operand, b: &Packed, beta: f32, c:
 }
 
 /// `C = A·B + beta·C` over parts of C, each its rows × columns over k's elements `ks` alone
-/// (see [`super::PartsOf::products`]), B rounded beforehand. A part's `ks` starts on a pair of
-/// k (an even element), so the pairs are those of the whole product.
+/// (see [`super::PartsOf::products`]), B rounded beforehand. As for the hardware kernel, a
+/// part's `ks` is empty (its sum is zero: β·C) or starts on a multiple of [`PART_ALIGN`] and
+/// ends on one or at k, and its columns start on one; so its pairs are the whole product's.
 ///
 /// # Safety
 /// A's rows of every part × `ks` are readable; C's parts, rows `ldc` apart from `c`, are
@@ -172,11 +179,17 @@ pub(crate) unsafe fn gemm_packed_parts(
     let c = SharedMut(c);
     for (rows, cols, ks) in parts.iter().filter(|(r, c, _)| !r.is_empty() && !c.is_empty()) {
         assert!(
-            ks.start.is_multiple_of(2) && ks.end <= b.k && cols.end <= b.n,
-            "emulated bf16 product: k {ks:?} of {} or columns {cols:?} of {}",
+            (ks.is_empty() || ks.start.is_multiple_of(PART_ALIGN))
+                && ks.start <= ks.end
+                && (ks.end == b.k || (ks.end < b.k && ks.end.is_multiple_of(PART_ALIGN)))
+                && cols.start.is_multiple_of(PART_ALIGN)
+                && cols.start <= cols.end
+                && cols.end <= b.n,
+            "bf16 product part: rows {rows:?}, k {ks:?} of {} or columns {cols:?} of {} off the blocks",
             b.k,
             b.n
         );
+        let ks = if ks.is_empty() { 0..0 } else { ks.clone() };
         let pairs = ks.len().div_ceil(2);
         // B's rows from ks.start, the padding row included where ks ends at an odd k.
         let b_rows = &b.values[ks.start * b.n..(ks.start + 2 * pairs) * b.n];
@@ -191,11 +204,12 @@ pub(crate) unsafe fn gemm_packed_parts(
                 for j0 in cols.clone().step_by(COLUMNS) {
                     let acc = &mut acc[..COLUMNS.min(cols.end - j0)];
                     pair_sums(&a_row, b_rows, b.n, j0, acc);
-                    // SAFETY: row i's columns of this part are this task's alone (tasks split
-                    // the part's rows; the caller keeps parts apart).
-                    let out = c.slice(i * ldc + j0, acc.len());
-                    for (o, &s) in out.iter_mut().zip(acc.iter()) {
-                        *o = if beta != 0.0 { beta.mul_add(*o, s) } else { s };
+                    // Row i's columns of this part are this task's alone (tasks split the part's
+                    // rows; the caller keeps parts apart); C is read only for β ≠ 0 (it may be
+                    // uninitialised otherwise), so it is reached through raw pointers.
+                    for (j, &s) in acc.iter().enumerate() {
+                        let out = c.at(i * ldc + j0 + j);
+                        *out = if beta != 0.0 { beta.mul_add(*out, s) } else { s };
                     }
                 }
             }
@@ -215,8 +229,8 @@ unsafe fn element(x: &Operand, r: usize, c: usize) -> f32 {
 simd_dispatch!(pair_sums => pair_sums_generic(a: &[f32], b: &[f32], ldb: usize, j0: usize, acc: &mut [f32]) -> ());
 
 /// `acc[j] = Σ over the pairs q of a: (acc + a[2q+1]·b[2q+1][j0 + j]) + a[2q]·b[2q][j0 + j]`,
-/// from zero, every product and sum flushed as `vdpbf16ps` flushes them (the operands are
-/// rounded already, so every product is exact but where it underflows).
+/// from zero, each step a fused multiply-add flushed as `vdpbf16ps` flushes its results (the
+/// operands are rounded already, and a rounded operand is never a denormal).
 #[inline(always)]
 fn pair_sums_generic(a: &[f32], b: &[f32], ldb: usize, j0: usize, acc: &mut [f32]) {
     acc.fill(0.0);
@@ -226,29 +240,73 @@ fn pair_sums_generic(a: &[f32], b: &[f32], ldb: usize, j0: usize, acc: &mut [f32
         let b0 = &b[2 * q * ldb + j0..][..w];
         let b1 = &b[(2 * q + 1) * ldb + j0..][..w];
         for ((s, &x0), &x1) in acc.iter_mut().zip(b0).zip(b1) {
-            let odd = flushed(*s + flushed(a1 * x1));
-            *s = flushed(odd + flushed(a0 * x0));
+            let odd = flushed(a1.mul_add(x1, *s));
+            *s = flushed(a0.mul_add(x0, odd));
         }
     }
 }
 
-/// A rows × cols activation made in blocks of rows by `fill(rows, out)` and rounded to bf16 as
-/// it is made, kept in f32 (whose values the rounding makes exact).
-pub(crate) fn rounded_with(
+/// A rows × cols activation rounded to bf16 for emulated products, held in f32 (whose values
+/// the rounding makes exact), row-major.
+pub(crate) struct Rounded {
     rows: usize,
     cols: usize,
-    fill: impl Fn(std::ops::Range<usize>, &mut [std::mem::MaybeUninit<f32>]) + Sync + Send,
-) -> Vec<f32> {
-    let per_task = par::rows_per_task(cols);
-    par::fill(rows * cols, per_task * cols.max(1), |range, out| {
-        let first = range.start / cols.max(1);
-        fill(first..first + range.len() / cols.max(1), out);
-        for v in out.iter_mut() {
-            // SAFETY: `fill` wrote every element of its block.
-            let x = unsafe { v.assume_init() };
-            v.write(round(x));
+    values: Vec<f32>,
+}
+
+impl Rounded {
+    /// `x` (rows × cols, row-major) rounded.
+    pub(crate) fn new(rows: usize, cols: usize, x: &[f32]) -> Self {
+        assert!(
+            x.len() >= rows * cols,
+            "Rounded: {rows}×{cols} from {} elements",
+            x.len()
+        );
+        let values = x[..rows * cols].iter().map(|&v| round(v)).collect();
+        Self { rows, cols, values }
+    }
+
+    /// A rows × cols matrix made in blocks of rows by `fill(rows, out)` and rounded as it is made.
+    pub(crate) fn from_rows_with(
+        rows: usize,
+        cols: usize,
+        fill: impl Fn(std::ops::Range<usize>, &mut [std::mem::MaybeUninit<f32>]) + Sync + Send,
+    ) -> Self {
+        let values = match cols {
+            0 => Vec::new(),
+            _ => par::fill(rows * cols, par::rows_per_task(cols) * cols, |range, out| {
+                let first = range.start / cols;
+                fill(first..first + range.len() / cols, out);
+                for v in out.iter_mut() {
+                    // SAFETY: `fill` wrote every element of its block.
+                    let x = unsafe { v.assume_init() };
+                    v.write(round(x));
+                }
+            }),
+        };
+        Self { rows, cols, values }
+    }
+
+    pub(crate) fn dims(&self) -> (usize, usize) {
+        (self.rows, self.cols)
+    }
+
+    /// The values as a rows × cols matrix (`transposed`: its transpose, cols × rows), checked
+    /// against the shape a product reads it as.
+    pub(crate) fn as_mat(&self, (rows, cols): (usize, usize), transposed: bool) -> Mat<'_> {
+        let want = if transposed { (cols, rows) } else { (rows, cols) };
+        assert_eq!(
+            self.dims(),
+            want,
+            "emulated bf16 product: an operand of another shape"
+        );
+        let m = Mat::rows(&self.values, self.cols);
+        if transposed {
+            m.t()
+        } else {
+            m
         }
-    })
+    }
 }
 
 /// How many times longer a product takes emulated than in f32 on this machine, measured now:

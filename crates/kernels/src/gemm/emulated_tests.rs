@@ -82,13 +82,54 @@ fn emulated_products_give_the_vdpbf16ps_kernels_bits() {
     }
 }
 
+/// Operands near 2⁻⁶³ whose products lie around the smallest normal f32 (2⁻¹²⁶), some below it,
+/// so that the chain's sums are tiny too: where Intel's "FMA with DAZ in, FTZ out" and a
+/// product flushed before it is added would differ.
+#[test]
+fn products_that_underflow_into_tiny_sums_give_the_definitions_bits() {
+    let (m, k, n) = (9, 40, 33);
+    let tiny = |len: usize, seed: u64, scale: f32| -> Vec<f32> {
+        super::tests::values(len, seed)
+            .iter()
+            .map(|v| scale * (1.0 + v))
+            .collect()
+    };
+    let (a, b) = (
+        tiny(m * k, 11, -(2f32.powi(-63))),
+        tiny(k * n, 12, 2f32.powi(-64)),
+    );
+    let (ao, bo) = operands(&a, &b, (m, k, n), false, false);
+    let mut got = vec![0f32; m * n];
+    // SAFETY: the operands and C hold their elements.
+    unsafe { gemm(m, k, n, ao, bo, 0.0, got.as_mut_ptr(), n) };
+    let (fa, fb) = accessors(&a, &b, (m, k, n), false, false);
+    let want = modelled(Kernel::Avx512, (m, k, n), &fa, &fb, 0.0, &vec![0f32; m * n], n);
+    assert!(same_bits(&got, &want), "against the model");
+    assert!(
+        got.iter().any(|&x| x != 0.0 && x.abs() < 2f32.powi(-120)),
+        "the sums stay tiny: {got:?}"
+    );
+    if supported() {
+        let mut hw = vec![0f32; m * n];
+        // SAFETY: as above, on a CPU with AVX512_BF16.
+        unsafe { gemm_with(Kernel::Avx512, m, k, n, ao, bo, 0.0, hw.as_mut_ptr(), n) };
+        assert!(same_bits(&got, &hw), "against vdpbf16ps itself");
+    }
+}
+
 /// Parts of a product, each over its own elements of k (A zero elsewhere in its rows, as the
-/// attention kernel's are): in each part's rows and columns, the bits of its own product.
+/// attention kernel's are), β = 1: in each part's rows and columns, the bits of its own product
+/// added to C; an empty part (a key block no query sees: ks empty, starting at an odd k) leaves
+/// β·C; C outside the parts untouched.
 #[test]
 fn parts_give_their_products_bits_in_their_rows_and_columns() {
-    let (m, k, n) = (6, 70, 40);
+    let (m, k, n) = (8, 69, 72);
     let (a, b) = (values(m * k, 4), values(k * n, 5));
-    let parts: Vec<Part> = vec![(0..3, 0..32, 0..32), (3..6, 32..40, 32..70)];
+    let parts: Vec<Part> = vec![
+        (0..3, 0..32, 0..32),
+        (3..6, 32..40, 32..69),
+        (6..8, 0..72, 69..69),
+    ];
     let mut a_parts = vec![0f32; m * k];
     for (rows, _, ks) in &parts {
         for i in rows.clone() {
@@ -96,36 +137,63 @@ fn parts_give_their_products_bits_in_their_rows_and_columns() {
         }
     }
     let packed = Packed::of(k, n, Mat::rows(&b, n));
-    let mut got = vec![f32::NAN; m * n];
+    let c0 = values(m * n, 6);
+    let mut got = c0.clone();
     // SAFETY: A and C hold their elements; the parts do not overlap.
     unsafe {
         gemm_packed_parts(
             Mat::rows(&a_parts, k).operand(),
             &packed,
             &parts,
-            0.0,
+            1.0,
             got.as_mut_ptr(),
             n,
         )
     };
+    let mut touched = vec![false; m * n];
     for (rows, cols, ks) in &parts {
         let fa = |i: usize, p: usize| a[(rows.start + i) * k + ks.start + p];
         let fb = |p: usize, j: usize| b[(ks.start + p) * n + cols.start + j];
         let (pm, pn) = (rows.len(), cols.len());
-        let want = modelled(
-            Kernel::Avx512,
-            (pm, ks.len(), pn),
-            fa,
-            fb,
-            0.0,
-            &vec![0.0; pm * pn],
-            pn,
-        );
+        let old: Vec<f32> = rows
+            .clone()
+            .flat_map(|i| c0[i * n + cols.start..i * n + cols.end].to_vec())
+            .collect();
+        let want = modelled(Kernel::Avx512, (pm, ks.len(), pn), fa, fb, 1.0, &old, pn);
         for (r, i) in rows.clone().enumerate() {
             let row = &got[i * n + cols.start..i * n + cols.end];
-            assert!(same_bits(row, &want[r * pn..(r + 1) * pn]), "row {i}");
+            assert!(
+                same_bits(row, &want[r * pn..(r + 1) * pn]),
+                "row {i}, part {ks:?}"
+            );
+            touched[i * n + cols.start..i * n + cols.end].fill(true);
         }
     }
+    for (e, _) in touched.iter().enumerate().filter(|(_, t)| !**t) {
+        assert_eq!(got[e].to_bits(), c0[e].to_bits(), "C[{e}] outside the parts");
+    }
+}
+
+/// A part that starts off the hardware kernel's blocks is refused here as there, so that what
+/// the emulation runs, AVX512_BF16 runs too.
+#[test]
+#[should_panic(expected = "off the blocks")]
+fn a_part_off_the_hardware_blocks_is_refused() {
+    let (k, n) = (64, 32);
+    let (a, b) = (values(k, 1), values(k * n, 2));
+    let packed = Packed::of(k, n, Mat::rows(&b, n));
+    let mut c = vec![0f32; n];
+    // SAFETY: A and C hold their elements.
+    unsafe {
+        gemm_packed_parts(
+            Mat::rows(&a, k).operand(),
+            &packed,
+            &[(0..1, 0..n, 2..64)],
+            0.0,
+            c.as_mut_ptr(),
+            n,
+        )
+    };
 }
 
 #[test]

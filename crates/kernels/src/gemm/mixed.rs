@@ -334,8 +334,8 @@ pub(crate) enum Activation {
     F32(Vec<f32>),
     #[cfg(target_arch = "x86_64")]
     Bf16(super::bf16::Rounded),
-    /// Rounded for emulated bf16 products: the bf16 values, held (exactly) as f32.
-    Emulated(Vec<f32>),
+    /// Rounded for emulated bf16 products.
+    Emulated(emulated::Rounded),
 }
 
 impl Activation {
@@ -348,7 +348,7 @@ impl Activation {
         fill: impl Fn(std::ops::Range<usize>, &mut [std::mem::MaybeUninit<f32>]) + Sync + Send,
     ) -> Self {
         match bf16_on() {
-            Bf16On::Emulation => Activation::Emulated(emulated::rounded_with(rows, cols, fill)),
+            Bf16On::Emulation => Activation::Emulated(emulated::Rounded::from_rows_with(rows, cols, fill)),
             #[cfg(target_arch = "x86_64")]
             Bf16On::Cpu => Activation::Bf16(super::bf16::Rounded::from_rows_with(rows, cols, fill)),
             #[cfg(not(target_arch = "x86_64"))]
@@ -366,11 +366,11 @@ impl Activation {
         }
     }
 
-    /// The rounded values of an emulated bf16 activation.
-    fn as_emulated(&self) -> Option<&[f32]> {
+    /// An emulated bf16 activation read as a rows × cols operand (or its transpose).
+    fn as_emulated(&self, dims: (usize, usize), transposed: bool) -> Mat<'_> {
         match self {
-            Activation::Emulated(v) => Some(v),
-            _ => None,
+            Activation::Emulated(r) => r.as_mat(dims, transposed),
+            _ => panic!("emulated bf16 product: an operand not rounded for it"),
         }
     }
 
@@ -386,14 +386,7 @@ impl Activation {
     /// `x` (rows × cols, row-major) rounded for bf16 products.
     pub fn rounded(rows: usize, cols: usize, x: &[f32]) -> Self {
         match bf16_on() {
-            Bf16On::Emulation => {
-                assert!(
-                    x.len() >= rows * cols,
-                    "Activation: {rows}×{cols} from {} elements",
-                    x.len()
-                );
-                Activation::Emulated(x[..rows * cols].iter().map(|&v| emulated::round(v)).collect())
-            }
+            Bf16On::Emulation => Activation::Emulated(emulated::Rounded::new(rows, cols, x)),
             #[cfg(target_arch = "x86_64")]
             Bf16On::Cpu => Activation::Bf16(super::bf16::Rounded::new(rows, cols, x)),
             #[cfg(not(target_arch = "x86_64"))]
@@ -500,16 +493,15 @@ pub(crate) fn product_from(m: usize, k: usize, n: usize, a: AFrom<'_>, b: BFrom<
 
 /// [`product_from`] for emulated bf16 operands (and f32 views of weights beside them).
 fn emulated_product(m: usize, k: usize, n: usize, a: AFrom<'_>, b: BFrom<'_>) -> Vec<f32> {
-    const ROUNDED: &str = "emulated bf16 product: an operand not rounded for it";
     let a = match a {
-        AFrom::Rows(x) => Mat::rows(x.as_emulated().expect(ROUNDED), k),
-        AFrom::Transposed(x) => Mat::rows(x.as_emulated().expect(ROUNDED), m).t(),
+        AFrom::Rows(x) => x.as_emulated((m, k), false),
+        AFrom::Transposed(x) => x.as_emulated((m, k), true),
     };
     let b = match b {
         BFrom::View(v) => v,
-        BFrom::Rows(x) => Mat::rows(x.as_emulated().expect(ROUNDED), n),
+        BFrom::Rows(x) => x.as_emulated((k, n), false),
         #[cfg(target_arch = "x86_64")]
-        BFrom::Packed(_) => panic!("{ROUNDED}"),
+        BFrom::Packed(_) => panic!("emulated bf16 product: a B packed for the hardware kernel"),
     };
     assert!(a.fits(m, k) && b.fits(k, n), "sgemm: operand out of bounds");
     let mut c = vec![0f32; m * n];

@@ -262,7 +262,8 @@ pub struct TrainConfig {
     pub shares: Option<usize>,
     /// The precision of the matrix products: `f32`, or `bf16` — mixed precision, bf16 operands
     /// with f32 sums, f32 weights, gradients, activations and optimizer (CPUs with AVX512_BF16;
-    /// on CUDA with every kernel family on, the pre-norm branches' activations bf16; see
+    /// elsewhere refused, or emulated with the same bits where `EMBER_CPU_BF16=emulate` asks for
+    /// it; on CUDA with every kernel family on, the pre-norm branches' activations bf16; see
     /// `precision`). Written into a run's config only when it is not f32, so an f32 run's
     /// files are byte for byte what they were before the key existed.
     #[serde(default, skip_serializing_if = "is_f32")]

@@ -2,9 +2,12 @@
 //! [`Precision::Bf16`](crate::Precision).
 //!
 //! `vdpbf16ps` takes 32 pairs of bf16 from each operand and adds each adjacent pair's two
-//! products into one of 16 f32 lanes: per lane `acc = (acc + a₁·b₁) + a₀·b₀`, each add rounded
-//! to nearest even (a product of two bf16 is exact in f32), denormals flushed to zero — Intel's
-//! definition, and what this Zen 4 computed on 200,000 random cases. That is twice the
+//! products into one of 16 f32 lanes: per lane `acc = (acc + a₁·b₁) + a₀·b₀`, each step one
+//! fused multiply-add rounded to nearest even (a product of two bf16 is exact in f32 unless it
+//! underflows), denormal inputs read as zero and a denormal result flushed to zero — Intel's
+//! definition ("FP32 FMA with DAZ in, FTZ out"). The tests hold the kernel to that model
+//! (`bf16_tests`) on this Zen 4 and the AMX Xeon; a product that underflows has not met the
+//! hardware in them yet (`emulated_tests` has the case). That is twice the
 //! multiply-adds of an f32 FMA per instruction. Both operands therefore come with k in pairs:
 //!
 //! - B (k×n) is packed into strips of [`NR`] columns: pair row q of a strip is [`NR`] u32, the
