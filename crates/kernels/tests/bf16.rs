@@ -305,6 +305,45 @@ fn attention_in_bf16_is_the_composition_of_its_rounded_operands() {
     }
 }
 
+/// A padded batch whose last row hides whole blocks of keys: with S ≥ 128 the dead blocks are
+/// skipped, and with an odd T a block that no query sees is an empty part of dk's and dv's
+/// products starting at an odd k. Still the composition, forward and backward.
+#[test]
+fn attention_in_bf16_skips_the_key_blocks_no_query_sees() {
+    bf16_everywhere();
+    let (b, t, s, h, d) = (2, 33, 161, 2, 8);
+    let q = (randn(400, &[b, t, h * d]) * 0.5).unwrap();
+    let k = randn(401, &[b, s, h * d]);
+    let v = randn(402, &[b, s, h * d]);
+    let keep: Vec<f32> = (0..b * s).map(|j| if j >= s + 64 { 0.0 } else { 1.0 }).collect();
+    let mask =
+        kernels::padding_mask(&Tensor::from_vec(keep, (b, s), &Device::Cpu).unwrap(), DType::F32).unwrap();
+    let (bf16, f32) = (
+        attention_opts(h, h, None, BF16),
+        attention_opts(h, h, None, Precision::F32),
+    );
+    check_within(
+        "attention with dead key blocks",
+        &[q, k, v],
+        &|x| {
+            kernels::attention(&x[0], &x[1], &x[2], Some(&mask), &bf16)
+                .unwrap()
+                .0
+        },
+        &|x| {
+            kernels::attention_unfused(&x[0], &x[1], &x[2], Some(&mask), &bf16)
+                .unwrap()
+                .0
+        },
+        &|x| {
+            kernels::attention(&x[0], &x[1], &x[2], Some(&mask), &f32)
+                .unwrap()
+                .0
+        },
+        ATTENTION_FORWARD_TOL,
+    );
+}
+
 /// Attention sees q, k and v only through their bf16 roundings, in the forward pass, the
 /// telemetry and every backward product that reads them (dq = dS·k, dk = dSᵀ·q, dP = dO·vᵀ):
 /// rounding them beforehand changes no bit of the output, the telemetry or the gradients. A
