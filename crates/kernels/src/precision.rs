@@ -66,7 +66,7 @@ impl Precision {
     }
 
     /// An error naming the missing CPU feature unless this CPU runs these products: the ops
-    /// refuse rather than compute in another precision or emulate it slowly.
+    /// refuse rather than compute in another precision or emulate it slowly unasked.
     pub(crate) fn check_cpu(self) -> Result<()> {
         match self.missing_cpu_feature() {
             None => Ok(()),

@@ -4,11 +4,12 @@
 //! the hardware rounds them ([`to_bf16`]), `acc = (acc + a₁·b₁) + a₀·b₀` over k's pairs in
 //! order, each step one fused multiply-add whose result is flushed to a zero of its sign where
 //! it is a denormal (Intel's definition of the instruction: "FP32 FMA with DAZ in, FTZ out"),
-//! then `β·C + acc` in one fused multiply-add. A run therefore gives the bits that an
-//! AVX512_BF16 CPU gives with the same vector unit for the rest (`EMBER_CPU_VECTOR_UNIT=avx2`
-//! there makes a Zen 4 compute what an AVX2 machine with the emulation does); AMX's tiles sum in
-//! another order. Parts of a product ([`gemm_packed_parts`]) must lie as the hardware kernel's
-//! must, so that what runs here runs there.
+//! then `β·C + acc` in one fused multiply-add. The products therefore have the bits that
+//! AVX512_BF16 gives them, and the rest of a step is the vector unit's, as in f32: on an
+//! AVX-512 CPU without AVX512_BF16 (Skylake-X, Ice Lake) a run should give a Zen 4's bits (no
+//! such CPU has run it), and on an AVX2 one those of any AVX2 machine with the emulation. AMX's
+//! tiles sum in another order. Parts of a product ([`gemm_packed_parts`]) must lie as the
+//! hardware kernel's must, so that what runs here runs there.
 //!
 //! It is not fast and cannot be: it does f32's multiplies plus the rounding and the flushing,
 //! vectorised over C's columns but with no register tiling, and a run says at its start how many
