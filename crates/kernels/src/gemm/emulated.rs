@@ -24,8 +24,9 @@ use super::{Mat, Operand, Part};
 use crate::par::{self, SharedMut};
 use crate::simd::simd_dispatch;
 
-/// Set to `emulate` to run bf16 products in software where the CPU has no AVX512_BF16 (read once
-/// per process; a CPU that has it ignores the request and runs them natively).
+/// Set to `emulate` to run bf16 products in software where the CPU cannot run them itself (read
+/// once per process): it has no AVX512_BF16, or `EMBER_CPU_VECTOR_UNIT` turned AVX-512 off. A
+/// process that runs them natively ignores the request.
 pub const BF16_ENV: &str = "EMBER_CPU_BF16";
 
 static ASKED: AtomicBool = AtomicBool::new(false);
@@ -90,6 +91,8 @@ fn flushed(x: f32) -> f32 {
 /// Where the parts of a product may start and end ([`gemm_packed_parts`]): the hardware
 /// kernel's strips of 32 columns and steps of 16 pairs of k.
 const PART_ALIGN: usize = 32;
+#[cfg(target_arch = "x86_64")]
+const _: () = assert!(PART_ALIGN == super::bf16::NR && PART_ALIGN == 2 * super::bf16::amx::KQ_STEP);
 
 /// Columns of C summed at once: a row's sums stay in L1 while B's rows pass.
 const COLUMNS: usize = 512;
@@ -111,7 +114,11 @@ impl Packed {
     /// # Safety
     /// Every element of B's k×n view is readable.
     pub(crate) unsafe fn new(k: usize, n: usize, b: Operand) -> Self {
-        let mut values = vec![0f32; k.next_multiple_of(2) * n];
+        let len = k
+            .next_multiple_of(2)
+            .checked_mul(n)
+            .expect("emulated bf16 product: B too large");
+        let mut values = vec![0f32; len];
         for (p, row) in values.chunks_exact_mut(n.max(1)).take(k).enumerate() {
             for (j, v) in row.iter_mut().enumerate() {
                 *v = round(element(&b, p, j));
@@ -258,12 +265,9 @@ pub(crate) struct Rounded {
 impl Rounded {
     /// `x` (rows × cols, row-major) rounded.
     pub(crate) fn new(rows: usize, cols: usize, x: &[f32]) -> Self {
-        assert!(
-            x.len() >= rows * cols,
-            "Rounded: {rows}×{cols} from {} elements",
-            x.len()
-        );
-        let values = x[..rows * cols].iter().map(|&v| round(v)).collect();
+        let len = rows.checked_mul(cols).expect("Rounded: too many elements");
+        assert!(x.len() >= len, "Rounded: {rows}×{cols} from {} elements", x.len());
+        let values = x[..len].iter().map(|&v| round(v)).collect();
         Self { rows, cols, values }
     }
 
@@ -275,15 +279,19 @@ impl Rounded {
     ) -> Self {
         let values = match cols {
             0 => Vec::new(),
-            _ => par::fill(rows * cols, par::rows_per_task(cols) * cols, |range, out| {
-                let first = range.start / cols;
-                fill(first..first + range.len() / cols, out);
-                for v in out.iter_mut() {
-                    // SAFETY: `fill` wrote every element of its block.
-                    let x = unsafe { v.assume_init() };
-                    v.write(round(x));
-                }
-            }),
+            _ => par::fill(
+                rows.checked_mul(cols).expect("Rounded: too many elements"),
+                par::rows_per_task(cols) * cols,
+                |range, out| {
+                    let first = range.start / cols;
+                    fill(first..first + range.len() / cols, out);
+                    for v in out.iter_mut() {
+                        // SAFETY: `fill` wrote every element of its block.
+                        let x = unsafe { v.assume_init() };
+                        v.write(round(x));
+                    }
+                },
+            ),
         };
         Self { rows, cols, values }
     }

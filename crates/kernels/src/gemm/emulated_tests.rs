@@ -117,6 +117,35 @@ fn products_that_underflow_into_tiny_sums_give_the_definitions_bits() {
     }
 }
 
+/// A step whose exact sum lies just below the smallest normal f32 (2⁻¹²⁶ − 0.75·2⁻¹⁵⁰, after a
+/// sum of 2⁻¹²⁶): rounded with gradual underflow it is 2⁻¹²⁶ and stays; a flush decided on the
+/// result rounded to 24 bits with an unbounded exponent (x86's "tininess after rounding") makes
+/// it 0. The emulation keeps 2⁻¹²⁶. Where the CPU has AVX512_BF16 this says which the hardware
+/// does; no such CPU has run it yet.
+#[test]
+fn a_sum_just_below_the_smallest_normal_gives_the_hardwares_bits() {
+    let p = |e: i32| 2f32.powi(e);
+    // k = 4: pair 0 gives 2⁻⁶³·2⁻⁶³ = 2⁻¹²⁶; pair 1 adds 1.5·2⁻⁷⁵ · −2⁻⁷⁶ first.
+    let a = [p(-63), 0.0, 0.0, 1.5 * p(-75)];
+    let b = [p(-63), 0.0, 0.0, -p(-76)];
+    let (ao, bo) = operands(&a, &b, (1, 4, 1), false, false);
+    let mut got = [f32::NAN];
+    // SAFETY: A (1×4), B (4×1) and C (1×1) hold their elements.
+    unsafe { gemm(1, 4, 1, ao, bo, 0.0, got.as_mut_ptr(), 1) };
+    assert_eq!(got[0], p(-126));
+    if supported() {
+        let mut hw = [f32::NAN];
+        // SAFETY: as above, on a CPU with AVX512_BF16.
+        unsafe { gemm_with(Kernel::Avx512, 1, 4, 1, ao, bo, 0.0, hw.as_mut_ptr(), 1) };
+        assert_eq!(
+            got[0].to_bits(),
+            hw[0].to_bits(),
+            "vdpbf16ps gives {:e}: it flushes on the result rounded with an unbounded exponent",
+            hw[0]
+        );
+    }
+}
+
 /// Parts of a product, each over its own elements of k (A zero elsewhere in its rows, as the
 /// attention kernel's are), β = 1: in each part's rows and columns, the bits of its own product
 /// added to C; an empty part (a key block no query sees: ks empty, starting at an odd k) leaves

@@ -470,6 +470,7 @@ pub(crate) fn product_from(m: usize, k: usize, n: usize, a: AFrom<'_>, b: BFrom<
                 &owned
             }
             BFrom::Rows(x) => {
+                assert_eq!(x.as_rounded().dims(), (k, n), "bf16 product: B of another shape");
                 owned = pack_b_rounded(x.as_rounded());
                 &owned
             }

@@ -158,10 +158,12 @@ fn attention_in_bf16_is_within_its_rounding_of_f32() {
 #[test]
 fn attention_in_bf16_is_the_cpu_attention_in_bf16() {
     let dev = gpu();
-    // The reference: the CPU kernel where this CPU runs bf16 products (the same arithmetic), else
-    // the CPU composition of the rounded operands (its backward pass rounds dP and the gradients
-    // it returns where the kernels round dS and dO, so the gradients agree to bf16's rounding
-    // only: 2–5e-3 by a model of both).
+    // The reference: the CPU kernel (the same arithmetic; its products emulated with
+    // AVX512_BF16's bits where the CPU has none), else — where this build's CPU kernel cannot
+    // run bf16 at all — the CPU composition of the rounded operands (its backward pass rounds dP
+    // and the gradients it returns where the kernels round dS and dO, so the gradients agree to
+    // bf16's rounding only: 2–5e-3 by a model of both).
+    kernels::emulate_bf16_products();
     let cpu_kernel = BF16.missing_cpu_feature().is_none();
     for (shape, fused) in [
         ((16, 4, 4, 37, 41, 32), true),

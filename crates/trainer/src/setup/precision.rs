@@ -72,7 +72,8 @@ pub fn for_training(cfg: &RunConfig) -> Result<Precision> {
     Ok(precision)
 }
 
-/// What a run whose products are emulated ([`ember_kernels::bf16_emulated`]) tells at its start:
+/// What a run (or a benchmark, an evaluation, a decoding) whose products are emulated
+/// ([`ember_kernels::bf16_emulated`]) tells at its start:
 /// that they are, and how many times longer than f32's a product took just now (a measurement
 /// of this machine, not a figure of Ember's). `None` for every other run.
 pub fn emulation_note(cfg: &RunConfig) -> Option<String> {
@@ -83,20 +84,20 @@ pub fn emulation_note(cfg: &RunConfig) -> Option<String> {
         return None;
     }
     Some(format!(
-        "train.precision: bf16 runs emulated ({}=emulate; this CPU has no AVX512_BF16): the \
-         products have AVX512_BF16's bits, but a 256×256×256 product took {:.1}× as long as in \
-         f32 on this machine just now",
+        "train.precision: bf16 runs emulated ({}=emulate, where AVX512_BF16 is missing or \
+         turned off): the products have AVX512_BF16's bits, but a 256×256×256 product took \
+         {:.1}× as long as in f32 on this machine just now",
         ember_kernels::BF16_ENV,
         ember_kernels::emulation_slowdown()
     ))
 }
 
-/// The precision to evaluate or decode a trained run in: its own where this machine runs it,
-/// else f32, with a note saying so (the weights are f32 either way; only the last digits of
-/// the products differ).
+/// The precision to evaluate or decode a trained run in: its own where this machine runs it
+/// (with the note of an emulated one), else f32, with a note saying so (the weights are f32
+/// either way; only the last digits of the products differ).
 pub fn for_inference(cfg: &RunConfig) -> (Precision, Option<String>) {
     match for_training(cfg) {
-        Ok(p) => (p, None),
+        Ok(p) => (p, emulation_note(cfg)),
         Err(e) => (
             Precision::F32,
             Some(format!(

@@ -42,7 +42,7 @@ use crate::gemm::x86::avx512::{lane_mask as lanes, start_sums, store_sums};
 use crate::gemm::Operand;
 
 /// Pairs of k per tile product: a tile row is 64 bytes, 16 pairs of bf16.
-pub(super) const KQ_STEP: usize = 16;
+pub(in crate::gemm) const KQ_STEP: usize = 16;
 
 /// Rows of C per step: two A tiles of 16 rows.
 pub(super) const ROWS: usize = 32;
