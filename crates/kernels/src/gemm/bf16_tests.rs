@@ -5,15 +5,12 @@
 use std::arch::x86_64::*;
 
 use super::bf16::amx::{flushed as ftz, worst_error};
-use super::bf16::{from_bf16, gemm, gemm_with, pack_b_for, supported, to_bf16, Kernel};
+use super::bf16::{gemm, gemm_with, pack_b_for, supported, to_bf16, Kernel};
 use super::tests::{b_view, operands, values, LAYOUTS};
 use super::{Mat, Operand, PackedIn};
 use crate::Precision;
 
-/// `x` rounded to bf16, as an f32.
-pub(super) fn round(x: f32) -> f32 {
-    from_bf16(to_bf16(x))
-}
+pub(super) use super::emulated::round;
 
 /// What `kernel` must give, modelled element by element on the rounded operands (each product
 /// exact unless it underflows, each sum rounded, denormal results flushed), then `beta·C + acc`

@@ -34,9 +34,10 @@ pub fn bf16_emulated() -> bool {
     !bf16_supported() && emulated::asked()
 }
 
-/// Where this process's bf16 products run.
+/// Where this process's bf16 products run (the CPU's own instructions exist on x86-64 alone).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Bf16On {
+    #[cfg(target_arch = "x86_64")]
     Cpu,
     Emulation,
 }
@@ -44,6 +45,7 @@ enum Bf16On {
 /// Where bf16 products run here; panics where they do not: the ops check
 /// [`Precision::missing_cpu_feature`] first and return an error.
 fn bf16_on() -> Bf16On {
+    #[cfg(target_arch = "x86_64")]
     if bf16_supported() {
         return Bf16On::Cpu;
     }
@@ -120,8 +122,6 @@ pub(super) unsafe fn gemm_in(
             Bf16On::Emulation => emulated::gemm(m, k, n, a, b, beta, c, ldc),
             #[cfg(target_arch = "x86_64")]
             Bf16On::Cpu => super::bf16::gemm(m, k, n, a, b, beta, c, ldc),
-            #[cfg(not(target_arch = "x86_64"))]
-            Bf16On::Cpu => unreachable!("no bf16 instructions off x86-64"),
         },
     }
 }
@@ -189,8 +189,6 @@ impl<'a> PackedIn<'a> {
                     #[cfg(target_arch = "x86_64")]
                     // SAFETY: B's k×n view is in bounds (asserted) and the CPU has AVX512_BF16.
                     Bf16On::Cpu => PackedIn::Bf16(unsafe { super::bf16::pack_b(k, n, b.operand()) }),
-                    #[cfg(not(target_arch = "x86_64"))]
-                    Bf16On::Cpu => unreachable!("no bf16 instructions off x86-64"),
                 }
             }
         }
@@ -248,8 +246,6 @@ impl<'a> PartsOf<'a> {
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: B's k×n view is in bounds (asserted) and the CPU has AVX512_BF16.
                 Bf16On::Cpu => PartsOf::Bf16(unsafe { super::bf16::pack_b(k, n, b.operand()) }),
-                #[cfg(not(target_arch = "x86_64"))]
-                Bf16On::Cpu => unreachable!("no bf16 instructions off x86-64"),
             },
         }
     }
@@ -351,8 +347,6 @@ impl Activation {
             Bf16On::Emulation => Activation::Emulated(emulated::Rounded::from_rows_with(rows, cols, fill)),
             #[cfg(target_arch = "x86_64")]
             Bf16On::Cpu => Activation::Bf16(super::bf16::Rounded::from_rows_with(rows, cols, fill)),
-            #[cfg(not(target_arch = "x86_64"))]
-            Bf16On::Cpu => unreachable!("no bf16 instructions off x86-64"),
         }
     }
 
@@ -389,8 +383,6 @@ impl Activation {
             Bf16On::Emulation => Activation::Emulated(emulated::Rounded::new(rows, cols, x)),
             #[cfg(target_arch = "x86_64")]
             Bf16On::Cpu => Activation::Bf16(super::bf16::Rounded::new(rows, cols, x)),
-            #[cfg(not(target_arch = "x86_64"))]
-            Bf16On::Cpu => unreachable!("no bf16 instructions off x86-64"),
         }
     }
 }
@@ -489,7 +481,7 @@ pub(crate) fn product_from(m: usize, k: usize, n: usize, a: AFrom<'_>, b: BFrom<
         c
     }
     #[cfg(not(target_arch = "x86_64"))]
-    unreachable!("only f32 activations exist off x86-64")
+    unreachable!("off x86-64 only f32 and emulated activations exist")
 }
 
 /// [`product_from`] for emulated bf16 operands (and f32 views of weights beside them).

@@ -182,7 +182,10 @@ impl TrainingRun {
         resolve_model_config(&mut cfg, &data)?;
         check_data_fits(&cfg, &mut data, &mut notes)?;
         notes.extend(data.warnings());
-        notes.extend(precision::emulation_note(&cfg));
+        if leader {
+            // Measured (a few products) where it is told: rank 0 alone speaks for a job.
+            notes.extend(precision::emulation_note(&cfg));
+        }
         limits::check_memory(&cfg, &data)?;
         let (mut model, params) = match &loaded {
             Some(l) => restore_model(&cfg, l, &run_dir)?,
