@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Do two Ember binaries train the same bits? For refactors that must not change behaviour.
 #
-#   scripts/same-bits.sh BINARY OUT_DIR          # train the reference runs, print their hashes
-#   scripts/same-bits.sh --compare DIR_A DIR_B   # same checkpoint files in both?
+#   scripts/same-bits.sh BINARY OUT_DIR [--set KEY=VALUE ...]  # train the reference runs, print their hashes
+#   scripts/same-bits.sh --compare DIR_A DIR_B                 # same checkpoint files in both?
+#
+# `--set` overrides go to every run: `--set train.precision=bf16` compares bf16's bits (with
+# EMBER_CPU_BF16=emulate on a CPU without AVX512_BF16).
 #
 # The runs: the quickstart config for 40 steps (checkpoint at 20 and 40) at each QK-norm variant
 # (none, layernorm, rmsnorm, l2), and shakespeare-char for 40 steps (needs scripts/get-data.sh).
@@ -39,8 +42,15 @@ case "$1" in
     fi
     ;;
   *)
-    [[ $# -eq 2 ]] || usage 2
+    [[ $# -ge 2 ]] || usage 2
     ember="$1" out="$2"
+    shift 2
+    overrides=()
+    while [[ $# -gt 0 ]]; do
+      [[ "$1" == --set && $# -ge 2 ]] || die "expected --set KEY=VALUE, got: $*"
+      overrides+=(--set "$2")
+      shift 2
+    done
     [[ -x "$ember" ]] || die "$ember is not an executable"
     [[ ! -e "$out" ]] || die "$out exists; give a new directory"
     [[ -f data/tinyshakespeare/input.txt ]] || die "data/tinyshakespeare missing: run scripts/get-data.sh"
@@ -48,11 +58,11 @@ case "$1" in
     for variant in none layernorm rmsnorm l2; do
       "$ember" train configs/quickstart.yaml --quiet --run-dir "$out/quickstart-$variant" \
         --set model.qk_norm=$variant --set train.steps=40 --set train.warmup_steps=10 \
-        --set eval.every=40 --set checkpoint.every=20 --set train.threads=1 >/dev/null
+        --set eval.every=40 --set checkpoint.every=20 --set train.threads=1 "${overrides[@]}" >/dev/null
     done
     "$ember" train configs/shakespeare-char.yaml --quiet --run-dir "$out/shakespeare-char" \
       --set train.steps=40 --set train.warmup_steps=10 --set eval.every=40 --set checkpoint.every=20 \
-      --set train.threads=1 >/dev/null
+      --set train.threads=1 "${overrides[@]}" >/dev/null
     hashes "$out"
     ;;
 esac

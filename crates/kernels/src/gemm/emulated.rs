@@ -11,13 +11,22 @@
 //! tiles sum in another order. Parts of a product ([`gemm_packed_parts`]) must lie as the
 //! hardware kernel's must, so that what runs here runs there.
 //!
-//! It is not fast and cannot be: it does f32's multiplies plus the rounding and the flushing,
-//! vectorised over C's columns but with no register tiling, and a run says at its start how many
-//! times slower than f32 it measured it ([`emulation_slowdown`]). What it is for: checking a bf16
-//! configuration, and running the bf16 tests, on a CPU that cannot run bf16 itself. Without the
+//! How: C in tiles of 6 rows × 16 columns whose sums stay in registers while k passes (B in
+//! panels of 16 columns, A in tiles of 6 rows, both rounded as they are packed), k in blocks
+//! of 192 whose sums are set aside and taken up again (one chain all the same). The flushing
+//! costs more than the multiply-add it follows, and it is only needed where a sum can be a
+//! denormal: where the operands' smallest magnitudes make every product a multiple of a normal
+//! number, no sum can be one ([`unflushed_is_exact`]), and the tile's steps are plain fused
+//! multiply-adds — the same bits. Training's values are far from that edge; operands near it
+//! (magnitudes whose product is below 2⁻¹¹²) are summed flushing every step.
+//!
+//! It is still slower than f32 (the rounding, the packing, and a tile smaller than the f32
+//! kernels'), and a run says at its start how many times slower it measured a product
+//! ([`emulation_slowdown`]). What it is for: checking a bf16 configuration, reproducing a bf16
+//! run's bits, and running the bf16 tests, on a CPU that cannot run bf16 itself. Without the
 //! request, bf16 products are refused there, naming the missing feature.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::OnceLock;
 
 use super::{Mat, Operand, Part};
@@ -61,19 +70,53 @@ pub(crate) fn asked() -> bool {
 /// f32 → bf16 bits as `vcvtneps2bf16` rounds: to nearest even; a NaN stays a (quiet) NaN;
 /// a denormal (and a zero) becomes a zero of its sign.
 pub(crate) fn to_bf16(x: f32) -> u16 {
-    let bits = x.to_bits();
-    if x.is_nan() {
-        return ((bits >> 16) | 0x40) as u16;
-    }
-    if bits & 0x7f80_0000 == 0 {
-        return ((bits >> 16) & 0x8000) as u16;
-    }
-    ((bits + 0x7fff + ((bits >> 16) & 1)) >> 16) as u16
+    (rounded_bits(x.to_bits()) >> 16) as u16
 }
 
 /// `x` rounded to bf16 as [`to_bf16`] rounds it, as an f32 (exact).
 pub(crate) fn round(x: f32) -> f32 {
-    f32::from_bits((to_bf16(x) as u32) << 16)
+    f32::from_bits(rounded_bits(x.to_bits()))
+}
+
+/// An f32's bits rounded to bf16 as [`to_bf16`] rounds them, in the high half (the low half
+/// zero). Without branches, so that the loops over it vectorise.
+#[inline(always)]
+fn rounded_bits(bits: u32) -> u32 {
+    let nan = bits & 0x7fff_ffff > 0x7f80_0000;
+    let tiny = bits & 0x7f80_0000 == 0;
+    let nearest = bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) & 0xffff_0000;
+    if nan {
+        (bits | 0x0040_0000) & 0xffff_0000
+    } else if tiny {
+        bits & 0x8000_0000
+    } else {
+        nearest
+    }
+}
+
+simd_dispatch!(pub(super) round_in_place => round_in_place_generic(values: &mut [f32]) -> u32);
+
+/// The values rounded as [`round`] rounds them, in place; returns the [`min_exponent`] of the
+/// rounded values.
+#[inline(always)]
+fn round_in_place_generic(values: &mut [f32]) -> u32 {
+    let mut least = 255;
+    for v in values.iter_mut() {
+        let bits = rounded_bits(v.to_bits());
+        *v = f32::from_bits(bits);
+        least = least.min(exponent_field(bits));
+    }
+    least
+}
+
+/// A value's exponent field, 255 for a zero (as for an infinity or a NaN): the smallest over
+/// an operand is that of its smallest nonzero magnitude.
+#[inline(always)]
+fn exponent_field(bits: u32) -> u32 {
+    match (bits >> 23) & 0xff {
+        0 => 255,
+        e => e,
+    }
 }
 
 /// `x`, a denormal flushed to a zero of its sign (a zero stays itself). Written on the bits so
@@ -94,18 +137,48 @@ const PART_ALIGN: usize = 32;
 #[cfg(target_arch = "x86_64")]
 const _: () = assert!(PART_ALIGN == super::bf16::NR && PART_ALIGN == 2 * super::bf16::amx::KQ_STEP);
 
-/// Columns of C summed at once: a row's sums stay in L1 while B's rows pass.
-const COLUMNS: usize = 512;
+/// Columns of C in a panel of B and in a tile of sums (one cache line of each of B's rows; two
+/// AVX2 registers, one AVX-512 register, per row of the tile).
+const NR: usize = 16;
+/// Rows of C in a tile of sums: 6 × 16 sums fill twelve of AVX2's sixteen registers, leaving
+/// room for B's two vectors and A's broadcast.
+const MR: usize = 6;
+/// k's elements a tile sums before its sums are set aside for the next block of k (an even
+/// number, so that blocks keep k's pairs whole): a tile of A (6 × 192) and a panel of B
+/// (192 × 16) then fit in L1 together. Setting the sums aside and taking them up again changes
+/// no bit: each element's sum is still one chain of steps in k's order.
+pub(super) const KC: usize = 192;
+/// Rows of C whose packed A (a block of k at a time, 72 KiB) a task keeps while B's panels pass:
+/// each panel of B, read from L1, serves all of them.
+const BLOCK_ROWS: usize = 16 * MR;
+const _: () = assert!(PART_ALIGN.is_multiple_of(NR) && KC.is_multiple_of(2));
 
-/// Multiply-adds per task of a product (whole rows of C): enough to pay for a task.
+/// Multiply-adds per task of a product (whole tiles of rows of C): enough to pay for a task.
 const TASK_FMAS: usize = 1 << 17;
 
-/// B (k×n) rounded to bf16 once for several products, row-major, k padded to whole pairs with a
-/// row of zeros (as the hardware kernel pads its strips).
+/// Whether sums of products of operands whose smallest nonzero magnitudes have exponent fields
+/// `a` and `b` ([`exponent_field`]) can never be denormal, so that flushing them changes
+/// nothing. A rounded operand is a bf16 number: an integer times 2^(e − 127 − 7) for its
+/// exponent field e, never a denormal. So every product is a multiple of q = 2^(a + b − 268),
+/// every sum of them rounds to a multiple of q (exactly where f32's spacing there is at most q,
+/// onto f32's coarser grid otherwise), and a nonzero multiple of q is no denormal when
+/// q ≥ 2^−126, the smallest normal: a + b ≥ 142. Below that a sum can cancel to a denormal (at
+/// a + b = 141, to 2^−127), and the sums are flushed step by step.
+pub(crate) fn unflushed_is_exact(a: u32, b: u32) -> bool {
+    a + b >= 142
+}
+
+/// B (k×n) rounded to bf16 once for several products, in panels of [`NR`] columns, each k
+/// (padded to whole pairs) rows of NR values: k is padded as the hardware kernel pads its strips,
+/// with a row of zeros, and n with columns of zeros that no sum is written from.
 pub(crate) struct Packed {
     k: usize,
     n: usize,
+    /// Rows of a panel: k padded to whole pairs.
+    rows: usize,
     values: Vec<f32>,
+    /// The smallest [`exponent_field`] of the values.
+    exponent: u32,
 }
 
 impl Packed {
@@ -114,17 +187,34 @@ impl Packed {
     /// # Safety
     /// Every element of B's k×n view is readable.
     pub(crate) unsafe fn new(k: usize, n: usize, b: Operand) -> Self {
-        let len = k
-            .next_multiple_of(2)
-            .checked_mul(n)
+        let rows = k.next_multiple_of(2);
+        let panels = n.div_ceil(NR);
+        let len = panels
+            .checked_mul(rows * NR)
             .expect("emulated bf16 product: B too large");
         let mut values = vec![0f32; len];
-        for (p, row) in values.chunks_exact_mut(n.max(1)).take(k).enumerate() {
-            for (j, v) in row.iter_mut().enumerate() {
-                *v = round(element(&b, p, j));
+        let exponent = AtomicU32::new(255);
+        let shared = SharedMut(values.as_mut_ptr());
+        par::for_each_chunk(panels, 1, |panel| {
+            let j0 = panel.start * NR;
+            let cols = NR.min(n - j0);
+            // SAFETY: each task writes its own panel, in bounds of `values`.
+            let out = unsafe { shared.slice(panel.start * rows * NR, rows * NR) };
+            for (p, row) in out.chunks_exact_mut(NR).take(k).enumerate() {
+                for (j, v) in row[..cols].iter_mut().enumerate() {
+                    // SAFETY: (p, j0 + j) lies in B's k×n view.
+                    *v = unsafe { element(&b, p, j0 + j) };
+                }
             }
+            exponent.fetch_min(round_in_place(out), Ordering::Relaxed);
+        });
+        Self {
+            k,
+            n,
+            rows,
+            values,
+            exponent: exponent.into_inner(),
         }
-        Self { k, n, values }
     }
 
     /// A row-major matrix's view, rounded.
@@ -136,6 +226,12 @@ impl Packed {
 
     pub(crate) fn dims(&self) -> (usize, usize) {
         (self.k, self.n)
+    }
+
+    /// `len` rows (an even number) from row `p0` of the panel from column `j0` (a multiple of NR).
+    fn panel(&self, j0: usize, p0: usize, len: usize) -> &[[f32; NR]] {
+        let at = (j0 / NR * self.rows + p0) * NR;
+        self.values[at..at + len * NR].as_chunks().0
     }
 }
 
@@ -198,30 +294,118 @@ pub(crate) unsafe fn gemm_packed_parts(
             b.n
         );
         let ks = if ks.is_empty() { 0..0 } else { ks.clone() };
-        let pairs = ks.len().div_ceil(2);
-        // B's rows from ks.start, the padding row included where ks ends at an odd k.
-        let b_rows = &b.values[ks.start * b.n..(ks.start + 2 * pairs) * b.n];
-        let per_task = (TASK_FMAS / (ks.len() * cols.len()).max(1)).max(1);
+        // Tasks of whole blocks of rows where there are rows enough for every thread to have
+        // two: each task passes all of B's panels once per block.
+        let per_task = (TASK_FMAS / (ks.len() * cols.len()).max(1))
+            .max(BLOCK_ROWS.min(rows.len().div_ceil(2 * par::threads())))
+            .max(1)
+            .next_multiple_of(MR);
         par::for_each_chunk(rows.len(), per_task, |chunk| {
-            let mut a_row = vec![0f32; 2 * pairs];
-            let mut acc = vec![0f32; cols.len().min(COLUMNS)];
-            for i in chunk.start + rows.start..chunk.end + rows.start {
-                for (p, v) in ks.clone().zip(a_row.iter_mut()) {
-                    *v = round(element(&a, i, p));
-                }
-                for j0 in cols.clone().step_by(COLUMNS) {
-                    let acc = &mut acc[..COLUMNS.min(cols.end - j0)];
-                    pair_sums(&a_row, b_rows, b.n, j0, acc);
-                    // Row i's columns of this part are this task's alone (tasks split the part's
-                    // rows; the caller keeps parts apart); C is read only for β ≠ 0 (it may be
-                    // uninitialised otherwise), so it is reached through raw pointers.
-                    for (j, &s) in acc.iter().enumerate() {
-                        let out = c.at(i * ldc + j0 + j);
-                        *out = if beta != 0.0 { beta.mul_add(*out, s) } else { s };
-                    }
-                }
+            let rows = rows.start + chunk.start..rows.start + chunk.end;
+            let tiles = chunk.len().min(BLOCK_ROWS).div_ceil(MR);
+            let mut sums = vec![[[0f32; NR]; MR]; tiles * cols.len().div_ceil(NR)];
+            for i0 in rows.clone().step_by(BLOCK_ROWS) {
+                let block = i0..rows.end.min(i0 + BLOCK_ROWS);
+                sum_block(&a, b, block.clone(), cols.clone(), ks.clone(), &mut sums);
+                write_block(&sums, block, cols.clone(), beta, c, ldc);
             }
         });
+    }
+}
+
+/// The sums of C's rows `block` (at most [`BLOCK_ROWS`]) × `cols` over k's elements `ks`, into
+/// `sums`: tile t of MR rows and panel j of NR columns at `sums[t * panels + j]`.
+fn sum_block(
+    a: &Operand,
+    b: &Packed,
+    block: std::ops::Range<usize>,
+    cols: std::ops::Range<usize>,
+    ks: std::ops::Range<usize>,
+    sums: &mut [[[f32; NR]; MR]],
+) {
+    let tiles = block.len().div_ceil(MR);
+    let panels = cols.len().div_ceil(NR);
+    // k's elements, padded to whole pairs (the padding element where ks ends at an odd k).
+    let depth = ks.len().next_multiple_of(2);
+    let mut a_block = vec![0f32; tiles * MR * KC.min(depth)];
+    // Whether every block of k so far gave each tile no denormal to flush: only then are its
+    // sums multiples of a normal number, and the next block's can skip the flushing too.
+    let mut exact = [true; BLOCK_ROWS / MR];
+    sums[..tiles * panels].fill([[0.0; NR]; MR]);
+    for k0 in (0..depth).step_by(KC) {
+        let kc = KC.min(depth - k0);
+        let ks_block = ks.start + k0..ks.end.min(ks.start + k0 + kc);
+        for (t, tile) in a_block.chunks_exact_mut(MR * kc).take(tiles).enumerate() {
+            let i0 = block.start + t * MR;
+            // SAFETY: the rows of the block × ks are A's to read (the caller's contract).
+            unsafe { gather_tile(tile, a, i0..block.end.min(i0 + MR), ks_block.clone()) };
+            exact[t] &= unflushed_is_exact(round_in_place(tile), b.exponent);
+        }
+        for (j, j0) in cols.clone().step_by(NR).enumerate() {
+            let panel = b.panel(j0, ks.start + k0, kc);
+            for (t, tile) in a_block.chunks_exact(MR * kc).take(tiles).enumerate() {
+                let tile = tile.as_chunks().0;
+                let s = &mut sums[t * panels + j];
+                *s = if exact[t] {
+                    tile_sums(tile, panel, *s)
+                } else {
+                    tile_sums_flushed(tile, panel, *s)
+                };
+            }
+        }
+    }
+}
+
+/// A's rows `rows` (at most MR) × k's elements `ks` into a tile of k-steps of MR values: rows
+/// past `rows` and steps past `ks` zero.
+///
+/// # Safety
+/// A's `rows` × `ks` are readable.
+unsafe fn gather_tile(
+    tile: &mut [f32],
+    a: &Operand,
+    rows: std::ops::Range<usize>,
+    ks: std::ops::Range<usize>,
+) {
+    tile.fill(0.0);
+    // Along A's lines, whichever way they lie.
+    if a.row_stride == 1 {
+        for (p, kk) in ks.enumerate() {
+            for (r, i) in rows.clone().enumerate() {
+                tile[p * MR + r] = element(a, i, kk);
+            }
+        }
+    } else {
+        for (r, i) in rows.enumerate() {
+            for (p, kk) in ks.clone().enumerate() {
+                tile[p * MR + r] = element(a, i, kk);
+            }
+        }
+    }
+}
+
+/// `C = sums + beta·C` over the block's rows × `cols`.
+fn write_block(
+    sums: &[[[f32; NR]; MR]],
+    block: std::ops::Range<usize>,
+    cols: std::ops::Range<usize>,
+    beta: f32,
+    c: SharedMut<f32>,
+    ldc: usize,
+) {
+    let panels = cols.len().div_ceil(NR);
+    for (r, i) in block.enumerate() {
+        for (j, j0) in cols.clone().step_by(NR).enumerate() {
+            let sums = &sums[r / MR * panels + j][r % MR];
+            for (jj, &s) in sums[..NR.min(cols.end - j0)].iter().enumerate() {
+                // Row i's columns of this part are this task's alone (tasks split the part's
+                // rows; the caller keeps parts apart); C is read only for β ≠ 0 (it may be
+                // uninitialised otherwise), so it is reached through raw pointers.
+                let out = c.at(i * ldc + j0 + jj);
+                // SAFETY: in C's part (the caller's contract).
+                unsafe { *out = if beta != 0.0 { beta.mul_add(*out, s) } else { s } };
+            }
+        }
     }
 }
 
@@ -234,24 +418,43 @@ unsafe fn element(x: &Operand, r: usize, c: usize) -> f32 {
     *x.ptr.add(r * x.row_stride + c * x.col_stride)
 }
 
-simd_dispatch!(pair_sums => pair_sums_generic(a: &[f32], b: &[f32], ldb: usize, j0: usize, acc: &mut [f32]) -> ());
+simd_dispatch!(tile_sums => tile_sums_generic(a: &[[f32; MR]], b: &[[f32; NR]], from: [[f32; NR]; MR]) -> [[f32; NR]; MR]);
+simd_dispatch!(tile_sums_flushed => tile_sums_flushed_generic(a: &[[f32; MR]], b: &[[f32; NR]], from: [[f32; NR]; MR]) -> [[f32; NR]; MR]);
 
-/// `acc[j] = Σ over the pairs q of a: (acc + a[2q+1]·b[2q+1][j0 + j]) + a[2q]·b[2q][j0 + j]`,
-/// from zero, each step a fused multiply-add flushed as `vdpbf16ps` flushes its results (the
-/// operands are rounded already, and a rounded operand is never a denormal).
+/// A tile's sums where [`unflushed_is_exact`]: no step can give a denormal, so none is flushed.
 #[inline(always)]
-fn pair_sums_generic(a: &[f32], b: &[f32], ldb: usize, j0: usize, acc: &mut [f32]) {
-    acc.fill(0.0);
-    let w = acc.len();
-    for (q, a) in a.chunks_exact(2).enumerate() {
-        let (a0, a1) = (a[0], a[1]);
-        let b0 = &b[2 * q * ldb + j0..][..w];
-        let b1 = &b[(2 * q + 1) * ldb + j0..][..w];
-        for ((s, &x0), &x1) in acc.iter_mut().zip(b0).zip(b1) {
-            let odd = flushed(a1.mul_add(x1, *s));
-            *s = flushed(a0.mul_add(x0, odd));
+fn tile_sums_generic(a: &[[f32; MR]], b: &[[f32; NR]], from: [[f32; NR]; MR]) -> [[f32; NR]; MR] {
+    pair_sums::<false>(a, b, from)
+}
+
+/// A tile's sums, each step flushed.
+#[inline(always)]
+fn tile_sums_flushed_generic(a: &[[f32; MR]], b: &[[f32; NR]], from: [[f32; NR]; MR]) -> [[f32; NR]; MR] {
+    pair_sums::<true>(a, b, from)
+}
+
+/// `s[r][j] = Σ over the pairs q: (s + a[2q+1][r]·b[2q+1][j]) + a[2q][r]·b[2q][j]`, from
+/// `from`, each step a fused multiply-add, its result flushed as `vdpbf16ps` flushes its results
+/// where `FLUSH` (the operands are rounded already, and a rounded operand is never a denormal).
+#[inline(always)]
+fn pair_sums<const FLUSH: bool>(a: &[[f32; MR]], b: &[[f32; NR]], from: [[f32; NR]; MR]) -> [[f32; NR]; MR] {
+    let step = |x: f32, y: f32, s: f32| {
+        let t = x.mul_add(y, s);
+        if FLUSH {
+            flushed(t)
+        } else {
+            t
+        }
+    };
+    let mut s = from;
+    for (a, b) in a.chunks_exact(2).zip(b.chunks_exact(2)) {
+        for (s, (&a0, &a1)) in s.iter_mut().zip(a[0].iter().zip(&a[1])) {
+            for (s, (&b0, &b1)) in s.iter_mut().zip(b[0].iter().zip(&b[1])) {
+                *s = step(a0, b0, step(a1, b1, *s));
+            }
         }
     }
+    s
 }
 
 /// A rows × cols activation rounded to bf16 for emulated products, held in f32 (whose values

@@ -4,7 +4,9 @@
 
 use super::bf16::{gemm_with, supported, Kernel};
 use super::bf16_tests::{accessors, modelled, same_bits};
-use super::emulated::{gemm, gemm_packed_parts, Packed};
+use super::emulated::{
+    gemm, gemm_packed_parts, round, round_in_place, to_bf16, unflushed_is_exact, Packed, KC,
+};
 use super::tests::{operands, LAYOUTS};
 use super::{Mat, Part};
 
@@ -25,12 +27,35 @@ fn values(len: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-/// `(m, k, n)` at every layout of A and B and β ∈ {0, 1, ½}, C inside a wider buffer: the
-/// emulation's bits and `kernel`'s, or the model's where `kernel` is `None`.
-fn check(kernel: Option<Kernel>, (m, k, n): (usize, usize, usize)) {
+/// Values of magnitudes 2⁻¹⁰ to 8 and zeros: no sum of their products can be a denormal, so the
+/// emulation sums them without flushing ([`unflushed_is_exact`]).
+fn ordinary(len: usize, seed: u64) -> Vec<f32> {
+    let ordinary = super::tests::values(len, seed);
+    (0..len)
+        .map(|i| match i % 13 {
+            0 => 0.0,
+            1 => -0.0,
+            _ => 8.0 * ordinary[i] + ordinary[i].signum() / 1024.0,
+        })
+        .collect()
+}
+
+/// The exponent field of the smallest nonzero magnitude of the values rounded to bf16.
+fn least_exponent(values: &[f32]) -> u32 {
+    values
+        .iter()
+        .map(|&v| (round(v).to_bits() >> 23) & 0xff)
+        .filter(|&e| e != 0)
+        .min()
+        .unwrap_or(255)
+}
+
+/// `(m, k, n)` at every layout of A and B and β ∈ {0, 1, ½}, C inside a wider buffer, operands
+/// drawn by `draw`: the emulation's bits and `kernel`'s, or the model's where `kernel` is `None`.
+fn check(kernel: Option<Kernel>, (m, k, n): (usize, usize, usize), draw: fn(usize, u64) -> Vec<f32>) {
     for (case, (a_t, b_t, beta)) in LAYOUTS.into_iter().enumerate() {
-        let a = values(m * k, (m * 31 + k * 7 + n) as u64);
-        let b = values(k * n, (n * 17 + k + case) as u64);
+        let a = draw(m * k, (m * 31 + k * 7 + n) as u64);
+        let b = draw(k * n, (n * 17 + k + case) as u64);
         let ldc = n + 5;
         let c0 = values(m * ldc, 99);
         let (ao, bo) = operands(&a, &b, (m, k, n), a_t, b_t);
@@ -53,7 +78,8 @@ fn check(kernel: Option<Kernel>, (m, k, n): (usize, usize, usize)) {
     }
 }
 
-const SHAPES: [(usize, usize, usize); 8] = [
+/// Edges of the emulation's tiles (6 × 16), blocks of k (192) and of rows (96), and tasks.
+const SHAPES: [(usize, usize, usize); 9] = [
     (1, 1, 1),
     (7, 0, 9),
     (8, 3, 17),
@@ -62,13 +88,75 @@ const SHAPES: [(usize, usize, usize); 8] = [
     (33, 2, 600),
     (40, 600, 33),
     (3, 1100, 5),
+    (200, 401, 50),
 ];
 
 #[test]
 fn emulated_products_give_the_modelled_bits_at_every_layout_and_edge() {
     for shape in SHAPES {
-        check(None, shape);
+        check(None, shape, values);
     }
+}
+
+/// Where no sum can be a denormal, the emulation skips the flushing; the bits are the model's,
+/// which flushes every step.
+#[test]
+fn products_summed_without_flushing_give_the_modelled_bits() {
+    let (a, b) = (ordinary(1 << 16, 1), ordinary(1 << 16, 2));
+    assert!(
+        unflushed_is_exact(least_exponent(&a), least_exponent(&b)),
+        "the operands leave nothing to flush"
+    );
+    for shape in SHAPES {
+        check(None, shape, ordinary);
+    }
+}
+
+/// Products whose exponents add to one less than [`unflushed_is_exact`] asks for cancel to a
+/// denormal (2⁻¹²⁷), which `vdpbf16ps` flushes; at the threshold they cancel to 2⁻¹²⁶, a normal.
+#[test]
+fn sums_that_cancel_to_a_denormal_are_flushed_at_the_threshold() {
+    let p = |e: i32| 2f32.powi(e);
+    let (e7, e6) = (1.0 + p(-7), 1.0 + p(-6));
+    // k = 1 first: (1 + 2⁻⁶ + 2⁻¹⁴)·2⁻¹¹³; then k = 0 adds −(1 + 2⁻⁶)·2⁻¹¹³.
+    let a = [e6 * p(-56), e7 * p(-56)];
+    for (b_scale, want) in [(p(-57), 0.0), (p(-56), p(-126))] {
+        let b = [-b_scale, e7 * b_scale];
+        let exponents = (least_exponent(&a), least_exponent(&b));
+        assert_eq!(exponents.0 + exponents.1, if want == 0.0 { 141 } else { 142 });
+        let (ao, bo) = operands(&a, &b, (1, 2, 1), false, false);
+        let mut got = [f32::NAN];
+        // SAFETY: A (1×2), B (2×1) and C (1×1) hold their elements.
+        unsafe { gemm(1, 2, 1, ao, bo, 0.0, got.as_mut_ptr(), 1) };
+        let (fa, fb) = accessors(&a, &b, (1, 2, 1), false, false);
+        let modelled = modelled(Kernel::Avx512, (1, 2, 1), &fa, &fb, 0.0, &[0.0], 1);
+        assert_eq!(got[0].to_bits(), modelled[0].to_bits(), "exponents {exponents:?}");
+        assert_eq!(got[0].to_bits(), want.to_bits(), "exponents {exponents:?}");
+    }
+}
+
+/// A tile flushed in one block of k is flushed in the blocks after it: its sum there is any
+/// normal number (2⁻¹²⁶ + 2⁻¹³⁵ here), which products that could not give a denormal from zero
+/// (exponents adding to 142) can bring to one (2⁻¹³⁵, flushed to 0).
+#[test]
+fn a_tile_flushed_in_one_block_of_k_stays_flushed() {
+    let p = |e: i32| 2f32.powi(e);
+    let k = KC + 2;
+    let (mut a, mut b) = (vec![0f32; k], vec![0f32; k]);
+    // The first block: 2⁻¹²⁶ (k = 1), then 2⁻¹³⁵ (k = 0); B's smallest magnitude is 2⁻²⁶.
+    (a[0], a[1], b[0], b[1]) = (p(-109), p(-100), p(-26), p(-26));
+    // The next: (1 + 2⁻⁶)·2⁻¹¹² (k = KC + 1), then −(1 + 2⁻⁶ + 2⁻¹⁴)·2⁻¹¹² (k = KC).
+    (a[KC], b[KC]) = ((1.0 + p(-7)) * p(-86), -(1.0 + p(-7)) * p(-26));
+    (a[KC + 1], b[KC + 1]) = ((1.0 + p(-6)) * p(-86), p(-26));
+    assert!(unflushed_is_exact(least_exponent(&a[KC..]), least_exponent(&b)));
+    let (ao, bo) = operands(&a, &b, (1, k, 1), false, false);
+    let mut got = [f32::NAN];
+    // SAFETY: A (1×k), B (k×1) and C (1×1) hold their elements.
+    unsafe { gemm(1, k, 1, ao, bo, 0.0, got.as_mut_ptr(), 1) };
+    let (fa, fb) = accessors(&a, &b, (1, k, 1), false, false);
+    let modelled = modelled(Kernel::Avx512, (1, k, 1), &fa, &fb, 0.0, &[0.0], 1);
+    assert_eq!(modelled[0].to_bits(), 0, "the model flushes 2⁻¹³⁵");
+    assert_eq!(got[0].to_bits(), modelled[0].to_bits());
 }
 
 #[test]
@@ -78,7 +166,8 @@ fn emulated_products_give_the_vdpbf16ps_kernels_bits() {
         return;
     }
     for shape in SHAPES {
-        check(Some(Kernel::Avx512), shape);
+        check(Some(Kernel::Avx512), shape, values);
+        check(Some(Kernel::Avx512), shape, ordinary);
     }
 }
 
@@ -249,4 +338,39 @@ fn emulated_bits_do_not_depend_on_the_threads() {
         c
     };
     assert!(same_bits(&run(1), &run(3)));
+}
+
+/// The vectorised rounding gives the scalar one's bits (NaNs quiet, denormals signed zeros,
+/// ties to even, the largest finite values to infinity) and the smallest exponent among them.
+#[test]
+fn rounding_in_place_rounds_each_value_as_the_hardware_does() {
+    let specials = [
+        0.0,
+        -0.0,
+        f32::NAN,
+        -f32::NAN,
+        f32::from_bits(0x7f80_0001),
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::MAX,
+        -f32::MAX,
+        f32::MIN_POSITIVE,
+        f32::from_bits(1),
+        -3e-39,
+        f32::from_bits(0x3f80_8000),
+        f32::from_bits(0x3f81_8000),
+        1.0 + f32::EPSILON,
+        -7.25e-20,
+    ];
+    let mut values: Vec<f32> = specials.iter().copied().chain(values(1000, 3)).collect();
+    let want: Vec<u32> = values.iter().map(|&v| (to_bf16(v) as u32) << 16).collect();
+    let least = round_in_place(&mut values);
+    let got: Vec<u32> = values.iter().map(|v| v.to_bits()).collect();
+    assert_eq!(got, want);
+    assert_eq!(least, least_exponent(&values));
+    assert_eq!(
+        round_in_place(&mut [0.0, -0.0, 3e-39]),
+        255,
+        "no nonzero magnitude"
+    );
 }
