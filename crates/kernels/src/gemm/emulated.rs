@@ -200,12 +200,8 @@ impl Packed {
             let cols = NR.min(n - j0);
             // SAFETY: each task writes its own panel, in bounds of `values`.
             let out = unsafe { shared.slice(panel.start * rows * NR, rows * NR) };
-            for (p, row) in out.chunks_exact_mut(NR).take(k).enumerate() {
-                for (j, v) in row[..cols].iter_mut().enumerate() {
-                    // SAFETY: (p, j0 + j) lies in B's k×n view.
-                    *v = unsafe { element(&b, p, j0 + j) };
-                }
-            }
+            // SAFETY: the panel's columns of B's k×n view are readable.
+            unsafe { gather_panel(out, &b, k, j0..j0 + cols) };
             exponent.fetch_min(round_in_place(out), Ordering::Relaxed);
         });
         Self {
@@ -346,18 +342,18 @@ fn sum_block(
             for (t, tile) in a_block.chunks_exact(MR * kc).take(tiles).enumerate() {
                 let tile = tile.as_chunks().0;
                 let s = &mut sums[t * panels + j];
-                *s = if exact[t] {
-                    tile_sums(tile, panel, *s)
+                if exact[t] {
+                    tile_sums(tile, panel, s)
                 } else {
-                    tile_sums_flushed(tile, panel, *s)
-                };
+                    tile_sums_flushed(tile, panel, s)
+                }
             }
         }
     }
 }
 
 /// A's rows `rows` (at most MR) × k's elements `ks` into a tile of k-steps of MR values: rows
-/// past `rows` and steps past `ks` zero.
+/// past `rows` and steps past `ks` zero. Along A's lines, whichever way they lie.
 ///
 /// # Safety
 /// A's `rows` × `ks` are readable.
@@ -367,18 +363,43 @@ unsafe fn gather_tile(
     rows: std::ops::Range<usize>,
     ks: std::ops::Range<usize>,
 ) {
-    tile.fill(0.0);
-    // Along A's lines, whichever way they lie.
+    if rows.len() < MR || ks.len() < tile.len() / MR {
+        tile.fill(0.0);
+    }
     if a.row_stride == 1 {
-        for (p, kk) in ks.enumerate() {
-            for (r, i) in rows.clone().enumerate() {
-                tile[p * MR + r] = element(a, i, kk);
-            }
+        // Aᵀ row-major: each step's MR values lie side by side.
+        for (step, kk) in tile.chunks_exact_mut(MR).zip(ks) {
+            let line = std::slice::from_raw_parts(a.ptr.add(kk * a.col_stride + rows.start), rows.len());
+            step[..rows.len()].copy_from_slice(line);
         }
     } else {
         for (r, i) in rows.enumerate() {
-            for (p, kk) in ks.clone().enumerate() {
-                tile[p * MR + r] = element(a, i, kk);
+            let at = a.ptr.add(i * a.row_stride + ks.start * a.col_stride);
+            for (p, step) in tile.chunks_exact_mut(MR).take(ks.len()).enumerate() {
+                step[r] = *at.add(p * a.col_stride);
+            }
+        }
+    }
+}
+
+/// B's columns `cols` (at most NR) × its k rows into a panel of k rows of NR values (the
+/// columns past `cols` and the padding row left as they are: zero). Along B's lines, whichever
+/// way they lie.
+///
+/// # Safety
+/// B's k rows × `cols` are readable.
+unsafe fn gather_panel(panel: &mut [f32], b: &Operand, k: usize, cols: std::ops::Range<usize>) {
+    let width = cols.len();
+    if b.col_stride == 1 {
+        for (p, row) in panel.chunks_exact_mut(NR).take(k).enumerate() {
+            let line = std::slice::from_raw_parts(b.ptr.add(p * b.row_stride + cols.start), width);
+            row[..width].copy_from_slice(line);
+        }
+    } else {
+        for (j, jj) in cols.enumerate() {
+            let at = b.ptr.add(jj * b.col_stride);
+            for (p, row) in panel.chunks_exact_mut(NR).take(k).enumerate() {
+                row[j] = *at.add(p * b.row_stride);
             }
         }
     }
@@ -409,35 +430,27 @@ fn write_block(
     }
 }
 
-/// Element (r, c) of an operand (taking it whole, so that closures capture the `Sync` operand
-/// rather than its raw pointer).
-///
-/// # Safety
-/// The element is readable.
-unsafe fn element(x: &Operand, r: usize, c: usize) -> f32 {
-    *x.ptr.add(r * x.row_stride + c * x.col_stride)
-}
-
-simd_dispatch!(tile_sums => tile_sums_generic(a: &[[f32; MR]], b: &[[f32; NR]], from: [[f32; NR]; MR]) -> [[f32; NR]; MR]);
-simd_dispatch!(tile_sums_flushed => tile_sums_flushed_generic(a: &[[f32; MR]], b: &[[f32; NR]], from: [[f32; NR]; MR]) -> [[f32; NR]; MR]);
+simd_dispatch!(tile_sums => tile_sums_generic(a: &[[f32; MR]], b: &[[f32; NR]], sums: &mut [[f32; NR]; MR]) -> ());
+simd_dispatch!(tile_sums_flushed => tile_sums_flushed_generic(a: &[[f32; MR]], b: &[[f32; NR]], sums: &mut [[f32; NR]; MR]) -> ());
 
 /// A tile's sums where [`unflushed_is_exact`]: no step can give a denormal, so none is flushed.
 #[inline(always)]
-fn tile_sums_generic(a: &[[f32; MR]], b: &[[f32; NR]], from: [[f32; NR]; MR]) -> [[f32; NR]; MR] {
-    pair_sums::<false>(a, b, from)
+fn tile_sums_generic(a: &[[f32; MR]], b: &[[f32; NR]], sums: &mut [[f32; NR]; MR]) {
+    pair_sums::<false>(a, b, sums)
 }
 
 /// A tile's sums, each step flushed.
 #[inline(always)]
-fn tile_sums_flushed_generic(a: &[[f32; MR]], b: &[[f32; NR]], from: [[f32; NR]; MR]) -> [[f32; NR]; MR] {
-    pair_sums::<true>(a, b, from)
+fn tile_sums_flushed_generic(a: &[[f32; MR]], b: &[[f32; NR]], sums: &mut [[f32; NR]; MR]) {
+    pair_sums::<true>(a, b, sums)
 }
 
-/// `s[r][j] = Σ over the pairs q: (s + a[2q+1][r]·b[2q+1][j]) + a[2q][r]·b[2q][j]`, from
-/// `from`, each step a fused multiply-add, its result flushed as `vdpbf16ps` flushes its results
-/// where `FLUSH` (the operands are rounded already, and a rounded operand is never a denormal).
+/// `s[r][j] = Σ over the pairs q: (s + a[2q+1][r]·b[2q+1][j]) + a[2q][r]·b[2q][j]`, from the
+/// sums given, each step a fused multiply-add, its result flushed as `vdpbf16ps` flushes its
+/// results where `FLUSH` (the operands are rounded already, and a rounded operand is never a
+/// denormal).
 #[inline(always)]
-fn pair_sums<const FLUSH: bool>(a: &[[f32; MR]], b: &[[f32; NR]], from: [[f32; NR]; MR]) -> [[f32; NR]; MR] {
+fn pair_sums<const FLUSH: bool>(a: &[[f32; MR]], b: &[[f32; NR]], sums: &mut [[f32; NR]; MR]) {
     let step = |x: f32, y: f32, s: f32| {
         let t = x.mul_add(y, s);
         if FLUSH {
@@ -446,7 +459,8 @@ fn pair_sums<const FLUSH: bool>(a: &[[f32; MR]], b: &[[f32; NR]], from: [[f32; N
             t
         }
     };
-    let mut s = from;
+    // A copy the loop keeps in registers.
+    let mut s = *sums;
     for (a, b) in a.chunks_exact(2).zip(b.chunks_exact(2)) {
         for (s, (&a0, &a1)) in s.iter_mut().zip(a[0].iter().zip(&a[1])) {
             for (s, (&b0, &b1)) in s.iter_mut().zip(b[0].iter().zip(&b[1])) {
@@ -454,7 +468,7 @@ fn pair_sums<const FLUSH: bool>(a: &[[f32; MR]], b: &[[f32; NR]], from: [[f32; N
             }
         }
     }
-    s
+    *sums = s;
 }
 
 /// A rows × cols activation rounded to bf16 for emulated products, held in f32 (whose values
