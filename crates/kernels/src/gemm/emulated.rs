@@ -22,8 +22,8 @@
 //!
 //! It is still slower than f32 (the rounding, the packing, and a tile smaller than the f32
 //! kernels'), and a run says at its start how many times slower it measured a product
-//! ([`emulation_slowdown`]). What it is for: checking a bf16 configuration, reproducing a bf16
-//! run's bits, and running the bf16 tests, on a CPU that cannot run bf16 itself. Without the
+//! ([`emulation_slowdown`]). What it is for: checking a bf16 configuration, and running the bf16
+//! tests, on a CPU that cannot run bf16 itself. Without the
 //! request, bf16 products are refused there, naming the missing feature.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};

@@ -78,8 +78,9 @@ fn check(kernel: Option<Kernel>, (m, k, n): (usize, usize, usize), draw: fn(usiz
     }
 }
 
-/// Edges of the emulation's tiles (6 × 16), blocks of k (192) and of rows (96), and tasks.
-const SHAPES: [(usize, usize, usize); 9] = [
+/// Edges of the emulation's tiles (6 × 16), blocks of k (192) and of rows (96), and tasks (the
+/// last: a task of several blocks of rows, the last one short).
+const SHAPES: [(usize, usize, usize); 10] = [
     (1, 1, 1),
     (7, 0, 9),
     (8, 3, 17),
@@ -89,6 +90,7 @@ const SHAPES: [(usize, usize, usize); 9] = [
     (40, 600, 33),
     (3, 1100, 5),
     (200, 401, 50),
+    (301, 2, 40),
 ];
 
 #[test]
@@ -373,4 +375,106 @@ fn rounding_in_place_rounds_each_value_as_the_hardware_does() {
         255,
         "no nonzero magnitude"
     );
+}
+
+/// Tiles of one block of rows, some summed without flushing and some flushed (rows of magnitudes
+/// near 2⁻¹²⁶, whose products with B's come out denormal, among ordinary rows), at both layouts
+/// of A: each row has the model's bits, which the flushing changes in the tiny rows alone.
+#[test]
+fn flushed_and_unflushed_tiles_side_by_side_give_the_modelled_bits() {
+    let (m, k, n) = (40, 250, 20);
+    let mut a = ordinary(m * k, 21);
+    let b = ordinary(k * n, 22);
+    let tiny_rows = [7, 30];
+    for i in tiny_rows {
+        for v in &mut a[i * k..(i + 1) * k] {
+            *v *= 2f32.powi(-126);
+        }
+    }
+    let row = |i: usize| &a[i * k..(i + 1) * k];
+    assert!(!unflushed_is_exact(least_exponent(row(7)), least_exponent(&b)));
+    assert!(unflushed_is_exact(least_exponent(row(0)), least_exponent(&b)));
+    // The chain without any flush (k is even: no padding), to show where the flushing matters.
+    let unflushed = |i: usize, j: usize| {
+        let (x, y) = (|p: usize| round(a[i * k + p]), |p: usize| round(b[p * n + j]));
+        (0..k / 2).fold(0f32, |s, q| {
+            x(2 * q).mul_add(y(2 * q), x(2 * q + 1).mul_add(y(2 * q + 1), s))
+        })
+    };
+    for a_t in [false, true] {
+        // A stored as the layout reads it (its transpose, row-major, for `a_t`).
+        let stored: Vec<f32> = match a_t {
+            false => a.clone(),
+            true => (0..k * m).map(|e| a[(e % m) * k + e / m]).collect(),
+        };
+        let (ao, bo) = operands(&stored, &b, (m, k, n), a_t, false);
+        let mut got = vec![0f32; m * n];
+        // SAFETY: the operands and C hold their elements.
+        unsafe { gemm(m, k, n, ao, bo, 0.0, got.as_mut_ptr(), n) };
+        let (fa, fb) = accessors(&stored, &b, (m, k, n), a_t, false);
+        let want = modelled(Kernel::Avx512, (m, k, n), &fa, &fb, 0.0, &vec![0f32; m * n], n);
+        assert!(same_bits(&got, &want), "A transposed: {a_t}");
+        for i in 0..m {
+            let differs = (0..n).any(|j| unflushed(i, j).to_bits() != want[i * n + j].to_bits());
+            assert_eq!(
+                differs,
+                tiny_rows.contains(&i),
+                "row {i}: the flushing matters in the tiny rows alone"
+            );
+        }
+    }
+}
+
+/// Parts over several blocks of k, starting past k's start, with A transposed and not, on
+/// ordinary values and on the flushing ones: each part's rows and columns hold its product.
+#[test]
+fn parts_over_several_blocks_of_k_give_their_products_bits() {
+    let (m, k, n) = (14, 480, 64);
+    for draw in [ordinary as fn(usize, u64) -> Vec<f32>, values] {
+        let (a, b) = (draw(m * k, 31), draw(k * n, 32));
+        let parts: Vec<Part> = vec![(0..7, 0..64, 32..480), (7..14, 32..64, 64..448)];
+        let packed = Packed::of(k, n, Mat::rows(&b, n));
+        for a_t in [false, true] {
+            let mut a_parts = vec![0f32; m * k];
+            for (rows, _, ks) in &parts {
+                for i in rows.clone() {
+                    for p in ks.clone() {
+                        a_parts[i * k + p] = a[i * k + p];
+                    }
+                }
+            }
+            let stored: Vec<f32> = match a_t {
+                false => a_parts.clone(),
+                true => (0..k * m).map(|e| a_parts[(e % m) * k + e / m]).collect(),
+            };
+            let view = match a_t {
+                false => Mat::rows(&stored, k),
+                true => Mat::rows(&stored, m).t(),
+            };
+            let mut got = vec![0f32; m * n];
+            // SAFETY: A and C hold their elements; the parts do not overlap.
+            unsafe { gemm_packed_parts(view.operand(), &packed, &parts, 0.0, got.as_mut_ptr(), n) };
+            for (rows, cols, ks) in &parts {
+                let fa = |i: usize, p: usize| a[(rows.start + i) * k + ks.start + p];
+                let fb = |p: usize, j: usize| b[(ks.start + p) * n + cols.start + j];
+                let (pm, pn) = (rows.len(), cols.len());
+                let want = modelled(
+                    Kernel::Avx512,
+                    (pm, ks.len(), pn),
+                    fa,
+                    fb,
+                    0.0,
+                    &vec![0f32; pm * pn],
+                    pn,
+                );
+                for (r, i) in rows.clone().enumerate() {
+                    let row = &got[i * n + cols.start..i * n + cols.end];
+                    assert!(
+                        same_bits(row, &want[r * pn..(r + 1) * pn]),
+                        "row {i}, part {ks:?}, A transposed: {a_t}"
+                    );
+                }
+            }
+        }
+    }
 }
