@@ -64,8 +64,8 @@ pub fn for_training(cfg: &RunConfig) -> Result<Precision> {
              train.precision: f32 (the default) here, or on a CPU with AVX512_BF16 (AMD Zen 4 \
              and later, Intel Cooper Lake, Sapphire Rapids and later). To check a bf16 run on \
              this machine anyway, set {env}=emulate: the products then run in software with \
-             AVX512_BF16's bits, several times slower than f32 (an emulation does f32's work \
-             plus the rounding).",
+             AVX512_BF16's bits, slower than f32 (an emulation does f32's multiply-adds plus \
+             the rounding).",
             env = ember_kernels::BF16_ENV
         );
     }
