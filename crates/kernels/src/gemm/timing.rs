@@ -83,8 +83,8 @@ fn print_gflops_at_model_shapes() {
 }
 
 /// Not a test: `cargo test --release -p ember-kernels --lib gemm::timing::bf16 -- --ignored
-/// --nocapture` times the bf16 products (packing included) against the f32 ones the ops run
-/// today, at the products of a training step: nanoGPT's standard Shakespeare shape (d 384,
+/// --nocapture` times the bf16 products (packing included; emulated where the CPU has no
+/// AVX512_BF16) against the f32 ones the ops run today, at the products of a training step: nanoGPT's standard Shakespeare shape (d 384,
 /// d_ff 1536, 256 × 16 tokens in two shares of 2,048 rows, vocabulary 65) and shakespeare-char's
 /// d 128 (64 × 12 tokens, two shares of 384 rows), at 1 and 2 threads. Alternating pairs (f32
 /// then bf16, 9 pairs): the median of each and the median and range of the per-pair ratios
