@@ -88,7 +88,7 @@ fn source_length_buckets(
     Ok(buckets)
 }
 
-fn read_lines(path: &PathBuf, flag: &str) -> Result<Vec<String>> {
+fn read_lines(path: &Path, flag: &str) -> Result<Vec<String>> {
     ember_data::io::refuse_special_input(path, Some(flag))?;
     let bytes = ember_data::io::read_bytes(path).with_context(|| format!("reading {}", path.display()))?;
     let text = String::from_utf8(bytes)

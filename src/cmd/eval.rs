@@ -186,7 +186,7 @@ fn report_scores(
     out["chrf"] = serde_json::to_value(&scores.chrf)?;
     out["length_penalty"] = scores.length_penalty.to_string().into();
     if all.len() > 1 {
-        out["length_penalties"] = serde_json::to_value(&all)?;
+        out["length_penalties"] = serde_json::to_value(all)?;
     }
     out["beam"] = args.decode.beam.into();
     out["kv_cache"] = (!args.decode.no_cache).into();

@@ -457,10 +457,9 @@ mod mirror {
             for scale in [1.0, 0.125, 1.0 / 24f64.sqrt()] {
                 let s = PositionScale { scale, logn_length };
                 let m = logn_length.unwrap_or(0);
-                for p in 0..300 {
-                    let f = unsafe {
-                        ember_mirror_rope_factor(scale, p as u64, m as u64, ln[p], (m as f64).ln())
-                    };
+                for (p, &ln_p) in ln.iter().enumerate().take(300) {
+                    let f =
+                        unsafe { ember_mirror_rope_factor(scale, p as u64, m as u64, ln_p, (m as f64).ln()) };
                     assert_eq!(f.to_bits(), (s.at(p) as f32).to_bits(), "{s:?} at {p}");
                 }
             }

@@ -671,8 +671,9 @@ fn a_projection_with_a_bias_and_a_relu_matches_the_ops_one_by_one() {
                     .dims(),
             );
             type Op = fn(&Tensor, &Tensor, &Tensor) -> candle_core::Result<Tensor>;
+            type Composed<'a> = &'a dyn Fn(&[Tensor]) -> candle_core::Result<Tensor>;
             let two_ops = |t: &[Tensor]| kernels::add_bias(&kernels::linear(&t[0], &t[1])?, &t[2]);
-            let cases: [(&str, Op, Op, &dyn Fn(&[Tensor]) -> candle_core::Result<Tensor>); 2] = [
+            let cases: [(&str, Op, Op, Composed); 2] = [
                 (
                     "linear_bias",
                     kernels::linear_bias,

@@ -46,8 +46,10 @@ fn cached_causal_mask(t: usize, offset: usize, like: &Tensor) -> Result<Tensor> 
     use std::cell::RefCell;
     /// Masks kept per thread at most: a long generation's growing shapes must not pile up.
     const KEEP: usize = 256;
+    /// The masks made so far on this thread, by (t, offset, dtype).
+    type Masks = RefCell<Vec<((usize, usize, DType), Tensor)>>;
     thread_local! {
-        static MASKS: RefCell<Vec<((usize, usize, DType), Tensor)>> = const { RefCell::new(Vec::new()) };
+        static MASKS: Masks = const { RefCell::new(Vec::new()) };
     }
     let (device, dtype) = (like.device(), like.dtype());
     if device.is_cpu() {

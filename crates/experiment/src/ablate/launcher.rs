@@ -26,7 +26,7 @@ pub fn refuse_foreign_launcher(env: impl Fn(&str) -> Option<String>) -> Result<(
             "an MPI job (PMIx: mpirun, or srun --mpi=pmix)",
             shown(&["PMIX_RANK", "SLURM_STEP_ID", "SLURM_STEP_NUM_TASKS"]),
         )),
-        Ok(Some((_, ..))) => Some((
+        Ok(Some(_)) => Some((
             "an MPI job (PMI: MPICH's mpiexec, or srun --mpi=pmi2)",
             shown(&["PMI_RANK", "PMI_SIZE"]),
         )),

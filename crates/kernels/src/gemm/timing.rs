@@ -149,14 +149,13 @@ fn bf16_against_f32_at_training_shapes() {
     crate::par::set_threads(1).unwrap();
 }
 
+/// Products of a training step: (m, k, n, A transposed, B transposed, what, times per layer).
+type Shapes = [(usize, usize, usize, bool, bool, &'static str, usize); 12];
+
 /// A training step's products for `m` rows of a model of width `d` and MLP width `d_ff` over
 /// a vocabulary of 65 (Shakespeare's characters): (m, k, n, A transposed, B transposed, what,
 /// times per layer).
-fn training_shapes(
-    m: usize,
-    d: usize,
-    d_ff: usize,
-) -> [(usize, usize, usize, bool, bool, &'static str, usize); 12] {
+fn training_shapes(m: usize, d: usize, d_ff: usize) -> Shapes {
     [
         (m, d, d, false, true, "fwd x·Wᵀ q/k/v/o", 4),
         (m, d, d_ff, false, true, "fwd x·Wᵀ up", 1),
@@ -175,10 +174,7 @@ fn training_shapes(
 
 /// nanoGPT's standard Shakespeare shape (d 384, d_ff 1536, 256 × 16 tokens in two shares of
 /// 2,048 rows) and shakespeare-char's d 128 (d_ff 512, 64 × 12 tokens, two shares of 384 rows).
-fn shape_sets() -> [(
-    &'static str,
-    [(usize, usize, usize, bool, bool, &'static str, usize); 12],
-); 2] {
+fn shape_sets() -> [(&'static str, Shapes); 2] {
     [
         ("d 384, 2,048 rows", training_shapes(2048, 384, 1536)),
         ("d 128, 384 rows", training_shapes(384, 128, 512)),

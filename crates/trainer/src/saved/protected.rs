@@ -329,7 +329,9 @@ fn resolve(path: &Path) -> Result<(PathBuf, Vec<OsString>)> {
         match part {
             Component::Normal(name) => rest.push(name.to_os_string()),
             Component::ParentDir => {
-                if rest.pop().is_none() {
+                // `..` takes back the last name still to be made, or else climbs out of `existing`.
+                let nothing_to_take_back = rest.pop().is_none();
+                if nothing_to_take_back {
                     existing.pop();
                 }
             }

@@ -41,7 +41,7 @@ pub(crate) fn complete(tree: &mut Value) -> Result<(), (String, String)> {
     let all_stated = ARCHITECTURE_KEYS
         .iter()
         .all(|k| stated(model, k).is_some() || *k == "qkv_bias");
-    if !(all_stated && !dir.join(CONFIG_FILE).exists()) {
+    if !all_stated || dir.join(CONFIG_FILE).exists() {
         let hf =
             ember_import::read_config(&dir).map_err(|e| ("model.init_from".to_string(), format!("{e:#}")))?;
         for (key, value, source) in &hf.architecture {
