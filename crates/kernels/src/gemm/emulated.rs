@@ -73,7 +73,8 @@ pub(crate) fn to_bf16(x: f32) -> u16 {
     (rounded_bits(x.to_bits()) >> 16) as u16
 }
 
-/// `x` rounded to bf16 as [`to_bf16`] rounds it, as an f32 (exact).
+/// `x` rounded to bf16 as [`to_bf16`] rounds it, as an f32 (exact): the tests' references.
+#[cfg(test)]
 pub(crate) fn round(x: f32) -> f32 {
     f32::from_bits(rounded_bits(x.to_bits()))
 }
@@ -96,8 +97,8 @@ fn rounded_bits(bits: u32) -> u32 {
 
 simd_dispatch!(pub(super) round_in_place => round_in_place_generic(values: &mut [f32]) -> u32);
 
-/// The values rounded as [`round`] rounds them, in place; returns the [`min_exponent`] of the
-/// rounded values.
+/// The values rounded as [`round`] rounds them, in place; returns the smallest
+/// [`exponent_field`] of the rounded values.
 #[inline(always)]
 fn round_in_place_generic(values: &mut [f32]) -> u32 {
     let mut least = 255;
@@ -484,7 +485,8 @@ impl Rounded {
     pub(crate) fn new(rows: usize, cols: usize, x: &[f32]) -> Self {
         let len = rows.checked_mul(cols).expect("Rounded: too many elements");
         assert!(x.len() >= len, "Rounded: {rows}×{cols} from {} elements", x.len());
-        let values = x[..len].iter().map(|&v| round(v)).collect();
+        let mut values = x[..len].to_vec();
+        round_in_place(&mut values);
         Self { rows, cols, values }
     }
 
@@ -502,11 +504,10 @@ impl Rounded {
                 |range, out| {
                     let first = range.start / cols;
                     fill(first..first + range.len() / cols, out);
-                    for v in out.iter_mut() {
-                        // SAFETY: `fill` wrote every element of its block.
-                        let x = unsafe { v.assume_init() };
-                        v.write(round(x));
-                    }
+                    // SAFETY: `fill` wrote every element of its block, and MaybeUninit<f32> has
+                    // f32's layout.
+                    let out = unsafe { &mut *(out as *mut [std::mem::MaybeUninit<f32>] as *mut [f32]) };
+                    round_in_place(out);
                 },
             ),
         };

@@ -50,6 +50,32 @@ fn least_exponent(values: &[f32]) -> u32 {
         .unwrap_or(255)
 }
 
+/// A (m×k, row-major) stored as a layout reads it: itself, or for `a_t` its transpose,
+/// row-major.
+fn stored_as(a: &[f32], (m, k): (usize, usize), a_t: bool) -> Vec<f32> {
+    match a_t {
+        false => a.to_vec(),
+        true => (0..k * m).map(|e| a[(e % m) * k + e / m]).collect(),
+    }
+}
+
+/// `A·B` (β = 0, B row-major, A stored as `a_t` says) emulated, and as the model of `vdpbf16ps`
+/// gives it.
+fn emulated_and_modelled(
+    a: &[f32],
+    b: &[f32],
+    (m, k, n): (usize, usize, usize),
+    a_t: bool,
+) -> (Vec<f32>, Vec<f32>) {
+    let (ao, bo) = operands(a, b, (m, k, n), a_t, false);
+    let mut got = vec![0f32; m * n];
+    // SAFETY: the operands hold their views and C its m×n elements.
+    unsafe { gemm(m, k, n, ao, bo, 0.0, got.as_mut_ptr(), n) };
+    let (fa, fb) = accessors(a, b, (m, k, n), a_t, false);
+    let want = modelled(Kernel::Avx512, (m, k, n), &fa, &fb, 0.0, &vec![0f32; m * n], n);
+    (got, want)
+}
+
 /// `(m, k, n)` at every layout of A and B and β ∈ {0, 1, ½}, C inside a wider buffer, operands
 /// drawn by `draw`: the emulation's bits and `kernel`'s, or the model's where `kernel` is `None`.
 fn check(kernel: Option<Kernel>, (m, k, n): (usize, usize, usize), draw: fn(usize, u64) -> Vec<f32>) {
@@ -126,12 +152,7 @@ fn sums_that_cancel_to_a_denormal_are_flushed_at_the_threshold() {
         let b = [-b_scale, e7 * b_scale];
         let exponents = (least_exponent(&a), least_exponent(&b));
         assert_eq!(exponents.0 + exponents.1, if want == 0.0 { 141 } else { 142 });
-        let (ao, bo) = operands(&a, &b, (1, 2, 1), false, false);
-        let mut got = [f32::NAN];
-        // SAFETY: A (1×2), B (2×1) and C (1×1) hold their elements.
-        unsafe { gemm(1, 2, 1, ao, bo, 0.0, got.as_mut_ptr(), 1) };
-        let (fa, fb) = accessors(&a, &b, (1, 2, 1), false, false);
-        let modelled = modelled(Kernel::Avx512, (1, 2, 1), &fa, &fb, 0.0, &[0.0], 1);
+        let (got, modelled) = emulated_and_modelled(&a, &b, (1, 2, 1), false);
         assert_eq!(got[0].to_bits(), modelled[0].to_bits(), "exponents {exponents:?}");
         assert_eq!(got[0].to_bits(), want.to_bits(), "exponents {exponents:?}");
     }
@@ -151,12 +172,7 @@ fn a_tile_flushed_in_one_block_of_k_stays_flushed() {
     (a[KC], b[KC]) = ((1.0 + p(-7)) * p(-86), -(1.0 + p(-7)) * p(-26));
     (a[KC + 1], b[KC + 1]) = ((1.0 + p(-6)) * p(-86), p(-26));
     assert!(unflushed_is_exact(least_exponent(&a[KC..]), least_exponent(&b)));
-    let (ao, bo) = operands(&a, &b, (1, k, 1), false, false);
-    let mut got = [f32::NAN];
-    // SAFETY: A (1×k), B (k×1) and C (1×1) hold their elements.
-    unsafe { gemm(1, k, 1, ao, bo, 0.0, got.as_mut_ptr(), 1) };
-    let (fa, fb) = accessors(&a, &b, (1, k, 1), false, false);
-    let modelled = modelled(Kernel::Avx512, (1, k, 1), &fa, &fb, 0.0, &[0.0], 1);
+    let (got, modelled) = emulated_and_modelled(&a, &b, (1, k, 1), false);
     assert_eq!(modelled[0].to_bits(), 0, "the model flushes 2⁻¹³⁵");
     assert_eq!(got[0].to_bits(), modelled[0].to_bits());
 }
@@ -189,20 +205,16 @@ fn products_that_underflow_into_tiny_sums_give_the_definitions_bits() {
         tiny(m * k, 11, -(2f32.powi(-63))),
         tiny(k * n, 12, 2f32.powi(-64)),
     );
-    let (ao, bo) = operands(&a, &b, (m, k, n), false, false);
-    let mut got = vec![0f32; m * n];
-    // SAFETY: the operands and C hold their elements.
-    unsafe { gemm(m, k, n, ao, bo, 0.0, got.as_mut_ptr(), n) };
-    let (fa, fb) = accessors(&a, &b, (m, k, n), false, false);
-    let want = modelled(Kernel::Avx512, (m, k, n), &fa, &fb, 0.0, &vec![0f32; m * n], n);
+    let (got, want) = emulated_and_modelled(&a, &b, (m, k, n), false);
     assert!(same_bits(&got, &want), "against the model");
     assert!(
         got.iter().any(|&x| x != 0.0 && x.abs() < 2f32.powi(-120)),
         "the sums stay tiny: {got:?}"
     );
     if supported() {
+        let (ao, bo) = operands(&a, &b, (m, k, n), false, false);
         let mut hw = vec![0f32; m * n];
-        // SAFETY: as above, on a CPU with AVX512_BF16.
+        // SAFETY: the operands hold their elements, C its m×n; the CPU has AVX512_BF16.
         unsafe { gemm_with(Kernel::Avx512, m, k, n, ao, bo, 0.0, hw.as_mut_ptr(), n) };
         assert!(same_bits(&got, &hw), "against vdpbf16ps itself");
     }
@@ -402,17 +414,7 @@ fn flushed_and_unflushed_tiles_side_by_side_give_the_modelled_bits() {
         })
     };
     for a_t in [false, true] {
-        // A stored as the layout reads it (its transpose, row-major, for `a_t`).
-        let stored: Vec<f32> = match a_t {
-            false => a.clone(),
-            true => (0..k * m).map(|e| a[(e % m) * k + e / m]).collect(),
-        };
-        let (ao, bo) = operands(&stored, &b, (m, k, n), a_t, false);
-        let mut got = vec![0f32; m * n];
-        // SAFETY: the operands and C hold their elements.
-        unsafe { gemm(m, k, n, ao, bo, 0.0, got.as_mut_ptr(), n) };
-        let (fa, fb) = accessors(&stored, &b, (m, k, n), a_t, false);
-        let want = modelled(Kernel::Avx512, (m, k, n), &fa, &fb, 0.0, &vec![0f32; m * n], n);
+        let (got, want) = emulated_and_modelled(&stored_as(&a, (m, k), a_t), &b, (m, k, n), a_t);
         assert!(same_bits(&got, &want), "A transposed: {a_t}");
         for i in 0..m {
             let differs = (0..n).any(|j| unflushed(i, j).to_bits() != want[i * n + j].to_bits());
@@ -443,10 +445,7 @@ fn parts_over_several_blocks_of_k_give_their_products_bits() {
                     }
                 }
             }
-            let stored: Vec<f32> = match a_t {
-                false => a_parts.clone(),
-                true => (0..k * m).map(|e| a_parts[(e % m) * k + e / m]).collect(),
-            };
+            let stored = stored_as(&a_parts, (m, k), a_t);
             let view = match a_t {
                 false => Mat::rows(&stored, k),
                 true => Mat::rows(&stored, m).t(),
