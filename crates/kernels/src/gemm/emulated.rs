@@ -18,7 +18,9 @@
 //! denormal: where the operands' smallest magnitudes make every product a multiple of a normal
 //! number, no sum can be one ([`unflushed_is_exact`]), and the tile's steps are plain fused
 //! multiply-adds — the same bits. Training's values are far from that edge; operands near it
-//! (magnitudes whose product is below 2⁻¹¹²) are summed flushing every step.
+//! (magnitudes whose product is below 2⁻¹¹²) are summed flushing every step. An activation kept
+//! rounded for several products ([`Rounded`]) holds bf16's 16 bits per value, as it does where
+//! the CPU runs bf16 itself, so a run takes the memory here that it takes there.
 //!
 //! It is still slower than f32 (the rounding, the packing, and a tile smaller than the f32
 //! kernels'), and a run says at its start how many times slower it measured a product
@@ -132,6 +134,54 @@ fn flushed(x: f32) -> f32 {
     })
 }
 
+/// An element an emulated product gathers its operands from: an f32 (rounded once gathered)
+/// or the bits of a bf16 kept rounded ([`Rounded`]), widened exactly.
+pub(crate) trait Element: Copy {
+    fn widen(self) -> f32;
+}
+
+impl Element for f32 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self
+    }
+}
+
+impl Element for u16 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        f32::from_bits(u32::from(self) << 16)
+    }
+}
+
+/// An operand's elements: (i, j) at `ptr + i·row_stride + j·col_stride`, f32 values or bf16 bits.
+pub(crate) struct Lines<T> {
+    ptr: *const T,
+    row_stride: usize,
+    col_stride: usize,
+}
+
+impl<T> Clone for Lines<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for Lines<T> {}
+
+// SAFETY: an operand is only read, by tasks of a parallel region its owner outlives.
+unsafe impl<T> Send for Lines<T> {}
+unsafe impl<T> Sync for Lines<T> {}
+
+impl From<Operand> for Lines<f32> {
+    fn from(o: Operand) -> Self {
+        Self {
+            ptr: o.ptr,
+            row_stride: o.row_stride,
+            col_stride: o.col_stride,
+        }
+    }
+}
+
 /// Where the parts of a product may start and end ([`gemm_packed_parts`]): the hardware
 /// kernel's strips of 32 columns and steps of 16 pairs of k.
 const PART_ALIGN: usize = 32;
@@ -187,7 +237,7 @@ impl Packed {
     ///
     /// # Safety
     /// Every element of B's k×n view is readable.
-    pub(crate) unsafe fn new(k: usize, n: usize, b: Operand) -> Self {
+    pub(crate) unsafe fn new<T: Element>(k: usize, n: usize, b: Lines<T>) -> Self {
         let rows = k.next_multiple_of(2);
         let panels = n.div_ceil(NR);
         let len = panels
@@ -218,7 +268,7 @@ impl Packed {
     pub(crate) fn of(k: usize, n: usize, b: Mat<'_>) -> Self {
         assert!(b.fits(k, n), "sgemm: operand out of bounds");
         // SAFETY: B's k×n view is in bounds (asserted).
-        unsafe { Self::new(k, n, b.operand()) }
+        unsafe { Self::new(k, n, b.operand().into()) }
     }
 
     pub(crate) fn dims(&self) -> (usize, usize) {
@@ -249,7 +299,7 @@ pub(crate) unsafe fn gemm(
     c: *mut f32,
     ldc: usize,
 ) {
-    gemm_packed(m, a, &Packed::new(k, n, b), beta, c, ldc)
+    gemm_packed(m, a, &Packed::new(k, n, b.into()), beta, c, ldc)
 }
 
 /// [`gemm`] with B rounded beforehand.
@@ -258,7 +308,7 @@ pub(crate) unsafe fn gemm(
 /// As [`gemm`].
 pub(crate) unsafe fn gemm_packed(m: usize, a: Operand, b: &Packed, beta: f32, c: *mut f32, ldc: usize) {
     let part = (0..m, 0..b.n, 0..b.k);
-    gemm_packed_parts(a, b, std::slice::from_ref(&part), beta, c, ldc)
+    gemm_packed_parts(a.into(), b, std::slice::from_ref(&part), beta, c, ldc)
 }
 
 /// `C = A·B + beta·C` over parts of C, each its rows × columns over k's elements `ks` alone
@@ -269,8 +319,8 @@ pub(crate) unsafe fn gemm_packed(m: usize, a: Operand, b: &Packed, beta: f32, c:
 /// # Safety
 /// A's rows of every part × `ks` are readable; C's parts, rows `ldc` apart from `c`, are
 /// writable (readable for β ≠ 0) and touched by no one else meanwhile.
-pub(crate) unsafe fn gemm_packed_parts(
-    a: Operand,
+pub(crate) unsafe fn gemm_packed_parts<T: Element>(
+    a: Lines<T>,
     b: &Packed,
     parts: &[Part],
     beta: f32,
@@ -312,8 +362,8 @@ pub(crate) unsafe fn gemm_packed_parts(
 
 /// The sums of C's rows `block` (at most [`BLOCK_ROWS`]) × `cols` over k's elements `ks`, into
 /// `sums`: tile t of MR rows and panel j of NR columns at `sums[t * panels + j]`.
-fn sum_block(
-    a: &Operand,
+fn sum_block<T: Element>(
+    a: &Lines<T>,
     b: &Packed,
     block: std::ops::Range<usize>,
     cols: std::ops::Range<usize>,
@@ -358,9 +408,9 @@ fn sum_block(
 ///
 /// # Safety
 /// A's `rows` × `ks` are readable.
-unsafe fn gather_tile(
+unsafe fn gather_tile<T: Element>(
     tile: &mut [f32],
-    a: &Operand,
+    a: &Lines<T>,
     rows: std::ops::Range<usize>,
     ks: std::ops::Range<usize>,
 ) {
@@ -371,13 +421,13 @@ unsafe fn gather_tile(
         // Aᵀ row-major: each step's MR values lie side by side.
         for (step, kk) in tile.chunks_exact_mut(MR).zip(ks) {
             let line = std::slice::from_raw_parts(a.ptr.add(kk * a.col_stride + rows.start), rows.len());
-            step[..rows.len()].copy_from_slice(line);
+            widen_into(&mut step[..rows.len()], line);
         }
     } else {
         for (r, i) in rows.enumerate() {
             let at = a.ptr.add(i * a.row_stride + ks.start * a.col_stride);
             for (p, step) in tile.chunks_exact_mut(MR).take(ks.len()).enumerate() {
-                step[r] = *at.add(p * a.col_stride);
+                step[r] = (*at.add(p * a.col_stride)).widen();
             }
         }
     }
@@ -389,20 +439,28 @@ unsafe fn gather_tile(
 ///
 /// # Safety
 /// B's k rows × `cols` are readable.
-unsafe fn gather_panel(panel: &mut [f32], b: &Operand, k: usize, cols: std::ops::Range<usize>) {
+unsafe fn gather_panel<T: Element>(panel: &mut [f32], b: &Lines<T>, k: usize, cols: std::ops::Range<usize>) {
     let width = cols.len();
     if b.col_stride == 1 {
         for (p, row) in panel.chunks_exact_mut(NR).take(k).enumerate() {
             let line = std::slice::from_raw_parts(b.ptr.add(p * b.row_stride + cols.start), width);
-            row[..width].copy_from_slice(line);
+            widen_into(&mut row[..width], line);
         }
     } else {
         for (j, jj) in cols.enumerate() {
             let at = b.ptr.add(jj * b.col_stride);
             for (p, row) in panel.chunks_exact_mut(NR).take(k).enumerate() {
-                row[j] = *at.add(p * b.row_stride);
+                row[j] = (*at.add(p * b.row_stride)).widen();
             }
         }
+    }
+}
+
+/// `out[i] = line[i]` widened (a copy for f32).
+#[inline(always)]
+fn widen_into<T: Element>(out: &mut [f32], line: &[T]) {
+    for (o, &v) in out.iter_mut().zip(line) {
+        *o = v.widen();
     }
 }
 
@@ -472,12 +530,13 @@ fn pair_sums<const FLUSH: bool>(a: &[[f32; MR]], b: &[[f32; NR]], sums: &mut [[f
     *sums = s;
 }
 
-/// A rows × cols activation rounded to bf16 for emulated products, held in f32 (whose values
-/// the rounding makes exact), row-major.
+/// A rows × cols activation rounded to bf16 for emulated products: the bits of each bf16,
+/// row-major, so that it takes the memory it takes where the CPU runs bf16 itself (a product
+/// widens them exactly as it gathers them).
 pub(crate) struct Rounded {
     rows: usize,
     cols: usize,
-    values: Vec<f32>,
+    bits: Vec<u16>,
 }
 
 impl Rounded {
@@ -485,55 +544,115 @@ impl Rounded {
     pub(crate) fn new(rows: usize, cols: usize, x: &[f32]) -> Self {
         let len = rows.checked_mul(cols).expect("Rounded: too many elements");
         assert!(x.len() >= len, "Rounded: {rows}×{cols} from {} elements", x.len());
-        let mut values = x[..len].to_vec();
-        round_in_place(&mut values);
-        Self { rows, cols, values }
+        let x = &x[..len];
+        let bits = par::fill(len, par::ELEMENTS_PER_TASK, |range, out| {
+            round_into(&x[range], out)
+        });
+        Self { rows, cols, bits }
     }
 
-    /// A rows × cols matrix made in blocks of rows by `fill(rows, out)` and rounded as it is made.
+    /// A rows × cols matrix made in blocks of rows by `fill(rows, out)` and rounded as it is made
+    /// (from scratch of the thread's, so the f32 values never go to memory).
     pub(crate) fn from_rows_with(
         rows: usize,
         cols: usize,
         fill: impl Fn(std::ops::Range<usize>, &mut [std::mem::MaybeUninit<f32>]) + Sync + Send,
     ) -> Self {
-        let values = match cols {
+        let bits = match cols {
             0 => Vec::new(),
             _ => par::fill(
                 rows.checked_mul(cols).expect("Rounded: too many elements"),
                 par::rows_per_task(cols) * cols,
                 |range, out| {
+                    // Taken out, not borrowed, while `fill` runs: a `fill` that ran parallel
+                    // tasks could have this thread pick up another block meanwhile.
+                    let mut scratch = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
+                    scratch.resize(range.len(), 0.0);
                     let first = range.start / cols;
-                    fill(first..first + range.len() / cols, out);
-                    // SAFETY: `fill` wrote every element of its block, and MaybeUninit<f32> has
-                    // f32's layout.
-                    let out = unsafe { &mut *(out as *mut [std::mem::MaybeUninit<f32>] as *mut [f32]) };
-                    round_in_place(out);
+                    // SAFETY: f32 and MaybeUninit<f32> share a layout; `fill` writes only
+                    // values, so the scratch stays initialised.
+                    fill(first..first + range.len() / cols, unsafe {
+                        &mut *(scratch.as_mut_slice() as *mut [f32] as *mut [std::mem::MaybeUninit<f32>])
+                    });
+                    round_into(&scratch, out);
+                    SCRATCH.with(|s| *s.borrow_mut() = scratch);
                 },
             ),
         };
-        Self { rows, cols, values }
+        Self { rows, cols, bits }
     }
 
     pub(crate) fn dims(&self) -> (usize, usize) {
         (self.rows, self.cols)
     }
 
-    /// The values as a rows × cols matrix (`transposed`: its transpose, cols × rows), checked
+    /// The bits as a rows × cols operand (`transposed`: its transpose, cols × rows), checked
     /// against the shape a product reads it as.
-    pub(crate) fn as_mat(&self, (rows, cols): (usize, usize), transposed: bool) -> Mat<'_> {
+    pub(crate) fn lines(&self, (rows, cols): (usize, usize), transposed: bool) -> Lines<u16> {
         let want = if transposed { (cols, rows) } else { (rows, cols) };
         assert_eq!(
             self.dims(),
             want,
             "emulated bf16 product: an operand of another shape"
         );
-        let m = Mat::rows(&self.values, self.cols);
-        if transposed {
-            m.t()
+        let (row_stride, col_stride) = if transposed {
+            (1, self.cols)
         } else {
-            m
+            (self.cols, 1)
+        };
+        Lines {
+            ptr: self.bits.as_ptr(),
+            row_stride,
+            col_stride,
         }
     }
+
+    /// The values, widened (exact): the tests' view.
+    #[cfg(test)]
+    pub(crate) fn to_f32(&self) -> Vec<f32> {
+        self.bits.iter().map(|&b| b.widen()).collect()
+    }
+}
+
+thread_local! {
+    /// A thread's f32 rows for [`Rounded::from_rows_with`], rounded into the matrix as made.
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+simd_dispatch!(round_into => round_into_generic(x: &[f32], out: &mut [std::mem::MaybeUninit<u16>]) -> ());
+
+/// `out[i]` = `x[i]` rounded to bf16 as [`to_bf16`] rounds it (every element of `out` written).
+#[inline(always)]
+fn round_into_generic(x: &[f32], out: &mut [std::mem::MaybeUninit<u16>]) {
+    assert_eq!(x.len(), out.len());
+    for (o, &v) in out.iter_mut().zip(x) {
+        o.write(to_bf16(v));
+    }
+}
+
+/// `A·B` (m×k times k×n) into a new row-major m×n vector, A's and B's views f32 values or
+/// rounded bits.
+///
+/// # Safety
+/// Every element of A's m×k view and of B's k×n view is readable.
+pub(crate) unsafe fn product<T: Element, U: Element>(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: Lines<T>,
+    b: Lines<U>,
+) -> Vec<f32> {
+    let mut c = vec![0f32; m * n];
+    let part = (0..m, 0..n, 0..k);
+    gemm_packed_parts(
+        a,
+        &Packed::new(k, n, b),
+        std::slice::from_ref(&part),
+        0.0,
+        c.as_mut_ptr(),
+        n,
+    );
+    c
 }
 
 /// How many times longer a product takes emulated than in f32 on this machine, measured now:

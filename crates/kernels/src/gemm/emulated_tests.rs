@@ -5,7 +5,7 @@
 use super::bf16::{gemm_with, supported, Kernel};
 use super::bf16_tests::{accessors, modelled, same_bits};
 use super::emulated::{
-    gemm, gemm_packed_parts, round, round_in_place, to_bf16, unflushed_is_exact, Packed, KC,
+    gemm, gemm_packed_parts, product, round, round_in_place, to_bf16, unflushed_is_exact, Packed, Rounded, KC,
 };
 use super::tests::{operands, LAYOUTS};
 use super::{Mat, Part};
@@ -274,7 +274,7 @@ fn parts_give_their_products_bits_in_their_rows_and_columns() {
     // SAFETY: A and C hold their elements; the parts do not overlap.
     unsafe {
         gemm_packed_parts(
-            Mat::rows(&a_parts, k).operand(),
+            Mat::rows(&a_parts, k).operand().into(),
             &packed,
             &parts,
             1.0,
@@ -318,7 +318,7 @@ fn a_part_off_the_hardware_blocks_is_refused() {
     // SAFETY: A and C hold their elements.
     unsafe {
         gemm_packed_parts(
-            Mat::rows(&a, k).operand(),
+            Mat::rows(&a, k).operand().into(),
             &packed,
             &[(0..1, 0..n, 2..64)],
             0.0,
@@ -341,7 +341,7 @@ fn emulated_bits_do_not_depend_on_the_threads() {
                 m,
                 k,
                 n,
-                Mat::rows(&a, k).operand(),
+                Mat::rows(&a, k).operand().into(),
                 Mat::rows(&b, n).operand(),
                 0.0,
                 c.as_mut_ptr(),
@@ -452,7 +452,7 @@ fn parts_over_several_blocks_of_k_give_their_products_bits() {
             };
             let mut got = vec![0f32; m * n];
             // SAFETY: A and C hold their elements; the parts do not overlap.
-            unsafe { gemm_packed_parts(view.operand(), &packed, &parts, 0.0, got.as_mut_ptr(), n) };
+            unsafe { gemm_packed_parts(view.operand().into(), &packed, &parts, 0.0, got.as_mut_ptr(), n) };
             for (rows, cols, ks) in &parts {
                 let fa = |i: usize, p: usize| a[(rows.start + i) * k + ks.start + p];
                 let fb = |p: usize, j: usize| b[(ks.start + p) * n + cols.start + j];
@@ -476,4 +476,60 @@ fn parts_over_several_blocks_of_k_give_their_products_bits() {
             }
         }
     }
+}
+
+/// An activation kept rounded holds each value's bf16 bits, made whole or block by block (rows
+/// in tasks, the last one short, and no columns at all).
+#[test]
+fn a_kept_activation_holds_each_values_bf16() {
+    for (rows, cols) in [(1, 1), (3, 7), (301, 40), (2, 20_000), (5, 0)] {
+        let x = values(rows * cols, (rows + cols) as u64);
+        let want: Vec<u32> = x.iter().map(|&v| round(v).to_bits()).collect();
+        let bits = |r: &Rounded| -> Vec<u32> { r.to_f32().iter().map(|v| v.to_bits()).collect() };
+        assert_eq!(bits(&Rounded::new(rows, cols, &x)), want, "whole, {rows}×{cols}");
+        let made = Rounded::from_rows_with(rows, cols, |r, out| {
+            for (o, &v) in out.iter_mut().zip(&x[r.start * cols..r.end * cols]) {
+                o.write(v);
+            }
+        });
+        assert_eq!(made.dims(), (rows, cols));
+        assert_eq!(bits(&made), want, "block by block, {rows}×{cols}");
+    }
+}
+
+/// Products reading activations kept rounded (A in rows or transposed, B an f32 view or kept)
+/// give the bits of the same products from the f32 values, across the tiles' and k's blocks.
+#[test]
+fn products_of_kept_activations_give_the_bits_of_their_values() {
+    for (m, k, n) in SHAPES {
+        let a = values(m * k, (m + 3 * k) as u64);
+        let b = values(k * n, (n + 5 * k) as u64);
+        for a_t in [false, true] {
+            let stored = stored_as(&a, (m, k), a_t);
+            let (want, _) = emulated_and_modelled(&stored, &b, (m, k, n), a_t);
+            let kept_a = match a_t {
+                false => Rounded::new(m, k, &stored),
+                true => Rounded::new(k, m, &stored),
+            };
+            let kept_b = Rounded::new(k, n, &b);
+            let a_lines = kept_a.lines((m, k), a_t);
+            // SAFETY: the kept operands' shapes are checked by `lines`; B's view holds k×n.
+            let (from_view, from_kept) = unsafe {
+                (
+                    product(m, k, n, a_lines, Mat::rows(&b, n).operand().into()),
+                    product(m, k, n, a_lines, kept_b.lines((k, n), false)),
+                )
+            };
+            let case = format!("m={m} k={k} n={n} a_t={a_t}");
+            assert!(same_bits(&from_view, &want), "B an f32 view, {case}");
+            assert!(same_bits(&from_kept, &want), "B kept, {case}");
+        }
+    }
+}
+
+/// A kept activation read as another shape is refused, not read out of bounds.
+#[test]
+#[should_panic(expected = "an operand of another shape")]
+fn a_kept_activation_read_as_another_shape_is_refused() {
+    Rounded::new(3, 4, &[1.0; 12]).lines((4, 4), false);
 }

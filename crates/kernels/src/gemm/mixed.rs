@@ -309,7 +309,7 @@ impl<'a> PartsOf<'a> {
             #[cfg(target_arch = "x86_64")]
             PartsOf::Bf16(packed) => super::bf16::gemm_packed_parts(a.operand(), packed, parts, beta, c, ldc),
             PartsOf::Emulated(packed) => {
-                emulated::gemm_packed_parts(a.operand(), packed, parts, beta, c, ldc)
+                emulated::gemm_packed_parts(a.operand().into(), packed, parts, beta, c, ldc)
             }
         }
     }
@@ -361,9 +361,9 @@ impl Activation {
     }
 
     /// An emulated bf16 activation read as a rows × cols operand (or its transpose).
-    fn as_emulated(&self, dims: (usize, usize), transposed: bool) -> Mat<'_> {
+    fn as_emulated(&self, dims: (usize, usize), transposed: bool) -> emulated::Lines<u16> {
         match self {
-            Activation::Emulated(r) => r.as_mat(dims, transposed),
+            Activation::Emulated(r) => r.lines(dims, transposed),
             _ => panic!("emulated bf16 product: an operand not rounded for it"),
         }
     }
@@ -490,15 +490,15 @@ fn emulated_product(m: usize, k: usize, n: usize, a: AFrom<'_>, b: BFrom<'_>) ->
         AFrom::Rows(x) => x.as_emulated((m, k), false),
         AFrom::Transposed(x) => x.as_emulated((m, k), true),
     };
-    let b = match b {
-        BFrom::View(v) => v,
-        BFrom::Rows(x) => x.as_emulated((k, n), false),
+    // SAFETY (both products): `as_emulated` checked A's and a rounded B's shapes against the
+    // product's; an f32 view of B is asserted in bounds.
+    match b {
+        BFrom::View(v) => {
+            assert!(v.fits(k, n), "sgemm: operand out of bounds");
+            unsafe { emulated::product(m, k, n, a, v.operand().into()) }
+        }
+        BFrom::Rows(x) => unsafe { emulated::product(m, k, n, a, x.as_emulated((k, n), false)) },
         #[cfg(target_arch = "x86_64")]
         BFrom::Packed(_) => panic!("emulated bf16 product: a B packed for the hardware kernel"),
-    };
-    assert!(a.fits(m, k) && b.fits(k, n), "sgemm: operand out of bounds");
-    let mut c = vec![0f32; m * n];
-    // SAFETY: the operands are in bounds (asserted) and C holds m×n elements of its own.
-    unsafe { emulated::gemm(m, k, n, a.operand(), b.operand(), 0.0, c.as_mut_ptr(), n) };
-    c
+    }
 }
