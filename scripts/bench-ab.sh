@@ -8,7 +8,8 @@
 # Runs A, B, A, B, ... (N pairs, default 5) so that load from other tenants of a shared machine
 # hits both alike; prints a row per pair (median and p10 ms/step of each, ratio = A ms ÷ B ms, so
 # above 1 means B is faster) and the median and range of the ratios, on median and on p10 step
-# times. Every raw `ember bench --json` result goes to --out (JSON lines, each with "binary").
+# times, then each side's peak RSS and heap peak (where both binaries report it) with B ÷ A.
+# Every raw `ember bench --json` result goes to --out (JSON lines, each with "binary").
 # `--set` overrides go to both sides (e.g. --set train.threads=2), `--a-set` and `--b-set` to one
 # (the same binary twice with --b-set train.precision=bf16 compares f32 with bf16). Not part of CI.
 set -euo pipefail
@@ -62,5 +63,11 @@ for key in ["ms_per_step_median", "ms_per_step_p10"]:
     r = sorted(a[key] / b[key] for a, b in pairs)
     ma = statistics.median(a[key] for a, _ in pairs); mb = statistics.median(b[key] for _, b in pairs)
     print(f"{key}: A {ma:.1f} ms, B {mb:.1f} ms; A/B median {statistics.median(r):.3f} (range {r[0]:.3f}-{r[-1]:.3f}, {len(r)} pairs)")
+# Memory: the process's peak RSS and (binaries that count it) the most heap in use at once.
+for key, what in [("peak_rss_mib", "peak RSS"), ("peak_heap_mib", "heap in use at most")]:
+    if all(x.get(key) is not None for pair in pairs for x in pair):
+        r = sorted(b[key] / a[key] for a, b in pairs)
+        ma = statistics.median(a[key] for a, _ in pairs); mb = statistics.median(b[key] for _, b in pairs)
+        print(f"{what}: A {ma:.0f} MiB, B {mb:.0f} MiB; B/A median {statistics.median(r):.3f} (range {r[0]:.3f}-{r[-1]:.3f})")
 print(f"A = {sys.argv[2]} {sys.argv[5]}\nB = {sys.argv[3]} {sys.argv[6]}\nconfig = {sys.argv[4]} {sys.argv[7]}; raw results: {sys.argv[1]}")
 PY

@@ -100,9 +100,12 @@ enum Command {
 /// in 2 MiB at a time instead of 4 KiB, the first time; [`keep_freed_memory`] makes that the
 /// only time. glibc's own `glibc.malloc.hugetlb` tunable does this, but a
 /// tunable is read at process start, from the environment, so Ember cannot set it for itself.
+/// Every block's bytes are counted too ([`ember_trainer::heap`]: `ember bench` reports the peak).
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 mod huge_pages {
     use std::alloc::{GlobalAlloc, Layout, System};
+
+    use ember_trainer::heap;
 
     const HUGE_PAGE: usize = 2 << 20;
     const MIN_BLOCK: usize = 4 << 20;
@@ -124,24 +127,37 @@ mod huge_pages {
         }
     }
 
-    // SAFETY: every call is System's own; `advise` only adds a paging hint.
+    /// A block of `size` bytes at `p` handed out: huge pages asked for, its bytes counted.
+    fn handed_out(p: *mut u8, size: usize) {
+        if !p.is_null() {
+            advise(p, size);
+            heap::allocated(size);
+        }
+    }
+
+    // SAFETY: every call is System's own; `advise` only adds a paging hint, and the counts
+    // touch no memory of the blocks.
     unsafe impl GlobalAlloc for HugePages {
         unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
             let p = unsafe { System.alloc(layout) };
-            advise(p, layout.size());
+            handed_out(p, layout.size());
             p
         }
         unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
             let p = unsafe { System.alloc_zeroed(layout) };
-            advise(p, layout.size());
+            handed_out(p, layout.size());
             p
         }
         unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
-            unsafe { System.dealloc(p, layout) }
+            unsafe { System.dealloc(p, layout) };
+            heap::freed(layout.size());
         }
         unsafe fn realloc(&self, p: *mut u8, layout: Layout, size: usize) -> *mut u8 {
             let q = unsafe { System.realloc(p, layout, size) };
-            advise(q, size);
+            if !q.is_null() {
+                heap::freed(layout.size());
+                handed_out(q, size);
+            }
             q
         }
     }
@@ -187,6 +203,8 @@ fn keep_freed_memory() {}
 
 fn main() -> ExitCode {
     keep_freed_memory();
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    ember_trainer::heap::count_from_now();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => return exit::usage_error(e),

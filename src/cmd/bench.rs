@@ -37,7 +37,7 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
         format!(
             "{}: {} params, {}{} threads, {} shares, {}, {:.0} tokens/step\n\
              step {:.1} ms median (p10 {:.1}, p90 {:.1}) = forward {:.1} + backward {:.1} + optimizer {:.1}{}\n\
-             {:.0} tokens/s | peak RSS {:.0} MiB | {:.0} FLOPs/token → {:.1} GFLOP/s of a {:.1} GFLOP/s matmul peak ({:.0}%)",
+             {:.0} tokens/s | peak RSS {:.0} MiB{} | {:.0} FLOPs/token → {:.1} GFLOP/s of a {:.1} GFLOP/s matmul peak ({:.0}%)",
             args.config.display(),
             r.params,
             if r.ranks > 1 { format!("{} ranks x ", r.ranks) } else { String::new() },
@@ -54,6 +54,7 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
             if r.ranks > 1 { format!(" (waiting for the slowest rank {:.1}, gradient all-reduce {:.1})", r.wait_ms, r.comm_ms) } else { String::new() },
             r.tokens_per_sec,
             r.peak_rss_mib,
+            r.peak_heap_mib.map_or(String::new(), |h| format!(" (heap in use at most {h:.0} MiB)")),
             r.flops_per_token,
             r.achieved_gflops,
             r.matmul_peak_gflops,

@@ -47,6 +47,9 @@ pub struct BenchReport {
     pub tokens_per_step: f64,
     /// Peak resident memory, summed over the ranks of a job.
     pub peak_rss_mib: f64,
+    /// The most heap memory in use at once ([`crate::heap`]), summed over the ranks; `None`
+    /// where the allocator does not count it (anything but the `ember` binary on Linux/glibc).
+    pub peak_heap_mib: Option<f64>,
     /// Forward+backward FLOPs per target token (6 × matmul parameters + attention), analytic.
     pub flops_per_token: f64,
     pub achieved_gflops: f64,
@@ -211,10 +214,11 @@ impl Timings {
             &run.device,
             precision,
         )?);
-        let mut rss = [peak_rss_mib()];
+        let heap = crate::heap::peak_mib();
+        let mut memory = [peak_rss_mib(), heap.unwrap_or(0.0)];
         dp.world()
-            .all_reduce_sum_f64(&mut rss, "the benchmark's memory report");
-        let rss = rss[0];
+            .all_reduce_sum_f64(&mut memory, "the benchmark's memory report");
+        let [rss, heap_sum] = memory;
         let (p10, p90) = {
             let mut v = self.total.clone();
             v.sort_by(|a, b| a.total_cmp(b));
@@ -238,6 +242,7 @@ impl Timings {
             tokens_per_sec,
             tokens_per_step,
             peak_rss_mib: rss,
+            peak_heap_mib: heap.map(|_| heap_sum),
             flops_per_token: fpt,
             achieved_gflops: achieved,
             matmul_peak_gflops: peak,

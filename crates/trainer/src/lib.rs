@@ -57,6 +57,7 @@
 pub mod bench;
 pub mod config;
 mod eval;
+pub mod heap;
 mod output;
 mod run;
 mod saved;
