@@ -221,13 +221,15 @@ pub(crate) fn unflushed_is_exact(a: u32, b: u32) -> bool {
 
 /// B (k×n) rounded to bf16 once for several products, in panels of [`NR`] columns, each k
 /// (padded to whole pairs) rows of NR values: k is padded as the hardware kernel pads its strips,
-/// with a row of zeros, and n with columns of zeros that no sum is written from.
+/// with a row of zeros, and n with columns of zeros that no sum is written from. The values are
+/// bf16's bits, half the memory of f32's (a large B, the output layer's weight, is packed
+/// beside the activations), widened a block of k at a time as the tiles read them.
 pub(crate) struct Packed {
     k: usize,
     n: usize,
     /// Rows of a panel: k padded to whole pairs.
     rows: usize,
-    values: Vec<f32>,
+    bits: Vec<u16>,
     /// The smallest [`exponent_field`] of the values.
     exponent: u32,
 }
@@ -243,23 +245,32 @@ impl Packed {
         let len = panels
             .checked_mul(rows * NR)
             .expect("emulated bf16 product: B too large");
-        let mut values = vec![0f32; len];
+        let mut bits = vec![0u16; len];
         let exponent = AtomicU32::new(255);
-        let shared = SharedMut(values.as_mut_ptr());
+        let shared = SharedMut(bits.as_mut_ptr());
         par::for_each_chunk(panels, 1, |panel| {
             let j0 = panel.start * NR;
             let cols = NR.min(n - j0);
-            // SAFETY: each task writes its own panel, in bounds of `values`.
-            let out = unsafe { shared.slice(panel.start * rows * NR, rows * NR) };
+            // The panel's f32 values, gathered in scratch of this thread's (no allocation per
+            // panel: at small shapes the packing is a tenth of a product).
+            let mut values = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
+            values.resize(rows * NR, 0.0);
+            if cols < NR || rows > k {
+                // The padding (columns past `cols`, the row past an odd k) is zero.
+                values.fill(0.0);
+            }
             // SAFETY: the panel's columns of B's k×n view are readable.
-            unsafe { gather_panel(out, &b, k, j0..j0 + cols) };
-            exponent.fetch_min(round_in_place(out), Ordering::Relaxed);
+            unsafe { gather_panel(&mut values, &b, k, j0..j0 + cols) };
+            // SAFETY: each task writes its own panel, in bounds of `bits`.
+            let out = unsafe { shared.slice(panel.start * rows * NR, rows * NR) };
+            exponent.fetch_min(round_into_least(&values, out), Ordering::Relaxed);
+            SCRATCH.with(|s| *s.borrow_mut() = values);
         });
         Self {
             k,
             n,
             rows,
-            values,
+            bits,
             exponent: exponent.into_inner(),
         }
     }
@@ -275,10 +286,13 @@ impl Packed {
         (self.k, self.n)
     }
 
-    /// `len` rows (an even number) from row `p0` of the panel from column `j0` (a multiple of NR).
-    fn panel(&self, j0: usize, p0: usize, len: usize) -> &[[f32; NR]] {
+    /// `len` rows (an even number) from row `p0` of the panel from column `j0` (a multiple of
+    /// NR), widened into `out` (at least `len` rows).
+    fn panel_into<'o>(&self, j0: usize, p0: usize, len: usize, out: &'o mut [[f32; NR]]) -> &'o [[f32; NR]] {
         let at = (j0 / NR * self.rows + p0) * NR;
-        self.values[at..at + len * NR].as_chunks().0
+        let out = &mut out[..len];
+        widen_into(out.as_flattened_mut(), &self.bits[at..at + len * NR]);
+        out
     }
 }
 
@@ -378,6 +392,8 @@ fn sum_block<T: Element>(
     // Whether every block of k so far gave each tile no denormal to flush: only then are its
     // sums multiples of a normal number, and the next block's can skip the flushing too.
     let mut exact = [true; BLOCK_ROWS / MR];
+    // A block of k of one panel of B, widened once for every tile of the block (in L1).
+    let mut b_block = vec![[0f32; NR]; KC.min(depth)];
     sums[..tiles * panels].fill([[0.0; NR]; MR]);
     for k0 in (0..depth).step_by(KC) {
         let kc = KC.min(depth - k0);
@@ -389,7 +405,7 @@ fn sum_block<T: Element>(
             exact[t] &= unflushed_is_exact(round_in_place(tile), b.exponent);
         }
         for (j, j0) in cols.clone().step_by(NR).enumerate() {
-            let panel = b.panel(j0, ks.start + k0, kc);
+            let panel = b.panel_into(j0, ks.start + k0, kc, &mut b_block);
             for (t, tile) in a_block.chunks_exact(MR * kc).take(tiles).enumerate() {
                 let tile = tile.as_chunks().0;
                 let s = &mut sums[t * panels + j];
@@ -615,7 +631,8 @@ impl Rounded {
 }
 
 thread_local! {
-    /// A thread's f32 rows for [`Rounded::from_rows_with`], rounded into the matrix as made.
+    /// A thread's f32 rows for [`Rounded::from_rows_with`] and panels for [`Packed::new`],
+    /// rounded into the matrix as made.
     static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
@@ -628,6 +645,22 @@ fn round_into_generic(x: &[f32], out: &mut [std::mem::MaybeUninit<u16>]) {
     for (o, &v) in out.iter_mut().zip(x) {
         o.write(to_bf16(v));
     }
+}
+
+simd_dispatch!(round_into_least => round_into_least_generic(x: &[f32], out: &mut [u16]) -> u32);
+
+/// `out[i]` = `x[i]` rounded to bf16 as [`to_bf16`] rounds it; returns the smallest
+/// [`exponent_field`] of the rounded values.
+#[inline(always)]
+fn round_into_least_generic(x: &[f32], out: &mut [u16]) -> u32 {
+    assert_eq!(x.len(), out.len());
+    let mut least = 255;
+    for (o, &v) in out.iter_mut().zip(x) {
+        let bits = rounded_bits(v.to_bits());
+        *o = (bits >> 16) as u16;
+        least = least.min(exponent_field(bits));
+    }
+    least
 }
 
 /// `A·B` (m×k times k×n) into a new row-major m×n vector, A's and B's views f32 values or
