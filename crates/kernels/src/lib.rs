@@ -14,6 +14,7 @@
 //! | `softmax` | softmax over the last dimension |
 //! | `activation` | GELU (erf form) and SwiGLU |
 //! | [`dropout`] | inverted dropout from a counter-based SplitMix64 mask, alone or on a residual branch |
+//! | `embedding` | the token embedding's lookup, its gradient left in a [`GradSink`] |
 //! | [`attention`] | softmax(q·kᵀ + mask)·v with grouped-query heads |
 //! | `cross_entropy` | log-softmax, label smoothing, z-loss and padding: the per-row math, and its unfused reference |
 //! | [`linear_cross_entropy`] | the output projection and that loss, a block of rows at a time (the logits are never stored whole) |
@@ -59,6 +60,7 @@ mod bias;
 mod block;
 mod cross_entropy;
 mod dropout;
+mod embedding;
 pub mod ledger;
 mod linear;
 mod linear_cross_entropy;
@@ -80,13 +82,16 @@ pub use block::{
 };
 pub use cross_entropy::cross_entropy_unfused;
 pub use dropout::{add_dropout, dropout, dropout_unfused};
+pub use embedding::embedding_to_sink;
 pub use gemm::{bf16_emulated, emulate_bf16_products, emulation_slowdown, BF16_ENV};
 pub use linear::{
     linear, linear_gelu, linear_gelu_in, linear_gelu_unfused, linear_in, linear_residual, linear_residual_in,
     linear_residual_unfused, linear_rope, linear_rope_in, linear_rope_unfused, linear_scaled,
     linear_scaled_in, linear_scaled_unfused, linear_unfused,
 };
-pub use linear_cross_entropy::{linear_cross_entropy, linear_cross_entropy_in, linear_cross_entropy_unfused};
+pub use linear_cross_entropy::{
+    linear_cross_entropy, linear_cross_entropy_in, linear_cross_entropy_to_sink, linear_cross_entropy_unfused,
+};
 pub use norm::{layer_norm, layer_norm_as, layer_norm_unfused, rms_norm, rms_norm_as, rms_norm_unfused};
 pub use precision::Precision;
 pub use rope::{logn_factor, rope, rope_unfused, PositionScale, RopeTables};

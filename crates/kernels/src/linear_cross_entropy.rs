@@ -17,12 +17,21 @@
 //! without `grads` — is handled exactly by recomputing the logits block by block in the backward
 //! pass: the op's gradient is always the unfused composition's, only the cost differs.
 //!
+//! With a [`GradSink`] ([`linear_cross_entropy_to_sink`], the trainer's), W's gradient leaves
+//! through the sink instead of candle's graph, as the fused blocks' parameters' do. candle
+//! would zero-fill a V × d gradient for W, add this one into it and, where the embedding is
+//! tied, add the lookup's later: three vocabulary-wide matrices at once at the start of the
+//! backward pass, when every activation is still held. Fine-tuning SmolLM2-135M's shape peaked
+//! there (docs/performance.md, 2026-12-02). The sink's merge, after the backward pass, adds it to
+//! the lookup's. dW is summed as dWᵀ (below) and handed over as its transpose, a view: the copy
+//! that lays it out V × d is made at that merge too, not in the forward pass beside the others.
+//!
 //! The weight is packed once per call for the in-place GEMM kernel, as Wᵀ for the logits and as
 //! W for dh, and every block reads it from there: matrixmultiply packed it again for each block
 //! and each product (1.03–1.05× per multi30k-tiny step). dW, a reduction over the block's rows,
-//! stays with matrixmultiply, summed as dWᵀ = hᵀ·dlogits and transposed once at the end: as
-//! dlogitsᵀ·h, matrixmultiply packed the block a column at a time, rows 40 KB apart (1.04× per
-//! step).
+//! stays with matrixmultiply, summed as dWᵀ = hᵀ·dlogits and transposed once (see above for
+//! when): as dlogitsᵀ·h, matrixmultiply packed the block a column at a time, rows 40 KB apart
+//! (1.04× per step).
 //!
 //! In bf16 ([`linear_cross_entropy_in`]) the three products take bf16 operands with f32 sums
 //! (the weight packed once per call as pairs, dlogits rounded as the products read them); the
@@ -64,6 +73,7 @@ use std::sync::{Arc, Mutex};
 
 use candle_core::{bail, CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
 
+use crate::block::GradSink;
 use crate::cross_entropy::{cross_entropy_unfused, loss_output, LossRows};
 use crate::gemm::{sgemm_in, transposed, Mat, PackedIn};
 use crate::host::{cpu_slice, cpu_tensor, cpu_tensor_as, cpu_values, is_host, is_host_f32, with_data};
@@ -148,6 +158,68 @@ pub fn linear_cross_entropy_in(
     grads: bool,
     precision: Precision,
 ) -> Result<Tensor> {
+    let backward = if grads { Backward::Graph } else { Backward::None };
+    fused_or_not(
+        h,
+        w,
+        targets,
+        mask,
+        (label_smoothing, z_loss),
+        backward,
+        precision,
+    )
+}
+
+/// [`linear_cross_entropy_in`] for a training pass (`grads`) whose caller merges `sink` after
+/// the backward pass (as the trainer does for the fused blocks): on the CPU, W's gradient goes
+/// to the sink instead of candle's graph (module docs), where W is a variable. Elsewhere (CUDA,
+/// the unfused composition, a W made by another op) the gradient takes the graph as without a
+/// sink.
+#[allow(clippy::too_many_arguments)]
+pub fn linear_cross_entropy_to_sink(
+    h: &Tensor,
+    w: &Tensor,
+    targets: &Tensor,
+    mask: &Tensor,
+    label_smoothing: f64,
+    z_loss: f64,
+    precision: Precision,
+    sink: &GradSink,
+) -> Result<Tensor> {
+    let backward = match w.is_variable() {
+        true => Backward::Sink(sink),
+        false => Backward::Graph,
+    };
+    fused_or_not(
+        h,
+        w,
+        targets,
+        mask,
+        (label_smoothing, z_loss),
+        backward,
+        precision,
+    )
+}
+
+/// Whether a backward pass follows the forward pass, and where W's gradient goes.
+#[derive(Clone, Copy)]
+enum Backward<'a> {
+    None,
+    Graph,
+    Sink(&'a GradSink),
+}
+
+/// The CUDA op, the CPU op or the composition, whichever takes the operands.
+fn fused_or_not(
+    h: &Tensor,
+    w: &Tensor,
+    targets: &Tensor,
+    mask: &Tensor,
+    (label_smoothing, z_loss): (f64, f64),
+    backward: Backward,
+    precision: Precision,
+) -> Result<Tensor> {
+    let grads = !matches!(backward, Backward::None);
     let (v, d) = w.dims2()?;
     if h.dims().last() != Some(&d) {
         bail!(
@@ -173,11 +245,20 @@ pub fn linear_cross_entropy_in(
         return linear_cross_entropy_unfused_in(h, w, targets, mask, terms, precision);
     }
     precision.check_cpu()?;
+    let sink = match backward {
+        Backward::Sink(sink) => Some((
+            sink.clone(),
+            sink.register("the fused output projection and loss"),
+            w.clone(),
+        )),
+        _ => None,
+    };
     let op = LinearCrossEntropyOp {
         loss: LossRows::new(n, v, targets, mask, label_smoothing, z_loss)?,
         grads,
         precision,
         saved: Mutex::new(None),
+        sink,
     };
     h.reshape((n, d))?.contiguous()?.apply_op2(&w.contiguous()?, op)
 }
@@ -187,28 +268,31 @@ struct LinearCrossEntropyOp {
     grads: bool,
     precision: Precision,
     saved: Mutex<Option<Arc<Saved>>>,
+    /// Where W's gradient goes instead of the graph: the sink, this op's id in it, and W (the
+    /// variable, as the caller's gradient store knows it).
+    sink: Option<(GradSink, u64, Tensor)>,
 }
 
 /// What the forward pass leaves for the backward pass.
 struct Saved {
     /// (max, lse) of every row of the logits.
     stats: Vec<(f32, f32)>,
-    /// dh and dW for an upstream gradient of 1 on every objective and 0 on every NLL.
+    /// dh and dWᵀ (d × V) for an upstream gradient of 1 on every objective and 0 on every NLL.
     unit: Option<(Vec<f32>, Vec<f32>)>,
 }
 
 /// Where the block loop puts a gradient: the upstream gradient (2N; `None`: the unit gradient,
-/// 1 on every objective and 0 on every NLL), dh (N × d), dW (V × d, made at the end).
+/// 1 on every objective and 0 on every NLL), dh (N × d), dWᵀ (d × V, made by the loop).
 struct GradOut<'a> {
     g: Option<&'a [f32]>,
     dh: &'a mut [f32],
-    dw: &'a mut Vec<f32>,
+    dwt: &'a mut Vec<f32>,
 }
 
 impl LinearCrossEntropyOp {
     /// For each block of rows of h (n × d): its logits against w (v × d); with `losses`, each
     /// row's (objective, NLL, max, lse) into it (and `stats` from them); with `grad`, the block's
-    /// gradient under `grad.g` into dh and, summed over the blocks, into dW (zero for n = 0).
+    /// gradient under `grad.g` into dh and, summed over the blocks, into dWᵀ (zero for n = 0).
     /// The unit gradient is made with the losses, row by row, so it needs `losses`; any other
     /// needs the `stats` of an earlier pass.
     fn run_blocks(
@@ -236,7 +320,9 @@ impl LinearCrossEntropyOp {
             .map(|_| PackedIn::new(precision, v, d, Mat::rows(w, d)));
         // dWᵀ (d × V), summed block by block as hᵀ·dlogits: matrixmultiply then packs the block
         // in its own row order (dlogitsᵀ·h read it a column at a time, 40 KB apart).
-        let mut dwt = grad.as_ref().map(|_| vec![0f32; d * v]);
+        if let Some(GradOut { dwt, .. }) = grad.as_mut() {
+            **dwt = vec![0f32; d * v];
+        }
         for (b, start) in (0..n).step_by(rows).enumerate() {
             let m = rows.min(n - start);
             let block = &mut logits[..m * v];
@@ -253,7 +339,7 @@ impl LinearCrossEntropyOp {
                     *s = (max, lse);
                 }
             }
-            if let Some(GradOut { g, dh, .. }) = grad.as_mut() {
+            if let Some(GradOut { g, dh, dwt }) = grad.as_mut() {
                 match (*g, losses.is_some()) {
                     (Some(g), _) => self.loss.gradient_in_place(block, g, v, start, stats),
                     (None, true) => {} // made with the losses above
@@ -265,13 +351,9 @@ impl LinearCrossEntropyOp {
                 let w_packed = w_packed.as_ref().expect("packed with the gradient");
                 w_packed.product(m, Mat::rows(block, v), 0.0, dh_rows);
                 let beta = if b == 0 { 0.0 } else { 1.0 };
-                let dwt = dwt.as_mut().expect("made with the gradient");
                 let (h_t, dlogits) = (Mat::rows(hb, d).t(), Mat::rows(block, v));
                 sgemm_in(precision, d, m, v, h_t, dlogits, beta, dwt);
             }
-        }
-        if let (Some(GradOut { dw, .. }), Some(dwt)) = (grad, dwt) {
-            *dw = transposed(d, v, &dwt);
         }
         LOGITS.with(|l| *l.borrow_mut() = logits);
     }
@@ -329,14 +411,14 @@ impl CustomOp2 for LinearCrossEntropyOp {
         let mut rows = vec![(0f32, 0f32, 0f32, 0f32); n];
         let mut stats = vec![(0f32, 0f32); n];
         let unit = if self.grads {
-            let (mut dh, mut dw) = (vec![0f32; n * d], Vec::new());
+            let (mut dh, mut dwt) = (vec![0f32; n * d], Vec::new());
             let grad = GradOut {
                 g: None,
                 dh: &mut dh,
-                dw: &mut dw,
+                dwt: &mut dwt,
             };
             self.run_blocks(h, w, (n, d, v), Some(&mut rows), &mut stats, Some(grad));
-            Some((dh, dw))
+            Some((dh, dwt))
         } else {
             self.run_blocks(h, w, (n, d, v), Some(&mut rows), &mut stats, None);
             None
@@ -358,13 +440,13 @@ impl CustomOp2 for LinearCrossEntropyOp {
         if saved().is_none_or(|s| s.stats.len() != n) {
             bail!("linear_cross_entropy: backward without the forward pass's row statistics");
         }
-        let (dh, dw) = with_data([h, w, g], |[h, w, g]| {
+        let (dh, dwt) = with_data([h, w, g], |[h, w, g]| {
             if let Some(c) = uniform_objective_gradient(g, &self.loss.mask) {
-                if let Some((mut dh, mut dw)) = self.take_unit_gradient() {
+                if let Some((mut dh, mut dwt)) = self.take_unit_gradient() {
                     // `x·c + 0`, as candle's `affine(c, 0)` scales the composition's gradient.
                     scale_in_place(&mut dh, c);
-                    scale_in_place(&mut dw, c);
-                    return Ok((dh, dw));
+                    scale_in_place(&mut dwt, c);
+                    return Ok((dh, dwt));
                 }
             }
             // Any other upstream gradient, or a second backward pass (whose bits are then
@@ -374,20 +456,26 @@ impl CustomOp2 for LinearCrossEntropyOp {
             let Some(saved) = saved() else {
                 bail!("linear_cross_entropy: backward without the forward pass's row statistics");
             };
-            let (mut dh, mut dw) = (vec![0f32; n * d], Vec::new());
+            let (mut dh, mut dwt) = (vec![0f32; n * d], Vec::new());
             let mut stats = saved.stats.clone();
             let grad = GradOut {
                 g: Some(g),
                 dh: &mut dh,
-                dw: &mut dw,
+                dwt: &mut dwt,
             };
             self.run_blocks(h, w, (n, d, v), None, &mut stats, Some(grad));
-            Ok((dh, dw))
+            Ok((dh, dwt))
         })?;
-        Ok((
-            Some(cpu_tensor_as(dh, h.shape(), h.dtype())?),
-            Some(cpu_tensor(dw, w.shape())?),
-        ))
+        let dh = cpu_tensor_as(dh, h.shape(), h.dtype())?;
+        match &self.sink {
+            // The transpose as a view; the sink's merge lays it out (module docs).
+            Some((sink, id, w)) => {
+                let dw = cpu_tensor(dwt, &(d, v).into())?.t()?;
+                sink.deposit(*id, [(w.clone(), dw)]);
+                Ok((Some(dh), None))
+            }
+            None => Ok((Some(dh), Some(cpu_tensor(transposed(d, v, &dwt), w.shape())?))),
+        }
     }
 }
 

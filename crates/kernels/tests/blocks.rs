@@ -4,6 +4,7 @@
 //! after `backward()`; a second backward pass through the same graph gives the same gradients;
 //! an op that does not run (an input without a gradient) says so and reserves no dropout mask;
 //! and a sink whose op never ran its backward pass refuses to merge rather than lose gradients.
+//! The fused output projection and loss hands its weight's gradient to a sink the same way.
 
 #[path = "common/mod.rs"]
 mod common;
@@ -495,4 +496,143 @@ fn a_second_backward_pass_through_the_attention_block_recomputes_what_the_first_
     for (i, (g1, g2)) in a.grads(&first).iter().zip(&a.grads(&second)).enumerate() {
         assert!(same_bits(g1, g2), "gradient {i} differs on the second pass");
     }
+}
+
+/// The output projection and loss, its weight's gradient through the graph or through a sink:
+/// (the losses, the hidden states' gradient, W's gradient, whether the sink was left empty). W
+/// is tied (its rows also embed the tokens, looked up through the same sink, as a tied language
+/// model's are: W's two gradients summed in candle's order) or not, and a variable or, for `derived`, made from one by an op
+/// (which no sink can take: the gradient takes the graph to the variable).
+fn output_layer(
+    precision: Precision,
+    sink: Option<&GradSink>,
+    tied: bool,
+    derived: bool,
+) -> (Tensor, Tensor, Tensor, bool) {
+    let (b, t, d, vocab) = (2, 13, 24, 70);
+    let rows = b * t;
+    let x = Var::from_tensor(&randn_cpu(31, &[b, t, d], 1.0)).unwrap();
+    let w = Var::from_tensor(&randn_cpu(32, &[vocab, d], 0.3)).unwrap();
+    let ids: Vec<u32> = (0..rows as u32).map(|i| (i * 7 + 3) % vocab as u32).collect();
+    let targets = Tensor::new(&ids[..], &Device::Cpu).unwrap();
+    let mask = Tensor::ones(rows, DType::F32, &Device::Cpu).unwrap();
+    let weight = match derived {
+        true => (w.as_tensor() * 1.0).unwrap(),
+        false => w.as_tensor().clone(),
+    };
+    let h = match tied {
+        true => {
+            let looked_up =
+                sink.and_then(|sink| kernels::embedding_to_sink(&weight, &targets, sink).unwrap());
+            assert_eq!(
+                looked_up.is_some(),
+                sink.is_some() && !derived,
+                "where the lookup runs"
+            );
+            let embedded = looked_up.unwrap_or_else(|| weight.index_select(&targets, 0).unwrap());
+            (x.as_tensor() + embedded.reshape((b, t, d)).unwrap()).unwrap()
+        }
+        false => x.as_tensor().clone(),
+    };
+    let per_token = match sink {
+        Some(sink) => {
+            kernels::linear_cross_entropy_to_sink(&h, &weight, &targets, &mask, 0.1, 1e-4, precision, sink)
+        }
+        None => kernels::linear_cross_entropy_in(&h, &weight, &targets, &mask, 0.1, 1e-4, true, precision),
+    }
+    .unwrap();
+    let objective = (per_token.get(0).unwrap().sum_all().unwrap() / rows as f64).unwrap();
+    let mut store = objective.backward().unwrap();
+    if let Some(sink) = sink {
+        sink.merge_into(&mut store).unwrap();
+    }
+    let grad = |v: &Var| store.get(v.as_tensor()).expect("a gradient is missing").clone();
+    (per_token, grad(&x), grad(&w), sink.is_none_or(GradSink::is_empty))
+}
+
+#[test]
+fn the_output_weights_gradient_through_a_sink_is_the_graphs() {
+    for precision in every_precision() {
+        for tied in [false, true] {
+            for derived in [false, true] {
+                let what = format!("{precision:?}, tied {tied}, derived {derived}");
+                let (y_graph, dx_graph, dw_graph, _) = output_layer(precision, None, tied, derived);
+                let sink = GradSink::new();
+                let (y, dx, dw, emptied) = output_layer(precision, Some(&sink), tied, derived);
+                assert!(same_bits(&y, &y_graph), "{what}: the losses differ");
+                assert!(
+                    same_bits(&dx, &dx_graph),
+                    "{what}: the hidden states' gradient differs"
+                );
+                assert_equal(&format!("{what}: W's gradient"), &dw, &dw_graph);
+                assert!(dw.is_contiguous(), "{what}: W's gradient is left a strided view");
+                assert!(emptied, "{what}: the merge left gradients behind");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_sink_whose_output_layer_never_ran_backward_refuses_to_merge() {
+    let (rows, d, vocab) = (6, 8, 11);
+    let h = Var::from_tensor(&randn_cpu(41, &[rows, d], 1.0)).unwrap();
+    let w = Var::from_tensor(&randn_cpu(42, &[vocab, d], 0.3)).unwrap();
+    let targets = Tensor::new(&[1u32, 2, 3, 4, 5, 6], &Device::Cpu).unwrap();
+    let mask = Tensor::ones(rows, DType::F32, &Device::Cpu).unwrap();
+    let sink = GradSink::new();
+    let _unused = kernels::linear_cross_entropy_to_sink(
+        h.as_tensor(),
+        w.as_tensor(),
+        &targets,
+        &mask,
+        0.0,
+        0.0,
+        Precision::F32,
+        &sink,
+    )
+    .unwrap();
+    let mut store = loss(h.as_tensor()).backward().unwrap();
+    let err = sink.merge_into(&mut store).unwrap_err().to_string();
+    assert!(
+        err.contains("output projection") && err.contains("never ran"),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_embedding_lookup_through_a_sink_is_index_selects() {
+    let weight = Var::from_tensor(&randn_cpu(51, &[20, 6], 1.0)).unwrap();
+    let ids = Tensor::new(&[[3u32, 19, 3, 0], [7, 7, 7, 12]], &Device::Cpu).unwrap();
+    let y_graph = weight
+        .as_tensor()
+        .index_select(&ids.flatten_all().unwrap(), 0)
+        .unwrap();
+    let y_graph = y_graph.reshape((2, 4, 6)).unwrap();
+    let g_graph = loss(&y_graph).backward().unwrap();
+    let sink = GradSink::new();
+    let y = kernels::embedding_to_sink(weight.as_tensor(), &ids, &sink)
+        .unwrap()
+        .expect("runs on a variable");
+    assert!(same_bits(&y, &y_graph), "the rows differ");
+    let mut store = loss(&y).backward().unwrap();
+    sink.merge_into(&mut store).unwrap();
+    let (g, g_graph) = (
+        store.get(weight.as_tensor()).unwrap(),
+        g_graph.get(weight.as_tensor()).unwrap(),
+    );
+    assert!(same_bits(g, g_graph), "the gradient differs");
+    assert!(sink.is_empty());
+}
+
+#[test]
+fn an_embedding_lookup_of_a_token_outside_the_vocabulary_is_refused() {
+    let weight = Var::from_tensor(&randn_cpu(52, &[20, 6], 1.0)).unwrap();
+    let ids = Tensor::new(&[3u32, 20], &Device::Cpu).unwrap();
+    let err = kernels::embedding_to_sink(weight.as_tensor(), &ids, &GradSink::new())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("token id 20") && err.contains("vocabulary of 20"),
+        "{err}"
+    );
 }

@@ -345,8 +345,15 @@ impl Embedding {
     pub fn weight(&self) -> &Tensor {
         &self.weight
     }
-    /// (B, T) token ids → (B, T, dim).
-    pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+    /// (B, T) token ids → (B, T, dim). In a pass with a gradient sink the weight's gradient
+    /// goes there ([`ember_kernels::embedding_to_sink`]: candle would hold a vocabulary-wide
+    /// gradient of it while the activations are still held).
+    pub fn forward(&self, ids: &Tensor, ctx: ForwardCtx) -> Result<Tensor> {
+        if let Some(sink) = ctx.grad_sink {
+            if let Some(x) = ember_kernels::embedding_to_sink(&self.weight, ids, sink)? {
+                return Ok(x);
+            }
+        }
         let mut dims = ids.dims().to_vec();
         let flat = ids.flatten_all()?;
         let out = self.weight.index_select(&flat, 0)?;

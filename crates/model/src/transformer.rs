@@ -446,7 +446,7 @@ impl TokenIo {
         offset: usize,
         ctx: ForwardCtx,
     ) -> Result<Tensor> {
-        let x = self.embed.forward(ids)?;
+        let x = self.embed.forward(ids, ctx)?;
         let x = if self.embed_scale == 1.0 {
             x
         } else {

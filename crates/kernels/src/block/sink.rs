@@ -7,6 +7,14 @@
 //! if candle had computed them (candle's public `GradStore::insert`; Ember keeps no autograd of
 //! its own).
 //!
+//! The output projection and loss ([`crate::linear_cross_entropy_to_sink`]) and the token
+//! embedding's lookup ([`crate::embedding_to_sink`]) leave their weight's gradient here too, so
+//! that candle never holds a vocabulary-wide gradient while the activations are still held
+//! (its zero-filled buffer, the sum, and a tied embedding's second term). The lookup leaves the
+//! rows it read and their gradients; the merge adds them into the weight's gradient in the
+//! deposits' order, with candle's own `index_add`, so a tied weight's gradient is summed in the
+//! order candle's backward pass sums it: the same bits.
+//!
 //! The risk of a side channel is a gradient that never arrives. An op whose backward never ran
 //! (its input carried no gradient) is an error at [`GradSink::merge_into`], which names the op.
 //! A caller that passes a sink owns the merge: a sink dropped unmerged loses its gradients, and
@@ -20,6 +28,9 @@ use std::sync::{Arc, Mutex};
 use candle_core::backprop::GradStore;
 use candle_core::{bail, Result, Tensor};
 
+use crate::gemm::transposed;
+use crate::host::{cpu_tensor, is_host_f32, with_data};
+
 /// The gradients a pass's fused block ops computed for their parameters, waiting to be merged
 /// into the pass's [`GradStore`]. Cheap to clone: the clones share one store.
 #[derive(Clone, Default)]
@@ -31,7 +42,16 @@ struct SinkState {
     owing: BTreeMap<u64, &'static str>,
     next_id: u64,
     /// (parameter, gradient) in the order the backward pass deposited them.
-    grads: Vec<(Tensor, Tensor)>,
+    grads: Vec<(Tensor, Deposit)>,
+}
+
+/// A parameter's gradient as an op deposits it.
+enum Deposit {
+    /// The gradient itself (a view, such as a transpose, is laid out at the merge).
+    Whole(Tensor),
+    /// The gradients `rows` (n × d) of the parameter's rows `ids` (n, u32), read by a lookup:
+    /// added into the parameter's gradient, a row at a time, at the merge.
+    Rows { ids: Tensor, rows: Tensor },
 }
 
 impl GradSink {
@@ -57,11 +77,25 @@ impl GradSink {
     pub(crate) fn deposit(&self, id: u64, grads: impl IntoIterator<Item = (Tensor, Tensor)>) {
         let mut state = self.state();
         state.owing.remove(&id);
-        state.grads.extend(grads);
+        state.grads.extend(
+            grads
+                .into_iter()
+                .map(|(param, grad)| (param, Deposit::Whole(grad))),
+        );
     }
 
-    /// Moves every deposited gradient into `store`, adding it to the gradient candle computed
-    /// for the same parameter where there is one. An error (naming the op) when an op made with
+    /// The gradients `rows` of the rows `ids` of `param` that op `id`'s lookup read, from its
+    /// backward pass.
+    pub(crate) fn deposit_rows(&self, id: u64, param: Tensor, ids: Tensor, rows: Tensor) {
+        let mut state = self.state();
+        state.owing.remove(&id);
+        state.grads.push((param, Deposit::Rows { ids, rows }));
+    }
+
+    /// Moves every deposited gradient into `store`, laid out row-major (a gradient deposited as
+    /// a view, the output projection's transposed dW, is copied out here, after the backward
+    /// pass has let go of the activations), adding it to the gradient candle computed for the
+    /// same parameter where there is one. An error (naming the op) when an op made with
     /// this sink has not run its backward pass: its parameters would silently get no gradient.
     pub fn merge_into(&self, store: &mut GradStore) -> Result<()> {
         let mut state = self.state();
@@ -71,10 +105,18 @@ impl GradSink {
                  parameters would get none; run it unfused (without a gradient sink)"
             );
         }
-        for (param, grad) in std::mem::take(&mut state.grads) {
-            let grad = match store.remove(&param) {
-                Some(earlier) => (earlier + grad)?,
-                None => grad,
+        for (param, deposit) in std::mem::take(&mut state.grads) {
+            let grad = match (deposit, store.remove(&param)) {
+                (Deposit::Whole(grad), Some(earlier)) => (earlier + laid_out(grad)?)?,
+                (Deposit::Whole(grad), None) => laid_out(grad)?,
+                // As candle's backward pass adds an `index_select`'s gradient.
+                (Deposit::Rows { ids, rows }, earlier) => {
+                    let earlier = match earlier {
+                        Some(earlier) => earlier,
+                        None => param.zeros_like()?,
+                    };
+                    earlier.index_add(&ids, &rows, 0)?
+                }
             };
             store.insert(&param, grad);
         }
@@ -86,4 +128,22 @@ impl GradSink {
         let state = self.state();
         state.owing.is_empty() && state.grads.is_empty()
     }
+}
+
+/// `grad` row-major: a transposed view of a host f32 matrix through the blocked transpose
+/// ([`transposed`]; candle's copy of a strided view goes element by element), anything else as
+/// candle lays it out.
+fn laid_out(grad: Tensor) -> Result<Tensor> {
+    if grad.is_contiguous() {
+        return Ok(grad);
+    }
+    if let Ok((rows, cols)) = grad.dims2() {
+        let stored = grad.t()?;
+        if stored.is_contiguous() && is_host_f32(&stored) {
+            return with_data([&stored], |[x]| {
+                cpu_tensor(transposed(cols, rows, x), &(rows, cols).into())
+            });
+        }
+    }
+    grad.contiguous()
 }

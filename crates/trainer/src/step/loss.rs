@@ -3,7 +3,7 @@
 //! whole (`ember_kernels::linear_cross_entropy`).
 
 use candle_core::{DType, Result, Tensor};
-use ember_kernels::Precision;
+use ember_kernels::{GradSink, Precision};
 
 /// Summed losses of one micro-batch, over its real (non-pad) target tokens.
 pub struct TokenLoss {
@@ -17,8 +17,11 @@ pub struct TokenLoss {
 
 /// The losses of the logits `hidden · Wᵀ` for hidden states (N, D) and the output weight (V, D);
 /// `targets` (N) u32, `mask` (N) with 1 at real tokens and 0 at padding. `grads`: a backward
-/// pass of `objective` times a constant follows (training), which the forward pass prepares.
-/// The products run in `precision` (the model's); the loss itself is always f32.
+/// pass of `objective` times a constant follows (training), which the forward pass prepares;
+/// with a `sink` too, the output weight's gradient goes there instead of candle's graph (the
+/// caller merges it after the backward pass, as it does the fused blocks':
+/// [`ember_kernels::linear_cross_entropy_to_sink`]). The products run in `precision` (the
+/// model's); the loss itself is always f32.
 #[allow(clippy::too_many_arguments)]
 pub fn linear_cross_entropy(
     hidden: &Tensor,
@@ -29,20 +32,18 @@ pub fn linear_cross_entropy(
     z_loss: f64,
     grads: bool,
     precision: Precision,
+    sink: Option<&GradSink>,
 ) -> Result<TokenLoss> {
     let hidden = hidden.to_dtype(DType::F32)?;
     let output_weight = output_weight.to_dtype(DType::F32)?;
     let mask = mask.to_dtype(DType::F32)?;
-    let per_token = ember_kernels::linear_cross_entropy_in(
-        &hidden,
-        &output_weight,
-        targets,
-        &mask,
-        label_smoothing,
-        z_loss,
-        grads,
-        precision,
-    )?;
+    let (h, w, terms) = (&hidden, &output_weight, (label_smoothing, z_loss));
+    let per_token = match (grads, sink) {
+        (true, Some(sink)) => ember_kernels::linear_cross_entropy_to_sink(
+            h, w, targets, &mask, terms.0, terms.1, precision, sink,
+        ),
+        _ => ember_kernels::linear_cross_entropy_in(h, w, targets, &mask, terms.0, terms.1, grads, precision),
+    }?;
     Ok(TokenLoss {
         objective: per_token.get(0)?.sum_all()?,
         nll: per_token.get(1)?.detach().sum_all()?,
@@ -77,6 +78,7 @@ mod tests {
             z,
             true,
             Precision::F32,
+            None,
         )
     }
 

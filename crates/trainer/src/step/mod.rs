@@ -120,6 +120,7 @@ impl BatchTensors {
             z_loss,
             grads,
             model.precision(),
+            ctx.grad_sink,
         )?)
     }
 
