@@ -16,14 +16,15 @@ use crate::host::{cpu_slice, is_host_f32};
 /// pass deposits the rows' gradients in `sink` for the caller to merge after `backward()`.
 ///
 /// `None` where the op does not run — a weight that is no f32 CPU variable (the sink could not
-/// name it in the caller's gradient store), or ids off the CPU —: the caller looks the rows up
-/// with `index_select`.
+/// name it in the caller's gradient store), or ids that are not u32 on the CPU —: the caller
+/// looks the rows up with `index_select`.
 pub fn embedding_to_sink(weight: &Tensor, ids: &Tensor, sink: &GradSink) -> Result<Option<Tensor>> {
-    if !(is_host_f32(weight) && weight.is_variable() && weight.is_contiguous() && ids.device().is_cpu()) {
+    let takes = is_host_f32(weight) && weight.is_variable() && weight.is_contiguous();
+    if !(takes && ids.device().is_cpu() && ids.dtype() == DType::U32) {
         return Ok(None);
     }
     let (vocab, d) = weight.dims2()?;
-    let flat = ids.flatten_all()?.to_dtype(DType::U32)?;
+    let flat = ids.flatten_all()?;
     let rows: Vec<u32> = flat.to_vec1()?;
     if let Some(bad) = rows.iter().find(|&&r| r as usize >= vocab) {
         bail!("embedding: token id {bad} is outside the vocabulary of {vocab}");

@@ -245,6 +245,9 @@ fn fused_or_not(
         return linear_cross_entropy_unfused_in(h, w, targets, mask, terms, precision);
     }
     precision.check_cpu()?;
+    let loss = LossRows::new(n, v, targets, mask, label_smoothing, z_loss)?;
+    let (h, w_in) = (h.reshape((n, d))?.contiguous()?, w.contiguous()?);
+    // Registered last, once nothing before the op can fail and leave the sink owed.
     let sink = match backward {
         Backward::Sink(sink) => Some((
             sink.clone(),
@@ -254,13 +257,13 @@ fn fused_or_not(
         _ => None,
     };
     let op = LinearCrossEntropyOp {
-        loss: LossRows::new(n, v, targets, mask, label_smoothing, z_loss)?,
+        loss,
         grads,
         precision,
         saved: Mutex::new(None),
         sink,
     };
-    h.reshape((n, d))?.contiguous()?.apply_op2(&w.contiguous()?, op)
+    h.apply_op2(&w_in, op)
 }
 
 struct LinearCrossEntropyOp {

@@ -625,7 +625,7 @@ fn the_embedding_lookup_through_a_sink_is_index_selects() {
 }
 
 #[test]
-fn an_embedding_lookup_of_a_token_outside_the_vocabulary_is_refused() {
+fn an_embedding_lookup_refuses_ids_outside_the_vocabulary_and_leaves_other_types_to_index_select() {
     let weight = Var::from_tensor(&randn_cpu(52, &[20, 6], 1.0)).unwrap();
     let ids = Tensor::new(&[3u32, 20], &Device::Cpu).unwrap();
     let err = kernels::embedding_to_sink(weight.as_tensor(), &ids, &GradSink::new())
@@ -635,4 +635,12 @@ fn an_embedding_lookup_of_a_token_outside_the_vocabulary_is_refused() {
         err.contains("token id 20") && err.contains("vocabulary of 20"),
         "{err}"
     );
+    // Ids of another type are left to `index_select`, which checks them itself (a conversion
+    // to u32 would wrap −1 around to a valid id).
+    let sink = GradSink::new();
+    let signed = Tensor::new(&[3i64, -1], &Device::Cpu).unwrap();
+    assert!(kernels::embedding_to_sink(weight.as_tensor(), &signed, &sink)
+        .unwrap()
+        .is_none());
+    assert!(sink.is_empty(), "a lookup that did not run registered");
 }

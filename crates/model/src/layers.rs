@@ -27,9 +27,11 @@ pub struct ForwardCtx<'a> {
     /// The precision of the pass's products: the model's own ([`crate::Model::set_precision`]),
     /// set by its entry points, so no caller passes it.
     pub(crate) precision: Precision,
-    /// Present when the caller merges fused blocks' parameter gradients into the pass's
+    /// Present when the caller merges fused ops' parameter gradients into the pass's
     /// `GradStore` after `backward()` ([`GradSink::merge_into`]); only then do pre-norm layers
-    /// run their sub-blocks as one op each (`ember_kernels::attention_block`, `mlp_block`).
+    /// run their sub-blocks as one op each (`ember_kernels::attention_block`, `mlp_block`), and
+    /// the token embedding's lookup leaves its weight's gradient there too
+    /// (`ember_kernels::embedding_to_sink`).
     pub grad_sink: Option<&'a GradSink>,
     /// The dtype of pre-norm branches' activations, where it is not the precision's own
     /// ([`Precision::branch_dtype`]): [`with_branch_dtype`](Self::with_branch_dtype).

@@ -101,8 +101,9 @@ impl GradSink {
         let mut state = self.state();
         if let Some(what) = state.owing.values().next() {
             bail!(
-                "{what}: its backward pass never ran (its input carried no gradient), so its \
-                 parameters would get none; run it unfused (without a gradient sink)"
+                "{what}: its backward pass never ran (the loss differentiated does not depend on \
+                 it, or its input carried no gradient), so its parameters would get none; run it \
+                 without a gradient sink"
             );
         }
         for (param, deposit) in std::mem::take(&mut state.grads) {
@@ -121,6 +122,12 @@ impl GradSink {
             store.insert(&param, grad);
         }
         Ok(())
+    }
+
+    /// What the ops made with this sink whose backward pass has not run yet are, in the order
+    /// they were made (after a forward pass: every op that will deposit).
+    pub fn owing(&self) -> Vec<&'static str> {
+        self.state().owing.values().copied().collect()
     }
 
     /// Whether no gradient is waiting (and no op owes one).

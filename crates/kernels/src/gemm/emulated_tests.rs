@@ -341,7 +341,7 @@ fn emulated_bits_do_not_depend_on_the_threads() {
                 m,
                 k,
                 n,
-                Mat::rows(&a, k).operand().into(),
+                Mat::rows(&a, k).operand(),
                 Mat::rows(&b, n).operand(),
                 0.0,
                 c.as_mut_ptr(),
@@ -506,7 +506,7 @@ fn products_of_kept_activations_give_the_bits_of_their_values() {
         let b = values(k * n, (n + 5 * k) as u64);
         for a_t in [false, true] {
             let stored = stored_as(&a, (m, k), a_t);
-            let (want, _) = emulated_and_modelled(&stored, &b, (m, k, n), a_t);
+            let (_, want) = emulated_and_modelled(&stored, &b, (m, k, n), a_t);
             let kept_a = match a_t {
                 false => Rounded::new(m, k, &stored),
                 true => Rounded::new(k, m, &stored),
