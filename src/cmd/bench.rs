@@ -35,7 +35,7 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
     }
     print_result(args.json, &r, || {
         format!(
-            "{}: {} params, {}{} threads, {} shares, {}, {:.0} tokens/step\n\
+            "{}: {} params, {}{} threads, {} shares{}, {}, {:.0} tokens/step\n\
              step {:.1} ms median (p10 {:.1}, p90 {:.1}) = forward {:.1} + backward {:.1} + optimizer {:.1}{}\n\
              {:.0} tokens/s | peak RSS {:.0} MiB{} | {:.0} FLOPs/token → {:.1} GFLOP/s of a {:.1} GFLOP/s matmul peak ({:.0}%)",
             args.config.display(),
@@ -43,6 +43,7 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
             if r.ranks > 1 { format!("{} ranks x ", r.ranks) } else { String::new() },
             r.threads,
             r.shares,
+            r.activations_note(),
             r.products,
             r.tokens_per_step,
             r.ms_per_step_median,

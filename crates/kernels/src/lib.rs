@@ -78,7 +78,8 @@ pub use bias::{
     linear_bias_relu_unfused, linear_bias_unfused,
 };
 pub use block::{
-    attention_block, mlp_block, AttentionWeights, BlockNorm, BlockPositions, GradSink, MlpWeights,
+    attention_block, mlp_block, ActivationMemory, AttentionWeights, BlockNorm, BlockPositions, GradSink,
+    MlpWeights,
 };
 pub use cross_entropy::cross_entropy_unfused;
 pub use dropout::{add_dropout, dropout, dropout_unfused};

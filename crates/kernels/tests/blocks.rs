@@ -1,7 +1,8 @@
 //! Specification of the fused sub-block ops: each gives the bits of the ops one by one — its
 //! output and its input's gradient bit for bit, each parameter's gradient equal (`==`: the sign
 //! of an exact zero may differ, which moves no parameter) — once the caller merges the sink
-//! after `backward()`; a second backward pass through the same graph gives the same gradients;
+//! after `backward()`, whether it keeps its activations or recomputes them in the backward
+//! pass; a second backward pass through the same graph gives the same gradients;
 //! an op that does not run (an input without a gradient) says so and reserves no dropout mask;
 //! and a sink whose op never ran its backward pass refuses to merge rather than lose gradients.
 //! The fused output projection and loss hands its weight's gradient to a sink the same way.
@@ -13,8 +14,8 @@ use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor, Var};
 use common::{every_precision, host, randn_cpu, same_bits};
 use ember_kernels::{
-    self as kernels, attention_block, causal_mask, mlp_block, AttentionOptions, AttentionWeights, BlockNorm,
-    BlockPositions, GradSink, MlpWeights, PositionScale, Precision, RopeTables,
+    self as kernels, attention_block, causal_mask, mlp_block, ActivationMemory, AttentionOptions,
+    AttentionWeights, BlockNorm, BlockPositions, GradSink, MlpWeights, PositionScale, Precision, RopeTables,
 };
 
 /// One MLP sub-block's inputs: the stream x (B, T, d) and its parameters, as variables.
@@ -70,10 +71,16 @@ impl Mlp {
         }
     }
 
-    /// The block as one op with a sink, the ops one by one without.
-    fn forward(&self, (p, state): (f64, u64), precision: Precision, sink: Option<&GradSink>) -> Tensor {
+    /// The block as one op with a sink (keeping its activations or recomputing them), the ops
+    /// one by one without.
+    fn forward(
+        &self,
+        (p, state): (f64, u64),
+        precision: Precision,
+        sink: Option<(&GradSink, ActivationMemory)>,
+    ) -> Tensor {
         let (x, up, down) = (self.x.as_tensor(), self.up.as_tensor(), self.down.as_tensor());
-        let Some(sink) = sink else {
+        let Some((sink, memory)) = sink else {
             let h = norm_of(x, self.norm());
             let hidden = match &self.gate {
                 Some(gate) => kernels::swiglu(
@@ -92,7 +99,7 @@ impl Mlp {
             },
             None => MlpWeights::Gelu { up, down },
         };
-        let block = mlp_block(x, self.norm(), w, precision, sink, || (p, state)).unwrap();
+        let block = mlp_block(x, self.norm(), w, precision, memory, sink, || (p, state)).unwrap();
         block.expect("the op did not run")
     }
 
@@ -125,15 +132,18 @@ fn the_mlp_block_gives_the_bits_of_its_ops_one_by_one() {
         ("rmsnorm", false),
         ("rmsnorm", true),
     ] {
-        for precision in every_precision() {
+        for (precision, memory) in every_precision().into_iter().flat_map(with_either_memory) {
             for dropout in [(0.0, 0), (0.1, 12345)] {
-                let what = format!("{norm}, swiglu {swiglu}, {precision:?}, dropout {}", dropout.0);
+                let what = format!(
+                    "{norm}, swiglu {swiglu}, {precision:?}, {memory:?}, dropout {}",
+                    dropout.0
+                );
                 let m = Mlp::new(7, (2, 13, 24, 40), norm, swiglu);
                 let y_ops = m.forward(dropout, precision, None);
                 let grads_ops = m.grads(&loss(&y_ops).backward().unwrap());
 
                 let sink = GradSink::new();
-                let y = m.forward(dropout, precision, Some(&sink));
+                let y = m.forward(dropout, precision, Some((&sink, memory)));
                 assert!(same_bits(&y, &y_ops), "{what}: the output differs");
                 let mut store = loss(&y).backward().unwrap();
                 sink.merge_into(&mut store).unwrap();
@@ -151,12 +161,21 @@ fn the_mlp_block_gives_the_bits_of_its_ops_one_by_one() {
     }
 }
 
+/// `precision` with each [`ActivationMemory`]: the ops that keep their activations and those
+/// that recompute them in the backward pass give the same bits.
+fn with_either_memory(precision: Precision) -> [(Precision, ActivationMemory); 2] {
+    [ActivationMemory::Keep, ActivationMemory::Recompute].map(|memory| (precision, memory))
+}
+
 #[test]
 fn a_second_backward_pass_recomputes_what_the_first_took() {
-    for swiglu in [false, true] {
+    for (swiglu, memory) in [false, true]
+        .into_iter()
+        .flat_map(|s| [ActivationMemory::Keep, ActivationMemory::Recompute].map(|m| (s, m)))
+    {
         let m = Mlp::new(3, (1, 9, 16, 48), "layernorm", swiglu);
         let sink = GradSink::new();
-        let l = loss(&m.forward((0.1, 7), Precision::F32, Some(&sink)));
+        let l = loss(&m.forward((0.1, 7), Precision::F32, Some((&sink, memory))));
         let mut first = l.backward().unwrap();
         sink.merge_into(&mut first).unwrap();
         let mut second = l.backward().unwrap();
@@ -164,7 +183,7 @@ fn a_second_backward_pass_recomputes_what_the_first_took() {
         for (i, (a, b)) in m.grads(&first).iter().zip(&m.grads(&second)).enumerate() {
             assert!(
                 same_bits(a, b),
-                "swiglu {swiglu}: gradient {i} differs on the second pass"
+                "swiglu {swiglu}, {memory:?}: gradient {i} differs on the second pass"
             );
         }
     }
@@ -174,7 +193,7 @@ fn a_second_backward_pass_recomputes_what_the_first_took() {
 fn a_sink_whose_op_never_ran_backward_refuses_to_merge() {
     let m = Mlp::new(5, (1, 4, 8, 16), "rmsnorm", false);
     let sink = GradSink::new();
-    let _unused = m.forward((0.0, 0), Precision::F32, Some(&sink));
+    let _unused = m.forward((0.0, 0), Precision::F32, Some((&sink, ActivationMemory::Keep)));
     // A loss that does not reach the block: its parameters get no gradient.
     let mut store = loss(m.x.as_tensor()).backward().unwrap();
     let err = sink.merge_into(&mut store).unwrap_err().to_string();
@@ -198,7 +217,16 @@ fn the_ops_do_not_run_on_an_input_without_a_gradient_and_reserve_no_dropout() {
         reserved.set(true);
         (0.1, 1)
     };
-    let y = mlp_block(&x, m.norm(), w, Precision::F32, &sink, dropout).unwrap();
+    let y = mlp_block(
+        &x,
+        m.norm(),
+        w,
+        Precision::F32,
+        ActivationMemory::Keep,
+        &sink,
+        dropout,
+    )
+    .unwrap();
     assert!(y.is_none(), "the op ran on an input without a gradient");
     assert!(!reserved.get(), "the op reserved a dropout mask without running");
     assert!(sink.is_empty(), "the op registered with the sink without running");
@@ -215,9 +243,16 @@ fn an_rms_norm_with_a_bias_is_refused() {
         up: m.up.as_tensor(),
         down: m.down.as_tensor(),
     };
-    let err = mlp_block(m.x.as_tensor(), norm, w, Precision::F32, &GradSink::new(), || {
-        (0.0, 0)
-    })
+    let keep = ActivationMemory::Keep;
+    let err = mlp_block(
+        m.x.as_tensor(),
+        norm,
+        w,
+        Precision::F32,
+        keep,
+        &GradSink::new(),
+        || (0.0, 0),
+    )
     .unwrap_err();
     assert!(err.to_string().contains("RMSNorm takes no bias"), "{err}");
 }
@@ -293,7 +328,7 @@ impl Attention {
         positions: BlockPositions,
         mask: Option<&Tensor>,
         opts: &AttentionOptions,
-        sink: Option<&GradSink>,
+        sink: Option<(&GradSink, ActivationMemory)>,
     ) -> (Tensor, Option<ember_kernels::AttentionTelemetry>) {
         let norm = BlockNorm {
             weight: self.norm[0].as_tensor(),
@@ -320,9 +355,11 @@ impl Attention {
         let x = self.x.as_tensor();
         let residual = (0.1, 777);
         match sink {
-            Some(sink) => attention_block(x, norm, w, positions, mask, sink, || *opts, || residual)
-                .unwrap()
-                .expect("the op did not run"),
+            Some((sink, memory)) => {
+                attention_block(x, norm, w, positions, mask, memory, sink, || *opts, || residual)
+                    .unwrap()
+                    .expect("the op did not run")
+            }
             None => attention_ops(x, norm, w, positions, mask, opts, residual),
         }
     }
@@ -393,9 +430,9 @@ fn the_attention_block_gives_the_bits_of_its_ops_one_by_one() {
         ),
     ];
     for (what, positions, (heads, kv_heads), rms, mask, qk_rms) in cases {
-        for precision in every_precision() {
+        for (precision, memory) in every_precision().into_iter().flat_map(with_either_memory) {
             for dropout in [None, Some((0.1, 4242))] {
-                let what = format!("{what}, {precision:?}, attention dropout {dropout:?}");
+                let what = format!("{what}, {precision:?}, {memory:?}, attention dropout {dropout:?}");
                 let mut a = Attention::new(11, (b, t, heads * hd - 3), (heads, kv_heads, hd), rms);
                 if let Some(qk_rms) = qk_rms {
                     a = a.with_qk_norm(40, hd, qk_rms);
@@ -411,7 +448,7 @@ fn the_attention_block_gives_the_bits_of_its_ops_one_by_one() {
                 let grads_ops = a.grads(&loss(&y_ops).backward().unwrap());
 
                 let sink = GradSink::new();
-                let (y, measured) = a.forward(positions, mask, &opts, Some(&sink));
+                let (y, measured) = a.forward(positions, mask, &opts, Some((&sink, memory)));
                 assert!(same_bits(&y, &y_ops), "{what}: the output differs");
                 assert_eq!(measured, measured_ops, "{what}: the telemetry differs");
                 assert!(measured.is_some(), "{what}: no telemetry");
@@ -487,7 +524,12 @@ fn a_second_backward_pass_through_the_attention_block_recomputes_what_the_first_
         precision: Precision::F32,
     };
     let sink = GradSink::new();
-    let (y, _) = a.forward(positions, Some(&mask), &opts, Some(&sink));
+    let (y, _) = a.forward(
+        positions,
+        Some(&mask),
+        &opts,
+        Some((&sink, ActivationMemory::Keep)),
+    );
     let l = loss(&y);
     let mut first = l.backward().unwrap();
     sink.merge_into(&mut first).unwrap();

@@ -391,8 +391,10 @@ impl Attention {
         let options = || self.options(b, t, t, ctx);
         let residual = || ctx.residual_dropout(dropout, x.elem_count());
         let norm = norm.as_block_norm();
-        let block =
-            ember_kernels::attention_block(x, norm, weights, positions, mask, sink, options, residual)?;
+        let memory = ctx.activations;
+        let block = ember_kernels::attention_block(
+            x, norm, weights, positions, mask, memory, sink, options, residual,
+        )?;
         Ok(block.map(|(out, measured)| {
             self.record(measured, ctx);
             out

@@ -11,7 +11,7 @@ use std::sync::Mutex;
 use candle_core::{DType, Device, Result, Tensor, D};
 use candle_nn::{Init, VarBuilder};
 
-use ember_kernels::{BlockNorm, GradSink, MlpWeights, Precision};
+use ember_kernels::{ActivationMemory, BlockNorm, GradSink, MlpWeights, Precision};
 use ember_rng::SplitMix64;
 
 use crate::config::{MlpKind, ModelConfig, NormKind};
@@ -33,6 +33,9 @@ pub struct ForwardCtx<'a> {
     /// the token embedding's lookup leaves its weight's gradient there too
     /// (`ember_kernels::embedding_to_sink`).
     pub grad_sink: Option<&'a GradSink>,
+    /// What the sink's fused sub-blocks keep for the backward pass:
+    /// [`with_activations`](Self::with_activations).
+    pub(crate) activations: ActivationMemory,
     /// The dtype of pre-norm branches' activations, where it is not the precision's own
     /// ([`Precision::branch_dtype`]): [`with_branch_dtype`](Self::with_branch_dtype).
     branch_dtype: Option<DType>,
@@ -57,6 +60,14 @@ impl<'a> ForwardCtx<'a> {
     /// `backward()`.
     pub fn with_grad_sink(mut self, sink: &'a GradSink) -> Self {
         self.grad_sink = Some(sink);
+        self
+    }
+    /// Fused sub-blocks that keep only their inputs and compute their activations again in the
+    /// backward pass (`train.activations: recompute`); with a gradient sink only, and every
+    /// pre-norm sub-block must then run as one op, or the pass fails naming the one that does
+    /// not ([`ModelConfig::unfused_sub_blocks`] says so before any pass).
+    pub fn with_activations(mut self, memory: ActivationMemory) -> Self {
+        self.activations = memory;
         self
     }
     /// The dropout of a branch's output written into a residual stream of `elems` elements:
@@ -495,7 +506,8 @@ impl Mlp {
             _ => return Ok(None),
         };
         let mask = || ctx.residual_dropout(dropout, x.elem_count());
-        ember_kernels::mlp_block(x, norm.as_block_norm(), weights, ctx.precision, sink, mask)
+        let (norm, memory) = (norm.as_block_norm(), ctx.activations);
+        ember_kernels::mlp_block(x, norm, weights, ctx.precision, memory, sink, mask)
     }
 
     /// The block of `x` written into the residual stream `to`.

@@ -25,6 +25,7 @@ mod init;
 mod layers;
 mod length_penalty;
 mod params;
+mod recompute;
 mod rope;
 mod transformer;
 

@@ -29,7 +29,7 @@
 
 use candle_core::{DType, Result, Tensor};
 use candle_nn::VarBuilder;
-use ember_kernels::{causal_mask, padding_mask, Precision};
+use ember_kernels::{causal_mask, padding_mask, ActivationMemory, Precision};
 
 use crate::attention::{Attention, CrossKv, KvCache};
 use crate::config::{Arch, ConfigError, ModelConfig};
@@ -226,6 +226,19 @@ impl Layer {
             }
             _ => None,
         };
+        let recomputing = ctx.grad_sink.is_some() && ctx.activations == ActivationMemory::Recompute;
+        // A sub-block that is not one op would keep its activations: the user asked for less.
+        let refuse = |what: &str| {
+            candle_core::bail!(
+                "train.activations: recompute: this model's {what} does not run as one op, so it \
+                 cannot recompute its activations (only pre-norm self-attention without biases, L2 \
+                 QK-norm or log-n scaling without rotary positions, and GELU or SwiGLU sub-blocks \
+                 without biases, do, on the CPU). Set train.activations: keep."
+            )
+        };
+        if recomputing && fused.is_none() {
+            return refuse("self-attention");
+        }
         let x = match fused {
             Some(x) => x,
             None => self.sublayer(&self.attn_norm, x, ctx, |h, into| {
@@ -233,6 +246,7 @@ impl Layer {
             })?,
         };
         let x = match (&self.cross, memory) {
+            (Some(_), Some(_)) if recomputing => return refuse("cross-attention"),
             (Some((norm, attn)), Some(memory)) => self.sublayer(norm, &x, ctx, |h, into| {
                 let mask = memory.mask.as_ref();
                 // Keys and values in the queries' dtype: a bf16 branch's from the f32 encoder
@@ -259,6 +273,9 @@ impl Layer {
             {
                 return Ok(x);
             }
+        }
+        if recomputing {
+            return refuse("feed-forward sub-block");
         }
         self.sublayer(&self.mlp_norm, &x, ctx, |h, into| self.mlp.forward(h, into, ctx))
     }

@@ -3,7 +3,10 @@
 //! pass is the same as without one — logits and loss bit for bit, every parameter's gradient
 //! equal once the sink is merged, the same dropout masks, the same attention telemetry — in
 //! every architecture, norm, position scheme, QK-norm, MLP and precision; sub-blocks the ops do
-//! not cover (L2 QK-norm, ReLU, biases, post-norm) run as before and train the same.
+//! not cover (L2 QK-norm, ReLU, biases, post-norm) run as before and train the same. Sub-blocks
+//! that recompute their activations in the backward pass train the same bits too, in every
+//! model whose config says all its sub-blocks run as one op; a pass of any other model that
+//! asks for it fails naming the sub-block that cannot.
 
 mod common;
 
@@ -11,7 +14,7 @@ use std::collections::BTreeMap;
 
 use candle_core::{DType, Tensor};
 use common::*;
-use ember_kernels::{GradSink, Precision};
+use ember_kernels::{ActivationMemory, GradSink, Precision};
 use ember_model::{
     Arch, AttentionStats, DropoutRng, ForwardCtx, MlpKind, Model, ModelConfig, NormKind, NormPlacement,
     Positions, QkNorm, Telemetry,
@@ -27,15 +30,21 @@ struct Pass {
     telemetry: Vec<AttentionStats>,
 }
 
-fn pass(model: &Model, params: &ember_model::ParamStore, vocab: usize, fused: bool) -> Pass {
+/// A pass with the sub-blocks fused (`Some`: keeping or recomputing their activations) or not.
+fn pass(
+    model: &Model,
+    params: &ember_model::ParamStore,
+    vocab: usize,
+    fused: Option<ActivationMemory>,
+) -> candle_core::Result<Pass> {
     let rng = DropoutRng::new(42);
     let sink = GradSink::new();
     let collector = Telemetry::new();
     let mut ctx = ForwardCtx::train(&rng).with_telemetry(&collector);
-    if fused {
-        ctx = ctx.with_grad_sink(&sink);
+    if let Some(memory) = fused {
+        ctx = ctx.with_grad_sink(&sink).with_activations(memory);
     }
-    let logits = logits(model, vocab, ctx).unwrap();
+    let logits = logits(model, vocab, ctx)?;
     let weights = random(logits.dims(), logits.dtype(), 99);
     let loss = (&logits * weights).unwrap().sum_all().unwrap();
     // The token embedding's lookup uses the sink in every model: only the blocks tell.
@@ -52,13 +61,13 @@ fn pass(model: &Model, params: &ember_model::ParamStore, vocab: usize, fused: bo
             (name, g.clone())
         })
         .collect();
-    Pass {
+    Ok(Pass {
         logits,
         loss,
         grads,
         used_sink,
         telemetry: collector.take(),
-    }
+    })
 }
 
 fn bits(t: &Tensor) -> Vec<u32> {
@@ -76,13 +85,33 @@ fn values(t: &Tensor) -> Vec<f32> {
     t.flatten_all().unwrap().to_vec1().unwrap()
 }
 
-/// Fused against unfused for `c`, which the op covers when `covered`.
+/// Fused (keeping their activations, and recomputing them where the config allows it) against
+/// unfused for `c`, which the op covers when `covered`.
 fn check(what: &str, c: &ModelConfig, precision: Precision, covered: bool) {
     let (mut model, params) = build(c, DType::F32);
     perturb(&params, 0.05, 3);
     model.set_precision(precision);
-    let unfused = pass(&model, &params, c.vocab(), false);
-    let fused = pass(&model, &params, c.vocab(), true);
+    let unfused = pass(&model, &params, c.vocab(), None).unwrap();
+    let keeping = pass(&model, &params, c.vocab(), Some(ActivationMemory::Keep)).unwrap();
+    same_pass(what, &keeping, &unfused, covered);
+    let recomputing = pass(&model, &params, c.vocab(), Some(ActivationMemory::Recompute));
+    let reasons = c.unfused_sub_blocks();
+    match recomputing {
+        Ok(fused) if reasons.is_empty() => same_pass(&format!("{what}, recomputing"), &fused, &unfused, true),
+        Ok(_) => panic!("{what}: recomputing ran where the config says {reasons:?}"),
+        Err(e) => {
+            let e = e.to_string();
+            assert!(!reasons.is_empty(), "{what}: recomputing failed: {e}");
+            assert!(
+                e.contains("train.activations: recompute") && e.contains("does not run as one op"),
+                "{what}: {e}"
+            );
+        }
+    }
+}
+
+/// `fused` trains as `unfused` (and used the sink where `covered`).
+fn same_pass(what: &str, fused: &Pass, unfused: &Pass, covered: bool) {
     assert_eq!(
         fused.used_sink, covered,
         "{what}: the sink was used: {}",
@@ -183,6 +212,13 @@ fn sub_blocks_the_ops_do_not_cover_run_as_before_and_train_the_same() {
         let attention_only = lm(&|c| (c.qk_norm, c.mlp) = (qk, MlpKind::Relu));
         check(&format!("relu, {qk:?}"), &attention_only, Precision::F32, true);
     }
+    // Log-n scaling without rotary positions runs as before; the MLP sub-block is fused.
+    check(
+        "log-n with learned positions",
+        &lm(&|c| (c.logn_attention, c.positions) = (true, Positions::Learned)),
+        Precision::F32,
+        true,
+    );
     // L2 QK-norm runs as before; the MLP sub-block is fused.
     check(
         "swiglu, l2 qk-norm",

@@ -14,6 +14,7 @@ use anyhow::Result;
 use candle_core::{Device, Tensor};
 use ember_data::Batch;
 use ember_distributed::World;
+use ember_kernels::ActivationMemory;
 use ember_kernels::Precision;
 use ember_model::{Arch, ModelConfig};
 use serde::Serialize;
@@ -61,6 +62,20 @@ pub struct BenchReport {
     /// run on (e.g. `bf16 products on AVX512_BF16 (vdpbf16ps), f32 sums`).
     pub precision: String,
     pub products: String,
+    /// `train.activations` of the benchmarked step: `keep`, or `recompute` (whose recomputed
+    /// forward pass `flops_per_token` leaves out, as model FLOPs do).
+    pub activations: ActivationMemory,
+}
+
+impl BenchReport {
+    /// `, activations recomputed` where they were, for the report's first line (`keep` says
+    /// nothing: the line as it always was).
+    pub fn activations_note(&self) -> &'static str {
+        match self.activations {
+            ActivationMemory::Keep => "",
+            ActivationMemory::Recompute => ", activations recomputed",
+        }
+    }
 }
 
 /// Peak resident set size of this process (Linux `VmHWM`), in MiB.
@@ -249,6 +264,7 @@ impl Timings {
             utilisation: achieved / peak,
             precision: precision.name().into(),
             products: crate::precision::describe_products(cfg),
+            activations: cfg.train.activations,
         })
     }
 }

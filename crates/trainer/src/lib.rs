@@ -74,8 +74,8 @@ pub use run::{interrupt, run_dir, run_lock};
 pub use saved::open::{open_model, open_run, OpenModel, OpenRun};
 pub use saved::{checkpoint, model_dir, places, protected, resume_check};
 pub use setup::resolve::{resolve_model_config, DataFilled};
+pub use setup::{activations, limits, precision};
 pub use setup::{device, make_batcher};
-pub use setup::{limits, precision};
 #[cfg(feature = "nccl")]
 pub use step::nccl;
 pub use step::{data_parallel, forward_backward, loss, optim, update, StepOutput};

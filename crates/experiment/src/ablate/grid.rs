@@ -198,8 +198,15 @@ pub fn plan(opts: &AblateOptions) -> Result<Plan> {
         // Each combination must make a valid config on its own (a bad value names its key).
         let setting = check_setting(opts, &user_overrides, &level_overrides(&axes, levels))?;
         let setting = setting.as_ref().unwrap_or(&cfg);
-        // A precision this machine cannot run is refused here, not by every run of the sweep.
+        // A precision this machine cannot run is refused here, not by every run of the sweep;
+        // so is recomputing activations in a variant whose sub-blocks cannot (L2 QK-norm).
         ember_trainer::precision::for_training(setting)?;
+        for &variant in &variants {
+            let mut cell = setting.clone();
+            cell.model.qk_norm = variant;
+            ember_trainer::activations::check(&cell)
+                .with_context(|| format!("the {} variant", variant_name(variant)))?;
+        }
         let described = ember_trainer::precision::describe_products(setting);
         if !products.contains(&described) {
             products.push(described);

@@ -217,8 +217,9 @@ pub(crate) struct AttnOp {
     dropout: Option<DropoutOp>,
     /// Filled by the forward pass when telemetry was asked for (the caller holds a clone).
     telemetry: Option<TelemetrySlot>,
-    /// The forward pass's probabilities (B, H, T, S), taken by the backward pass (`None`: not
-    /// kept, the backward recomputes them).
+    /// The forward pass's probabilities (B, H, T, S), taken by the backward pass, which
+    /// recomputes them where they are not there (`None`: never kept; an empty slot: not kept by
+    /// this forward pass, [`Self::forward_values_with`]).
     probs: Option<Mutex<Option<Vec<f32>>>>,
     /// Whether the tasks skip the mask's dead blocks ([`Self::live`]).
     skip_dead: bool,
@@ -278,12 +279,26 @@ impl AttnOp {
     /// The output (B, T, H·d) of q, k and v, with the telemetry and the probabilities kept
     /// where asked for.
     pub(crate) fn forward_values(&self, q: &[f32], k: &[f32], v: &[f32]) -> Result<Vec<f32>> {
+        self.forward_values_with(q, k, v, true, true)
+    }
+
+    /// [`Self::forward_values`], keeping the probabilities only if `keep_probs` too and
+    /// measuring only if `measure` too: a sub-block that recomputes its activations in the
+    /// backward pass keeps none in its forward pass, and measures nothing again in the backward
+    /// pass.
+    pub(crate) fn forward_values_with(
+        &self,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        keep_probs: bool,
+        measure: bool,
+    ) -> Result<Vec<f32>> {
         let dims = self.dims;
+        let measure = measure && self.telemetry.is_some();
         let out = Blocks::new(q.len());
-        let kept = self
-            .probs
-            .as_ref()
-            .map(|_| Blocks::new(dims.b * dims.h * dims.t * dims.s));
+        let kept =
+            (keep_probs && self.probs.is_some()).then(|| Blocks::new(dims.b * dims.h * dims.t * dims.s));
         let per_task = self.with_mask(|mask| {
             let live = self.live(mask);
             let task = Forward {
@@ -297,7 +312,7 @@ impl AttnOp {
                 dropout: self.dropout,
                 out: &out,
                 kept: kept.as_ref(),
-                measure: self.telemetry.is_some(),
+                measure,
             };
             let per_task: Vec<Mutex<Measured>> = (0..dims.b * dims.hkv).map(|_| Mutex::default()).collect();
             crate::par::for_each(per_task.len(), |i| {
@@ -319,7 +334,7 @@ impl AttnOp {
                 }
                 acc
             });
-        if let Some(slot) = &self.telemetry {
+        if let Some(slot) = self.telemetry.as_ref().filter(|_| measure) {
             let rows = (dims.b * dims.h * dims.t).max(1) as f64;
             let per_position = (dims.b * dims.h).max(1) as f64;
             *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(AttentionTelemetry {

@@ -21,7 +21,7 @@ use std::sync::Mutex;
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 
 use crate::attention::{take, AttentionOptions, AttentionTelemetry, AttnOp};
-use crate::block::{branch_gradient, BlockNorm, GradSink, HeldNorm, ParamGrads};
+use crate::block::{branch_gradient, ActivationMemory, BlockNorm, GradSink, HeldNorm, ParamGrads};
 use crate::dropout::{add_dropped, DropoutOp};
 use crate::gemm::{Activation, SharedB};
 use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
@@ -76,6 +76,7 @@ pub fn attention_block(
     w: AttentionWeights,
     positions: BlockPositions,
     mask: Option<&Tensor>,
+    memory: ActivationMemory,
     sink: &GradSink,
     options: impl FnOnce() -> AttentionOptions,
     residual: impl FnOnce() -> (f64, u64),
@@ -143,6 +144,7 @@ pub fn attention_block(
         attn: AttnOp::cpu(&[b, t, q_width], &[b, t, kv_width], mask, &opts, true)?,
         residual: DropoutOp::new(residual.0, residual.1),
         precision,
+        memory,
         kept: Mutex::new(None),
         id: sink.register("the fused attention block"),
         sink: sink.clone(),
@@ -189,8 +191,10 @@ struct Parts {
     attn: AttnOp,
     residual: Option<DropoutOp>,
     precision: crate::Precision,
-    /// The forward pass's activations, taken by the backward pass (a second backward pass
-    /// recomputes them).
+    /// Whether the forward pass keeps `kept` (and the attention core its probabilities).
+    memory: ActivationMemory,
+    /// The forward pass's activations, taken by the backward pass (which recomputes them where
+    /// they were not kept, or were taken by a backward pass before).
     kept: Mutex<Option<Kept>>,
     sink: GradSink,
     id: u64,
@@ -259,8 +263,10 @@ impl<Q: Epilogue, K: Epilogue> AttentionBlockOp<Q, K> {
         Ok((x.elem_count() / d.max(1), d, q_width, kv_width))
     }
 
-    /// The activations of x (B, T, D) up to the attention core's output.
-    fn activations(&self, x: &[f32], shape: &Shape) -> Result<Kept> {
+    /// The activations of x (B, T, D) up to the attention core's output, in the `forward` pass
+    /// or recomputed for the backward pass. The core keeps its probabilities where the
+    /// activations are kept (a recomputation's are), and measures in the forward pass alone.
+    fn activations(&self, x: &[f32], shape: &Shape, forward: bool) -> Result<Kept> {
         let p = &self.parts;
         let (rows, d, q_width, kv_width) = self.dims(shape)?;
         let h = p.norm.forward_kept(x, p.precision)?;
@@ -272,7 +278,8 @@ impl<Q: Epilogue, K: Epilogue> AttentionBlockOp<Q, K> {
             let k = self.key.forward(k, shape, kv_width)?;
             Ok((q, k, project_kept(&h, wv, (rows, d, kv_width)), q_raw, k_raw))
         })?;
-        let o = p.attn.forward_values(&q, &k, &v)?;
+        let keep_probs = !forward || p.memory == ActivationMemory::Keep;
+        let o = p.attn.forward_values_with(&q, &k, &v, keep_probs, forward)?;
         Ok(Kept {
             h,
             q,
@@ -294,11 +301,13 @@ impl<Q: Epilogue, K: Epilogue> CustomOp1 for AttentionBlockOp<Q, K> {
         let p = &self.parts;
         let x = cpu_slice(s, l)?;
         let (rows, d, q_width, _) = self.dims(l.shape())?;
-        let kept = self.activations(x, l.shape())?;
+        let kept = self.activations(x, l.shape(), true)?;
         let branch = with_data([&p.proj.o], |[wo]| {
             Ok(project(&kept.o, wo, (rows, q_width, d), p.precision))
         })?;
-        *p.kept.lock().unwrap_or_else(|e| e.into_inner()) = Some(kept);
+        if p.memory == ActivationMemory::Keep {
+            *p.kept.lock().unwrap_or_else(|e| e.into_inner()) = Some(kept);
+        }
         Ok((
             CpuStorage::F32(add_dropped(p.residual, x, &branch)),
             l.shape().clone(),
@@ -325,7 +334,7 @@ impl<Q: Epilogue, K: Epilogue> CustomOp1 for AttentionBlockOp<Q, K> {
                 k_raw,
             } = match kept {
                 Some(kept) => kept,
-                None => self.activations(xs, shape)?,
+                None => self.activations(xs, shape, false)?,
             };
             let g_branch = branch_gradient(p.residual, gs);
             let (d_o, d_wo) = project_grads(&o, wo, &g_branch, (rows, q_width, d), p.precision);

@@ -22,7 +22,7 @@ use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 
 use crate::activation::{swiglu_grads, swiglu_kept, GeluSlope};
 use crate::attention::take;
-use crate::block::{branch_gradient, BlockNorm, GradSink, HeldNorm};
+use crate::block::{branch_gradient, ActivationMemory, BlockNorm, GradSink, HeldNorm};
 use crate::dropout::{add_dropped, DropoutOp};
 use crate::gemm::{Activation, SharedB};
 use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
@@ -63,7 +63,8 @@ impl<'a> MlpWeights<'a> {
 }
 
 /// `x + dropout(act(norm(x))·downᵀ)` for the activation of `w`, its products in `precision`, as
-/// one op whose parameter gradients go to `sink` (the caller merges it after `backward()`).
+/// one op whose parameter gradients go to `sink` (the caller merges it after `backward()`) and
+/// which keeps its activations for the backward pass or recomputes them there (`memory`).
 /// `dropout` reserves the residual's mask, (p, the state of [`dropout`](crate::dropout); `p ≤
 /// 0`: none), and is called only when the op runs.
 ///
@@ -74,6 +75,7 @@ pub fn mlp_block(
     norm: BlockNorm,
     w: MlpWeights,
     precision: Precision,
+    memory: ActivationMemory,
     sink: &GradSink,
     dropout: impl FnOnce() -> (f64, u64),
 ) -> Result<Option<Tensor>> {
@@ -111,7 +113,8 @@ pub fn mlp_block(
         down: w.down().contiguous()?,
         dropout: DropoutOp::new(p, state),
         precision,
-        gelu: GeluSlope::new(true),
+        memory,
+        gelu: GeluSlope::new(memory == ActivationMemory::Keep),
         kept: Mutex::new(None),
         id: sink.register("the fused MLP block"),
         sink: sink.clone(),
@@ -128,10 +131,13 @@ struct MlpBlockOp {
     down: Tensor,
     dropout: Option<DropoutOp>,
     precision: Precision,
-    /// GELU's derivative at each hidden element, from the forward pass.
+    /// Whether the forward pass keeps `gelu` and `kept`.
+    memory: ActivationMemory,
+    /// GELU's derivative at each hidden element, from a forward pass that keeps its
+    /// activations (`keep`: nothing otherwise).
     gelu: GeluSlope,
-    /// The forward pass's activations, taken by the backward pass (a second backward pass
-    /// recomputes them).
+    /// The forward pass's activations, taken by the backward pass (which recomputes them where
+    /// they were not kept, or were taken by a backward pass before).
     kept: Mutex<Option<Hidden>>,
     sink: GradSink,
     /// This op's entry in the sink.
@@ -181,10 +187,12 @@ impl MlpBlockOp {
     }
 
     /// The gradients at h of the activation's projections, and their weights' gradients (the
-    /// gate's first), for the gradient `dh_act` at the hidden activation.
+    /// gate's first), for the gradient `dh_act` at the hidden activation (`gelu`: where GELU's
+    /// derivative was kept with `a`).
     fn projection_grads(
         &self,
         a: Hidden,
+        gelu: &GeluSlope,
         dh_act: &[f32],
         d: (usize, usize, usize),
     ) -> Result<(Vec<f32>, Vec<Vec<f32>>)> {
@@ -193,9 +201,7 @@ impl MlpBlockOp {
             None => {
                 let recompute = || Ok(Cow::Owned(project_kept(&h, w_up, d)));
                 let (rows, _, ff) = d;
-                let d_product = self
-                    .gelu
-                    .backward_kept(dh_act, (rows, ff), self.precision, recompute)?;
+                let d_product = gelu.backward_kept(dh_act, (rows, ff), self.precision, recompute)?;
                 let (dh, d_up) = project_grads_of(&h, w_up, &d_product, d);
                 Ok((dh, vec![d_up]))
             }
@@ -226,7 +232,9 @@ impl CustomOp1 for MlpBlockOp {
         let branch = with_data([&self.down], |[down]| {
             Ok(project_kept(&kept.hidden, down, (rows, ff, d)))
         })?;
-        *self.kept.lock().unwrap_or_else(|e| e.into_inner()) = Some(kept);
+        if self.memory == ActivationMemory::Keep {
+            *self.kept.lock().unwrap_or_else(|e| e.into_inner()) = Some(kept);
+        }
         Ok((
             CpuStorage::F32(add_dropped(self.dropout, x, &branch)),
             l.shape().clone(),
@@ -240,15 +248,17 @@ impl CustomOp1 for MlpBlockOp {
         let kept = take(&self.kept);
         let (dx, grads) = with_data([x, g, &self.down], |[xs, gs, down]| {
             let (rows, d, ff) = self.dims(xs)?;
-            let mut kept = match kept {
-                Some(kept) => kept,
-                None => self.hidden(xs, &GeluSlope::new(false))?,
+            // Recomputed, GELU's derivative is kept for the pass below, which needs it now.
+            let recomputed_gelu = GeluSlope::new(true);
+            let (mut kept, gelu) = match kept {
+                Some(kept) => (kept, &self.gelu),
+                None => (self.hidden(xs, &recomputed_gelu)?, &recomputed_gelu),
             };
             let g_branch = branch_gradient(self.dropout, gs);
             let hidden = std::mem::replace(&mut kept.hidden, Activation::F32(Vec::new()));
             let (d_hidden, d_down) = project_grads_kept(&hidden, down, &g_branch, (rows, ff, d));
             drop(hidden);
-            let (dh, d_in) = self.projection_grads(kept, &d_hidden, (rows, d, ff))?;
+            let (dh, d_in) = self.projection_grads(kept, gelu, &d_hidden, (rows, d, ff))?;
             drop(d_hidden);
             let (dx, norm_grads) = self.norm.backward(xs, &dh, Some(gs))?;
             let mut grads = vec![(self.down.clone(), cpu_tensor(d_down, self.down.shape())?)];

@@ -9,6 +9,8 @@
 use std::borrow::Cow;
 
 use candle_core::{Result, Tensor};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 
 use crate::dropout::{dropout_apply, DropoutOp};
 use crate::gemm::Activation;
@@ -24,6 +26,19 @@ mod sink;
 pub use attention::{attention_block, AttentionWeights, BlockPositions};
 pub use mlp::{mlp_block, MlpWeights};
 pub use sink::GradSink;
+
+/// What a sub-block op holds from its forward pass to its backward pass.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ActivationMemory {
+    /// Every activation the backward pass reads, held from the forward pass: the fastest.
+    #[default]
+    Keep,
+    /// Each sub-block's input alone (held for any op): the backward pass computes the rest
+    /// again with the same kernels on the same operands, so the gradients have `keep`'s bits.
+    /// Most of a step's activation memory, for about one more forward pass of the sub-blocks.
+    Recompute,
+}
 
 /// The norm that opens a block's branch: its gain, its bias (LayerNorm with one) and epsilon.
 #[derive(Clone, Copy)]

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use ember_data::{DataConfig, WindowMode};
-use ember_kernels::Precision;
+use ember_kernels::{ActivationMemory, Precision};
 use ember_model::{LengthPenalty, ModelConfig};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -269,10 +269,25 @@ pub struct TrainConfig {
     #[serde(default, skip_serializing_if = "is_f32")]
     #[schemars(extend("default" = "f32"))]
     pub precision: Precision,
+    /// What the backward pass reads: `keep` holds every activation from the forward pass (the
+    /// fastest); `recompute` holds only each sub-block's input and computes its activations
+    /// again in the backward pass, with the same bits (activation checkpointing: most of the
+    /// activations' memory for about one more forward pass of the layers). Pre-norm language
+    /// models on the CPU whose sub-blocks run as one op: no biases, no ReLU, no L2 QK-norm, and
+    /// log-n scaling only with rotary positions; others (and seq2seq, whose cross-attention
+    /// does not) are refused before any work, naming why. Written into a run's config only when
+    /// it is not `keep`.
+    #[serde(default, skip_serializing_if = "is_keep")]
+    #[schemars(extend("default" = "keep"))]
+    pub activations: ActivationMemory,
 }
 
 fn is_f32(p: &Precision) -> bool {
     *p == Precision::F32
+}
+
+fn is_keep(m: &ActivationMemory) -> bool {
+    *m == ActivationMemory::Keep
 }
 
 fn default_schedule() -> Schedule {

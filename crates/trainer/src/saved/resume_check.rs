@@ -215,11 +215,19 @@ pub fn config_changes(
     now.ablation = None;
     let (a, b) = (serde_json::to_value(&saved)?, serde_json::to_value(&now)?);
     let mut changes = json_changes(&a, &b);
-    // An f32 config leaves the key out (its files stay as before the key existed): say f32.
-    for c in changes.iter_mut().filter(|c| c.key == "train.precision") {
+    // A config at the default leaves these keys out (its files stay as before the key
+    // existed): say the default.
+    let defaults = [
+        ("train.precision", Precision::F32.name()),
+        ("train.activations", "keep"),
+    ];
+    for c in &mut changes {
+        let Some((_, default)) = defaults.iter().find(|(key, _)| c.key == *key) else {
+            continue;
+        };
         for v in [&mut c.before, &mut c.after] {
             if v.is_null() {
-                *v = Value::String(Precision::F32.name().into());
+                *v = Value::String((*default).into());
             }
         }
     }

@@ -9,6 +9,7 @@
 
 use anyhow::{bail, Result};
 use ember_data::Dataset;
+use ember_kernels::ActivationMemory;
 use ember_model::{Arch, MlpKind, ModelConfig, Positions};
 
 use crate::config::{Batched, Batching, RunConfig};
@@ -118,22 +119,35 @@ pub(crate) fn batch_shapes(cfg: &RunConfig, batched: &Batched) -> (BatchShape, B
 }
 
 /// Estimates the peak memory of training `m` on batches of `train` split into `shares` (and
-/// evaluating on `eval`).
-pub fn estimate(m: &ModelConfig, train: BatchShape, eval: BatchShape, shares: usize) -> MemoryEstimate {
+/// evaluating on `eval`), its layers' activations kept or recomputed as `activations` says.
+pub fn estimate(
+    m: &ModelConfig,
+    train: BatchShape,
+    eval: BatchShape,
+    shares: usize,
+    activations: ActivationMemory,
+) -> MemoryEstimate {
     let d = m.d_model as f64;
     let layers = (m.encoder_layers() + m.decoder_layers()) as f64;
     let heads = m.n_heads as f64;
     let vocab = m.vocab() as f64;
-    let per_batch = |b: BatchShape, kept: f64| {
+    let per_batch = |b: BatchShape, kept: f64, recompute: bool| {
         // Per layer and token: the norms', projections' and MLP's inputs and outputs kept for
         // backward; attention scores per head over the row's length (per token: heads × L).
         let per_layer_token = kept * (8.0 * d + 3.0 * m.d_ff as f64) + heads * b.longest;
+        // Recomputing, each layer keeps its two sub-blocks' inputs, and one layer's activations
+        // live at a time in the backward pass.
+        let all_layers = match recompute {
+            true => layers * 2.0 * d + per_layer_token,
+            false => layers * per_layer_token,
+        };
         let logits = 3.0 * vocab; // logits, their gradient, the softmax
-        b.tokens * (layers * per_layer_token + logits) * F32
+        b.tokens * (all_layers + logits) * F32
     };
+    let recompute = activations == ActivationMemory::Recompute;
     MemoryEstimate {
         parameters: (3.0 + shares.max(1) as f64) * parameter_count(m) * F32,
-        activations: per_batch(train, 1.0).max(per_batch(eval, 0.25)),
+        activations: per_batch(train, 1.0, recompute).max(per_batch(eval, 0.25, false)),
         // The rotary cos/sin tables (learned tables are parameters, counted above), at their
         // peak while built: per position and head dimension, cos and sin in f64 (16 bytes),
         // their f32 tensors (8) and the f32 half tables (4): 28 bytes, 7 f32s.
@@ -224,7 +238,7 @@ pub fn check_eval_context(m: &ModelConfig, windows: usize, context: usize) -> Re
 pub fn check_memory(cfg: &RunConfig, data: &Dataset) -> Result<MemoryEstimate> {
     let batching = Batching::of(cfg)?;
     let (train, eval) = batch_shapes(cfg, &Batching::of_data(cfg, &data.splits)?);
-    let e = estimate(&cfg.model, train, eval, cfg.shares());
+    let e = estimate(&cfg.model, train, eval, cfg.shares(), cfg.train.activations);
     let Some(available) = available_memory() else {
         return Ok(e);
     };
@@ -291,6 +305,14 @@ pub fn check_memory(cfg: &RunConfig, data: &Dataset) -> Result<MemoryEstimate> {
     let advice = match (&m.init_from, std::ptr::eq(largest, &parts[0])) {
         (Some(_), true) if cfg.shares() > 1 => "start from a smaller model, or lower train.shares",
         (Some(_), true) => "start from a smaller model",
+        // The activations are the largest part: recomputing them in the backward pass keeps
+        // only the layers' inputs, where the model can.
+        _ if std::ptr::eq(largest, &parts[1])
+            && cfg.train.activations == ActivationMemory::Keep
+            && super::activations::recompute_refusals(cfg).is_empty() =>
+        {
+            "lower those, or set train.activations: recompute (the same results, a slower step), and try again"
+        }
         _ => "lower those and try again",
     };
     bail!(
@@ -414,6 +436,29 @@ mod tests {
         check_eval_context(&m, 1, 64).expect("a small context fits");
     }
 
+    /// Recomputing, a stack holds its layers' inputs and one layer's activations: the estimate
+    /// of a deep stack's activations falls by about its depth, and the parameters' stays.
+    #[test]
+    fn recomputed_activations_count_one_layer_and_the_layers_inputs() {
+        let m = ModelConfig {
+            n_layers: Some(24),
+            ..ModelConfig::tiny(Arch::Lm)
+        };
+        let shape = BatchShape {
+            tokens: 4096.0,
+            longest: 256.0,
+        };
+        let small = BatchShape {
+            tokens: 1.0,
+            longest: 1.0,
+        };
+        let kept = estimate(&m, shape, small, 1, ActivationMemory::Keep);
+        let recomputed = estimate(&m, shape, small, 1, ActivationMemory::Recompute);
+        assert_eq!(kept.parameters, recomputed.parameters);
+        let ratio = recomputed.activations / kept.activations;
+        assert!((0.04..0.25).contains(&ratio), "{ratio}");
+    }
+
     #[test]
     fn absurd_sizes_give_finite_huge_estimates() {
         let mut m = ModelConfig::tiny(Arch::Lm);
@@ -424,7 +469,7 @@ mod tests {
             tokens: 1e30,
             longest: 1e20,
         };
-        let e = estimate(&m, shape, shape, 1);
+        let e = estimate(&m, shape, shape, 1, ActivationMemory::Keep);
         assert!(e.total() > 1e20 && !e.total().is_nan());
     }
 }

@@ -5,9 +5,11 @@
 //! model, optimizer and data position — fresh, or restored from the newest checkpoint — as a
 //! [`Training`] that the loop steps. Opening a trained model again for evaluation and decoding is
 //! `open`'s (in `saved/`). Beside it: completing the config from the data (`resolve`), starting
-//! from an imported model (`init_from`), the memory [`limits`] checked before allocating, and the
-//! products' [`precision`], resolved once for the model, evaluation and decoding.
+//! from an imported model (`init_from`), the memory [`limits`] checked before allocating, the
+//! products' [`precision`], resolved once for the model, evaluation and decoding, and what the
+//! backward pass recomputes (`activations`).
 
+pub mod activations;
 pub(crate) mod init_from;
 pub mod limits;
 pub mod precision;
@@ -20,6 +22,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device};
 use ember_data::{Batcher, Dataset, LmWindowBatcher, Splits, TokenBudgetBatcher, TOKENIZER_FILE};
+use ember_kernels::ActivationMemory;
 use ember_model::{init_model, Model, ParamStore};
 
 use crate::checkpoint::{self, CheckpointState};
@@ -147,6 +150,7 @@ impl TrainingRun {
     /// `--resume`, a changed tokenizer, data or model on `--resume`, too little memory);
     /// `config.yaml` is written last.
     pub fn prepare(mut cfg: RunConfig, opts: &TrainOptions) -> Result<Self> {
+        activations::check(&cfg)?;
         set_threads(&cfg)?;
         let device = device(&cfg.device)?;
         let precision = precision::for_training(&cfg)?;
@@ -249,8 +253,12 @@ impl TrainingRun {
             ember_kernels::Precision::F32 => String::new(),
             _ => format!(", {}", crate::setup::precision::describe_products(&t.cfg)),
         };
+        let activations = match t.cfg.train.activations {
+            ActivationMemory::Keep => "",
+            ActivationMemory::Recompute => ", activations recomputed in the backward pass",
+        };
         format!(
-            "{} model{start}, {} parameters, {} steps{precision}, data: {}; run directory {}",
+            "{} model{start}, {} parameters, {} steps{precision}{activations}, data: {}; run directory {}",
             format!("{:?}", t.cfg.model.arch).to_lowercase(),
             t.params.num_params(),
             t.total_steps,
@@ -413,6 +421,7 @@ impl Training {
     /// prepared without a run directory), set up as [`TrainingRun`] sets up a
     /// fresh run: for `ember bench`, as one rank of `dp`'s job.
     pub fn in_memory(mut cfg: RunConfig, total_steps: u64, dp: &DataParallel) -> Result<Self> {
+        activations::check(&cfg)?;
         set_threads(&cfg)?;
         let device = device(&cfg.device)?;
         let precision = precision::for_training(&cfg)?;

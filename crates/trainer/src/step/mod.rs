@@ -397,7 +397,7 @@ fn with_param_cache<R>(device: &Device, f: impl FnOnce() -> R) -> R {
 /// Whether training passes run pre-norm sub-blocks as one op each, their parameter gradients
 /// merged from a [`GradSink`] (unless `EMBER_FUSED_BLOCKS=0`, which A/B benchmarks use: both
 /// ways give the same bits, `crates/model/tests/fused_blocks.rs`).
-fn fused_blocks() -> bool {
+pub(crate) fn fused_blocks() -> bool {
     std::env::var("EMBER_FUSED_BLOCKS").as_deref() != Ok("0")
 }
 
@@ -426,7 +426,7 @@ pub fn gradient_sums(
         let sink = GradSink::new();
         let mut ctx = ForwardCtx::train(&rng);
         if fused_blocks() {
-            ctx = ctx.with_grad_sink(&sink);
+            ctx = ctx.with_grad_sink(&sink).with_activations(cfg.activations);
         }
         if telemetry && n == 0 {
             ctx = ctx.with_telemetry(&collector);

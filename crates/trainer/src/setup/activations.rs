@@ -1,0 +1,44 @@
+//! `train.activations`, checked before any work (the model's config is complete once loaded:
+//! the data fills in only sizes). `recompute` needs every sub-block to run as one op
+//! ([`ModelConfig::unfused_sub_blocks`](ember_model::ModelConfig::unfused_sub_blocks)), which
+//! they do on the CPU alone; anything else is refused instead of quietly keeping what the user
+//! asked to recompute. `ember ablate` checks every cell of a sweep the same way.
+
+use anyhow::{bail, Result};
+use ember_kernels::ActivationMemory;
+
+use crate::config::RunConfig;
+use crate::step::fused_blocks;
+
+/// Why `cfg`'s model could not recompute its activations, each naming its key or setting
+/// (empty: it can).
+pub fn recompute_refusals(cfg: &RunConfig) -> Vec<String> {
+    let mut reasons = cfg.model.unfused_sub_blocks();
+    if cfg.device.starts_with("cuda") {
+        reasons.push(format!(
+            "device: {} (the one-op sub-blocks run on the CPU)",
+            cfg.device
+        ));
+    }
+    if !fused_blocks() {
+        reasons.push("EMBER_FUSED_BLOCKS=0 (the sub-blocks run op by op)".into());
+    }
+    reasons
+}
+
+/// Refuses `train.activations: recompute` where some sub-block could not recompute.
+pub fn check(cfg: &RunConfig) -> Result<()> {
+    if cfg.train.activations == ActivationMemory::Keep {
+        return Ok(());
+    }
+    let reasons = recompute_refusals(cfg);
+    if !reasons.is_empty() {
+        bail!(
+            "train.activations: recompute needs every sub-block of the model to run as one op \
+             on the CPU, and here some do not: {}. Set train.activations: keep (the default), \
+             or change what is named.",
+            reasons.join("; ")
+        );
+    }
+    Ok(())
+}
