@@ -228,12 +228,12 @@ impl Layer {
         };
         let recomputing = ctx.grad_sink.is_some() && ctx.activations == ActivationMemory::Recompute;
         // A sub-block that is not one op would keep its activations: the user asked for less.
+        // Runs refuse such a model before any pass, naming why (`ModelConfig::unfused_sub_blocks`);
+        // this guards a pass that was not told.
         let refuse = |what: &str| {
             candle_core::bail!(
                 "train.activations: recompute: this model's {what} does not run as one op, so it \
-                 cannot recompute its activations (only pre-norm self-attention without biases, L2 \
-                 QK-norm or log-n scaling without rotary positions, and GELU or SwiGLU sub-blocks \
-                 without biases, do, on the CPU). Set train.activations: keep."
+                 cannot recompute its activations. Set train.activations: keep."
             )
         };
         if recomputing && fused.is_none() {
