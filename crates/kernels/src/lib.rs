@@ -79,7 +79,7 @@ pub use bias::{
 };
 pub use block::{
     attention_block, mlp_block, ActivationMemory, AttentionWeights, BlockNorm, BlockPositions, GradSink,
-    MlpWeights,
+    MlpWeights, SubBlock,
 };
 pub use cross_entropy::cross_entropy_unfused;
 pub use dropout::{add_dropout, dropout, dropout_unfused};

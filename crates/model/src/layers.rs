@@ -62,10 +62,11 @@ impl<'a> ForwardCtx<'a> {
         self.grad_sink = Some(sink);
         self
     }
-    /// Fused sub-blocks that keep only their inputs and compute their activations again in the
-    /// backward pass (`train.activations: recompute`); with a gradient sink only, and every
-    /// pre-norm sub-block must then run as one op, or the pass fails naming the one that does
-    /// not ([`ModelConfig::unfused_sub_blocks`] says so before any pass).
+    /// Fused sub-blocks of the kinds `memory` names keep only their inputs and compute their
+    /// activations again in the backward pass (`train.activations: recompute`, or
+    /// `recompute_attention`); with a gradient sink only, and every sub-block of those kinds
+    /// must then run as one op, or the pass fails naming the one that does not
+    /// ([`ModelConfig::unfused_sub_blocks`] says so before any pass).
     pub fn with_activations(mut self, memory: ActivationMemory) -> Self {
         self.activations = memory;
         self

@@ -1,38 +1,49 @@
 //! Which models can recompute their activations in the backward pass (`train.activations:
-//! recompute`): those whose every sub-block runs as one op in training
-//! (`ember_kernels::attention_block`, `mlp_block`), for only those ops can compute their
-//! activations again from their input alone. [`crate::ForwardCtx::with_activations`] sets it
-//! for a pass; a pass that meets a sub-block of another kind fails naming it, and
-//! [`ModelConfig::unfused_sub_blocks`] says the same from the config before any pass.
+//! recompute`, or `recompute_attention` for the attention sub-blocks alone): those whose every
+//! sub-block that recomputes runs as one op in training (`ember_kernels::attention_block`,
+//! `mlp_block`), for only those ops can compute their activations again from their input
+//! alone. [`crate::ForwardCtx::with_activations`] sets it for a pass; a pass that meets a
+//! sub-block of another kind fails naming it, and [`ModelConfig::unfused_sub_blocks`] says the
+//! same from the config before any pass.
+
+use ember_kernels::{ActivationMemory, SubBlock};
 
 use crate::config::{Arch, MlpKind, ModelConfig, NormPlacement, Positions, QkNorm};
 
 impl ModelConfig {
-    /// What keeps some of this model's sub-blocks from running as one op each in training,
-    /// each naming its config key; empty where every sub-block does (on the CPU, in f32
-    /// weights).
-    pub fn unfused_sub_blocks(&self) -> Vec<String> {
+    /// What keeps some of this model's sub-blocks that `memory` recomputes from running as one
+    /// op each in training, each naming its config key; empty where every such sub-block does
+    /// (on the CPU, in f32 weights), or where nothing is recomputed.
+    pub fn unfused_sub_blocks(&self, memory: ActivationMemory) -> Vec<String> {
+        let attention = memory.recomputes(SubBlock::Attention);
+        let feed_forward = memory.recomputes(SubBlock::FeedForward);
         let reasons = [
             (
-                self.norm_placement == NormPlacement::Post,
+                (attention || feed_forward) && self.norm_placement == NormPlacement::Post,
                 "model.norm_placement: post (only pre-norm sub-blocks run as one op)",
             ),
             (
-                self.arch == Arch::Seq2seq,
+                attention && self.arch == Arch::Seq2seq,
                 "model.arch: seq2seq (the decoder's cross-attention does not run as one op)",
             ),
-            (self.qkv_bias, "model.qkv_bias: true (projections with biases)"),
-            (self.proj_bias, "model.proj_bias: true (projections with biases)"),
             (
-                self.mlp == MlpKind::Relu,
+                attention && self.qkv_bias,
+                "model.qkv_bias: true (projections with biases)",
+            ),
+            (
+                (attention || feed_forward) && self.proj_bias,
+                "model.proj_bias: true (projections with biases)",
+            ),
+            (
+                feed_forward && self.mlp == MlpKind::Relu,
                 "model.mlp: relu (gelu and swiglu run as one op)",
             ),
             (
-                self.qk_norm == QkNorm::L2,
+                attention && self.qk_norm == QkNorm::L2,
                 "model.qk_norm: l2 (layernorm and rmsnorm run as one op)",
             ),
             (
-                self.logn_attention && self.positions != Positions::Rope,
+                attention && self.logn_attention && self.positions != Positions::Rope,
                 "model.logn_attention without rotary positions",
             ),
         ];

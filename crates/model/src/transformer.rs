@@ -29,7 +29,7 @@
 
 use candle_core::{DType, Result, Tensor};
 use candle_nn::VarBuilder;
-use ember_kernels::{causal_mask, padding_mask, ActivationMemory, Precision};
+use ember_kernels::{causal_mask, padding_mask, Precision, SubBlock};
 
 use crate::attention::{Attention, CrossKv, KvCache};
 use crate::config::{Arch, ConfigError, ModelConfig};
@@ -226,17 +226,18 @@ impl Layer {
             }
             _ => None,
         };
-        let recomputing = ctx.grad_sink.is_some() && ctx.activations == ActivationMemory::Recompute;
+        let recomputing = |sub| ctx.grad_sink.is_some() && ctx.activations.recomputes(sub);
         // A sub-block that is not one op would keep its activations: the user asked for less.
         // Runs refuse such a model before any pass, naming why (`ModelConfig::unfused_sub_blocks`);
         // this guards a pass that was not told.
         let refuse = |what: &str| {
             candle_core::bail!(
-                "train.activations: recompute: this model's {what} does not run as one op, so it \
-                 cannot recompute its activations. Set train.activations: keep."
+                "train.activations: {}: this model's {what} does not run as one op, so it \
+                 cannot recompute its activations. Set train.activations: keep.",
+                ctx.activations
             )
         };
-        if recomputing && fused.is_none() {
+        if recomputing(SubBlock::Attention) && fused.is_none() {
             return refuse("self-attention");
         }
         let x = match fused {
@@ -246,7 +247,7 @@ impl Layer {
             })?,
         };
         let x = match (&self.cross, memory) {
-            (Some(_), Some(_)) if recomputing => return refuse("cross-attention"),
+            (Some(_), Some(_)) if recomputing(SubBlock::Attention) => return refuse("cross-attention"),
             (Some((norm, attn)), Some(memory)) => self.sublayer(norm, &x, ctx, |h, into| {
                 let mask = memory.mask.as_ref();
                 // Keys and values in the queries' dtype: a bf16 branch's from the f32 encoder
@@ -274,7 +275,7 @@ impl Layer {
                 return Ok(x);
             }
         }
-        if recomputing {
+        if recomputing(SubBlock::FeedForward) {
             return refuse("feed-forward sub-block");
         }
         self.sublayer(&self.mlp_norm, &x, ctx, |h, into| self.mlp.forward(h, into, ctx))

@@ -4,9 +4,10 @@
 //! equal once the sink is merged, the same dropout masks, the same attention telemetry — in
 //! every architecture, norm, position scheme, QK-norm, MLP and precision; sub-blocks the ops do
 //! not cover (L2 QK-norm, ReLU, biases, post-norm) run as before and train the same. Sub-blocks
-//! that recompute their activations in the backward pass train the same bits too, in every
-//! model whose config says all its sub-blocks run as one op; a pass of any other model that
-//! asks for it fails naming the sub-block that cannot.
+//! that recompute their activations in the backward pass (all, or the attention sub-blocks
+//! alone) train the same bits too, in every model whose config says all those sub-blocks run as
+//! one op; a pass of any other model that asks for it fails naming the sub-block that cannot
+//! (a ReLU model's attention sub-blocks recompute; its feed-forward ones cannot).
 
 mod common;
 
@@ -85,8 +86,9 @@ fn values(t: &Tensor) -> Vec<f32> {
     t.flatten_all().unwrap().to_vec1().unwrap()
 }
 
-/// Fused (keeping their activations, and recomputing them where the config allows it) against
-/// unfused for `c`, which the op covers when `covered`.
+/// Fused (keeping their activations, and recomputing them — all, or the attention sub-blocks'
+/// alone — where the config allows it) against unfused for `c`, which the op covers when
+/// `covered`.
 fn check(what: &str, c: &ModelConfig, precision: Precision, covered: bool) {
     let (mut model, params) = build(c, DType::F32);
     perturb(&params, 0.05, 3);
@@ -94,18 +96,23 @@ fn check(what: &str, c: &ModelConfig, precision: Precision, covered: bool) {
     let unfused = pass(&model, &params, c.vocab(), None).unwrap();
     let keeping = pass(&model, &params, c.vocab(), Some(ActivationMemory::Keep)).unwrap();
     same_pass(what, &keeping, &unfused, covered);
-    let recomputing = pass(&model, &params, c.vocab(), Some(ActivationMemory::Recompute));
-    let reasons = c.unfused_sub_blocks();
-    match recomputing {
-        Ok(fused) if reasons.is_empty() => same_pass(&format!("{what}, recomputing"), &fused, &unfused, true),
-        Ok(_) => panic!("{what}: recomputing ran where the config says {reasons:?}"),
-        Err(e) => {
-            let e = e.to_string();
-            assert!(!reasons.is_empty(), "{what}: recomputing failed: {e}");
-            assert!(
-                e.contains("train.activations: recompute") && e.contains("does not run as one op"),
-                "{what}: {e}"
-            );
+    for memory in [ActivationMemory::Recompute, ActivationMemory::RecomputeAttention] {
+        let recomputing = pass(&model, &params, c.vocab(), Some(memory));
+        let reasons = c.unfused_sub_blocks(memory);
+        match recomputing {
+            Ok(fused) if reasons.is_empty() => {
+                same_pass(&format!("{what}, {memory}"), &fused, &unfused, true)
+            }
+            Ok(_) => panic!("{what}: {memory} ran where the config says {reasons:?}"),
+            Err(e) => {
+                let e = e.to_string();
+                assert!(!reasons.is_empty(), "{what}: {memory} failed: {e}");
+                assert!(
+                    e.contains(&format!("train.activations: {memory}:"))
+                        && e.contains("does not run as one op"),
+                    "{what}: {e}"
+                );
+            }
         }
     }
 }

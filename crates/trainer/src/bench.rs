@@ -62,18 +62,21 @@ pub struct BenchReport {
     /// run on (e.g. `bf16 products on AVX512_BF16 (vdpbf16ps), f32 sums`).
     pub precision: String,
     pub products: String,
-    /// `train.activations` of the benchmarked step: `keep`, or `recompute` (whose recomputed
-    /// forward pass `flops_per_token` leaves out, as model FLOPs do).
+    /// `train.activations` of the benchmarked step: `keep`, `recompute` or
+    /// `recompute_attention` (whose recomputed forward passes `flops_per_token` leaves out, as
+    /// model FLOPs do).
     pub activations: ActivationMemory,
 }
 
 impl BenchReport {
-    /// `, activations recomputed` where they were, for the report's first line (`keep` says
-    /// nothing: the line as it always was).
+    /// `, activations recomputed` where they were (`, attention's activations recomputed`
+    /// where only those were), for the report's first line (`keep` says nothing: the line as
+    /// it always was).
     pub fn activations_note(&self) -> &'static str {
         match self.activations {
             ActivationMemory::Keep => "",
             ActivationMemory::Recompute => ", activations recomputed",
+            ActivationMemory::RecomputeAttention => ", attention's activations recomputed",
         }
     }
 }

@@ -21,7 +21,7 @@ use std::sync::Mutex;
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 
 use crate::attention::{take, AttentionOptions, AttentionTelemetry, AttnOp};
-use crate::block::{branch_gradient, ActivationMemory, BlockNorm, GradSink, HeldNorm, ParamGrads};
+use crate::block::{branch_gradient, ActivationMemory, BlockNorm, GradSink, HeldNorm, ParamGrads, SubBlock};
 use crate::dropout::{add_dropped, DropoutOp};
 use crate::gemm::{Activation, SharedB};
 use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
@@ -62,7 +62,9 @@ pub enum BlockPositions<'a> {
 /// [`attention`](crate::attention) computes it with `mask` and the options `options` gives (its
 /// telemetry returned); then the residual's dropout, (p, the state of
 /// [`dropout`](crate::dropout)) from `residual` — as one op whose parameter gradients go to
-/// `sink` (the caller merges it after `backward()`). `options` and then `residual` are called
+/// `sink` (the caller merges it after `backward()`), which keeps its activations for the
+/// backward pass or recomputes them there (as `memory` says for [`SubBlock::Attention`]).
+/// `options` and then `residual` are called
 /// only when the op runs, so a caller reserving dropout masks in them reserves them in the
 /// composition's order, and only once.
 ///
@@ -144,7 +146,7 @@ pub fn attention_block(
         attn: AttnOp::cpu(&[b, t, q_width], &[b, t, kv_width], mask, &opts, true)?,
         residual: DropoutOp::new(residual.0, residual.1),
         precision,
-        memory,
+        keep: !memory.recomputes(SubBlock::Attention),
         kept: Mutex::new(None),
         id: sink.register("the fused attention block"),
         sink: sink.clone(),
@@ -191,8 +193,9 @@ struct Parts {
     attn: AttnOp,
     residual: Option<DropoutOp>,
     precision: crate::Precision,
-    /// Whether the forward pass keeps `kept` (and the attention core its probabilities).
-    memory: ActivationMemory,
+    /// Whether the forward pass keeps `kept` (and the attention core its probabilities; else
+    /// the backward pass recomputes them).
+    keep: bool,
     /// The forward pass's activations, taken by the backward pass (which recomputes them where
     /// they were not kept, or were taken by a backward pass before).
     kept: Mutex<Option<Kept>>,
@@ -278,7 +281,7 @@ impl<Q: Epilogue, K: Epilogue> AttentionBlockOp<Q, K> {
             let k = self.key.forward(k, shape, kv_width)?;
             Ok((q, k, project_kept(&h, wv, (rows, d, kv_width)), q_raw, k_raw))
         })?;
-        let keep_probs = !forward || p.memory == ActivationMemory::Keep;
+        let keep_probs = !forward || p.keep;
         let o = p.attn.forward_values_with(&q, &k, &v, keep_probs, forward)?;
         Ok(Kept {
             h,
@@ -305,7 +308,7 @@ impl<Q: Epilogue, K: Epilogue> CustomOp1 for AttentionBlockOp<Q, K> {
         let branch = with_data([&p.proj.o], |[wo]| {
             Ok(project(&kept.o, wo, (rows, q_width, d), p.precision))
         })?;
-        if p.memory == ActivationMemory::Keep {
+        if p.keep {
             *p.kept.lock().unwrap_or_else(|e| e.into_inner()) = Some(kept);
         }
         Ok((

@@ -22,7 +22,7 @@ use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 
 use crate::activation::{swiglu_grads, swiglu_kept, GeluSlope};
 use crate::attention::take;
-use crate::block::{branch_gradient, ActivationMemory, BlockNorm, GradSink, HeldNorm};
+use crate::block::{branch_gradient, ActivationMemory, BlockNorm, GradSink, HeldNorm, SubBlock};
 use crate::dropout::{add_dropped, DropoutOp};
 use crate::gemm::{Activation, SharedB};
 use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
@@ -64,7 +64,8 @@ impl<'a> MlpWeights<'a> {
 
 /// `x + dropout(act(norm(x))·downᵀ)` for the activation of `w`, its products in `precision`, as
 /// one op whose parameter gradients go to `sink` (the caller merges it after `backward()`) and
-/// which keeps its activations for the backward pass or recomputes them there (`memory`).
+/// which keeps its activations for the backward pass or recomputes them there (as `memory`
+/// says for [`SubBlock::FeedForward`]).
 /// `dropout` reserves the residual's mask, (p, the state of [`dropout`](crate::dropout); `p ≤
 /// 0`: none), and is called only when the op runs.
 ///
@@ -106,6 +107,7 @@ pub fn mlp_block(
     }
     precision.check_cpu()?;
     let (p, state) = dropout();
+    let keep = !memory.recomputes(SubBlock::FeedForward);
     let op = MlpBlockOp {
         norm: HeldNorm::new(norm)?,
         gate: w.gate().map(Tensor::contiguous).transpose()?,
@@ -113,8 +115,8 @@ pub fn mlp_block(
         down: w.down().contiguous()?,
         dropout: DropoutOp::new(p, state),
         precision,
-        memory,
-        gelu: GeluSlope::new(memory == ActivationMemory::Keep),
+        keep,
+        gelu: GeluSlope::new(keep),
         kept: Mutex::new(None),
         id: sink.register("the fused MLP block"),
         sink: sink.clone(),
@@ -131,8 +133,9 @@ struct MlpBlockOp {
     down: Tensor,
     dropout: Option<DropoutOp>,
     precision: Precision,
-    /// Whether the forward pass keeps `gelu` and `kept`.
-    memory: ActivationMemory,
+    /// Whether the forward pass keeps `gelu` and `kept` (else the backward pass recomputes
+    /// them).
+    keep: bool,
     /// GELU's derivative at each hidden element, from a forward pass that keeps its
     /// activations (`keep`: nothing otherwise).
     gelu: GeluSlope,
@@ -232,7 +235,7 @@ impl CustomOp1 for MlpBlockOp {
         let branch = with_data([&self.down], |[down]| {
             Ok(project_kept(&kept.hidden, down, (rows, ff, d)))
         })?;
-        if self.memory == ActivationMemory::Keep {
+        if self.keep {
             *self.kept.lock().unwrap_or_else(|e| e.into_inner()) = Some(kept);
         }
         Ok((

@@ -27,9 +27,9 @@ pub use attention::{attention_block, AttentionWeights, BlockPositions};
 pub use mlp::{mlp_block, MlpWeights};
 pub use sink::GradSink;
 
-/// What a sub-block op holds from its forward pass to its backward pass.
+/// What a sub-block op holds from its forward pass to its backward pass (`train.activations`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 pub enum ActivationMemory {
     /// Every activation the backward pass reads, held from the forward pass: the fastest.
     #[default]
@@ -38,6 +38,53 @@ pub enum ActivationMemory {
     /// again with the same kernels on the same operands, so the gradients have `keep`'s bits.
     /// Most of a step's activation memory, for about one more forward pass of the sub-blocks.
     Recompute,
+    /// The attention sub-blocks recompute as `recompute` does, the feed-forward ones keep:
+    /// the same bits again. Where the attention sub-blocks hold most of the activations per
+    /// unit of compute (many heads and long rows against a narrow feed-forward block), most of
+    /// `recompute`'s saving for a fraction of its time.
+    RecomputeAttention,
+}
+
+/// The two kinds of sub-block of a transformer layer, as [`ActivationMemory`] treats them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubBlock {
+    /// Self-attention (and a decoder's cross-attention).
+    Attention,
+    /// The feed-forward block (MLP).
+    FeedForward,
+}
+
+impl ActivationMemory {
+    /// Every setting, `keep` first.
+    pub const ALL: [ActivationMemory; 3] = [
+        ActivationMemory::Keep,
+        ActivationMemory::Recompute,
+        ActivationMemory::RecomputeAttention,
+    ];
+
+    /// Whether sub-blocks of kind `sub` compute their activations again in the backward pass.
+    pub fn recomputes(self, sub: SubBlock) -> bool {
+        match self {
+            ActivationMemory::Keep => false,
+            ActivationMemory::Recompute => true,
+            ActivationMemory::RecomputeAttention => sub == SubBlock::Attention,
+        }
+    }
+
+    /// The value as a config spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ActivationMemory::Keep => "keep",
+            ActivationMemory::Recompute => "recompute",
+            ActivationMemory::RecomputeAttention => "recompute_attention",
+        }
+    }
+}
+
+impl std::fmt::Display for ActivationMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 /// The norm that opens a block's branch: its gain, its bias (LayerNorm with one) and epsilon.

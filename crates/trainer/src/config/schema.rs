@@ -272,11 +272,13 @@ pub struct TrainConfig {
     /// What the backward pass reads: `keep` holds every activation from the forward pass (the
     /// fastest); `recompute` holds only each sub-block's input and computes its activations
     /// again in the backward pass, with the same bits (activation checkpointing: most of the
-    /// activations' memory for about one more forward pass of the layers). Pre-norm language
-    /// models on the CPU whose sub-blocks run as one op: no biases, no ReLU, no L2 QK-norm, and
-    /// log-n scaling only with rotary positions; others (and seq2seq, whose cross-attention
-    /// does not) are refused before any work, naming why. Written into a run's config only when
-    /// it is not `keep`.
+    /// activations' memory for about one more forward pass of the layers);
+    /// `recompute_attention` does so for the attention sub-blocks alone and keeps the
+    /// feed-forward blocks' (less memory saved, less time spent). Pre-norm language models on
+    /// the CPU whose recomputed sub-blocks run as one op: no biases, no L2 QK-norm, log-n
+    /// scaling only with rotary positions, and (for `recompute`) no ReLU; others (and seq2seq,
+    /// whose cross-attention does not) are refused before any work, naming why. Written into a
+    /// run's config only when it is not `keep`.
     #[serde(default, skip_serializing_if = "is_keep")]
     #[schemars(extend("default" = "keep"))]
     pub activations: ActivationMemory,

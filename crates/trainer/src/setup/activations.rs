@@ -1,5 +1,6 @@
 //! `train.activations`, checked before any work (the model's config is complete once loaded:
-//! the data fills in only sizes). `recompute` needs every sub-block to run as one op
+//! the data fills in only sizes). `recompute` needs every sub-block to run as one op, and
+//! `recompute_attention` every attention sub-block
 //! ([`ModelConfig::unfused_sub_blocks`](ember_model::ModelConfig::unfused_sub_blocks)), which
 //! they do on the CPU alone; anything else is refused instead of quietly keeping what the user
 //! asked to recompute. `ember ablate` checks every cell of a sweep the same way.
@@ -10,10 +11,13 @@ use ember_kernels::ActivationMemory;
 use crate::config::RunConfig;
 use crate::step::fused_blocks;
 
-/// Why `cfg`'s model could not recompute its activations, each naming its key or setting
-/// (empty: it can).
-pub fn recompute_refusals(cfg: &RunConfig) -> Vec<String> {
-    let mut reasons = cfg.model.unfused_sub_blocks();
+/// Why `cfg`'s model could not recompute its activations as `memory` says, each naming its key
+/// or setting (empty: it can, or `memory` is `keep`).
+pub fn recompute_refusals(cfg: &RunConfig, memory: ActivationMemory) -> Vec<String> {
+    if memory == ActivationMemory::Keep {
+        return Vec::new();
+    }
+    let mut reasons = cfg.model.unfused_sub_blocks(memory);
     if cfg.device.starts_with("cuda") {
         reasons.push(format!(
             "device: {} (the one-op sub-blocks run on the CPU)",
@@ -26,17 +30,20 @@ pub fn recompute_refusals(cfg: &RunConfig) -> Vec<String> {
     reasons
 }
 
-/// Refuses `train.activations: recompute` where some sub-block could not recompute.
+/// Refuses `train.activations: recompute` (or `recompute_attention`) where some sub-block it
+/// recomputes could not.
 pub fn check(cfg: &RunConfig) -> Result<()> {
-    if cfg.train.activations == ActivationMemory::Keep {
-        return Ok(());
-    }
-    let reasons = recompute_refusals(cfg);
+    let memory = cfg.train.activations;
+    let reasons = recompute_refusals(cfg, memory);
     if !reasons.is_empty() {
+        let which = match memory {
+            ActivationMemory::RecomputeAttention => "every attention sub-block",
+            _ => "every sub-block",
+        };
         bail!(
-            "train.activations: recompute needs every sub-block of the model to run as one op \
-             on the CPU, and here some do not: {}. Set train.activations: keep (the default), \
-             or change what is named.",
+            "train.activations: {memory} needs {which} of the model to run as one op on the \
+             CPU, and here some do not: {}. Set train.activations: keep (the default), or \
+             change what is named.",
             reasons.join("; ")
         );
     }

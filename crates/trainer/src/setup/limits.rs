@@ -9,7 +9,7 @@
 
 use anyhow::{bail, Result};
 use ember_data::Dataset;
-use ember_kernels::ActivationMemory;
+use ember_kernels::{ActivationMemory, SubBlock};
 use ember_model::{Arch, MlpKind, ModelConfig, Positions};
 
 use crate::config::{Batched, Batching, RunConfig};
@@ -131,23 +131,29 @@ pub fn estimate(
     let layers = (m.encoder_layers() + m.decoder_layers()) as f64;
     let heads = m.n_heads as f64;
     let vocab = m.vocab() as f64;
-    let per_batch = |b: BatchShape, kept: f64, recompute: bool| {
-        // Per layer and token: the norms', projections' and MLP's inputs and outputs kept for
-        // backward; attention scores per head over the row's length (per token: heads × L).
-        let per_layer_token = kept * (8.0 * d + 3.0 * m.d_ff as f64) + heads * b.longest;
-        // Recomputing, each layer keeps its two sub-blocks' inputs, and one layer's activations
-        // live at a time in the backward pass.
-        let all_layers = match recompute {
-            true => layers * 2.0 * d + per_layer_token,
-            false => layers * per_layer_token,
-        };
+    let per_batch = |b: BatchShape, kept: f64, memory: ActivationMemory| {
+        // Per layer and token, kept for backward: the attention sub-block's norm, q, k, v and
+        // output, and its scores per head over the row's length (per token: heads × L); the
+        // feed-forward block's norm, hidden activations and output.
+        let sub_blocks = [
+            (SubBlock::Attention, kept * 5.0 * d + heads * b.longest),
+            (SubBlock::FeedForward, kept * (3.0 * d + 3.0 * m.d_ff as f64)),
+        ];
+        // A sub-block that recomputes keeps its input in each layer, and one layer's
+        // activations live at a time in the backward pass.
+        let all_layers: f64 = sub_blocks
+            .iter()
+            .map(|&(sub, per_layer_token)| match memory.recomputes(sub) {
+                true => layers * d + per_layer_token,
+                false => layers * per_layer_token,
+            })
+            .sum();
         let logits = 3.0 * vocab; // logits, their gradient, the softmax
         b.tokens * (all_layers + logits) * F32
     };
-    let recompute = activations == ActivationMemory::Recompute;
     MemoryEstimate {
         parameters: (3.0 + shares.max(1) as f64) * parameter_count(m) * F32,
-        activations: per_batch(train, 1.0, recompute).max(per_batch(eval, 0.25, false)),
+        activations: per_batch(train, 1.0, activations).max(per_batch(eval, 0.25, ActivationMemory::Keep)),
         // The rotary cos/sin tables (learned tables are parameters, counted above), at their
         // peak while built: per position and head dimension, cos and sin in f64 (16 bytes),
         // their f32 tensors (8) and the f32 half tables (4): 28 bytes, 7 f32s.
@@ -303,17 +309,17 @@ pub fn check_memory(cfg: &RunConfig, data: &Dataset) -> Result<MemoryEstimate> {
         .max_by(|a, b| a.0.total_cmp(&b.0))
         .expect("three parts");
     let advice = match (&m.init_from, std::ptr::eq(largest, &parts[0])) {
-        (Some(_), true) if cfg.shares() > 1 => "start from a smaller model, or lower train.shares",
-        (Some(_), true) => "start from a smaller model",
+        (Some(_), true) if cfg.shares() > 1 => "start from a smaller model, or lower train.shares".into(),
+        (Some(_), true) => "start from a smaller model".into(),
         // The activations are the largest part: recomputing them in the backward pass keeps
-        // only the layers' inputs, where the model can.
-        _ if std::ptr::eq(largest, &parts[1])
-            && cfg.train.activations == ActivationMemory::Keep
-            && super::activations::recompute_refusals(cfg).is_empty() =>
-        {
-            "lower those, or set train.activations: recompute (the same results, a slower step), and try again"
-        }
-        _ => "lower those and try again",
+        // only the layers' inputs, where the model can (all of them, else the attention's).
+        _ => match recompute_more(cfg).filter(|_| std::ptr::eq(largest, &parts[1])) {
+            Some(memory) => format!(
+                "lower those, or set train.activations: {memory} (the same results, a slower \
+                 step), and try again"
+            ),
+            None => "lower those and try again".to_string(),
+        },
     };
     bail!(
         "this config needs about {} of memory but this machine has {} available: {}. Most of it \
@@ -329,6 +335,19 @@ pub fn check_memory(cfg: &RunConfig, data: &Dataset) -> Result<MemoryEstimate> {
         largest.1,
         largest.2
     )
+}
+
+/// A `train.activations` that recomputes more than `cfg`'s and that its model can run:
+/// everything where it can, else the attention sub-blocks.
+fn recompute_more(cfg: &RunConfig) -> Option<ActivationMemory> {
+    let more: &[ActivationMemory] = match cfg.train.activations {
+        ActivationMemory::Keep => &[ActivationMemory::Recompute, ActivationMemory::RecomputeAttention],
+        ActivationMemory::RecomputeAttention => &[ActivationMemory::Recompute],
+        ActivationMemory::Recompute => &[],
+    };
+    more.iter()
+        .copied()
+        .find(|&memory| super::activations::recompute_refusals(cfg, memory).is_empty())
 }
 
 /// `1.5 GiB`, `3.2e6 GiB` for the absurd.
@@ -457,6 +476,48 @@ mod tests {
         assert_eq!(kept.parameters, recomputed.parameters);
         let ratio = recomputed.activations / kept.activations;
         assert!((0.04..0.25).contains(&ratio), "{ratio}");
+    }
+
+    /// Recomputing the attention sub-blocks alone saves part of what recomputing all saves.
+    #[test]
+    fn recomputed_attention_counts_between_keeping_and_recomputing_all() {
+        let m = ModelConfig {
+            n_layers: Some(24),
+            ..ModelConfig::tiny(Arch::Lm)
+        };
+        let shape = BatchShape {
+            tokens: 4096.0,
+            longest: 256.0,
+        };
+        let small = BatchShape {
+            tokens: 1.0,
+            longest: 1.0,
+        };
+        let [kept, all, attention] =
+            ActivationMemory::ALL.map(|memory| estimate(&m, shape, small, 1, memory).activations);
+        assert!(all < attention && attention < kept, "{all} {attention} {kept}");
+    }
+
+    /// A config out of memory because of its activations is pointed at recomputing them: all
+    /// where the model can, else the attention sub-blocks, else nothing more.
+    #[test]
+    fn the_advice_recomputes_what_the_model_can() {
+        let shakespeare = concat!(env!("CARGO_MANIFEST_DIR"), "/../../configs/shakespeare-char.yaml");
+        let advice = |sets: &[&str]| {
+            let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+            let cfg = RunConfig::load(std::path::Path::new(shakespeare), &sets).unwrap();
+            recompute_more(&cfg)
+        };
+        assert_eq!(advice(&[]), Some(ActivationMemory::Recompute));
+        let relu = "model.mlp=relu";
+        assert_eq!(advice(&[relu]), Some(ActivationMemory::RecomputeAttention));
+        assert_eq!(advice(&[relu, "train.activations=recompute_attention"]), None);
+        assert_eq!(
+            advice(&["train.activations=recompute_attention"]),
+            Some(ActivationMemory::Recompute)
+        );
+        assert_eq!(advice(&["train.activations=recompute"]), None);
+        assert_eq!(advice(&["model.norm_placement=post"]), None);
     }
 
     #[test]

@@ -256,6 +256,9 @@ impl TrainingRun {
         let activations = match t.cfg.train.activations {
             ActivationMemory::Keep => "",
             ActivationMemory::Recompute => ", activations recomputed in the backward pass",
+            ActivationMemory::RecomputeAttention => {
+                ", attention's activations recomputed in the backward pass"
+            }
         };
         format!(
             "{} model{start}, {} parameters, {} steps{precision}{activations}, data: {}; run directory {}",
