@@ -247,6 +247,16 @@ fn a_model_that_cannot_recompute_is_refused_before_any_work() {
         &[&["bench", s(&lm), "--steps", "1", "--warmup", "0"][..], &relu].concat(),
     );
     assert!(out.contains("attention's activations recomputed"), "{out}");
+    // Qwen2's biases on q, k and v are the attention op's own.
+    let qwen2 = [
+        "--set",
+        "model.qkv_bias=true",
+        "--set",
+        "train.activations=recompute",
+    ];
+    let bench = ["bench", s(&lm), "--steps", "1", "--warmup", "0"];
+    let out = ok(dir, &[&bench[..], &qwen2].concat());
+    assert!(out.contains(", activations recomputed"), "{out}");
     // A sweep whose L2 variant cannot recompute is refused before it plans anything.
     let out = dir.join("sweep");
     let args = [

@@ -77,7 +77,7 @@ fn column_sums(g: &Tensor, c: usize) -> Result<Tensor> {
 }
 
 /// [`column_sums`] of contiguous rows of `c` values.
-fn column_sums_of(g: &[f32], c: usize) -> Vec<f32> {
+pub(crate) fn column_sums_of(g: &[f32], c: usize) -> Vec<f32> {
     let mut acc = vec![0f32; c];
     for row in g.chunks_exact(c) {
         for (a, &x) in acc.iter_mut().zip(row) {
@@ -89,7 +89,7 @@ fn column_sums_of(g: &[f32], c: usize) -> Vec<f32> {
 
 /// `y += b` on every row of `y` (rows of `b.len()`), whole rows per task, so that every row
 /// meets the bias from its first column.
-fn add_to_rows(y: &mut [f32], b: &[f32]) {
+pub(crate) fn add_to_rows(y: &mut [f32], b: &[f32]) {
     let c = b.len().max(1);
     let out = SharedMut(y.as_mut_ptr());
     for_each_chunk(y.len(), rows_per_task(c) * c, |r| {

@@ -276,6 +276,8 @@ struct Attention {
     kv_heads: usize,
     /// QK-norm's query and key norms (gain, and bias for LayerNorm), and whether they are RMS.
     qk_norm: Option<([Vec<Var>; 2], bool)>,
+    /// The biases of q's, k's and v's projections (Qwen2's).
+    qkv_bias: Option<[Var; 3]>,
 }
 
 impl Attention {
@@ -306,7 +308,16 @@ impl Attention {
             heads,
             kv_heads,
             qk_norm: None,
+            qkv_bias: None,
         }
+    }
+
+    /// The same with biases on q's, k's and v's projections.
+    fn with_qkv_bias(mut self, seed: u64) -> Self {
+        let [q, k, _, _] = self.w.each_ref().map(|w| w.dims()[0]);
+        let bias = |s: u64, n: usize| Var::from_tensor(&randn_cpu(seed + s, &[n], 0.5)).unwrap();
+        self.qkv_bias = Some([bias(0, q), bias(1, k), bias(2, k)]);
+        self
     }
 
     /// The same with QK-norm of each head's `hd` elements: RMSNorm, or LayerNorm with biases.
@@ -350,6 +361,10 @@ impl Attention {
             k: k.as_tensor(),
             v: v.as_tensor(),
             o: o.as_tensor(),
+            qkv_bias: match &self.qkv_bias {
+                Some(b) => b.each_ref().map(|b| Some(b.as_tensor())),
+                None => [None; 3],
+            },
             qk_norm,
         };
         let x = self.x.as_tensor();
@@ -369,6 +384,7 @@ impl Attention {
             .chain(&self.norm)
             .chain(&self.w)
             .chain(self.qk_norm.iter().flat_map(|(sides, _)| sides.iter().flatten()))
+            .chain(self.qkv_bias.iter().flatten())
             .map(|v| store.get(v.as_tensor()).expect("a gradient is missing").clone())
             .collect()
     }
@@ -429,13 +445,19 @@ fn the_attention_block_gives_the_bits_of_its_ops_one_by_one() {
             None,
         ),
     ];
-    for (what, positions, (heads, kv_heads), rms, mask, qk_rms) in cases {
+    let with_and_without_biases = cases.into_iter().flat_map(|c| [(c, false), (c, true)]);
+    for ((what, positions, (heads, kv_heads), rms, mask, qk_rms), biased) in with_and_without_biases {
         for (precision, memory) in every_precision().into_iter().flat_map(with_either_memory) {
             for dropout in [None, Some((0.1, 4242))] {
-                let what = format!("{what}, {precision:?}, {memory:?}, attention dropout {dropout:?}");
+                let what = format!(
+                    "{what}, q/k/v biases {biased}, {precision:?}, {memory:?}, attention dropout {dropout:?}"
+                );
                 let mut a = Attention::new(11, (b, t, heads * hd - 3), (heads, kv_heads, hd), rms);
                 if let Some(qk_rms) = qk_rms {
                     a = a.with_qk_norm(40, hd, qk_rms);
+                }
+                if biased {
+                    a = a.with_qkv_bias(50);
                 }
                 let opts = AttentionOptions {
                     heads: a.heads,
@@ -479,8 +501,34 @@ fn attention_ops(
 ) -> (Tensor, Option<ember_kernels::AttentionTelemetry>) {
     let precision = opts.precision;
     let h = norm_of(x, norm);
-    let normed = |w: &Tensor, norm: BlockNorm| norm_of(&kernels::linear_in(&h, w, precision).unwrap(), norm);
+    // A projection with its bias, if any, then QK-norm, if any: the model's order.
+    let project = |w: &Tensor, bias: Option<&Tensor>| match bias {
+        Some(b) => kernels::linear_bias_in(&h, w, b, precision).unwrap(),
+        None => kernels::linear_in(&h, w, precision).unwrap(),
+    };
+    let [q_bias, k_bias, v_bias] = w.qkv_bias;
+    let through = |w: &Tensor, bias: Option<&Tensor>, norm: Option<BlockNorm>| match norm {
+        Some(norm) => norm_of(&project(w, bias), norm),
+        None => project(w, bias),
+    };
+    let [qn, kn] = match w.qk_norm {
+        Some([qn, kn]) => [Some(qn), Some(kn)],
+        None => [None, None],
+    };
+    let normed = |w: &Tensor, norm: BlockNorm| through(w, None, Some(norm));
+    // Where nothing comes between the product and the rotation or scale, the model fuses them.
+    let unbiased = q_bias.is_none() && k_bias.is_none();
     let (q, k) = match (positions, w.qk_norm) {
+        (BlockPositions::Rotary { tables, scale }, _) if !unbiased => (
+            kernels::rope(&through(w.q, q_bias, qn), tables, 0, scale).unwrap(),
+            kernels::rope(&through(w.k, k_bias, kn), tables, 0, 1.0).unwrap(),
+        ),
+        (BlockPositions::Unrotated { scale }, _) if !unbiased => (
+            PositionScale::from(scale)
+                .apply_unfused(&through(w.q, q_bias, qn), 0)
+                .unwrap(),
+            through(w.k, k_bias, kn),
+        ),
         (BlockPositions::Rotary { tables, scale }, None) => (
             kernels::linear_rope_in(&h, w.q, tables, 0, scale, precision).unwrap(),
             kernels::linear_rope_in(&h, w.k, tables, 0, 1.0, precision).unwrap(),
@@ -500,7 +548,7 @@ fn attention_ops(
             normed(w.k, kn),
         ),
     };
-    let v = kernels::linear_in(&h, w.v, precision).unwrap();
+    let v = project(w.v, v_bias);
     let (o, telemetry) = kernels::attention(&q, &k, &v, mask, opts).unwrap();
     let out = kernels::linear_residual_in(x, &o, w.o, p, state, precision).unwrap();
     (out, telemetry)

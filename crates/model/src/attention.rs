@@ -340,9 +340,9 @@ impl Attention {
 
     /// `norm` and self-attention over `x` (B, T, D) written back into `x`, as one op
     /// (`ember_kernels::attention_block`) whose parameters' gradients go to the pass's sink;
-    /// `None` where the pass has no sink, the module is not one the op covers (L2 QK-norm,
-    /// biases, log-n scaling without rotary positions) or the op does not run (off the CPU, not
-    /// f32): the caller then runs [`forward_self`](Self::forward_self). Its dropout masks are
+    /// `None` where the pass has no sink, the module is not one the op covers (L2 QK-norm, a
+    /// bias on the output projection, log-n scaling without rotary positions) or the op does
+    /// not run (off the CPU, not f32): the caller then runs [`forward_self`](Self::forward_self). Its dropout masks are
     /// reserved as `forward_self` reserves them, and only when the op runs, so fused and unfused
     /// passes draw the same ones.
     pub(crate) fn forward_self_with_norm(
@@ -356,11 +356,9 @@ impl Attention {
         let Some(sink) = ctx.grad_sink else {
             return Ok(None);
         };
-        let biased = [&self.q_proj, &self.k_proj, &self.v_proj, &self.o_proj]
-            .iter()
-            .any(|p| p.has_bias());
         let qk_norm = match &self.qk_norm {
-            _ if biased => return Ok(None),
+            // (q's, k's and v's biases are the op's; o's is not.)
+            _ if self.o_proj.has_bias() => return Ok(None),
             QkNormLayer::None => None,
             QkNormLayer::Norm { q, k } => Some([q.as_block_norm(), k.as_block_norm()]),
             QkNormLayer::L2 { .. } => return Ok(None),
@@ -386,6 +384,7 @@ impl Attention {
             k: self.k_proj.weight(),
             v: self.v_proj.weight(),
             o: self.o_proj.weight(),
+            qkv_bias: [&self.q_proj, &self.k_proj, &self.v_proj].map(Linear::bias),
             qk_norm,
         };
         let options = || self.options(b, t, t, ctx);

@@ -294,6 +294,11 @@ impl Linear {
         &self.weight
     }
 
+    /// The bias the map adds, if any.
+    pub fn bias(&self) -> Option<&Tensor> {
+        self.bias.as_ref()
+    }
+
     /// Whether the map adds a bias (the fused projections that rotate or scale their output
     /// take none).
     pub fn has_bias(&self) -> bool {

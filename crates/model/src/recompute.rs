@@ -27,12 +27,8 @@ impl ModelConfig {
                 "model.arch: seq2seq (the decoder's cross-attention does not run as one op)",
             ),
             (
-                attention && self.qkv_bias,
-                "model.qkv_bias: true (projections with biases)",
-            ),
-            (
                 (attention || feed_forward) && self.proj_bias,
-                "model.proj_bias: true (projections with biases)",
+                "model.proj_bias: true (output and feed-forward projections with biases)",
             ),
             (
                 feed_forward && self.mlp == MlpKind::Relu,

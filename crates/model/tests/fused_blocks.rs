@@ -2,8 +2,9 @@
 //! or SwiGLU) sub-blocks as one op each (`ember_kernels::attention_block`, `mlp_block`), and a training
 //! pass is the same as without one — logits and loss bit for bit, every parameter's gradient
 //! equal once the sink is merged, the same dropout masks, the same attention telemetry — in
-//! every architecture, norm, position scheme, QK-norm, MLP and precision; sub-blocks the ops do
-//! not cover (L2 QK-norm, ReLU, biases, post-norm) run as before and train the same. Sub-blocks
+//! every architecture, norm, position scheme, QK-norm, MLP and precision, with or without
+//! Qwen2's biases on q, k and v; sub-blocks the ops do not cover (L2 QK-norm, ReLU, biases on
+//! the output and feed-forward projections, post-norm) run as before and train the same. Sub-blocks
 //! that recompute their activations in the backward pass (all, or the attention sub-blocks
 //! alone) train the same bits too, in every model whose config says all those sub-blocks run as
 //! one op; a pass of any other model that asks for it fails naming the sub-block that cannot
@@ -205,10 +206,6 @@ fn sub_blocks_the_ops_do_not_cover_run_as_before_and_train_the_same() {
             "swiglu with biases",
             lm(&|c| (c.mlp, c.proj_bias) = (MlpKind::Swiglu, true)),
         ),
-        (
-            "qkv biases, relu",
-            lm(&|c| (c.qk_norm, c.qkv_bias, c.mlp) = (QkNorm::None, true, MlpKind::Relu)),
-        ),
         ("post-norm", lm(&|c| c.norm_placement = NormPlacement::Post)),
     ];
     for (what, c) in uncovered {
@@ -233,11 +230,16 @@ fn sub_blocks_the_ops_do_not_cover_run_as_before_and_train_the_same() {
         Precision::F32,
         true,
     );
-    // Biased q, k, v: only the attention runs as before.
-    check(
-        "qkv biases, gelu",
-        &lm(&|c| c.qkv_bias = true),
-        Precision::F32,
-        true,
-    );
+    // Biased q, k, v (Qwen2's) are the attention op's, with or without QK-norm; with ReLU only
+    // the attention sub-block is one op.
+    for precision in every_precision() {
+        for (what, mlp, qk) in [
+            ("qkv biases, swiglu", MlpKind::Swiglu, QkNorm::None),
+            ("qkv biases, gelu, qk layernorm", MlpKind::Gelu, QkNorm::Layernorm),
+            ("qkv biases, relu", MlpKind::Relu, QkNorm::Rmsnorm),
+        ] {
+            let biased = lm(&|c| (c.qkv_bias, c.mlp, c.qk_norm) = (true, mlp, qk));
+            check(&format!("{what}, {precision:?}"), &biased, precision, true);
+        }
+    }
 }

@@ -9,6 +9,10 @@
 //! times, q, k, v, the attention output o and every parameter. As one op with x its only candle
 //! input, only x's remains; the parameters' gradients go to a [`GradSink`].
 //!
+//! q, k and v may add biases (Qwen2's): each added to the product's rows and its gradient summed
+//! over them as [`linear_bias`](crate::linear_bias) does, between the product and what follows
+//! it (QK-norm, the rotation or scale), as the model composes them.
+//!
 //! The same kernels run on the same operands in the same order as the composition — h's three
 //! gradients summed as candle sums them, v's first, then k's, then q's — so the output and x's
 //! gradient have the composition's bits and each parameter's gradient equals it, up to the sign
@@ -21,6 +25,7 @@ use std::sync::Mutex;
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 
 use crate::attention::{take, AttentionOptions, AttentionTelemetry, AttnOp};
+use crate::bias::{add_to_rows, column_sums_of};
 use crate::block::{branch_gradient, ActivationMemory, BlockNorm, GradSink, HeldNorm, ParamGrads, SubBlock};
 use crate::dropout::{add_dropped, DropoutOp};
 use crate::gemm::{Activation, SharedB};
@@ -32,14 +37,17 @@ use crate::rope::{check_heads, PositionScale, RopeOp, RopeTables};
 use crate::simd::add_in_place;
 
 /// The parameters of an attention sub-block after its opening norm: the four projections,
-/// (out, in) each — queries (H·d, D), keys and values (H_kv·d, D), output (D, H·d) — and
-/// QK-norm's norms over each head of q and of k, where the model has them.
+/// (out, in) each — queries (H·d, D), keys and values (H_kv·d, D), output (D, H·d) — the
+/// biases of the first three, and QK-norm's norms over each head of q and of k, where the model
+/// has them.
 #[derive(Clone, Copy)]
 pub struct AttentionWeights<'a> {
     pub q: &'a Tensor,
     pub k: &'a Tensor,
     pub v: &'a Tensor,
     pub o: &'a Tensor,
+    /// The biases of q's, k's and v's projections (H·d, H_kv·d, H_kv·d), each where it has one.
+    pub qkv_bias: [Option<&'a Tensor>; 3],
     /// The query's and the key's per-head norm (gains of head_dim), applied before the
     /// rotation (Qwen3, OLMo 2).
     pub qk_norm: Option<[BlockNorm<'a>; 2]>,
@@ -93,6 +101,7 @@ pub fn attention_block(
         Some(w.o),
     ]
     .into_iter()
+    .chain(w.qkv_bias)
     .chain(qk_params)
     .collect();
     let (b, t, d) = x.dims3()?;
@@ -112,10 +121,13 @@ pub fn attention_block(
     let precision = opts.precision;
     precision.check_cpu()?;
     let (q_width, kv_width) = (w.q.dims2()?.0, w.k.dims2()?.0);
+    let [q_bias, k_bias, v_bias] = w.qkv_bias.map(|b| b.map(Tensor::dims));
     if [w.q.dims2()?.1, w.k.dims2()?.1, w.v.dims2()?.1, w.o.dims2()?.0] != [d; 4]
         || w.v.dims2()?.0 != kv_width
         || w.o.dims2()?.1 != q_width
         || norm.weight.elem_count() != d
+        || q_bias.is_some_and(|dims| dims != [q_width])
+        || [k_bias, v_bias].iter().flatten().any(|dims| *dims != [kv_width])
     {
         candle_core::bail!(
             "attention_block: input {:?} and projections q {:?}, k {:?}, v {:?}, o {:?} do not fit",
@@ -142,6 +154,11 @@ pub fn attention_block(
             k: w.k.contiguous()?,
             v: w.v.contiguous()?,
             o: w.o.contiguous()?,
+            bias: [
+                Bias::of(w.qkv_bias[0])?,
+                Bias::of(w.qkv_bias[1])?,
+                Bias::of(w.qkv_bias[2])?,
+            ],
         },
         attn: AttnOp::cpu(&[b, t, q_width], &[b, t, kv_width], mask, &opts, true)?,
         residual: DropoutOp::new(residual.0, residual.1),
@@ -176,12 +193,52 @@ fn apply_taking_telemetry<Q: Epilogue + 'static, K: Epilogue + 'static>(
     Ok((out, slot.as_deref().and_then(take)))
 }
 
-/// The four projections, (out, in) each.
+/// The four projections, (out, in) each, and the biases of q, k and v.
 struct Projections {
     q: Tensor,
     k: Tensor,
     v: Tensor,
     o: Tensor,
+    bias: [Option<Bias>; 3],
+}
+
+/// A projection's bias: the parameter, and its values (a row's worth, read once a pass).
+struct Bias {
+    param: Tensor,
+    values: Vec<f32>,
+}
+
+impl Bias {
+    fn of(bias: Option<&Tensor>) -> Result<Option<Self>> {
+        let Some(param) = bias else {
+            return Ok(None);
+        };
+        let values = with_data([param], |[b]| Ok(b.to_vec()))?;
+        Ok(Some(Self {
+            param: param.clone(),
+            values,
+        }))
+    }
+}
+
+/// `h·wᵀ` for rows × d → rows × out (`d`), plus the bias on every row where there is one.
+fn projection(h: &Activation, w: &[f32], bias: Option<&Bias>, d: (usize, usize, usize)) -> Vec<f32> {
+    let mut y = project_kept(h, w, d);
+    if let Some(bias) = bias {
+        add_to_rows(&mut y, &bias.values);
+    }
+    y
+}
+
+/// The bias's gradient for the gradient `g` at its projection's output (rows of `width`).
+fn bias_grad(bias: Option<&Bias>, g: &[f32], width: usize) -> Result<ParamGrads> {
+    match bias {
+        Some(bias) => Ok(vec![(
+            bias.param.clone(),
+            cpu_tensor(column_sums_of(g, width), bias.param.shape())?,
+        )]),
+        None => Ok(Vec::new()),
+    }
 }
 
 /// What an attention sub-block op holds whatever its positions.
@@ -274,12 +331,14 @@ impl<Q: Epilogue, K: Epilogue> AttentionBlockOp<Q, K> {
         let (rows, d, q_width, kv_width) = self.dims(shape)?;
         let h = p.norm.forward_kept(x, p.precision)?;
         let [q_norm, k_norm] = p.qk_norms();
+        let [q_bias, k_bias, v_bias] = p.proj.bias.each_ref().map(Option::as_ref);
         let (q, k, v, q_raw, k_raw) = with_data([&p.proj.q, &p.proj.k, &p.proj.v], |[wq, wk, wv]| {
-            let (q, q_raw) = through_norm(q_norm, project_kept(&h, wq, (rows, d, q_width)))?;
-            let (k, k_raw) = through_norm(k_norm, project_kept(&h, wk, (rows, d, kv_width)))?;
+            let (q, q_raw) = through_norm(q_norm, projection(&h, wq, q_bias, (rows, d, q_width)))?;
+            let (k, k_raw) = through_norm(k_norm, projection(&h, wk, k_bias, (rows, d, kv_width)))?;
             let q = self.query.forward(q, shape, q_width)?;
             let k = self.key.forward(k, shape, kv_width)?;
-            Ok((q, k, project_kept(&h, wv, (rows, d, kv_width)), q_raw, k_raw))
+            let v = projection(&h, wv, v_bias, (rows, d, kv_width));
+            Ok((q, k, v, q_raw, k_raw))
         })?;
         let keep_probs = !forward || p.keep;
         let o = p.attn.forward_values_with(&q, &k, &v, keep_probs, forward)?;
@@ -343,18 +402,22 @@ impl<Q: Epilogue, K: Epilogue> CustomOp1 for AttentionBlockOp<Q, K> {
             let (d_o, d_wo) = project_grads(&o, wo, &g_branch, (rows, q_width, d), p.precision);
             let (dq, dk, dv) = p.attn.backward_values(&q, &k, &v, &o, &d_o)?;
             drop((o, d_o, v));
+            let [q_bias, k_bias, v_bias] = p.proj.bias.each_ref().map(Option::as_ref);
             // h is dW's B for all three projections: packed once in bf16.
             let h_b = SharedB::new(&h);
+            let v_bias_grads = bias_grad(v_bias, &dv, kv_width)?;
             let (dh_v, d_wv) = project_grads_shared(&h_b, wv, &dv, (rows, d, kv_width));
             // The epilogues here (rotation, scale, none) never recompute what they took.
             let [q_norm, k_norm] = p.qk_norms();
-            let recompute_k = || project_kept(&h, wk, (rows, d, kv_width));
+            let recompute_k = || projection(&h, wk, k_bias, (rows, d, kv_width));
             let dk = self.key.backward(&dk, shape, kv_width, recompute_k)?;
             let (dk, k_norm_grads) = back_through_norm(k_norm, &k_raw, dk)?;
+            let k_bias_grads = bias_grad(k_bias, &dk, kv_width)?;
             let (dh_k, d_wk) = project_grads_shared(&h_b, wk, &dk, (rows, d, kv_width));
-            let recompute_q = || project_kept(&h, wq, (rows, d, q_width));
+            let recompute_q = || projection(&h, wq, q_bias, (rows, d, q_width));
             let dq = self.query.backward(&dq, shape, q_width, recompute_q)?;
             let (dq, q_norm_grads) = back_through_norm(q_norm, &q_raw, dq)?;
+            let q_bias_grads = bias_grad(q_bias, &dq, q_width)?;
             let (dh_q, d_wq) = project_grads_shared(&h_b, wq, &dq, (rows, d, q_width));
             drop(h_b);
             drop((h, q, k));
@@ -369,12 +432,14 @@ impl<Q: Epilogue, K: Epilogue> CustomOp1 for AttentionBlockOp<Q, K> {
                 k: pk,
                 v: pv,
                 o: po,
+                ..
             } = &p.proj;
             let mut grads = vec![];
             for (param, grad) in [pq, pk, pv, po].into_iter().zip([d_wq, d_wk, d_wv, d_wo]) {
                 grads.push((param.clone(), cpu_tensor(grad, param.shape())?));
             }
             grads.extend(norm_grads.into_iter().chain(q_norm_grads).chain(k_norm_grads));
+            grads.extend(q_bias_grads.into_iter().chain(k_bias_grads).chain(v_bias_grads));
             Ok((dx, grads))
         })?;
         p.sink.deposit(p.id, grads);
