@@ -3,7 +3,7 @@
 //! f32 and in bf16, also across a resume that changes it, and hold less memory while they do,
 //! `recompute` the least; a model whose sub-blocks cannot recompute, a sweep with such a cell,
 //! and a value that is no choice are refused before any work, naming the key, while a model
-//! whose attention sub-blocks alone can recompute them alone.
+//! whose attention sub-blocks alone run as one op may recompute those alone.
 
 mod common;
 
@@ -213,50 +213,52 @@ fn a_model_that_cannot_recompute_is_refused_before_any_work() {
             assert!(!run_dir.exists(), "a refused run created {}", run_dir.display());
         }
     }
+    // A ReLU model is told that its attention sub-blocks can recompute.
+    let relu = ["--set", "model.mlp=relu", "--set", "train.activations=recompute"];
+    let err = fails(
+        dir,
+        &[&["train", s(&lm), "--run-dir", s(&run_dir)][..], &relu].concat(),
+    );
+    assert!(err.contains("or train.activations: recompute_attention"), "{err}");
     // The attention sub-blocks alone: refused where they are not one op; a ReLU model's
-    // feed-forward blocks are, and their attention recomputes.
+    // feed-forward blocks are not one op, and its attention recomputes.
     for (cfg, set, named) in [
         (&cfg, "model.arch=seq2seq", "model.arch: seq2seq"),
         (&lm, "model.qk_norm=l2", "model.qk_norm: l2"),
         (&lm, "model.proj_bias=true", "model.proj_bias: true"),
     ] {
-        let args = ["train", s(cfg), "--run-dir", s(&run_dir)];
-        let err = fails(
-            dir,
-            &[
-                &args[..],
-                &["--set", set, "--set", "train.activations=recompute_attention"],
-            ]
-            .concat(),
-        );
-        assert!(
-            err.contains("train.activations: recompute_attention needs every attention sub-block")
-                && err.contains(named),
-            "{set}: {err}"
-        );
-        assert!(!run_dir.exists(), "a refused run created {}", run_dir.display());
+        for command in [
+            &["train", s(cfg), "--run-dir", s(&run_dir)][..],
+            &["bench", s(cfg), "--steps", "1"],
+        ] {
+            let attention = ["--set", set, "--set", "train.activations=recompute_attention"];
+            let err = fails(dir, &[command, &attention].concat());
+            assert!(
+                err.contains("train.activations: recompute_attention needs every attention sub-block")
+                    && err.contains(named),
+                "{set}: {err}"
+            );
+            assert!(!run_dir.exists(), "a refused run created {}", run_dir.display());
+        }
     }
+    let bench = ["bench", s(&lm), "--steps", "1", "--warmup", "0"];
     let relu = [
         "--set",
         "model.mlp=relu",
         "--set",
         "train.activations=recompute_attention",
     ];
-    let out = ok(
-        dir,
-        &[&["bench", s(&lm), "--steps", "1", "--warmup", "0"][..], &relu].concat(),
-    );
+    let out = ok(dir, &[&bench[..], &relu].concat());
     assert!(out.contains("attention's activations recomputed"), "{out}");
     // Qwen2's biases on q, k and v are the attention op's own.
-    let qwen2 = [
-        "--set",
-        "model.qkv_bias=true",
-        "--set",
-        "train.activations=recompute",
-    ];
-    let bench = ["bench", s(&lm), "--steps", "1", "--warmup", "0"];
-    let out = ok(dir, &[&bench[..], &qwen2].concat());
-    assert!(out.contains(", activations recomputed"), "{out}");
+    for memory in ["recompute", "recompute_attention"] {
+        let m = format!("train.activations={memory}");
+        let out = ok(
+            dir,
+            &[&bench[..], &["--set", "model.qkv_bias=true", "--set", &m]].concat(),
+        );
+        assert!(out.contains("activations recomputed"), "{memory}: {out}");
+    }
     // A sweep whose L2 variant cannot recompute is refused before it plans anything.
     let out = dir.join("sweep");
     let args = [

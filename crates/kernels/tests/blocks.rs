@@ -163,15 +163,15 @@ fn the_mlp_block_gives_the_bits_of_its_ops_one_by_one() {
 
 /// `precision` with each [`ActivationMemory`]: the ops that keep their activations and those
 /// that recompute them in the backward pass give the same bits.
-fn with_either_memory(precision: Precision) -> [(Precision, ActivationMemory); 2] {
-    [ActivationMemory::Keep, ActivationMemory::Recompute].map(|memory| (precision, memory))
+fn with_either_memory(precision: Precision) -> [(Precision, ActivationMemory); 3] {
+    ActivationMemory::ALL.map(|memory| (precision, memory))
 }
 
 #[test]
 fn a_second_backward_pass_recomputes_what_the_first_took() {
     for (swiglu, memory) in [false, true]
         .into_iter()
-        .flat_map(|s| [ActivationMemory::Keep, ActivationMemory::Recompute].map(|m| (s, m)))
+        .flat_map(|s| ActivationMemory::ALL.map(|m| (s, m)))
     {
         let m = Mlp::new(3, (1, 9, 16, 48), "layernorm", swiglu);
         let sink = GradSink::new();
@@ -276,8 +276,8 @@ struct Attention {
     kv_heads: usize,
     /// QK-norm's query and key norms (gain, and bias for LayerNorm), and whether they are RMS.
     qk_norm: Option<([Vec<Var>; 2], bool)>,
-    /// The biases of q's, k's and v's projections (Qwen2's).
-    qkv_bias: Option<[Var; 3]>,
+    /// The biases of q's, k's and v's projections, where they have one (Qwen2's: all three).
+    qkv_bias: [Option<Var>; 3],
 }
 
 impl Attention {
@@ -308,15 +308,17 @@ impl Attention {
             heads,
             kv_heads,
             qk_norm: None,
-            qkv_bias: None,
+            qkv_bias: [None, None, None],
         }
     }
 
-    /// The same with biases on q's, k's and v's projections.
-    fn with_qkv_bias(mut self, seed: u64) -> Self {
+    /// The same with biases on those of q's, k's and v's projections that `biased` names.
+    fn with_qkv_bias(mut self, seed: u64, biased: [bool; 3]) -> Self {
         let [q, k, _, _] = self.w.each_ref().map(|w| w.dims()[0]);
-        let bias = |s: u64, n: usize| Var::from_tensor(&randn_cpu(seed + s, &[n], 0.5)).unwrap();
-        self.qkv_bias = Some([bias(0, q), bias(1, k), bias(2, k)]);
+        let widths = [q, k, k];
+        self.qkv_bias = std::array::from_fn(|i| {
+            biased[i].then(|| Var::from_tensor(&randn_cpu(seed + i as u64, &[widths[i]], 0.5)).unwrap())
+        });
         self
     }
 
@@ -361,10 +363,7 @@ impl Attention {
             k: k.as_tensor(),
             v: v.as_tensor(),
             o: o.as_tensor(),
-            qkv_bias: match &self.qkv_bias {
-                Some(b) => b.each_ref().map(|b| Some(b.as_tensor())),
-                None => [None; 3],
-            },
+            qkv_bias: self.qkv_bias.each_ref().map(|b| b.as_ref().map(Var::as_tensor)),
             qk_norm,
         };
         let x = self.x.as_tensor();
@@ -445,19 +444,21 @@ fn the_attention_block_gives_the_bits_of_its_ops_one_by_one() {
             None,
         ),
     ];
-    let with_and_without_biases = cases.into_iter().flat_map(|c| [(c, false), (c, true)]);
-    for ((what, positions, (heads, kv_heads), rms, mask, qk_rms), biased) in with_and_without_biases {
+    // No biases; Qwen2's on q, k and v; fairseq's unrotated pattern, q and v alone.
+    let biases = [[false; 3], [true; 3], [true, false, true]];
+    let with_biases = cases.into_iter().flat_map(|c| biases.map(|b| (c, b)));
+    for ((what, positions, (heads, kv_heads), rms, mask, qk_rms), biased) in with_biases {
         for (precision, memory) in every_precision().into_iter().flat_map(with_either_memory) {
             for dropout in [None, Some((0.1, 4242))] {
                 let what = format!(
-                    "{what}, q/k/v biases {biased}, {precision:?}, {memory:?}, attention dropout {dropout:?}"
+                    "{what}, q/k/v biases {biased:?}, {precision:?}, {memory:?}, attention dropout {dropout:?}"
                 );
                 let mut a = Attention::new(11, (b, t, heads * hd - 3), (heads, kv_heads, hd), rms);
                 if let Some(qk_rms) = qk_rms {
                     a = a.with_qk_norm(40, hd, qk_rms);
                 }
-                if biased {
-                    a = a.with_qkv_bias(50);
+                if biased.contains(&true) {
+                    a = a.with_qkv_bias(50, biased);
                 }
                 let opts = AttentionOptions {
                     heads: a.heads,
@@ -515,38 +516,30 @@ fn attention_ops(
         Some([qn, kn]) => [Some(qn), Some(kn)],
         None => [None, None],
     };
-    let normed = |w: &Tensor, norm: BlockNorm| through(w, None, Some(norm));
-    // Where nothing comes between the product and the rotation or scale, the model fuses them.
-    let unbiased = q_bias.is_none() && k_bias.is_none();
-    let (q, k) = match (positions, w.qk_norm) {
-        (BlockPositions::Rotary { tables, scale }, _) if !unbiased => (
-            kernels::rope(&through(w.q, q_bias, qn), tables, 0, scale).unwrap(),
-            kernels::rope(&through(w.k, k_bias, kn), tables, 0, 1.0).unwrap(),
-        ),
-        (BlockPositions::Unrotated { scale }, _) if !unbiased => (
-            PositionScale::from(scale)
-                .apply_unfused(&through(w.q, q_bias, qn), 0)
-                .unwrap(),
-            through(w.k, k_bias, kn),
-        ),
-        (BlockPositions::Rotary { tables, scale }, None) => (
-            kernels::linear_rope_in(&h, w.q, tables, 0, scale, precision).unwrap(),
-            kernels::linear_rope_in(&h, w.k, tables, 0, 1.0, precision).unwrap(),
-        ),
-        (BlockPositions::Rotary { tables, scale }, Some([qn, kn])) => (
-            kernels::rope(&normed(w.q, qn), tables, 0, scale).unwrap(),
-            kernels::rope(&normed(w.k, kn), tables, 0, 1.0).unwrap(),
-        ),
-        (BlockPositions::Unrotated { scale }, None) => (
-            kernels::linear_scaled_in(&h, w.q, scale, precision).unwrap(),
-            kernels::linear_in(&h, w.k, precision).unwrap(),
-        ),
-        (BlockPositions::Unrotated { scale }, Some([qn, kn])) => (
-            PositionScale::from(scale)
-                .apply_unfused(&normed(w.q, qn), 0)
-                .unwrap(),
-            normed(w.k, kn),
-        ),
+    // Where nothing comes between a side's product and its rotation or scale (no bias, no
+    // QK-norm), the model fuses them; each side decides alone.
+    let q = match (positions, qn, q_bias) {
+        (BlockPositions::Rotary { tables, scale }, None, None) => {
+            kernels::linear_rope_in(&h, w.q, tables, 0, scale, precision).unwrap()
+        }
+        (BlockPositions::Rotary { tables, scale }, ..) => {
+            kernels::rope(&through(w.q, q_bias, qn), tables, 0, scale).unwrap()
+        }
+        (BlockPositions::Unrotated { scale }, None, None) => {
+            kernels::linear_scaled_in(&h, w.q, scale, precision).unwrap()
+        }
+        (BlockPositions::Unrotated { scale }, ..) => PositionScale::from(scale)
+            .apply_unfused(&through(w.q, q_bias, qn), 0)
+            .unwrap(),
+    };
+    let k = match (positions, kn, k_bias) {
+        (BlockPositions::Rotary { tables, .. }, None, None) => {
+            kernels::linear_rope_in(&h, w.k, tables, 0, 1.0, precision).unwrap()
+        }
+        (BlockPositions::Rotary { tables, .. }, ..) => {
+            kernels::rope(&through(w.k, k_bias, kn), tables, 0, 1.0).unwrap()
+        }
+        (BlockPositions::Unrotated { .. }, ..) => through(w.k, k_bias, kn),
     };
     let v = project(w.v, v_bias);
     let (o, telemetry) = kernels::attention(&q, &k, &v, mask, opts).unwrap();
@@ -563,7 +556,9 @@ fn a_second_backward_pass_through_the_attention_block_recomputes_what_the_first_
         tables: &tables,
         scale: PositionScale::from(0.3),
     };
-    let a = Attention::new(5, (b, t, 29), (4, 2, hd), false).with_qk_norm(6, hd, false);
+    let a = Attention::new(5, (b, t, 29), (4, 2, hd), false)
+        .with_qk_norm(6, hd, false)
+        .with_qkv_bias(7, [true; 3]);
     let opts = AttentionOptions {
         heads: 4,
         kv_heads: 2,
@@ -571,20 +566,20 @@ fn a_second_backward_pass_through_the_attention_block_recomputes_what_the_first_
         telemetry: false,
         precision: Precision::F32,
     };
-    let sink = GradSink::new();
-    let (y, _) = a.forward(
-        positions,
-        Some(&mask),
-        &opts,
-        Some((&sink, ActivationMemory::Keep)),
-    );
-    let l = loss(&y);
-    let mut first = l.backward().unwrap();
-    sink.merge_into(&mut first).unwrap();
-    let mut second = l.backward().unwrap();
-    sink.merge_into(&mut second).unwrap();
-    for (i, (g1, g2)) in a.grads(&first).iter().zip(&a.grads(&second)).enumerate() {
-        assert!(same_bits(g1, g2), "gradient {i} differs on the second pass");
+    for memory in ActivationMemory::ALL {
+        let sink = GradSink::new();
+        let (y, _) = a.forward(positions, Some(&mask), &opts, Some((&sink, memory)));
+        let l = loss(&y);
+        let mut first = l.backward().unwrap();
+        sink.merge_into(&mut first).unwrap();
+        let mut second = l.backward().unwrap();
+        sink.merge_into(&mut second).unwrap();
+        for (i, (g1, g2)) in a.grads(&first).iter().zip(&a.grads(&second)).enumerate() {
+            assert!(
+                same_bits(g1, g2),
+                "{memory}: gradient {i} differs on the second pass"
+            );
+        }
     }
 }
 

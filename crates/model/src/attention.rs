@@ -342,9 +342,9 @@ impl Attention {
     /// (`ember_kernels::attention_block`) whose parameters' gradients go to the pass's sink;
     /// `None` where the pass has no sink, the module is not one the op covers (L2 QK-norm, a
     /// bias on the output projection, log-n scaling without rotary positions) or the op does
-    /// not run (off the CPU, not f32): the caller then runs [`forward_self`](Self::forward_self). Its dropout masks are
-    /// reserved as `forward_self` reserves them, and only when the op runs, so fused and unfused
-    /// passes draw the same ones.
+    /// not run (off the CPU, not f32): the caller then runs [`forward_self`](Self::forward_self).
+    /// Its dropout masks are reserved as `forward_self` reserves them, and only when the op
+    /// runs, so fused and unfused passes draw the same ones.
     pub(crate) fn forward_self_with_norm(
         &self,
         norm: &Norm,

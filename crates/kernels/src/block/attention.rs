@@ -130,12 +130,14 @@ pub fn attention_block(
         || [k_bias, v_bias].iter().flatten().any(|dims| *dims != [kv_width])
     {
         candle_core::bail!(
-            "attention_block: input {:?} and projections q {:?}, k {:?}, v {:?}, o {:?} do not fit",
+            "attention_block: input {:?}, projections q {:?}, k {:?}, v {:?}, o {:?} and q, k, v \
+             biases {:?} do not fit",
             x.shape(),
             w.q.shape(),
             w.k.shape(),
             w.v.shape(),
-            w.o.shape()
+            w.o.shape(),
+            [q_bias, k_bias, v_bias]
         );
     }
     if let BlockPositions::Rotary { tables, .. } = positions {
