@@ -104,7 +104,7 @@ pub fn attention_block(
     .chain(w.qkv_bias)
     .chain(qk_params)
     .collect();
-    let (b, t, d) = x.dims3()?;
+    let (b, t, _) = x.dims3()?;
     let runs = is_host_f32(x)
         && x.track_op()
         && params.iter().flatten().all(|p| is_host_f32(p))
@@ -120,26 +120,7 @@ pub fn attention_block(
     let residual = residual();
     let precision = opts.precision;
     precision.check_cpu()?;
-    let (q_width, kv_width) = (w.q.dims2()?.0, w.k.dims2()?.0);
-    let [q_bias, k_bias, v_bias] = w.qkv_bias.map(|b| b.map(Tensor::dims));
-    if [w.q.dims2()?.1, w.k.dims2()?.1, w.v.dims2()?.1, w.o.dims2()?.0] != [d; 4]
-        || w.v.dims2()?.0 != kv_width
-        || w.o.dims2()?.1 != q_width
-        || norm.weight.elem_count() != d
-        || q_bias.is_some_and(|dims| dims != [q_width])
-        || [k_bias, v_bias].iter().flatten().any(|dims| *dims != [kv_width])
-    {
-        candle_core::bail!(
-            "attention_block: input {:?}, projections q {:?}, k {:?}, v {:?}, o {:?} and q, k, v \
-             biases {:?} do not fit",
-            x.shape(),
-            w.q.shape(),
-            w.k.shape(),
-            w.v.shape(),
-            w.o.shape(),
-            [q_bias, k_bias, v_bias]
-        );
-    }
+    let (q_width, kv_width) = check_shapes(x, norm, &w)?;
     if let BlockPositions::Rotary { tables, .. } = positions {
         check_heads(tables, q_width)?;
         check_heads(tables, kv_width)?;
@@ -183,6 +164,33 @@ pub fn attention_block(
         }
     };
     Ok(Some(out))
+}
+
+/// (H·d, H_kv·d): the widths of q and of k and v, once x (B, T, D), the norm and the weights are
+/// found to fit together.
+fn check_shapes(x: &Tensor, norm: BlockNorm, w: &AttentionWeights) -> Result<(usize, usize)> {
+    let d = x.dims3()?.2;
+    let (q_width, kv_width) = (w.q.dims2()?.0, w.k.dims2()?.0);
+    let [q_bias, k_bias, v_bias] = w.qkv_bias.map(|b| b.map(Tensor::dims));
+    if [w.q.dims2()?.1, w.k.dims2()?.1, w.v.dims2()?.1, w.o.dims2()?.0] != [d; 4]
+        || w.v.dims2()?.0 != kv_width
+        || w.o.dims2()?.1 != q_width
+        || norm.weight.elem_count() != d
+        || q_bias.is_some_and(|dims| dims != [q_width])
+        || [k_bias, v_bias].iter().flatten().any(|dims| *dims != [kv_width])
+    {
+        candle_core::bail!(
+            "attention_block: input {:?}, projections q {:?}, k {:?}, v {:?}, o {:?} and q, k, v \
+             biases {:?} do not fit",
+            x.shape(),
+            w.q.shape(),
+            w.k.shape(),
+            w.v.shape(),
+            w.o.shape(),
+            [q_bias, k_bias, v_bias]
+        );
+    }
+    Ok((q_width, kv_width))
 }
 
 /// Applies the op to x, and takes what its attention core measured.
