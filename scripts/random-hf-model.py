@@ -16,7 +16,8 @@ import argparse
 
 import tokenizers
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast, Qwen3Config
+from transformers import (AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast, Qwen2Config,
+                          Qwen3Config)
 
 SHAPES = {
     # HuggingFaceTB/SmolLM2-135M
@@ -25,6 +26,12 @@ SHAPES = {
         num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
         rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True,
         initializer_range=0.041666666666666664, bos_token_id=0, eos_token_id=0),
+    # Qwen/Qwen2.5-0.5B: biases on q, k and v (Ember's `qkv_bias`)
+    "qwen2.5-0.5b": lambda: Qwen2Config(
+        vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+        num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True, initializer_range=0.02,
+        use_sliding_window=False, bos_token_id=151643, eos_token_id=151643),
     # Qwen/Qwen3-0.6B-Base
     "qwen3-0.6b": lambda: Qwen3Config(
         vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
