@@ -14,8 +14,7 @@ use anyhow::Result;
 use candle_core::{Device, Tensor};
 use ember_data::Batch;
 use ember_distributed::World;
-use ember_kernels::ActivationMemory;
-use ember_kernels::Precision;
+use ember_kernels::{ActivationMemory, Precision};
 use ember_model::{Arch, ModelConfig};
 use serde::Serialize;
 
@@ -69,15 +68,9 @@ pub struct BenchReport {
 }
 
 impl BenchReport {
-    /// `, activations recomputed` where they were (`, attention's activations recomputed`
-    /// where only those were), for the report's first line (`keep` says nothing: the line as
-    /// it always was).
+    /// What was recomputed, for the report's first line ([`crate::activations::note`]).
     pub fn activations_note(&self) -> &'static str {
-        match self.activations {
-            ActivationMemory::Keep => "",
-            ActivationMemory::Recompute => ", activations recomputed",
-            ActivationMemory::RecomputeAttention => ", attention's activations recomputed",
-        }
+        crate::activations::note(self.activations)
     }
 }
 

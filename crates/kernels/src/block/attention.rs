@@ -72,9 +72,8 @@ pub enum BlockPositions<'a> {
 /// [`dropout`](crate::dropout)) from `residual` — as one op whose parameter gradients go to
 /// `sink` (the caller merges it after `backward()`), which keeps its activations for the
 /// backward pass or recomputes them there (as `memory` says for [`SubBlock::Attention`]).
-/// `options` and then `residual` are called
-/// only when the op runs, so a caller reserving dropout masks in them reserves them in the
-/// composition's order, and only once.
+/// `options` and then `residual` are called only when the op runs, so a caller reserving
+/// dropout masks in them reserves them in the composition's order, and only once.
 ///
 /// `None` where the op does not run — tensors off the CPU or not f32, positions past the rotary
 /// tables, or an x that carries no gradient (its parameters would get none) —: the caller runs
@@ -137,11 +136,10 @@ pub fn attention_block(
             k: w.k.contiguous()?,
             v: w.v.contiguous()?,
             o: w.o.contiguous()?,
-            bias: [
-                Bias::of(w.qkv_bias[0])?,
-                Bias::of(w.qkv_bias[1])?,
-                Bias::of(w.qkv_bias[2])?,
-            ],
+            bias: {
+                let [q, k, v] = w.qkv_bias.map(Bias::of);
+                [q?, k?, v?]
+            },
         },
         attn: AttnOp::cpu(&[b, t, q_width], &[b, t, kv_width], mask, &opts, true)?,
         residual: DropoutOp::new(residual.0, residual.1),
@@ -210,6 +208,13 @@ struct Projections {
     v: Tensor,
     o: Tensor,
     bias: [Option<Bias>; 3],
+}
+
+impl Projections {
+    /// q's, k's and v's biases, each where it has one.
+    fn biases(&self) -> [Option<&Bias>; 3] {
+        self.bias.each_ref().map(Option::as_ref)
+    }
 }
 
 /// A projection's bias: the parameter, and its values (a row's worth, read once a pass).
@@ -341,7 +346,7 @@ impl<Q: Epilogue, K: Epilogue> AttentionBlockOp<Q, K> {
         let (rows, d, q_width, kv_width) = self.dims(shape)?;
         let h = p.norm.forward_kept(x, p.precision)?;
         let [q_norm, k_norm] = p.qk_norms();
-        let [q_bias, k_bias, v_bias] = p.proj.bias.each_ref().map(Option::as_ref);
+        let [q_bias, k_bias, v_bias] = p.proj.biases();
         let (q, k, v, q_raw, k_raw) = with_data([&p.proj.q, &p.proj.k, &p.proj.v], |[wq, wk, wv]| {
             let (q, q_raw) = through_norm(q_norm, projection(&h, wq, q_bias, (rows, d, q_width)))?;
             let (k, k_raw) = through_norm(k_norm, projection(&h, wk, k_bias, (rows, d, kv_width)))?;
@@ -412,7 +417,7 @@ impl<Q: Epilogue, K: Epilogue> CustomOp1 for AttentionBlockOp<Q, K> {
             let (d_o, d_wo) = project_grads(&o, wo, &g_branch, (rows, q_width, d), p.precision);
             let (dq, dk, dv) = p.attn.backward_values(&q, &k, &v, &o, &d_o)?;
             drop((o, d_o, v));
-            let [q_bias, k_bias, v_bias] = p.proj.bias.each_ref().map(Option::as_ref);
+            let [q_bias, k_bias, v_bias] = p.proj.biases();
             // h is dW's B for all three projections: packed once in bf16.
             let h_b = SharedB::new(&h);
             let v_bias_grads = bias_grad(v_bias, &dv, kv_width)?;

@@ -30,6 +30,17 @@ pub fn recompute_refusals(cfg: &RunConfig, memory: ActivationMemory) -> Vec<Stri
     reasons
 }
 
+/// `, activations recomputed` (`, attention's activations recomputed` where only those are)
+/// for a report's line about a run or benchmark with `memory`; nothing for `keep`, so that
+/// line reads as it always did.
+pub fn note(memory: ActivationMemory) -> &'static str {
+    match memory {
+        ActivationMemory::Keep => "",
+        ActivationMemory::Recompute => ", activations recomputed",
+        ActivationMemory::RecomputeAttention => ", attention's activations recomputed",
+    }
+}
+
 /// Refuses `train.activations: recompute` (or `recompute_attention`) where some sub-block it
 /// recomputes could not.
 pub fn check(cfg: &RunConfig) -> Result<()> {

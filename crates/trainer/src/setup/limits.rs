@@ -340,14 +340,17 @@ pub fn check_memory(cfg: &RunConfig, data: &Dataset) -> Result<MemoryEstimate> {
 /// A `train.activations` that recomputes more than `cfg`'s and that its model can run:
 /// everything where it can, else the attention sub-blocks.
 fn recompute_more(cfg: &RunConfig) -> Option<ActivationMemory> {
-    let more: &[ActivationMemory] = match cfg.train.activations {
-        ActivationMemory::Keep => &[ActivationMemory::Recompute, ActivationMemory::RecomputeAttention],
-        ActivationMemory::RecomputeAttention => &[ActivationMemory::Recompute],
-        ActivationMemory::Recompute => &[],
+    let current = cfg.train.activations;
+    let recomputes_more = |memory: ActivationMemory| {
+        [SubBlock::Attention, SubBlock::FeedForward]
+            .into_iter()
+            .any(|sub| memory.recomputes(sub) && !current.recomputes(sub))
     };
-    more.iter()
-        .copied()
-        .find(|&memory| super::activations::recompute_refusals(cfg, memory).is_empty())
+    [ActivationMemory::Recompute, ActivationMemory::RecomputeAttention]
+        .into_iter()
+        .find(|&memory| {
+            recomputes_more(memory) && super::activations::recompute_refusals(cfg, memory).is_empty()
+        })
 }
 
 /// `1.5 GiB`, `3.2e6 GiB` for the absurd.

@@ -22,7 +22,6 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device};
 use ember_data::{Batcher, Dataset, LmWindowBatcher, Splits, TokenBudgetBatcher, TOKENIZER_FILE};
-use ember_kernels::ActivationMemory;
 use ember_model::{init_model, Model, ParamStore};
 
 use crate::checkpoint::{self, CheckpointState};
@@ -253,12 +252,9 @@ impl TrainingRun {
             ember_kernels::Precision::F32 => String::new(),
             _ => format!(", {}", crate::setup::precision::describe_products(&t.cfg)),
         };
-        let activations = match t.cfg.train.activations {
-            ActivationMemory::Keep => "",
-            ActivationMemory::Recompute => ", activations recomputed in the backward pass",
-            ActivationMemory::RecomputeAttention => {
-                ", attention's activations recomputed in the backward pass"
-            }
+        let activations = match activations::note(t.cfg.train.activations) {
+            "" => String::new(),
+            note => format!("{note} in the backward pass"),
         };
         format!(
             "{} model{start}, {} parameters, {} steps{precision}{activations}, data: {}; run directory {}",
