@@ -1,7 +1,8 @@
 //! Specification of `train.activations`: `recompute` and `recompute_attention` train the bits
 //! `keep` trains (the same weights and optimizer state in every checkpoint, the same losses), in
 //! f32 and in bf16, also across a resume that changes it, and hold less memory while they do,
-//! `recompute` the least; a model whose sub-blocks cannot recompute, a sweep with such a cell,
+//! `recompute` the least — a language model and a translation model alike; a model whose
+//! sub-blocks cannot recompute, a sweep with such a cell,
 //! and a value that is no choice are refused before any work, naming the key, while a model
 //! whose attention sub-blocks alone run as one op may recompute those alone.
 
@@ -63,43 +64,44 @@ fn losses(run_dir: &Path) -> Vec<String> {
 fn recomputing_the_activations_trains_the_same_bits() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let cfg = write(dir, "lm.yaml", lm_yaml(&corpus(dir)));
-    for precision in ["f32", "bf16"] {
-        let train = |memory: &str| {
-            let run_dir = dir.join(format!("runs/{precision}-{memory}"));
-            let p = format!("train.precision={precision}");
-            let m = format!("train.activations={memory}");
-            let args = ["train", s(&cfg), "--run-dir", s(&run_dir), "--quiet"];
-            ok(dir, &[&args[..], &["--set", &p, "--set", &m]].concat());
-            run_dir
-        };
-        let kept = train("keep");
-        let a = checkpoint_bytes(&kept);
-        assert_eq!(
-            a.len(),
-            2,
-            "{precision}: checkpoints {:?}",
-            a.iter().map(|c| c.0).collect::<Vec<_>>()
-        );
-        assert_eq!(losses(&kept).len(), 4);
-        for memory in ["recompute", "recompute_attention"] {
-            let recomputed = train(memory);
-            let b = checkpoint_bytes(&recomputed);
-            assert!(a == b, "{precision}, {memory}: the checkpoints differ");
-            assert_eq!(
-                losses(&kept),
-                losses(&recomputed),
-                "{precision}, {memory}: the losses differ"
+    let lm = write(dir, "lm.yaml", lm_yaml(&corpus(dir)));
+    // A translation model: its decoder's cross-attention recomputes too.
+    let seq2seq = write(dir, "seq2seq.yaml", seq2seq_yaml(4, 4, 2));
+    for (model, cfg) in [("lm", &lm), ("seq2seq", &seq2seq)] {
+        for precision in ["f32", "bf16"] {
+            let what = format!("{model}, {precision}");
+            let train = |memory: &str| {
+                let run_dir = dir.join(format!("runs/{model}-{precision}-{memory}"));
+                let p = format!("train.precision={precision}");
+                let m = format!("train.activations={memory}");
+                let args = ["train", s(cfg), "--run-dir", s(&run_dir), "--quiet"];
+                ok(dir, &[&args[..], &["--set", &p, "--set", &m]].concat());
+                run_dir
+            };
+            let kept = train("keep");
+            let a = checkpoint_bytes(&kept);
+            let steps: Vec<u64> = a.iter().map(|c| c.0).collect();
+            assert_eq!(steps, [2, 4], "{what}: checkpoints");
+            assert_eq!(losses(&kept).len(), 4, "{what}");
+            for memory in ["recompute", "recompute_attention"] {
+                let recomputed = train(memory);
+                let b = checkpoint_bytes(&recomputed);
+                assert!(a == b, "{what}, {memory}: the checkpoints differ");
+                assert_eq!(
+                    losses(&kept),
+                    losses(&recomputed),
+                    "{what}, {memory}: the losses differ"
+                );
+                // The choice is written into the run's config, so a resume keeps it.
+                let written = std::fs::read_to_string(recomputed.join("config.yaml")).unwrap();
+                assert!(written.contains(&format!("activations: {memory}\n")), "{written}");
+            }
+            let written = std::fs::read_to_string(kept.join("config.yaml")).unwrap();
+            assert!(
+                !written.contains("activations"),
+                "keep is the default, left out: {written}"
             );
-            // The choice is written into the run's config, so a resume keeps it.
-            let written = std::fs::read_to_string(recomputed.join("config.yaml")).unwrap();
-            assert!(written.contains(&format!("activations: {memory}\n")), "{written}");
         }
-        let written = std::fs::read_to_string(kept.join("config.yaml")).unwrap();
-        assert!(
-            !written.contains("activations"),
-            "keep is the default, left out: {written}"
-        );
     }
 }
 
@@ -194,7 +196,7 @@ fn a_model_that_cannot_recompute_is_refused_before_any_work() {
     let lm = write(dir, "lm.yaml", lm_yaml(&corpus(dir)));
     let run_dir = dir.join("run");
     let refused = [
-        (&cfg, "model.arch=seq2seq", "model.arch: seq2seq"),
+        (&cfg, "model.norm_placement=post", "model.norm_placement: post"),
         (&lm, "model.mlp=relu", "model.mlp: relu"),
         (&lm, "model.norm_placement=post", "model.norm_placement: post"),
         (&lm, "model.proj_bias=true", "model.proj_bias: true"),
@@ -223,7 +225,7 @@ fn a_model_that_cannot_recompute_is_refused_before_any_work() {
     // The attention sub-blocks alone: refused where they are not one op; a ReLU model's
     // feed-forward blocks are not one op, and its attention recomputes.
     for (cfg, set, named) in [
-        (&cfg, "model.arch=seq2seq", "model.arch: seq2seq"),
+        (&cfg, "model.norm_placement=post", "model.norm_placement: post"),
         (&lm, "model.qk_norm=l2", "model.qk_norm: l2"),
         (&lm, "model.proj_bias=true", "model.proj_bias: true"),
     ] {

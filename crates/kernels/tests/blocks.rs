@@ -5,6 +5,8 @@
 //! pass; a second backward pass through the same graph gives the same gradients;
 //! an op that does not run (an input without a gradient) says so and reserves no dropout mask;
 //! and a sink whose op never ran its backward pass refuses to merge rather than lose gradients.
+//! A cross-attention sub-block's keys and values are inputs of its op: their gradients, like
+//! x's, come back through candle with the composition's bits.
 //! The fused output projection and loss hands its weight's gradient to a sink the same way.
 
 #[path = "common/mod.rs"]
@@ -14,8 +16,9 @@ use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor, Var};
 use common::{every_precision, host, randn_cpu, same_bits};
 use ember_kernels::{
-    self as kernels, attention_block, causal_mask, mlp_block, ActivationMemory, AttentionOptions,
-    AttentionWeights, BlockNorm, BlockPositions, GradSink, MlpWeights, PositionScale, Precision, RopeTables,
+    self as kernels, attention_block, causal_mask, cross_attention_block, mlp_block, padding_mask,
+    ActivationMemory, AttentionOptions, AttentionWeights, BlockNorm, BlockPositions, CrossAttentionWeights,
+    GradSink, MlpWeights, PositionScale, Precision, RopeTables,
 };
 
 /// One MLP sub-block's inputs: the stream x (B, T, d) and its parameters, as variables.
@@ -579,6 +582,223 @@ fn a_second_backward_pass_through_the_attention_block_recomputes_what_the_first_
                 same_bits(g1, g2),
                 "{memory}: gradient {i} differs on the second pass"
             );
+        }
+    }
+}
+
+/// One cross-attention sub-block's inputs: the decoder's stream x (B, T, D), the keys and values
+/// it attends to (B, S, H_kv·d; a seq2seq model projects them from the encoder output), and its
+/// parameters, as variables.
+struct Cross {
+    x: Var,
+    k: Var,
+    v: Var,
+    norm: Vec<Var>,
+    rms: bool,
+    q: Var,
+    o: Var,
+    q_bias: Option<Var>,
+    /// QK-norm's query norm (gain, and bias for LayerNorm), and whether it is RMS.
+    q_norm: Option<(Vec<Var>, bool)>,
+}
+
+impl Cross {
+    fn new(
+        seed: u64,
+        (b, t, s, d): (usize, usize, usize, usize),
+        (heads, kv_heads, hd): (usize, usize, usize),
+    ) -> Self {
+        let var = |i: u64, shape: &[usize], scale: f32| {
+            Var::from_tensor(&randn_cpu(seed + i, shape, scale)).unwrap()
+        };
+        let gain = Var::from_tensor(&(randn_cpu(seed + 1, &[d], 0.1) + 1.0).unwrap()).unwrap();
+        Self {
+            x: var(0, &[b, t, d], 1.0),
+            k: var(2, &[b, s, kv_heads * hd], 1.0),
+            v: var(3, &[b, s, kv_heads * hd], 1.0),
+            norm: vec![gain, var(4, &[d], 0.1)],
+            rms: false,
+            q: var(5, &[heads * hd, d], 0.3),
+            o: var(6, &[d, heads * hd], 0.2),
+            q_bias: None,
+            q_norm: None,
+        }
+    }
+
+    /// The sub-block's input gradients (x's, k's, v's), then each parameter's.
+    fn vars(&self) -> Vec<&Var> {
+        [&self.x, &self.k, &self.v]
+            .into_iter()
+            .chain(&self.norm)
+            .chain([&self.q, &self.o])
+            .chain(&self.q_bias)
+            .chain(self.q_norm.iter().flat_map(|(vars, _)| vars))
+            .collect()
+    }
+
+    fn norm(vars: &[Var], rms: bool, eps: f64) -> BlockNorm<'_> {
+        BlockNorm {
+            weight: vars[0].as_tensor(),
+            bias: vars.get(1).map(Var::as_tensor),
+            rms,
+            eps,
+        }
+    }
+
+    fn forward(
+        &self,
+        mask: Option<&Tensor>,
+        opts: &AttentionOptions,
+        sink: Option<(&GradSink, ActivationMemory)>,
+    ) -> (Tensor, Option<ember_kernels::AttentionTelemetry>) {
+        let norm = Cross::norm(&self.norm, self.rms, 1e-5);
+        let q_norm = self
+            .q_norm
+            .as_ref()
+            .map(|(vars, rms)| Cross::norm(vars, *rms, 1e-6));
+        let (x, k, v) = (self.x.as_tensor(), self.k.as_tensor(), self.v.as_tensor());
+        let (wq, wo) = (self.q.as_tensor(), self.o.as_tensor());
+        let q_bias = self.q_bias.as_ref().map(Var::as_tensor);
+        let scale = 0.35;
+        let residual = (0.1, 777);
+        if let Some((sink, memory)) = sink {
+            let w = CrossAttentionWeights {
+                q: wq,
+                o: wo,
+                q_bias,
+                q_norm,
+            };
+            let block = cross_attention_block(
+                x,
+                norm,
+                w,
+                (k, v),
+                scale,
+                mask,
+                memory,
+                sink,
+                || *opts,
+                || residual,
+            );
+            return block.unwrap().expect("the op did not run");
+        }
+        // The ops one by one, as the model composes them: q's product fused with the scale
+        // where nothing comes between.
+        let precision = opts.precision;
+        let h = norm_of(x, norm);
+        let q = match (q_bias, q_norm) {
+            (None, None) => kernels::linear_scaled_in(&h, wq, scale, precision).unwrap(),
+            _ => {
+                let q = match q_bias {
+                    Some(b) => kernels::linear_bias_in(&h, wq, b, precision).unwrap(),
+                    None => kernels::linear_in(&h, wq, precision).unwrap(),
+                };
+                let q = q_norm.map_or(q.clone(), |n| norm_of(&q, n));
+                PositionScale::from(scale).apply_unfused(&q, 0).unwrap()
+            }
+        };
+        let (o, telemetry) = kernels::attention(&q, k, v, mask, opts).unwrap();
+        let out = kernels::linear_residual_in(x, &o, wo, residual.0, residual.1, precision).unwrap();
+        (out, telemetry)
+    }
+
+    fn grads(&self, store: &GradStore) -> Vec<Tensor> {
+        self.vars()
+            .into_iter()
+            .map(|v| store.get(v.as_tensor()).expect("a gradient is missing").clone())
+            .collect()
+    }
+}
+
+#[test]
+fn the_cross_attention_block_gives_the_bits_of_its_ops_one_by_one() {
+    let (b, t, s, hd) = (2, 11, 7, 8);
+    // The second source row is padded after 4 keys.
+    let keys = Tensor::new(&[[1u8; 7], [1, 1, 1, 1, 0, 0, 0]], &Device::Cpu).unwrap();
+    let padding = padding_mask(&keys, DType::F32).unwrap();
+    // (what, heads, norm is RMS, QK-norm's query norm: None, or Some(is RMS), q's bias, mask)
+    let cases = [
+        ("MHA, layernorm", (4, 4), false, None, false, Some(&padding)),
+        (
+            "GQA 4/2, rmsnorm, QK layernorm",
+            (4, 2),
+            true,
+            Some(false),
+            false,
+            Some(&padding),
+        ),
+        (
+            "MHA, layernorm, QK rmsnorm, q bias",
+            (4, 4),
+            false,
+            Some(true),
+            true,
+            Some(&padding),
+        ),
+        (
+            "GQA 4/1, rmsnorm, q bias, no mask",
+            (4, 1),
+            true,
+            None,
+            true,
+            None,
+        ),
+    ];
+    for (what, (heads, kv_heads), rms, q_norm, q_bias, mask) in cases {
+        for (precision, memory) in every_precision().into_iter().flat_map(with_either_memory) {
+            for dropout in [None, Some((0.1, 4242))] {
+                let what = format!("{what}, {precision:?}, {memory:?}, attention dropout {dropout:?}");
+                let mut a = Cross::new(21, (b, t, s, heads * hd - 3), (heads, kv_heads, hd));
+                if rms {
+                    (a.rms, a.norm) = (true, a.norm[..1].to_vec());
+                }
+                if let Some(qk_rms) = q_norm {
+                    let gain = Var::from_tensor(&(randn_cpu(60, &[hd], 0.1) + 1.0).unwrap()).unwrap();
+                    let bias = Var::from_tensor(&randn_cpu(61, &[hd], 0.1)).unwrap();
+                    let vars = if qk_rms { vec![gain] } else { vec![gain, bias] };
+                    a.q_norm = Some((vars, qk_rms));
+                }
+                if q_bias {
+                    a.q_bias = Some(Var::from_tensor(&randn_cpu(62, &[heads * hd], 0.5)).unwrap());
+                }
+                let opts = AttentionOptions {
+                    heads,
+                    kv_heads,
+                    dropout,
+                    telemetry: true,
+                    precision,
+                };
+                let (y_ops, measured_ops) = a.forward(mask, &opts, None);
+                let grads_ops = a.grads(&loss(&y_ops).backward().unwrap());
+
+                let sink = GradSink::new();
+                let (y, measured) = a.forward(mask, &opts, Some((&sink, memory)));
+                assert!(same_bits(&y, &y_ops), "{what}: the output differs");
+                assert_eq!(measured, measured_ops, "{what}: the telemetry differs");
+                assert!(measured.is_some(), "{what}: no telemetry");
+                let l = loss(&y);
+                let mut store = l.backward().unwrap();
+                sink.merge_into(&mut store).unwrap();
+                let grads = a.grads(&store);
+                for (i, input) in ["x", "k", "v"].into_iter().enumerate() {
+                    assert!(
+                        same_bits(&grads[i], &grads_ops[i]),
+                        "{what}: {input}'s gradient differs"
+                    );
+                }
+                for (i, (g, g_ops)) in grads.iter().zip(&grads_ops).enumerate().skip(3) {
+                    assert_equal(&format!("{what}: parameter {i}'s gradient"), g, g_ops);
+                }
+                // A second backward pass through the same graph recomputes what the first took.
+                let mut second = l.backward().unwrap();
+                sink.merge_into(&mut second).unwrap();
+                for (i, (g1, g2)) in grads.iter().zip(&a.grads(&second)).enumerate() {
+                    assert!(
+                        same_bits(g1, g2),
+                        "{what}: gradient {i} differs on the second pass"
+                    );
+                }
+            }
         }
     }
 }

@@ -7,7 +7,10 @@
 
 use candle_core::{Result, Tensor};
 use candle_nn::{Init, VarBuilder};
-use ember_kernels::{AttentionOptions, AttentionTelemetry, AttentionWeights, BlockPositions, PositionScale};
+use ember_kernels::{
+    AttentionOptions, AttentionTelemetry, AttentionWeights, BlockNorm, BlockPositions, CrossAttentionWeights,
+    PositionScale,
+};
 
 use crate::config::{ModelConfig, NormKind, QkNorm};
 use crate::init::ProjectionRole;
@@ -353,15 +356,8 @@ impl Attention {
         dropout: f64,
         ctx: ForwardCtx,
     ) -> Result<Option<Tensor>> {
-        let Some(sink) = ctx.grad_sink else {
+        let (Some(sink), Some(qk_norm)) = (ctx.grad_sink, self.block_qk_norm()) else {
             return Ok(None);
-        };
-        let qk_norm = match &self.qk_norm {
-            // (q's, k's and v's biases are the op's; o's is not.)
-            _ if self.o_proj.has_bias() => return Ok(None),
-            QkNormLayer::None => None,
-            QkNormLayer::Norm { q, k } => Some([q.as_block_norm(), k.as_block_norm()]),
-            QkNormLayer::L2 { .. } => return Ok(None),
         };
         let (b, t, _) = x.dims3()?;
         let scale = PositionScale {
@@ -398,6 +394,65 @@ impl Attention {
             self.record(measured, ctx);
             out
         }))
+    }
+
+    /// `norm` and cross-attention of `x` (B, T, D) to the encoder's keys and values `kv`,
+    /// written back into `x`, as one op (`ember_kernels::cross_attention_block`) whose
+    /// parameters' gradients go to the pass's sink (k's and v's go back through candle to the
+    /// projections that made them); `None` where
+    /// [`forward_self_with_norm`](Self::forward_self_with_norm) would give none: the caller then
+    /// runs [`forward_cross`](Self::forward_cross). Its dropout masks are reserved as
+    /// `forward_cross` reserves them, and only when the op runs.
+    pub(crate) fn forward_cross_with_norm(
+        &self,
+        norm: &Norm,
+        x: &Tensor,
+        kv: &CrossKv,
+        mask: Option<&Tensor>,
+        dropout: f64,
+        ctx: ForwardCtx,
+    ) -> Result<Option<Tensor>> {
+        let (Some(sink), Some(qk_norm)) = (ctx.grad_sink, self.block_qk_norm()) else {
+            return Ok(None);
+        };
+        let ((b, t, _), s) = (x.dims3()?, kv.k.dim(1)?);
+        let weights = CrossAttentionWeights {
+            q: self.q_proj.weight(),
+            o: self.o_proj.weight(),
+            q_bias: self.q_proj.bias(),
+            q_norm: qk_norm.map(|[q, _]| q),
+        };
+        let scale = 1.0 / (self.head_dim as f64).sqrt();
+        let options = || self.options(b, t, s, ctx);
+        let residual = || ctx.residual_dropout(dropout, x.elem_count());
+        let block = ember_kernels::cross_attention_block(
+            x,
+            norm.as_block_norm(),
+            weights,
+            (&kv.k, &kv.v),
+            scale,
+            mask,
+            ctx.activations,
+            sink,
+            options,
+            residual,
+        )?;
+        Ok(block.map(|(out, measured)| {
+            self.record(measured, ctx);
+            out
+        }))
+    }
+
+    /// QK-norm's query and key norms as a block op takes them (`Some(None)` without QK-norm);
+    /// `None` where the module is not one the block ops cover: L2 QK-norm, or a bias on the
+    /// output projection (q's, k's and v's biases are the ops').
+    fn block_qk_norm(&self) -> Option<Option<[BlockNorm<'_>; 2]>> {
+        match &self.qk_norm {
+            _ if self.o_proj.has_bias() => None,
+            QkNormLayer::None => Some(None),
+            QkNormLayer::Norm { q, k } => Some(Some([q.as_block_norm(), k.as_block_norm()])),
+            QkNormLayer::L2 { .. } => None,
+        }
     }
 
     /// Per-head queries and keys of `x` (B, T, D) right after QK-norm, before rotation and

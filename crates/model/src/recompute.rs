@@ -1,14 +1,14 @@
 //! Which models can recompute their activations in the backward pass (`train.activations:
 //! recompute`, or `recompute_attention` for the attention sub-blocks alone): those whose every
 //! sub-block that recomputes runs as one op in training (`ember_kernels::attention_block`,
-//! `mlp_block`), for only those ops can compute their activations again from their input
+//! `cross_attention_block`, `mlp_block`), for only those ops can compute their activations again from their input
 //! alone. [`crate::ForwardCtx::with_activations`] sets it for a pass; a pass that meets a
 //! sub-block of another kind fails naming it, and [`ModelConfig::unfused_sub_blocks`] says the
 //! same from the config before any pass.
 
 use ember_kernels::{ActivationMemory, SubBlock};
 
-use crate::config::{Arch, MlpKind, ModelConfig, NormPlacement, Positions, QkNorm};
+use crate::config::{MlpKind, ModelConfig, NormPlacement, Positions, QkNorm};
 
 impl ModelConfig {
     /// What keeps some of this model's sub-blocks that `memory` recomputes from running as one
@@ -21,10 +21,6 @@ impl ModelConfig {
             (
                 (attention || feed_forward) && self.norm_placement == NormPlacement::Post,
                 "model.norm_placement: post (only pre-norm sub-blocks run as one op)",
-            ),
-            (
-                attention && self.arch == Arch::Seq2seq,
-                "model.arch: seq2seq (the decoder's cross-attention does not run as one op)",
             ),
             (
                 (attention || feed_forward) && self.proj_bias,

@@ -227,18 +227,8 @@ impl Layer {
             _ => None,
         };
         let recomputing = |sub| ctx.grad_sink.is_some() && ctx.activations.recomputes(sub);
-        // A sub-block that is not one op would keep its activations: the user asked for less.
-        // Runs refuse such a model before any pass, naming why (`ModelConfig::unfused_sub_blocks`);
-        // this guards a pass that was not told.
-        let refuse = |what: &str| {
-            candle_core::bail!(
-                "train.activations: {}: this model's {what} does not run as one op, so it \
-                 cannot recompute its activations. Set train.activations: keep.",
-                ctx.activations
-            )
-        };
         if recomputing(SubBlock::Attention) && fused.is_none() {
-            return refuse("self-attention");
+            return refuse_unfused(ctx, "self-attention");
         }
         let x = match fused {
             Some(x) => x,
@@ -247,23 +237,10 @@ impl Layer {
             })?,
         };
         let x = match (&self.cross, memory) {
-            (Some(_), Some(_)) if recomputing(SubBlock::Attention) => return refuse("cross-attention"),
-            (Some((norm, attn)), Some(memory)) => self.sublayer(norm, &x, ctx, |h, into| {
-                let mask = memory.mask.as_ref();
-                // Keys and values in the queries' dtype: a bf16 branch's from the f32 encoder
-                // output rounded once (what bf16 products read of it anyway).
-                let kv = || attn.cross_kv(&memory.hidden.to_dtype(h.dtype())?, ctx);
-                match cross_kv {
-                    Some(slot) => {
-                        if slot.is_none() {
-                            *slot = Some(kv()?);
-                        }
-                        let kv = slot.as_ref().expect("filled above");
-                        attn.forward_cross(h, kv, into, mask, ctx)
-                    }
-                    None => attn.forward_cross(h, &kv()?, into, mask, ctx),
-                }
-            })?,
+            (Some(cross), Some(memory)) => {
+                let recomputing = recomputing(SubBlock::Attention);
+                self.cross_sublayer(cross, &x, memory, cross_kv, recomputing, ctx)?
+            }
             (Some(_), None) => candle_core::bail!("a seq2seq decoder needs the encoder output"),
             (None, _) => x,
         };
@@ -276,10 +253,67 @@ impl Layer {
             }
         }
         if recomputing(SubBlock::FeedForward) {
-            return refuse("feed-forward sub-block");
+            return refuse_unfused(ctx, "feed-forward sub-block");
         }
         self.sublayer(&self.mlp_norm, &x, ctx, |h, into| self.mlp.forward(h, into, ctx))
     }
+
+    /// The cross-attention sub-block over `x`, attending to `memory`: as one op in a pre-norm
+    /// training pass where the op runs, else op by op (`recomputing`: refused then), the keys
+    /// and values kept in the cache's `slot` where decoding keeps them.
+    fn cross_sublayer(
+        &self,
+        (norm, attn): &(Norm, Attention),
+        x: &Tensor,
+        memory: &Memory,
+        slot: Option<&mut Option<CrossKv>>,
+        recomputing: bool,
+        ctx: ForwardCtx,
+    ) -> Result<Tensor> {
+        let mask = memory.mask.as_ref();
+        // Keys and values in the branch's dtype: a bf16 branch's from the f32 encoder output
+        // rounded once (what bf16 products read of it anyway).
+        let kv_as = |dtype| attn.cross_kv(&memory.hidden.to_dtype(dtype)?, ctx);
+        if let Some(slot) = slot {
+            return self.sublayer(norm, x, ctx, |h, into| {
+                if slot.is_none() {
+                    *slot = Some(kv_as(h.dtype())?);
+                }
+                let kv = slot.as_ref().expect("filled above");
+                attn.forward_cross(h, kv, into, mask, ctx)
+            });
+        }
+        if self.placement == NormPlacement::Pre {
+            // (The dtype the norm gives the branch below.)
+            let kv = kv_as(ctx.branch_dtype_of(x))?;
+            if let Some(x) = attn.forward_cross_with_norm(norm, x, &kv, mask, self.dropout, ctx)? {
+                return Ok(x);
+            }
+            if recomputing {
+                return refuse_unfused(ctx, "cross-attention");
+            }
+            return self.sublayer(norm, x, ctx, |h, into| {
+                attn.forward_cross(h, &kv, into, mask, ctx)
+            });
+        }
+        if recomputing {
+            return refuse_unfused(ctx, "cross-attention");
+        }
+        self.sublayer(norm, x, ctx, |h, into| {
+            attn.forward_cross(h, &kv_as(h.dtype())?, into, mask, ctx)
+        })
+    }
+}
+
+/// A sub-block that is not one op would keep its activations: the user asked for less. Runs
+/// refuse such a model before any pass, naming why (`ModelConfig::unfused_sub_blocks`); this
+/// guards a pass that was not told.
+fn refuse_unfused<T>(ctx: ForwardCtx, what: &str) -> Result<T> {
+    candle_core::bail!(
+        "train.activations: {}: this model's {what} does not run as one op, so it cannot \
+         recompute its activations. Set train.activations: keep.",
+        ctx.activations
+    )
 }
 
 /// The position table of a stack, when the model adds one to its embeddings.

@@ -1,5 +1,6 @@
-//! Specification: given a gradient sink, pre-norm blocks run their self-attention and MLP (GELU
-//! or SwiGLU) sub-blocks as one op each (`ember_kernels::attention_block`, `mlp_block`), and a training
+//! Specification: given a gradient sink, pre-norm blocks run their self-attention, cross-attention
+//! (a seq2seq decoder's) and MLP (GELU or SwiGLU) sub-blocks as one op each
+//! (`ember_kernels::attention_block`, `cross_attention_block`, `mlp_block`), and a training
 //! pass is the same as without one — logits and loss bit for bit, every parameter's gradient
 //! equal once the sink is merged, the same dropout masks, the same attention telemetry — in
 //! every architecture, norm, position scheme, QK-norm, MLP and precision, with or without
@@ -29,6 +30,8 @@ struct Pass {
     loss: Tensor,
     grads: BTreeMap<String, Tensor>,
     used_sink: bool,
+    /// What the forward pass's ops owed the sink.
+    owing: Vec<&'static str>,
     telemetry: Vec<AttentionStats>,
 }
 
@@ -50,7 +53,8 @@ fn pass(
     let weights = random(logits.dims(), logits.dtype(), 99);
     let loss = (&logits * weights).unwrap().sum_all().unwrap();
     // The token embedding's lookup uses the sink in every model: only the blocks tell.
-    let used_sink = sink.owing().iter().any(|what| what.contains("block"));
+    let owing = sink.owing();
+    let used_sink = owing.iter().any(|what| what.contains("block"));
     let mut store = loss.backward().unwrap();
     sink.merge_into(&mut store).unwrap();
     let grads = params
@@ -68,6 +72,7 @@ fn pass(
         loss,
         grads,
         used_sink,
+        owing,
         telemetry: collector.take(),
     })
 }
@@ -97,6 +102,19 @@ fn check(what: &str, c: &ModelConfig, precision: Precision, covered: bool) {
     let unfused = pass(&model, &params, c.vocab(), None).unwrap();
     let keeping = pass(&model, &params, c.vocab(), Some(ActivationMemory::Keep)).unwrap();
     same_pass(what, &keeping, &unfused, covered);
+    if covered && c.arch == Arch::Seq2seq && c.norm_placement == NormPlacement::Pre {
+        let cross = keeping
+            .owing
+            .iter()
+            .filter(|w| w.contains("cross-attention"))
+            .count();
+        assert_eq!(
+            cross,
+            c.decoder_layers(),
+            "{what}: cross-attention ops {:?}",
+            keeping.owing
+        );
+    }
     for memory in [ActivationMemory::Recompute, ActivationMemory::RecomputeAttention] {
         let recomputing = pass(&model, &params, c.vocab(), Some(memory));
         let reasons = c.unfused_sub_blocks(memory);
@@ -242,4 +260,29 @@ fn sub_blocks_the_ops_do_not_cover_run_as_before_and_train_the_same() {
             check(&format!("{what}, {precision:?}"), &biased, precision, true);
         }
     }
+    // A seq2seq decoder's cross-attention is one op with QK-norm's query norm too (the keys'
+    // norm belongs to the projections of the encoder output), and with a ReLU MLP beside it.
+    let seq2seq = |f: &dyn Fn(&mut ModelConfig)| {
+        let mut c = cfg(
+            Arch::Seq2seq,
+            QkNorm::Layernorm,
+            NormKind::Layernorm,
+            MlpKind::Gelu,
+        );
+        (c.dropout, c.attn_dropout) = (0.1, 0.1);
+        f(&mut c);
+        c
+    };
+    for precision in every_precision() {
+        for (what, mlp, qk) in [
+            ("seq2seq, relu, qk layernorm", MlpKind::Relu, QkNorm::Layernorm),
+            ("seq2seq, relu, qk rmsnorm", MlpKind::Relu, QkNorm::Rmsnorm),
+        ] {
+            let c = seq2seq(&|c| (c.mlp, c.qk_norm) = (mlp, qk));
+            check(&format!("{what}, {precision:?}"), &c, precision, true);
+        }
+    }
+    // Post-norm seq2seq runs every sub-block as before.
+    let post = seq2seq(&|c| c.norm_placement = NormPlacement::Post);
+    check("seq2seq, post-norm", &post, Precision::F32, false);
 }

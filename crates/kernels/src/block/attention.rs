@@ -218,13 +218,13 @@ impl Projections {
 }
 
 /// A projection's bias: the parameter, and its values (a row's worth, read once a pass).
-struct Bias {
+pub(super) struct Bias {
     param: Tensor,
     values: Vec<f32>,
 }
 
 impl Bias {
-    fn of(bias: Option<&Tensor>) -> Result<Option<Self>> {
+    pub(super) fn of(bias: Option<&Tensor>) -> Result<Option<Self>> {
         let Some(param) = bias else {
             return Ok(None);
         };
@@ -237,7 +237,12 @@ impl Bias {
 }
 
 /// `h·wᵀ` for rows × d → rows × out (`d`), plus the bias on every row where there is one.
-fn projection(h: &Activation, w: &[f32], bias: Option<&Bias>, d: (usize, usize, usize)) -> Vec<f32> {
+pub(super) fn projection(
+    h: &Activation,
+    w: &[f32],
+    bias: Option<&Bias>,
+    d: (usize, usize, usize),
+) -> Vec<f32> {
     let mut y = project_kept(h, w, d);
     if let Some(bias) = bias {
         add_to_rows(&mut y, &bias.values);
@@ -246,7 +251,7 @@ fn projection(h: &Activation, w: &[f32], bias: Option<&Bias>, d: (usize, usize, 
 }
 
 /// The bias's gradient for the gradient `g` at its projection's output (rows of `width`).
-fn bias_grad(bias: Option<&Bias>, g: &[f32], width: usize) -> Result<ParamGrads> {
+pub(super) fn bias_grad(bias: Option<&Bias>, g: &[f32], width: usize) -> Result<ParamGrads> {
     match bias {
         Some(bias) => Ok(vec![(
             bias.param.clone(),
@@ -300,7 +305,7 @@ struct Kept {
 
 /// A query's or key's projection through QK-norm's `norm` (where there is one): (what the
 /// epilogue takes, the projection kept for the norm's backward pass).
-fn through_norm(norm: Option<&HeldNorm>, product: Vec<f32>) -> Result<(Vec<f32>, Vec<f32>)> {
+pub(super) fn through_norm(norm: Option<&HeldNorm>, product: Vec<f32>) -> Result<(Vec<f32>, Vec<f32>)> {
     match norm {
         Some(norm) => Ok((norm.forward(&product)?, product)),
         None => Ok((product, Vec::new())),
@@ -309,7 +314,7 @@ fn through_norm(norm: Option<&HeldNorm>, product: Vec<f32>) -> Result<(Vec<f32>,
 
 /// The gradient at a query's or key's projection from the gradient `g` at QK-norm's output
 /// (`raw`: the projection), and the norm's parameter gradients.
-fn back_through_norm<'g>(
+pub(super) fn back_through_norm<'g>(
     norm: Option<&HeldNorm>,
     raw: &[f32],
     g: Cow<'g, [f32]>,

@@ -20,10 +20,12 @@ use crate::norm::NormOp;
 use crate::Precision;
 
 mod attention;
+mod cross_attention;
 mod mlp;
 mod sink;
 
 pub use attention::{attention_block, AttentionWeights, BlockPositions};
+pub use cross_attention::{cross_attention_block, CrossAttentionWeights};
 pub use mlp::{mlp_block, MlpWeights};
 pub use sink::GradSink;
 
