@@ -1,10 +1,10 @@
 //! Which models can recompute their activations in the backward pass (`train.activations:
 //! recompute`, or `recompute_attention` for the attention sub-blocks alone): those whose every
 //! sub-block that recomputes runs as one op in training (`ember_kernels::attention_block`,
-//! `cross_attention_block`, `mlp_block`), for only those ops can compute their activations again from their input
-//! alone. [`crate::ForwardCtx::with_activations`] sets it for a pass; a pass that meets a
-//! sub-block of another kind fails naming it, and [`ModelConfig::unfused_sub_blocks`] says the
-//! same from the config before any pass.
+//! `cross_attention_block`, `mlp_block`), for only those ops can compute their activations
+//! again from their input alone. [`crate::ForwardCtx::with_activations`] sets it for a pass; a
+//! pass that meets a sub-block of another kind fails naming it, and
+//! [`ModelConfig::unfused_sub_blocks`] says the same from the config before any pass.
 
 use ember_kernels::{ActivationMemory, SubBlock};
 
