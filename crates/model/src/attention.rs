@@ -390,10 +390,7 @@ impl Attention {
         let block = ember_kernels::attention_block(
             x, norm, weights, positions, mask, memory, sink, options, residual,
         )?;
-        Ok(block.map(|(out, measured)| {
-            self.record(measured, ctx);
-            out
-        }))
+        Ok(self.recorded(block, ctx))
     }
 
     /// `norm` and cross-attention of `x` (B, T, D) to the encoder's keys and values `kv`,
@@ -437,10 +434,20 @@ impl Attention {
             options,
             residual,
         )?;
-        Ok(block.map(|(out, measured)| {
+        Ok(self.recorded(block, ctx))
+    }
+
+    /// A block op's output (where it ran), what its attention core measured handed to the
+    /// pass's telemetry.
+    fn recorded(
+        &self,
+        block: Option<(Tensor, Option<AttentionTelemetry>)>,
+        ctx: ForwardCtx,
+    ) -> Option<Tensor> {
+        block.map(|(out, measured)| {
             self.record(measured, ctx);
             out
-        }))
+        })
     }
 
     /// QK-norm's query and key norms as a block op takes them (`Some(None)` without QK-norm);

@@ -20,13 +20,14 @@
 //! zero moves no parameter either way).
 
 use std::borrow::Cow;
-use std::sync::Mutex;
 
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 
 use crate::attention::{take, AttentionOptions, AttentionTelemetry, AttnOp};
 use crate::bias::{add_to_rows, column_sums_of};
-use crate::block::{branch_gradient, ActivationMemory, BlockNorm, GradSink, HeldNorm, ParamGrads, SubBlock};
+use crate::block::{
+    branch_gradient, ActivationMemory, Between, BlockNorm, GradSink, HeldNorm, ParamGrads, SubBlock,
+};
 use crate::dropout::{add_dropped, DropoutOp};
 use crate::gemm::{Activation, SharedB};
 use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
@@ -144,10 +145,7 @@ pub fn attention_block(
         attn: AttnOp::cpu(&[b, t, q_width], &[b, t, kv_width], mask, &opts, true)?,
         residual: DropoutOp::new(residual.0, residual.1),
         precision,
-        keep: !memory.recomputes(SubBlock::Attention),
-        kept: Mutex::new(None),
-        id: sink.register("the fused attention block"),
-        sink: sink.clone(),
+        between: Between::new(memory, SubBlock::Attention, sink, "the fused attention block"),
     };
     let x = x.contiguous()?;
     let out = match positions {
@@ -270,14 +268,8 @@ struct Parts {
     attn: AttnOp,
     residual: Option<DropoutOp>,
     precision: crate::Precision,
-    /// Whether the forward pass keeps `kept` (and the attention core its probabilities; else
-    /// the backward pass recomputes them).
-    keep: bool,
-    /// The forward pass's activations, taken by the backward pass (which recomputes them where
-    /// they were not kept, or were taken by a backward pass before).
-    kept: Mutex<Option<Kept>>,
-    sink: GradSink,
-    id: u64,
+    /// What the forward pass keeps (the attention core its probabilities with it).
+    between: Between<Kept>,
 }
 
 impl Parts {
@@ -360,7 +352,7 @@ impl<Q: Epilogue, K: Epilogue> AttentionBlockOp<Q, K> {
             let v = projection(&h, wv, v_bias, (rows, d, kv_width));
             Ok((q, k, v, q_raw, k_raw))
         })?;
-        let keep_probs = !forward || p.keep;
+        let keep_probs = !forward || p.between.keeps();
         let o = p.attn.forward_values_with(&q, &k, &v, keep_probs, forward)?;
         Ok(Kept {
             h,
@@ -387,9 +379,7 @@ impl<Q: Epilogue, K: Epilogue> CustomOp1 for AttentionBlockOp<Q, K> {
         let branch = with_data([&p.proj.o], |[wo]| {
             Ok(project(&kept.o, wo, (rows, q_width, d), p.precision))
         })?;
-        if p.keep {
-            *p.kept.lock().unwrap_or_else(|e| e.into_inner()) = Some(kept);
-        }
+        p.between.hold(kept);
         Ok((
             CpuStorage::F32(add_dropped(p.residual, x, &branch)),
             l.shape().clone(),
@@ -401,7 +391,7 @@ impl<Q: Epilogue, K: Epilogue> CustomOp1 for AttentionBlockOp<Q, K> {
     /// the norm, and x's two gradients (the residual's g and the norm's) summed.
     fn bwd(&self, x: &Tensor, _res: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
         let p = &self.parts;
-        let kept = take(&p.kept);
+        let kept = p.between.take();
         let shape = x.shape();
         let (rows, d, q_width, kv_width) = self.dims(shape)?;
         let tensors = [x, g, &p.proj.q, &p.proj.k, &p.proj.v, &p.proj.o];
@@ -462,7 +452,7 @@ impl<Q: Epilogue, K: Epilogue> CustomOp1 for AttentionBlockOp<Q, K> {
             grads.extend(q_bias_grads.into_iter().chain(k_bias_grads).chain(v_bias_grads));
             Ok((dx, grads))
         })?;
-        p.sink.deposit(p.id, grads);
+        p.between.deposit(grads);
         Ok(Some(cpu_tensor(dx, shape)?))
     }
 }

@@ -18,13 +18,11 @@
 //! output and the gradients of x, k and v have its bits and each parameter's gradient equals it,
 //! up to the sign of an exact zero (see [`attention_block`](super::attention_block)).
 
-use std::sync::Mutex;
-
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
 
 use super::attention::{back_through_norm, bias_grad, projection, through_norm, Bias};
 use crate::attention::{take, AttentionOptions, AttentionTelemetry, AttnOp};
-use crate::block::{branch_gradient, ActivationMemory, BlockNorm, GradSink, HeldNorm, SubBlock};
+use crate::block::{branch_gradient, ActivationMemory, Between, BlockNorm, GradSink, HeldNorm, SubBlock};
 use crate::dropout::{add_dropped, DropoutOp};
 use crate::gemm::Activation;
 use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
@@ -113,10 +111,12 @@ pub fn cross_attention_block(
         attn: AttnOp::cpu(&[b, t, q_width], &[b, s, kv_width], mask, &opts, true)?,
         residual: DropoutOp::new(residual.0, residual.1),
         precision,
-        keep: !memory.recomputes(SubBlock::Attention),
-        kept: Mutex::new(None),
-        id: sink.register("the fused cross-attention block"),
-        sink: sink.clone(),
+        between: Between::new(
+            memory,
+            SubBlock::Attention,
+            sink,
+            "the fused cross-attention block",
+        ),
     };
     let slot = op.attn.telemetry_slot();
     let out = x
@@ -138,14 +138,8 @@ struct CrossAttentionBlockOp {
     attn: AttnOp,
     residual: Option<DropoutOp>,
     precision: crate::Precision,
-    /// Whether the forward pass keeps `kept` (and the attention core its probabilities; else
-    /// the backward pass recomputes them).
-    keep: bool,
-    /// The forward pass's activations, taken by the backward pass (which recomputes them where
-    /// they were not kept, or were taken by a backward pass before).
-    kept: Mutex<Option<Kept>>,
-    sink: GradSink,
-    id: u64,
+    /// What the forward pass keeps (the attention core its probabilities with it).
+    between: Between<Kept>,
 }
 
 /// A forward pass's normalised input h (kept for products only: rounded in bf16), q as
@@ -174,7 +168,7 @@ impl CrossAttentionBlockOp {
             through_norm(self.q_norm.as_ref(), product)
         })?;
         let q = self.scale.forward(q, shape, q_width)?;
-        let keep_probs = !forward || self.keep;
+        let keep_probs = !forward || self.between.keeps();
         let o = self.attn.forward_values_with(&q, k, v, keep_probs, forward)?;
         Ok(Kept { h, q, o, q_raw })
     }
@@ -201,9 +195,7 @@ impl CustomOp3 for CrossAttentionBlockOp {
         let branch = with_data([&self.o], |[wo]| {
             Ok(project(&kept.o, wo, (rows, q_width, d), self.precision))
         })?;
-        if self.keep {
-            *self.kept.lock().unwrap_or_else(|e| e.into_inner()) = Some(kept);
-        }
+        self.between.hold(kept);
         Ok((
             CpuStorage::F32(add_dropped(self.residual, x, &branch)),
             l1.shape().clone(),
@@ -221,7 +213,7 @@ impl CustomOp3 for CrossAttentionBlockOp {
         _res: &Tensor,
         g: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let kept = take(&self.kept);
+        let kept = self.between.take();
         let shape = x.shape();
         let (rows, d, q_width) = self.dims(shape)?;
         let tensors = [x, k, v, g, &self.q, &self.o];
@@ -249,7 +241,7 @@ impl CustomOp3 for CrossAttentionBlockOp {
             grads.extend(norm_grads.into_iter().chain(q_norm_grads).chain(q_bias_grads));
             Ok((dx, dk, dv, grads))
         })?;
-        self.sink.deposit(self.id, grads);
+        self.between.deposit(grads);
         Ok((
             Some(cpu_tensor(dx, shape)?),
             Some(cpu_tensor(dk, k.shape())?),

@@ -16,13 +16,11 @@
 //! moves no parameter either way).
 
 use std::borrow::Cow;
-use std::sync::Mutex;
 
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 
 use crate::activation::{swiglu_grads, swiglu_kept, GeluSlope};
-use crate::attention::take;
-use crate::block::{branch_gradient, ActivationMemory, BlockNorm, GradSink, HeldNorm, SubBlock};
+use crate::block::{branch_gradient, ActivationMemory, Between, BlockNorm, GradSink, HeldNorm, SubBlock};
 use crate::dropout::{add_dropped, DropoutOp};
 use crate::gemm::{Activation, SharedB};
 use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
@@ -107,7 +105,7 @@ pub fn mlp_block(
     }
     precision.check_cpu()?;
     let (p, state) = dropout();
-    let keep = !memory.recomputes(SubBlock::FeedForward);
+    let between = Between::new(memory, SubBlock::FeedForward, sink, "the fused MLP block");
     let op = MlpBlockOp {
         norm: HeldNorm::new(norm)?,
         gate: w.gate().map(Tensor::contiguous).transpose()?,
@@ -115,11 +113,8 @@ pub fn mlp_block(
         down: w.down().contiguous()?,
         dropout: DropoutOp::new(p, state),
         precision,
-        keep,
-        gelu: GeluSlope::new(keep),
-        kept: Mutex::new(None),
-        id: sink.register("the fused MLP block"),
-        sink: sink.clone(),
+        gelu: GeluSlope::new(between.keeps()),
+        between,
     };
     Ok(Some(x.contiguous()?.apply_op1(op)?))
 }
@@ -133,18 +128,11 @@ struct MlpBlockOp {
     down: Tensor,
     dropout: Option<DropoutOp>,
     precision: Precision,
-    /// Whether the forward pass keeps `gelu` and `kept` (else the backward pass recomputes
-    /// them).
-    keep: bool,
     /// GELU's derivative at each hidden element, from a forward pass that keeps its
-    /// activations (`keep`: nothing otherwise).
+    /// activations (nothing otherwise).
     gelu: GeluSlope,
-    /// The forward pass's activations, taken by the backward pass (which recomputes them where
-    /// they were not kept, or were taken by a backward pass before).
-    kept: Mutex<Option<Hidden>>,
-    sink: GradSink,
-    /// This op's entry in the sink.
-    id: u64,
+    /// What the forward pass keeps (GELU's derivative with it).
+    between: Between<Hidden>,
 }
 
 /// A forward pass's activations: the normalised input h, SwiGLU's two projections (empty for
@@ -235,9 +223,7 @@ impl CustomOp1 for MlpBlockOp {
         let branch = with_data([&self.down], |[down]| {
             Ok(project_kept(&kept.hidden, down, (rows, ff, d)))
         })?;
-        if self.keep {
-            *self.kept.lock().unwrap_or_else(|e| e.into_inner()) = Some(kept);
-        }
+        self.between.hold(kept);
         Ok((
             CpuStorage::F32(add_dropped(self.dropout, x, &branch)),
             l.shape().clone(),
@@ -248,7 +234,7 @@ impl CustomOp1 for MlpBlockOp {
     /// its projections, the norm, and x's two gradients (the residual's g and the norm's)
     /// summed.
     fn bwd(&self, x: &Tensor, _res: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
-        let kept = take(&self.kept);
+        let kept = self.between.take();
         let (dx, grads) = with_data([x, g, &self.down], |[xs, gs, down]| {
             let (rows, d, ff) = self.dims(xs)?;
             // Recomputed, GELU's derivative is kept for the pass below, which needs it now.
@@ -271,7 +257,7 @@ impl CustomOp1 for MlpBlockOp {
             grads.extend(norm_grads);
             Ok((dx, grads))
         })?;
-        self.sink.deposit(self.id, grads);
+        self.between.deposit(grads);
         Ok(Some(cpu_tensor(dx, x.shape())?))
     }
 }

@@ -7,11 +7,13 @@
 //! stream, so the buffers of its inner activations and parameters go.
 
 use std::borrow::Cow;
+use std::sync::Mutex;
 
 use candle_core::{Result, Tensor};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::attention::take;
 use crate::dropout::{dropout_apply, DropoutOp};
 use crate::gemm::Activation;
 
@@ -110,6 +112,53 @@ pub(crate) fn branch_gradient(mask: Option<DropoutOp>, g: &[f32]) -> Cow<'_, [f3
 
 /// (parameter, gradient) pairs, as a block op deposits them in its sink.
 pub(crate) type ParamGrads = Vec<(Tensor, Tensor)>;
+
+/// What a sub-block op carries from its forward pass to its backward pass: whether it keeps its
+/// activations `K` (else the backward pass recomputes them), the slot they wait in, and its
+/// entry in the sink its parameters' gradients go to.
+pub(crate) struct Between<K> {
+    keep: bool,
+    /// The forward pass's activations, taken by the backward pass (which recomputes them where
+    /// they were not kept, or were taken by a backward pass before).
+    kept: Mutex<Option<K>>,
+    sink: GradSink,
+    /// This op's entry in the sink.
+    id: u64,
+}
+
+impl<K> Between<K> {
+    /// For an op of kind `sub` under `memory`, owing `sink` its gradients as `what`.
+    pub(crate) fn new(memory: ActivationMemory, sub: SubBlock, sink: &GradSink, what: &'static str) -> Self {
+        Self {
+            keep: !memory.recomputes(sub),
+            kept: Mutex::new(None),
+            id: sink.register(what),
+            sink: sink.clone(),
+        }
+    }
+
+    /// Whether the forward pass keeps its activations.
+    pub(crate) fn keeps(&self) -> bool {
+        self.keep
+    }
+
+    /// Holds a forward pass's activations for the backward pass, where they are kept.
+    pub(crate) fn hold(&self, kept: K) {
+        if self.keep {
+            *self.kept.lock().unwrap_or_else(|e| e.into_inner()) = Some(kept);
+        }
+    }
+
+    /// The activations held for this backward pass, taken (`None`: recompute them).
+    pub(crate) fn take(&self) -> Option<K> {
+        take(&self.kept)
+    }
+
+    /// Hands the parameters' gradients to the sink.
+    pub(crate) fn deposit(&self, grads: ParamGrads) {
+        self.sink.deposit(self.id, grads);
+    }
+}
 
 /// A norm inside a block op: its kind, epsilon and parameters.
 pub(crate) struct HeldNorm {
