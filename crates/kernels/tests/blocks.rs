@@ -233,6 +233,48 @@ fn the_ops_do_not_run_on_an_input_without_a_gradient_and_reserve_no_dropout() {
     assert!(y.is_none(), "the op ran on an input without a gradient");
     assert!(!reserved.get(), "the op reserved a dropout mask without running");
     assert!(sink.is_empty(), "the op registered with the sink without running");
+
+    // The cross-attention op likewise, and with keys that are not f32.
+    let c = Cross::new(9, (1, 5, 3, 8), (2, 2, 4));
+    let k_bf16 = c.k.as_tensor().to_dtype(DType::BF16).unwrap();
+    for (what, x, k) in [
+        ("an input without a gradient", x.clone(), c.k.as_tensor().clone()),
+        ("bf16 keys", c.x.as_tensor().clone(), k_bf16),
+    ] {
+        let called = std::cell::Cell::new(false);
+        let options = || {
+            called.set(true);
+            AttentionOptions {
+                heads: 2,
+                kv_heads: 2,
+                dropout: None,
+                telemetry: false,
+                precision: Precision::F32,
+            }
+        };
+        let residual = || {
+            called.set(true);
+            (0.1, 1)
+        };
+        let w = CrossAttentionWeights {
+            q: c.q.as_tensor(),
+            o: c.o.as_tensor(),
+            q_bias: None,
+            q_norm: None,
+        };
+        let norm = Cross::norm(&c.norm, false, 1e-5);
+        let (memory, kv) = (ActivationMemory::Keep, (&k, c.v.as_tensor()));
+        let y = cross_attention_block(&x, norm, w, kv, 0.5, None, memory, &sink, options, residual);
+        assert!(y.unwrap().is_none(), "the cross-attention op ran on {what}");
+        assert!(
+            !called.get(),
+            "{what}: the op reserved dropout masks without running"
+        );
+        assert!(
+            sink.is_empty(),
+            "{what}: the op registered with the sink without running"
+        );
+    }
 }
 
 #[test]

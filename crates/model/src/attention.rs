@@ -396,9 +396,10 @@ impl Attention {
     /// `norm` and cross-attention of `x` (B, T, D) to the encoder's keys and values `kv`,
     /// written back into `x`, as one op (`ember_kernels::cross_attention_block`) whose
     /// parameters' gradients go to the pass's sink (k's and v's go back through candle to the
-    /// projections that made them); `None` where
-    /// [`forward_self_with_norm`](Self::forward_self_with_norm) would give none: the caller then
-    /// runs [`forward_cross`](Self::forward_cross). Its dropout masks are reserved as
+    /// projections that made them); `None` where the pass has no sink, the module is not one the
+    /// op covers (L2 QK-norm, a bias on the output projection) or the op does not run (x, k, v
+    /// or a parameter off the CPU or not f32): the caller then runs
+    /// [`forward_cross`](Self::forward_cross). Its dropout masks are reserved as
     /// `forward_cross` reserves them, and only when the op runs.
     pub(crate) fn forward_cross_with_norm(
         &self,

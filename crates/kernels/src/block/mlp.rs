@@ -105,7 +105,7 @@ pub fn mlp_block(
     }
     precision.check_cpu()?;
     let (p, state) = dropout();
-    let between = Between::new(memory, SubBlock::FeedForward, sink, "the fused MLP block");
+    let keep = !memory.recomputes(SubBlock::FeedForward);
     let op = MlpBlockOp {
         norm: HeldNorm::new(norm)?,
         gate: w.gate().map(Tensor::contiguous).transpose()?,
@@ -113,8 +113,9 @@ pub fn mlp_block(
         down: w.down().contiguous()?,
         dropout: DropoutOp::new(p, state),
         precision,
-        gelu: GeluSlope::new(between.keeps()),
-        between,
+        gelu: GeluSlope::new(keep),
+        // Last, once nothing above can fail: it registers what the op owes the sink.
+        between: Between::new(memory, SubBlock::FeedForward, sink, "the fused MLP block"),
     };
     Ok(Some(x.contiguous()?.apply_op1(op)?))
 }

@@ -3,8 +3,9 @@
 //!
 //! Each op of a composition costs candle's backward pass a zero-filled gradient buffer per input
 //! and an add into it; at nanoGPT's standard shape these were 14% of the bf16 step
-//! (docs/performance.md, twelfth session). A sub-block op has one candle input, the residual
-//! stream, so the buffers of its inner activations and parameters go.
+//! (docs/performance.md, twelfth session). A sub-block op's candle inputs are the residual
+//! stream alone (self-attention, the feed-forward block) or with the keys and values it reads
+//! (a decoder's cross-attention), so the buffers of its inner activations and parameters go.
 
 use std::borrow::Cow;
 use std::sync::Mutex;
@@ -127,7 +128,8 @@ pub(crate) struct Between<K> {
 }
 
 impl<K> Between<K> {
-    /// For an op of kind `sub` under `memory`, owing `sink` its gradients as `what`.
+    /// For an op of kind `sub` under `memory`, owing `sink` its gradients as `what` (made once
+    /// nothing else of the op can fail: the sink refuses to merge while an op owes it).
     pub(crate) fn new(memory: ActivationMemory, sub: SubBlock, sink: &GradSink, what: &'static str) -> Self {
         Self {
             keep: !memory.recomputes(sub),

@@ -1,9 +1,9 @@
 //! Where a fused block op leaves its parameters' gradients for the caller to collect.
 //!
 //! A candle custom op takes at most three tensors, and candle's backward pass hands gradients
-//! only to those. A block op takes one — the residual stream — and holds its parameters itself;
-//! its backward pass computes their gradients with the rest and deposits them here. The caller
-//! merges them into candle's [`GradStore`] right after `backward()`, where they sit exactly as
+//! only to those. A block op takes the residual stream (and a cross-attention op the keys and
+//! values it reads) and holds its parameters itself; its backward pass computes their gradients
+//! with the rest and deposits them here. The caller merges them into candle's [`GradStore`] right after `backward()`, where they sit exactly as
 //! if candle had computed them (candle's public `GradStore::insert`; Ember keeps no autograd of
 //! its own).
 //!

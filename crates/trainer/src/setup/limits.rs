@@ -129,27 +129,46 @@ pub fn estimate(
 ) -> MemoryEstimate {
     let d = m.d_model as f64;
     let layers = (m.encoder_layers() + m.decoder_layers()) as f64;
+    let cross_layers = if m.arch == Arch::Seq2seq {
+        m.decoder_layers() as f64
+    } else {
+        0.0
+    };
     let heads = m.n_heads as f64;
+    let kv = (m.kv_heads() * m.head_dim()) as f64;
     let vocab = m.vocab() as f64;
     let per_batch = |b: BatchShape, kept: f64, memory: ActivationMemory| {
         // Per layer and token, kept for backward: the attention sub-block's norm, q, k, v and
-        // output, and its scores per head over the row's length (per token: heads × L); the
-        // feed-forward block's norm, hidden activations and output.
+        // output, and its scores per head over the row's length (per token: heads × L); a
+        // decoder's cross-attention the same but k and v, which it reads from the encoder's
+        // projections and holds either way; the feed-forward block's norm, hidden activations
+        // and output.
         let sub_blocks = [
-            (SubBlock::Attention, kept * 5.0 * d + heads * b.longest),
-            (SubBlock::FeedForward, kept * (3.0 * d + 3.0 * m.d_ff as f64)),
+            (SubBlock::Attention, layers, kept * 5.0 * d + heads * b.longest),
+            (
+                SubBlock::Attention,
+                cross_layers,
+                kept * 3.0 * d + heads * b.longest,
+            ),
+            (
+                SubBlock::FeedForward,
+                layers,
+                kept * (3.0 * d + 3.0 * m.d_ff as f64),
+            ),
         ];
         // A sub-block that recomputes keeps its input in each layer, and one layer's
         // activations live at a time in the backward pass.
         let all_layers: f64 = sub_blocks
             .iter()
-            .map(|&(sub, per_layer_token)| match memory.recomputes(sub) {
-                true => layers * d + per_layer_token,
-                false => layers * per_layer_token,
+            .filter(|&&(_, count, _)| count > 0.0)
+            .map(|&(sub, count, per_layer_token)| match memory.recomputes(sub) {
+                true => count * d + per_layer_token,
+                false => count * per_layer_token,
             })
             .sum();
+        let cross_kv = cross_layers * 2.0 * kv;
         let logits = 3.0 * vocab; // logits, their gradient, the softmax
-        b.tokens * (all_layers + logits) * F32
+        b.tokens * (all_layers + cross_kv + logits) * F32
     };
     MemoryEstimate {
         parameters: (3.0 + shares.max(1) as f64) * parameter_count(m) * F32,
@@ -484,6 +503,40 @@ mod tests {
         assert!(all < attention && attention < kept, "{all} {attention} {kept}");
     }
 
+    /// A translation decoder's cross-attention holds activations of its own beside its
+    /// self-attention's, and recomputing them still holds the encoder's keys and values it
+    /// reads: against a language model with as many layers, a translation model's estimate is
+    /// larger by more under `keep` than under `recompute`, and by at least those keys and values.
+    #[test]
+    fn a_decoders_cross_attention_counts_and_holds_its_keys_and_values() {
+        let seq2seq = ModelConfig {
+            n_layers: Some(6),
+            ..ModelConfig::tiny(Arch::Seq2seq)
+        };
+        let lm = ModelConfig {
+            n_layers: Some(12),
+            ..ModelConfig::tiny(Arch::Lm)
+        };
+        assert_eq!(
+            seq2seq.encoder_layers() + seq2seq.decoder_layers(),
+            lm.decoder_layers()
+        );
+        let shape = BatchShape {
+            tokens: 4096.0,
+            longest: 64.0,
+        };
+        let more = |memory| {
+            let activations = |m: &ModelConfig| estimate(m, shape, shape, 1, memory).activations;
+            activations(&seq2seq) - activations(&lm)
+        };
+        let keys_values = shape.tokens * 6.0 * 2.0 * (lm.kv_heads() * lm.head_dim()) as f64 * F32;
+        let (kept, recomputed) = (more(ActivationMemory::Keep), more(ActivationMemory::Recompute));
+        assert!(
+            kept > recomputed && recomputed > keys_values,
+            "{kept} {recomputed} {keys_values}"
+        );
+    }
+
     /// A config out of memory because of its activations is pointed at recomputing them: all
     /// where the model can, else the attention sub-blocks, else nothing more.
     #[test]
@@ -504,6 +557,15 @@ mod tests {
         );
         assert_eq!(advice(&["train.activations=recompute"]), None);
         assert_eq!(advice(&["model.norm_placement=post"]), None);
+        // Translation models: pre-norm ones recompute (cross-attention too), fairseq's
+        // post-norm Transformer-Tiny cannot.
+        let config = |name: &str| format!("{}/../../configs/{name}", env!("CARGO_MANIFEST_DIR"));
+        let advice_for = |name: &str| {
+            let cfg = RunConfig::load(std::path::Path::new(&config(name)), &[]).unwrap();
+            recompute_more(&cfg)
+        };
+        assert_eq!(advice_for("quickstart.yaml"), Some(ActivationMemory::Recompute));
+        assert_eq!(advice_for("multi30k-tiny-wu.yaml"), None);
     }
 
     #[test]
