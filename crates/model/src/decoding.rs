@@ -43,9 +43,10 @@
 
 use candle_core::{bail, DType, Device, Result, Tensor};
 
+use crate::block::Memory;
 use crate::layers::ForwardCtx;
 use crate::length_penalty::LengthPenalty;
-use crate::transformer::{DecoderCache, LanguageModel, Memory, Seq2Seq};
+use crate::transformer::{DecoderCache, LanguageModel, Seq2Seq};
 use ember_rng::SplitMix64;
 
 /// Settings of greedy and beam search.

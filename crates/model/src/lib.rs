@@ -19,6 +19,7 @@
 //! ```
 
 mod attention;
+mod block;
 mod config;
 mod decoding;
 mod init;
@@ -30,6 +31,7 @@ mod rope;
 mod transformer;
 
 pub use attention::{Attention, CrossKv, KvCache};
+pub use block::Memory;
 pub use config::{
     Arch, ConfigError, MlpKind, ModelConfig, NormKind, NormPlacement, Positions, QkNorm, MAX_LAYERS,
     MAX_SEQ_LEN,
@@ -42,4 +44,4 @@ pub use layers::{sinusoids, AttentionStats, DropoutRng, ForwardCtx, Telemetry};
 pub use length_penalty::LengthPenalty;
 pub use params::ParamStore;
 pub use rope::Rotary;
-pub use transformer::{init_model, DecoderCache, LanguageModel, Memory, Model, ModelError, Seq2Seq};
+pub use transformer::{init_model, DecoderCache, LanguageModel, Model, ModelError, Seq2Seq};
