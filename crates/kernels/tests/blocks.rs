@@ -262,7 +262,7 @@ fn the_ops_do_not_run_on_an_input_without_a_gradient_and_reserve_no_dropout() {
             q_bias: None,
             q_norm: None,
         };
-        let norm = Cross::norm(&c.norm, false, 1e-5);
+        let norm = block_norm(&c.norm, false, 1e-5);
         let (memory, kv) = (ActivationMemory::Keep, (&k, c.v.as_tensor()));
         let y = cross_attention_block(&x, norm, w, kv, 0.5, None, memory, &sink, options, residual);
         assert!(y.unwrap().is_none(), "the cross-attention op ran on {what}");
@@ -300,6 +300,27 @@ fn an_rms_norm_with_a_bias_is_refused() {
     )
     .unwrap_err();
     assert!(err.to_string().contains("RMSNorm takes no bias"), "{err}");
+}
+
+/// A QK-norm's variables over each head's `hd` elements: a gain near 1, and (LayerNorm) a small
+/// bias.
+fn qk_norm_vars(seed: u64, hd: usize, rms: bool) -> Vec<Var> {
+    let gain = (randn_cpu(seed, &[hd], 0.1) + 1.0).unwrap();
+    let mut vars = vec![Var::from_tensor(&gain).unwrap()];
+    if !rms {
+        vars.push(Var::from_tensor(&randn_cpu(seed + 1, &[hd], 0.1)).unwrap());
+    }
+    vars
+}
+
+/// A norm's variables (gain, and bias where it has one) as a block op takes them.
+fn block_norm(vars: &[Var], rms: bool, eps: f64) -> BlockNorm<'_> {
+    BlockNorm {
+        weight: vars[0].as_tensor(),
+        bias: vars.get(1).map(Var::as_tensor),
+        rms,
+        eps,
+    }
 }
 
 /// `norm` as the model runs it outside a block.
@@ -369,14 +390,7 @@ impl Attention {
 
     /// The same with QK-norm of each head's `hd` elements: RMSNorm, or LayerNorm with biases.
     fn with_qk_norm(mut self, seed: u64, hd: usize, rms: bool) -> Self {
-        let norm = |s: u64| {
-            let gain = (randn_cpu(seed + s, &[hd], 0.1) + 1.0).unwrap();
-            let mut vars = vec![Var::from_tensor(&gain).unwrap()];
-            if !rms {
-                vars.push(Var::from_tensor(&randn_cpu(seed + s + 1, &[hd], 0.1)).unwrap());
-            }
-            vars
-        };
+        let norm = |s: u64| qk_norm_vars(seed + s, hd, rms);
         self.qk_norm = Some(([norm(20), norm(30)], rms));
         self
     }
@@ -388,21 +402,12 @@ impl Attention {
         opts: &AttentionOptions,
         sink: Option<(&GradSink, ActivationMemory)>,
     ) -> (Tensor, Option<ember_kernels::AttentionTelemetry>) {
-        let norm = BlockNorm {
-            weight: self.norm[0].as_tensor(),
-            bias: self.norm.get(1).map(Var::as_tensor),
-            rms: self.rms,
-            eps: 1e-5,
-        };
+        let norm = block_norm(&self.norm, self.rms, 1e-5);
         let [q, k, v, o] = &self.w;
-        let qk_norm = self.qk_norm.as_ref().map(|(sides, rms)| {
-            sides.each_ref().map(|vars| BlockNorm {
-                weight: vars[0].as_tensor(),
-                bias: vars.get(1).map(Var::as_tensor),
-                rms: *rms,
-                eps: 1e-6,
-            })
-        });
+        let qk_norm = self
+            .qk_norm
+            .as_ref()
+            .map(|(sides, rms)| sides.each_ref().map(|vars| block_norm(vars, *rms, 1e-6)));
         let w = AttentionWeights {
             q: q.as_tensor(),
             k: k.as_tensor(),
@@ -678,26 +683,17 @@ impl Cross {
             .collect()
     }
 
-    fn norm(vars: &[Var], rms: bool, eps: f64) -> BlockNorm<'_> {
-        BlockNorm {
-            weight: vars[0].as_tensor(),
-            bias: vars.get(1).map(Var::as_tensor),
-            rms,
-            eps,
-        }
-    }
-
     fn forward(
         &self,
         mask: Option<&Tensor>,
         opts: &AttentionOptions,
         sink: Option<(&GradSink, ActivationMemory)>,
     ) -> (Tensor, Option<ember_kernels::AttentionTelemetry>) {
-        let norm = Cross::norm(&self.norm, self.rms, 1e-5);
+        let norm = block_norm(&self.norm, self.rms, 1e-5);
         let q_norm = self
             .q_norm
             .as_ref()
-            .map(|(vars, rms)| Cross::norm(vars, *rms, 1e-6));
+            .map(|(vars, rms)| block_norm(vars, *rms, 1e-6));
         let (x, k, v) = (self.x.as_tensor(), self.k.as_tensor(), self.v.as_tensor());
         let (wq, wo) = (self.q.as_tensor(), self.o.as_tensor());
         let q_bias = self.q_bias.as_ref().map(Var::as_tensor);
@@ -795,10 +791,7 @@ fn the_cross_attention_block_gives_the_bits_of_its_ops_one_by_one() {
                     (a.rms, a.norm) = (true, a.norm[..1].to_vec());
                 }
                 if let Some(qk_rms) = q_norm {
-                    let gain = Var::from_tensor(&(randn_cpu(60, &[hd], 0.1) + 1.0).unwrap()).unwrap();
-                    let bias = Var::from_tensor(&randn_cpu(61, &[hd], 0.1)).unwrap();
-                    let vars = if qk_rms { vec![gain] } else { vec![gain, bias] };
-                    a.q_norm = Some((vars, qk_rms));
+                    a.q_norm = Some((qk_norm_vars(60, hd, qk_rms), qk_rms));
                 }
                 if q_bias {
                     a.q_bias = Some(Var::from_tensor(&randn_cpu(62, &[heads * hd], 0.5)).unwrap());

@@ -179,24 +179,22 @@ impl Layer {
                 attn.forward_cross(h, kv, into, mask, ctx)
             });
         }
-        if self.placement == NormPlacement::Pre {
-            // (The dtype the norm gives the branch below.)
-            let kv = kv_as(ctx.branch_dtype_of(x))?;
-            if let Some(x) = attn.forward_cross_with_norm(norm, x, &kv, mask, self.dropout, ctx)? {
+        // Pre-norm: made before the op is tried, in the dtype the norm gives the branch, and
+        // reused op by op where it does not run.
+        let pre_norm_kv = (self.placement == NormPlacement::Pre)
+            .then(|| kv_as(ctx.branch_dtype_of(x)))
+            .transpose()?;
+        if let Some(kv) = &pre_norm_kv {
+            if let Some(x) = attn.forward_cross_with_norm(norm, x, kv, mask, self.dropout, ctx)? {
                 return Ok(x);
             }
-            if recomputing {
-                return refuse_unfused(ctx, "cross-attention");
-            }
-            return self.sublayer(norm, x, ctx, |h, into| {
-                attn.forward_cross(h, &kv, into, mask, ctx)
-            });
         }
         if recomputing {
             return refuse_unfused(ctx, "cross-attention");
         }
-        self.sublayer(norm, x, ctx, |h, into| {
-            attn.forward_cross(h, &kv_as(h.dtype())?, into, mask, ctx)
+        self.sublayer(norm, x, ctx, |h, into| match &pre_norm_kv {
+            Some(kv) => attn.forward_cross(h, kv, into, mask, ctx),
+            None => attn.forward_cross(h, &kv_as(h.dtype())?, into, mask, ctx),
         })
     }
 }

@@ -44,8 +44,8 @@ pub struct CrossAttentionWeights<'a> {
 /// core as [`attention`](crate::attention) computes it with `mask` and the options `options`
 /// gives (its telemetry returned); then the residual's dropout, (p, the state of
 /// [`dropout`](crate::dropout)) from `residual` — as one op whose parameter gradients go to
-/// `sink` (the caller merges it after `backward()`) and whose x, k and v get theirs through
-/// candle, which keeps its activations for the backward pass or recomputes them there (as
+/// `sink` (the caller merges it after `backward()`), whose x, k and v get theirs through
+/// candle, and which keeps its activations for the backward pass or recomputes them there (as
 /// `memory` says for [`SubBlock::Attention`]). `options` and then `residual` are called only
 /// when the op runs.
 ///

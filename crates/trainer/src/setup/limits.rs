@@ -541,12 +541,13 @@ mod tests {
     /// where the model can, else the attention sub-blocks, else nothing more.
     #[test]
     fn the_advice_recomputes_what_the_model_can() {
-        let shakespeare = concat!(env!("CARGO_MANIFEST_DIR"), "/../../configs/shakespeare-char.yaml");
-        let advice = |sets: &[&str]| {
+        let advice_for = |config: &str, sets: &[&str]| {
+            let path = format!("{}/../../configs/{config}", env!("CARGO_MANIFEST_DIR"));
             let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
-            let cfg = RunConfig::load(std::path::Path::new(shakespeare), &sets).unwrap();
+            let cfg = RunConfig::load(std::path::Path::new(&path), &sets).unwrap();
             recompute_more(&cfg)
         };
+        let advice = |sets: &[&str]| advice_for("shakespeare-char.yaml", sets);
         assert_eq!(advice(&[]), Some(ActivationMemory::Recompute));
         let relu = "model.mlp=relu";
         assert_eq!(advice(&[relu]), Some(ActivationMemory::RecomputeAttention));
@@ -559,13 +560,11 @@ mod tests {
         assert_eq!(advice(&["model.norm_placement=post"]), None);
         // Translation models: pre-norm ones recompute (cross-attention too), fairseq's
         // post-norm Transformer-Tiny cannot.
-        let config = |name: &str| format!("{}/../../configs/{name}", env!("CARGO_MANIFEST_DIR"));
-        let advice_for = |name: &str| {
-            let cfg = RunConfig::load(std::path::Path::new(&config(name)), &[]).unwrap();
-            recompute_more(&cfg)
-        };
-        assert_eq!(advice_for("quickstart.yaml"), Some(ActivationMemory::Recompute));
-        assert_eq!(advice_for("multi30k-tiny-wu.yaml"), None);
+        assert_eq!(
+            advice_for("quickstart.yaml", &[]),
+            Some(ActivationMemory::Recompute)
+        );
+        assert_eq!(advice_for("multi30k-tiny-wu.yaml", &[]), None);
     }
 
     #[test]
