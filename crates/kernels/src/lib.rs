@@ -62,6 +62,7 @@ mod block;
 mod cross_entropy;
 mod dropout;
 mod embedding;
+mod held;
 pub mod ledger;
 mod linear;
 mod linear_cross_entropy;
@@ -70,7 +71,7 @@ mod rope;
 mod softmax;
 mod sum;
 
-pub use activation::{gelu_erf, swiglu, swiglu_unfused};
+pub use activation::{gelu_erf, swiglu, swiglu_in, swiglu_unfused};
 pub use attention::{
     attention, attention_unfused, causal_mask, cuda_fuses, padding_mask, AttentionOptions, AttentionTelemetry,
 };

@@ -456,7 +456,7 @@ pub fn linear_gelu_in(x: &Tensor, w: &Tensor, precision: Precision) -> Result<Te
             .gelu_erf()?
             .to_dtype(x.dtype());
     }
-    let gelu = Gelu(GeluSlope::new(x.track_op() || w.track_op()));
+    let gelu = Gelu(GeluSlope::new(x.track_op() || w.track_op(), precision));
     project_op(x, w, gelu, precision)
 }
 

@@ -104,7 +104,12 @@ fn every_projection_in_bf16_is_the_composition_of_its_rounded_operands() {
                 &what("linear_gelu"),
                 &xw,
                 &|t| kernels::linear_gelu_in(&t[0], &t[1], BF16).unwrap(),
-                &|t| kernels::linear_gelu_unfused(&r(&t[0]), &r(&t[1])).unwrap(),
+                // GELU reads the product rounded, as a bf16 activation is.
+                &|t| {
+                    r(&kernels::linear_unfused(&r(&t[0]), &r(&t[1])).unwrap())
+                        .gelu_erf()
+                        .unwrap()
+                },
                 &|t| kernels::linear_gelu(&t[0], &t[1]).unwrap(),
             );
             check(
@@ -134,6 +139,53 @@ fn every_projection_in_bf16_is_the_composition_of_its_rounded_operands() {
             }
         }
     }
+}
+
+#[test]
+fn the_feed_forward_activations_read_their_projections_as_bf16_activations() {
+    // SwiGLU under bf16 reads gate and up rounded (as cuBLAS's bf16 products and autocast hand
+    // them on), in both passes: the f32 op's bits on the rounded values, gradients included.
+    bf16_everywhere();
+    let (gate, up) = (randn(40, &[3, 50, 96]), randn(41, &[3, 50, 96]));
+    let probe = randn(42, &[3, 50, 96]);
+    let (y, grads) = run(&[gate.clone(), up.clone()], &probe, &|t| {
+        kernels::swiglu_in(&t[0], &t[1], BF16).unwrap()
+    });
+    let (y_ref, grads_ref) = run(&[r(&gate), r(&up)], &probe, &|t| {
+        kernels::swiglu(&t[0], &t[1]).unwrap()
+    });
+    assert!(
+        same_bits(&y, &y_ref),
+        "SwiGLU's output is not the f32 op's on rounded inputs"
+    );
+    for (g, g_ref) in grads.iter().zip(&grads_ref) {
+        assert!(
+            same_bits(g, g_ref),
+            "SwiGLU's gradients are not the f32 op's on rounded inputs"
+        );
+    }
+    assert!(
+        rel_error(&y, &kernels::swiglu(&gate, &up).unwrap()) > 1e-4,
+        "SwiGLU did not round"
+    );
+
+    // GELU reads the product rounded and keeps its derivative rounded once: a second backward
+    // pass through the same graph, which recomputes the derivative, gives the first's bits.
+    let (x, w) = (randn(43, &[2, 40, 64]), randn(44, &[160, 64]));
+    let y = kernels::linear_gelu_in(&x, &w, BF16).unwrap();
+    let y_ref = kernels::gelu_erf(&r(&kernels::linear_in(&x, &w, BF16).unwrap())).unwrap();
+    assert!(same_bits(&y, &y_ref), "GELU did not read the product rounded");
+    let x = candle_core::Var::from_tensor(&x).unwrap();
+    let probe = randn(45, &[2, 40, 160]);
+    let loss = (kernels::linear_gelu_in(x.as_tensor(), &w, BF16).unwrap() * &probe)
+        .unwrap()
+        .sum_all()
+        .unwrap();
+    let [kept, recomputed] = [0, 1].map(|_| loss.backward().unwrap().get(x.as_tensor()).unwrap().clone());
+    assert!(
+        same_bits(&kept, &recomputed),
+        "the recomputed derivative is not the kept one"
+    );
 }
 
 /// Targets and a mask (every third row padding) for `n` rows of a `vocab`-word output.

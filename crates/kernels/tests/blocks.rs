@@ -86,9 +86,10 @@ impl Mlp {
         let Some((sink, memory)) = sink else {
             let h = norm_of(x, self.norm());
             let hidden = match &self.gate {
-                Some(gate) => kernels::swiglu(
+                Some(gate) => kernels::swiglu_in(
                     &kernels::linear_in(&h, gate.as_tensor(), precision).unwrap(),
                     &kernels::linear_in(&h, up, precision).unwrap(),
+                    precision,
                 ),
                 None => kernels::linear_gelu_in(&h, up, precision),
             };

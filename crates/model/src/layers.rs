@@ -520,7 +520,9 @@ impl Mlp {
     /// The block of `x` written into the residual stream `to`.
     pub fn forward(&self, x: &Tensor, to: Residual, ctx: ForwardCtx) -> Result<Tensor> {
         let hidden = match (&self.gate, self.kind) {
-            (Some(gate), _) => ember_kernels::swiglu(&gate.forward(x, ctx)?, &self.up.forward(x, ctx)?)?,
+            (Some(gate), _) => {
+                ember_kernels::swiglu_in(&gate.forward(x, ctx)?, &self.up.forward(x, ctx)?, ctx.precision)?
+            }
             (None, MlpKind::Relu) => self.up.forward_relu(x, ctx)?,
             (None, _) => self.up.forward_gelu(x, ctx)?,
         };

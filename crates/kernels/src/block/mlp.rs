@@ -23,6 +23,7 @@ use crate::activation::{swiglu_grads, swiglu_kept, GeluSlope};
 use crate::block::{branch_gradient, ActivationMemory, Between, BlockNorm, GradSink, HeldNorm, SubBlock};
 use crate::dropout::{add_dropped, DropoutOp};
 use crate::gemm::{Activation, SharedB};
+use crate::held::Held;
 use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
 use crate::linear::{project_grads_kept, project_grads_of, project_grads_shared, project_kept};
 use crate::simd::add_in_place;
@@ -113,7 +114,7 @@ pub fn mlp_block(
         down: w.down().contiguous()?,
         dropout: DropoutOp::new(p, state),
         precision,
-        gelu: GeluSlope::new(keep),
+        gelu: GeluSlope::new(keep, precision),
         // Last, once nothing above can fail: it registers what the op owes the sink.
         between: Between::new(memory, SubBlock::FeedForward, sink, "the fused MLP block"),
     };
@@ -136,14 +137,14 @@ struct MlpBlockOp {
     between: Between<Hidden>,
 }
 
-/// A forward pass's activations: the normalised input h, SwiGLU's two projections (empty for
+/// A forward pass's activations: the normalised input h, SwiGLU's two projections (`None` for
 /// GELU), and the hidden activation the down projection reads. h and the hidden activation feed
 /// only products, so in bf16 they are kept rounded ([`Activation`]): half the memory, and each
-/// product reads them without converting.
+/// product reads them without converting. SwiGLU reads its projections as bf16 activations are
+/// and keeps them so ([`Held`]).
 struct Hidden {
     h: Activation,
-    gate: Vec<f32>,
-    up: Vec<f32>,
+    swiglu: Option<[Held<'static>; 2]>,
     hidden: Activation,
 }
 
@@ -161,17 +162,16 @@ impl MlpBlockOp {
         let product = |w: &Tensor| with_data([w], |[w]| Ok(project_kept(&h, w, (rows, d, ff))));
         Ok(match &self.gate {
             None => Hidden {
-                hidden: gelu.forward_kept(&product(&self.up)?, (rows, ff), self.precision),
-                gate: Vec::new(),
-                up: Vec::new(),
+                hidden: gelu.forward_kept(&product(&self.up)?, (rows, ff)),
+                swiglu: None,
                 h,
             },
             Some(gate) => {
                 let (gate, up) = (product(gate)?, product(&self.up)?);
+                let (hidden, kept) = swiglu_kept(gate, up, (rows, ff), self.precision);
                 Hidden {
-                    hidden: swiglu_kept(&gate, &up, (rows, ff), self.precision),
-                    gate,
-                    up,
+                    hidden,
+                    swiglu: Some(kept),
                     h,
                 }
             }
@@ -188,16 +188,9 @@ impl MlpBlockOp {
         dh_act: &[f32],
         d: (usize, usize, usize),
     ) -> Result<(Vec<f32>, Vec<Vec<f32>>)> {
-        let Hidden { h, gate, up, .. } = a;
-        with_data([&self.up], |[w_up]| match &self.gate {
-            None => {
-                let recompute = || Ok(Cow::Owned(project_kept(&h, w_up, d)));
-                let (rows, _, ff) = d;
-                let d_product = gelu.backward_kept(dh_act, (rows, ff), self.precision, recompute)?;
-                let (dh, d_up) = project_grads_of(&h, w_up, &d_product, d);
-                Ok((dh, vec![d_up]))
-            }
-            Some(w_gate) => with_data([w_gate], |[w_gate]| {
+        let Hidden { h, swiglu, .. } = a;
+        with_data([&self.up], |[w_up]| match (&self.gate, swiglu) {
+            (Some(w_gate), Some([gate, up])) => with_data([w_gate], |[w_gate]| {
                 let (d_gate_product, d_up_product) = swiglu_grads(&gate, &up, dh_act);
                 drop((gate, up));
                 // candle reaches h through the up projection first, then the gate's; h is
@@ -208,6 +201,13 @@ impl MlpBlockOp {
                 add_in_place(&mut dh, &dh_gate);
                 Ok((dh, vec![d_gate, d_up]))
             }),
+            _ => {
+                let recompute = || Ok(Cow::Owned(project_kept(&h, w_up, d)));
+                let (rows, _, ff) = d;
+                let d_product = gelu.backward_kept(dh_act, (rows, ff), recompute)?;
+                let (dh, d_up) = project_grads_of(&h, w_up, &d_product, d);
+                Ok((dh, vec![d_up]))
+            }
         })
     }
 }
@@ -239,7 +239,7 @@ impl CustomOp1 for MlpBlockOp {
         let (dx, grads) = with_data([x, g, &self.down], |[xs, gs, down]| {
             let (rows, d, ff) = self.dims(xs)?;
             // Recomputed, GELU's derivative is kept for the pass below, which needs it now.
-            let recomputed_gelu = GeluSlope::new(true);
+            let recomputed_gelu = GeluSlope::new(true, self.precision);
             let (mut kept, gelu) = match kept {
                 Some(kept) => (kept, &self.gelu),
                 None => (self.hidden(xs, &recomputed_gelu)?, &recomputed_gelu),

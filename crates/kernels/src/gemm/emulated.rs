@@ -115,7 +115,7 @@ fn round_in_place_generic(values: &mut [f32]) -> u32 {
     least
 }
 
-simd_dispatch!(round_into => round_into_generic(x: &[f32], out: &mut [std::mem::MaybeUninit<u16>]) -> ());
+simd_dispatch!(pub(crate) round_into => round_into_generic(x: &[f32], out: &mut [std::mem::MaybeUninit<u16>]) -> ());
 
 /// `out[i]` = `x[i]` rounded to bf16 as [`to_bf16`] rounds it (every element of `out` written).
 #[inline(always)]

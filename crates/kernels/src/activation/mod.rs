@@ -12,7 +12,8 @@ use std::sync::Mutex;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Tensor};
 
 use crate::cuda::{takes, Kernel};
-use crate::gemm::Activation;
+use crate::gemm::{round_bf16_in_place, round_into_bf16, Activation};
+use crate::held::{as_activation, Held};
 use crate::host::{cpu_storage_as, cpu_storage_like, cpu_tensor_as, cpu_values, is_host, with_data};
 use crate::par::{fill, fill2, SharedMut, ELEMENTS_PER_TASK};
 use crate::simd::{erf_and_gauss, exp_fast, mul, simd_dispatch};
@@ -34,43 +35,51 @@ pub fn gelu_erf(x: &Tensor) -> Result<Tensor> {
     if !(host || takes(x, Kernel::Activation)) {
         return x.gelu_erf();
     }
-    let op = GeluOp(GeluSlope::new(host && x.track_op()));
+    let op = GeluOp(GeluSlope::new(host && x.track_op(), Precision::F32));
     x.contiguous()?.apply_op1(op)
 }
 
 struct GeluOp(GeluSlope);
 
 /// GELU's derivative at each element of one forward pass, kept (when a gradient will be
-/// needed) for the backward pass of the same graph.
-pub(crate) struct GeluSlope(Option<Mutex<Option<Vec<f32>>>>);
+/// needed) for the backward pass of the same graph, in the products' precision.
+///
+/// Under bf16 products GELU reads its input rounded to bf16 (a projection's output, as cuBLAS's
+/// bf16 products give it) and keeps its derivative rounded to bf16 ([`Held`]); a derivative
+/// recomputed for the backward pass is rounded the same way, so keeping and recomputing give
+/// the same bits. Under f32 nothing is rounded.
+pub(crate) struct GeluSlope {
+    slot: Option<Mutex<Option<Held<'static>>>>,
+    precision: Precision,
+}
 
 impl GeluSlope {
-    pub(crate) fn new(keep: bool) -> Self {
-        Self(keep.then(|| Mutex::new(None)))
+    pub(crate) fn new(keep: bool, precision: Precision) -> Self {
+        Self {
+            slot: keep.then(|| Mutex::new(None)),
+            precision,
+        }
     }
 
     /// GELU of every element of `x`, keeping the derivative when asked to.
     pub(crate) fn forward(&self, x: &[f32]) -> Vec<f32> {
-        match &self.0 {
+        let x = as_activation(x, self.precision);
+        match &self.slot {
             Some(slot) => {
                 let (y, d) = fill2(x.len(), ELEMENTS_PER_TASK, |r, y, d| gelu_fwd_keep(&x[r], y, d));
-                *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(d);
+                *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(Held::new(d, self.precision));
                 y
             }
             None => fill(x.len(), ELEMENTS_PER_TASK, |r, y| gelu_fwd(&x[r], y)),
         }
     }
 
-    /// GELU of every element of `x` (rows × cols) as an activation for products in `precision`:
-    /// in bf16 each block of rows is rounded as GELU makes it, so GELU's f32 output never goes
-    /// to memory ([`Activation::rounded_with`]); the same values as [`Self::forward`]'s.
-    pub(crate) fn forward_kept(
-        &self,
-        x: &[f32],
-        (rows, cols): (usize, usize),
-        precision: Precision,
-    ) -> Activation {
-        if precision == Precision::F32 {
+    /// GELU of every element of `x` (rows × cols) as an activation for products in the
+    /// precision: in bf16 GELU reads each block of rows rounded, and its output and derivative
+    /// are rounded as they are made, so neither goes to memory in f32
+    /// ([`Activation::rounded_with`]); the same values as [`Self::forward`]'s.
+    pub(crate) fn forward_kept(&self, x: &[f32], (rows, cols): (usize, usize)) -> Activation {
+        if self.precision == Precision::F32 {
             return Activation::F32(self.forward(x));
         }
         assert_eq!(
@@ -80,23 +89,30 @@ impl GeluSlope {
             x.len()
         );
         let elements = |r: &std::ops::Range<usize>| r.start * cols..r.end * cols;
-        match &self.0 {
-            Some(slot) => {
-                let mut slope = Vec::<f32>::with_capacity(x.len());
-                let slope_at = SharedMut(slope.as_mut_ptr().cast::<MaybeUninit<f32>>());
-                let y = Activation::rounded_with(rows, cols, |r, out| {
-                    let e = elements(&r);
-                    // SAFETY: the rows `r` of the slope are this block's alone.
-                    let d = unsafe { slope_at.slice(e.start, e.len()) };
-                    gelu_fwd_keep(&x[e], out, d)
-                });
-                // SAFETY: the blocks cover every row, and each wrote its slopes.
-                unsafe { slope.set_len(x.len()) };
-                *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(slope);
-                y
-            }
-            None => Activation::rounded_with(rows, cols, |r, out| gelu_fwd(&x[elements(&r)], out)),
-        }
+        let Some(slot) = &self.slot else {
+            return Activation::rounded_with(rows, cols, |r, out| {
+                gelu_fwd(&as_activation(&x[elements(&r)], self.precision), out)
+            });
+        };
+        let mut slope = Vec::<u16>::with_capacity(x.len());
+        let slope_at = SharedMut(slope.as_mut_ptr().cast::<MaybeUninit<u16>>());
+        let y = Activation::rounded_with(rows, cols, |r, out| {
+            let e = elements(&r);
+            let mut d = Vec::with_capacity(e.len());
+            gelu_fwd_keep(
+                &as_activation(&x[e.clone()], self.precision),
+                out,
+                &mut d.spare_capacity_mut()[..e.len()],
+            );
+            // SAFETY: `gelu_fwd_keep` wrote every element of the block's derivative.
+            unsafe { d.set_len(e.len()) };
+            // SAFETY: the rows `r` of the slope are this block's alone.
+            round_into_bf16(&d, unsafe { slope_at.slice(e.start, e.len()) });
+        });
+        // SAFETY: the blocks cover every row, and each wrote its slopes.
+        unsafe { slope.set_len(x.len()) };
+        *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(Held::Bf16(slope));
+        y
     }
 
     /// The gradient at GELU's input for the gradient `g` at its output: from the kept
@@ -107,31 +123,22 @@ impl GeluSlope {
         g: &[f32],
         input: impl FnOnce() -> Result<Cow<'a, [f32]>>,
     ) -> Result<Vec<f32>> {
-        Ok(match self.take_slope() {
-            Some(d) if d.len() == g.len() => fill(g.len(), ELEMENTS_PER_TASK, |r, out| {
-                mul(&g[r.clone()], &d[r], out)
-            }),
-            _ => {
-                let x = input()?;
-                fill(g.len(), ELEMENTS_PER_TASK, |r, out| {
-                    gelu_bwd(&x[r.clone()], &g[r], out)
-                })
-            }
+        self.backward_by(g, input, |len, f| {
+            fill(len, ELEMENTS_PER_TASK, |r, out| f(r, out))
         })
     }
 
-    /// [`Self::backward`]'s gradient (rows × cols) as an activation for products in
-    /// `precision`: in bf16 each block of rows is rounded as it is made, so the f32 gradient
+    /// [`Self::backward`]'s gradient (rows × cols) as an activation for products in the
+    /// precision: in bf16 each block of rows is rounded as it is made, so the f32 gradient
     /// never goes to memory (it feeds only the two products of the projection before GELU);
     /// the same values.
     pub(crate) fn backward_kept<'a>(
         &self,
         g: &[f32],
         (rows, cols): (usize, usize),
-        precision: Precision,
         input: impl FnOnce() -> Result<Cow<'a, [f32]>>,
     ) -> Result<Activation> {
-        if precision == Precision::F32 {
+        if self.precision == Precision::F32 {
             return Ok(Activation::F32(self.backward(g, input)?));
         }
         assert_eq!(
@@ -140,25 +147,50 @@ impl GeluSlope {
             "GELU: {} gradient elements are not {rows}×{cols}",
             g.len()
         );
-        let elements = |r: &std::ops::Range<usize>| r.start * cols..r.end * cols;
+        self.backward_by(g, input, |_, f| {
+            Activation::rounded_with(rows, cols, |r, out| f(r.start * cols..r.end * cols, out))
+        })
+    }
+
+    /// The gradient at GELU's input, its pieces written by `make(len, piece)` calling `piece` for
+    /// each range of elements it makes.
+    fn backward_by<'a, T>(
+        &self,
+        g: &[f32],
+        input: impl FnOnce() -> Result<Cow<'a, [f32]>>,
+        make: impl FnOnce(usize, &(dyn Fn(std::ops::Range<usize>, &mut [MaybeUninit<f32>]) + Sync)) -> T,
+    ) -> Result<T> {
         Ok(match self.take_slope() {
-            Some(d) if d.len() == g.len() => Activation::rounded_with(rows, cols, |r, out| {
-                let e = elements(&r);
-                mul(&g[e.clone()], &d[e], out)
-            }),
+            Some(d) if d.len() == g.len() => make(g.len(), &|r, out| mul(&g[r.clone()], &d.piece(r), out)),
             _ => {
                 let x = input()?;
-                Activation::rounded_with(rows, cols, |r, out| {
-                    let e = elements(&r);
-                    gelu_bwd(&x[e.clone()], &g[e], out)
+                make(g.len(), &|r, out| {
+                    let x = as_activation(&x[r.clone()], self.precision);
+                    match self.precision {
+                        Precision::F32 => gelu_bwd(&x, &g[r], out),
+                        // The derivative rounded as a kept one is.
+                        Precision::Bf16 => {
+                            let mut y = Vec::with_capacity(x.len());
+                            let mut d = Vec::with_capacity(x.len());
+                            gelu_fwd_keep(
+                                &x,
+                                &mut y.spare_capacity_mut()[..x.len()],
+                                &mut d.spare_capacity_mut()[..x.len()],
+                            );
+                            // SAFETY: `gelu_fwd_keep` wrote every element of both.
+                            unsafe { d.set_len(x.len()) };
+                            round_bf16_in_place(&mut d);
+                            mul(&g[r], &d, out)
+                        }
+                    }
                 })
             }
         })
     }
 
     /// The kept derivative, taken out (`None`: none kept, or already taken).
-    fn take_slope(&self) -> Option<Vec<f32>> {
-        self.0
+    fn take_slope(&self) -> Option<Held<'static>> {
+        self.slot
             .as_ref()
             .and_then(|slot| slot.lock().unwrap_or_else(|e| e.into_inner()).take())
     }
@@ -239,19 +271,36 @@ pub fn swiglu_unfused(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
 /// the `bf16` kernels switched on too) on CUDA: computed in f32 on their widened values, the
 /// output and both gradients rounded once to bf16.
 pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    swiglu_in(gate, up, Precision::F32)
+}
+
+/// [`swiglu`] reading gate and up as activations of `precision` are: under bf16 rounded to
+/// bf16 (the projections' outputs as cuBLAS's bf16 products give them; on CUDA they are
+/// already), as the fused feed-forward block reads and keeps them.
+pub fn swiglu_in(gate: &Tensor, up: &Tensor, precision: Precision) -> Result<Tensor> {
     let fused = gate.dtype() == up.dtype()
         && ((is_host(gate) && is_host(up))
             || (takes(gate, Kernel::Activation) && takes(up, Kernel::Activation)));
     if !fused || gate.shape() != up.shape() {
-        return swiglu_unfused(gate, up);
+        if gate.device().is_cuda() {
+            // Rounded already by the projections' bf16 products.
+            return swiglu_unfused(gate, up);
+        }
+        let [gate, up] = [gate, up].map(|t| precision.round(t));
+        return swiglu_unfused(&gate?, &up?);
     }
-    let op = SwigluOp { out: gate.dtype() };
+    let op = SwigluOp {
+        out: gate.dtype(),
+        precision,
+    };
     gate.contiguous()?.apply_op2(&up.contiguous()?, op)
 }
 
 struct SwigluOp {
     /// The output's dtype: the inputs'.
     out: DType,
+    /// What the inputs are read as (CPU: rounded to bf16 under bf16).
+    precision: Precision,
 }
 
 #[inline(always)]
@@ -282,40 +331,62 @@ simd_dispatch!(swiglu_bwd => swiglu_bwd_generic(
     a: &[f32], u: &[f32], g: &[f32], da: &mut [MaybeUninit<f32>], du: &mut [MaybeUninit<f32>]) -> ());
 
 /// `silu(a)·u` of every element, in parallel pieces.
-pub(crate) fn swiglu_values(a: &[f32], u: &[f32]) -> Vec<f32> {
+pub(crate) fn swiglu_values(a: &Held, u: &Held) -> Vec<f32> {
     fill(a.len(), ELEMENTS_PER_TASK, |r, y| {
-        swiglu_fwd(&a[r.clone()], &u[r], y)
+        swiglu_fwd(&a.piece(r.clone()), &u.piece(r), y)
     })
 }
 
-/// [`swiglu_values`] of a and u (rows × cols each) as an activation for products in
-/// `precision`: in bf16 each block of rows is rounded as it is made (the down projection is
-/// all that reads it), so the f32 values never go to memory; the same values.
+/// [`swiglu_values`] of the projections a and u (rows × cols each) as an activation for
+/// products in `precision`, and a and u as the backward pass reads them ([`Held`]). In bf16
+/// each block of rows of a and u is rounded as it is read (a bf16 activation's values), kept in
+/// bf16's bits, and its SwiGLU rounded as it is made (the down projection is all that reads
+/// it): a and u are read from memory once, and no f32 values are written.
 pub(crate) fn swiglu_kept(
-    a: &[f32],
-    u: &[f32],
+    a: Vec<f32>,
+    u: Vec<f32>,
     (rows, cols): (usize, usize),
     precision: Precision,
-) -> Activation {
+) -> (Activation, [Held<'static>; 2]) {
     if precision == Precision::F32 {
-        return Activation::F32(swiglu_values(a, u));
+        let [a, u] = [a, u].map(|v| Held::F32(v.into()));
+        return (Activation::F32(swiglu_values(&a, &u)), [a, u]);
     }
+    let len = rows * cols;
     assert!(
-        a.len() == rows * cols && u.len() == rows * cols,
+        a.len() == len && u.len() == len,
         "SwiGLU: {} and {} elements are not {rows}×{cols}",
         a.len(),
         u.len()
     );
-    Activation::rounded_with(rows, cols, |r, out| {
+    let (mut a_bits, mut u_bits) = (Vec::<u16>::with_capacity(len), Vec::<u16>::with_capacity(len));
+    let a_at = SharedMut(a_bits.as_mut_ptr().cast::<MaybeUninit<u16>>());
+    let u_at = SharedMut(u_bits.as_mut_ptr().cast::<MaybeUninit<u16>>());
+    let y = Activation::rounded_with(rows, cols, |r, out| {
         let e = r.start * cols..r.end * cols;
-        swiglu_fwd(&a[e.clone()], &u[e], out)
-    })
+        let (a, u) = (
+            as_activation(&a[e.clone()], precision),
+            as_activation(&u[e.clone()], precision),
+        );
+        // SAFETY: the rows `r` of both are this block's alone.
+        let (a_kept, u_kept) = unsafe { (a_at.slice(e.start, e.len()), u_at.slice(e.start, e.len())) };
+        // Exact: the values are bf16's already.
+        round_into_bf16(&a, a_kept);
+        round_into_bf16(&u, u_kept);
+        swiglu_fwd(&a, &u, out)
+    });
+    // SAFETY: the blocks cover every row, and each wrote its elements of both.
+    unsafe {
+        a_bits.set_len(len);
+        u_bits.set_len(len);
+    }
+    (y, [Held::Bf16(a_bits), Held::Bf16(u_bits)])
 }
 
 /// The gradients at a and u of `silu(a)·u` for the gradient g at its output.
-pub(crate) fn swiglu_grads(a: &[f32], u: &[f32], g: &[f32]) -> (Vec<f32>, Vec<f32>) {
+pub(crate) fn swiglu_grads(a: &Held, u: &Held, g: &[f32]) -> (Vec<f32>, Vec<f32>) {
     fill2(a.len(), ELEMENTS_PER_TASK, |r, da, du| {
-        swiglu_bwd(&a[r.clone()], &u[r.clone()], &g[r], da, du)
+        swiglu_bwd(&a.piece(r.clone()), &u.piece(r.clone()), &g[r], da, du)
     })
 }
 
@@ -330,7 +401,8 @@ impl CustomOp2 for SwigluOp {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (a, u) = (cpu_values(s1, l1)?, cpu_values(s2, l2)?);
+        let held = |s, l| Ok::<_, candle_core::Error>(Held::new(cpu_values(s, l)?, self.precision));
+        let (a, u) = (held(s1, l1)?, held(s2, l2)?);
         Ok((
             cpu_storage_as(swiglu_values(&a, &u), self.out)?,
             l1.shape().clone(),
@@ -358,7 +430,10 @@ impl CustomOp2 for SwigluOp {
             let (da, du) = cuda::swiglu_bwd(a, u, g)?;
             return Ok((Some(da), Some(du)));
         }
-        let (da, du) = with_data([a, u, g], |[a, u, g]| Ok(swiglu_grads(a, u, g)))?;
+        let (da, du) = with_data([a, u, g], |[a, u, g]| {
+            let [a, u] = [a, u].map(|v| Held::new(v, self.precision));
+            Ok(swiglu_grads(&a, &u, g))
+        })?;
         Ok((
             Some(cpu_tensor_as(da, a.shape(), a.dtype())?),
             Some(cpu_tensor_as(du, u.shape(), u.dtype())?),
@@ -477,170 +552,7 @@ mod cuda {
 /// The CUDA kernels' arithmetic (`cuda/activation.cuh`, run on the host by
 /// `cuda/activation_mirror.cpp`, with the C library's erff and expf) against this CPU kernel.
 #[cfg(test)]
-mod mirror {
-    use super::*;
-
-    extern "C" {
-        fn ember_mirror_gelu(x: f32) -> f32;
-        fn ember_mirror_gelu_slope(x: f32) -> f32;
-        fn ember_mirror_swiglu(a: f32, u: f32) -> f32;
-        fn ember_mirror_swiglu_bwd(a: f32, u: f32, g: f32, da: *mut f32, du: *mut f32);
-        fn ember_mirror_gelu_fwd_f32(x: *const f32, y: *mut f32, n: u64);
-        fn ember_mirror_gelu_bwd_f32(x: *const f32, g: *const f32, dx: *mut f32, n: u64);
-        fn ember_mirror_swiglu_fwd_f32(a: *const f32, u: *const f32, y: *mut f32, n: u64);
-        fn ember_mirror_swiglu_bwd_f32(
-            a: *const f32,
-            u: *const f32,
-            g: *const f32,
-            da: *mut f32,
-            du: *mut f32,
-            n: u64,
-        );
-        fn ember_mirror_gelu_fwd_bf16(x: *const u16, y: *mut u16, n: u64);
-        fn ember_mirror_gelu_bwd_bf16(x: *const u16, g: *const u16, dx: *mut u16, n: u64);
-        fn ember_mirror_swiglu_fwd_bf16(a: *const u16, u: *const u16, y: *mut u16, n: u64);
-        fn ember_mirror_swiglu_bwd_bf16(
-            a: *const u16,
-            u: *const u16,
-            g: *const u16,
-            da: *mut u16,
-            du: *mut u16,
-            n: u64,
-        );
-    }
-
-    /// −8 to 8 in steps of about 0.0013, and the special values.
-    fn inputs() -> Vec<f32> {
-        let mut x: Vec<f32> = (0..12_001).map(|i| (i as f32 - 6000.0) / 750.0).collect();
-        x.extend([0.0, -0.0, 1e-30, -1e-30, 20.0, -20.0, 90.0, -90.0]);
-        x
-    }
-
-    #[test]
-    fn the_device_gelu_and_its_derivative_match_the_cpu_kernel() {
-        // The CPU's erf is within 1.5·10⁻⁷ of erf, and its exp within a few ulp; erff and expf
-        // are within a few ulp. gelu = (erf + 1)·0.5·x moves by 0.5·|x|·Δerf, the derivative by
-        // 0.5·Δerf + 0.4·|x|·e^(−x²/2)·Δexp: tolerance 1.5·10⁻⁷·(1 + |x|) plus 2 ulp of the value.
-        let x = inputs();
-        let slope = GeluSlope::new(true);
-        let y = slope.forward(&x);
-        let ones = vec![1f32; x.len()];
-        let d = slope
-            .backward(&ones, || unreachable!("the derivative was kept"))
-            .unwrap();
-        let recomputed = GeluSlope::new(false)
-            .backward(&ones, || Ok(Cow::Borrowed(&x)))
-            .unwrap();
-        for (i, &v) in x.iter().enumerate() {
-            let (gy, gd) = unsafe { (ember_mirror_gelu(v), ember_mirror_gelu_slope(v)) };
-            let tol = |c: f32| 1.5e-7 * (1.0 + v.abs()) + 2.0 * f32::EPSILON * c.abs();
-            assert!((gy - y[i]).abs() <= tol(y[i]), "gelu({v}): {gy} vs {}", y[i]);
-            assert!((gd - d[i]).abs() <= tol(d[i]), "gelu'({v}): {gd} vs {}", d[i]);
-            assert_eq!(d[i].to_bits(), recomputed[i].to_bits());
-        }
-        // gelu(0) is 0 and gelu'(0) one half exactly on both.
-        assert_eq!(unsafe { ember_mirror_gelu(0.0) }, 0.0);
-        assert_eq!(unsafe { ember_mirror_gelu_slope(0.0) }, 0.5);
-    }
-
-    #[test]
-    fn the_bf16_kernels_are_the_f32_kernels_between_casts_bit_for_bit() {
-        // `_bf16` reads bf16 activations and gradients, widens them exactly, computes as the f32
-        // kernel does and rounds each output once: the f32 kernel's bits on the widened
-        // inputs, rounded as candle's cast rounds (the CPU ops' contract on bf16 activations).
-        let bits = |v: &[f32]| -> Vec<u16> { v.iter().map(|&x| half::bf16::from_f32(x).to_bits()).collect() };
-        let wide = |v: &[u16]| -> Vec<f32> { v.iter().map(|&h| f32::from_bits((h as u32) << 16)).collect() };
-        let mut rng = ember_rng::SplitMix64::new(6);
-        let x = bits(&inputs());
-        let (u, g) = (
-            bits(&x.iter().map(|_| rng.normal() as f32).collect::<Vec<_>>()),
-            bits(&x.iter().map(|_| rng.normal() as f32).collect::<Vec<_>>()),
-        );
-        let (xw, uw, gw) = (wide(&x), wide(&u), wide(&g));
-        let n = x.len();
-        let (mut y, mut y16) = (vec![f32::NAN; n], vec![u16::MAX; n]);
-        let (mut d, mut d16) = (vec![f32::NAN; n], vec![u16::MAX; n]);
-        unsafe {
-            ember_mirror_gelu_fwd_f32(xw.as_ptr(), y.as_mut_ptr(), n as u64);
-            ember_mirror_gelu_fwd_bf16(x.as_ptr(), y16.as_mut_ptr(), n as u64);
-            ember_mirror_gelu_bwd_f32(xw.as_ptr(), gw.as_ptr(), d.as_mut_ptr(), n as u64);
-            ember_mirror_gelu_bwd_bf16(x.as_ptr(), g.as_ptr(), d16.as_mut_ptr(), n as u64);
-        }
-        assert_eq!(y16, bits(&y), "gelu");
-        assert_eq!(d16, bits(&d), "gelu backward");
-        let (mut du, mut du16) = (vec![f32::NAN; n], vec![u16::MAX; n]);
-        unsafe {
-            ember_mirror_swiglu_fwd_f32(xw.as_ptr(), uw.as_ptr(), y.as_mut_ptr(), n as u64);
-            ember_mirror_swiglu_fwd_bf16(x.as_ptr(), u.as_ptr(), y16.as_mut_ptr(), n as u64);
-            ember_mirror_swiglu_bwd_f32(
-                xw.as_ptr(),
-                uw.as_ptr(),
-                gw.as_ptr(),
-                d.as_mut_ptr(),
-                du.as_mut_ptr(),
-                n as u64,
-            );
-            ember_mirror_swiglu_bwd_bf16(
-                x.as_ptr(),
-                u.as_ptr(),
-                g.as_ptr(),
-                d16.as_mut_ptr(),
-                du16.as_mut_ptr(),
-                n as u64,
-            );
-        }
-        assert_eq!(y16, bits(&y), "swiglu");
-        assert_eq!(d16, bits(&d), "swiglu: gate gradient");
-        assert_eq!(du16, bits(&du), "swiglu: up gradient");
-        // And the f32 bodies are the per-element functions the tests above check.
-        for (i, &v) in xw.iter().enumerate() {
-            assert_eq!(y[i].to_bits(), unsafe { ember_mirror_swiglu(v, uw[i]) }.to_bits());
-        }
-    }
-
-    #[test]
-    fn the_device_swiglu_and_its_gradients_match_the_cpu_kernel() {
-        // Only exp differs (expf against the CPU's exp_fast, both within a few ulp): relative
-        // tolerance 8 ulp of each value's scale.
-        let a = inputs();
-        let mut rng = ember_rng::SplitMix64::new(5);
-        let u: Vec<f32> = a.iter().map(|_| rng.normal() as f32).collect();
-        let g: Vec<f32> = a.iter().map(|_| rng.normal() as f32).collect();
-        let y = fill(a.len(), ELEMENTS_PER_TASK, |r, y| {
-            swiglu_fwd(&a[r.clone()], &u[r], y)
-        });
-        let (da, du) = fill2(a.len(), ELEMENTS_PER_TASK, |r, da, du| {
-            swiglu_bwd(&a[r.clone()], &u[r.clone()], &g[r], da, du)
-        });
-        let close = |m: f32, c: f32, scale: f32| (m - c).abs() <= 8.0 * f32::EPSILON * scale + 1e-30;
-        for i in 0..a.len() {
-            let my = unsafe { ember_mirror_swiglu(a[i], u[i]) };
-            let (mut mda, mut mdu) = (f32::NAN, f32::NAN);
-            unsafe { ember_mirror_swiglu_bwd(a[i], u[i], g[i], &mut mda, &mut mdu) };
-            // silu(a) is at most |a|; its derivative at most 1.1.
-            let s = a[i].abs().max(1.0);
-            assert!(
-                close(my, y[i], s * u[i].abs()),
-                "swiglu({}, {}): {my} vs {}",
-                a[i],
-                u[i],
-                y[i]
-            );
-            assert!(
-                close(mdu, du[i], s * g[i].abs()),
-                "du at a = {}: {mdu} vs {}",
-                a[i],
-                du[i]
-            );
-            assert!(
-                close(mda, da[i], s * (g[i] * u[i]).abs()),
-                "da at a = {}: {mda} vs {}",
-                a[i],
-                da[i]
-            );
-        }
-    }
-}
+mod mirror_tests;
 
 #[cfg(test)]
 mod timing {
