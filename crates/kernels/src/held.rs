@@ -3,19 +3,20 @@
 //! products' [`Precision`]: f32 as it is, or under bf16 products rounded to bf16 and held in
 //! its 16 bits.
 //!
-//! Under bf16 the activation reads its projections rounded to bf16 (the values cuBLAS's bf16
-//! products hand on, and PyTorch's autocast too), and what it keeps is those values or a
-//! derivative rounded once: half the memory of f32, for one rounding of the kind every product
-//! already makes of its operands. A backward pass widens them a task's piece at a time, so the
-//! f32 values never go to memory whole.
+//! Under bf16, SwiGLU reads its projections rounded to bf16 (the values cuBLAS's bf16 products
+//! hand on, and PyTorch's autocast too) and keeps those; GELU keeps its derivative rounded once.
+//! Half the memory of f32, for one rounding of the kind every product already makes of its
+//! operands. The kernels round as they write and widen as they read ([`Element::widen`]), so
+//! no f32 copy is made.
 
 use std::borrow::Cow;
 use std::mem::MaybeUninit;
 use std::ops::Range;
 
-use crate::gemm::{round_bf16_in_place, round_into_bf16, Element};
-use crate::par::{fill, ELEMENTS_PER_TASK};
-use crate::simd::simd_dispatch;
+use crate::gemm::round_into_bf16;
+#[cfg(test)]
+use crate::gemm::Element;
+use crate::par::{fill, SharedMut, ELEMENTS_PER_TASK};
 use crate::Precision;
 
 /// Values kept for a backward pass: f32, or bf16's bits.
@@ -43,42 +44,41 @@ impl<'a> Held<'a> {
             Held::Bf16(bits) => bits.len(),
         }
     }
-
-    /// The elements `r`, as f32 (bf16's widened exactly).
-    pub(crate) fn piece(&self, r: Range<usize>) -> Cow<'_, [f32]> {
-        match self {
-            Held::F32(v) => Cow::Borrowed(&v[r]),
-            Held::Bf16(bits) => {
-                let mut out = Vec::with_capacity(r.len());
-                widen_into(&bits[r.clone()], &mut out.spare_capacity_mut()[..r.len()]);
-                // SAFETY: `widen_into` wrote the first r.len() elements.
-                unsafe { out.set_len(r.len()) };
-                Cow::Owned(out)
-            }
-        }
-    }
 }
 
-/// `x` as an activation of `precision` is: itself for f32; rounded to bf16 (as f32 values) for
-/// bf16.
-pub(crate) fn as_activation(x: &[f32], precision: Precision) -> Cow<'_, [f32]> {
-    match precision {
-        Precision::F32 => Cow::Borrowed(x),
-        Precision::Bf16 => {
-            let mut rounded = x.to_vec();
-            round_bf16_in_place(&mut rounded);
-            Cow::Owned(rounded)
-        }
-    }
+/// bf16 values being written a piece at a time by parallel tasks, then held.
+pub(crate) struct PendingBits {
+    bits: Vec<u16>,
+    at: SharedMut<MaybeUninit<u16>>,
 }
 
-#[inline(always)]
-fn widen_into_generic(bits: &[u16], out: &mut [MaybeUninit<f32>]) {
-    for (o, &b) in out.iter_mut().zip(bits) {
-        o.write(b.widen());
+impl PendingBits {
+    pub(crate) fn new(len: usize) -> Self {
+        let mut bits = Vec::<u16>::with_capacity(len);
+        let at = SharedMut(bits.as_mut_ptr().cast::<MaybeUninit<u16>>());
+        Self { bits, at }
+    }
+
+    /// The elements `r`, to be written.
+    ///
+    /// # Safety
+    /// `r` lies within the length given to [`PendingBits::new`], and no other piece in use
+    /// overlaps it.
+    #[allow(clippy::mut_from_ref)] // disjoint pieces, written by parallel tasks
+    pub(crate) unsafe fn piece(&self, r: Range<usize>) -> &mut [MaybeUninit<u16>] {
+        self.at.slice(r.start, r.len())
+    }
+
+    /// The values, held.
+    ///
+    /// # Safety
+    /// Pieces covering every element were written.
+    pub(crate) unsafe fn finish(mut self) -> Held<'static> {
+        let len = self.bits.capacity();
+        self.bits.set_len(len);
+        Held::Bf16(self.bits)
     }
 }
-simd_dispatch!(widen_into => widen_into_generic(bits: &[u16], out: &mut [MaybeUninit<f32>]) -> ());
 
 #[cfg(test)]
 mod tests {
@@ -89,27 +89,22 @@ mod tests {
         let x: Vec<f32> = (0..40_000)
             .map(|i| (i as f32 * 0.37).sin() * 3.0 + 1e-3)
             .collect();
-        let held = Held::new(&x[..], Precision::Bf16);
-        let Held::Bf16(bits) = &held else {
+        let Held::Bf16(bits) = Held::new(&x[..], Precision::Bf16) else {
             panic!("bf16 held as f32")
         };
         assert_eq!(bits.len(), x.len());
-        let whole = held.piece(0..x.len());
-        let rounded = as_activation(&x, Precision::Bf16);
-        for i in 0..x.len() {
-            let expected = half::bf16::from_f32(x[i]).to_f32();
-            assert_eq!(whole[i].to_bits(), expected.to_bits(), "element {i}");
-            assert_eq!(rounded[i].to_bits(), expected.to_bits(), "element {i}");
+        for (i, (&v, &b)) in x.iter().zip(&bits).enumerate() {
+            let expected = half::bf16::from_f32(v);
+            assert_eq!(b, expected.to_bits(), "element {i}");
+            assert_eq!(b.widen().to_bits(), expected.to_f32().to_bits(), "element {i}");
         }
-        assert_eq!(&held.piece(17_000..17_005)[..], &whole[17_000..17_005]);
     }
 
     #[test]
     fn f32_holds_the_values_themselves() {
         let x = [1.0f32 + f32::EPSILON, -2.5e-40, 3.0];
         let held = Held::new(&x[..], Precision::F32);
-        assert!(matches!(held, Held::F32(Cow::Borrowed(_))));
-        assert_eq!(&held.piece(0..3)[..], &x[..]);
-        assert_eq!(&as_activation(&x, Precision::F32)[..], &x[..]);
+        assert!(matches!(&held, Held::F32(Cow::Borrowed(v)) if v[..] == x[..]));
+        assert_eq!(held.len(), 3);
     }
 }

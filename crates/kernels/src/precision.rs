@@ -1,14 +1,14 @@
 //! The precision of the matrix products, chosen by the caller of each op: f32 throughout, or
 //! bf16 operands with f32 sums (mixed precision, `train.precision: bf16`).
 //!
-//! Only the products change, and what the feed-forward block's activation reads. Everything
+//! Only the products change, and what the feed-forward block's activation keeps. Everything
 //! else an op computes — norm statistics, softmax, the loss, every elementwise op — stays f32,
 //! and so do its inputs and outputs (but for a model whose branches keep bf16 activations,
-//! [`Precision::branch_dtype`]). The activation (GELU, SwiGLU) reads its projections rounded to
-//! bf16, as cuBLAS's bf16 products hand them on, and keeps for its backward pass bf16 values
-//! (on the CPU: SwiGLU's projections, GELU's derivative rounded once; `held`). There the
-//! operands are rounded to bf16 as the product packs them ([`crate::gemm`]'s `bf16` module); on
-//! CUDA the projections' products are cuBLAS's bf16 GEMMs, which also round their outputs
+//! [`Precision::branch_dtype`]). SwiGLU reads its two projections rounded to bf16, as cuBLAS's
+//! bf16 products hand them on, and GELU rounds the derivative it keeps; on the CPU both keep
+//! those bf16 values for the backward pass in 16 bits (`held`). There the operands are rounded
+//! to bf16 as the product packs them ([`crate::gemm`]'s `bf16` module); on CUDA the
+//! projections' products are cuBLAS's bf16 GEMMs, which also round their outputs
 //! ([`Precision::matmul`]), and attention's fused kernel rounds its operands as the CPU does.
 
 use candle_core::{DType, Device, Result, Tensor};

@@ -12,10 +12,10 @@ use std::sync::Mutex;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Tensor};
 
 use crate::cuda::{takes, Kernel};
-use crate::gemm::{round_bf16_in_place, round_into_bf16, Activation};
-use crate::held::{as_activation, Held};
+use crate::gemm::{to_bf16, Activation, Element};
+use crate::held::{Held, PendingBits};
 use crate::host::{cpu_storage_as, cpu_storage_like, cpu_tensor_as, cpu_values, is_host, with_data};
-use crate::par::{fill, fill2, SharedMut, ELEMENTS_PER_TASK};
+use crate::par::{fill, fill2, ELEMENTS_PER_TASK};
 use crate::simd::{erf_and_gauss, exp_fast, mul, simd_dispatch};
 use crate::Precision;
 
@@ -44,10 +44,9 @@ struct GeluOp(GeluSlope);
 /// GELU's derivative at each element of one forward pass, kept (when a gradient will be
 /// needed) for the backward pass of the same graph, in the products' precision.
 ///
-/// Under bf16 products GELU reads its input rounded to bf16 (a projection's output, as cuBLAS's
-/// bf16 products give it) and keeps its derivative rounded to bf16 ([`Held`]); a derivative
-/// recomputed for the backward pass is rounded the same way, so keeping and recomputing give
-/// the same bits. Under f32 nothing is rounded.
+/// Under bf16 products the derivative is kept rounded to bf16 ([`Held`]), and one recomputed
+/// for the backward pass is rounded the same way, so keeping and recomputing give the same
+/// bits. GELU itself is computed from its f32 input in either precision.
 pub(crate) struct GeluSlope {
     slot: Option<Mutex<Option<Held<'static>>>>,
     precision: Precision,
@@ -63,21 +62,29 @@ impl GeluSlope {
 
     /// GELU of every element of `x`, keeping the derivative when asked to.
     pub(crate) fn forward(&self, x: &[f32]) -> Vec<f32> {
-        let x = as_activation(x, self.precision);
-        match &self.slot {
-            Some(slot) => {
+        let Some(slot) = &self.slot else {
+            return fill(x.len(), ELEMENTS_PER_TASK, |r, y| gelu_fwd(&x[r], y));
+        };
+        let slope = match self.precision {
+            Precision::F32 => {
                 let (y, d) = fill2(x.len(), ELEMENTS_PER_TASK, |r, y, d| gelu_fwd_keep(&x[r], y, d));
-                *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(Held::new(d, self.precision));
-                y
+                *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(Held::F32(d.into()));
+                return y;
             }
-            None => fill(x.len(), ELEMENTS_PER_TASK, |r, y| gelu_fwd(&x[r], y)),
-        }
+            Precision::Bf16 => PendingBits::new(x.len()),
+        };
+        let y = fill(x.len(), ELEMENTS_PER_TASK, |r, y| {
+            // SAFETY: the elements `r` of the slope are this task's alone.
+            gelu_fwd_keep_bf16(&x[r.clone()], y, unsafe { slope.piece(r) })
+        });
+        self.keep(slope);
+        y
     }
 
     /// GELU of every element of `x` (rows × cols) as an activation for products in the
-    /// precision: in bf16 GELU reads each block of rows rounded, and its output and derivative
-    /// are rounded as they are made, so neither goes to memory in f32
-    /// ([`Activation::rounded_with`]); the same values as [`Self::forward`]'s.
+    /// precision: in bf16 its output and derivative are rounded as they are made, a block of
+    /// rows at a time, so neither goes to memory in f32 ([`Activation::rounded_with`]); the same
+    /// values as [`Self::forward`]'s.
     pub(crate) fn forward_kept(&self, x: &[f32], (rows, cols): (usize, usize)) -> Activation {
         if self.precision == Precision::F32 {
             return Activation::F32(self.forward(x));
@@ -88,36 +95,32 @@ impl GeluSlope {
             "GELU: {} elements are not {rows}×{cols}",
             x.len()
         );
-        let elements = |r: &std::ops::Range<usize>| r.start * cols..r.end * cols;
-        let Some(slot) = &self.slot else {
-            return Activation::rounded_with(rows, cols, |r, out| {
-                gelu_fwd(&as_activation(&x[elements(&r)], self.precision), out)
-            });
-        };
-        let mut slope = Vec::<u16>::with_capacity(x.len());
-        let slope_at = SharedMut(slope.as_mut_ptr().cast::<MaybeUninit<u16>>());
+        let elements = |r: std::ops::Range<usize>| r.start * cols..r.end * cols;
+        if self.slot.is_none() {
+            return Activation::rounded_with(rows, cols, |r, out| gelu_fwd(&x[elements(r)], out));
+        }
+        let slope = PendingBits::new(x.len());
         let y = Activation::rounded_with(rows, cols, |r, out| {
-            let e = elements(&r);
-            let mut d = Vec::with_capacity(e.len());
-            gelu_fwd_keep(
-                &as_activation(&x[e.clone()], self.precision),
-                out,
-                &mut d.spare_capacity_mut()[..e.len()],
-            );
-            // SAFETY: `gelu_fwd_keep` wrote every element of the block's derivative.
-            unsafe { d.set_len(e.len()) };
+            let e = elements(r);
             // SAFETY: the rows `r` of the slope are this block's alone.
-            round_into_bf16(&d, unsafe { slope_at.slice(e.start, e.len()) });
+            gelu_fwd_keep_bf16(&x[e.clone()], out, unsafe { slope.piece(e) })
         });
-        // SAFETY: the blocks cover every row, and each wrote its slopes.
-        unsafe { slope.set_len(x.len()) };
-        *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(Held::Bf16(slope));
+        self.keep(slope);
         y
+    }
+
+    /// Keeps a bf16 derivative that every element of was written.
+    fn keep(&self, slope: PendingBits) {
+        if let Some(slot) = &self.slot {
+            // SAFETY: the caller's pieces covered every element.
+            *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(unsafe { slope.finish() });
+        }
     }
 
     /// The gradient at GELU's input for the gradient `g` at its output: from the kept
     /// derivative, or — when none was kept, or an earlier backward pass through the same graph
-    /// took it — recomputed from the forward pass's input, `input()`.
+    /// took it — recomputed from the forward pass's input, `input()` (in bf16 rounded as a kept
+    /// one is, so both give the same bits).
     pub(crate) fn backward<'a>(
         &self,
         g: &[f32],
@@ -152,8 +155,8 @@ impl GeluSlope {
         })
     }
 
-    /// The gradient at GELU's input, its pieces written by `make(len, piece)` calling `piece` for
-    /// each range of elements it makes.
+    /// The gradient at GELU's input, made by `make(len, piece)`, which calls `piece` for each
+    /// range of elements it makes.
     fn backward_by<'a, T>(
         &self,
         g: &[f32],
@@ -161,28 +164,17 @@ impl GeluSlope {
         make: impl FnOnce(usize, &(dyn Fn(std::ops::Range<usize>, &mut [MaybeUninit<f32>]) + Sync)) -> T,
     ) -> Result<T> {
         Ok(match self.take_slope() {
-            Some(d) if d.len() == g.len() => make(g.len(), &|r, out| mul(&g[r.clone()], &d.piece(r), out)),
+            Some(Held::F32(d)) if d.len() == g.len() => {
+                make(g.len(), &|r, out| mul(&g[r.clone()], &d[r], out))
+            }
+            Some(Held::Bf16(d)) if d.len() == g.len() => {
+                make(g.len(), &|r, out| mul_widened(&g[r.clone()], &d[r], out))
+            }
             _ => {
                 let x = input()?;
-                make(g.len(), &|r, out| {
-                    let x = as_activation(&x[r.clone()], self.precision);
-                    match self.precision {
-                        Precision::F32 => gelu_bwd(&x, &g[r], out),
-                        // The derivative rounded as a kept one is.
-                        Precision::Bf16 => {
-                            let mut y = Vec::with_capacity(x.len());
-                            let mut d = Vec::with_capacity(x.len());
-                            gelu_fwd_keep(
-                                &x,
-                                &mut y.spare_capacity_mut()[..x.len()],
-                                &mut d.spare_capacity_mut()[..x.len()],
-                            );
-                            // SAFETY: `gelu_fwd_keep` wrote every element of both.
-                            unsafe { d.set_len(x.len()) };
-                            round_bf16_in_place(&mut d);
-                            mul(&g[r], &d, out)
-                        }
-                    }
+                make(g.len(), &|r, out| match self.precision {
+                    Precision::F32 => gelu_bwd(&x[r.clone()], &g[r], out),
+                    Precision::Bf16 => gelu_bwd_bf16(&x[r.clone()], &g[r], out),
                 })
             }
         })
@@ -234,6 +226,34 @@ fn gelu_bwd_generic(x: &[f32], g: &[f32], dx: &mut [MaybeUninit<f32>]) {
     }
 }
 simd_dispatch!(gelu_bwd => gelu_bwd_generic(x: &[f32], g: &[f32], dx: &mut [MaybeUninit<f32>]) -> ());
+
+// GELU's derivative kept in bf16: rounded as it is made, widened as it is read.
+#[inline(always)]
+fn gelu_fwd_keep_bf16_generic(x: &[f32], y: &mut [MaybeUninit<f32>], d: &mut [MaybeUninit<u16>]) {
+    for ((y, d), &v) in y.iter_mut().zip(d.iter_mut()).zip(x) {
+        let (value, slope) = gelu_derivative(v);
+        y.write(value);
+        d.write(to_bf16(slope));
+    }
+}
+simd_dispatch!(gelu_fwd_keep_bf16 => gelu_fwd_keep_bf16_generic(
+    x: &[f32], y: &mut [MaybeUninit<f32>], d: &mut [MaybeUninit<u16>]) -> ());
+
+#[inline(always)]
+fn gelu_bwd_bf16_generic(x: &[f32], g: &[f32], dx: &mut [MaybeUninit<f32>]) {
+    for ((d, &v), &g) in dx.iter_mut().zip(x).zip(g) {
+        d.write(g * to_bf16(gelu_derivative(v).1).widen());
+    }
+}
+simd_dispatch!(gelu_bwd_bf16 => gelu_bwd_bf16_generic(x: &[f32], g: &[f32], dx: &mut [MaybeUninit<f32>]) -> ());
+
+#[inline(always)]
+fn mul_widened_generic(g: &[f32], d: &[u16], out: &mut [MaybeUninit<f32>]) {
+    for ((o, &g), &d) in out.iter_mut().zip(g).zip(d) {
+        o.write(g * d.widen());
+    }
+}
+simd_dispatch!(mul_widened => mul_widened_generic(g: &[f32], d: &[u16], out: &mut [MaybeUninit<f32>]) -> ());
 
 impl CustomOp1 for GeluOp {
     fn name(&self) -> &'static str {
@@ -304,44 +324,72 @@ struct SwigluOp {
 }
 
 #[inline(always)]
-fn swiglu_fwd_generic(a: &[f32], u: &[f32], y: &mut [MaybeUninit<f32>]) {
+fn swiglu_fwd_generic<T: Element>(a: &[T], u: &[T], y: &mut [MaybeUninit<f32>]) {
     for ((y, &a), &u) in y.iter_mut().zip(a).zip(u) {
+        let (a, u) = (a.widen(), u.widen());
         y.write((a / (1.0 + exp_fast(-a))) * u);
     }
 }
 simd_dispatch!(swiglu_fwd => swiglu_fwd_generic(a: &[f32], u: &[f32], y: &mut [MaybeUninit<f32>]) -> ());
+simd_dispatch!(swiglu_fwd_widened => swiglu_fwd_generic(a: &[u16], u: &[u16], y: &mut [MaybeUninit<f32>]) -> ());
 
+/// SwiGLU reading a and u as bf16 activations (rounded as they are read), keeping their bits.
 #[inline(always)]
-fn swiglu_bwd_generic(
+fn swiglu_fwd_keep_bf16_generic(
     a: &[f32],
     u: &[f32],
+    y: &mut [MaybeUninit<f32>],
+    a_kept: &mut [MaybeUninit<u16>],
+    u_kept: &mut [MaybeUninit<u16>],
+) {
+    for i in 0..a.len().min(y.len()).min(a_kept.len()).min(u_kept.len()) {
+        let (a_bits, u_bits) = (to_bf16(a[i]), to_bf16(u[i]));
+        a_kept[i].write(a_bits);
+        u_kept[i].write(u_bits);
+        let (a, u) = (a_bits.widen(), u_bits.widen());
+        y[i].write((a / (1.0 + exp_fast(-a))) * u);
+    }
+}
+simd_dispatch!(swiglu_fwd_keep_bf16 => swiglu_fwd_keep_bf16_generic(
+    a: &[f32], u: &[f32], y: &mut [MaybeUninit<f32>], a_kept: &mut [MaybeUninit<u16>],
+    u_kept: &mut [MaybeUninit<u16>]) -> ());
+
+#[inline(always)]
+fn swiglu_bwd_generic<T: Element>(
+    a: &[T],
+    u: &[T],
     g: &[f32],
     da: &mut [MaybeUninit<f32>],
     du: &mut [MaybeUninit<f32>],
 ) {
     for i in 0..a.len().min(da.len()).min(du.len()) {
-        let sig = 1.0 / (1.0 + exp_fast(-a[i]));
-        let silu = a[i] * sig;
+        let (a, u) = (a[i].widen(), u[i].widen());
+        let sig = 1.0 / (1.0 + exp_fast(-a));
+        let silu = a * sig;
         du[i].write(g[i] * silu);
         // d/da silu = σ(a)·(1 − silu(a)) + silu(a)
-        da[i].write(g[i] * u[i] * (sig * (1.0 - silu) + silu));
+        da[i].write(g[i] * u * (sig * (1.0 - silu) + silu));
     }
 }
 simd_dispatch!(swiglu_bwd => swiglu_bwd_generic(
     a: &[f32], u: &[f32], g: &[f32], da: &mut [MaybeUninit<f32>], du: &mut [MaybeUninit<f32>]) -> ());
+simd_dispatch!(swiglu_bwd_widened => swiglu_bwd_generic(
+    a: &[u16], u: &[u16], g: &[f32], da: &mut [MaybeUninit<f32>], du: &mut [MaybeUninit<f32>]) -> ());
 
 /// `silu(a)·u` of every element, in parallel pieces.
 pub(crate) fn swiglu_values(a: &Held, u: &Held) -> Vec<f32> {
-    fill(a.len(), ELEMENTS_PER_TASK, |r, y| {
-        swiglu_fwd(&a.piece(r.clone()), &u.piece(r), y)
+    fill(a.len(), ELEMENTS_PER_TASK, |r, y| match (a, u) {
+        (Held::Bf16(a), Held::Bf16(u)) => swiglu_fwd_widened(&a[r.clone()], &u[r], y),
+        (Held::F32(a), Held::F32(u)) => swiglu_fwd(&a[r.clone()], &u[r], y),
+        _ => unreachable!("SwiGLU: a and u held in two precisions"),
     })
 }
 
 /// [`swiglu_values`] of the projections a and u (rows × cols each) as an activation for
 /// products in `precision`, and a and u as the backward pass reads them ([`Held`]). In bf16
-/// each block of rows of a and u is rounded as it is read (a bf16 activation's values), kept in
-/// bf16's bits, and its SwiGLU rounded as it is made (the down projection is all that reads
-/// it): a and u are read from memory once, and no f32 values are written.
+/// SwiGLU reads a and u rounded as bf16 activations are, keeps their bits, and rounds its
+/// output as it makes each block of rows (the down projection is all that reads it): a and u
+/// are read once, and no f32 values are written.
 pub(crate) fn swiglu_kept(
     a: Vec<f32>,
     u: Vec<f32>,
@@ -359,34 +407,23 @@ pub(crate) fn swiglu_kept(
         a.len(),
         u.len()
     );
-    let (mut a_bits, mut u_bits) = (Vec::<u16>::with_capacity(len), Vec::<u16>::with_capacity(len));
-    let a_at = SharedMut(a_bits.as_mut_ptr().cast::<MaybeUninit<u16>>());
-    let u_at = SharedMut(u_bits.as_mut_ptr().cast::<MaybeUninit<u16>>());
+    let (a_kept, u_kept) = (PendingBits::new(len), PendingBits::new(len));
     let y = Activation::rounded_with(rows, cols, |r, out| {
         let e = r.start * cols..r.end * cols;
-        let (a, u) = (
-            as_activation(&a[e.clone()], precision),
-            as_activation(&u[e.clone()], precision),
-        );
         // SAFETY: the rows `r` of both are this block's alone.
-        let (a_kept, u_kept) = unsafe { (a_at.slice(e.start, e.len()), u_at.slice(e.start, e.len())) };
-        // Exact: the values are bf16's already.
-        round_into_bf16(&a, a_kept);
-        round_into_bf16(&u, u_kept);
-        swiglu_fwd(&a, &u, out)
+        let (a_piece, u_piece) = unsafe { (a_kept.piece(e.clone()), u_kept.piece(e.clone())) };
+        swiglu_fwd_keep_bf16(&a[e.clone()], &u[e], out, a_piece, u_piece)
     });
     // SAFETY: the blocks cover every row, and each wrote its elements of both.
-    unsafe {
-        a_bits.set_len(len);
-        u_bits.set_len(len);
-    }
-    (y, [Held::Bf16(a_bits), Held::Bf16(u_bits)])
+    (y, unsafe { [a_kept.finish(), u_kept.finish()] })
 }
 
 /// The gradients at a and u of `silu(a)·u` for the gradient g at its output.
 pub(crate) fn swiglu_grads(a: &Held, u: &Held, g: &[f32]) -> (Vec<f32>, Vec<f32>) {
-    fill2(a.len(), ELEMENTS_PER_TASK, |r, da, du| {
-        swiglu_bwd(&a.piece(r.clone()), &u.piece(r.clone()), &g[r], da, du)
+    fill2(a.len(), ELEMENTS_PER_TASK, |r, da, du| match (a, u) {
+        (Held::Bf16(a), Held::Bf16(u)) => swiglu_bwd_widened(&a[r.clone()], &u[r.clone()], &g[r], da, du),
+        (Held::F32(a), Held::F32(u)) => swiglu_bwd(&a[r.clone()], &u[r.clone()], &g[r], da, du),
+        _ => unreachable!("SwiGLU: a and u held in two precisions"),
     })
 }
 
@@ -582,5 +619,49 @@ mod timing {
             fill(n, n, |r, y| gelu_bwd(&x[r.clone()], &g[r], y)).len()
         });
         time("mul", &|| fill(n, n, |r, y| mul(&x[r.clone()], &g[r], y)).len());
+        // bf16: GELU's derivative and SwiGLU's inputs kept in 16 bits.
+        let bits: Vec<u16> = x.iter().map(|&v| to_bf16(v)).collect();
+        time("gelu_fwd_keep_bf16", &|| {
+            let kept = PendingBits::new(n);
+            // SAFETY: one piece, all of it, written.
+            let y = fill(n, n, |r, y| {
+                gelu_fwd_keep_bf16(&x[r.clone()], y, unsafe { kept.piece(r) })
+            });
+            drop(unsafe { kept.finish() });
+            y.len()
+        });
+        time("gelu_bwd_bf16", &|| {
+            fill(n, n, |r, y| gelu_bwd_bf16(&x[r.clone()], &g[r], y)).len()
+        });
+        time("mul_widened", &|| {
+            fill(n, n, |r, y| mul_widened(&g[r.clone()], &bits[r], y)).len()
+        });
+        time("swiglu_fwd", &|| {
+            fill(n, n, |r, y| swiglu_fwd(&x[r.clone()], &g[r], y)).len()
+        });
+        time("swiglu_fwd_keep_bf16", &|| {
+            let (a, u) = (PendingBits::new(n), PendingBits::new(n));
+            let y = fill(n, n, |r, y| {
+                // SAFETY: one piece, all of it, written.
+                let (ap, up) = unsafe { (a.piece(r.clone()), u.piece(r.clone())) };
+                swiglu_fwd_keep_bf16(&x[r.clone()], &g[r], y, ap, up)
+            });
+            drop(unsafe { [a.finish(), u.finish()] });
+            y.len()
+        });
+        time("swiglu_bwd", &|| {
+            fill2(n, n, |r, da, du| {
+                swiglu_bwd(&x[r.clone()], &g[r.clone()], &g[r], da, du)
+            })
+            .0
+            .len()
+        });
+        time("swiglu_bwd_widened", &|| {
+            fill2(n, n, |r, da, du| {
+                swiglu_bwd_widened(&bits[r.clone()], &bits[r.clone()], &g[r], da, du)
+            })
+            .0
+            .len()
+        });
     }
 }

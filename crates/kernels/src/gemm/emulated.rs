@@ -74,6 +74,7 @@ pub(crate) fn asked() -> bool {
 
 /// f32 → bf16 bits as `vcvtneps2bf16` rounds: to nearest even; a NaN stays a (quiet) NaN;
 /// a denormal (and a zero) becomes a zero of its sign.
+#[inline(always)]
 pub(crate) fn to_bf16(x: f32) -> u16 {
     (rounded_bits(x.to_bits()) >> 16) as u16
 }

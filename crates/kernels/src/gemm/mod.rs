@@ -54,13 +54,7 @@ mod x86;
 
 pub(crate) use blocks::Blocks;
 pub use emulated::{emulate_bf16_products, emulation_slowdown, BF16_ENV};
-pub(crate) use emulated::{round_into as round_into_bf16, Element};
-
-/// `values` rounded in place to bf16 as the bf16 products round their operands (to nearest
-/// even, denormals flushed), still as f32.
-pub(crate) fn round_bf16_in_place(values: &mut [f32]) {
-    emulated::round_in_place(values);
-}
+pub(crate) use emulated::{round_into as round_into_bf16, to_bf16, Element};
 pub use mixed::bf16_emulated;
 use mixed::gemm_in;
 pub(crate) use mixed::{
