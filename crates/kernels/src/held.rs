@@ -6,8 +6,8 @@
 //! Under bf16, SwiGLU reads its projections rounded to bf16 (the values cuBLAS's bf16 products
 //! hand on, and PyTorch's autocast too) and keeps those; GELU keeps its derivative rounded once.
 //! Half the memory of f32, for one rounding of the kind every product already makes of its
-//! operands. The kernels round as they write and widen as they read ([`Element::widen`]), so
-//! no f32 copy is made.
+//! operands. The kernels round as they write and widen as they read
+//! ([`Element::widen`](crate::gemm::Element::widen)), so no f32 copy is made.
 
 use std::borrow::Cow;
 use std::mem::MaybeUninit;
@@ -49,6 +49,7 @@ impl<'a> Held<'a> {
 /// bf16 values being written a piece at a time by parallel tasks, then held.
 pub(crate) struct PendingBits {
     bits: Vec<u16>,
+    len: usize,
     at: SharedMut<MaybeUninit<u16>>,
 }
 
@@ -56,7 +57,7 @@ impl PendingBits {
     pub(crate) fn new(len: usize) -> Self {
         let mut bits = Vec::<u16>::with_capacity(len);
         let at = SharedMut(bits.as_mut_ptr().cast::<MaybeUninit<u16>>());
-        Self { bits, at }
+        Self { bits, len, at }
     }
 
     /// The elements `r`, to be written.
@@ -74,8 +75,7 @@ impl PendingBits {
     /// # Safety
     /// Pieces covering every element were written.
     pub(crate) unsafe fn finish(mut self) -> Held<'static> {
-        let len = self.bits.capacity();
-        self.bits.set_len(len);
+        self.bits.set_len(self.len);
         Held::Bf16(self.bits)
     }
 }

@@ -71,7 +71,7 @@ mod rope;
 mod softmax;
 mod sum;
 
-pub use activation::{gelu_erf, swiglu, swiglu_in, swiglu_unfused};
+pub use activation::{gelu_erf, gelu_erf_in, swiglu, swiglu_in, swiglu_unfused};
 pub use attention::{
     attention, attention_unfused, causal_mask, cuda_fuses, padding_mask, AttentionOptions, AttentionTelemetry,
 };

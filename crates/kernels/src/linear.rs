@@ -431,7 +431,7 @@ pub fn linear_gelu_unfused(x: &Tensor, w: &Tensor) -> Result<Tensor> {
 
 /// `gelu_erf(x·Wᵀ)` for x (…, in) and a weight (out, in): [`linear`] and
 /// [`gelu_erf`](crate::gelu_erf) as one op on CPU f32, with the same bits; the GELU keeps its
-/// derivative for the backward pass as the standalone op does. On CUDA with the activation
+/// derivative for the backward pass as the standalone op does (in f32). On CUDA with the activation
 /// kernel switched on and an f32 weight, [`linear`] (cuBLAS) then the GELU kernel, on x widened
 /// to f32 if it is a bf16 activation under f32 products (with the `bf16` kernels on too; the
 /// output rounded back once; under bf16 products cuBLAS's bf16 product itself, through the
@@ -440,7 +440,8 @@ pub fn linear_gelu(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     linear_gelu_in(x, w, Precision::F32)
 }
 
-/// [`linear_gelu`] with its products in `precision`.
+/// [`linear_gelu`] with its products in `precision`; under bf16 the derivative GELU keeps is
+/// rounded to bf16, as [`gelu_erf_in`](crate::gelu_erf_in) keeps it.
 pub fn linear_gelu_in(x: &Tensor, w: &Tensor, precision: Precision) -> Result<Tensor> {
     check_fit("linear_gelu", x, w)?;
     if takes(x, Kernel::Activation) && takes_param(w, Kernel::Activation) {

@@ -5,8 +5,9 @@
 //! else an op computes — norm statistics, softmax, the loss, every elementwise op — stays f32,
 //! and so do its inputs and outputs (but for a model whose branches keep bf16 activations,
 //! [`Precision::branch_dtype`]). SwiGLU reads its two projections rounded to bf16, as cuBLAS's
-//! bf16 products hand them on, and GELU rounds the derivative it keeps; on the CPU both keep
-//! those bf16 values for the backward pass in 16 bits (`held`). There the operands are rounded
+//! bf16 products hand them on; on the CPU it keeps those bf16 values for the backward pass in
+//! 16 bits, and GELU keeps its derivative rounded to bf16 (`held`; CUDA's GELU recomputes its
+//! derivative in f32). On the CPU the operands are rounded
 //! to bf16 as the product packs them ([`crate::gemm`]'s `bf16` module); on CUDA the
 //! projections' products are cuBLAS's bf16 GEMMs, which also round their outputs
 //! ([`Precision::matmul`]), and attention's fused kernel rounds its operands as the CPU does.

@@ -164,9 +164,9 @@ fn the_feed_forward_activations_keep_bf16_values() {
         "SwiGLU did not round"
     );
 
-    // GELU computes from the f32 product and keeps its derivative rounded once: a second
-    // backward pass through the same graph, which recomputes the derivative, gives the first's
-    // bits.
+    // GELU computes from the f32 product and keeps its derivative rounded once (not the f32
+    // derivative the f32 op keeps): a second backward pass through the same graph, which
+    // recomputes the derivative, gives the first's bits.
     let (x, w) = (randn(43, &[2, 40, 64]), randn(44, &[160, 64]));
     let y = kernels::linear_gelu_in(&x, &w, BF16).unwrap();
     let y_ref = kernels::gelu_erf(&kernels::linear_in(&x, &w, BF16).unwrap()).unwrap();
@@ -181,6 +181,16 @@ fn the_feed_forward_activations_keep_bf16_values() {
     assert!(
         same_bits(&kept, &recomputed),
         "the recomputed derivative is not the kept one"
+    );
+    let f32_slope = (kernels::gelu_erf(&kernels::linear_in(x.as_tensor(), &w, BF16).unwrap()).unwrap()
+        * &probe)
+        .unwrap()
+        .sum_all()
+        .unwrap();
+    let dx_f32_slope = f32_slope.backward().unwrap().get(x.as_tensor()).unwrap().clone();
+    assert!(
+        rel_error(&kept, &dx_f32_slope) > 1e-4,
+        "GELU kept its derivative in f32"
     );
 }
 

@@ -173,13 +173,14 @@ fn with_either_memory(precision: Precision) -> [(Precision, ActivationMemory); 3
 
 #[test]
 fn a_second_backward_pass_recomputes_what_the_first_took() {
-    for (swiglu, memory) in [false, true]
+    for ((swiglu, precision), memory) in [false, true]
         .into_iter()
-        .flat_map(|s| ActivationMemory::ALL.map(|m| (s, m)))
+        .flat_map(|s| every_precision().map(|p| (s, p)))
+        .flat_map(|sp| ActivationMemory::ALL.map(|m| (sp, m)))
     {
         let m = Mlp::new(3, (1, 9, 16, 48), "layernorm", swiglu);
         let sink = GradSink::new();
-        let l = loss(&m.forward((0.1, 7), Precision::F32, Some((&sink, memory))));
+        let l = loss(&m.forward((0.1, 7), precision, Some((&sink, memory))));
         let mut first = l.backward().unwrap();
         sink.merge_into(&mut first).unwrap();
         let mut second = l.backward().unwrap();
@@ -187,7 +188,7 @@ fn a_second_backward_pass_recomputes_what_the_first_took() {
         for (i, (a, b)) in m.grads(&first).iter().zip(&m.grads(&second)).enumerate() {
             assert!(
                 same_bits(a, b),
-                "swiglu {swiglu}, {memory:?}: gradient {i} differs on the second pass"
+                "swiglu {swiglu}, {precision:?}, {memory:?}: gradient {i} differs on the second pass"
             );
         }
     }

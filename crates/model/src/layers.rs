@@ -317,7 +317,7 @@ impl Linear {
     /// `gelu_erf(x·Wᵀ + b)`: one op without a bias.
     pub fn forward_gelu(&self, x: &Tensor, ctx: ForwardCtx) -> Result<Tensor> {
         match &self.bias {
-            Some(_) => ember_kernels::gelu_erf(&self.forward(x, ctx)?),
+            Some(_) => ember_kernels::gelu_erf_in(&self.forward(x, ctx)?, ctx.precision),
             None => ember_kernels::linear_gelu_in(x, &self.weight, ctx.precision),
         }
     }

@@ -31,11 +31,17 @@ use crate::Precision;
 /// also be a bf16 activation, on the CPU and (with the `bf16` kernels on too) on CUDA: computed
 /// in f32 on its widened values, the output and the gradient rounded once.
 pub fn gelu_erf(x: &Tensor) -> Result<Tensor> {
+    gelu_erf_in(x, Precision::F32)
+}
+
+/// [`gelu_erf`] keeping its derivative as `precision` keeps it on the CPU (under bf16 rounded to
+/// bf16, as the fused feed-forward op keeps it; [`GeluSlope`]).
+pub fn gelu_erf_in(x: &Tensor, precision: Precision) -> Result<Tensor> {
     let host = is_host(x);
     if !(host || takes(x, Kernel::Activation)) {
         return x.gelu_erf();
     }
-    let op = GeluOp(GeluSlope::new(host && x.track_op(), Precision::F32));
+    let op = GeluOp(GeluSlope::new(host && x.track_op(), precision));
     x.contiguous()?.apply_op1(op)
 }
 
@@ -62,13 +68,13 @@ impl GeluSlope {
 
     /// GELU of every element of `x`, keeping the derivative when asked to.
     pub(crate) fn forward(&self, x: &[f32]) -> Vec<f32> {
-        let Some(slot) = &self.slot else {
+        if self.slot.is_none() {
             return fill(x.len(), ELEMENTS_PER_TASK, |r, y| gelu_fwd(&x[r], y));
-        };
+        }
         let slope = match self.precision {
             Precision::F32 => {
                 let (y, d) = fill2(x.len(), ELEMENTS_PER_TASK, |r, y, d| gelu_fwd_keep(&x[r], y, d));
-                *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(Held::F32(d.into()));
+                self.hold_slope(Held::F32(d.into()));
                 return y;
             }
             Precision::Bf16 => PendingBits::new(x.len()),
@@ -77,7 +83,8 @@ impl GeluSlope {
             // SAFETY: the elements `r` of the slope are this task's alone.
             gelu_fwd_keep_bf16(&x[r.clone()], y, unsafe { slope.piece(r) })
         });
-        self.keep(slope);
+        // SAFETY: `fill`'s pieces cover every element.
+        self.hold_slope(unsafe { slope.finish() });
         y
     }
 
@@ -105,15 +112,15 @@ impl GeluSlope {
             // SAFETY: the rows `r` of the slope are this block's alone.
             gelu_fwd_keep_bf16(&x[e.clone()], out, unsafe { slope.piece(e) })
         });
-        self.keep(slope);
+        // SAFETY: the blocks cover every row.
+        self.hold_slope(unsafe { slope.finish() });
         y
     }
 
-    /// Keeps a bf16 derivative that every element of was written.
-    fn keep(&self, slope: PendingBits) {
+    /// Keeps the derivative for the backward pass.
+    fn hold_slope(&self, slope: Held<'static>) {
         if let Some(slot) = &self.slot {
-            // SAFETY: the caller's pieces covered every element.
-            *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(unsafe { slope.finish() });
+            *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(slope);
         }
     }
 
@@ -126,7 +133,7 @@ impl GeluSlope {
         g: &[f32],
         input: impl FnOnce() -> Result<Cow<'a, [f32]>>,
     ) -> Result<Vec<f32>> {
-        self.backward_by(g, input, |len, f| {
+        self.backward_into(g, input, |len, f| {
             fill(len, ELEMENTS_PER_TASK, |r, out| f(r, out))
         })
     }
@@ -150,29 +157,29 @@ impl GeluSlope {
             "GELU: {} gradient elements are not {rows}×{cols}",
             g.len()
         );
-        self.backward_by(g, input, |_, f| {
+        self.backward_into(g, input, |_, f| {
             Activation::rounded_with(rows, cols, |r, out| f(r.start * cols..r.end * cols, out))
         })
     }
 
-    /// The gradient at GELU's input, made by `make(len, piece)`, which calls `piece` for each
-    /// range of elements it makes.
-    fn backward_by<'a, T>(
+    /// The gradient at GELU's input, made by `write(len, piece)`, which calls `piece` for each
+    /// range of elements it writes.
+    fn backward_into<'a, T>(
         &self,
         g: &[f32],
         input: impl FnOnce() -> Result<Cow<'a, [f32]>>,
-        make: impl FnOnce(usize, &(dyn Fn(std::ops::Range<usize>, &mut [MaybeUninit<f32>]) + Sync)) -> T,
+        write: impl FnOnce(usize, &(dyn Fn(std::ops::Range<usize>, &mut [MaybeUninit<f32>]) + Sync)) -> T,
     ) -> Result<T> {
         Ok(match self.take_slope() {
             Some(Held::F32(d)) if d.len() == g.len() => {
-                make(g.len(), &|r, out| mul(&g[r.clone()], &d[r], out))
+                write(g.len(), &|r, out| mul(&g[r.clone()], &d[r], out))
             }
             Some(Held::Bf16(d)) if d.len() == g.len() => {
-                make(g.len(), &|r, out| mul_widened(&g[r.clone()], &d[r], out))
+                write(g.len(), &|r, out| mul_widened(&g[r.clone()], &d[r], out))
             }
             _ => {
                 let x = input()?;
-                make(g.len(), &|r, out| match self.precision {
+                write(g.len(), &|r, out| match self.precision {
                     Precision::F32 => gelu_bwd(&x[r.clone()], &g[r], out),
                     Precision::Bf16 => gelu_bwd_bf16(&x[r.clone()], &g[r], out),
                 })
@@ -296,7 +303,9 @@ pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
 
 /// [`swiglu`] reading gate and up as activations of `precision` are: under bf16 rounded to
 /// bf16 (the projections' outputs as cuBLAS's bf16 products give them; on CUDA they are
-/// already), as the fused feed-forward block reads and keeps them.
+/// already), as the fused feed-forward block reads and keeps them. Where the op does not run
+/// on the CPU (inputs of two dtypes) the composition reads them through candle's casts, whose
+/// backward pass rounds the gradients too.
 pub fn swiglu_in(gate: &Tensor, up: &Tensor, precision: Precision) -> Result<Tensor> {
     let fused = gate.dtype() == up.dtype()
         && ((is_host(gate) && is_host(up))
@@ -592,76 +601,4 @@ mod cuda {
 mod mirror_tests;
 
 #[cfg(test)]
-mod timing {
-    use super::*;
-
-    /// Not a test: `cargo test --release -p ember-kernels --lib activation::timing -- --ignored --nocapture`.
-    #[test]
-    #[ignore]
-    fn print_elementwise_rates() {
-        let n = 768 * 512;
-        let x: Vec<f32> = (0..n).map(|i| ((i % 97) as f32 - 48.0) / 16.0).collect();
-        let g: Vec<f32> = (0..n).map(|i| ((i % 89) as f32 - 44.0) / 32.0).collect();
-        let time = |name: &str, f: &dyn Fn() -> usize| {
-            let mut best = f64::MAX;
-            for _ in 0..20 {
-                let t = std::time::Instant::now();
-                std::hint::black_box(f());
-                best = best.min(t.elapsed().as_secs_f64());
-            }
-            println!("{name:>16}: {:.3} ns/element", best / n as f64 * 1e9);
-        };
-        time("gelu_fwd", &|| fill(n, n, |r, y| gelu_fwd(&x[r], y)).len());
-        time("gelu_fwd_keep", &|| {
-            fill2(n, n, |r, y, d| gelu_fwd_keep(&x[r], y, d)).0.len()
-        });
-        time("gelu_bwd", &|| {
-            fill(n, n, |r, y| gelu_bwd(&x[r.clone()], &g[r], y)).len()
-        });
-        time("mul", &|| fill(n, n, |r, y| mul(&x[r.clone()], &g[r], y)).len());
-        // bf16: GELU's derivative and SwiGLU's inputs kept in 16 bits.
-        let bits: Vec<u16> = x.iter().map(|&v| to_bf16(v)).collect();
-        time("gelu_fwd_keep_bf16", &|| {
-            let kept = PendingBits::new(n);
-            // SAFETY: one piece, all of it, written.
-            let y = fill(n, n, |r, y| {
-                gelu_fwd_keep_bf16(&x[r.clone()], y, unsafe { kept.piece(r) })
-            });
-            drop(unsafe { kept.finish() });
-            y.len()
-        });
-        time("gelu_bwd_bf16", &|| {
-            fill(n, n, |r, y| gelu_bwd_bf16(&x[r.clone()], &g[r], y)).len()
-        });
-        time("mul_widened", &|| {
-            fill(n, n, |r, y| mul_widened(&g[r.clone()], &bits[r], y)).len()
-        });
-        time("swiglu_fwd", &|| {
-            fill(n, n, |r, y| swiglu_fwd(&x[r.clone()], &g[r], y)).len()
-        });
-        time("swiglu_fwd_keep_bf16", &|| {
-            let (a, u) = (PendingBits::new(n), PendingBits::new(n));
-            let y = fill(n, n, |r, y| {
-                // SAFETY: one piece, all of it, written.
-                let (ap, up) = unsafe { (a.piece(r.clone()), u.piece(r.clone())) };
-                swiglu_fwd_keep_bf16(&x[r.clone()], &g[r], y, ap, up)
-            });
-            drop(unsafe { [a.finish(), u.finish()] });
-            y.len()
-        });
-        time("swiglu_bwd", &|| {
-            fill2(n, n, |r, da, du| {
-                swiglu_bwd(&x[r.clone()], &g[r.clone()], &g[r], da, du)
-            })
-            .0
-            .len()
-        });
-        time("swiglu_bwd_widened", &|| {
-            fill2(n, n, |r, da, du| {
-                swiglu_bwd_widened(&bits[r.clone()], &bits[r.clone()], &g[r], da, du)
-            })
-            .0
-            .len()
-        });
-    }
-}
+mod timing;

@@ -1,9 +1,9 @@
 //! A pre-norm feed-forward sub-block as one op: `x + dropout(act(norm(x))·W_downᵀ)`, with act
 //! GELU of one projection, `gelu(h·W_upᵀ)`, or SwiGLU of two, `silu(h·W_gateᵀ) ⊙ h·W_upᵀ`.
 //!
-//! The composition is three or four ops (the norm, [`linear_gelu`](crate::linear_gelu) or two
-//! [`linear`](crate::linear)s and [`swiglu`](crate::swiglu),
-//! [`linear_residual`](crate::linear_residual)), and candle's backward pass zero-fills and adds a
+//! The composition is three or four ops (the norm, [`linear_gelu_in`](crate::linear_gelu_in) or
+//! two [`linear_in`](crate::linear_in)s and [`swiglu_in`](crate::swiglu_in),
+//! [`linear_residual_in`](crate::linear_residual_in)), and candle's backward pass zero-fills and adds a
 //! gradient for each of their inputs: x twice, the normalised h once or twice, the hidden
 //! activations (d_ff wide, four times the stream for GELU, three of them for SwiGLU) and every
 //! parameter, per pass. As one op with x its only candle input, only x's remains; the
@@ -190,6 +190,7 @@ impl MlpBlockOp {
     ) -> Result<(Vec<f32>, Vec<Vec<f32>>)> {
         let Hidden { h, swiglu, .. } = a;
         with_data([&self.up], |[w_up]| match (&self.gate, swiglu) {
+            (Some(_), None) => unreachable!("SwiGLU's forward pass keeps both projections"),
             (Some(w_gate), Some([gate, up])) => with_data([w_gate], |[w_gate]| {
                 let (d_gate_product, d_up_product) = swiglu_grads(&gate, &up, dh_act);
                 drop((gate, up));
@@ -201,7 +202,7 @@ impl MlpBlockOp {
                 add_in_place(&mut dh, &dh_gate);
                 Ok((dh, vec![d_gate, d_up]))
             }),
-            _ => {
+            (None, _) => {
                 let recompute = || Ok(Cow::Owned(project_kept(&h, w_up, d)));
                 let (rows, _, ff) = d;
                 let d_product = gelu.backward_kept(dh_act, (rows, ff), recompute)?;

@@ -165,8 +165,9 @@ fn flushed(x: f32) -> f32 {
     })
 }
 
-/// An element an emulated product gathers its operands from: an f32 (rounded once gathered)
-/// or the bits of a bf16 kept rounded ([`Rounded`]), widened exactly.
+/// An element an emulated product gathers its operands from — an f32 (rounded once gathered)
+/// or the bits of a bf16 kept rounded ([`Rounded`]), widened exactly — or that the feed-forward
+/// activation's kernels read what they kept from (`held`).
 pub(crate) trait Element: Copy {
     fn widen(self) -> f32;
 }

@@ -261,7 +261,8 @@ pub struct TrainConfig {
     #[schemars(range(min = 1, max = MAX_THREADS))]
     pub shares: Option<usize>,
     /// The precision of the matrix products: `f32`, or `bf16` — mixed precision, bf16 operands
-    /// with f32 sums, f32 weights, gradients, activations and optimizer (CPUs with AVX512_BF16;
+    /// with f32 sums, f32 weights, gradients and optimizer, f32 activations but for what the
+    /// fused sub-blocks keep in bf16 (CPUs with AVX512_BF16;
     /// elsewhere refused, or emulated with the same bits where `EMBER_CPU_BF16=emulate` asks for
     /// it; on CUDA with every kernel family on, the pre-norm branches' activations bf16; see
     /// `precision`). Written into a run's config only when it is not f32, so an f32 run's

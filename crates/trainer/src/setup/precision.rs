@@ -2,14 +2,15 @@
 //! ([`Model::set_precision`](ember_model::Model::set_precision)); nothing else in the trainer
 //! looks at it.
 //!
-//! `bf16` is mixed precision: the weights, the AdamW moments, the gradients and (but on CUDA
-//! with every kernel family on, below) every activation stay f32 (and are checkpointed as in
-//! f32), and only the operands of the matrix products — forward and backward — are rounded to
-//! bf16, with f32 sums. On the CPU activations are not *stored* in bf16: Ember's CPU ops take
-//! bf16 activations in and out, but candle zero-fills and
-//! adds every bf16 node's gradient with its own slow bf16 arithmetic, which measured 0.67–0.93×
-//! the step for a few hundred MiB saved (docs/performance.md); the bf16 copies live only inside
-//! the products, packed for them and dropped after.
+//! `bf16` is mixed precision: the weights, the AdamW moments and the gradients stay f32 (and are
+//! checkpointed as in f32), and the operands of the matrix products — forward and backward — are
+//! rounded to bf16, with f32 sums. The activations between candle's ops stay f32 on the CPU
+//! (on CUDA with every kernel family on, below, the pre-norm branches' are bf16): Ember's CPU ops
+//! take bf16 activations in and out, but candle zero-fills and adds every bf16 node's gradient
+//! with its own slow bf16 arithmetic, which measured 0.67–0.93× the step for a few hundred MiB
+//! saved (docs/performance.md). Inside the fused sub-block ops, which candle does not see, the
+//! CPU keeps in bf16 what only products read (the normalised inputs, the MLP's hidden
+//! activation), SwiGLU's two projections (which it reads rounded) and GELU's derivative.
 //!
 //! On a CPU with AMX the products' steps run on its tiles (`tdpbf16ps`), once a start-up check
 //! has held them to their emulator (ember-kernels' `gemm::bf16::amx`); `EMBER_CPU_VECTOR_UNIT=avx512`
