@@ -35,7 +35,7 @@ pub fn gelu_erf(x: &Tensor) -> Result<Tensor> {
 }
 
 /// [`gelu_erf`] keeping its derivative as `precision` keeps it on the CPU (under bf16 rounded to
-/// bf16, as the fused feed-forward op keeps it; [`GeluSlope`]).
+/// bf16, as the fused feed-forward op keeps it).
 pub fn gelu_erf_in(x: &Tensor, precision: Precision) -> Result<Tensor> {
     let host = is_host(x);
     if !(host || takes(x, Kernel::Activation)) {
