@@ -6,16 +6,14 @@
 //! Under bf16, SwiGLU reads its projections rounded to bf16 (the values cuBLAS's bf16 products
 //! hand on, and PyTorch's autocast too) and keeps those; GELU keeps its derivative rounded once.
 //! Half the memory of f32, for one rounding of the kind every product already makes of its
-//! operands. The kernels round as they write and widen as they read
-//! ([`Element::widen`](crate::gemm::Element::widen)), so no f32 copy is made.
+//! operands. The kernels round as they write ([`Store`]) and widen as they read
+//! ([`Element::widen`]), so no f32 copy is made.
 
 use std::borrow::Cow;
 use std::mem::MaybeUninit;
 use std::ops::Range;
 
-use crate::gemm::round_into_bf16;
-#[cfg(test)]
-use crate::gemm::Element;
+use crate::gemm::{round_into_bf16, to_bf16, Element};
 use crate::par::{fill, SharedMut, ELEMENTS_PER_TASK};
 use crate::Precision;
 
@@ -43,6 +41,26 @@ impl<'a> Held<'a> {
             Held::F32(v) => v.len(),
             Held::Bf16(bits) => bits.len(),
         }
+    }
+}
+
+/// How a value is kept for a backward pass: an f32 as it is, bf16's bits rounded as the
+/// products round their operands. Read back with [`Element::widen`].
+pub(crate) trait Store: Element {
+    fn store(v: f32) -> Self;
+}
+
+impl Store for f32 {
+    #[inline(always)]
+    fn store(v: f32) -> f32 {
+        v
+    }
+}
+
+impl Store for u16 {
+    #[inline(always)]
+    fn store(v: f32) -> u16 {
+        to_bf16(v)
     }
 }
 

@@ -13,7 +13,7 @@ use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape
 
 use crate::cuda::{takes, Kernel};
 use crate::gemm::{to_bf16, Activation, Element};
-use crate::held::{Held, PendingBits};
+use crate::held::{Held, PendingBits, Store};
 use crate::host::{cpu_storage_as, cpu_storage_like, cpu_tensor_as, cpu_values, is_host, with_data};
 use crate::par::{fill, fill2, ELEMENTS_PER_TASK};
 use crate::simd::{erf_and_gauss, exp_fast, mul, simd_dispatch};
@@ -214,44 +214,38 @@ fn gelu_derivative(v: f32) -> (f32, f32) {
     ((erf + 1.) * 0.5 * v, 0.5 + 0.398942 * e * v + 0.5 * erf)
 }
 
-/// GELU and its derivative at each element.
+/// GELU and its derivative at each element, the derivative kept as `T` keeps it (f32 as it is,
+/// bf16's bits rounded as it is made).
 #[inline(always)]
-fn gelu_fwd_keep_generic(x: &[f32], y: &mut [MaybeUninit<f32>], d: &mut [MaybeUninit<f32>]) {
+fn gelu_fwd_keep_generic<T: Store>(x: &[f32], y: &mut [MaybeUninit<f32>], d: &mut [MaybeUninit<T>]) {
     for ((y, d), &v) in y.iter_mut().zip(d.iter_mut()).zip(x) {
         let (value, slope) = gelu_derivative(v);
         y.write(value);
-        d.write(slope);
+        d.write(T::store(slope));
     }
 }
 simd_dispatch!(gelu_fwd_keep => gelu_fwd_keep_generic(
     x: &[f32], y: &mut [MaybeUninit<f32>], d: &mut [MaybeUninit<f32>]) -> ());
-
-#[inline(always)]
-fn gelu_bwd_generic(x: &[f32], g: &[f32], dx: &mut [MaybeUninit<f32>]) {
-    for ((d, &v), &g) in dx.iter_mut().zip(x).zip(g) {
-        d.write(g * gelu_derivative(v).1);
-    }
-}
-simd_dispatch!(gelu_bwd => gelu_bwd_generic(x: &[f32], g: &[f32], dx: &mut [MaybeUninit<f32>]) -> ());
-
-// GELU's derivative kept in bf16: rounded as it is made, widened as it is read.
-#[inline(always)]
-fn gelu_fwd_keep_bf16_generic(x: &[f32], y: &mut [MaybeUninit<f32>], d: &mut [MaybeUninit<u16>]) {
-    for ((y, d), &v) in y.iter_mut().zip(d.iter_mut()).zip(x) {
-        let (value, slope) = gelu_derivative(v);
-        y.write(value);
-        d.write(to_bf16(slope));
-    }
-}
-simd_dispatch!(gelu_fwd_keep_bf16 => gelu_fwd_keep_bf16_generic(
+simd_dispatch!(gelu_fwd_keep_bf16 => gelu_fwd_keep_generic(
     x: &[f32], y: &mut [MaybeUninit<f32>], d: &mut [MaybeUninit<u16>]) -> ());
 
+/// The gradient at GELU's input from its recomputed derivative, kept as `T` would keep it (so
+/// that recomputing gives a kept derivative's bits).
 #[inline(always)]
-fn gelu_bwd_bf16_generic(x: &[f32], g: &[f32], dx: &mut [MaybeUninit<f32>]) {
+fn gelu_bwd_generic<T: Store>(x: &[f32], g: &[f32], dx: &mut [MaybeUninit<f32>]) {
     for ((d, &v), &g) in dx.iter_mut().zip(x).zip(g) {
-        d.write(g * to_bf16(gelu_derivative(v).1).widen());
+        d.write(g * T::store(gelu_derivative(v).1).widen());
     }
 }
+#[inline(always)]
+fn gelu_bwd_f32_generic(x: &[f32], g: &[f32], dx: &mut [MaybeUninit<f32>]) {
+    gelu_bwd_generic::<f32>(x, g, dx)
+}
+#[inline(always)]
+fn gelu_bwd_bf16_generic(x: &[f32], g: &[f32], dx: &mut [MaybeUninit<f32>]) {
+    gelu_bwd_generic::<u16>(x, g, dx)
+}
+simd_dispatch!(gelu_bwd => gelu_bwd_f32_generic(x: &[f32], g: &[f32], dx: &mut [MaybeUninit<f32>]) -> ());
 simd_dispatch!(gelu_bwd_bf16 => gelu_bwd_bf16_generic(x: &[f32], g: &[f32], dx: &mut [MaybeUninit<f32>]) -> ());
 
 #[inline(always)]
