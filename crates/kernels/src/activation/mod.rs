@@ -421,6 +421,28 @@ pub(crate) fn swiglu_kept(
     (y, unsafe { [a_kept.finish(), u_kept.finish()] })
 }
 
+/// SwiGLU's output from its projections as [`swiglu_kept`] held them, as the activation
+/// `swiglu_kept` returned (rows × cols): the same values, made again for a backward pass that
+/// did not keep them (they cost a pass over the elements; kept, as much memory as a projection).
+pub(crate) fn swiglu_output(a: &Held, u: &Held, (rows, cols): (usize, usize)) -> Activation {
+    match (a, u) {
+        (Held::F32(_), Held::F32(_)) => Activation::F32(swiglu_values(a, u)),
+        (Held::Bf16(a), Held::Bf16(u)) => {
+            assert!(
+                a.len() == rows * cols && u.len() == rows * cols,
+                "SwiGLU: {} and {} elements are not {rows}×{cols}",
+                a.len(),
+                u.len()
+            );
+            Activation::rounded_with(rows, cols, |r, out| {
+                let e = r.start * cols..r.end * cols;
+                swiglu_fwd_widened(&a[e.clone()], &u[e], out)
+            })
+        }
+        _ => unreachable!("SwiGLU: a and u held in two precisions"),
+    }
+}
+
 /// The gradients at a and u of `silu(a)·u` for the gradient g at its output.
 pub(crate) fn swiglu_grads(a: &Held, u: &Held, g: &[f32]) -> (Vec<f32>, Vec<f32>) {
     fill2(a.len(), ELEMENTS_PER_TASK, |r, da, du| match (a, u) {

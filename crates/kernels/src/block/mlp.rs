@@ -19,7 +19,7 @@ use std::borrow::Cow;
 
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 
-use crate::activation::{swiglu_grads, swiglu_kept, GeluSlope};
+use crate::activation::{swiglu_grads, swiglu_kept, swiglu_output, GeluSlope};
 use crate::block::{branch_gradient, ActivationMemory, Between, BlockNorm, GradSink, HeldNorm, SubBlock};
 use crate::dropout::{add_dropped, DropoutOp};
 use crate::gemm::{Activation, SharedB};
@@ -142,10 +142,15 @@ struct MlpBlockOp {
 /// only products, so in bf16 they are kept rounded ([`Activation`]): half the memory, and each
 /// product reads them without converting. SwiGLU reads its projections as bf16 activations are
 /// and keeps them so ([`Held`]).
+///
+/// SwiGLU's hidden activation is not kept for the backward pass (`None` there): it is made again
+/// from the two projections, which are kept anyway — one elementwise pass for a d_ff-wide
+/// activation's memory (the same values: [`swiglu_output`]). GELU keeps its hidden activation,
+/// since it keeps no input to make it from.
 struct Hidden {
     h: Activation,
     swiglu: Option<[Held<'static>; 2]>,
-    hidden: Activation,
+    hidden: Option<Activation>,
 }
 
 impl MlpBlockOp {
@@ -162,7 +167,7 @@ impl MlpBlockOp {
         let product = |w: &Tensor| with_data([w], |[w]| Ok(project_kept(&h, w, (rows, d, ff))));
         Ok(match &self.gate {
             None => Hidden {
-                hidden: gelu.forward_kept(&product(&self.up)?, (rows, ff)),
+                hidden: Some(gelu.forward_kept(&product(&self.up)?, (rows, ff))),
                 swiglu: None,
                 h,
             },
@@ -170,7 +175,7 @@ impl MlpBlockOp {
                 let (gate, up) = (product(gate)?, product(&self.up)?);
                 let (hidden, kept) = swiglu_kept(gate, up, (rows, ff), self.precision);
                 Hidden {
-                    hidden,
+                    hidden: Some(hidden),
                     swiglu: Some(kept),
                     h,
                 }
@@ -221,10 +226,17 @@ impl CustomOp1 for MlpBlockOp {
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let x = cpu_slice(s, l)?;
         let (rows, d, ff) = self.dims(x)?;
-        let kept = self.hidden(x, &self.gelu)?;
+        let mut kept = self.hidden(x, &self.gelu)?;
+        let hidden = kept
+            .hidden
+            .take()
+            .expect("a forward pass makes the hidden activation");
         let branch = with_data([&self.down], |[down]| {
-            Ok(project_kept(&kept.hidden, down, (rows, ff, d)))
+            Ok(project_kept(&hidden, down, (rows, ff, d)))
         })?;
+        if kept.swiglu.is_none() {
+            kept.hidden = Some(hidden);
+        }
         self.between.hold(kept);
         Ok((
             CpuStorage::F32(add_dropped(self.dropout, x, &branch)),
@@ -246,7 +258,11 @@ impl CustomOp1 for MlpBlockOp {
                 None => (self.hidden(xs, &recomputed_gelu)?, &recomputed_gelu),
             };
             let g_branch = branch_gradient(self.dropout, gs);
-            let hidden = std::mem::replace(&mut kept.hidden, Activation::F32(Vec::new()));
+            let hidden = match (kept.hidden.take(), &kept.swiglu) {
+                (Some(hidden), _) => hidden,
+                (None, Some([gate, up])) => swiglu_output(gate, up, (rows, ff)),
+                (None, None) => unreachable!("GELU's forward pass keeps its hidden activation"),
+            };
             let (d_hidden, d_down) = project_grads_kept(&hidden, down, &g_branch, (rows, ff, d));
             drop(hidden);
             let (dh, d_in) = self.projection_grads(kept, gelu, &d_hidden, (rows, d, ff))?;
