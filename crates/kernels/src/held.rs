@@ -1,13 +1,17 @@
-//! What the feed-forward block's activation keeps from its forward pass for the elementwise
-//! arithmetic of its backward pass — SwiGLU's two projections, GELU's derivative — in the
-//! products' [`Precision`]: f32 as it is, or under bf16 products rounded to bf16 and held in
-//! its 16 bits.
+//! What a sub-block keeps from its forward pass for its backward pass, in the products'
+//! [`Precision`]: f32 as it is, or under bf16 products rounded to bf16 and held in its 16 bits.
+//! The feed-forward activation's values (SwiGLU's two projections, GELU's derivative) and the
+//! attention core's q, k and v are held so.
 //!
 //! Under bf16, SwiGLU reads its projections rounded to bf16 (the values cuBLAS's bf16 products
 //! hand on, and PyTorch's autocast too) and keeps those; GELU keeps its derivative rounded once.
 //! Half the memory of f32, for one rounding of the kind every product already makes of its
 //! operands. The kernels round as they write ([`Store`]) and widen as they read
 //! ([`Element::widen`]), so no f32 copy is made.
+//!
+//! The attention core reads q, k and v only through its products, which round them: held
+//! rounded and widened back for the backward pass ([`Held::to_f32`], one sub-block's at a time),
+//! they give the same bits as the f32 values did, for half their memory.
 
 use std::borrow::Cow;
 use std::mem::MaybeUninit;
@@ -40,6 +44,20 @@ impl<'a> Held<'a> {
         match self {
             Held::F32(v) => v.len(),
             Held::Bf16(bits) => bits.len(),
+        }
+    }
+
+    /// The values as f32 (bf16's widened, exact), for kernels that read f32 and round their
+    /// operands as the products do: rounding a widened bf16 value again gives its own bits, so
+    /// they compute what they computed from the f32 values before these were held.
+    pub(crate) fn to_f32(&self) -> Cow<'_, [f32]> {
+        match self {
+            Held::F32(v) => Cow::Borrowed(v),
+            Held::Bf16(bits) => Cow::Owned(fill(bits.len(), ELEMENTS_PER_TASK, |r, out| {
+                for (o, &b) in out.iter_mut().zip(&bits[r]) {
+                    o.write(b.widen());
+                }
+            })),
         }
     }
 }
@@ -119,10 +137,26 @@ mod tests {
     }
 
     #[test]
+    fn bf16_values_widened_round_back_to_their_own_bits() {
+        let mut x: Vec<f32> = (0..40_000).map(|i| (i as f32 * 0.61).cos() * 50.0).collect();
+        x.extend([0.0, -0.0, 1e-40, -3e-39, f32::MAX, f32::INFINITY, -f32::INFINITY]);
+        let held = Held::new(&x[..], Precision::Bf16);
+        let widened = held.to_f32();
+        let Held::Bf16(bits) = &held else {
+            panic!("bf16 held as f32")
+        };
+        for (i, (&w, &b)) in widened.iter().zip(bits).enumerate() {
+            assert_eq!(w.to_bits(), b.widen().to_bits(), "element {i}");
+            assert_eq!(to_bf16(w), b, "element {i} rounds again to other bits");
+        }
+    }
+
+    #[test]
     fn f32_holds_the_values_themselves() {
         let x = [1.0f32 + f32::EPSILON, -2.5e-40, 3.0];
         let held = Held::new(&x[..], Precision::F32);
         assert!(matches!(&held, Held::F32(Cow::Borrowed(v)) if v[..] == x[..]));
         assert_eq!(held.len(), 3);
+        assert!(matches!(held.to_f32(), Cow::Borrowed(v) if v[..] == x[..]));
     }
 }

@@ -13,7 +13,7 @@
 //! | [`rope`] | rotary position embeddings with a folded-in output scale (constant, or grown per position by log-n scaling) |
 //! | `softmax` | softmax over the last dimension |
 //! | `activation` | GELU (erf form) and SwiGLU |
-//! | `held` | what the activation keeps for its backward pass: f32, or bf16's bits under bf16 products |
+//! | `held` | what the activation and attention keep for their backward pass: f32, or bf16's bits under bf16 products |
 //! | [`dropout`] | inverted dropout from a counter-based SplitMix64 mask, alone or on a residual branch |
 //! | `embedding` | the token embedding's lookup, its gradient left in a [`GradSink`] |
 //! | [`attention`] | softmax(q·kᵀ + mask)·v with grouped-query heads |

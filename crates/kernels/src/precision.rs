@@ -1,7 +1,8 @@
 //! The precision of the matrix products, chosen by the caller of each op: f32 throughout, or
 //! bf16 operands with f32 sums (mixed precision, `train.precision: bf16`).
 //!
-//! Only the products change, and what the feed-forward block's activation keeps. Everything
+//! Only the products change, and what the fused sub-blocks keep for their backward pass (the
+//! feed-forward activation's values, attention's q, k and v: `held`). Everything
 //! else an op computes — norm statistics, softmax, the loss, every elementwise op — stays f32,
 //! and so do its inputs and outputs (but for a model whose branches keep bf16 activations,
 //! [`Precision::branch_dtype`]). SwiGLU reads its two projections rounded to bf16, as cuBLAS's

@@ -30,12 +30,14 @@ use crate::block::{
 };
 use crate::dropout::{add_dropped, DropoutOp};
 use crate::gemm::{Activation, SharedB};
+use crate::held::Held;
 use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
 use crate::linear::{
     project, project_grads, project_grads_shared, project_kept, Epilogue, Plain, Rotate, Scale,
 };
 use crate::rope::{check_heads, PositionScale, RopeOp, RopeTables};
 use crate::simd::add_in_place;
+use crate::Precision;
 
 /// The parameters of an attention sub-block after its opening norm: the four projections,
 /// (out, in) each — queries (H·d, D), keys and values (H_kv·d, D), output (D, H·d) — the
@@ -267,7 +269,7 @@ struct Parts {
     proj: Projections,
     attn: AttnOp,
     residual: Option<DropoutOp>,
-    precision: crate::Precision,
+    precision: Precision,
     /// What the forward pass keeps (the attention core its probabilities with it).
     between: Between<Kept>,
 }
@@ -283,13 +285,13 @@ impl Parts {
 }
 
 /// A forward pass's normalised input h (kept for products only: rounded in bf16), q, k and v as
-/// attention reads them, its output o, and q's and k's projections before QK-norm (empty
-/// without it).
+/// attention reads them (its products alone read them: held in bf16 where those are, [`Held`]),
+/// its output o, and q's and k's projections before QK-norm (empty without it).
 struct Kept {
     h: Activation,
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
+    q: Held<'static>,
+    k: Held<'static>,
+    v: Held<'static>,
     o: Vec<f32>,
     q_raw: Vec<f32>,
     k_raw: Vec<f32>,
@@ -354,6 +356,14 @@ impl<Q: Epilogue, K: Epilogue> AttentionBlockOp<Q, K> {
         })?;
         let keep_probs = !forward || p.between.keeps();
         let o = p.attn.forward_values_with(&q, &k, &v, keep_probs, forward)?;
+        // Held for the backward pass in the products' precision; a recomputation's, used at
+        // once, as they are.
+        let precision = if forward && p.between.keeps() {
+            p.precision
+        } else {
+            Precision::F32
+        };
+        let [q, k, v] = [q, k, v].map(|values| Held::new(values, precision));
         Ok(Kept {
             h,
             q,
@@ -410,7 +420,10 @@ impl<Q: Epilogue, K: Epilogue> CustomOp1 for AttentionBlockOp<Q, K> {
             };
             let g_branch = branch_gradient(p.residual, gs);
             let (d_o, d_wo) = project_grads(&o, wo, &g_branch, (rows, q_width, d), p.precision);
-            let (dq, dk, dv) = p.attn.backward_values(&q, &k, &v, &o, &d_o)?;
+            let (dq, dk, dv) = {
+                let [q, k, v] = [&q, &k, &v].map(Held::to_f32);
+                p.attn.backward_values(&q, &k, &v, &o, &d_o)?
+            };
             drop((o, d_o, v));
             let [q_bias, k_bias, v_bias] = p.proj.biases();
             // h is dW's B for all three projections: packed once in bf16.

@@ -25,8 +25,10 @@ use crate::attention::{take, AttentionOptions, AttentionTelemetry, AttnOp};
 use crate::block::{branch_gradient, ActivationMemory, Between, BlockNorm, GradSink, HeldNorm, SubBlock};
 use crate::dropout::{add_dropped, DropoutOp};
 use crate::gemm::Activation;
+use crate::held::Held;
 use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
 use crate::linear::{project, project_grads, project_grads_kept, Epilogue, Scale};
+use crate::Precision;
 
 /// The parameters of a cross-attention sub-block after its opening norm: the query projection
 /// (H·d, D) and its bias where it has one, the output projection (D, H·d), and QK-norm's norm
@@ -137,16 +139,17 @@ struct CrossAttentionBlockOp {
     scale: Scale,
     attn: AttnOp,
     residual: Option<DropoutOp>,
-    precision: crate::Precision,
+    precision: Precision,
     /// What the forward pass keeps (the attention core its probabilities with it).
     between: Between<Kept>,
 }
 
 /// A forward pass's normalised input h (kept for products only: rounded in bf16), q as
-/// attention reads it, its output o, and q's projection before QK-norm (empty without it).
+/// attention reads it (its products alone: held in bf16 where those are, [`Held`]), its output
+/// o, and q's projection before QK-norm (empty without it).
 struct Kept {
     h: Activation,
-    q: Vec<f32>,
+    q: Held<'static>,
     o: Vec<f32>,
     q_raw: Vec<f32>,
 }
@@ -170,6 +173,13 @@ impl CrossAttentionBlockOp {
         let q = self.scale.forward(q, shape, q_width)?;
         let keep_probs = !forward || self.between.keeps();
         let o = self.attn.forward_values_with(&q, k, v, keep_probs, forward)?;
+        // Held as the self-attention block holds it.
+        let precision = if forward && self.between.keeps() {
+            self.precision
+        } else {
+            Precision::F32
+        };
+        let q = Held::new(q, precision);
         Ok(Kept { h, q, o, q_raw })
     }
 }
@@ -224,7 +234,7 @@ impl CustomOp3 for CrossAttentionBlockOp {
             };
             let g_branch = branch_gradient(self.residual, gs);
             let (d_o, d_wo) = project_grads(&o, wo, &g_branch, (rows, q_width, d), self.precision);
-            let (dq, dk, dv) = self.attn.backward_values(&q, ks, vs, &o, &d_o)?;
+            let (dq, dk, dv) = self.attn.backward_values(&q.to_f32(), ks, vs, &o, &d_o)?;
             drop((o, d_o, q));
             // The scale never recomputes its product.
             let recompute_q = || projection(&h, wq, self.q_bias.as_ref(), (rows, d, q_width));
