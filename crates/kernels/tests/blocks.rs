@@ -519,26 +519,78 @@ fn the_attention_block_gives_the_bits_of_its_ops_one_by_one() {
                     telemetry: true,
                     precision,
                 };
-                let (y_ops, measured_ops) = a.forward(positions, mask, &opts, None);
-                let grads_ops = a.grads(&loss(&y_ops).backward().unwrap());
-
-                let sink = GradSink::new();
-                let (y, measured) = a.forward(positions, mask, &opts, Some((&sink, memory)));
-                assert!(same_bits(&y, &y_ops), "{what}: the output differs");
-                assert_eq!(measured, measured_ops, "{what}: the telemetry differs");
-                assert!(measured.is_some(), "{what}: no telemetry");
-                let mut store = loss(&y).backward().unwrap();
-                sink.merge_into(&mut store).unwrap();
-                let grads = a.grads(&store);
-                assert!(
-                    same_bits(&grads[0], &grads_ops[0]),
-                    "{what}: x's gradient differs"
-                );
-                for (i, (g, g_ops)) in grads.iter().zip(&grads_ops).enumerate().skip(1) {
-                    assert_equal(&format!("{what}: parameter {i}'s gradient"), g, g_ops);
-                }
+                assert_block_gives_its_ops_bits(&what, &a, positions, mask, &opts, memory);
             }
         }
+    }
+}
+
+/// At 160 positions a causal mask leaves blocks of the probabilities dead (from 128 keys), which
+/// bf16 skips, and the probabilities kept between the passes are their live blocks alone
+/// (S ≤ 4·head_dim keeps them): the sub-block still gives its ops' bits, keeping its
+/// activations or recomputing them, with two query heads over each KV head.
+#[test]
+fn the_attention_block_over_160_positions_gives_the_bits_of_its_ops_one_by_one() {
+    let (b, t, hd) = (2, 160, 48);
+    let tables = RopeTables::new(hd, t, 10_000.0, DType::F32, &Device::Cpu).unwrap();
+    let mask = causal_mask(t, 0, DType::F32, &Device::Cpu).unwrap();
+    let positions = BlockPositions::Rotary {
+        tables: &tables,
+        scale: PositionScale {
+            scale: 1.0 / (hd as f64).sqrt(),
+            logn_length: None,
+        },
+    };
+    for qk_rms in [None, Some(true)] {
+        for (precision, memory) in every_precision().into_iter().flat_map(with_either_memory) {
+            for dropout in [None, Some((0.1, 4242))] {
+                let what =
+                    format!("QK-norm {qk_rms:?}, {precision:?}, {memory:?}, attention dropout {dropout:?}");
+                let mut a = Attention::new(12, (b, t, 2 * hd - 3), (2, 1, hd), true);
+                if let Some(qk_rms) = qk_rms {
+                    a = a.with_qk_norm(41, hd, qk_rms);
+                }
+                let opts = AttentionOptions {
+                    heads: a.heads,
+                    kv_heads: a.kv_heads,
+                    dropout,
+                    telemetry: true,
+                    precision,
+                };
+                assert_block_gives_its_ops_bits(&what, &a, positions, Some(&mask), &opts, memory);
+            }
+        }
+    }
+}
+
+/// The fused sub-block (its parameters' gradients through a sink, its activations as `memory`
+/// says) against the ops one by one: the output, the telemetry and x's gradient bit for bit,
+/// each parameter's gradient equal.
+fn assert_block_gives_its_ops_bits(
+    what: &str,
+    a: &Attention,
+    positions: BlockPositions,
+    mask: Option<&Tensor>,
+    opts: &AttentionOptions,
+    memory: ActivationMemory,
+) {
+    let (y_ops, measured_ops) = a.forward(positions, mask, opts, None);
+    let grads_ops = a.grads(&loss(&y_ops).backward().unwrap());
+
+    let sink = GradSink::new();
+    let (y, measured) = a.forward(positions, mask, opts, Some((&sink, memory)));
+    assert!(same_bits(&y, &y_ops), "{what}: the output differs");
+    assert_eq!(measured, measured_ops, "{what}: the telemetry differs");
+    assert!(measured.is_some(), "{what}: no telemetry");
+    let mut store = loss(&y).backward().unwrap();
+    sink.merge_into(&mut store).unwrap();
+    let grads = a.grads(&store);
+    assert!(
+        same_bits(&grads[0], &grads_ops[0]),
+        "{what}: x's gradient differs"
+    );
+    for (i, (g, g_ops)) in grads.iter().zip(&grads_ops).enumerate().skip(1) {
+        assert_equal(&format!("{what}: parameter {i}'s gradient"), g, g_ops);
     }
 }
 

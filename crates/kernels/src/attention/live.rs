@@ -137,6 +137,36 @@ impl Live {
         }
     }
 
+    /// Where each head's probabilities start when only their live parts are kept, head by head
+    /// ((batch row, query head) in row-major order), each head's blocks of query rows one after
+    /// the other, rows of a block as long as its live columns: B·H + 1 offsets, the last the
+    /// total. [`Live::Whole`] keeps every head whole (T·S each), as (B, H, T, S) lays them out.
+    pub(super) fn kept_offsets(&self, dims: AttnDims) -> Vec<usize> {
+        let mut offsets = Vec::with_capacity(dims.b * dims.h + 1);
+        let mut at = 0;
+        offsets.push(at);
+        for bi in 0..dims.b {
+            for hq in 0..dims.h {
+                at += self.live_len(bi, hq);
+                offsets.push(at);
+            }
+        }
+        offsets
+    }
+
+    /// How many probabilities of head `hq` of batch row `bi` lie in its live blocks.
+    fn live_len(&self, bi: usize, hq: usize) -> usize {
+        self.row_blocks(bi, hq)
+            .iter()
+            .map(|(rows, end)| rows.len() * end)
+            .sum()
+    }
+
+    /// Whether every head's probabilities are live whole.
+    pub(super) fn is_whole(&self) -> bool {
+        matches!(self, Live::Whole { .. })
+    }
+
     fn ends(&self, bi: usize, hq: usize) -> &[usize] {
         match self {
             Live::Whole { .. } => &[],

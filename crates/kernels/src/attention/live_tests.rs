@@ -112,6 +112,50 @@ fn the_live_blocks_give_every_blocks_bits() {
     }
 }
 
+/// bf16 keeps a causal mask's probabilities in their live blocks alone — 36,864 of T = S =
+/// 256's 65,536 per head, in blocks of 32 rows ending at their diagonal — and its backward pass
+/// from them gives the bits of one that recomputes them (with two query heads per task, so the
+/// second head unfolds its blocks over the first one's).
+#[test]
+fn the_kept_probabilities_are_the_live_blocks_alone() {
+    crate::emulate_bf16_products();
+    let (b, t, h, d) = (2, 256, 2, 64);
+    let mask = causal_mask(t, 0, DType::F32, &Device::Cpu).unwrap();
+    let opts = AttentionOptions {
+        heads: h,
+        kv_heads: 1,
+        dropout: None,
+        telemetry: false,
+        precision: Precision::Bf16,
+    };
+    let q = randn(1, b * t * h * d, 0.8);
+    let (k, v) = (randn(2, b * t * d, 1.0), randn(3, b * t * d, 1.0));
+    let go = randn(4, b * t * h * d, 1.0);
+    let grads = |keeps: bool| {
+        let op = AttnOp::cpu(&[b, t, h * d], &[b, t, d], Some(&mask), &opts, keeps).unwrap();
+        let o = op.forward_values(&q, &k, &v).unwrap();
+        let kept = op.probs.as_ref().map(|slot| {
+            let kept = take(slot).expect("the forward pass keeps its probabilities");
+            let len = kept.len();
+            *slot.lock().unwrap() = Some(kept);
+            len
+        });
+        let (dq, dk, dv) = op.backward_values(&q, &k, &v, &o, &go).unwrap();
+        let bits = |x: Vec<f32>| x.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+        (kept, [bits(o), bits(dq), bits(dk), bits(dv)])
+    };
+    let (kept, from_kept) = grads(true);
+    let (none, recomputed) = grads(false);
+    assert_eq!(kept, Some(b * h * 36_864));
+    assert_eq!(none, None);
+    for (what, (a, r)) in ["output", "dq", "dk", "dv"]
+        .iter()
+        .zip(from_kept.iter().zip(&recomputed))
+    {
+        assert!(a == r, "{what}: kept probabilities and recomputed ones differ");
+    }
+}
+
 /// A mask with values between the dead and the live ones (−5e7 here) gets every block computed:
 /// there a masked probability need not be exactly 0.
 #[test]

@@ -217,9 +217,12 @@ pub(crate) struct AttnOp {
     dropout: Option<DropoutOp>,
     /// Filled by the forward pass when telemetry was asked for (the caller holds a clone).
     telemetry: Option<TelemetrySlot>,
-    /// The forward pass's probabilities (B, H, T, S), taken by the backward pass, which
-    /// recomputes them where they are not there (`None`: never kept; an empty slot: not kept by
-    /// this forward pass, [`Self::forward_values_with`]).
+    /// The forward pass's probabilities, their live blocks alone ([`Live::kept_offsets`]: all
+    /// of (B, H, T, S) where every block is live), taken by the backward pass, which recomputes
+    /// them where they are not there (`None`: never kept; an empty slot: not kept by this
+    /// forward pass, [`Self::forward_values_with`]). The dead blocks hold exact zeros, which
+    /// the backward pass writes again: a causal mask's take 44% of T = S = 256 (where bf16
+    /// skips them, [`Self::live`]).
     probs: Option<Mutex<Option<Vec<f32>>>>,
     /// Whether the tasks skip the mask's dead blocks ([`Self::live`]).
     skip_dead: bool,
@@ -297,10 +300,10 @@ impl AttnOp {
         let dims = self.dims;
         let measure = measure && self.telemetry.is_some();
         let out = Blocks::new(q.len());
-        let kept =
-            (keep_probs && self.probs.is_some()).then(|| Blocks::new(dims.b * dims.h * dims.t * dims.s));
-        let per_task = self.with_mask(|mask| {
+        let (per_task, kept) = self.with_mask(|mask| {
             let live = self.live(mask);
+            let kept_at = live.kept_offsets(dims);
+            let kept = (keep_probs && self.probs.is_some()).then(|| Blocks::new(kept_at[dims.b * dims.h]));
             let task = Forward {
                 dims,
                 precision: self.precision,
@@ -312,6 +315,7 @@ impl AttnOp {
                 dropout: self.dropout,
                 out: &out,
                 kept: kept.as_ref(),
+                kept_at: &kept_at,
                 measure,
             };
             let per_task: Vec<Mutex<Measured>> = (0..dims.b * dims.hkv).map(|_| Mutex::default()).collect();
@@ -319,7 +323,7 @@ impl AttnOp {
                 let m = forward_task(&task, i / dims.hkv, i % dims.hkv);
                 *per_task[i].lock().unwrap_or_else(|e| e.into_inner()) = m;
             });
-            Ok(per_task)
+            Ok((per_task, kept))
         })?;
         // Combined in task order, whichever thread ran which task.
         let measured = per_task
@@ -363,14 +367,12 @@ impl AttnOp {
         go: &[f32],
     ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
         let dims = self.dims;
-        let kept = self
-            .probs
-            .as_ref()
-            .and_then(take)
-            .filter(|p| p.len() == dims.b * dims.h * dims.t * dims.s);
+        let kept = self.probs.as_ref().and_then(take);
         let (dq, dk, dv) = (Blocks::new(q.len()), Blocks::new(k.len()), Blocks::new(v.len()));
         self.with_mask(|mask| {
             let live = self.live(mask);
+            let kept_at = live.kept_offsets(dims);
+            let kept = kept.filter(|p| p.len() == kept_at[dims.b * dims.h]);
             let task = Backward {
                 dims,
                 precision: self.precision,
@@ -383,6 +385,7 @@ impl AttnOp {
                 live,
                 dropout: self.dropout,
                 kept: kept.as_deref(),
+                kept_at: &kept_at,
                 dq: &dq,
                 dk: &dk,
                 dv: &dv,

@@ -144,6 +144,38 @@ unsafe fn logits(k_t: &PartsOf<'_>, q: Mat<'_>, blocks: &RowBlocks, dims: AttnDi
     }
 }
 
+/// Keeps a head's probabilities `p` (T×S, rows S apart) in `all` from `at`: each block's rows,
+/// the live columns alone, one after the other.
+///
+/// # Safety
+/// As [`Blocks::write_ld`]: the head's kept elements belong to this task alone.
+unsafe fn keep_live(all: &Blocks, at: usize, p: &[f32], blocks: &RowBlocks, s: usize) {
+    let len: usize = blocks.iter().map(|(rows, end)| rows.len() * end).sum();
+    all.write_ld(at, len, 1, len, |mut c| {
+        for (rows, end) in blocks {
+            for ti in rows.clone() {
+                std::ptr::copy_nonoverlapping(p[ti * s..ti * s + end].as_ptr(), c, *end);
+                c = c.add(*end);
+            }
+        }
+    });
+}
+
+/// A head's probabilities as [`keep_live`] kept them (`kept`), unfolded into `p` (T×S, rows S
+/// apart) as the forward pass had them, the dead columns exact zeros (the products read the
+/// live blocks alone, but the scratch rows hold the group's previous head).
+fn unfold_live(kept: &[f32], p: &mut [f32], blocks: &RowBlocks, s: usize) {
+    let mut from = 0;
+    for (rows, end) in blocks {
+        for ti in rows.clone() {
+            let (live, dead) = p[ti * s..(ti + 1) * s].split_at_mut(*end);
+            live.copy_from_slice(&kept[from..from + end]);
+            dead.fill(0.0);
+            from += end;
+        }
+    }
+}
+
 /// Each block of query rows × all d columns over its live keys (`A·B` for A's rows T×S).
 fn by_queries(blocks: &RowBlocks, d: usize) -> Vec<Part> {
     blocks
@@ -163,14 +195,18 @@ pub(super) struct Forward<'a> {
     pub(super) live: &'a Live,
     pub(super) dropout: Option<DropoutOp>,
     pub(super) out: &'a Blocks,
+    /// Where the probabilities are kept for the backward pass (their live blocks alone), each
+    /// head's from `kept_at[bi·H + hq]` ([`Live::kept_offsets`]).
     pub(super) kept: Option<&'a Blocks>,
+    pub(super) kept_at: &'a [usize],
     pub(super) measure: bool,
 }
 
 simd_dispatch!(pub(super) forward_task => forward_task_generic(f: &Forward<'_>, bi: usize, kh: usize) -> Measured);
 
 /// A task's (probabilities, dropped probabilities) buffers of `len` each: the first only where
-/// the kept probabilities are not stored for backward, the second only under dropout.
+/// the probabilities are not computed in (or read from) the kept ones in place — not kept, or
+/// kept in their live blocks alone —, the second only under dropout.
 fn task_buffers(kept_stored: bool, dropout: bool, len: usize) -> (Vec<f32>, Vec<f32>) {
     let buffer = |needed: bool| if needed { vec![0f32; len] } else { Vec::new() };
     (buffer(!kept_stored), buffer(dropout))
@@ -186,7 +222,8 @@ fn forward_task_generic(f: &Forward<'_>, bi: usize, kh: usize) -> Measured {
         by_position: if f.measure { vec![0.0; t] } else { Vec::new() },
         ..Measured::default()
     };
-    let (mut scratch, mut dropped) = task_buffers(f.kept.is_some(), f.dropout.is_some(), t * s);
+    let in_place = f.live.is_whole();
+    let (mut scratch, mut dropped) = task_buffers(f.kept.is_some() && in_place, f.dropout.is_some(), t * s);
     let (k, v) = (kv_mat(dims, f.k, bi, kh), kv_mat(dims, f.v, bi, kh));
     let (k_t, v) = (
         PartsOf::new(f.precision, d, s, k.t()),
@@ -195,15 +232,16 @@ fn forward_task_generic(f: &Forward<'_>, bi: usize, kh: usize) -> Measured {
     for hq in kh * dims.group()..(kh + 1) * dims.group() {
         let q = q_mat(dims, f.q, bi, hq);
         let blocks = f.live.row_blocks(bi, hq);
+        let head = bi * dims.h + hq;
         let p: &mut [f32] = match f.kept {
             // SAFETY: head hq's block of batch bi belongs to this task alone; `logits` writes
             // all of it.
-            Some(all) => unsafe {
-                let at = dims.probs_block(bi, hq);
+            Some(all) if in_place => unsafe {
+                let at = f.kept_at[head];
                 all.write_ld(at, s, t, s, |c| logits(&k_t, q, &blocks, dims, c));
                 all.written(at, t * s)
             },
-            None => {
+            _ => {
                 // SAFETY: the scratch holds T×S floats.
                 unsafe { logits(&k_t, q, &blocks, dims, scratch.as_mut_ptr()) };
                 &mut scratch
@@ -218,6 +256,10 @@ fn forward_task_generic(f: &Forward<'_>, bi: usize, kh: usize) -> Measured {
             hq,
             f.measure.then_some(&mut measured),
         );
+        if let Some(all) = f.kept.filter(|_| !in_place) {
+            // SAFETY: head hq's live parts of batch bi belong to this task alone.
+            unsafe { keep_live(all, f.kept_at[head], p, &blocks, s) };
+        }
         let p: &[f32] = match &f.dropout {
             Some(drop) => {
                 drop_head(dims, drop, p, &mut dropped, &blocks, bi, hq);
@@ -248,7 +290,9 @@ pub(super) struct Backward<'a> {
     pub(super) mask: MaskView<'a>,
     pub(super) live: &'a Live,
     pub(super) dropout: Option<DropoutOp>,
+    /// The forward pass's probabilities, as [`Forward::kept`] keeps them.
     pub(super) kept: Option<&'a [f32]>,
+    pub(super) kept_at: &'a [usize],
     pub(super) dq: &'a Blocks,
     pub(super) dk: &'a Blocks,
     pub(super) dv: &'a Blocks,
@@ -264,7 +308,8 @@ simd_dispatch!(pub(super) backward_task => backward_task_generic(f: &Backward<'_
 fn backward_task_generic(f: &Backward<'_>, bi: usize, kh: usize) {
     let dims = f.dims;
     let (t, s, d) = (dims.t, dims.s, dims.d);
-    let (mut scratch, mut dropped) = task_buffers(f.kept.is_some(), f.dropout.is_some(), t * s);
+    let in_place = f.live.is_whole();
+    let (mut scratch, mut dropped) = task_buffers(f.kept.is_some() && in_place, f.dropout.is_some(), t * s);
     // Every element of dS is written by `logits` below (the live columns by a β = 0 product,
     // the dead ones zeroed) before anything reads it: no zero fill first.
     let mut ds: Vec<f32> = Vec::with_capacity(t * s);
@@ -279,8 +324,18 @@ fn backward_task_generic(f: &Backward<'_>, bi: usize, kh: usize) {
     for (gi, hq) in (kh * dims.group()..(kh + 1) * dims.group()).enumerate() {
         let (q, go) = (q_mat(dims, f.q, bi, hq), q_mat(dims, f.go, bi, hq));
         let blocks = f.live.row_blocks(bi, hq);
+        let head = bi * dims.h + hq;
         let p: &[f32] = match f.kept {
-            Some(all) => &all[dims.probs_block(bi, hq)..][..t * s],
+            Some(all) if in_place => &all[f.kept_at[head]..][..t * s],
+            Some(all) => {
+                unfold_live(
+                    &all[f.kept_at[head]..f.kept_at[head + 1]],
+                    &mut scratch,
+                    &blocks,
+                    s,
+                );
+                &scratch
+            }
             None => {
                 let k_t = k_t
                     .as_ref()

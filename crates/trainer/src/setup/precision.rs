@@ -9,8 +9,10 @@
 //! take bf16 activations in and out, but candle zero-fills and adds every bf16 node's gradient
 //! with its own slow bf16 arithmetic, which measured 0.67–0.93× the step for a few hundred MiB
 //! saved (docs/performance.md). Inside the fused sub-block ops, which candle does not see, the
-//! CPU keeps in bf16 what only products read (the normalised inputs, the MLP's hidden
-//! activation), SwiGLU's two projections (which it reads rounded) and GELU's derivative.
+//! CPU keeps in bf16 what only products read (the normalised inputs, GELU's hidden activation,
+//! attention's q, k and v), SwiGLU's two projections (which it reads rounded; its output is made
+//! again from them in the backward pass, in f32 too) and GELU's derivative; attention keeps its
+//! probabilities' live blocks alone (a causal mask's upper triangle is exact zeros).
 //!
 //! On a CPU with AMX the products' steps run on its tiles (`tdpbf16ps`), once a start-up check
 //! has held them to their emulator (ember-kernels' `gemm::bf16::amx`); `EMBER_CPU_VECTOR_UNIT=avx512`
