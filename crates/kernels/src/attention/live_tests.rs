@@ -112,27 +112,45 @@ fn the_live_blocks_give_every_blocks_bits() {
     }
 }
 
-/// bf16 keeps a causal mask's probabilities in their live blocks alone — 36,864 of T = S =
-/// 256's 65,536 per head, in blocks of 32 rows ending at their diagonal — and its backward pass
-/// from them gives the bits of one that recomputes them (with two query heads per task, so the
-/// second head unfolds its blocks over the first one's).
+/// Both precisions keep a causal mask's probabilities in their live blocks alone — 36,864 of
+/// T = S = 256's 65,536 per head, in blocks of 32 rows ending at their diagonal (bf16 computes
+/// those alone, f32 every block) — and the backward pass from them gives the bits of one that
+/// recomputes them. Two query heads share each task, so the second head unfolds its blocks
+/// over the first one's: under a mask per head whose second head sees fewer keys (its rows
+/// from 32 on only the first 32), that head's dead columns must be zeroed again.
 #[test]
 fn the_kept_probabilities_are_the_live_blocks_alone() {
     crate::emulate_bf16_products();
+    let t = 256;
+    let causal = causal_mask(t, 0, DType::F32, &Device::Cpu).unwrap();
+    let fewer = mask_of(t, t, |i, j| j > i || (i >= 32 && j >= 32));
+    let per_head = Tensor::cat(&[causal.clone(), fewer], 1).unwrap();
+    // The second head's blocks: 32 × 32, then 7 blocks of 32 rows × 32 keys.
+    let cases = [(&causal, 2 * 36_864), (&per_head, 36_864 + 8 * 32 * 32)];
+    for precision in [Precision::F32, Precision::Bf16] {
+        for (mask, kept_per_row) in cases {
+            kept_live_blocks_give_recomputed_bits(precision, mask, kept_per_row);
+        }
+    }
+}
+
+/// Asserts that the op under `mask` (two heads of 64 over one KV head, T = S = 256, 2 batch
+/// rows) keeps `kept_per_row` probabilities per batch row, and that its backward pass from
+/// them has the bits of one that recomputes them.
+fn kept_live_blocks_give_recomputed_bits(precision: Precision, mask: &Tensor, kept_per_row: usize) {
     let (b, t, h, d) = (2, 256, 2, 64);
-    let mask = causal_mask(t, 0, DType::F32, &Device::Cpu).unwrap();
     let opts = AttentionOptions {
         heads: h,
         kv_heads: 1,
         dropout: None,
         telemetry: false,
-        precision: Precision::Bf16,
+        precision,
     };
     let q = randn(1, b * t * h * d, 0.8);
     let (k, v) = (randn(2, b * t * d, 1.0), randn(3, b * t * d, 1.0));
     let go = randn(4, b * t * h * d, 1.0);
     let grads = |keeps: bool| {
-        let op = AttnOp::cpu(&[b, t, h * d], &[b, t, d], Some(&mask), &opts, keeps).unwrap();
+        let op = AttnOp::cpu(&[b, t, h * d], &[b, t, d], Some(mask), &opts, keeps).unwrap();
         let o = op.forward_values(&q, &k, &v).unwrap();
         let kept = op.probs.as_ref().map(|slot| {
             let kept = take(slot).expect("the forward pass keeps its probabilities");
@@ -146,13 +164,17 @@ fn the_kept_probabilities_are_the_live_blocks_alone() {
     };
     let (kept, from_kept) = grads(true);
     let (none, recomputed) = grads(false);
-    assert_eq!(kept, Some(b * h * 36_864));
+    let what = format!("{precision:?}, mask {:?}", mask.dims());
+    assert_eq!(kept, Some(b * kept_per_row), "{what}");
     assert_eq!(none, None);
-    for (what, (a, r)) in ["output", "dq", "dk", "dv"]
+    for (part, (a, r)) in ["output", "dq", "dk", "dv"]
         .iter()
         .zip(from_kept.iter().zip(&recomputed))
     {
-        assert!(a == r, "{what}: kept probabilities and recomputed ones differ");
+        assert!(
+            a == r,
+            "{what} {part}: kept probabilities and recomputed ones differ"
+        );
     }
 }
 
