@@ -15,6 +15,10 @@
 //! [`crate::simd::exp_fast`]). A mask with values between gets every block computed. A row
 //! with no live column has a softmax over its dead logits, which is not zero; its block is
 //! computed whole.
+//!
+//! The probabilities kept between the passes are the live blocks alone, in both precisions
+//! ([`Live::kept_offsets`]): f32 computes every block (its sums' bits depend on it), but its
+//! dead blocks hold the same exact zeros, which the backward pass writes again.
 
 use std::ops::Range;
 

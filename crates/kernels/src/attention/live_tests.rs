@@ -117,32 +117,44 @@ fn the_live_blocks_give_every_blocks_bits() {
 /// those alone, f32 every block) — and the backward pass from them gives the bits of one that
 /// recomputes them. Two query heads share each task, so the second head unfolds its blocks
 /// over the first one's: under a mask per head whose second head sees fewer keys (its rows
-/// from 32 on only the first 32), that head's dead columns must be zeroed again.
+/// from 32 on only the first 32), that head's dead columns must be zeroed again. Also with
+/// dropout on the probabilities, and at T = 200 (a last block of 8 rows).
 #[test]
 fn the_kept_probabilities_are_the_live_blocks_alone() {
     crate::emulate_bf16_products();
-    let t = 256;
-    let causal = causal_mask(t, 0, DType::F32, &Device::Cpu).unwrap();
-    let fewer = mask_of(t, t, |i, j| j > i || (i >= 32 && j >= 32));
-    let per_head = Tensor::cat(&[causal.clone(), fewer], 1).unwrap();
-    // The second head's blocks: 32 × 32, then 7 blocks of 32 rows × 32 keys.
-    let cases = [(&causal, 2 * 36_864), (&per_head, 36_864 + 8 * 32 * 32)];
+    let causal = |t| causal_mask(t, 0, DType::F32, &Device::Cpu).unwrap();
+    let fewer = mask_of(256, 256, |i, j| j > i || (i >= 32 && j >= 32));
+    let per_head = Tensor::cat(&[causal(256), fewer], 1).unwrap();
+    // (mask, dropout, kept per batch row). The second head's blocks under `per_head`: 32 × 32,
+    // then 7 blocks of 32 rows × 32 keys. At T = 200: six blocks of 32 rows ending at their
+    // diagonal, then 8 rows × 200.
+    let cases = [
+        (causal(256), None, 2 * 36_864),
+        (causal(256), Some((0.2, 9)), 2 * 36_864),
+        (per_head, None, 36_864 + 8 * 32 * 32),
+        (causal(200), None, 2 * (32 * 32 * 21 + 8 * 200)),
+    ];
     for precision in [Precision::F32, Precision::Bf16] {
-        for (mask, kept_per_row) in cases {
-            kept_live_blocks_give_recomputed_bits(precision, mask, kept_per_row);
+        for (mask, dropout, kept_per_row) in &cases {
+            kept_live_blocks_give_recomputed_bits(precision, mask, *dropout, *kept_per_row);
         }
     }
 }
 
-/// Asserts that the op under `mask` (two heads of 64 over one KV head, T = S = 256, 2 batch
-/// rows) keeps `kept_per_row` probabilities per batch row, and that its backward pass from
-/// them has the bits of one that recomputes them.
-fn kept_live_blocks_give_recomputed_bits(precision: Precision, mask: &Tensor, kept_per_row: usize) {
-    let (b, t, h, d) = (2, 256, 2, 64);
+/// Asserts that the op under `mask` (T = S from the mask; two heads of 64 over one KV head, 2
+/// batch rows) keeps `kept_per_row` probabilities per batch row, and that its backward pass
+/// from them has the bits of one that recomputes them.
+fn kept_live_blocks_give_recomputed_bits(
+    precision: Precision,
+    mask: &Tensor,
+    dropout: Option<(f64, u64)>,
+    kept_per_row: usize,
+) {
+    let (b, t, h, d) = (2, mask.dims()[2], 2, 64);
     let opts = AttentionOptions {
         heads: h,
         kv_heads: 1,
-        dropout: None,
+        dropout,
         telemetry: false,
         precision,
     };
@@ -164,7 +176,7 @@ fn kept_live_blocks_give_recomputed_bits(precision: Precision, mask: &Tensor, ke
     };
     let (kept, from_kept) = grads(true);
     let (none, recomputed) = grads(false);
-    let what = format!("{precision:?}, mask {:?}", mask.dims());
+    let what = format!("{precision:?}, mask {:?}, dropout {dropout:?}", mask.dims());
     assert_eq!(kept, Some(b * kept_per_row), "{what}");
     assert_eq!(none, None);
     for (part, (a, r)) in ["output", "dq", "dk", "dv"]

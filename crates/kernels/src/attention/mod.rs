@@ -260,8 +260,9 @@ impl AttnOp {
             None => None,
         };
         // Keeping the probabilities for the backward pass spares it a q·kᵀ product and a
-        // softmax per head, for B·H·T·S floats: done when that is at most four times what q
-        // holds (S ≤ 4d), so long sequences still recompute instead of storing T² per head.
+        // softmax per head, for at most B·H·T·S floats (a mask's dead blocks are not kept):
+        // done when that is at most four times what q holds (S ≤ 4d), so long sequences still
+        // recompute instead of storing T² per head.
         let keep = backward && dims.s <= 4 * dims.d;
         Ok(Self {
             dims,
@@ -303,10 +304,13 @@ impl AttnOp {
         let dims = self.dims;
         let measure = measure && self.telemetry.is_some();
         let out = Blocks::new(q.len());
+        let keeps = keep_probs && self.probs.is_some();
+        let whole = Live::Whole { t: dims.t, s: dims.s };
         let (per_task, kept) = self.with_mask(|mask| {
-            let (live, stored) = (self.live(mask), self.stored(mask));
+            let live = self.live(mask);
+            let stored = if keeps { self.stored(mask) } else { &whole };
             let kept_at = stored.kept_offsets(dims);
-            let kept = (keep_probs && self.probs.is_some()).then(|| Blocks::new(kept_at[dims.b * dims.h]));
+            let kept = keeps.then(|| Blocks::new(kept_at[dims.b * dims.h]));
             let task = Forward {
                 dims,
                 precision: self.precision,
@@ -373,8 +377,10 @@ impl AttnOp {
         let dims = self.dims;
         let kept = self.probs.as_ref().and_then(take);
         let (dq, dk, dv) = (Blocks::new(q.len()), Blocks::new(k.len()), Blocks::new(v.len()));
+        let whole = Live::Whole { t: dims.t, s: dims.s };
         self.with_mask(|mask| {
-            let (live, stored) = (self.live(mask), self.stored(mask));
+            let live = self.live(mask);
+            let stored = if kept.is_some() { self.stored(mask) } else { &whole };
             let kept_at = stored.kept_offsets(dims);
             let kept = kept.filter(|p| p.len() == kept_at[dims.b * dims.h]);
             let task = Backward {
@@ -416,9 +422,11 @@ impl AttnOp {
     /// The live blocks under `mask` of the probabilities kept between the passes: those bf16
     /// computes ([`Self::live`]), and where f32 computes every block the same blocks all the
     /// same, since its dead blocks hold the same exact zeros (the softmax's exponential of a
-    /// logit [`Live`] calls dead underflows to 0 whichever blocks the sums run over). f32 keeps
-    /// its bits and, under a causal mask from 128 keys on, stores 56% of the probabilities at
-    /// T = S = 256.
+    /// logit [`Live`] calls dead underflows to 0 whichever blocks the sums run over, for finite
+    /// logits short of 4·10⁷ — past that a run has diverged long before). f32 keeps its bits
+    /// and, under a causal mask from 128 keys on, stores 56% of the probabilities at
+    /// T = S = 256. Found only for a pass that keeps them (finding them is a pass over the
+    /// mask).
     fn stored(&self, mask: MaskView<'_>) -> &Live {
         if self.skip_dead {
             return self.live(mask);

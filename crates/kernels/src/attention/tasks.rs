@@ -3,6 +3,8 @@
 
 use super::live::Live;
 use super::{AttnDims, MaskView};
+use std::cell::RefCell;
+
 use crate::dropout::DropoutOp;
 use crate::gemm::{Blocks, Mat, Part, PartsOf};
 use crate::precision::Precision;
@@ -162,8 +164,10 @@ unsafe fn keep_live(all: &Blocks, at: usize, p: &[f32], blocks: &RowBlocks, s: u
 }
 
 /// A head's probabilities as [`keep_live`] kept them (`kept`), unfolded into `p` (T×S, rows S
-/// apart) as the forward pass had them, the dead columns exact zeros (f32's products read them;
-/// bf16's read the live blocks alone, but the scratch rows hold the group's previous head).
+/// apart) as the forward pass had them, the dead columns exact zeros: f32's products read them,
+/// and so do bf16's dk and dv over a block of keys where a later block of rows sees fewer keys
+/// than an earlier one (a mask whose live ends do not grow), while the buffer holds an earlier
+/// head's values.
 fn unfold_live(kept: &[f32], p: &mut [f32], blocks: &RowBlocks, s: usize) {
     let mut from = 0;
     for (rows, end) in blocks {
@@ -207,12 +211,50 @@ pub(super) struct Forward<'a> {
 
 simd_dispatch!(pub(super) forward_task => forward_task_generic(f: &Forward<'_>, bi: usize, kh: usize) -> Measured);
 
-/// A task's (probabilities, dropped probabilities) buffers of `len` each: the first only where
-/// the probabilities are not computed in (or read from) the kept ones in place — not kept, or
-/// kept in their live blocks alone —, the second only under dropout.
-fn task_buffers(kept_stored: bool, dropout: bool, len: usize) -> (Vec<f32>, Vec<f32>) {
-    let buffer = |needed: bool| if needed { vec![0f32; len] } else { Vec::new() };
-    (buffer(!kept_stored), buffer(dropout))
+/// A task's T×S buffers: the probabilities (where they are not computed in, or read from, the
+/// kept ones in place), the dropped-out probabilities (under dropout) and, in the backward
+/// pass, dS.
+#[derive(Default)]
+struct Buffers {
+    probs: Vec<f32>,
+    dropped: Vec<f32>,
+    ds: Vec<f32>,
+}
+
+thread_local! {
+    /// Each thread's buffers, handed from task to task: a fresh T×S vector per task was a
+    /// zero-fill and a page fault per 4 KiB, for 96 tasks a layer and pass at nanoGPT's
+    /// standard shape. A thread keeps the largest it has needed (3 × T×S floats).
+    static BUFFERS: RefCell<Buffers> = RefCell::default();
+}
+
+/// A task's [`Buffers`], taken from its thread's and handed back when the task ends. Every
+/// element a task reads it has written first (the products with β = 0 and the zero fills of
+/// the dead columns), so what an earlier task left in them is never read.
+struct TaskBuffers(Buffers);
+
+impl TaskBuffers {
+    /// Buffers of `len` for the probabilities (`probs`), the dropped-out ones (`dropped`) and
+    /// dS (`ds`), each where needed (empty otherwise).
+    fn take(len: usize, probs: bool, dropped: bool, ds: bool) -> Self {
+        // Taken out, not borrowed: a task that waited on parallel work could have this thread
+        // run another task meanwhile, which then makes buffers of its own.
+        let mut b = BUFFERS.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
+        for (buffer, needed) in [(&mut b.probs, probs), (&mut b.dropped, dropped), (&mut b.ds, ds)] {
+            if needed {
+                buffer.resize(len, 0.0);
+            }
+        }
+        Self(b)
+    }
+}
+
+impl Drop for TaskBuffers {
+    fn drop(&mut self) {
+        let b = std::mem::take(&mut self.0);
+        // (A thread being torn down has no buffers to keep.)
+        let _ = BUFFERS.try_with(|cell| *cell.borrow_mut() = b);
+    }
 }
 
 /// The output rows of the query heads of KV head `kh` in batch `bi`: kᵀ and v packed once for
@@ -226,7 +268,12 @@ fn forward_task_generic(f: &Forward<'_>, bi: usize, kh: usize) -> Measured {
         ..Measured::default()
     };
     let in_place = f.stored.is_whole();
-    let (mut scratch, mut dropped) = task_buffers(f.kept.is_some() && in_place, f.dropout.is_some(), t * s);
+    let mut buffers = TaskBuffers::take(t * s, !(f.kept.is_some() && in_place), f.dropout.is_some(), false);
+    let Buffers {
+        probs: scratch,
+        dropped,
+        ..
+    } = &mut buffers.0;
     let (k, v) = (kv_mat(dims, f.k, bi, kh), kv_mat(dims, f.v, bi, kh));
     let (k_t, v) = (
         PartsOf::new(f.precision, d, s, k.t()),
@@ -247,7 +294,7 @@ fn forward_task_generic(f: &Forward<'_>, bi: usize, kh: usize) -> Measured {
             _ => {
                 // SAFETY: the scratch holds T×S floats.
                 unsafe { logits(&k_t, q, &blocks, dims, scratch.as_mut_ptr()) };
-                &mut scratch
+                &mut scratch[..]
             }
         };
         softmax_head(
@@ -266,8 +313,8 @@ fn forward_task_generic(f: &Forward<'_>, bi: usize, kh: usize) -> Measured {
         }
         let p: &[f32] = match &f.dropout {
             Some(drop) => {
-                drop_head(dims, drop, p, &mut dropped, &blocks, bi, hq);
-                &dropped
+                drop_head(dims, drop, p, dropped, &blocks, bi, hq);
+                &dropped[..]
             }
             None => p,
         };
@@ -314,10 +361,14 @@ fn backward_task_generic(f: &Backward<'_>, bi: usize, kh: usize) {
     let dims = f.dims;
     let (t, s, d) = (dims.t, dims.s, dims.d);
     let in_place = f.stored.is_whole();
-    let (mut scratch, mut dropped) = task_buffers(f.kept.is_some() && in_place, f.dropout.is_some(), t * s);
     // Every element of dS is written by `logits` below (the live columns by a β = 0 product,
-    // the dead ones zeroed) before anything reads it: no zero fill first.
-    let mut ds: Vec<f32> = Vec::with_capacity(t * s);
+    // the dead ones zeroed) before anything reads it.
+    let mut buffers = TaskBuffers::take(t * s, !(f.kept.is_some() && in_place), f.dropout.is_some(), true);
+    let Buffers {
+        probs: scratch,
+        dropped,
+        ds,
+    } = &mut buffers.0;
     let (k, v) = (kv_mat(dims, f.k, bi, kh), kv_mat(dims, f.v, bi, kh));
     let k_t = f.kept.is_none().then(|| PartsOf::new(f.precision, d, s, k.t()));
     let (v_t, k) = (
@@ -335,11 +386,11 @@ fn backward_task_generic(f: &Backward<'_>, bi: usize, kh: usize) {
             Some(all) => {
                 unfold_live(
                     &all[f.kept_at[head]..f.kept_at[head + 1]],
-                    &mut scratch,
+                    scratch,
                     &f.stored.row_blocks(bi, hq),
                     s,
                 );
-                &scratch
+                &scratch[..]
             }
             None => {
                 let k_t = k_t
@@ -347,15 +398,12 @@ fn backward_task_generic(f: &Backward<'_>, bi: usize, kh: usize) {
                     .expect("kᵀ packed where the probabilities were not kept");
                 // SAFETY: the scratch holds T×S floats.
                 unsafe { logits(k_t, q, &blocks, dims, scratch.as_mut_ptr()) };
-                softmax_head(dims, &mut scratch, &blocks, f.mask, bi, hq, None);
-                &scratch
+                softmax_head(dims, scratch, &blocks, f.mask, bi, hq, None);
+                &scratch[..]
             }
         };
-        // SAFETY: ds has room for T×S floats, and `logits` writes all of them.
-        unsafe {
-            logits(&v_t, go, &blocks, dims, ds.as_mut_ptr());
-            ds.set_len(t * s);
-        }
+        // SAFETY: ds holds T×S floats, and `logits` writes all of them.
+        unsafe { logits(&v_t, go, &blocks, dims, ds.as_mut_ptr()) };
         let first = dims.probs_block(bi, hq);
         for (rows, end) in &blocks {
             for ti in rows.clone() {
@@ -382,7 +430,7 @@ fn backward_task_generic(f: &Backward<'_>, bi: usize, kh: usize) {
                 }
             }
         }
-        let p_used: &[f32] = if f.dropout.is_some() { &dropped } else { p };
+        let p_used: &[f32] = if f.dropout.is_some() { dropped } else { p };
         let (q, go) = (
             PartsOf::new(f.precision, t, d, q),
             PartsOf::new(f.precision, t, d, go),
@@ -397,9 +445,9 @@ fn backward_task_generic(f: &Backward<'_>, bi: usize, kh: usize) {
         // the others add).
         unsafe {
             f.dq.write_ld(dims.q_row(bi, 0, hq), dims.h * d, t, d, |c| {
-                k.products(Mat::rows(&ds, s), &by_queries(&blocks, d), 0.0, c, dims.h * d)
+                k.products(Mat::rows(ds, s), &by_queries(&blocks, d), 0.0, c, dims.h * d)
             });
-            let (ds_t, p_t) = (Mat::rows(&ds, s).t(), Mat::rows(p_used, s).t());
+            let (ds_t, p_t) = (Mat::rows(ds, s).t(), Mat::rows(p_used, s).t());
             if gi == 0 {
                 f.dk.write_ld(kv_at, kv_ld, s, d, |c| q.products(ds_t, &by_keys, 0.0, c, kv_ld));
                 f.dv.write_ld(kv_at, kv_ld, s, d, |c| go.products(p_t, &by_keys, 0.0, c, kv_ld));

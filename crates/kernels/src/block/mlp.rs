@@ -234,8 +234,10 @@ impl CustomOp1 for MlpBlockOp {
         let branch = with_data([&self.down], |[down]| {
             Ok(project_kept(&hidden, down, (rows, ff, d)))
         })?;
-        if kept.swiglu.is_none() {
-            kept.hidden = Some(hidden);
+        match kept.swiglu {
+            None => kept.hidden = Some(hidden),
+            // Made again in the backward pass; gone before the output is made.
+            Some(_) => drop(hidden),
         }
         self.between.hold(kept);
         Ok((
