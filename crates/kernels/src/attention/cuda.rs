@@ -115,7 +115,6 @@ pub(super) fn attention(
             // The CPU tasks' setting: the CUDA kernels compute every block.
             skip_dead: false,
             live: std::sync::OnceLock::new(),
-            stored: std::sync::OnceLock::new(),
         };
         q.contiguous()?
             .apply_op3(&k.contiguous()?, &v.contiguous()?, op)?

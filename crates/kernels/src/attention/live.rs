@@ -16,9 +16,9 @@
 //! with no live column has a softmax over its dead logits, which is not zero; its block is
 //! computed whole.
 //!
-//! The probabilities kept between the passes are the live blocks alone, in both precisions
-//! ([`Live::kept_offsets`]): f32 computes every block (its sums' bits depend on it), but its
-//! dead blocks hold the same exact zeros, which the backward pass writes again.
+//! Where the tasks skip the dead blocks (bf16), the probabilities kept between the passes are
+//! the live blocks alone ([`Live::kept_offsets`]); the backward pass writes the dead ones again
+//! as zeros.
 
 use std::ops::Range;
 

@@ -217,20 +217,19 @@ pub(crate) struct AttnOp {
     dropout: Option<DropoutOp>,
     /// Filled by the forward pass when telemetry was asked for (the caller holds a clone).
     telemetry: Option<TelemetrySlot>,
-    /// The forward pass's probabilities, their live blocks alone ([`Self::stored`]; all of
-    /// (B, H, T, S) where every block is live), taken by the backward pass, which recomputes
-    /// them where they are not there (`None`: never kept; an empty slot: not kept by this
-    /// forward pass, [`Self::forward_values_with`]). The dead blocks hold exact zeros, which
-    /// the backward pass writes again: a causal mask's take 44% of T = S = 256.
+    /// The forward pass's probabilities, taken by the backward pass, which recomputes them
+    /// where they are not there (`None`: never kept; an empty slot: not kept by this forward
+    /// pass, [`Self::forward_values_with`]): the blocks the tasks compute ([`Self::live`]),
+    /// all of (B, H, T, S) in f32, the live blocks alone in bf16 — the dead ones hold exact
+    /// zeros, which the backward pass writes again: a causal mask's take 44% of T = S = 256.
+    /// (f32 could store its live blocks alone too, for the same bits: that measured a step up
+    /// to 1.1× as long at nanoGPT's standard shape for 7% of its heap, docs/performance.md.)
     probs: Option<Mutex<Option<Vec<f32>>>>,
     /// Whether the tasks skip the mask's dead blocks ([`Self::live`]).
     skip_dead: bool,
     /// The live blocks, found by the first pass and kept for the backward pass (the mask does
     /// not change between them).
     live: std::sync::OnceLock<Live>,
-    /// The live blocks of the probabilities kept between the passes where the tasks compute
-    /// every block (f32): the same blocks as bf16 skips.
-    stored: std::sync::OnceLock<Live>,
 }
 
 /// An additive mask as (data, (b, h, t, s) element strides, offset).
@@ -273,7 +272,6 @@ impl AttnOp {
             probs: keep.then(|| Mutex::new(None)),
             skip_dead: opts.precision == Precision::Bf16,
             live: std::sync::OnceLock::new(),
-            stored: std::sync::OnceLock::new(),
         })
     }
 
@@ -304,13 +302,10 @@ impl AttnOp {
         let dims = self.dims;
         let measure = measure && self.telemetry.is_some();
         let out = Blocks::new(q.len());
-        let keeps = keep_probs && self.probs.is_some();
-        let whole = Live::Whole { t: dims.t, s: dims.s };
         let (per_task, kept) = self.with_mask(|mask| {
             let live = self.live(mask);
-            let stored = if keeps { self.stored(mask) } else { &whole };
-            let kept_at = stored.kept_offsets(dims);
-            let kept = keeps.then(|| Blocks::new(kept_at[dims.b * dims.h]));
+            let kept_at = live.kept_offsets(dims);
+            let kept = (keep_probs && self.probs.is_some()).then(|| Blocks::new(kept_at[dims.b * dims.h]));
             let task = Forward {
                 dims,
                 precision: self.precision,
@@ -319,7 +314,6 @@ impl AttnOp {
                 v,
                 mask,
                 live,
-                stored,
                 dropout: self.dropout,
                 out: &out,
                 kept: kept.as_ref(),
@@ -377,11 +371,9 @@ impl AttnOp {
         let dims = self.dims;
         let kept = self.probs.as_ref().and_then(take);
         let (dq, dk, dv) = (Blocks::new(q.len()), Blocks::new(k.len()), Blocks::new(v.len()));
-        let whole = Live::Whole { t: dims.t, s: dims.s };
         self.with_mask(|mask| {
             let live = self.live(mask);
-            let stored = if kept.is_some() { self.stored(mask) } else { &whole };
-            let kept_at = stored.kept_offsets(dims);
+            let kept_at = live.kept_offsets(dims);
             let kept = kept.filter(|p| p.len() == kept_at[dims.b * dims.h]);
             let task = Backward {
                 dims,
@@ -393,7 +385,6 @@ impl AttnOp {
                 go,
                 mask,
                 live,
-                stored,
                 dropout: self.dropout,
                 kept: kept.as_deref(),
                 kept_at: &kept_at,
@@ -417,21 +408,6 @@ impl AttnOp {
     fn live(&self, mask: MaskView<'_>) -> &Live {
         self.live
             .get_or_init(|| Live::of(self.dims, mask, self.skip_dead))
-    }
-
-    /// The live blocks under `mask` of the probabilities kept between the passes: those bf16
-    /// computes ([`Self::live`]), and where f32 computes every block the same blocks all the
-    /// same, since its dead blocks hold the same exact zeros (the softmax's exponential of a
-    /// logit [`Live`] calls dead underflows to 0 whichever blocks the sums run over, for finite
-    /// logits short of 4·10⁷ — past that a run has diverged long before). f32 keeps its bits
-    /// and, under a causal mask from 128 keys on, stores 56% of the probabilities at
-    /// T = S = 256. Found only for a pass that keeps them (finding them is a pass over the
-    /// mask).
-    fn stored(&self, mask: MaskView<'_>) -> &Live {
-        if self.skip_dead {
-            return self.live(mask);
-        }
-        self.stored.get_or_init(|| Live::of(self.dims, mask, true))
     }
 
     /// Runs `f` with the mask's data and strides.

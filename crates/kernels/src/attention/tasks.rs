@@ -164,10 +164,9 @@ unsafe fn keep_live(all: &Blocks, at: usize, p: &[f32], blocks: &RowBlocks, s: u
 }
 
 /// A head's probabilities as [`keep_live`] kept them (`kept`), unfolded into `p` (T×S, rows S
-/// apart) as the forward pass had them, the dead columns exact zeros: f32's products read them,
-/// and so do bf16's dk and dv over a block of keys where a later block of rows sees fewer keys
-/// than an earlier one (a mask whose live ends do not grow), while the buffer holds an earlier
-/// head's values.
+/// apart) as the forward pass had them, the dead columns exact zeros: dk's and dv's products
+/// over a block of keys read them where a later block of rows sees fewer keys than an earlier
+/// one (a mask whose live ends do not grow), while the buffer holds an earlier head's values.
 fn unfold_live(kept: &[f32], p: &mut [f32], blocks: &RowBlocks, s: usize) {
     let mut from = 0;
     for (rows, end) in blocks {
@@ -197,13 +196,10 @@ pub(super) struct Forward<'a> {
     pub(super) v: &'a [f32],
     pub(super) mask: MaskView<'a>,
     pub(super) live: &'a Live,
-    /// The blocks of the probabilities kept for the backward pass: `live`'s, or where that
-    /// computes every block (f32) the blocks the mask leaves alive all the same.
-    pub(super) stored: &'a Live,
     pub(super) dropout: Option<DropoutOp>,
     pub(super) out: &'a Blocks,
-    /// Where the probabilities are kept for the backward pass (the live blocks of `stored`
-    /// alone), each head's from `kept_at[bi·H + hq]` ([`Live::kept_offsets`]).
+    /// Where the probabilities are kept for the backward pass (the live blocks alone), each
+    /// head's from `kept_at[bi·H + hq]` ([`Live::kept_offsets`]).
     pub(super) kept: Option<&'a Blocks>,
     pub(super) kept_at: &'a [usize],
     pub(super) measure: bool,
@@ -267,7 +263,7 @@ fn forward_task_generic(f: &Forward<'_>, bi: usize, kh: usize) -> Measured {
         by_position: if f.measure { vec![0.0; t] } else { Vec::new() },
         ..Measured::default()
     };
-    let in_place = f.stored.is_whole();
+    let in_place = f.live.is_whole();
     let mut buffers = TaskBuffers::take(t * s, !(f.kept.is_some() && in_place), f.dropout.is_some(), false);
     let Buffers {
         probs: scratch,
@@ -307,9 +303,8 @@ fn forward_task_generic(f: &Forward<'_>, bi: usize, kh: usize) -> Measured {
             f.measure.then_some(&mut measured),
         );
         if let Some(all) = f.kept.filter(|_| !in_place) {
-            let stored = f.stored.row_blocks(bi, hq);
             // SAFETY: head hq's live parts of batch bi belong to this task alone.
-            unsafe { keep_live(all, f.kept_at[head], p, &stored, s) };
+            unsafe { keep_live(all, f.kept_at[head], p, &blocks, s) };
         }
         let p: &[f32] = match &f.dropout {
             Some(drop) => {
@@ -340,7 +335,6 @@ pub(super) struct Backward<'a> {
     pub(super) go: &'a [f32],
     pub(super) mask: MaskView<'a>,
     pub(super) live: &'a Live,
-    pub(super) stored: &'a Live,
     pub(super) dropout: Option<DropoutOp>,
     /// The forward pass's probabilities, as [`Forward::kept`] keeps them.
     pub(super) kept: Option<&'a [f32]>,
@@ -360,7 +354,7 @@ simd_dispatch!(pub(super) backward_task => backward_task_generic(f: &Backward<'_
 fn backward_task_generic(f: &Backward<'_>, bi: usize, kh: usize) {
     let dims = f.dims;
     let (t, s, d) = (dims.t, dims.s, dims.d);
-    let in_place = f.stored.is_whole();
+    let in_place = f.live.is_whole();
     // Every element of dS is written by `logits` below (the live columns by a β = 0 product,
     // the dead ones zeroed) before anything reads it.
     let mut buffers = TaskBuffers::take(t * s, !(f.kept.is_some() && in_place), f.dropout.is_some(), true);
@@ -384,12 +378,7 @@ fn backward_task_generic(f: &Backward<'_>, bi: usize, kh: usize) {
         let p: &[f32] = match f.kept {
             Some(all) if in_place => &all[f.kept_at[head]..][..t * s],
             Some(all) => {
-                unfold_live(
-                    &all[f.kept_at[head]..f.kept_at[head + 1]],
-                    scratch,
-                    &f.stored.row_blocks(bi, hq),
-                    s,
-                );
+                unfold_live(&all[f.kept_at[head]..f.kept_at[head + 1]], scratch, &blocks, s);
                 &scratch[..]
             }
             None => {

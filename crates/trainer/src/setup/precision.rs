@@ -11,9 +11,9 @@
 //! saved (docs/performance.md). Inside the fused sub-block ops, which candle does not see, the
 //! CPU keeps in bf16 what only products read (the normalised inputs, GELU's hidden activation,
 //! attention's q, k and v), SwiGLU's two projections (which it reads rounded; its output is made
-//! again from them in the backward pass, in f32 too) and GELU's derivative. (Attention keeps
-//! only the live blocks of its probabilities in either precision: a causal mask's upper
-//! triangle is exact zeros.)
+//! again from them in the backward pass, in f32 too) and GELU's derivative; attention keeps only
+//! the live blocks of its probabilities (a causal mask's upper triangle is exact zeros, which
+//! bf16 skips).
 //!
 //! On a CPU with AMX the products' steps run on its tiles (`tdpbf16ps`), once a start-up check
 //! has held them to their emulator (ember-kernels' `gemm::bf16::amx`); `EMBER_CPU_VECTOR_UNIT=avx512`
