@@ -152,13 +152,7 @@ fn the_mlp_block_gives_the_bits_of_its_ops_one_by_one() {
                 let mut store = loss(&y).backward().unwrap();
                 sink.merge_into(&mut store).unwrap();
                 let grads = m.grads(&store);
-                assert!(
-                    same_bits(&grads[0], &grads_ops[0]),
-                    "{what}: x's gradient differs"
-                );
-                for (i, (g, g_ops)) in grads.iter().zip(&grads_ops).enumerate().skip(1) {
-                    assert_equal(&format!("{what}: parameter {i}'s gradient"), g, g_ops);
-                }
+                assert_gradients_match(&what, &grads, &grads_ops);
                 assert!(sink.is_empty(), "{what}: the merge left gradients behind");
             }
         }
@@ -391,6 +385,17 @@ impl Attention {
     }
 
     /// The same with QK-norm of each head's `hd` elements: RMSNorm, or LayerNorm with biases.
+    /// The attention options of this sub-block's heads, with telemetry.
+    fn options(&self, dropout: Option<(f64, u64)>, precision: Precision) -> AttentionOptions {
+        AttentionOptions {
+            heads: self.heads,
+            kv_heads: self.kv_heads,
+            dropout,
+            telemetry: true,
+            precision,
+        }
+    }
+
     fn with_qk_norm(mut self, seed: u64, hd: usize, rms: bool) -> Self {
         let norm = |s: u64| qk_norm_vars(seed + s, hd, rms);
         self.qk_norm = Some(([norm(20), norm(30)], rms));
@@ -512,13 +517,7 @@ fn the_attention_block_gives_the_bits_of_its_ops_one_by_one() {
                 if biased.contains(&true) {
                     a = a.with_qkv_bias(50, biased);
                 }
-                let opts = AttentionOptions {
-                    heads: a.heads,
-                    kv_heads: a.kv_heads,
-                    dropout,
-                    telemetry: true,
-                    precision,
-                };
+                let opts = a.options(dropout, precision);
                 assert_block_gives_its_ops_bits(&what, &a, positions, mask, &opts, memory);
             }
         }
@@ -550,13 +549,7 @@ fn the_attention_block_over_160_positions_gives_the_bits_of_its_ops_one_by_one()
                 if let Some(qk_rms) = qk_rms {
                     a = a.with_qk_norm(41, hd, qk_rms);
                 }
-                let opts = AttentionOptions {
-                    heads: a.heads,
-                    kv_heads: a.kv_heads,
-                    dropout,
-                    telemetry: true,
-                    precision,
-                };
+                let opts = a.options(dropout, precision);
                 assert_block_gives_its_ops_bits(&what, &a, positions, Some(&mask), &opts, memory);
             }
         }
@@ -585,11 +578,17 @@ fn assert_block_gives_its_ops_bits(
     let mut store = loss(&y).backward().unwrap();
     sink.merge_into(&mut store).unwrap();
     let grads = a.grads(&store);
+    assert_gradients_match(what, &grads, &grads_ops);
+}
+
+/// x's gradient (the first) bit for bit and each parameter's equal (up to the sign of an exact
+/// zero), against the ops one by one.
+fn assert_gradients_match(what: &str, grads: &[Tensor], grads_ops: &[Tensor]) {
     assert!(
         same_bits(&grads[0], &grads_ops[0]),
         "{what}: x's gradient differs"
     );
-    for (i, (g, g_ops)) in grads.iter().zip(&grads_ops).enumerate().skip(1) {
+    for (i, (g, g_ops)) in grads.iter().zip(grads_ops).enumerate().skip(1) {
         assert_equal(&format!("{what}: parameter {i}'s gradient"), g, g_ops);
     }
 }
