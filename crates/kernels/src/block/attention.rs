@@ -356,13 +356,7 @@ impl<Q: Epilogue, K: Epilogue> AttentionBlockOp<Q, K> {
         })?;
         let keep_probs = !forward || p.between.keeps();
         let o = p.attn.forward_values_with(&q, &k, &v, keep_probs, forward)?;
-        // Held for the backward pass in the products' precision; a recomputation's, used at
-        // once, as they are.
-        let precision = if forward && p.between.keeps() {
-            p.precision
-        } else {
-            Precision::F32
-        };
+        let precision = p.between.holds_in(p.precision, forward);
         let [q, k, v] = [q, k, v].map(|values| Held::new(values, precision));
         Ok(Kept {
             h,

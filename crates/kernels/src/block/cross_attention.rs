@@ -173,13 +173,7 @@ impl CrossAttentionBlockOp {
         let q = self.scale.forward(q, shape, q_width)?;
         let keep_probs = !forward || self.between.keeps();
         let o = self.attn.forward_values_with(&q, k, v, keep_probs, forward)?;
-        // Held as the self-attention block holds it.
-        let precision = if forward && self.between.keeps() {
-            self.precision
-        } else {
-            Precision::F32
-        };
-        let q = Held::new(q, precision);
+        let q = Held::new(q, self.between.holds_in(self.precision, forward));
         Ok(Kept { h, q, o, q_raw })
     }
 }

@@ -144,6 +144,19 @@ impl<K> Between<K> {
         self.keep
     }
 
+    /// What a pass holds the values it makes in, under products in `precision`: that
+    /// precision for a `forward` pass that keeps them for the backward pass ([`Held`]), f32
+    /// for one that does not or for a recomputation, which uses them at once.
+    ///
+    /// [`Held`]: crate::held::Held
+    pub(crate) fn holds_in(&self, precision: Precision, forward: bool) -> Precision {
+        if forward && self.keep {
+            precision
+        } else {
+            Precision::F32
+        }
+    }
+
     /// Holds a forward pass's activations for the backward pass, where they are kept.
     pub(crate) fn hold(&self, kept: K) {
         if self.keep {
