@@ -195,23 +195,7 @@ impl ReluMask {
 
     /// `max(v, 0)` of every element in place, as candle's `relu` computes it.
     fn forward(&self, v: &mut [f32]) {
-        let mut kept = self.0.as_ref().map(|_| vec![false; v.len()]);
-        let passes = kept.as_mut().map(|m| SharedMut(m.as_mut_ptr()));
-        let out = SharedMut(v.as_mut_ptr());
-        for_each_chunk(v.len(), ELEMENTS_PER_TASK, |r| {
-            // SAFETY: the elements `r` of v and of the mask (as long as v) belong to this task
-            // alone.
-            let v = unsafe { out.slice(r.start, r.len()) };
-            if let Some(passes) = passes {
-                let passes = unsafe { passes.slice(r.start, r.len()) };
-                for (pass, &v) in passes.iter_mut().zip(v.iter()) {
-                    *pass = v >= 0.0;
-                }
-            }
-            for v in v {
-                *v = v.max(0.0);
-            }
-        });
+        let kept = relu_in_place(v, self.0.is_some());
         if let (Some(slot), Some(kept)) = (&self.0, kept) {
             *slot.lock().unwrap_or_else(|e| e.into_inner()) = kept;
         }
@@ -231,12 +215,42 @@ impl ReluMask {
                 mask.len()
             );
         }
-        Ok(fill(g.len(), ELEMENTS_PER_TASK, |r, out| {
-            for ((o, &g), &pass) in out.iter_mut().zip(&g[r.clone()]).zip(&mask[r]) {
-                o.write(if pass { g } else { 0.0 });
-            }
-        }))
+        Ok(relu_grad(&mask, g))
     }
+}
+
+/// `max(v, 0)` of every element in place, as candle's `relu` computes it, and (with `passes`)
+/// which elements were ≥ 0: where candle's backward pass lets the gradient through.
+pub(crate) fn relu_in_place(v: &mut [f32], passes: bool) -> Option<Vec<bool>> {
+    let mut kept = passes.then(|| vec![false; v.len()]);
+    let passes = kept.as_mut().map(|m| SharedMut(m.as_mut_ptr()));
+    let out = SharedMut(v.as_mut_ptr());
+    for_each_chunk(v.len(), ELEMENTS_PER_TASK, |r| {
+        // SAFETY: the elements `r` of v and of the mask (as long as v) belong to this task
+        // alone.
+        let v = unsafe { out.slice(r.start, r.len()) };
+        if let Some(passes) = passes {
+            let passes = unsafe { passes.slice(r.start, r.len()) };
+            for (pass, &v) in passes.iter_mut().zip(v.iter()) {
+                *pass = v >= 0.0;
+            }
+        }
+        for v in v {
+            *v = v.max(0.0);
+        }
+    });
+    kept
+}
+
+/// The gradient at a ReLU's input for `g` at its output: `g` where the input `passes` (was ≥ 0),
+/// 0 elsewhere (candle multiplies by its 0/1 mask and adds into zeros, which gives +0 there
+/// too).
+pub(crate) fn relu_grad(passes: &[bool], g: &[f32]) -> Vec<f32> {
+    fill(g.len(), ELEMENTS_PER_TASK, |r, out| {
+        for ((o, &g), &pass) in out.iter_mut().zip(&g[r.clone()]).zip(&passes[r]) {
+            o.write(if pass { g } else { 0.0 });
+        }
+    })
 }
 
 /// The op of [`linear_bias`] and [`linear_bias_relu`].

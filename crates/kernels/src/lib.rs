@@ -19,7 +19,7 @@
 //! | [`attention`] | softmax(q·kᵀ + mask)·v with grouped-query heads |
 //! | `cross_entropy` | log-softmax, label smoothing, z-loss and padding: the per-row math, and its unfused reference |
 //! | [`linear_cross_entropy`] | the output projection and that loss, a block of rows at a time (the logits are never stored whole) |
-//! | `block` | a pre-norm sub-block — self-attention, a decoder's cross-attention, the feed-forward block — as one op, its parameters' gradients left in a [`GradSink`] |
+//! | `block` | a sub-block — self-attention, a decoder's cross-attention, the feed-forward block — as one op (a post-norm one's residual branch), its parameters' gradients left in a [`GradSink`] |
 //! | [`adamw`] | the AdamW update of one parameter |
 //! | `sum` | the shares' gradients summed in order, and a gradient's sum of squares |
 //!
@@ -82,7 +82,7 @@ pub use bias::{
 };
 pub use block::{
     attention_block, cross_attention_block, mlp_block, ActivationMemory, AttentionWeights, BlockNorm,
-    BlockPositions, CrossAttentionWeights, GradSink, MlpWeights, SubBlock,
+    BlockPositions, BlockProjection, CrossAttentionWeights, GradSink, MlpActivation, MlpWeights, SubBlock,
 };
 pub use cross_entropy::cross_entropy_unfused;
 pub use dropout::{add_dropout, dropout, dropout_unfused};

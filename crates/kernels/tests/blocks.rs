@@ -17,8 +17,8 @@ use candle_core::{DType, Device, Tensor, Var};
 use common::{every_precision, host, randn_cpu, same_bits};
 use ember_kernels::{
     self as kernels, attention_block, causal_mask, cross_attention_block, mlp_block, padding_mask,
-    ActivationMemory, AttentionOptions, AttentionWeights, BlockNorm, BlockPositions, CrossAttentionWeights,
-    GradSink, MlpWeights, PositionScale, Precision, RopeTables,
+    ActivationMemory, AttentionOptions, AttentionWeights, BlockNorm, BlockPositions, BlockProjection,
+    CrossAttentionWeights, GradSink, MlpActivation, MlpWeights, PositionScale, Precision, RopeTables,
 };
 
 /// One MLP sub-block's inputs: the stream x (B, T, d) and its parameters, as variables.
@@ -96,14 +96,15 @@ impl Mlp {
             return kernels::linear_residual_in(x, &hidden.unwrap(), down, p, state, precision).unwrap();
         };
         let w = match &self.gate {
-            Some(gate) => MlpWeights::Swiglu {
-                gate: gate.as_tensor(),
-                up,
-                down,
+            Some(gate) => MlpWeights {
+                activation: MlpActivation::Swiglu,
+                gate: Some(BlockProjection::unbiased(gate.as_tensor())),
+                up: BlockProjection::unbiased(up),
+                down: BlockProjection::unbiased(down),
             },
-            None => MlpWeights::Gelu { up, down },
+            None => gelu_weights(up, down),
         };
-        let block = mlp_block(x, self.norm(), w, precision, memory, sink, || (p, state)).unwrap();
+        let block = mlp_block(x, Some(self.norm()), w, precision, memory, sink, || (p, state)).unwrap();
         block.expect("the op did not run")
     }
 
@@ -207,10 +208,7 @@ fn the_ops_do_not_run_on_an_input_without_a_gradient_and_reserve_no_dropout() {
     let m = Mlp::new(9, (1, 5, 8, 16), "layernorm", false);
     let sink = GradSink::new();
     let x = m.x.as_tensor().detach();
-    let w = MlpWeights::Gelu {
-        up: m.up.as_tensor(),
-        down: m.down.as_tensor(),
-    };
+    let w = gelu_weights(m.up.as_tensor(), m.down.as_tensor());
     let reserved = std::cell::Cell::new(false);
     let dropout = || {
         reserved.set(true);
@@ -218,7 +216,7 @@ fn the_ops_do_not_run_on_an_input_without_a_gradient_and_reserve_no_dropout() {
     };
     let y = mlp_block(
         &x,
-        m.norm(),
+        Some(m.norm()),
         w,
         Precision::F32,
         ActivationMemory::Keep,
@@ -256,9 +254,10 @@ fn the_ops_do_not_run_on_an_input_without_a_gradient_and_reserve_no_dropout() {
             q: c.q.as_tensor(),
             o: c.o.as_tensor(),
             q_bias: None,
+            o_bias: None,
             q_norm: None,
         };
-        let norm = block_norm(&c.norm, false, 1e-5);
+        let norm = Some(block_norm(&c.norm, false, 1e-5));
         let (memory, kv) = (ActivationMemory::Keep, (&k, c.v.as_tensor()));
         let y = cross_attention_block(&x, norm, w, kv, 0.5, None, memory, &sink, options, residual);
         assert!(y.unwrap().is_none(), "the cross-attention op ran on {what}");
@@ -280,14 +279,11 @@ fn an_rms_norm_with_a_bias_is_refused() {
         rms: true,
         ..m.norm()
     };
-    let w = MlpWeights::Gelu {
-        up: m.up.as_tensor(),
-        down: m.down.as_tensor(),
-    };
+    let w = gelu_weights(m.up.as_tensor(), m.down.as_tensor());
     let keep = ActivationMemory::Keep;
     let err = mlp_block(
         m.x.as_tensor(),
-        norm,
+        Some(norm),
         w,
         Precision::F32,
         keep,
@@ -421,16 +417,25 @@ impl Attention {
             v: v.as_tensor(),
             o: o.as_tensor(),
             qkv_bias: self.qkv_bias.each_ref().map(|b| b.as_ref().map(Var::as_tensor)),
+            o_bias: None,
             qk_norm,
         };
         let x = self.x.as_tensor();
         let residual = (0.1, 777);
         match sink {
-            Some((sink, memory)) => {
-                attention_block(x, norm, w, positions, mask, memory, sink, || *opts, || residual)
-                    .unwrap()
-                    .expect("the op did not run")
-            }
+            Some((sink, memory)) => attention_block(
+                x,
+                Some(norm),
+                w,
+                positions,
+                mask,
+                memory,
+                sink,
+                || *opts,
+                || residual,
+            )
+            .unwrap()
+            .expect("the op did not run"),
             None => attention_ops(x, norm, w, positions, mask, opts, residual),
         }
     }
@@ -757,11 +762,12 @@ impl Cross {
                 q: wq,
                 o: wo,
                 q_bias,
+                o_bias: None,
                 q_norm,
             };
             let block = cross_attention_block(
                 x,
-                norm,
+                Some(norm),
                 w,
                 (k, v),
                 scale,
@@ -1036,4 +1042,14 @@ fn an_embedding_lookup_refuses_ids_outside_the_vocabulary_and_leaves_other_types
         .unwrap()
         .is_none());
     assert!(sink.is_empty(), "a lookup that did not run registered");
+}
+
+/// A GELU feed-forward block's projections, without biases.
+fn gelu_weights<'a>(up: &'a Tensor, down: &'a Tensor) -> MlpWeights<'a> {
+    MlpWeights {
+        activation: MlpActivation::Gelu,
+        gate: None,
+        up: BlockProjection::unbiased(up),
+        down: BlockProjection::unbiased(down),
+    }
 }

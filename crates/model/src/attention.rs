@@ -341,16 +341,17 @@ impl Attention {
         }
     }
 
-    /// `norm` and self-attention over `x` (B, T, D) written back into `x`, as one op
-    /// (`ember_kernels::attention_block`) whose parameters' gradients go to the pass's sink;
-    /// `None` where the pass has no sink, the module is not one the op covers (L2 QK-norm, a
-    /// bias on the output projection, log-n scaling without rotary positions) or the op does
-    /// not run (off the CPU, not f32): the caller then runs [`forward_self`](Self::forward_self).
+    /// Self-attention over `x` (B, T, D) written back into `x`, opened by `norm` (pre-norm) or
+    /// reading x itself (`None`: a post-norm branch, whose norm the caller applies to the
+    /// output), as one op (`ember_kernels::attention_block`) whose parameters' gradients go to
+    /// the pass's sink; `None` where the pass has no sink, the module is not one the op covers
+    /// (L2 QK-norm, log-n scaling without rotary positions) or the op does not run (off the
+    /// CPU, not f32): the caller then runs [`forward_self`](Self::forward_self).
     /// Its dropout masks are reserved as `forward_self` reserves them, and only when the op
     /// runs, so fused and unfused passes draw the same ones.
-    pub(crate) fn forward_self_with_norm(
+    pub(crate) fn forward_self_fused(
         &self,
-        norm: &Norm,
+        norm: Option<&Norm>,
         x: &Tensor,
         mask: Option<&Tensor>,
         dropout: f64,
@@ -381,11 +382,12 @@ impl Attention {
             v: self.v_proj.weight(),
             o: self.o_proj.weight(),
             qkv_bias: [&self.q_proj, &self.k_proj, &self.v_proj].map(Linear::bias),
+            o_bias: self.o_proj.bias(),
             qk_norm,
         };
         let options = || self.options(b, t, t, ctx);
         let residual = || ctx.residual_dropout(dropout, x.elem_count());
-        let norm = norm.as_block_norm();
+        let norm = norm.map(Norm::as_block_norm);
         let memory = ctx.activations;
         let block = ember_kernels::attention_block(
             x, norm, weights, positions, mask, memory, sink, options, residual,
@@ -393,17 +395,18 @@ impl Attention {
         Ok(self.recorded(block, ctx))
     }
 
-    /// `norm` and cross-attention of `x` (B, T, D) to the encoder's keys and values `kv`,
-    /// written back into `x`, as one op (`ember_kernels::cross_attention_block`) whose
-    /// parameters' gradients go to the pass's sink (k's and v's go back through candle to the
-    /// projections that made them); `None` where the pass has no sink, the module is not one the
-    /// op covers (L2 QK-norm, a bias on the output projection) or the op does not run (x, k, v
-    /// or a parameter off the CPU or not f32): the caller then runs
+    /// Cross-attention of `x` (B, T, D) to the encoder's keys and values `kv`, written back
+    /// into `x`, opened by `norm` (pre-norm) or reading x itself (`None`: a post-norm branch,
+    /// whose norm the caller applies to the output), as one op
+    /// (`ember_kernels::cross_attention_block`) whose parameters' gradients go to the pass's
+    /// sink (k's and v's go back through candle to the projections that made them); `None`
+    /// where the pass has no sink, the module is not one the op covers (L2 QK-norm) or the op
+    /// does not run (x, k, v or a parameter off the CPU or not f32): the caller then runs
     /// [`forward_cross`](Self::forward_cross). Its dropout masks are reserved as
     /// `forward_cross` reserves them, and only when the op runs.
-    pub(crate) fn forward_cross_with_norm(
+    pub(crate) fn forward_cross_fused(
         &self,
-        norm: &Norm,
+        norm: Option<&Norm>,
         x: &Tensor,
         kv: &CrossKv,
         mask: Option<&Tensor>,
@@ -418,6 +421,7 @@ impl Attention {
             q: self.q_proj.weight(),
             o: self.o_proj.weight(),
             q_bias: self.q_proj.bias(),
+            o_bias: self.o_proj.bias(),
             q_norm: qk_norm.map(|[q, _]| q),
         };
         let scale = 1.0 / (self.head_dim as f64).sqrt();
@@ -425,7 +429,7 @@ impl Attention {
         let residual = || ctx.residual_dropout(dropout, x.elem_count());
         let block = ember_kernels::cross_attention_block(
             x,
-            norm.as_block_norm(),
+            norm.map(Norm::as_block_norm),
             weights,
             (&kv.k, &kv.v),
             scale,
@@ -452,11 +456,9 @@ impl Attention {
     }
 
     /// QK-norm's query and key norms as a block op takes them (`Some(None)` without QK-norm);
-    /// `None` where the module is not one the block ops cover: L2 QK-norm, or a bias on the
-    /// output projection (q's, k's and v's biases are the ops').
+    /// `None` where the module is not one the block ops cover: L2 QK-norm.
     fn block_qk_norm(&self) -> Option<Option<[BlockNorm<'_>; 2]>> {
         match &self.qk_norm {
-            _ if self.o_proj.has_bias() => None,
             QkNormLayer::None => Some(None),
             QkNormLayer::Norm { q, k } => Some(Some([q.as_block_norm(), k.as_block_norm()])),
             QkNormLayer::L2 { .. } => None,

@@ -1,7 +1,8 @@
 //! One block of a stack: self-attention, cross-attention (seq2seq decoder layers only) and the
-//! MLP, each a residual branch around its norm; in training, pre-norm sub-blocks run as one op
-//! each where they can (`ember_kernels::attention_block`, `cross_attention_block`,
-//! `mlp_block`), and the ops one by one otherwise. A decoder block's cross-attention reads the
+//! MLP, each a residual branch around its norm; in training, sub-blocks run as one op each where
+//! they can (`ember_kernels::attention_block`, `cross_attention_block`, `mlp_block`: a pre-norm
+//! sub-block whole, a post-norm one's residual branch with its norm after it), and the ops one
+//! by one otherwise. A decoder block's cross-attention reads the
 //! encoded source, a [`Memory`].
 
 use candle_core::{Result, Tensor};
@@ -84,6 +85,24 @@ impl Layer {
         })
     }
 
+    /// The norm a sub-block's op opens its branch with: `norm` for pre-norm, none for post-norm
+    /// (whose norm [`Self::closing`] applies to the op's output).
+    fn opening<'a>(&self, norm: &'a Norm) -> Option<&'a Norm> {
+        match self.placement {
+            NormPlacement::Pre => Some(norm),
+            NormPlacement::Post => None,
+        }
+    }
+
+    /// A sub-block's output from its op's, `out` (`x + branch`): itself for pre-norm, its norm
+    /// for post-norm.
+    fn closing(&self, norm: &Norm, out: Tensor) -> Result<Tensor> {
+        match self.placement {
+            NormPlacement::Pre => Ok(out),
+            NormPlacement::Post => norm.forward(&out),
+        }
+    }
+
     /// One residual branch around `norm`: `branch` gets its input and the stream to write into.
     fn sublayer(
         &self,
@@ -114,13 +133,15 @@ impl Layer {
             Some(c) => (Some(&mut c.self_kv), Some(&mut c.cross_kv)),
             None => (None, None),
         };
-        let fused = match (self.placement, &self_kv) {
-            (NormPlacement::Pre, None) => {
-                let (norm, dropout) = (&self.attn_norm, self.dropout);
+        let fused = match &self_kv {
+            None => {
+                let (norm, dropout) = (self.opening(&self.attn_norm), self.dropout);
                 self.self_attn
-                    .forward_self_with_norm(norm, x, self_mask, dropout, ctx)?
+                    .forward_self_fused(norm, x, self_mask, dropout, ctx)?
+                    .map(|out| self.closing(&self.attn_norm, out))
+                    .transpose()?
             }
-            _ => None,
+            Some(_) => None,
         };
         let recomputing = |sub| ctx.grad_sink.is_some() && ctx.activations.recomputes(sub);
         if recomputing(SubBlock::Attention) && fused.is_none() {
@@ -140,13 +161,9 @@ impl Layer {
             (Some(_), None) => candle_core::bail!("a seq2seq decoder needs the encoder output"),
             (None, _) => x,
         };
-        if self.placement == NormPlacement::Pre {
-            if let Some(x) = self
-                .mlp
-                .forward_with_norm(&self.mlp_norm, &x, self.dropout, ctx)?
-            {
-                return Ok(x);
-            }
+        let norm = self.opening(&self.mlp_norm);
+        if let Some(out) = self.mlp.forward_fused(norm, &x, self.dropout, ctx)? {
+            return self.closing(&self.mlp_norm, out);
         }
         if recomputing(SubBlock::FeedForward) {
             return refuse_unfused(ctx, "feed-forward sub-block");
@@ -154,9 +171,9 @@ impl Layer {
         self.sublayer(&self.mlp_norm, &x, ctx, |h, into| self.mlp.forward(h, into, ctx))
     }
 
-    /// The cross-attention sub-block over `x`, attending to `memory`: as one op in a pre-norm
-    /// training pass where the op runs, else op by op (`recomputing`: refused then), the keys
-    /// and values kept in the cache's `slot` where decoding keeps them.
+    /// The cross-attention sub-block over `x`, attending to `memory`: as one op in a training
+    /// pass where the op runs, else op by op (`recomputing`: refused then), the keys and values
+    /// kept in the cache's `slot` where decoding keeps them.
     fn cross_sublayer(
         &self,
         (norm, attn): &(Norm, Attention),
@@ -179,22 +196,21 @@ impl Layer {
                 attn.forward_cross(h, kv, into, mask, ctx)
             });
         }
-        // Pre-norm: made before the op is tried, in the dtype the norm gives the branch, and
-        // reused op by op where it does not run.
-        let pre_norm_kv = (self.placement == NormPlacement::Pre)
-            .then(|| kv_as(ctx.branch_dtype_of(x)))
-            .transpose()?;
-        if let Some(kv) = &pre_norm_kv {
-            if let Some(x) = attn.forward_cross_with_norm(norm, x, kv, mask, self.dropout, ctx)? {
-                return Ok(x);
-            }
+        // Made before the op is tried, in the dtype of the branch's input (the norm's under
+        // pre-norm, x's under post-norm), and reused op by op where it does not run.
+        let kv = match self.placement {
+            NormPlacement::Pre => kv_as(ctx.branch_dtype_of(x))?,
+            NormPlacement::Post => kv_as(x.dtype())?,
+        };
+        let opening = self.opening(norm);
+        if let Some(out) = attn.forward_cross_fused(opening, x, &kv, mask, self.dropout, ctx)? {
+            return self.closing(norm, out);
         }
         if recomputing {
             return refuse_unfused(ctx, "cross-attention");
         }
-        self.sublayer(norm, x, ctx, |h, into| match &pre_norm_kv {
-            Some(kv) => attn.forward_cross(h, kv, into, mask, ctx),
-            None => attn.forward_cross(h, &kv_as(h.dtype())?, into, mask, ctx),
+        self.sublayer(norm, x, ctx, |h, into| {
+            attn.forward_cross(h, &kv, into, mask, ctx)
         })
     }
 }

@@ -11,7 +11,9 @@ use std::sync::Mutex;
 use candle_core::{DType, Device, Result, Tensor, D};
 use candle_nn::{Init, VarBuilder};
 
-use ember_kernels::{ActivationMemory, BlockNorm, GradSink, MlpWeights, Precision};
+use ember_kernels::{
+    ActivationMemory, BlockNorm, BlockProjection, GradSink, MlpActivation, MlpWeights, Precision,
+};
 use ember_rng::SplitMix64;
 
 use crate::config::{MlpKind, ModelConfig, NormKind};
@@ -300,6 +302,14 @@ impl Linear {
         self.bias.as_ref()
     }
 
+    /// The weight and bias, for an op that runs the map inside itself.
+    pub(crate) fn as_block_projection(&self) -> BlockProjection<'_> {
+        BlockProjection {
+            weight: &self.weight,
+            bias: self.bias.as_ref(),
+        }
+    }
+
     /// Whether the map adds a bias (the fused projections that rotate or scale their output
     /// take none).
     pub fn has_bias(&self) -> bool {
@@ -481,15 +491,16 @@ impl Mlp {
         })
     }
 
-    /// `norm` and this block as one op (`ember_kernels::mlp_block`) on the stream `x`, its
-    /// parameters' gradients going to the pass's sink; `None` where the block is not one the
-    /// op covers (ReLU, biases), the pass has no sink or the op does not run (off the CPU, not
-    /// f32): the caller then runs [`forward`](Self::forward). Its dropout mask is reserved as
+    /// This block written into the stream `x` as one op (`ember_kernels::mlp_block`), opened
+    /// by `norm` (pre-norm) or reading x itself (`None`: a post-norm branch, whose norm the
+    /// caller applies to the output), its parameters' gradients going to the pass's sink;
+    /// `None` where the pass has no sink or the op does not run (off the CPU, not f32): the
+    /// caller then runs [`forward`](Self::forward). Its dropout mask is reserved as
     /// [`Linear::forward_residual`] reserves it, and only when the op runs, so the fused and
     /// unfused passes draw the same masks.
-    pub(crate) fn forward_with_norm(
+    pub(crate) fn forward_fused(
         &self,
-        norm: &Norm,
+        norm: Option<&Norm>,
         x: &Tensor,
         dropout: f64,
         ctx: ForwardCtx,
@@ -497,23 +508,19 @@ impl Mlp {
         let Some(sink) = ctx.grad_sink else {
             return Ok(None);
         };
-        let biased = [self.gate.as_ref(), Some(&self.up), Some(&self.down)]
-            .into_iter()
-            .flatten()
-            .any(Linear::has_bias);
-        let (up, down) = (self.up.weight(), self.down.weight());
-        let weights = match (self.kind, &self.gate) {
-            _ if biased => return Ok(None),
-            (MlpKind::Gelu, None) => MlpWeights::Gelu { up, down },
-            (MlpKind::Swiglu, Some(gate)) => MlpWeights::Swiglu {
-                gate: gate.weight(),
-                up,
-                down,
-            },
-            _ => return Ok(None),
+        let activation = match self.kind {
+            MlpKind::Gelu => MlpActivation::Gelu,
+            MlpKind::Relu => MlpActivation::Relu,
+            MlpKind::Swiglu => MlpActivation::Swiglu,
+        };
+        let weights = MlpWeights {
+            activation,
+            gate: self.gate.as_ref().map(Linear::as_block_projection),
+            up: self.up.as_block_projection(),
+            down: self.down.as_block_projection(),
         };
         let mask = || ctx.residual_dropout(dropout, x.elem_count());
-        let (norm, memory) = (norm.as_block_norm(), ctx.activations);
+        let (norm, memory) = (norm.map(Norm::as_block_norm), ctx.activations);
         ember_kernels::mlp_block(x, norm, weights, ctx.precision, memory, sink, mask)
     }
 

@@ -8,28 +8,16 @@
 
 use ember_kernels::{ActivationMemory, SubBlock};
 
-use crate::config::{MlpKind, ModelConfig, NormPlacement, Positions, QkNorm};
+use crate::config::{ModelConfig, Positions, QkNorm};
 
 impl ModelConfig {
     /// What keeps some of this model's sub-blocks that `memory` recomputes from running as one
     /// op each in training, each naming its config key; empty where every such sub-block does
     /// (on the CPU, in f32 weights), or where nothing is recomputed.
     pub fn unfused_sub_blocks(&self, memory: ActivationMemory) -> Vec<String> {
+        // Every feed-forward sub-block runs as one op; some attention sub-blocks do not.
         let attention = memory.recomputes(SubBlock::Attention);
-        let feed_forward = memory.recomputes(SubBlock::FeedForward);
         let reasons = [
-            (
-                (attention || feed_forward) && self.norm_placement == NormPlacement::Post,
-                "model.norm_placement: post (only pre-norm sub-blocks run as one op)",
-            ),
-            (
-                (attention || feed_forward) && self.proj_bias,
-                "model.proj_bias: true (output and feed-forward projections with biases)",
-            ),
-            (
-                feed_forward && self.mlp == MlpKind::Relu,
-                "model.mlp: relu (gelu and swiglu run as one op)",
-            ),
             (
                 attention && self.qk_norm == QkNorm::L2,
                 "model.qk_norm: l2 (layernorm and rmsnorm run as one op)",

@@ -1,15 +1,16 @@
-//! Specification: given a gradient sink, pre-norm blocks run their self-attention, cross-attention
-//! (a seq2seq decoder's) and MLP (GELU or SwiGLU) sub-blocks as one op each
-//! (`ember_kernels::attention_block`, `cross_attention_block`, `mlp_block`), and a training
-//! pass is the same as without one — logits and loss bit for bit, every parameter's gradient
-//! equal once the sink is merged, the same dropout masks, the same attention telemetry — in
-//! every architecture, norm, position scheme, QK-norm, MLP and precision, with or without
-//! Qwen2's biases on q, k and v; sub-blocks the ops do not cover (L2 QK-norm, ReLU, biases on
-//! the output and feed-forward projections, post-norm) run as before and train the same. Sub-blocks
-//! that recompute their activations in the backward pass (all, or the attention sub-blocks
-//! alone) train the same bits too, in every model whose config says all those sub-blocks run as
-//! one op; a pass of any other model that asks for it fails naming the sub-block that cannot
-//! (a ReLU model's attention sub-blocks recompute; its feed-forward ones cannot).
+//! Specification: given a gradient sink, blocks run their self-attention, cross-attention (a
+//! seq2seq decoder's) and MLP (GELU, ReLU or SwiGLU) sub-blocks as one op each
+//! (`ember_kernels::attention_block`, `cross_attention_block`, `mlp_block`; a post-norm
+//! sub-block's residual branch as the op, its norm after it), and a training pass is the same
+//! as without one — logits and loss bit for bit, every parameter's gradient equal once the sink
+//! is merged, the same dropout masks, the same attention telemetry — in every architecture,
+//! norm and its placement, position scheme, QK-norm, MLP and precision, with or without biases
+//! (Qwen2's on q, k and v; fairseq's on every projection). Sub-blocks the ops do not cover (L2
+//! QK-norm, log-n scaling without rotary positions: attention sub-blocks alone) run as before
+//! and train the same. Sub-blocks that recompute their activations in the backward pass (all,
+//! or the attention sub-blocks alone) train the same bits too, in every model whose config says
+//! all those sub-blocks run as one op; a pass of any other model that asks for it fails naming
+//! the sub-block that cannot.
 
 mod common;
 
@@ -94,15 +95,15 @@ fn values(t: &Tensor) -> Vec<f32> {
 
 /// Fused (keeping their activations, and recomputing them — all, or the attention sub-blocks'
 /// alone — where the config allows it) against unfused for `c`, which the op covers when
-/// `covered`.
-fn check(what: &str, c: &ModelConfig, precision: Precision, covered: bool) {
+/// `covered`; the pass that keeps them.
+fn check(what: &str, c: &ModelConfig, precision: Precision, covered: bool) -> Pass {
     let (mut model, params) = build(c, DType::F32);
     perturb(&params, 0.05, 3);
     model.set_precision(precision);
     let unfused = pass(&model, &params, c.vocab(), None).unwrap();
     let keeping = pass(&model, &params, c.vocab(), Some(ActivationMemory::Keep)).unwrap();
     same_pass(what, &keeping, &unfused, covered);
-    if covered && c.arch == Arch::Seq2seq && c.norm_placement == NormPlacement::Pre {
+    if covered && c.arch == Arch::Seq2seq && c.qk_norm != QkNorm::L2 {
         let cross = keeping
             .owing
             .iter()
@@ -134,6 +135,7 @@ fn check(what: &str, c: &ModelConfig, precision: Precision, covered: bool) {
             }
         }
     }
+    keeping
 }
 
 /// `fused` trains as `unfused` (and used the sink where `covered`).
@@ -203,36 +205,100 @@ fn fused_sub_blocks_train_the_same_bits_as_their_ops_one_by_one() {
     assert!(checked >= 16);
 }
 
+/// A language model of `cfg`'s kind with LayerNorm, QK layernorm, GELU and dropout, changed by
+/// `f`.
+fn lm(f: &dyn Fn(&mut ModelConfig)) -> ModelConfig {
+    let mut c = cfg(Arch::Lm, QkNorm::Layernorm, NormKind::Layernorm, MlpKind::Gelu);
+    c.dropout = 0.1;
+    f(&mut c);
+    c
+}
+
+/// A seq2seq model likewise, with attention dropout too.
+fn seq2seq(f: &dyn Fn(&mut ModelConfig)) -> ModelConfig {
+    let mut c = cfg(
+        Arch::Seq2seq,
+        QkNorm::Layernorm,
+        NormKind::Layernorm,
+        MlpKind::Gelu,
+    );
+    (c.dropout, c.attn_dropout) = (0.1, 0.1);
+    f(&mut c);
+    c
+}
+
+/// fairseq's Transformer (`configs/multi30k-tiny-wu.yaml`'s): post-norm LayerNorm, sinusoidal
+/// positions, a ReLU MLP and biases on every projection.
+fn fairseq(c: &mut ModelConfig) {
+    (c.norm_placement, c.positions, c.mlp) = (NormPlacement::Post, Positions::Sinusoidal, MlpKind::Relu);
+    (c.proj_bias, c.qk_norm) = (true, QkNorm::None);
+}
+
+/// How many sub-block ops a pass of `c` runs where every sub-block is one.
+fn sub_blocks(c: &ModelConfig) -> usize {
+    2 * c.encoder_layers() + c.decoder_layers() * if c.arch == Arch::Seq2seq { 3 } else { 2 }
+}
+
 #[test]
-fn sub_blocks_the_ops_do_not_cover_run_as_before_and_train_the_same() {
-    let lm = |f: &dyn Fn(&mut ModelConfig)| {
-        let mut c = cfg(Arch::Lm, QkNorm::Layernorm, NormKind::Layernorm, MlpKind::Gelu);
-        c.dropout = 0.1;
-        f(&mut c);
-        c
-    };
-    let uncovered = [
-        (
-            "relu, l2 qk-norm",
-            lm(&|c| (c.qk_norm, c.mlp) = (QkNorm::L2, MlpKind::Relu)),
-        ),
+fn post_norm_relu_and_biased_sub_blocks_are_ops_too_and_train_the_same_bits() {
+    let models = [
+        ("post-norm", lm(&|c| c.norm_placement = NormPlacement::Post)),
+        ("relu", lm(&|c| c.mlp = MlpKind::Relu)),
         (
             "projection biases",
             lm(&|c| (c.qk_norm, c.proj_bias) = (QkNorm::None, true)),
         ),
         (
-            "swiglu with biases",
-            lm(&|c| (c.mlp, c.proj_bias) = (MlpKind::Swiglu, true)),
+            "swiglu with biases, rotary",
+            lm(&|c| (c.mlp, c.proj_bias, c.positions) = (MlpKind::Swiglu, true, Positions::Rope)),
         ),
-        ("post-norm", lm(&|c| c.norm_placement = NormPlacement::Post)),
+        (
+            "post-norm rmsnorm, qk rmsnorm, gelu with biases",
+            lm(&|c| {
+                (c.norm_placement, c.norm, c.norm_bias) = (NormPlacement::Post, NormKind::Rmsnorm, false);
+                (c.qk_norm, c.proj_bias) = (QkNorm::Rmsnorm, true);
+            }),
+        ),
+        ("fairseq's, causal", lm(&|c| fairseq(c))),
+        (
+            "seq2seq, post-norm",
+            seq2seq(&|c| c.norm_placement = NormPlacement::Post),
+        ),
+        ("seq2seq, fairseq's", seq2seq(&|c| fairseq(c))),
+        (
+            "seq2seq, fairseq's with qk layernorm",
+            seq2seq(&|c| (fairseq(c), c.qk_norm = QkNorm::Layernorm).1),
+        ),
+        (
+            "fairseq's, rotary (a key bias too), qk layernorm",
+            lm(&|c| {
+                fairseq(c);
+                (c.positions, c.qk_norm) = (Positions::Rope, QkNorm::Layernorm);
+            }),
+        ),
     ];
-    for (what, c) in uncovered {
-        check(what, &c, Precision::F32, false);
+    for precision in every_precision() {
+        for (what, c) in &models {
+            let what = format!("{what}, {precision:?}");
+            let fused = check(&what, c, precision, true);
+            // Every sub-block ran as one op.
+            let ops = fused.owing.iter().filter(|w| w.contains("block")).count();
+            assert_eq!(ops, sub_blocks(c), "{what}: ops {:?}", fused.owing);
+            assert!(
+                c.unfused_sub_blocks(ActivationMemory::Recompute).is_empty(),
+                "{what}"
+            );
+        }
     }
-    // A ReLU MLP runs as before; the attention sub-block is fused, with or without QK-norm.
-    for qk in [QkNorm::None, QkNorm::Layernorm, QkNorm::Rmsnorm] {
-        let attention_only = lm(&|c| (c.qk_norm, c.mlp) = (qk, MlpKind::Relu));
-        check(&format!("relu, {qk:?}"), &attention_only, Precision::F32, true);
+}
+
+#[test]
+fn sub_blocks_the_ops_do_not_cover_run_as_before_and_train_the_same() {
+    // L2 QK-norm's attention runs op by op; the feed-forward block is one op, whatever its
+    // activation.
+    for mlp in [MlpKind::Relu, MlpKind::Swiglu, MlpKind::Gelu] {
+        let l2 = lm(&|c| (c.qk_norm, c.mlp) = (QkNorm::L2, mlp));
+        check(&format!("{mlp:?}, l2 qk-norm"), &l2, Precision::F32, true);
     }
     // Log-n scaling without rotary positions runs as before; the MLP sub-block is fused.
     check(
@@ -241,15 +307,7 @@ fn sub_blocks_the_ops_do_not_cover_run_as_before_and_train_the_same() {
         Precision::F32,
         true,
     );
-    // L2 QK-norm runs as before; the MLP sub-block is fused.
-    check(
-        "swiglu, l2 qk-norm",
-        &lm(&|c| (c.qk_norm, c.mlp) = (QkNorm::L2, MlpKind::Swiglu)),
-        Precision::F32,
-        true,
-    );
-    // Biased q, k, v (Qwen2's) are the attention op's, with or without QK-norm; with ReLU only
-    // the attention sub-block is one op.
+    // Biased q, k, v (Qwen2's) are the attention op's, with or without QK-norm.
     for precision in every_precision() {
         for (what, mlp, qk) in [
             ("qkv biases, swiglu", MlpKind::Swiglu, QkNorm::None),
@@ -262,17 +320,6 @@ fn sub_blocks_the_ops_do_not_cover_run_as_before_and_train_the_same() {
     }
     // A seq2seq decoder's cross-attention is one op with QK-norm's query norm too (the keys'
     // norm belongs to the projections of the encoder output), and with a ReLU MLP beside it.
-    let seq2seq = |f: &dyn Fn(&mut ModelConfig)| {
-        let mut c = cfg(
-            Arch::Seq2seq,
-            QkNorm::Layernorm,
-            NormKind::Layernorm,
-            MlpKind::Gelu,
-        );
-        (c.dropout, c.attn_dropout) = (0.1, 0.1);
-        f(&mut c);
-        c
-    };
     for precision in every_precision() {
         for (what, mlp, qk) in [
             ("seq2seq, relu, qk layernorm", MlpKind::Relu, QkNorm::Layernorm),
@@ -282,7 +329,10 @@ fn sub_blocks_the_ops_do_not_cover_run_as_before_and_train_the_same() {
             check(&format!("{what}, {precision:?}"), &c, precision, true);
         }
     }
-    // Post-norm seq2seq runs every sub-block as before.
-    let post = seq2seq(&|c| c.norm_placement = NormPlacement::Post);
-    check("seq2seq, post-norm", &post, Precision::F32, false);
+    // A seq2seq model with L2 QK-norm: its attention sub-blocks (cross-attention's too) run op
+    // by op, post-norm or not.
+    for placement in [NormPlacement::Pre, NormPlacement::Post] {
+        let c = seq2seq(&|c| (c.norm_placement, c.qk_norm) = (placement, QkNorm::L2));
+        check(&format!("seq2seq, l2, {placement:?}"), &c, Precision::F32, true);
+    }
 }

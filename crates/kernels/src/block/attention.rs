@@ -1,7 +1,8 @@
-//! A pre-norm self-attention sub-block, `x + dropout(attention(q, k, v)·W_oᵀ)` with q, k, v the
-//! projections of `norm(x)` (q and k through QK-norm where the model has it; then q rotated and
-//! scaled and k rotated where the model has rotary positions, q scaled where it has none), as
-//! one op.
+//! A self-attention sub-block, `x + dropout(attention(q, k, v)·W_oᵀ)` with q, k, v the
+//! projections of `norm(x)` (pre-norm) or of x itself (the branch of a post-norm sub-block,
+//! whose norm follows the op) — q and k through QK-norm where the model has it; then q rotated
+//! and scaled and k rotated where the model has rotary positions, q scaled where it has none —
+//! as one op.
 //!
 //! The composition is six ops or more (the norm, three projections, QK-norm's two norms, the
 //! attention core and the output projection with its residual add); candle's backward pass
@@ -9,12 +10,14 @@
 //! times, q, k, v, the attention output o and every parameter. As one op with x its only candle
 //! input, only x's remains; the parameters' gradients go to a [`GradSink`].
 //!
-//! q, k and v may add biases (Qwen2's): each added to the product's rows and its gradient summed
-//! over them as [`linear_bias`](crate::linear_bias) does, between the product and what follows
-//! it (QK-norm, the rotation or scale), as the model composes them.
+//! q, k and v may add biases (Qwen2's, fairseq's): each added to the product's rows and its
+//! gradient summed over them as [`linear_bias`](crate::linear_bias) does, between the product
+//! and what follows it (QK-norm, the rotation or scale), as the model composes them; so may the
+//! output projection (fairseq's), before the residual's dropout.
 //!
 //! The same kernels run on the same operands in the same order as the composition — h's three
-//! gradients summed as candle sums them, v's first, then k's, then q's — so the output and x's
+//! gradients summed as candle sums them, v's first, then k's, then q's ([`Opening::backward`]) —
+//! so the output and x's
 //! gradient have the composition's bits and each parameter's gradient equals it, up to the sign
 //! of an exact zero (candle's `0 + g`, and its `affine(s, 0)` against the scale's `·s + 0`; a
 //! zero moves no parameter either way).
@@ -26,7 +29,7 @@ use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 use crate::attention::{take, AttentionOptions, AttentionTelemetry, AttnOp};
 use crate::bias::{add_to_rows, column_sums_of};
 use crate::block::{
-    branch_gradient, ActivationMemory, Between, BlockNorm, GradSink, HeldNorm, ParamGrads, SubBlock,
+    branch_gradient, ActivationMemory, Between, BlockNorm, GradSink, HeldNorm, Opening, ParamGrads, SubBlock,
 };
 use crate::dropout::{add_dropped, DropoutOp};
 use crate::gemm::{Activation, SharedB};
@@ -36,13 +39,11 @@ use crate::linear::{
     project, project_grads, project_grads_shared, project_kept, Epilogue, Plain, Rotate, Scale,
 };
 use crate::rope::{check_heads, PositionScale, RopeOp, RopeTables};
-use crate::simd::add_in_place;
 use crate::Precision;
 
 /// The parameters of an attention sub-block after its opening norm: the four projections,
-/// (out, in) each — queries (H·d, D), keys and values (H_kv·d, D), output (D, H·d) — the
-/// biases of the first three, and QK-norm's norms over each head of q and of k, where the model
-/// has them.
+/// (out, in) each — queries (H·d, D), keys and values (H_kv·d, D), output (D, H·d) — their
+/// biases, and QK-norm's norms over each head of q and of k, where the model has them.
 #[derive(Clone, Copy)]
 pub struct AttentionWeights<'a> {
     pub q: &'a Tensor,
@@ -51,6 +52,8 @@ pub struct AttentionWeights<'a> {
     pub o: &'a Tensor,
     /// The biases of q's, k's and v's projections (H·d, H_kv·d, H_kv·d), each where it has one.
     pub qkv_bias: [Option<&'a Tensor>; 3],
+    /// The output projection's bias (D), where it has one.
+    pub o_bias: Option<&'a Tensor>,
     /// The query's and the key's per-head norm (gains of head_dim), applied before the
     /// rotation (Qwen3, OLMo 2).
     pub qk_norm: Option<[BlockNorm<'a>; 2]>,
@@ -69,7 +72,8 @@ pub enum BlockPositions<'a> {
 }
 
 /// `x + dropout(attention(q, k, v)·oᵀ)` for x (B, T, D): q, k and v the projections of
-/// `norm(x)` through QK-norm (with it) and `positions`; the attention core as
+/// `norm(x)` (or of x, `norm` `None`: a post-norm branch, whose norm the caller applies to the
+/// output) through QK-norm (with it) and `positions`; the attention core as
 /// [`attention`](crate::attention) computes it with `mask` and the options `options` gives (its
 /// telemetry returned); then the residual's dropout, (p, the state of
 /// [`dropout`](crate::dropout)) from `residual` — as one op whose parameter gradients go to
@@ -84,7 +88,7 @@ pub enum BlockPositions<'a> {
 #[allow(clippy::too_many_arguments)] // the sub-block's parts, its dropout and where its gradients go
 pub fn attention_block(
     x: &Tensor,
-    norm: BlockNorm,
+    norm: Option<BlockNorm>,
     w: AttentionWeights,
     positions: BlockPositions,
     mask: Option<&Tensor>,
@@ -94,18 +98,12 @@ pub fn attention_block(
     residual: impl FnOnce() -> (f64, u64),
 ) -> Result<Option<(Tensor, Option<AttentionTelemetry>)>> {
     let qk_params = w.qk_norm.iter().flatten().flat_map(|n| [Some(n.weight), n.bias]);
-    let params: Vec<Option<&Tensor>> = [
-        Some(norm.weight),
-        norm.bias,
-        Some(w.q),
-        Some(w.k),
-        Some(w.v),
-        Some(w.o),
-    ]
-    .into_iter()
-    .chain(w.qkv_bias)
-    .chain(qk_params)
-    .collect();
+    let params: Vec<Option<&Tensor>> = Opening::params(norm)
+        .into_iter()
+        .chain([Some(w.q), Some(w.k), Some(w.v), Some(w.o), w.o_bias])
+        .chain(w.qkv_bias)
+        .chain(qk_params)
+        .collect();
     let (b, t, _) = x.dims3()?;
     let runs = is_host_f32(x)
         && x.track_op()
@@ -132,13 +130,14 @@ pub fn attention_block(
         None => None,
     };
     let parts = Parts {
-        norm: HeldNorm::new(norm)?,
+        opening: Opening::new(norm)?,
         qk_norm,
         proj: Projections {
             q: w.q.contiguous()?,
             k: w.k.contiguous()?,
             v: w.v.contiguous()?,
             o: w.o.contiguous()?,
+            o_bias: Bias::of(w.o_bias)?,
             bias: {
                 let [q, k, v] = w.qkv_bias.map(Bias::of);
                 [q?, k?, v?]
@@ -166,26 +165,29 @@ pub fn attention_block(
 
 /// (H·d, H_kv·d): the widths of q and of k and v, once x (B, T, D), the norm and the weights are
 /// found to fit together.
-fn check_shapes(x: &Tensor, norm: BlockNorm, w: &AttentionWeights) -> Result<(usize, usize)> {
+fn check_shapes(x: &Tensor, norm: Option<BlockNorm>, w: &AttentionWeights) -> Result<(usize, usize)> {
     let d = x.dims3()?.2;
     let (q_width, kv_width) = (w.q.dims2()?.0, w.k.dims2()?.0);
     let [q_bias, k_bias, v_bias] = w.qkv_bias.map(|b| b.map(Tensor::dims));
     if [w.q.dims2()?.1, w.k.dims2()?.1, w.v.dims2()?.1, w.o.dims2()?.0] != [d; 4]
         || w.v.dims2()?.0 != kv_width
         || w.o.dims2()?.1 != q_width
-        || norm.weight.elem_count() != d
+        || !Opening::fits(norm, d)
         || q_bias.is_some_and(|dims| dims != [q_width])
+        || w.o_bias.is_some_and(|b| b.dims() != [d])
         || [k_bias, v_bias].iter().flatten().any(|dims| *dims != [kv_width])
     {
         candle_core::bail!(
-            "attention_block: input {:?}, projections q {:?}, k {:?}, v {:?}, o {:?} and q, k, v \
-             biases {:?} do not fit",
+            "attention_block: input {:?}, norm {:?}, projections q {:?}, k {:?}, v {:?}, o {:?}, \
+             q, k, v biases {:?} and o's {:?} do not fit",
             x.shape(),
+            norm.map(|n| n.weight.shape()),
             w.q.shape(),
             w.k.shape(),
             w.v.shape(),
             w.o.shape(),
-            [q_bias, k_bias, v_bias]
+            [q_bias, k_bias, v_bias],
+            w.o_bias.map(Tensor::shape)
         );
     }
     Ok((q_width, kv_width))
@@ -201,12 +203,13 @@ fn apply_taking_telemetry<Q: Epilogue + 'static, K: Epilogue + 'static>(
     Ok((out, slot.as_deref().and_then(take)))
 }
 
-/// The four projections, (out, in) each, and the biases of q, k and v.
+/// The four projections, (out, in) each, and their biases.
 struct Projections {
     q: Tensor,
     k: Tensor,
     v: Tensor,
     o: Tensor,
+    o_bias: Option<Bias>,
     bias: [Option<Bias>; 3],
 }
 
@@ -220,7 +223,7 @@ impl Projections {
 /// A projection's bias: the parameter, and its values (a row's worth, read once a pass).
 pub(super) struct Bias {
     param: Tensor,
-    values: Vec<f32>,
+    pub(super) values: Vec<f32>,
 }
 
 impl Bias {
@@ -263,7 +266,7 @@ pub(super) fn bias_grad(bias: Option<&Bias>, g: &[f32], width: usize) -> Result<
 
 /// What an attention sub-block op holds whatever its positions.
 struct Parts {
-    norm: HeldNorm,
+    opening: Opening,
     /// QK-norm's query and key norms.
     qk_norm: Option<[HeldNorm; 2]>,
     proj: Projections,
@@ -343,7 +346,7 @@ impl<Q: Epilogue, K: Epilogue> AttentionBlockOp<Q, K> {
     fn activations(&self, x: &[f32], shape: &Shape, forward: bool) -> Result<Kept> {
         let p = &self.parts;
         let (rows, d, q_width, kv_width) = self.dims(shape)?;
-        let h = p.norm.forward_kept(x, p.precision)?;
+        let h = p.opening.forward_kept(x, d, p.precision)?;
         let [q_norm, k_norm] = p.qk_norms();
         let [q_bias, k_bias, v_bias] = p.proj.biases();
         let (q, k, v, q_raw, k_raw) = with_data([&p.proj.q, &p.proj.k, &p.proj.v], |[wq, wk, wv]| {
@@ -381,7 +384,11 @@ impl<Q: Epilogue, K: Epilogue> CustomOp1 for AttentionBlockOp<Q, K> {
         let (rows, d, q_width, _) = self.dims(l.shape())?;
         let kept = self.activations(x, l.shape(), true)?;
         let branch = with_data([&p.proj.o], |[wo]| {
-            Ok(project(&kept.o, wo, (rows, q_width, d), p.precision))
+            let mut branch = project(&kept.o, wo, (rows, q_width, d), p.precision);
+            if let Some(bias) = &p.proj.o_bias {
+                add_to_rows(&mut branch, &bias.values);
+            }
+            Ok(branch)
         })?;
         p.between.hold(kept);
         Ok((
@@ -392,7 +399,8 @@ impl<Q: Epilogue, K: Epilogue> CustomOp1 for AttentionBlockOp<Q, K> {
 
     /// The composition's backward passes in its order: the output projection, the attention
     /// core, v's, k's and q's projections (through QK-norm; h's gradient summed in that order),
-    /// the norm, and x's two gradients (the residual's g and the norm's) summed.
+    /// the norm, and x's gradients (the residual's g and the branch's) summed
+    /// ([`Opening::backward`]).
     fn bwd(&self, x: &Tensor, _res: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
         let p = &self.parts;
         let kept = p.between.take();
@@ -413,6 +421,7 @@ impl<Q: Epilogue, K: Epilogue> CustomOp1 for AttentionBlockOp<Q, K> {
                 None => self.activations(xs, shape, false)?,
             };
             let g_branch = branch_gradient(p.residual, gs);
+            let o_bias_grads = bias_grad(p.proj.o_bias.as_ref(), &g_branch, d)?;
             let (d_o, d_wo) = project_grads(&o, wo, &g_branch, (rows, q_width, d), p.precision);
             let (dq, dk, dv) = {
                 let [q, k, v] = [&q, &k, &v].map(Held::to_f32);
@@ -439,11 +448,7 @@ impl<Q: Epilogue, K: Epilogue> CustomOp1 for AttentionBlockOp<Q, K> {
             drop(h_b);
             drop((h, q, k));
             // h's three gradients summed as candle sums them: v's, then k's, then q's.
-            let mut dh = dh_v;
-            add_in_place(&mut dh, &dh_k);
-            add_in_place(&mut dh, &dh_q);
-            drop((dh_k, dh_q));
-            let (dx, norm_grads) = p.norm.backward(xs, &dh, Some(gs))?;
+            let (dx, norm_grads) = p.opening.backward(xs, vec![dh_v, dh_k, dh_q], gs)?;
             let Projections {
                 q: pq,
                 k: pk,
@@ -457,6 +462,7 @@ impl<Q: Epilogue, K: Epilogue> CustomOp1 for AttentionBlockOp<Q, K> {
             }
             grads.extend(norm_grads.into_iter().chain(q_norm_grads).chain(k_norm_grads));
             grads.extend(q_bias_grads.into_iter().chain(k_bias_grads).chain(v_bias_grads));
+            grads.extend(o_bias_grads);
             Ok((dx, grads))
         })?;
         p.between.deposit(grads);

@@ -1,6 +1,8 @@
-//! A pre-norm cross-attention sub-block, `x + dropout(attention(q, k, v)·W_oᵀ)` with q the
-//! projection of `norm(x)` (through QK-norm where the model has it, then scaled) and k, v given
-//! (a seq2seq decoder's keys and values of the encoder output), as one op.
+//! A cross-attention sub-block, `x + dropout(attention(q, k, v)·W_oᵀ)` with q the projection of
+//! `norm(x)` (pre-norm) or of x itself (the branch of a post-norm sub-block, whose norm follows
+//! the op) — through QK-norm where the model has it, then scaled — and k, v given (a seq2seq
+//! decoder's keys and values of the encoder output), as one op; the output projection with its
+//! bias where it has one (fairseq's).
 //!
 //! The composition is the norm, q's projection (and its bias, and QK-norm's norm), the scale,
 //! the attention core and the output projection with its residual add; candle's backward pass
@@ -22,7 +24,10 @@ use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
 
 use super::attention::{back_through_norm, bias_grad, projection, through_norm, Bias};
 use crate::attention::{take, AttentionOptions, AttentionTelemetry, AttnOp};
-use crate::block::{branch_gradient, ActivationMemory, Between, BlockNorm, GradSink, HeldNorm, SubBlock};
+use crate::bias::add_to_rows;
+use crate::block::{
+    branch_gradient, ActivationMemory, Between, BlockNorm, GradSink, HeldNorm, Opening, SubBlock,
+};
 use crate::dropout::{add_dropped, DropoutOp};
 use crate::gemm::Activation;
 use crate::held::Held;
@@ -31,18 +36,21 @@ use crate::linear::{project, project_grads, project_grads_kept, Epilogue, Scale}
 use crate::Precision;
 
 /// The parameters of a cross-attention sub-block after its opening norm: the query projection
-/// (H·d, D) and its bias where it has one, the output projection (D, H·d), and QK-norm's norm
-/// over each head of q, where the model has it (the keys' norm belongs to whoever made k).
+/// (H·d, D) and the output projection (D, H·d), each with its bias where it has one, and
+/// QK-norm's norm over each head of q, where the model has it (the keys' norm belongs to
+/// whoever made k).
 #[derive(Clone, Copy)]
 pub struct CrossAttentionWeights<'a> {
     pub q: &'a Tensor,
     pub o: &'a Tensor,
     pub q_bias: Option<&'a Tensor>,
+    pub o_bias: Option<&'a Tensor>,
     pub q_norm: Option<BlockNorm<'a>>,
 }
 
 /// `x + dropout(attention(q, k, v)·oᵀ)` for x (B, T, D) and k, v (B, S, H_kv·d): q the
-/// projection of `norm(x)` through QK-norm's query norm (with it), times `scale`; the attention
+/// projection of `norm(x)` (or of x, `norm` `None`: a post-norm branch, whose norm the caller
+/// applies to the output) through QK-norm's query norm (with it), times `scale`; the attention
 /// core as [`attention`](crate::attention) computes it with `mask` and the options `options`
 /// gives (its telemetry returned); then the residual's dropout, (p, the state of
 /// [`dropout`](crate::dropout)) from `residual` — as one op whose parameter gradients go to
@@ -56,7 +64,7 @@ pub struct CrossAttentionWeights<'a> {
 #[allow(clippy::too_many_arguments)] // the sub-block's parts, its dropout and where its gradients go
 pub fn cross_attention_block(
     x: &Tensor,
-    norm: BlockNorm,
+    norm: Option<BlockNorm>,
     w: CrossAttentionWeights,
     (k, v): (&Tensor, &Tensor),
     scale: f64,
@@ -67,8 +75,9 @@ pub fn cross_attention_block(
     residual: impl FnOnce() -> (f64, u64),
 ) -> Result<Option<(Tensor, Option<AttentionTelemetry>)>> {
     let q_norm_params = w.q_norm.iter().flat_map(|n| [Some(n.weight), n.bias]);
-    let params: Vec<Option<&Tensor>> = [Some(norm.weight), norm.bias, Some(w.q), Some(w.o), w.q_bias]
+    let params: Vec<Option<&Tensor>> = Opening::params(norm)
         .into_iter()
+        .chain([Some(w.q), Some(w.o), w.q_bias, w.o_bias])
         .chain(q_norm_params)
         .collect();
     let runs = [x, k, v].iter().all(|t| is_host_f32(t))
@@ -83,20 +92,22 @@ pub fn cross_attention_block(
     let (kb, s, kv_width) = k.dims3()?;
     if w.q.dims2()?.1 != d
         || w.o.dims2()? != (d, q_width)
-        || norm.weight.elem_count() != d
+        || !Opening::fits(norm, d)
         || w.q_bias.is_some_and(|bias| bias.dims() != [q_width])
+        || w.o_bias.is_some_and(|bias| bias.dims() != [d])
         || kb != b
         || v.dims() != k.dims()
     {
         candle_core::bail!(
-            "cross_attention_block: input {:?}, keys {:?}, values {:?}, projections q {:?} and o \
-             {:?} and q's bias {:?} do not fit",
+            "cross_attention_block: input {:?}, norm {:?}, keys {:?}, values {:?}, projections q \
+             {:?} and o {:?} and their biases {:?} do not fit",
             x.shape(),
+            norm.map(|n| n.weight.shape()),
             k.shape(),
             v.shape(),
             w.q.shape(),
             w.o.shape(),
-            w.q_bias.map(Tensor::shape)
+            [w.q_bias, w.o_bias].map(|b| b.map(Tensor::shape))
         );
     }
     let opts = options();
@@ -104,11 +115,12 @@ pub fn cross_attention_block(
     let precision = opts.precision;
     precision.check_cpu()?;
     let op = CrossAttentionBlockOp {
-        norm: HeldNorm::new(norm)?,
+        opening: Opening::new(norm)?,
         q_norm: w.q_norm.map(HeldNorm::new).transpose()?,
         q: w.q.contiguous()?,
         q_bias: Bias::of(w.q_bias)?,
         o: w.o.contiguous()?,
+        o_bias: Bias::of(w.o_bias)?,
         scale: Scale(scale as f32),
         attn: AttnOp::cpu(&[b, t, q_width], &[b, s, kv_width], mask, &opts, true)?,
         residual: DropoutOp::new(residual.0, residual.1),
@@ -129,12 +141,13 @@ pub fn cross_attention_block(
 
 /// The op of [`cross_attention_block`].
 struct CrossAttentionBlockOp {
-    norm: HeldNorm,
+    opening: Opening,
     /// QK-norm's query norm.
     q_norm: Option<HeldNorm>,
     q: Tensor,
     q_bias: Option<Bias>,
     o: Tensor,
+    o_bias: Option<Bias>,
     /// The logit scale, folded into q.
     scale: Scale,
     attn: AttnOp,
@@ -165,7 +178,7 @@ impl CrossAttentionBlockOp {
     /// for the backward pass (as [`attention_block`](super::attention_block)'s are).
     fn activations(&self, x: &[f32], shape: &Shape, (k, v): (&[f32], &[f32]), forward: bool) -> Result<Kept> {
         let (rows, d, q_width) = self.dims(shape)?;
-        let h = self.norm.forward_kept(x, self.precision)?;
+        let h = self.opening.forward_kept(x, d, self.precision)?;
         let (q, q_raw) = with_data([&self.q], |[wq]| {
             let product = projection(&h, wq, self.q_bias.as_ref(), (rows, d, q_width));
             through_norm(self.q_norm.as_ref(), product)
@@ -197,7 +210,11 @@ impl CustomOp3 for CrossAttentionBlockOp {
         let (rows, d, q_width) = self.dims(l1.shape())?;
         let kept = self.activations(x, l1.shape(), kv, true)?;
         let branch = with_data([&self.o], |[wo]| {
-            Ok(project(&kept.o, wo, (rows, q_width, d), self.precision))
+            let mut branch = project(&kept.o, wo, (rows, q_width, d), self.precision);
+            if let Some(bias) = &self.o_bias {
+                add_to_rows(&mut branch, &bias.values);
+            }
+            Ok(branch)
         })?;
         self.between.hold(kept);
         Ok((
@@ -208,7 +225,7 @@ impl CustomOp3 for CrossAttentionBlockOp {
 
     /// The composition's backward passes in its order: the output projection, the attention
     /// core (k's and v's gradients its own), the scale, QK-norm, q's projection, the norm, and
-    /// x's two gradients (the residual's g and the norm's) summed.
+    /// x's two gradients (the residual's g and the branch's) summed.
     fn bwd(
         &self,
         x: &Tensor,
@@ -227,6 +244,7 @@ impl CustomOp3 for CrossAttentionBlockOp {
                 None => self.activations(xs, shape, (ks, vs), false)?,
             };
             let g_branch = branch_gradient(self.residual, gs);
+            let o_bias_grads = bias_grad(self.o_bias.as_ref(), &g_branch, d)?;
             let (d_o, d_wo) = project_grads(&o, wo, &g_branch, (rows, q_width, d), self.precision);
             let (dq, dk, dv) = self.attn.backward_values(&q.to_f32(), ks, vs, &o, &d_o)?;
             drop((o, d_o, q));
@@ -237,12 +255,13 @@ impl CustomOp3 for CrossAttentionBlockOp {
             let q_bias_grads = bias_grad(self.q_bias.as_ref(), &dq, q_width)?;
             let (dh, d_wq) = project_grads_kept(&h, wq, &dq, (rows, d, q_width));
             drop((h, dq));
-            let (dx, norm_grads) = self.norm.backward(xs, &dh, Some(gs))?;
+            let (dx, norm_grads) = self.opening.backward(xs, vec![dh], gs)?;
             let mut grads = vec![
                 (self.q.clone(), cpu_tensor(d_wq, self.q.shape())?),
                 (self.o.clone(), cpu_tensor(d_wo, self.o.shape())?),
             ];
             grads.extend(norm_grads.into_iter().chain(q_norm_grads).chain(q_bias_grads));
+            grads.extend(o_bias_grads);
             Ok((dx, dk, dv, grads))
         })?;
         self.between.deposit(grads);

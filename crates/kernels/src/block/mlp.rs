@@ -1,14 +1,17 @@
-//! A pre-norm feed-forward sub-block as one op: `x + dropout(act(norm(x))·W_downᵀ)`, with act
-//! GELU of one projection, `gelu(h·W_upᵀ)`, or SwiGLU of two, `silu(h·W_gateᵀ) ⊙ h·W_upᵀ`.
+//! A feed-forward sub-block as one op: pre-norm `x + dropout(act(norm(x))·W_downᵀ)`, or the
+//! branch of a post-norm one, `x + dropout(act(x)·W_downᵀ)` (its norm follows the op), with act
+//! GELU or ReLU of one projection, `gelu(h·W_upᵀ)`, or SwiGLU of two, `silu(h·W_gateᵀ) ⊙
+//! h·W_upᵀ`; each projection with its bias where it has one (fairseq's feed-forward blocks).
 //!
-//! The composition is three or four ops (the norm, [`linear_gelu_in`](crate::linear_gelu_in) or
-//! two [`linear_in`](crate::linear_in)s and [`swiglu_in`](crate::swiglu_in),
-//! [`linear_residual_in`](crate::linear_residual_in)), and candle's backward pass zero-fills and adds a
-//! gradient for each of their inputs: x twice, the normalised h once or twice, the hidden
-//! activations (d_ff wide, four times the stream for GELU, three of them for SwiGLU) and every
-//! parameter, per pass. As one op with x its only candle input, only x's remains; the
-//! activations live inside the op from its forward to its backward pass, and the parameters'
-//! gradients go to a [`GradSink`].
+//! The composition is three or four ops (the norm, [`linear_gelu_in`](crate::linear_gelu_in),
+//! [`linear_bias_relu_in`](crate::linear_bias_relu_in) or two [`linear_in`](crate::linear_in)s
+//! and [`swiglu_in`](crate::swiglu_in), [`linear_residual_in`](crate::linear_residual_in) or a
+//! biased projection and [`add_dropout`](crate::add_dropout)), and candle's backward pass
+//! zero-fills and adds a gradient for each of their inputs: x twice, the normalised h once or
+//! twice, the hidden activations (d_ff wide, four times the stream for GELU, three of them for
+//! SwiGLU) and every parameter, per pass. As one op with x its only candle input, only x's
+//! remains; the activations live inside the op from its forward to its backward pass, and the
+//! parameters' gradients go to a [`GradSink`].
 //!
 //! The op runs the same kernels on the same operands in the same order as the composition, so
 //! its output and x's gradient have the composition's bits and each parameter's gradient equals
@@ -19,52 +22,66 @@ use std::borrow::Cow;
 
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 
+use super::attention::{bias_grad, projection, Bias};
 use crate::activation::{swiglu_grads, swiglu_kept, swiglu_output, GeluSlope};
-use crate::block::{branch_gradient, ActivationMemory, Between, BlockNorm, GradSink, HeldNorm, SubBlock};
+use crate::bias::{relu_grad, relu_in_place};
+use crate::block::{
+    branch_gradient, ActivationMemory, Between, BlockNorm, GradSink, Opening, ParamGrads, SubBlock,
+};
 use crate::dropout::{add_dropped, DropoutOp};
 use crate::gemm::{Activation, SharedB};
 use crate::held::Held;
 use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
 use crate::linear::{project_grads_kept, project_grads_of, project_grads_shared, project_kept};
-use crate::simd::add_in_place;
 use crate::Precision;
 
-/// A feed-forward sub-block's projections, (out, in) each: up (and gate) (d_ff, D), down (D, d_ff).
+/// A projection of a block, (out, in), and its bias (out) where it has one.
 #[derive(Clone, Copy)]
-pub enum MlpWeights<'a> {
-    /// `gelu_erf(h·upᵀ)·downᵀ`.
-    Gelu { up: &'a Tensor, down: &'a Tensor },
-    /// `(silu(h·gateᵀ) ⊙ h·upᵀ)·downᵀ`.
-    Swiglu {
-        gate: &'a Tensor,
-        up: &'a Tensor,
-        down: &'a Tensor,
-    },
+pub struct BlockProjection<'a> {
+    pub weight: &'a Tensor,
+    pub bias: Option<&'a Tensor>,
+}
+
+impl<'a> BlockProjection<'a> {
+    /// A projection without a bias.
+    pub fn unbiased(weight: &'a Tensor) -> Self {
+        Self { weight, bias: None }
+    }
+}
+
+/// The activation between a feed-forward sub-block's projections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MlpActivation {
+    /// `gelu_erf(h·upᵀ)`.
+    Gelu,
+    /// `relu(h·upᵀ)` (fairseq's).
+    Relu,
+    /// `silu(h·gateᵀ) ⊙ h·upᵀ`: the only one with a gate projection.
+    Swiglu,
+}
+
+/// A feed-forward sub-block's projections — up (and SwiGLU's gate) (d_ff, D), down (D, d_ff) —
+/// and its activation.
+#[derive(Clone, Copy)]
+pub struct MlpWeights<'a> {
+    pub activation: MlpActivation,
+    /// SwiGLU's gate projection (`None` for the others).
+    pub gate: Option<BlockProjection<'a>>,
+    pub up: BlockProjection<'a>,
+    pub down: BlockProjection<'a>,
 }
 
 impl<'a> MlpWeights<'a> {
-    fn gate(&self) -> Option<&'a Tensor> {
-        match self {
-            MlpWeights::Gelu { .. } => None,
-            MlpWeights::Swiglu { gate, .. } => Some(gate),
-        }
-    }
-    fn up(&self) -> &'a Tensor {
-        match self {
-            MlpWeights::Gelu { up, .. } | MlpWeights::Swiglu { up, .. } => up,
-        }
-    }
-    fn down(&self) -> &'a Tensor {
-        match self {
-            MlpWeights::Gelu { down, .. } | MlpWeights::Swiglu { down, .. } => down,
-        }
+    fn projections(&self) -> impl Iterator<Item = BlockProjection<'a>> {
+        self.gate.into_iter().chain([self.up, self.down])
     }
 }
 
-/// `x + dropout(act(norm(x))·downᵀ)` for the activation of `w`, its products in `precision`, as
-/// one op whose parameter gradients go to `sink` (the caller merges it after `backward()`) and
-/// which keeps its activations for the backward pass or recomputes them there (as `memory`
-/// says for [`SubBlock::FeedForward`]).
+/// `x + dropout(act(h)·downᵀ)` for h = `norm(x)` (pre-norm) or x itself (`norm` `None`: a
+/// post-norm branch, whose norm the caller applies to the output) and the activation of `w`,
+/// its products in `precision`, as one op whose parameter gradients go to `sink` (the caller
+/// merges it after `backward()`) and which keeps its activations for the backward pass or
+/// recomputes them there (as `memory` says for [`SubBlock::FeedForward`]).
 /// `dropout` reserves the residual's mask, (p, the state of [`dropout`](crate::dropout); `p ≤
 /// 0`: none), and is called only when the op runs.
 ///
@@ -72,46 +89,52 @@ impl<'a> MlpWeights<'a> {
 /// gradient (its parameters would get none) —: the caller runs the ops one by one.
 pub fn mlp_block(
     x: &Tensor,
-    norm: BlockNorm,
+    norm: Option<BlockNorm>,
     w: MlpWeights,
     precision: Precision,
     memory: ActivationMemory,
     sink: &GradSink,
     dropout: impl FnOnce() -> (f64, u64),
 ) -> Result<Option<Tensor>> {
-    let params = [
-        Some(norm.weight),
-        norm.bias,
-        w.gate(),
-        Some(w.up()),
-        Some(w.down()),
-    ];
-    if !(is_host_f32(x) && x.track_op() && params.iter().flatten().all(|t| is_host_f32(t))) {
+    let mut params = Opening::params(norm).into_iter().flatten();
+    let mut projections = w.projections().flat_map(|p| [Some(p.weight), p.bias]).flatten();
+    if !(is_host_f32(x) && x.track_op() && params.all(is_host_f32) && projections.all(is_host_f32)) {
         return Ok(None);
     }
-    let d = norm.weight.elem_count();
-    let (ff, up_in) = w.up().dims2()?;
-    let gate_fits = w
-        .gate()
-        .is_none_or(|g| g.dims2().is_ok_and(|dims| dims == (ff, d)));
-    if x.dims().last() != Some(&d) || up_in != d || w.down().dims2()? != (d, ff) || !gate_fits {
+    let d = *x.dims().last().unwrap_or(&0);
+    let (ff, up_in) = w.up.weight.dims2()?;
+    let fits = |p: BlockProjection, dims: (usize, usize)| {
+        p.weight.dims2().is_ok_and(|w| w == dims) && p.bias.is_none_or(|b| b.dims() == [dims.0])
+    };
+    let gate_fits = match (w.activation, w.gate) {
+        (MlpActivation::Swiglu, Some(gate)) => fits(gate, (ff, d)),
+        (MlpActivation::Swiglu, None) => false,
+        (_, gate) => gate.is_none(),
+    };
+    if !(Opening::fits(norm, d) && up_in == d && fits(w.up, (ff, d)) && fits(w.down, (d, ff)) && gate_fits) {
+        let shapes = |p: Option<BlockProjection>| {
+            p.map(|p| (p.weight.dims().to_vec(), p.bias.map(|b| b.dims().to_vec())))
+        };
         candle_core::bail!(
-            "mlp_block: input {:?}, norm {:?}, gate {:?}, up {:?} and down {:?} do not fit",
+            "mlp_block: input {:?}, norm {:?}, {:?} with gate {:?}, up {:?} and down {:?} (weight, \
+             bias) do not fit",
             x.shape(),
-            norm.weight.shape(),
-            w.gate().map(Tensor::shape),
-            w.up().shape(),
-            w.down().shape()
+            norm.map(|n| n.weight.shape()),
+            w.activation,
+            shapes(w.gate),
+            shapes(Some(w.up)),
+            shapes(Some(w.down))
         );
     }
     precision.check_cpu()?;
     let (p, state) = dropout();
     let keep = !memory.recomputes(SubBlock::FeedForward);
     let op = MlpBlockOp {
-        norm: HeldNorm::new(norm)?,
-        gate: w.gate().map(Tensor::contiguous).transpose()?,
-        up: w.up().contiguous()?,
-        down: w.down().contiguous()?,
+        opening: Opening::new(norm)?,
+        activation: w.activation,
+        gate: w.gate.map(Projection::of).transpose()?,
+        up: Projection::of(w.up)?,
+        down: Projection::of(w.down)?,
         dropout: DropoutOp::new(p, state),
         precision,
         gelu: GeluSlope::new(keep, precision),
@@ -121,13 +144,37 @@ pub fn mlp_block(
     Ok(Some(x.contiguous()?.apply_op1(op)?))
 }
 
+/// A projection inside the op: its weight, and its bias where it has one.
+struct Projection {
+    weight: Tensor,
+    bias: Option<Bias>,
+}
+
+impl Projection {
+    fn of(p: BlockProjection) -> Result<Self> {
+        Ok(Self {
+            weight: p.weight.contiguous()?,
+            bias: Bias::of(p.bias)?,
+        })
+    }
+
+    /// The weight's gradient `dw`, and the bias's for the gradient `g` at the output (rows of
+    /// `width`).
+    fn grads(&self, dw: Vec<f32>, g: &[f32], width: usize) -> Result<ParamGrads> {
+        let mut grads = vec![(self.weight.clone(), cpu_tensor(dw, self.weight.shape())?)];
+        grads.extend(bias_grad(self.bias.as_ref(), g, width)?);
+        Ok(grads)
+    }
+}
+
 /// The op of [`mlp_block`]: its parameters, and what its forward pass keeps for its backward.
 struct MlpBlockOp {
-    norm: HeldNorm,
-    /// SwiGLU's gate projection (`None`: GELU).
-    gate: Option<Tensor>,
-    up: Tensor,
-    down: Tensor,
+    opening: Opening,
+    activation: MlpActivation,
+    /// SwiGLU's gate projection (`None` for the others).
+    gate: Option<Projection>,
+    up: Projection,
+    down: Projection,
     dropout: Option<DropoutOp>,
     precision: Precision,
     /// GELU's derivative at each hidden element, from a forward pass that keeps its
@@ -137,82 +184,119 @@ struct MlpBlockOp {
     between: Between<Hidden>,
 }
 
-/// A forward pass's activations: the normalised input h, SwiGLU's two projections (`None` for
-/// GELU), and the hidden activation the down projection reads. h and the hidden activation feed
-/// only products, so in bf16 they are kept rounded ([`Activation`]): half the memory, and each
-/// product reads them without converting. SwiGLU reads its projections as bf16 activations are
-/// and keeps them so ([`Held`]).
+/// A forward pass's activations: the branch's input h (normalised x, or x), SwiGLU's two
+/// projections (`None` for the others), the hidden activation the down projection reads, and
+/// where ReLU's input was ≥ 0 (ReLU's only). h and the hidden activation feed only products,
+/// so in bf16 they are kept rounded ([`Activation`]): half the memory, and each product reads
+/// them without converting. SwiGLU reads its projections as bf16 activations are and keeps
+/// them so ([`Held`]).
 ///
 /// SwiGLU's hidden activation is not kept for the backward pass (`None` there): it is made again
 /// from the two projections, which are kept anyway — one elementwise pass for a d_ff-wide
-/// activation's memory (the same values: [`swiglu_output`]). GELU keeps its hidden activation,
-/// since it keeps no input to make it from.
+/// activation's memory (the same values: [`swiglu_output`]). GELU and ReLU keep theirs, since
+/// they keep no input to make it from.
 struct Hidden {
     h: Activation,
     swiglu: Option<[Held<'static>; 2]>,
     hidden: Option<Activation>,
+    relu_passes: Vec<bool>,
 }
 
 impl MlpBlockOp {
     /// (rows, d, d_ff) for an input of `x`'s size.
     fn dims(&self, x: &[f32]) -> Result<(usize, usize, usize)> {
-        let (ff, d) = self.up.dims2()?;
+        let (ff, d) = self.up.weight.dims2()?;
         Ok((x.len() / d.max(1), d, ff))
     }
 
     /// The activations of x, GELU's slope kept in `gelu`.
     fn hidden(&self, x: &[f32], gelu: &GeluSlope) -> Result<Hidden> {
         let (rows, d, ff) = self.dims(x)?;
-        let h = self.norm.forward_kept(x, self.precision)?;
-        let product = |w: &Tensor| with_data([w], |[w]| Ok(project_kept(&h, w, (rows, d, ff))));
-        Ok(match &self.gate {
-            None => Hidden {
-                hidden: Some(gelu.forward_kept(&product(&self.up)?, (rows, ff))),
-                swiglu: None,
-                h,
-            },
-            Some(gate) => {
+        let h = self.opening.forward_kept(x, d, self.precision)?;
+        let product = |p: &Projection| {
+            with_data([&p.weight], |[w]| {
+                Ok(projection(&h, w, p.bias.as_ref(), (rows, d, ff)))
+            })
+        };
+        let (hidden, swiglu, relu_passes) = match (self.activation, &self.gate) {
+            (MlpActivation::Gelu, _) => (
+                gelu.forward_kept(&product(&self.up)?, (rows, ff)),
+                None,
+                Vec::new(),
+            ),
+            (MlpActivation::Relu, _) => {
+                let mut hidden = product(&self.up)?;
+                let passes = relu_in_place(&mut hidden, true).expect("asked for");
+                let hidden = match self.precision {
+                    Precision::F32 => Activation::F32(hidden),
+                    Precision::Bf16 => Activation::rounded(rows, ff, &hidden),
+                };
+                (hidden, None, passes)
+            }
+            (MlpActivation::Swiglu, gate) => {
+                let gate = gate.as_ref().expect("SwiGLU has a gate (checked)");
                 let (gate, up) = (product(gate)?, product(&self.up)?);
                 let (hidden, kept) = swiglu_kept(gate, up, (rows, ff), self.precision);
-                Hidden {
-                    hidden: Some(hidden),
-                    swiglu: Some(kept),
-                    h,
-                }
+                (hidden, Some(kept), Vec::new())
             }
+        };
+        Ok(Hidden {
+            hidden: Some(hidden),
+            swiglu,
+            relu_passes,
+            h,
         })
     }
 
-    /// The gradients at h of the activation's projections, and their weights' gradients (the
-    /// gate's first), for the gradient `dh_act` at the hidden activation (`gelu`: where GELU's
-    /// derivative was kept with `a`).
+    /// The gradients at h of the activation's projections, in the order candle reaches h
+    /// through them, and their parameters' gradients, for the gradient `dh_act` at the hidden
+    /// activation (`gelu`: where GELU's derivative was kept with `a`).
     fn projection_grads(
         &self,
         a: Hidden,
         gelu: &GeluSlope,
         dh_act: &[f32],
         d: (usize, usize, usize),
-    ) -> Result<(Vec<f32>, Vec<Vec<f32>>)> {
-        let Hidden { h, swiglu, .. } = a;
-        with_data([&self.up], |[w_up]| match (&self.gate, swiglu) {
-            (Some(_), None) => unreachable!("SwiGLU's forward pass keeps both projections"),
-            (Some(w_gate), Some([gate, up])) => with_data([w_gate], |[w_gate]| {
-                let (d_gate_product, d_up_product) = swiglu_grads(&gate, &up, dh_act);
-                drop((gate, up));
+    ) -> Result<(Vec<Vec<f32>>, ParamGrads)> {
+        let Hidden {
+            h,
+            swiglu,
+            relu_passes,
+            ..
+        } = a;
+        let (rows, _, ff) = d;
+        let up = &self.up;
+        with_data([&up.weight], |[w_up]| match (&self.gate, swiglu) {
+            (Some(gate), Some([gate_product, up_product])) => with_data([&gate.weight], |[w_gate]| {
+                let (d_gate_product, d_up_product) = swiglu_grads(&gate_product, &up_product, dh_act);
+                drop((gate_product, up_product));
                 // candle reaches h through the up projection first, then the gate's; h is
                 // dW's B for both, packed once in bf16.
                 let h_b = SharedB::new(&h);
-                let (mut dh, d_up) = project_grads_shared(&h_b, w_up, &d_up_product, d);
+                let (dh_up, d_up) = project_grads_shared(&h_b, w_up, &d_up_product, d);
                 let (dh_gate, d_gate) = project_grads_shared(&h_b, w_gate, &d_gate_product, d);
-                add_in_place(&mut dh, &dh_gate);
-                Ok((dh, vec![d_gate, d_up]))
+                let mut grads = gate.grads(d_gate, &d_gate_product, ff)?;
+                grads.extend(up.grads(d_up, &d_up_product, ff)?);
+                Ok((vec![dh_up, dh_gate], grads))
             }),
+            (Some(_), None) => unreachable!("SwiGLU's forward pass keeps both projections"),
             (None, _) => {
-                let recompute = || Ok(Cow::Owned(project_kept(&h, w_up, d)));
-                let (rows, _, ff) = d;
-                let d_product = gelu.backward_kept(dh_act, (rows, ff), recompute)?;
-                let (dh, d_up) = project_grads_of(&h, w_up, &d_product, d);
-                Ok((dh, vec![d_up]))
+                let d_product = match self.activation {
+                    MlpActivation::Relu => Cow::Owned(relu_grad(&relu_passes, dh_act)),
+                    // Without a bias the gradient feeds products alone: made rounded in bf16.
+                    MlpActivation::Gelu if up.bias.is_none() => {
+                        let recompute = || Ok(Cow::Owned(project_kept(&h, w_up, d)));
+                        let d_product = gelu.backward_kept(dh_act, (rows, ff), recompute)?;
+                        let (dh, d_up) = project_grads_of(&h, w_up, &d_product, d);
+                        return Ok((vec![dh], up.grads(d_up, &[], ff)?));
+                    }
+                    _ => {
+                        let recompute = || Ok(Cow::Owned(projection(&h, w_up, up.bias.as_ref(), d)));
+                        Cow::Owned(gelu.backward(dh_act, recompute)?)
+                    }
+                };
+                let (dh, d_up) = project_grads_kept(&h, w_up, &d_product, d);
+                Ok((vec![dh], up.grads(d_up, &d_product, ff)?))
             }
         })
     }
@@ -231,8 +315,9 @@ impl CustomOp1 for MlpBlockOp {
             .hidden
             .take()
             .expect("a forward pass makes the hidden activation");
-        let branch = with_data([&self.down], |[down]| {
-            Ok(project_kept(&hidden, down, (rows, ff, d)))
+        let down = &self.down;
+        let branch = with_data([&down.weight], |[w]| {
+            Ok(projection(&hidden, w, down.bias.as_ref(), (rows, ff, d)))
         })?;
         match kept.swiglu {
             None => kept.hidden = Some(hidden),
@@ -247,11 +332,11 @@ impl CustomOp1 for MlpBlockOp {
     }
 
     /// The composition's backward passes in its order: the down projection, the activation,
-    /// its projections, the norm, and x's two gradients (the residual's g and the norm's)
-    /// summed.
+    /// its projections, the norm, and x's gradients (the residual's g and the branch's) summed
+    /// ([`Opening::backward`]).
     fn bwd(&self, x: &Tensor, _res: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
         let kept = self.between.take();
-        let (dx, grads) = with_data([x, g, &self.down], |[xs, gs, down]| {
+        let (dx, grads) = with_data([x, g, &self.down.weight], |[xs, gs, w_down]| {
             let (rows, d, ff) = self.dims(xs)?;
             // Recomputed, GELU's derivative is kept for the pass below, which needs it now.
             let recomputed_gelu = GeluSlope::new(true, self.precision);
@@ -263,17 +348,15 @@ impl CustomOp1 for MlpBlockOp {
             let hidden = match (kept.hidden.take(), &kept.swiglu) {
                 (Some(hidden), _) => hidden,
                 (None, Some([gate, up])) => swiglu_output(gate, up, (rows, ff)),
-                (None, None) => unreachable!("GELU's forward pass keeps its hidden activation"),
+                (None, None) => unreachable!("GELU's and ReLU's forward passes keep their hidden activation"),
             };
-            let (d_hidden, d_down) = project_grads_kept(&hidden, down, &g_branch, (rows, ff, d));
+            let (d_hidden, d_down) = project_grads_kept(&hidden, w_down, &g_branch, (rows, ff, d));
             drop(hidden);
-            let (dh, d_in) = self.projection_grads(kept, gelu, &d_hidden, (rows, d, ff))?;
+            let mut grads = self.down.grads(d_down, &g_branch, d)?;
+            let (dh, in_grads) = self.projection_grads(kept, gelu, &d_hidden, (rows, d, ff))?;
             drop(d_hidden);
-            let (dx, norm_grads) = self.norm.backward(xs, &dh, Some(gs))?;
-            let mut grads = vec![(self.down.clone(), cpu_tensor(d_down, self.down.shape())?)];
-            for (param, grad) in self.gate.iter().chain([&self.up]).zip(d_in) {
-                grads.push((param.clone(), cpu_tensor(grad, param.shape())?));
-            }
+            let (dx, norm_grads) = self.opening.backward(xs, dh, gs)?;
+            grads.extend(in_grads);
             grads.extend(norm_grads);
             Ok((dx, grads))
         })?;

@@ -20,6 +20,7 @@ use crate::gemm::Activation;
 
 use crate::host::{cpu_tensor, with_all_data, with_data};
 use crate::norm::NormOp;
+use crate::simd::add_in_place;
 use crate::Precision;
 
 mod attention;
@@ -29,7 +30,7 @@ mod sink;
 
 pub use attention::{attention_block, AttentionWeights, BlockPositions};
 pub use cross_attention::{cross_attention_block, CrossAttentionWeights};
-pub use mlp::{mlp_block, MlpWeights};
+pub use mlp::{mlp_block, BlockProjection, MlpActivation, MlpWeights};
 pub use sink::GradSink;
 
 /// What a sub-block op holds from its forward pass to its backward pass (`train.activations`).
@@ -235,5 +236,65 @@ impl HeldNorm {
             grads.push((b.clone(), cpu_tensor(db, b.shape())?));
         }
         Ok((dx, grads))
+    }
+}
+
+/// What opens a sub-block's branch: the norm of x (pre-norm), or x itself (post-norm, whose
+/// norm comes after the op: the caller applies it to the op's output, `norm(x + branch(x))`).
+pub(crate) struct Opening(Option<HeldNorm>);
+
+impl Opening {
+    /// The branch's opening for `norm` (`None`: post-norm, the branch reads x).
+    pub(crate) fn new(norm: Option<BlockNorm>) -> Result<Self> {
+        Ok(Self(norm.map(HeldNorm::new).transpose()?))
+    }
+
+    /// The norm's gain and bias (nothing for x itself).
+    pub(crate) fn params(norm: Option<BlockNorm<'_>>) -> [Option<&Tensor>; 2] {
+        match norm {
+            Some(norm) => [Some(norm.weight), norm.bias],
+            None => [None, None],
+        }
+    }
+
+    /// Whether the norm (where there is one) takes vectors of `d`.
+    pub(crate) fn fits(norm: Option<BlockNorm>, d: usize) -> bool {
+        norm.is_none_or(|norm| norm.weight.elem_count() == d)
+    }
+
+    /// The branch's input h of x (rows of `d`), kept for products in `precision` (it feeds
+    /// nothing else): the norm's ([`HeldNorm::forward_kept`]), or x's own values, rounded in
+    /// bf16 as each product would round them.
+    pub(crate) fn forward_kept(&self, x: &[f32], d: usize, precision: Precision) -> Result<Activation> {
+        match (&self.0, precision) {
+            (Some(norm), _) => norm.forward_kept(x, precision),
+            (None, Precision::F32) => Ok(Activation::F32(x.to_vec())),
+            (None, Precision::Bf16) => Ok(Activation::rounded(x.len() / d.max(1), d, x)),
+        }
+    }
+
+    /// x's gradient from the gradients `dh` at h (in the order candle reaches h through the
+    /// branch's products) and `g`, the residual's: the sum of dh through the norm with g added,
+    /// or, for x itself, g then each of dh added in turn — the order in which candle sums x's
+    /// gradients when x feeds the residual add (the last op, so the first to send one back)
+    /// and the projections directly. And the norm's parameter gradients.
+    pub(crate) fn backward(&self, x: &[f32], dh: Vec<Vec<f32>>, g: &[f32]) -> Result<(Vec<f32>, ParamGrads)> {
+        let mut dh = dh.into_iter();
+        match &self.0 {
+            Some(norm) => {
+                let mut sum = dh.next().expect("a branch reads h");
+                for more in dh {
+                    add_in_place(&mut sum, &more);
+                }
+                norm.backward(x, &sum, Some(g))
+            }
+            None => {
+                let mut dx = g.to_vec();
+                for more in dh {
+                    add_in_place(&mut dx, &more);
+                }
+                Ok((dx, Vec::new()))
+            }
+        }
     }
 }

@@ -275,10 +275,10 @@ pub struct TrainConfig {
     /// again in the backward pass, with the same bits (activation checkpointing: most of the
     /// activations' memory for about one more forward pass of the layers);
     /// `recompute_attention` does so for the attention sub-blocks alone and keeps the
-    /// feed-forward blocks' (less memory saved, less time spent). Pre-norm models (language and
-    /// translation) on the CPU whose recomputed sub-blocks run as one op: no biases but Qwen2's
-    /// on q, k and v (`model.qkv_bias`), no L2 QK-norm, log-n scaling only with rotary
-    /// positions, and (for `recompute`) no ReLU; others are refused before any work, naming why.
+    /// feed-forward blocks' (less memory saved, less time spent). Models (language and
+    /// translation, pre- or post-norm) on the CPU whose recomputed sub-blocks run as one op: no
+    /// L2 QK-norm, log-n scaling only with rotary positions; others are refused before any
+    /// work, naming why.
     /// Written into a run's config only when it is not `keep`.
     #[serde(default, skip_serializing_if = "is_keep")]
     #[schemars(extend("default" = "keep"))]

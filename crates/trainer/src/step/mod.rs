@@ -394,7 +394,7 @@ fn with_param_cache<R>(device: &Device, f: impl FnOnce() -> R) -> R {
     f()
 }
 
-/// Whether training passes run pre-norm sub-blocks as one op each, their parameter gradients
+/// Whether training passes run sub-blocks as one op each, their parameter gradients
 /// merged from a [`GradSink`] (unless `EMBER_FUSED_BLOCKS=0`, which A/B benchmarks use: both
 /// ways give the same bits, `crates/model/tests/fused_blocks.rs`).
 pub(crate) fn fused_blocks() -> bool {
