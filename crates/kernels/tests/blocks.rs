@@ -294,6 +294,55 @@ fn an_rms_norm_with_a_bias_is_refused() {
     assert!(err.to_string().contains("RMSNorm takes no bias"), "{err}");
 }
 
+#[test]
+fn a_bias_or_gate_that_does_not_fit_its_projection_is_refused_naming_the_shapes() {
+    let m = Mlp::new(2, (1, 3, 8, 16), "layernorm", false);
+    let (up, down) = (m.up.as_tensor(), m.down.as_tensor());
+    let short_bias = randn_cpu(7, &[15], 0.1);
+    let gate = randn_cpu(8, &[16, 8], 0.1);
+    let cases = [
+        (
+            "an up bias of 15 for 16 rows",
+            MlpWeights {
+                up: BlockProjection {
+                    weight: up,
+                    bias: Some(&short_bias),
+                },
+                ..gelu_weights(up, down)
+            },
+        ),
+        (
+            "a gate beside ReLU",
+            MlpWeights {
+                activation: MlpActivation::Relu,
+                gate: Some(BlockProjection::unbiased(&gate)),
+                ..gelu_weights(up, down)
+            },
+        ),
+        (
+            "SwiGLU without its gate",
+            MlpWeights {
+                activation: MlpActivation::Swiglu,
+                ..gelu_weights(up, down)
+            },
+        ),
+    ];
+    for (what, w) in cases {
+        for norm in [Some(m.norm()), None] {
+            let keep = ActivationMemory::Keep;
+            let sink = GradSink::new();
+            let err = mlp_block(m.x.as_tensor(), norm, w, Precision::F32, keep, &sink, || (0.0, 0))
+                .expect_err(what)
+                .to_string();
+            assert!(
+                err.starts_with("mlp_block:") && err.contains("do not fit"),
+                "{what}: {err}"
+            );
+            assert!(sink.is_empty(), "{what}: the refused op registered with the sink");
+        }
+    }
+}
+
 /// A QK-norm's variables over each head's `hd` elements: a gain near 1, and (LayerNorm) a small
 /// bias.
 fn qk_norm_vars(seed: u64, hd: usize, rms: bool) -> Vec<Var> {
