@@ -287,11 +287,12 @@ impl Parts {
     }
 }
 
-/// A forward pass's normalised input h (kept for products only: rounded in bf16), q, k and v as
+/// A forward pass's normalised input h (kept for products only: rounded in bf16; `None` where it
+/// is x itself in f32, [`Opening::kept`]), q, k and v as
 /// attention reads them (its products alone read them: held in bf16 where those are, [`Held`]),
 /// its output o, and q's and k's projections before QK-norm (empty without it).
 struct Kept {
-    h: Activation,
+    h: Option<Activation>,
     q: Held<'static>,
     k: Held<'static>,
     v: Held<'static>,
@@ -362,7 +363,7 @@ impl<Q: Epilogue, K: Epilogue> AttentionBlockOp<Q, K> {
         let precision = p.between.holds_in(p.precision, forward);
         let [q, k, v] = [q, k, v].map(|values| Held::new(values, precision));
         Ok(Kept {
-            h,
+            h: p.opening.kept(h),
             q,
             k,
             v,
@@ -420,6 +421,7 @@ impl<Q: Epilogue, K: Epilogue> CustomOp1 for AttentionBlockOp<Q, K> {
                 Some(kept) => kept,
                 None => self.activations(xs, shape, false)?,
             };
+            let h = p.opening.restored(h, xs, d, p.precision)?;
             let g_branch = branch_gradient(p.residual, gs);
             let o_bias_grads = bias_grad(p.proj.o_bias.as_ref(), &g_branch, d)?;
             let (d_o, d_wo) = project_grads(&o, wo, &g_branch, (rows, q_width, d), p.precision);

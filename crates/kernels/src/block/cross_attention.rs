@@ -157,11 +157,12 @@ struct CrossAttentionBlockOp {
     between: Between<Kept>,
 }
 
-/// A forward pass's normalised input h (kept for products only: rounded in bf16), q as
+/// A forward pass's normalised input h (kept for products only: rounded in bf16; `None` where it
+/// is x itself in f32, [`Opening::kept`]), q as
 /// attention reads it (its products alone: held in bf16 where those are, [`Held`]), its output
 /// o, and q's projection before QK-norm (empty without it).
 struct Kept {
-    h: Activation,
+    h: Option<Activation>,
     q: Held<'static>,
     o: Vec<f32>,
     q_raw: Vec<f32>,
@@ -187,7 +188,12 @@ impl CrossAttentionBlockOp {
         let keep_probs = !forward || self.between.keeps();
         let o = self.attn.forward_values_with(&q, k, v, keep_probs, forward)?;
         let q = Held::new(q, self.between.holds_in(self.precision, forward));
-        Ok(Kept { h, q, o, q_raw })
+        Ok(Kept {
+            h: self.opening.kept(h),
+            q,
+            o,
+            q_raw,
+        })
     }
 }
 
@@ -243,6 +249,7 @@ impl CustomOp3 for CrossAttentionBlockOp {
                 Some(kept) => kept,
                 None => self.activations(xs, shape, (ks, vs), false)?,
             };
+            let h = self.opening.restored(h, xs, d, self.precision)?;
             let g_branch = branch_gradient(self.residual, gs);
             let o_bias_grads = bias_grad(self.o_bias.as_ref(), &g_branch, d)?;
             let (d_o, d_wo) = project_grads(&o, wo, &g_branch, (rows, q_width, d), self.precision);

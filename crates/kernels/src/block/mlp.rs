@@ -184,7 +184,8 @@ struct MlpBlockOp {
     between: Between<Hidden>,
 }
 
-/// A forward pass's activations: the branch's input h (normalised x, or x), SwiGLU's two
+/// A forward pass's activations: the branch's input h (normalised x, or x; `None` where it is x
+/// itself in f32, [`Opening::kept`], which the backward pass restores), SwiGLU's two
 /// projections (`None` for the others), the hidden activation the down projection reads, and
 /// where ReLU's input was ≥ 0 (ReLU's only). h and the hidden activation feed only products,
 /// so in bf16 they are kept rounded ([`Activation`]): half the memory, and each product reads
@@ -196,7 +197,7 @@ struct MlpBlockOp {
 /// activation's memory (the same values: [`swiglu_output`]). GELU and ReLU keep theirs, since
 /// they keep no input to make it from.
 struct Hidden {
-    h: Activation,
+    h: Option<Activation>,
     swiglu: Option<[Held<'static>; 2]>,
     hidden: Option<Activation>,
     relu_passes: Vec<bool>,
@@ -244,16 +245,17 @@ impl MlpBlockOp {
             hidden: Some(hidden),
             swiglu,
             relu_passes,
-            h,
+            h: self.opening.kept(h),
         })
     }
 
     /// The gradients at h of the activation's projections, in the order candle reaches h
     /// through them, and their parameters' gradients, for the gradient `dh_act` at the hidden
-    /// activation (`gelu`: where GELU's derivative was kept with `a`).
+    /// activation of x (`gelu`: where GELU's derivative was kept with `a`).
     fn projection_grads(
         &self,
         a: Hidden,
+        x: &[f32],
         gelu: &GeluSlope,
         dh_act: &[f32],
         d: (usize, usize, usize),
@@ -264,7 +266,8 @@ impl MlpBlockOp {
             relu_passes,
             ..
         } = a;
-        let (rows, _, ff) = d;
+        let (rows, width, ff) = d;
+        let h = self.opening.restored(h, x, width, self.precision)?;
         let up = &self.up;
         with_data([&up.weight], |[w_up]| match (&self.gate, swiglu) {
             (Some(gate), Some([gate_product, up_product])) => with_data([&gate.weight], |[w_gate]| {
@@ -353,7 +356,7 @@ impl CustomOp1 for MlpBlockOp {
             let (d_hidden, d_down) = project_grads_kept(&hidden, w_down, &g_branch, (rows, ff, d));
             drop(hidden);
             let mut grads = self.down.grads(d_down, &g_branch, d)?;
-            let (dh, in_grads) = self.projection_grads(kept, gelu, &d_hidden, (rows, d, ff))?;
+            let (dh, in_grads) = self.projection_grads(kept, xs, gelu, &d_hidden, (rows, d, ff))?;
             drop(d_hidden);
             let (dx, norm_grads) = self.opening.backward(xs, dh, gs)?;
             grads.extend(in_grads);

@@ -273,6 +273,29 @@ impl Opening {
         }
     }
 
+    /// What of h a forward pass keeps for the backward pass: h, or nothing where h is x's own
+    /// f32 values (a post-norm branch in f32), which the backward pass is given anyway.
+    pub(crate) fn kept(&self, h: Activation) -> Option<Activation> {
+        match (&self.0, &h) {
+            (None, Activation::F32(_)) => None,
+            _ => Some(h),
+        }
+    }
+
+    /// h for the backward pass: the one [`Self::kept`] kept, or x's own values again.
+    pub(crate) fn restored(
+        &self,
+        kept: Option<Activation>,
+        x: &[f32],
+        d: usize,
+        precision: Precision,
+    ) -> Result<Activation> {
+        match kept {
+            Some(h) => Ok(h),
+            None => self.forward_kept(x, d, precision),
+        }
+    }
+
     /// x's gradient from the gradients `dh` at h (in the order candle reaches h through the
     /// branch's products) and `g`, the residual's: the sum of dh through the norm with g added,
     /// or, for x itself, g then each of dh added in turn — the order in which candle sums x's

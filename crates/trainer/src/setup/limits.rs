@@ -10,7 +10,7 @@
 use anyhow::{bail, Result};
 use ember_data::Dataset;
 use ember_kernels::{ActivationMemory, SubBlock};
-use ember_model::{Arch, MlpKind, ModelConfig, Positions};
+use ember_model::{Arch, MlpKind, ModelConfig, NormPlacement, Positions};
 
 use crate::config::{Batched, Batching, RunConfig};
 
@@ -156,13 +156,19 @@ pub fn estimate(
                 kept * (3.0 * d + 3.0 * m.d_ff as f64),
             ),
         ];
-        // A sub-block that recomputes keeps its input in each layer, and one layer's
-        // activations live at a time in the backward pass.
+        // A sub-block that recomputes keeps its input in each layer (post-norm: its norm's
+        // input too, the op's output), and one layer's activations live at a time in the
+        // backward pass.
+        let inputs = if m.norm_placement == NormPlacement::Post {
+            2.0
+        } else {
+            1.0
+        };
         let all_layers: f64 = sub_blocks
             .iter()
             .filter(|&&(_, count, _)| count > 0.0)
             .map(|&(sub, count, per_layer_token)| match memory.recomputes(sub) {
-                true => count * d + per_layer_token,
+                true => count * inputs * d + per_layer_token,
                 false => count * per_layer_token,
             })
             .sum();
