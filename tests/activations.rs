@@ -213,64 +213,59 @@ fn a_model_that_cannot_recompute_is_refused_before_any_work() {
     let cfg = write(dir, "tiny.yaml", seq2seq_yaml(4, 4, 2));
     let lm = write(dir, "lm.yaml", lm_yaml(&corpus(dir)));
     let run_dir = dir.join("run");
+    // Only attention sub-blocks the ops do not cover refuse, under either setting.
+    let logn = [
+        "--set",
+        "model.logn_attention=true",
+        "--set",
+        "model.positions=learned",
+    ];
     let refused = [
-        (&cfg, "model.norm_placement=post", "model.norm_placement: post"),
-        (&lm, "model.mlp=relu", "model.mlp: relu"),
-        (&lm, "model.norm_placement=post", "model.norm_placement: post"),
-        (&lm, "model.proj_bias=true", "model.proj_bias: true"),
+        (&lm, &["--set", "model.qk_norm=l2"][..], "model.qk_norm: l2"),
+        (&cfg, &["--set", "model.qk_norm=l2"], "model.qk_norm: l2"),
+        (&lm, &logn, "model.logn_attention without rotary positions"),
     ];
     for (cfg, set, named) in refused {
-        for command in [
-            &["train", s(cfg), "--run-dir", s(&run_dir)][..],
-            &["bench", s(cfg), "--steps", "1"],
-        ] {
-            let args = [command, &["--set", set, "--set", "train.activations=recompute"]].concat();
-            let err = fails(dir, &args);
-            assert!(
-                err.contains("train.activations: recompute") && err.contains(named) && err.contains("keep"),
-                "{set}: {err}"
-            );
-            assert!(!run_dir.exists(), "a refused run created {}", run_dir.display());
+        for memory in ["recompute", "recompute_attention"] {
+            for command in [
+                &["train", s(cfg), "--run-dir", s(&run_dir)][..],
+                &["bench", s(cfg), "--steps", "1"],
+            ] {
+                let m = format!("train.activations={memory}");
+                let err = fails(dir, &[command, set, &["--set", &m]].concat());
+                assert!(
+                    err.contains(&format!("train.activations: {memory} needs every"))
+                        && err.contains(named)
+                        && err.contains("keep"),
+                    "{set:?}, {memory}: {err}"
+                );
+                assert!(!run_dir.exists(), "a refused run created {}", run_dir.display());
+            }
         }
     }
-    // A ReLU model is told that its attention sub-blocks can recompute.
-    let relu = ["--set", "model.mlp=relu", "--set", "train.activations=recompute"];
-    let err = fails(
-        dir,
-        &[&["train", s(&lm), "--run-dir", s(&run_dir)][..], &relu].concat(),
-    );
-    assert!(err.contains("or train.activations: recompute_attention"), "{err}");
-    // The attention sub-blocks alone: refused where they are not one op; a ReLU model's
-    // feed-forward blocks are not one op, and its attention recomputes.
-    for (cfg, set, named) in [
-        (&cfg, "model.norm_placement=post", "model.norm_placement: post"),
-        (&lm, "model.qk_norm=l2", "model.qk_norm: l2"),
-        (&lm, "model.proj_bias=true", "model.proj_bias: true"),
-    ] {
-        for command in [
-            &["train", s(cfg), "--run-dir", s(&run_dir)][..],
-            &["bench", s(cfg), "--steps", "1"],
-        ] {
-            let attention = ["--set", set, "--set", "train.activations=recompute_attention"];
-            let err = fails(dir, &[command, &attention].concat());
-            assert!(
-                err.contains("train.activations: recompute_attention needs every attention sub-block")
-                    && err.contains(named),
-                "{set}: {err}"
-            );
-            assert!(!run_dir.exists(), "a refused run created {}", run_dir.display());
-        }
-    }
-    let bench = ["bench", s(&lm), "--steps", "1", "--warmup", "0"];
-    let relu = [
+    // Post-norm, ReLU and biased sub-blocks are ops too: fairseq's Transformer recomputes.
+    let fairseq = [
+        "--set",
+        "model.norm_placement=post",
         "--set",
         "model.mlp=relu",
         "--set",
-        "train.activations=recompute_attention",
+        "model.proj_bias=true",
     ];
-    let out = ok(dir, &[&bench[..], &relu].concat());
-    assert!(out.contains("attention's activations recomputed"), "{out}");
+    for model in [&lm, &cfg] {
+        for memory in ["recompute", "recompute_attention"] {
+            let m = format!("train.activations={memory}");
+            let args = [
+                &["bench", s(model), "--steps", "1", "--warmup", "0"][..],
+                &fairseq,
+                &["--set", &m],
+            ];
+            let out = ok(dir, &args.concat());
+            assert!(out.contains("activations recomputed"), "{memory}: {out}");
+        }
+    }
     // Qwen2's biases on q, k and v are the attention op's own.
+    let bench = ["bench", s(&lm), "--steps", "1", "--warmup", "0"];
     for memory in ["recompute", "recompute_attention"] {
         let m = format!("train.activations={memory}");
         let out = ok(

@@ -51,17 +51,10 @@ pub fn check(cfg: &RunConfig) -> Result<()> {
             ActivationMemory::RecomputeAttention => "every attention sub-block",
             _ => "every sub-block",
         };
-        // A model whose attention sub-blocks are one op (a ReLU one) can still recompute those.
-        let attention_only = memory == ActivationMemory::Recompute
-            && recompute_refusals(cfg, ActivationMemory::RecomputeAttention).is_empty();
-        let or_attention = match attention_only {
-            true => ", or train.activations: recompute_attention (its attention sub-blocks can)",
-            false => "",
-        };
         bail!(
             "train.activations: {memory} needs {which} of the model to run as one op on the \
-             CPU, and here some do not: {}. Set train.activations: keep (the default){or_attention}, \
-             or change what is named.",
+             CPU, and here some do not: {}. Set train.activations: keep (the default), or change \
+             what is named.",
             reasons.join("; ")
         );
     }
