@@ -219,10 +219,10 @@ impl ReluMask {
     }
 }
 
-/// `max(v, 0)` of every element in place, as candle's `relu` computes it, and (with `passes`)
+/// `max(v, 0)` of every element in place, as candle's `relu` computes it, and (`with_mask`)
 /// which elements were ≥ 0: where candle's backward pass lets the gradient through.
-pub(crate) fn relu_in_place(v: &mut [f32], passes: bool) -> Option<Vec<bool>> {
-    let mut kept = passes.then(|| vec![false; v.len()]);
+pub(crate) fn relu_in_place(v: &mut [f32], with_mask: bool) -> Option<Vec<bool>> {
+    let mut kept = with_mask.then(|| vec![false; v.len()]);
     let passes = kept.as_mut().map(|m| SharedMut(m.as_mut_ptr()));
     let out = SharedMut(v.as_mut_ptr());
     for_each_chunk(v.len(), ELEMENTS_PER_TASK, |r| {

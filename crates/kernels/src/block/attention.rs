@@ -253,6 +253,22 @@ pub(super) fn projection(
     y
 }
 
+/// The residual branch before its dropout: attention's output `o` through the output
+/// projection `wo` (d = (rows, H·d, D)), its products in `precision`, and its bias if it has one.
+pub(super) fn output_projection(
+    o: &[f32],
+    wo: &[f32],
+    bias: Option<&Bias>,
+    d: (usize, usize, usize),
+    precision: Precision,
+) -> Vec<f32> {
+    let mut branch = project(o, wo, d, precision);
+    if let Some(bias) = bias {
+        add_to_rows(&mut branch, &bias.values);
+    }
+    branch
+}
+
 /// The bias's gradient for the gradient `g` at its projection's output (rows of `width`).
 pub(super) fn bias_grad(bias: Option<&Bias>, g: &[f32], width: usize) -> Result<ParamGrads> {
     match bias {
@@ -385,11 +401,14 @@ impl<Q: Epilogue, K: Epilogue> CustomOp1 for AttentionBlockOp<Q, K> {
         let (rows, d, q_width, _) = self.dims(l.shape())?;
         let kept = self.activations(x, l.shape(), true)?;
         let branch = with_data([&p.proj.o], |[wo]| {
-            let mut branch = project(&kept.o, wo, (rows, q_width, d), p.precision);
-            if let Some(bias) = &p.proj.o_bias {
-                add_to_rows(&mut branch, &bias.values);
-            }
-            Ok(branch)
+            let o_bias = p.proj.o_bias.as_ref();
+            Ok(output_projection(
+                &kept.o,
+                wo,
+                o_bias,
+                (rows, q_width, d),
+                p.precision,
+            ))
         })?;
         p.between.hold(kept);
         Ok((

@@ -22,9 +22,8 @@
 
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
 
-use super::attention::{back_through_norm, bias_grad, projection, through_norm, Bias};
+use super::attention::{back_through_norm, bias_grad, output_projection, projection, through_norm, Bias};
 use crate::attention::{take, AttentionOptions, AttentionTelemetry, AttnOp};
-use crate::bias::add_to_rows;
 use crate::block::{
     branch_gradient, ActivationMemory, Between, BlockNorm, GradSink, HeldNorm, Opening, SubBlock,
 };
@@ -32,7 +31,7 @@ use crate::dropout::{add_dropped, DropoutOp};
 use crate::gemm::Activation;
 use crate::held::Held;
 use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
-use crate::linear::{project, project_grads, project_grads_kept, Epilogue, Scale};
+use crate::linear::{project_grads, project_grads_kept, Epilogue, Scale};
 use crate::Precision;
 
 /// The parameters of a cross-attention sub-block after its opening norm: the query projection
@@ -216,11 +215,14 @@ impl CustomOp3 for CrossAttentionBlockOp {
         let (rows, d, q_width) = self.dims(l1.shape())?;
         let kept = self.activations(x, l1.shape(), kv, true)?;
         let branch = with_data([&self.o], |[wo]| {
-            let mut branch = project(&kept.o, wo, (rows, q_width, d), self.precision);
-            if let Some(bias) = &self.o_bias {
-                add_to_rows(&mut branch, &bias.values);
-            }
-            Ok(branch)
+            let o_bias = self.o_bias.as_ref();
+            Ok(output_projection(
+                &kept.o,
+                wo,
+                o_bias,
+                (rows, q_width, d),
+                self.precision,
+            ))
         })?;
         self.between.hold(kept);
         Ok((

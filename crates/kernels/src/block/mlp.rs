@@ -291,6 +291,7 @@ impl MlpBlockOp {
                         let recompute = || Ok(Cow::Owned(project_kept(&h, w_up, d)));
                         let d_product = gelu.backward_kept(dh_act, (rows, ff), recompute)?;
                         let (dh, d_up) = project_grads_of(&h, w_up, &d_product, d);
+                        // No bias here, so no gradient at up's output to sum for one.
                         return Ok((vec![dh], up.grads(d_up, &[], ff)?));
                     }
                     _ => {
