@@ -303,6 +303,7 @@ fn a_bias_or_gate_that_does_not_fit_its_projection_is_refused_naming_the_shapes(
     let cases = [
         (
             "an up bias of 15 for 16 rows",
+            "up Some(([16, 8], Some([15])))",
             MlpWeights {
                 up: BlockProjection {
                     weight: up,
@@ -313,6 +314,7 @@ fn a_bias_or_gate_that_does_not_fit_its_projection_is_refused_naming_the_shapes(
         ),
         (
             "a gate beside ReLU",
+            "Relu with gate Some(([16, 8], None))",
             MlpWeights {
                 activation: MlpActivation::Relu,
                 gate: Some(BlockProjection::unbiased(&gate)),
@@ -321,13 +323,14 @@ fn a_bias_or_gate_that_does_not_fit_its_projection_is_refused_naming_the_shapes(
         ),
         (
             "SwiGLU without its gate",
+            "Swiglu with gate None",
             MlpWeights {
                 activation: MlpActivation::Swiglu,
                 ..gelu_weights(up, down)
             },
         ),
     ];
-    for (what, w) in cases {
+    for (what, named, w) in cases {
         for norm in [Some(m.norm()), None] {
             let keep = ActivationMemory::Keep;
             let sink = GradSink::new();
@@ -335,7 +338,7 @@ fn a_bias_or_gate_that_does_not_fit_its_projection_is_refused_naming_the_shapes(
                 .expect_err(what)
                 .to_string();
             assert!(
-                err.starts_with("mlp_block:") && err.contains("do not fit"),
+                err.starts_with("mlp_block:") && err.contains("do not fit") && err.contains(named),
                 "{what}: {err}"
             );
             assert!(sink.is_empty(), "{what}: the refused op registered with the sink");

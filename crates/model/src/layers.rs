@@ -30,8 +30,8 @@ pub struct ForwardCtx<'a> {
     /// set by its entry points, so no caller passes it.
     pub(crate) precision: Precision,
     /// Present when the caller merges fused ops' parameter gradients into the pass's
-    /// `GradStore` after `backward()` ([`GradSink::merge_into`]); only then do pre-norm layers
-    /// run their sub-blocks as one op each (`ember_kernels::attention_block`,
+    /// `GradStore` after `backward()` ([`GradSink::merge_into`]); only then do layers run
+    /// their sub-blocks as one op each (`ember_kernels::attention_block`,
     /// `cross_attention_block`, `mlp_block`), and
     /// the token embedding's lookup leaves its weight's gradient there too
     /// (`ember_kernels::embedding_to_sink`).

@@ -234,6 +234,11 @@ fn fairseq(c: &mut ModelConfig) {
     (c.proj_bias, c.qk_norm) = (true, QkNorm::None);
 }
 
+/// How many of the ops a pass ran are named by `what` ("attention block", "MLP block").
+fn ops_of(pass: &Pass, what: &str) -> usize {
+    pass.owing.iter().filter(|w| w.contains(what)).count()
+}
+
 /// How many sub-block ops a pass of `c` runs where every sub-block is one.
 fn sub_blocks(c: &ModelConfig) -> usize {
     2 * c.encoder_layers() + c.decoder_layers() * if c.arch == Arch::Seq2seq { 3 } else { 2 }
@@ -259,6 +264,12 @@ fn post_norm_relu_and_biased_sub_blocks_are_ops_too_and_train_the_same_bits() {
                 (c.qk_norm, c.proj_bias) = (QkNorm::Rmsnorm, true);
             }),
         ),
+        // x's gradient sums three terms here (the residual's, then up's, then gate's), where a
+        // pre-norm block sums two at h, which either order gives.
+        (
+            "post-norm swiglu with biases",
+            lm(&|c| (c.norm_placement, c.mlp, c.proj_bias) = (NormPlacement::Post, MlpKind::Swiglu, true)),
+        ),
         ("fairseq's, causal", lm(&|c| fairseq(c))),
         (
             "seq2seq, post-norm",
@@ -282,7 +293,7 @@ fn post_norm_relu_and_biased_sub_blocks_are_ops_too_and_train_the_same_bits() {
             let what = format!("{what}, {precision:?}");
             let fused = check(&what, c, precision, true);
             // Every sub-block ran as one op.
-            let ops = fused.owing.iter().filter(|w| w.contains("block")).count();
+            let ops = ops_of(&fused, "block");
             assert_eq!(ops, sub_blocks(c), "{what}: ops {:?}", fused.owing);
             assert!(
                 c.unfused_sub_blocks(ActivationMemory::Recompute).is_empty(),
@@ -298,7 +309,14 @@ fn sub_blocks_the_ops_do_not_cover_run_as_before_and_train_the_same() {
     // activation.
     for mlp in [MlpKind::Relu, MlpKind::Swiglu, MlpKind::Gelu] {
         let l2 = lm(&|c| (c.qk_norm, c.mlp) = (QkNorm::L2, mlp));
-        check(&format!("{mlp:?}, l2 qk-norm"), &l2, Precision::F32, true);
+        let kept = check(&format!("{mlp:?}, l2 qk-norm"), &l2, Precision::F32, true);
+        assert_eq!(ops_of(&kept, "attention block"), 0, "{mlp:?}: {:?}", kept.owing);
+        assert_eq!(
+            ops_of(&kept, "MLP block"),
+            l2.decoder_layers(),
+            "{mlp:?}: {:?}",
+            kept.owing
+        );
     }
     // Log-n scaling without rotary positions runs as before; the MLP sub-block is fused.
     check(
@@ -333,6 +351,20 @@ fn sub_blocks_the_ops_do_not_cover_run_as_before_and_train_the_same() {
     // by op, post-norm or not.
     for placement in [NormPlacement::Pre, NormPlacement::Post] {
         let c = seq2seq(&|c| (c.norm_placement, c.qk_norm) = (placement, QkNorm::L2));
-        check(&format!("seq2seq, l2, {placement:?}"), &c, Precision::F32, true);
+        let kept = check(&format!("seq2seq, l2, {placement:?}"), &c, Precision::F32, true);
+        // "attention block" names the cross-attention op too.
+        assert_eq!(
+            ops_of(&kept, "attention block"),
+            0,
+            "{placement:?}: {:?}",
+            kept.owing
+        );
+        let layers = c.encoder_layers() + c.decoder_layers();
+        assert_eq!(
+            ops_of(&kept, "MLP block"),
+            layers,
+            "{placement:?}: {:?}",
+            kept.owing
+        );
     }
 }

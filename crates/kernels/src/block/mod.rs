@@ -40,7 +40,8 @@ pub enum ActivationMemory {
     /// Every activation the backward pass reads, held from the forward pass: the fastest.
     #[default]
     Keep,
-    /// Each sub-block's input alone (held for any op): the backward pass computes the rest
+    /// Each sub-block's input alone (held for any op; a post-norm sub-block's caller holds the
+    /// op's output too, its norm's input): the backward pass computes the rest
     /// again with the same kernels on the same operands, so the gradients have `keep`'s bits.
     /// Most of a step's activation memory, for about one more forward pass of the sub-blocks.
     Recompute,

@@ -271,8 +271,8 @@ pub struct TrainConfig {
     #[schemars(extend("default" = "f32"))]
     pub precision: Precision,
     /// What the backward pass reads: `keep` holds every activation from the forward pass (the
-    /// fastest); `recompute` holds only each sub-block's input and computes its activations
-    /// again in the backward pass, with the same bits (activation checkpointing: most of the
+    /// fastest); `recompute` holds only each sub-block's input (a post-norm one's output too,
+    /// its norm's input) and computes its activations again in the backward pass, with the same bits (activation checkpointing: most of the
     /// activations' memory for about one more forward pass of the layers);
     /// `recompute_attention` does so for the attention sub-blocks alone and keeps the
     /// feed-forward blocks' (less memory saved, less time spent). Models (language and

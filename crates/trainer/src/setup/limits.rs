@@ -159,7 +159,7 @@ pub fn estimate(
         // A sub-block that recomputes keeps its input in each layer (post-norm: its norm's
         // input too, the op's output), and one layer's activations live at a time in the
         // backward pass.
-        let inputs = if m.norm_placement == NormPlacement::Post {
+        let inputs_kept = if m.norm_placement == NormPlacement::Post {
             2.0
         } else {
             1.0
@@ -168,7 +168,7 @@ pub fn estimate(
             .iter()
             .filter(|&&(_, count, _)| count > 0.0)
             .map(|&(sub, count, per_layer_token)| match memory.recomputes(sub) {
-                true => count * inputs * d + per_layer_token,
+                true => count * inputs_kept * d + per_layer_token,
                 false => count * per_layer_token,
             })
             .sum();
@@ -337,7 +337,7 @@ pub fn check_memory(cfg: &RunConfig, data: &Dataset) -> Result<MemoryEstimate> {
         (Some(_), true) if cfg.shares() > 1 => "start from a smaller model, or lower train.shares".into(),
         (Some(_), true) => "start from a smaller model".into(),
         // The activations are the largest part: recomputing them in the backward pass keeps
-        // only the layers' inputs, where the model can (all of them, else the attention's).
+        // only the layers' inputs, where the model can.
         _ => match recompute_more(cfg).filter(|_| std::ptr::eq(largest, &parts[1])) {
             Some(memory) => format!(
                 "lower those, or set train.activations: {memory} (the same results, a slower \
@@ -362,20 +362,14 @@ pub fn check_memory(cfg: &RunConfig, data: &Dataset) -> Result<MemoryEstimate> {
     )
 }
 
-/// A `train.activations` that recomputes more than `cfg`'s and that its model can run:
-/// everything where it can, else the attention sub-blocks.
+/// `recompute`, where `cfg` does not set it already and its model can. Only attention
+/// sub-blocks are ever refused (L2 QK-norm, log-n without rotary positions), and they are
+/// `recompute_attention`'s too, so a model that cannot recompute everything cannot recompute
+/// its attention alone either.
 fn recompute_more(cfg: &RunConfig) -> Option<ActivationMemory> {
-    let current = cfg.train.activations;
-    let recomputes_more = |memory: ActivationMemory| {
-        [SubBlock::Attention, SubBlock::FeedForward]
-            .into_iter()
-            .any(|sub| memory.recomputes(sub) && !current.recomputes(sub))
-    };
-    [ActivationMemory::Recompute, ActivationMemory::RecomputeAttention]
-        .into_iter()
-        .find(|&memory| {
-            recomputes_more(memory) && super::activations::recompute_refusals(cfg, memory).is_empty()
-        })
+    let all = ActivationMemory::Recompute;
+    let can = super::activations::recompute_refusals(cfg, all).is_empty();
+    (cfg.train.activations != all && can).then_some(all)
 }
 
 /// `1.5 GiB`, `3.2e6 GiB` for the absurd.
@@ -507,6 +501,37 @@ mod tests {
         assert!((0.04..0.25).contains(&ratio), "{ratio}");
         let (all, attention, kept) = (all.activations, attention.activations, kept.activations);
         assert!(all < attention && attention < kept, "{all} {attention} {kept}");
+    }
+
+    /// A post-norm sub-block that recomputes holds the op's output (its norm's input) beside
+    /// its own input: one vector of d more per token, layer and sub-block than a pre-norm one
+    /// under `recompute`, and nothing more under `keep`.
+    #[test]
+    fn a_recomputing_post_norm_sub_block_holds_two_inputs() {
+        let pre = ModelConfig {
+            n_layers: Some(24),
+            ..ModelConfig::tiny(Arch::Lm)
+        };
+        let post = ModelConfig {
+            norm_placement: NormPlacement::Post,
+            ..pre.clone()
+        };
+        let shape = BatchShape {
+            tokens: 4096.0,
+            longest: 256.0,
+        };
+        // Evaluation on one token, so that training's activations are the larger.
+        let small = BatchShape {
+            tokens: 1.0,
+            longest: 1.0,
+        };
+        let activations = |m: &ModelConfig, memory| estimate(m, shape, small, 1, memory).activations;
+        let keep = ActivationMemory::Keep;
+        assert_eq!(activations(&post, keep), activations(&pre, keep));
+        let recompute = ActivationMemory::Recompute;
+        let more = activations(&post, recompute) - activations(&pre, recompute);
+        let expected = shape.tokens * 24.0 * 2.0 * pre.d_model as f64 * F32;
+        assert!((more - expected).abs() < 1e-6 * expected, "{more} {expected}");
     }
 
     /// A translation decoder's cross-attention holds activations of its own beside its
