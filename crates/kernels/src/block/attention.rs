@@ -17,8 +17,7 @@
 //!
 //! The same kernels run on the same operands in the same order as the composition — h's three
 //! gradients summed as candle sums them, v's first, then k's, then q's ([`Opening::backward`]) —
-//! so the output and x's
-//! gradient have the composition's bits and each parameter's gradient equals it, up to the sign
+//! so the output and x's gradient have the composition's bits and each parameter's gradient equals it, up to the sign
 //! of an exact zero (candle's `0 + g`, and its `affine(s, 0)` against the scale's `·s + 0`; a
 //! zero moves no parameter either way).
 
@@ -303,10 +302,10 @@ impl Parts {
     }
 }
 
-/// A forward pass's normalised input h (kept for products only: rounded in bf16; `None` where it
-/// is x itself in f32, [`Opening::kept`]), q, k and v as
-/// attention reads them (its products alone read them: held in bf16 where those are, [`Held`]),
-/// its output o, and q's and k's projections before QK-norm (empty without it).
+/// A forward pass's normalised input h (kept for products only: rounded in bf16; `None` where
+/// it is x itself, [`Opening::kept`]), q, k and v as attention reads them (its products alone
+/// read them: held in bf16 where those are, [`Held`]), its output o, and q's and k's
+/// projections before QK-norm (empty without it).
 struct Kept {
     h: Option<Activation>,
     q: Held<'static>,

@@ -156,10 +156,10 @@ struct CrossAttentionBlockOp {
     between: Between<Kept>,
 }
 
-/// A forward pass's normalised input h (kept for products only: rounded in bf16; `None` where it
-/// is x itself in f32, [`Opening::kept`]), q as
-/// attention reads it (its products alone: held in bf16 where those are, [`Held`]), its output
-/// o, and q's projection before QK-norm (empty without it).
+/// A forward pass's normalised input h (kept for products only: rounded in bf16; `None` where
+/// it is x itself, [`Opening::kept`]), q as attention reads it (its products alone: held in
+/// bf16 where those are, [`Held`]), its output o, and q's projection before QK-norm (empty
+/// without it).
 struct Kept {
     h: Option<Activation>,
     q: Held<'static>,

@@ -185,7 +185,7 @@ struct MlpBlockOp {
 }
 
 /// A forward pass's activations: the branch's input h (normalised x, or x; `None` where it is x
-/// itself in f32, [`Opening::kept`], which the backward pass restores), SwiGLU's two
+/// itself, [`Opening::kept`], which the backward pass restores), SwiGLU's two
 /// projections (`None` for the others), the hidden activation the down projection reads, and
 /// where ReLU's input was ≥ 0 (ReLU's only). h and the hidden activation feed only products,
 /// so in bf16 they are kept rounded ([`Activation`]): half the memory, and each product reads

@@ -274,16 +274,15 @@ impl Opening {
         }
     }
 
-    /// What of h a forward pass keeps for the backward pass: h, or nothing where h is x's own
-    /// f32 values (a post-norm branch in f32), which the backward pass is given anyway.
+    /// What of h a forward pass keeps for the backward pass: the norm's output, or nothing
+    /// where h is x itself (a post-norm branch), which the backward pass is given anyway — in
+    /// bf16 it rounds x again, one elementwise pass for the 16 bits a value it does not hold.
     pub(crate) fn kept(&self, h: Activation) -> Option<Activation> {
-        match (&self.0, &h) {
-            (None, Activation::F32(_)) => None,
-            _ => Some(h),
-        }
+        self.0.as_ref().map(|_| h)
     }
 
-    /// h for the backward pass: the one [`Self::kept`] kept, or x's own values again.
+    /// h for the backward pass: the one [`Self::kept`] kept, or x's own values again (rounded
+    /// in bf16 to the same bits as the forward pass's).
     pub(crate) fn restored(
         &self,
         kept: Option<Activation>,
