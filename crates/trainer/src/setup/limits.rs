@@ -477,25 +477,34 @@ mod tests {
         check_eval_context(&m, 1, 64).expect("a small context fits");
     }
 
+    /// A language model 24 layers deep, where what a layer keeps dominates the estimate.
+    fn deep_lm() -> ModelConfig {
+        ModelConfig {
+            n_layers: Some(24),
+            ..ModelConfig::tiny(Arch::Lm)
+        }
+    }
+
+    /// A training batch of 16 rows of 256 tokens.
+    const TRAIN_BATCH: BatchShape = BatchShape {
+        tokens: 4096.0,
+        longest: 256.0,
+    };
+
+    /// Evaluation on one token, so that training's activations are the larger.
+    const ONE_TOKEN: BatchShape = BatchShape {
+        tokens: 1.0,
+        longest: 1.0,
+    };
+
     /// Recomputing, a stack holds its layers' inputs and one layer's activations: the estimate
     /// of a deep stack's activations falls by about its depth, and the parameters' stays.
     /// Recomputing the attention sub-blocks alone saves a part of that.
     #[test]
     fn recomputed_activations_count_one_layer_and_the_layers_inputs() {
-        let m = ModelConfig {
-            n_layers: Some(24),
-            ..ModelConfig::tiny(Arch::Lm)
-        };
-        let shape = BatchShape {
-            tokens: 4096.0,
-            longest: 256.0,
-        };
-        let small = BatchShape {
-            tokens: 1.0,
-            longest: 1.0,
-        };
+        let m = deep_lm();
         let [kept, all, attention] =
-            ActivationMemory::ALL.map(|memory| estimate(&m, shape, small, 1, memory));
+            ActivationMemory::ALL.map(|memory| estimate(&m, TRAIN_BATCH, ONE_TOKEN, 1, memory));
         assert_eq!(kept.parameters, all.parameters);
         let ratio = all.activations / kept.activations;
         assert!((0.04..0.25).contains(&ratio), "{ratio}");
@@ -508,29 +517,18 @@ mod tests {
     /// under `recompute`, and nothing more under `keep`.
     #[test]
     fn a_recomputing_post_norm_sub_block_holds_two_inputs() {
-        let pre = ModelConfig {
-            n_layers: Some(24),
-            ..ModelConfig::tiny(Arch::Lm)
-        };
+        let pre = deep_lm();
         let post = ModelConfig {
             norm_placement: NormPlacement::Post,
             ..pre.clone()
         };
-        let shape = BatchShape {
-            tokens: 4096.0,
-            longest: 256.0,
-        };
-        // Evaluation on one token, so that training's activations are the larger.
-        let small = BatchShape {
-            tokens: 1.0,
-            longest: 1.0,
-        };
-        let activations = |m: &ModelConfig, memory| estimate(m, shape, small, 1, memory).activations;
+        let activations =
+            |m: &ModelConfig, memory| estimate(m, TRAIN_BATCH, ONE_TOKEN, 1, memory).activations;
         let keep = ActivationMemory::Keep;
         assert_eq!(activations(&post, keep), activations(&pre, keep));
         let recompute = ActivationMemory::Recompute;
         let more = activations(&post, recompute) - activations(&pre, recompute);
-        let expected = shape.tokens * 24.0 * 2.0 * pre.d_model as f64 * F32;
+        let expected = TRAIN_BATCH.tokens * 24.0 * 2.0 * pre.d_model as f64 * F32;
         assert!((more - expected).abs() < 1e-6 * expected, "{more} {expected}");
     }
 
