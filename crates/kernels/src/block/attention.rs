@@ -17,9 +17,9 @@
 //!
 //! The same kernels run on the same operands in the same order as the composition — h's three
 //! gradients summed as candle sums them, v's first, then k's, then q's ([`Opening::backward`]) —
-//! so the output and x's gradient have the composition's bits and each parameter's gradient equals it, up to the sign
-//! of an exact zero (candle's `0 + g`, and its `affine(s, 0)` against the scale's `·s + 0`; a
-//! zero moves no parameter either way).
+//! so the output and x's gradient have the composition's bits and each parameter's gradient
+//! equals it, up to the sign of an exact zero (candle's `0 + g`, and its `affine(s, 0)` against
+//! the scale's `·s + 0`; a zero moves no parameter either way).
 
 use std::borrow::Cow;
 
