@@ -6,6 +6,7 @@ use std::arch::x86_64::*;
 
 use super::bf16::amx::{flushed as ftz, worst_error};
 use super::bf16::{gemm, gemm_with, pack_b_for, supported, to_bf16, Kernel};
+use super::emulated::fma_flushed;
 use super::tests::{b_view, operands, values, LAYOUTS};
 use super::{Mat, Operand, PackedIn};
 use crate::Precision;
@@ -47,16 +48,16 @@ pub(super) fn modelled(
             if kernel == Kernel::Avx512 {
                 for p in (0..k).step_by(2) {
                     let (a0, b0, a1, b1) = pair(p);
-                    acc = ftz(a1.mul_add(b1, acc));
-                    acc = ftz(a0.mul_add(b0, acc));
+                    acc = fma_flushed(a1, b1, acc);
+                    acc = fma_flushed(a0, b0, acc);
                 }
             } else {
                 for p0 in (0..k).step_by(32) {
                     let (mut even, mut odd) = (0f32, 0f32);
                     for p in (p0..k.min(p0 + 32)).step_by(2) {
                         let (a0, b0, a1, b1) = pair(p);
-                        even = ftz(a0.mul_add(b0, even));
-                        odd = ftz(a1.mul_add(b1, odd));
+                        even = fma_flushed(a0, b0, even);
+                        odd = fma_flushed(a1, b1, odd);
                     }
                     acc = ftz(acc + ftz(even + odd));
                 }

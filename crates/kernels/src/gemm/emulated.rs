@@ -153,12 +153,26 @@ fn exponent_field(bits: u32) -> u32 {
     }
 }
 
-/// `x`, a denormal flushed to a zero of its sign (a zero stays itself). Written on the bits so
-/// that the loops over it vectorise.
+/// `x·y + s` as one step of `vdpbf16ps` or `tdpbf16ps`: a fused multiply-add whose result is
+/// flushed to a zero of its sign where it is tiny, and tiny means below the smallest normal
+/// (2⁻¹²⁶) once rounded to 24 bits with an unbounded exponent — x86's "tininess after
+/// rounding", which both instructions follow on a Sapphire Rapids
+/// (`a_sum_just_below_the_smallest_normal_gives_the_hardwares_bits`). A plain fused multiply-add
+/// rounds onto the denormals' coarser grid instead, where an exact sum in (2⁻¹²⁶ − 2⁻¹⁵⁰,
+/// 2⁻¹²⁶ − 2⁻¹⁵²) rounds up to 2⁻¹²⁶, which the hardware flushes. That is the only result the
+/// two roundings disagree on, so only there is the step taken again 2⁶⁴ times larger, where it
+/// rounds with f32's full precision: the scaling is exact (x is a bf16 number and s normal or
+/// zero, as the flushing keeps every sum), and a sum that cancels to 2⁻¹²⁶ cannot have terms
+/// large enough to overflow it. Written on the bits so that the loops over it vectorise.
 #[inline(always)]
-fn flushed(x: f32) -> f32 {
-    let bits = x.to_bits();
-    f32::from_bits(if bits & 0x7f80_0000 == 0 {
+pub(in crate::gemm) fn fma_flushed(x: f32, y: f32, s: f32) -> f32 {
+    const SMALLEST_NORMAL: u32 = 0x0080_0000;
+    let scale = 2f32.powi(64);
+    let t = x.mul_add(y, s);
+    let (bits, magnitude) = (t.to_bits(), t.to_bits() & 0x7fff_ffff);
+    let scaled = (x * scale).mul_add(y, s * scale).to_bits() & 0x7fff_ffff;
+    let rounded_up_to_normal = (magnitude == SMALLEST_NORMAL) & (scaled < SMALLEST_NORMAL + (64 << 23));
+    f32::from_bits(if magnitude < SMALLEST_NORMAL || rounded_up_to_normal {
         bits & 0x8000_0000
     } else {
         bits
@@ -559,11 +573,10 @@ fn tile_sums_flushed_generic(a: &[[f32; MR]], b: &[[f32; NR]], sums: &mut [[f32;
 #[inline(always)]
 fn pair_sums<const FLUSH: bool>(a: &[[f32; MR]], b: &[[f32; NR]], sums: &mut [[f32; NR]; MR]) {
     let step = |x: f32, y: f32, s: f32| {
-        let t = x.mul_add(y, s);
         if FLUSH {
-            flushed(t)
+            fma_flushed(x, y, s)
         } else {
-            t
+            x.mul_add(y, s)
         }
     };
     // A copy the loop keeps in registers.

@@ -220,32 +220,72 @@ fn products_that_underflow_into_tiny_sums_give_the_definitions_bits() {
     }
 }
 
-/// A step whose exact sum lies just below the smallest normal f32 (2⁻¹²⁶ − 0.75·2⁻¹⁵⁰, after a
-/// sum of 2⁻¹²⁶): rounded with gradual underflow it is 2⁻¹²⁶ and stays; a flush decided on the
-/// result rounded to 24 bits with an unbounded exponent (x86's "tininess after rounding") makes
-/// it 0. The emulation keeps 2⁻¹²⁶. Where the CPU has AVX512_BF16 this says which the hardware
-/// does; no such CPU has run it yet.
+/// Steps whose exact sums lie a little above and below ±2⁻¹²⁶, the smallest normal f32: after a
+/// sum of 2⁻¹²⁶ (k = 0), k = 2 adds ±c·2⁻¹⁵² (an even element, so that AMX's chains meet it in
+/// a step too). Below 2⁻¹²⁶ the hardware flushes a sum that is tiny once rounded to 24 bits with
+/// an unbounded exponent (x86's "tininess after rounding"): 2⁻¹²⁶ − 2·2⁻¹⁵² is a tie that rounds
+/// to 2⁻¹²⁶ and stays, 2⁻¹²⁶ − 2.5·2⁻¹⁵² rounds below it and is flushed, although on the
+/// denormals' coarser grid it would round to 2⁻¹²⁶ too. Every model (the emulation, the
+/// emulated tiles, the scalar model) gives that definition's value; where the CPU has
+/// AVX512_BF16 or AMX, the hardware gives its model's bits (on a Sapphire Rapids it does:
+/// before 2026-12-03 the models flushed only denormals, and this test found them wrong there).
 #[test]
 fn a_sum_just_below_the_smallest_normal_gives_the_hardwares_bits() {
     let p = |e: i32| 2f32.powi(e);
-    // k = 4: pair 0 gives 2⁻⁶³·2⁻⁶³ = 2⁻¹²⁶; pair 1 adds 1.5·2⁻⁷⁵ · −2⁻⁷⁶ first.
-    let a = [p(-63), 0.0, 0.0, 1.5 * p(-75)];
-    let b = [p(-63), 0.0, 0.0, -p(-76)];
-    let (ao, bo) = operands(&a, &b, (1, 4, 1), false, false);
-    let mut got = [f32::NAN];
-    // SAFETY: A (1×4), B (4×1) and C (1×1) hold their elements.
-    unsafe { gemm(1, 4, 1, ao, bo, 0.0, got.as_mut_ptr(), 1) };
-    assert_eq!(got[0], p(-126));
-    if supported() {
-        let mut hw = [f32::NAN];
-        // SAFETY: as above, on a CPU with AVX512_BF16.
-        unsafe { gemm_with(Kernel::Avx512, 1, 4, 1, ao, bo, 0.0, hw.as_mut_ptr(), 1) };
-        assert_eq!(
-            got[0].to_bits(),
-            hw[0].to_bits(),
-            "vdpbf16ps gives {:e}: it flushes on the result rounded with an unbounded exponent",
-            hw[0]
-        );
+    let amx = matches!(super::bf16::amx::state(), super::bf16::amx::State::Active);
+    for sign in [1f32, -1.0] {
+        for c in [-16f32, -5.0, -4.0, -3.0, -2.5, -2.0, -1.0, 1.0, 2.5, 4.0] {
+            let a = [sign * p(-63), 0.0, sign * c * p(-76), 0.0];
+            let b = [p(-63), 0.0, p(-76), 0.0];
+            let exact = sign as f64 * (2f64.powi(-126) + c as f64 * 2f64.powi(-152));
+            // Rounded to 24 bits 2⁶⁴ times larger, far from f32's denormals.
+            let rounded = ((exact * 2f64.powi(64)) as f32) as f64 * 2f64.powi(-64);
+            let want = if rounded.abs() < 2f64.powi(-126) {
+                0.0
+            } else {
+                rounded as f32
+            };
+            let (ao, bo) = operands(&a, &b, (1, 4, 1), false, false);
+            let run = |kernel: Option<Kernel>| {
+                let mut c = [f32::NAN];
+                // SAFETY: A (1×4), B (4×1) and C (1×1) hold their elements; a hardware kernel
+                // runs only where the CPU has it.
+                unsafe {
+                    match kernel {
+                        None => gemm(1, 4, 1, ao, bo, 0.0, c.as_mut_ptr(), 1),
+                        Some(kernel) => gemm_with(kernel, 1, 4, 1, ao, bo, 0.0, c.as_mut_ptr(), 1),
+                    }
+                }
+                c[0]
+            };
+            let case = format!("exact sum {sign}·(2⁻¹²⁶ + {c}·2⁻¹⁵²)");
+            let (emulated, tiles) = (run(None), run(Some(Kernel::AmxEmulated)));
+            let modelled = |kernel| modelled(kernel, (1, 4, 1), |_, p| a[p], |p, _| b[p], 0.0, &[0.0], 1)[0];
+            for (model, got) in [
+                ("the emulation", emulated),
+                ("the emulated tiles", tiles),
+                ("the model of vdpbf16ps", modelled(Kernel::Avx512)),
+                ("the model of tdpbf16ps", modelled(Kernel::AmxEmulated)),
+            ] {
+                assert_eq!(got, want, "{case}: {model} gives {got:e}");
+            }
+            if supported() {
+                let hardware = run(Some(Kernel::Avx512));
+                assert_eq!(
+                    hardware.to_bits(),
+                    emulated.to_bits(),
+                    "{case}: vdpbf16ps gives {hardware:e}"
+                );
+            }
+            if amx {
+                let hardware = run(Some(Kernel::Amx));
+                assert_eq!(
+                    hardware.to_bits(),
+                    tiles.to_bits(),
+                    "{case}: tdpbf16ps gives {hardware:e}"
+                );
+            }
+        }
     }
 }
 

@@ -14,30 +14,34 @@
 //!   (gᵀ in dW = gᵀ·x) is converted 16 rows × 16 pairs at a time and transposed, as B's strips
 //!   are (the packers are [`super::pack`]'s).
 //!
-//! Each element of C is summed as Intel's SDM defines `tdpbf16ps`: per instruction (16 pairs of
-//! k), the even elements' products and the odd elements' products in two chains of fused
-//! multiply-adds starting from zero, the two chains added, and that added to C's sum; every
-//! result rounded to nearest even, denormals flushed (and read as zero). The instructions follow
-//! k's pairs in order from the first, and β·C is added once at the end. The bits therefore
-//! differ from the `vdpbf16ps` kernel's (one chain of pairs, the odd element first) in the last
-//! places, and do not depend on the threads.
+//! Each element of C is summed as Intel's SDM defines `tdpbf16ps`: per instruction (16 pairs of k),
+//! the even elements' products and the odd elements' products in two chains of fused multiply-adds
+//! starting from zero, the two chains added, and that added to C's sum; every result rounded to
+//! nearest even, tiny results flushed and denormal inputs read as zero. The instructions follow k's
+//! pairs in order from the first, and β·C is added once at the end. The bits therefore differ from
+//! the `vdpbf16ps` kernel's (one chain of pairs, the odd element first) in the last places, and do
+//! not depend on the threads.
 //!
-//! **Verified on an emulator, not on hardware.** The development machine has no AMX, and no
-//! maintained crate or emulator on the registries runs these instructions. So the kernel is
-//! written once against [`TileUnit`], and runs either on the tile registers ([`Hardware`],
-//! through `asm!`: stable Rust has no AMX intrinsics) or on [`Emulated`], a model of the same
-//! instructions in Rust that follows Intel's definition. The unit tests drive every layout, edge
-//! and thread count through the emulated unit and check the bits against a scalar model of the
-//! same sums. On a CPU with AMX the first bf16 product runs a [start-up check](self_check): the
-//! hardware's result against the emulated one; unless it is within rounding, AMX stays off and
-//! the products run on `vdpbf16ps`, with a warning. Linux gives a process the tiles' 8 KiB of
-//! state only when asked (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`), which is done
-//! here before any tile instruction runs.
+//! **Written on an emulator, verified on hardware.** Most development machines have no AMX, and no
+//! maintained crate or emulator on the registries runs these instructions. So the kernel is written
+//! once against [`TileUnit`], and runs either on the tile registers ([`Hardware`], through `asm!`:
+//! stable Rust has no AMX intrinsics) or on [`Emulated`], a model of the same instructions in Rust
+//! that follows Intel's definition. The unit tests drive every layout, edge and thread count
+//! through the emulated unit and check the bits against a scalar model of the same sums. On an AMX
+//! Xeon (2026-11-30 and 2026-12-03) the hardware gave the emulator's bits in every product of
+//! `amx_hardware_gives_the_emulated_products` and at the flushing's edge
+//! (`a_sum_just_below_the_smallest_normal_gives_the_hardwares_bits`, which corrected the emulator's
+//! reading of "flushed"). On a CPU with AMX the first bf16 product runs a [start-up
+//! check](self_check): the hardware's result against the emulated one; unless it is within
+//! rounding, AMX stays off and the products run on `vdpbf16ps`, with a warning. Linux gives a
+//! process the tiles' 8 KiB of state only when asked (`arch_prctl(ARCH_REQ_XCOMP_PERM,
+//! XFEATURE_XTILEDATA)`), which is done here before any tile instruction runs.
 
 use std::arch::asm;
 use std::arch::x86_64::*;
 
 use super::{Kernel, NR};
+use crate::gemm::emulated::fma_flushed;
 use crate::gemm::x86::avx512::{lane_mask as lanes, start_sums, store_sums};
 use crate::gemm::Operand;
 
@@ -121,7 +125,7 @@ impl TileUnit for Hardware {
 /// `tdpbf16ps`'s destination, the 16 even elements' products (A's row pairs against B's
 /// column pairs) summed by fused multiply-adds from zero, the odd elements' likewise, the two
 /// sums added, and the result added to the destination; every result rounded to nearest even
-/// and flushed to zero when denormal, denormal inputs read as zero.
+/// and flushed to zero when tiny ([`fma_flushed`]), denormal inputs read as zero.
 pub(super) struct Emulated {
     tiles: [[[u32; 16]; 16]; 8],
 }
@@ -140,7 +144,9 @@ fn bf16_in(h: u32) -> f32 {
     f32::from_bits(h << 16)
 }
 
-/// `x`, a denormal flushed to a zero of its sign.
+/// `x`, a denormal flushed to a zero of its sign: a sum of two normal numbers that is not one is
+/// exact, so an addition's result is tiny exactly when it is a denormal (a fused multiply-add's
+/// need not be: [`fma_flushed`]).
 pub(in crate::gemm) fn flushed(x: f32) -> f32 {
     if x.is_subnormal() {
         0f32.copysign(x)
@@ -179,8 +185,8 @@ impl TileUnit for Emulated {
                 let (mut even, mut odd) = (0f32, 0f32);
                 for (k, &pair) in a_row.iter().enumerate() {
                     let b_pair = b[k][n];
-                    even = flushed(bf16_in(pair & 0xffff).mul_add(bf16_in(b_pair & 0xffff), even));
-                    odd = flushed(bf16_in(pair >> 16).mul_add(bf16_in(b_pair >> 16), odd));
+                    even = fma_flushed(bf16_in(pair & 0xffff), bf16_in(b_pair & 0xffff), even);
+                    odd = fma_flushed(bf16_in(pair >> 16), bf16_in(b_pair >> 16), odd);
                 }
                 let dst = flushed(f32::from_bits(c[m][n]));
                 c[m][n] = flushed(dst + flushed(even + odd)).to_bits();
