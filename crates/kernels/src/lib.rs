@@ -87,7 +87,7 @@ pub use block::{
 pub use cross_entropy::cross_entropy_unfused;
 pub use dropout::{add_dropout, dropout, dropout_unfused};
 pub use embedding::embedding_to_sink;
-pub use gemm::{bf16_emulated, emulate_bf16_products, emulation_slowdown, BF16_ENV};
+pub use gemm::{bf16_emulated, bf16_slowdown, emulate_bf16_products, BF16_ENV};
 pub use linear::{
     linear, linear_gelu, linear_gelu_in, linear_gelu_unfused, linear_in, linear_residual, linear_residual_in,
     linear_residual_unfused, linear_rope, linear_rope_in, linear_rope_unfused, linear_scaled,

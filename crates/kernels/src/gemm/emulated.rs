@@ -24,7 +24,7 @@
 //!
 //! It is still slower than f32 (the rounding, the packing, and a tile smaller than the f32
 //! kernels'), and a run says at its start how many times slower it measured a product
-//! ([`emulation_slowdown`]). What it is for: checking a bf16 configuration, and running the bf16
+//! ([`bf16_slowdown`](super::bf16_slowdown)). What it is for: checking a bf16 configuration, and running the bf16
 //! tests, on a CPU that cannot run bf16 itself. Without the
 //! request, bf16 products are refused there, naming the missing feature.
 
@@ -595,36 +595,4 @@ thread_local! {
     /// A thread's f32 rows for [`Rounded::from_rows_with`] and panels for [`Packed::new`],
     /// rounded into the matrix as made.
     static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// How many times longer a product takes emulated than in f32 on this machine, measured now:
-/// the median of three alternating pairs of a 256 × 256 × 256 product (on the kernels' threads).
-pub fn emulation_slowdown() -> f64 {
-    let (m, k, n) = (256, 256, 256);
-    let a: Vec<f32> = (0..m * k)
-        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 64.0)
-        .collect();
-    let b: Vec<f32> = (0..k * n).map(|i| ((i * 53 % 97) as f32 - 48.0) / 64.0).collect();
-    let mut c = vec![0f32; m * n];
-    let (am, bm) = (Mat::rows(&a, k), Mat::rows(&b, n));
-    let mut timed = |emulated: bool| {
-        let start = std::time::Instant::now();
-        if emulated {
-            // SAFETY: the operands and C hold their m×k, k×n and m×n elements.
-            unsafe { gemm(m, k, n, am.operand(), bm.operand(), 0.0, c.as_mut_ptr(), n) }
-        } else {
-            super::sgemm(m, k, n, am, bm, 0.0, &mut c);
-        }
-        start.elapsed().as_secs_f64()
-    };
-    timed(false);
-    timed(true);
-    let mut ratios: Vec<f64> = (0..3)
-        .map(|_| {
-            let f32_time = timed(false);
-            timed(true) / f32_time.max(1e-9)
-        })
-        .collect();
-    ratios.sort_by(f64::total_cmp);
-    ratios[1]
 }

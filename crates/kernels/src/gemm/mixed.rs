@@ -502,3 +502,37 @@ fn emulated_product(m: usize, k: usize, n: usize, a: AFrom<'_>, b: BFrom<'_>) ->
         BFrom::Packed(_) => panic!("emulated bf16 product: a B packed for the hardware kernel"),
     }
 }
+
+/// How many times longer a product takes in bf16 than in f32 on this machine, measured now, on
+/// whichever bf16 kernel runs here (AMX's tiles, `vdpbf16ps`, or the emulation): the median of
+/// three alternating pairs of a 256 × 256 × 256 product, on the kernels' threads. Not every CPU
+/// that has bf16 instructions multiplies faster with them: on an AMX Xeon, `vdpbf16ps` alone
+/// (the tiles turned off) took 1.1–1.5× f32's time at training shapes (2026-12-03).
+pub fn bf16_slowdown() -> f64 {
+    let (m, k, n) = (256, 256, 256);
+    let a: Vec<f32> = (0..m * k)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 64.0)
+        .collect();
+    let b: Vec<f32> = (0..k * n).map(|i| ((i * 53 % 97) as f32 - 48.0) / 64.0).collect();
+    let (mut c, mut c_bf16) = (vec![0f32; m * n], vec![std::mem::MaybeUninit::uninit(); m * n]);
+    let (am, bm) = (Mat::rows(&a, k), Mat::rows(&b, n));
+    let mut timed = |bf16: bool| {
+        let start = std::time::Instant::now();
+        if bf16 {
+            sgemm_bf16(m, k, n, am, bm, 0.0, &mut c_bf16);
+        } else {
+            super::sgemm(m, k, n, am, bm, 0.0, &mut c);
+        }
+        start.elapsed().as_secs_f64()
+    };
+    timed(false);
+    timed(true);
+    let mut ratios: Vec<f64> = (0..3)
+        .map(|_| {
+            let f32_time = timed(false);
+            timed(true) / f32_time.max(1e-9)
+        })
+        .collect();
+    ratios.sort_by(f64::total_cmp);
+    ratios[1]
+}

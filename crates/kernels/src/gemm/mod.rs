@@ -53,9 +53,10 @@ pub(crate) mod timing;
 mod x86;
 
 pub(crate) use blocks::Blocks;
-pub use emulated::{emulate_bf16_products, emulation_slowdown, BF16_ENV};
+pub use emulated::{emulate_bf16_products, BF16_ENV};
 pub(crate) use emulated::{round_into as round_into_bf16, to_bf16, Element};
 pub use mixed::bf16_emulated;
+pub use mixed::bf16_slowdown;
 use mixed::gemm_in;
 pub(crate) use mixed::{
     bf16_on_amx, bf16_supported, product_from, product_in, sgemm_in, AFrom, Activation, BFrom, PackedIn,

@@ -187,7 +187,7 @@ impl TrainingRun {
         notes.extend(data.warnings());
         if leader {
             // Measured (a few products) where it is told: rank 0 alone speaks for a job.
-            notes.extend(precision::emulation_note(&cfg));
+            notes.extend(precision::products_note(&cfg));
         }
         limits::check_memory(&cfg, &data)?;
         let (mut model, params) = match &loaded {

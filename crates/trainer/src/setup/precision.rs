@@ -24,7 +24,8 @@
 //! Unless the user asks for that emulation (`EMBER_CPU_BF16=emulate`, [`ember_kernels::BF16_ENV`]):
 //! then the products run in software with the bits of AVX512_BF16's `vdpbf16ps` (for checking a
 //! bf16 run before it goes to a machine that has it, and for the tests), and the run says at its
-//! start how many times slower than f32 a product measured on this machine ([`emulation_note`]). On CUDA the products are cuBLAS's bf16 GEMMs with f32 compute (tensor cores) on
+//! start how many times slower than f32 a product measured on this machine ([`products_note`], which
+//! says so too where native bf16 products measure slower than f32's). On CUDA the products are cuBLAS's bf16 GEMMs with f32 compute (tensor cores) on
 //! operands cast to bf16, their outputs rounded to bf16 as under PyTorch's autocast
 //! ([`Precision::matmul`]); attention's fused kernel rounds its four products' operands to bf16
 //! and sums in f32, as the CPU kernel does (longer sequences: those GEMMs around its softmax
@@ -76,24 +77,47 @@ pub fn for_training(cfg: &RunConfig) -> Result<Precision> {
     Ok(precision)
 }
 
-/// What a run (or a benchmark, an evaluation, a decoding) whose products are emulated
-/// ([`ember_kernels::bf16_emulated`]) tells at its start:
-/// that they are, and how many times longer than f32's a product took just now (a measurement
-/// of this machine, not a figure of Ember's). `None` for every other run.
-pub fn emulation_note(cfg: &RunConfig) -> Option<String> {
-    if cfg.train.precision != Precision::Bf16
-        || cfg.device.starts_with("cuda")
-        || !ember_kernels::bf16_emulated()
-    {
+/// What a bf16 run on the CPU (or a benchmark, an evaluation, a decoding) tells at its start
+/// where its products are not what bf16 is for: emulated ([`ember_kernels::bf16_emulated`]), or
+/// on bf16 instructions that multiply more slowly than f32 here (an AMX Xeon's `vdpbf16ps` with
+/// the tiles turned off took 1.1–1.5× f32's time, 2026-12-03) — each with how many times longer
+/// than f32's a product took just now ([`ember_kernels::bf16_slowdown`]: a measurement of this
+/// machine, not a figure of Ember's). `None` for every other run.
+pub fn products_note(cfg: &RunConfig) -> Option<String> {
+    if cfg.train.precision != Precision::Bf16 || cfg.device.starts_with("cuda") {
         return None;
     }
-    Some(format!(
-        "train.precision: bf16 runs emulated ({}=emulate, where AVX512_BF16 is missing or \
-         turned off): the products have AVX512_BF16's bits, but a 256×256×256 product took \
-         {:.1}× as long as in f32 on this machine just now",
-        ember_kernels::BF16_ENV,
-        ember_kernels::emulation_slowdown()
-    ))
+    slowdown_note(
+        ember_kernels::bf16_emulated(),
+        &cfg.train.precision.cpu_products(),
+        ember_kernels::bf16_slowdown(),
+    )
+}
+
+/// Above this many times f32's time, native bf16 products are called slower: past the spread of
+/// a median of three pairs of small products on a shared machine, and far below a CPU whose
+/// bf16 is worth using (AVX512_BF16 on a Zen 4 took about 0.6× f32's time, AMX's tiles 0.3×).
+const SLOWER_THAN_F32: f64 = 1.1;
+
+/// [`products_note`] for products described as `products` that took `slowdown` times f32's time.
+fn slowdown_note(emulated: bool, products: &str, slowdown: f64) -> Option<String> {
+    if emulated {
+        return Some(format!(
+            "train.precision: bf16 runs emulated ({}=emulate, where AVX512_BF16 is missing or \
+             turned off): the products have AVX512_BF16's bits, but a 256×256×256 product took \
+             {slowdown:.1}× as long as in f32 on this machine just now",
+            ember_kernels::BF16_ENV,
+        ));
+    }
+    (slowdown > SLOWER_THAN_F32).then(|| {
+        format!(
+            "train.precision: bf16: {products}, but a 256×256×256 product took \
+             {slowdown:.1}× as long as in f32 on this machine just now: this CPU's bf16 \
+             instructions multiply no faster than its f32 ones, so train.precision: f32 may \
+             train faster here (where the CPU has AMX, {unit} must not cap it at avx512)",
+            unit = ember_kernels::VECTOR_UNIT_ENV,
+        )
+    })
 }
 
 /// The precision to evaluate or decode a trained run in: its own where this machine runs it
@@ -101,7 +125,7 @@ pub fn emulation_note(cfg: &RunConfig) -> Option<String> {
 /// either way; only the last digits of the products differ).
 pub fn for_inference(cfg: &RunConfig) -> (Precision, Option<String>) {
     match for_training(cfg) {
-        Ok(p) => (p, emulation_note(cfg)),
+        Ok(p) => (p, products_note(cfg)),
         Err(e) => (
             Precision::F32,
             Some(format!(
@@ -109,5 +133,43 @@ pub fn for_inference(cfg: &RunConfig) -> (Precision, Option<String>) {
                 cfg.train.precision
             )),
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::slowdown_note;
+
+    const VDPBF16PS: &str = "bf16 products on AVX512_BF16 (vdpbf16ps), f32 sums";
+
+    #[test]
+    fn native_bf16_products_slower_than_f32_are_told_with_the_measurement() {
+        let note = slowdown_note(false, VDPBF16PS, 1.43).expect("a note");
+        for said in [
+            VDPBF16PS,
+            "1.4× as long as in f32",
+            "train.precision: f32",
+            "EMBER_CPU_VECTOR_UNIT",
+        ] {
+            assert!(note.contains(said), "{said:?} in {note:?}");
+        }
+    }
+
+    #[test]
+    fn native_bf16_products_faster_than_f32_or_within_the_noise_say_nothing() {
+        for slowdown in [0.3, 0.6, 1.0, 1.1] {
+            assert_eq!(slowdown_note(false, VDPBF16PS, slowdown), None, "{slowdown}");
+        }
+    }
+
+    #[test]
+    fn emulated_products_are_told_however_fast_they_measured() {
+        for slowdown in [0.9, 1.3] {
+            let note = slowdown_note(true, "emulated", slowdown).expect("a note");
+            assert!(
+                note.contains("runs emulated") && note.contains(&format!("{slowdown:.1}×")),
+                "{note}"
+            );
+        }
     }
 }
