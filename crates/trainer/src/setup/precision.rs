@@ -84,7 +84,12 @@ pub fn for_training(cfg: &RunConfig) -> Result<Precision> {
 /// than f32's a product took just now ([`ember_kernels::bf16_slowdown`]: a measurement of this
 /// machine, not a figure of Ember's). `None` for every other run.
 pub fn products_note(cfg: &RunConfig) -> Option<String> {
-    if cfg.train.precision != Precision::Bf16 || cfg.device.starts_with("cuda") {
+    // Nothing to measure where bf16 cannot run: `for_training` refuses that run, and a
+    // benchmark asks for this note before it does.
+    if cfg.train.precision != Precision::Bf16
+        || cfg.device.starts_with("cuda")
+        || cfg.train.precision.missing_cpu_feature().is_some()
+    {
         return None;
     }
     slowdown_note(
