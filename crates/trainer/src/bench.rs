@@ -142,7 +142,13 @@ pub fn bench(cfg: RunConfig, steps: usize, warmup: usize, world: Rc<World>) -> R
         .filter(|_| steps > 0)
         .ok_or_else(|| anyhow::anyhow!("bench needs at least 1 timed step and fewer than 2^64 in all"))?;
     let dp = DataParallel::new(world, cfg.shares(), cfg.distributed.bucket_mib);
-    if let Some(note) = crate::precision::products_note(&cfg) {
+    // Measured (a few products) where it is told: the leader alone, as a training run does, so
+    // that ranks sharing a machine do not time their products against each other.
+    if let Some(note) = dp
+        .is_leader()
+        .then(|| crate::precision::products_note(&cfg))
+        .flatten()
+    {
         crate::tell!("note: {note}");
     }
     let mut run = Training::in_memory(cfg, total_steps as u64, &dp)?;

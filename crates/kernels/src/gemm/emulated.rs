@@ -3,7 +3,8 @@
 //! `vdpbf16ps` kernel ([`super::bf16`]) computes, step by step: the operands rounded to bf16 as
 //! the hardware rounds them ([`to_bf16`]), `acc = (acc + a₁·b₁) + a₀·b₀` over k's pairs in
 //! order, each step one fused multiply-add whose result is flushed to a zero of its sign where
-//! it is a denormal (Intel's definition of the instruction: "FP32 FMA with DAZ in, FTZ out"),
+//! it is tiny ([`fma_flushed`]; Intel's definition of the instruction: "FP32 FMA with DAZ in,
+//! FTZ out"),
 //! then `β·C + acc` in one fused multiply-add. The products therefore have the bits that
 //! AVX512_BF16 gives them, and the rest of a step is the vector unit's, as in f32: on an
 //! AVX-512 CPU without AVX512_BF16 (Skylake-X, Ice Lake) a run should give a Zen 4's bits (no
@@ -158,12 +159,14 @@ fn exponent_field(bits: u32) -> u32 {
 /// (2⁻¹²⁶) once rounded to 24 bits with an unbounded exponent — x86's "tininess after
 /// rounding", which both instructions follow on a Sapphire Rapids
 /// (`a_sum_just_below_the_smallest_normal_gives_the_hardwares_bits`). A plain fused multiply-add
-/// rounds onto the denormals' coarser grid instead, where an exact sum in (2⁻¹²⁶ − 2⁻¹⁵⁰,
-/// 2⁻¹²⁶ − 2⁻¹⁵²) rounds up to 2⁻¹²⁶, which the hardware flushes. That is the only result the
+/// rounds onto the denormals' coarser grid instead, where an exact sum in [2⁻¹²⁶ − 2⁻¹⁵⁰,
+/// 2⁻¹²⁶ − 2⁻¹⁵¹) rounds up to 2⁻¹²⁶, which the hardware flushes. That is the only result the
 /// two roundings disagree on, so only there is the step taken again 2⁶⁴ times larger, where it
-/// rounds with f32's full precision: the scaling is exact (x is a bf16 number and s normal or
-/// zero, as the flushing keeps every sum), and a sum that cancels to 2⁻¹²⁶ cannot have terms
-/// large enough to overflow it. Written on the bits so that the loops over it vectorise.
+/// rounds with f32's full precision and is tiny below 2⁻⁶². Scaling by a power of two is exact
+/// short of overflow, and a sum that cancels to 2⁻¹²⁶ cannot have terms large enough to
+/// overflow: its terms are multiples of a step of at most 2⁻¹²⁶, so |x·y| stays far below 1.
+/// (Where y is zero and x huge, x·2⁶⁴ is infinite and the product NaN, which is not below 2⁻⁶²:
+/// t = s is kept, as it should be.) Written on the bits so that the loops over it vectorise.
 #[inline(always)]
 pub(in crate::gemm) fn fma_flushed(x: f32, y: f32, s: f32) -> f32 {
     const SMALLEST_NORMAL: u32 = 0x0080_0000;
