@@ -25,9 +25,9 @@
 //!
 //! It is still slower than f32 (the rounding, the packing, and a tile smaller than the f32
 //! kernels'), and a run says at its start how many times slower it measured a product
-//! ([`bf16_slowdown`](super::bf16_slowdown)). What it is for: checking a bf16 configuration, and running the bf16
-//! tests, on a CPU that cannot run bf16 itself. Without the
-//! request, bf16 products are refused there, naming the missing feature.
+//! ([`bf16_slowdown`](super::bf16_slowdown)). What it is for: checking a bf16 configuration,
+//! and running the bf16 tests, on a CPU that cannot run bf16 itself. Without the request, bf16
+//! products are refused there, naming the missing feature.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::OnceLock;
@@ -157,7 +157,7 @@ fn exponent_field(bits: u32) -> u32 {
 /// `x·y + s` as one step of `vdpbf16ps` or `tdpbf16ps`: a fused multiply-add whose result is
 /// flushed to a zero of its sign where it is tiny, and tiny means below the smallest normal
 /// (2⁻¹²⁶) once rounded to 24 bits with an unbounded exponent — x86's "tininess after
-/// rounding", which both instructions follow on a Sapphire Rapids
+/// rounding", which both instructions follow on an AMX Xeon
 /// (`a_sum_just_below_the_smallest_normal_gives_the_hardwares_bits`). A plain fused multiply-add
 /// rounds onto the denormals' coarser grid instead, where an exact sum in [2⁻¹²⁶ − 2⁻¹⁵⁰,
 /// 2⁻¹²⁶ − 2⁻¹⁵¹) rounds up to 2⁻¹²⁶, which the hardware flushes. That is the only result the
