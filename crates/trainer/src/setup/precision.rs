@@ -24,9 +24,12 @@
 //! Unless the user asks for that emulation (`EMBER_CPU_BF16=emulate`, [`ember_kernels::BF16_ENV`]):
 //! then the products run in software with the bits of AVX512_BF16's `vdpbf16ps` (for checking a
 //! bf16 run before it goes to a machine that has it, and for the tests), and the run says at its
-//! start how many times slower than f32 a product measured on this machine ([`products_note`], which
-//! says so too where native bf16 products measure slower than f32's). On CUDA the products are cuBLAS's bf16 GEMMs with f32 compute (tensor cores) on
-//! operands cast to bf16, their outputs rounded to bf16 as under PyTorch's autocast
+//! start how many times slower than f32 a product measured on this machine ([`products_note`],
+//! which says so too where native bf16 products measure slower than f32's: an AMX Xeon's
+//! `vdpbf16ps` with the tiles turned off did).
+//!
+//! On CUDA the products are cuBLAS's bf16 GEMMs with f32 compute (tensor cores) on operands cast
+//! to bf16, their outputs rounded to bf16 as under PyTorch's autocast
 //! ([`Precision::matmul`]); attention's fused kernel rounds its four products' operands to bf16
 //! and sums in f32, as the CPU kernel does (longer sequences: those GEMMs around its softmax
 //! kernel), and Ember's other CUDA kernels take the f32 activations. Every kernel family also
@@ -100,8 +103,9 @@ pub fn products_note(cfg: &RunConfig) -> Option<String> {
 }
 
 /// Above this many times f32's time, native bf16 products are called slower: past the spread of
-/// a median of three pairs of small products on a shared machine, and far below a CPU whose
-/// bf16 is worth using (AVX512_BF16 on a Zen 4 took about 0.6× f32's time, AMX's tiles 0.3×).
+/// a median of three pairs of small products on a shared machine, and far above a CPU whose
+/// bf16 is worth using (at training shapes AVX512_BF16 on a Zen 4 took about 0.6× f32's time,
+/// AMX's tiles 0.24–0.42×, docs/performance.md).
 const SLOWER_THAN_F32: f64 = 1.1;
 
 /// [`products_note`] for products described as `products` that took `slowdown` times f32's time.
