@@ -105,7 +105,7 @@ pub fn products_note(cfg: &RunConfig) -> Option<String> {
 /// Above this many times f32's time, native bf16 products are called slower: past the spread of
 /// a median of three pairs of small products on a shared machine, and far above a CPU whose
 /// bf16 is worth using (at training shapes AVX512_BF16 on a Zen 4 took about 0.6× f32's time,
-/// AMX's tiles 0.24–0.42×, docs/performance.md).
+/// AMX's tiles 0.24–0.42×: docs/performance-raw/2026-12-03-amx/products-amx-vs-f32.txt).
 const SLOWER_THAN_F32: f64 = 1.1;
 
 /// [`products_note`] for products described as `products` that took `slowdown` times f32's time.
