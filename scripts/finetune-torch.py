@@ -14,6 +14,12 @@ is `torch.autocast("cpu", torch.bfloat16)` around the forward pass, the weights,
 moments staying f32, as PyTorch's mixed precision keeps them. Each run is a fresh process (its
 peak RSS is its own: `VmHWM`, loading the model included); f32 and bf16 alternate in each pair.
 Prints a row per run and the medians; --out appends one JSON line per run.
+
+With --ember BIN, each pair also runs Ember's `ember bench` of --ember-config (default
+configs/fine-tune-smollm2.yaml, whose batch, block, clipping and optimizer are the step above) on
+the same folder (`model.init_from`) in each precision, the four runs alternating (PyTorch f32,
+Ember f32, PyTorch bf16, Ember bf16), so that a machine whose speed drifts moves both sides
+alike; it then prints PyTorch's time over Ember's per precision (above 1: Ember faster).
 """
 
 import argparse
@@ -82,6 +88,24 @@ def run_one(args) -> dict:
                 model=os.path.abspath(args.model))
 
 
+def run_ember(args, precision) -> dict:
+    """One `ember bench` process in `precision`: its --json result, with peak RSS as above."""
+    cmd = [args.ember, "bench", args.ember_config, "--steps", str(args.steps), "--warmup",
+           str(args.warmup), "--json", "--set", f"model.init_from={args.model}",
+           "--set", f"train.threads={args.threads}", "--set", f"train.precision={precision}"]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"finetune-torch: error: Ember's {precision} run failed:\n{out.stderr[-2000:]}")
+    r = json.loads(out.stdout)
+    return dict(framework="ember", precision=precision, ms_per_step_median=r["ms_per_step_median"],
+                peak_rss_mib=r["peak_rss_mib"], threads=args.threads, binary=args.ember,
+                config=args.ember_config, model=os.path.abspath(args.model), bench=r)
+
+
+def median_of(rows, key):
+    return statistics.median(r[key] for r in rows)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("model")
@@ -93,6 +117,8 @@ def main():
     p.add_argument("--block", type=int, default=256)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out")
+    p.add_argument("--ember", help="an ember binary whose runs alternate with PyTorch's")
+    p.add_argument("--ember-config", default="configs/fine-tune-smollm2.yaml")
     p.add_argument("--precision", choices=["f32", "bf16"], help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.precision:
@@ -100,7 +126,9 @@ def main():
         return
     if not os.path.isfile(os.path.join(args.model, "config.json")):
         sys.exit(f"finetune-torch: error: {args.model} has no config.json (a Hugging Face model folder)")
-    rows = []
+    if args.ember and not os.path.isfile(args.ember_config):
+        sys.exit(f"finetune-torch: error: --ember-config {args.ember_config}: no such file")
+    rows, ember_rows = [], []
     for pair in range(1, args.pairs + 1):
         for precision in ("f32", "bf16"):
             cmd = [sys.executable, __file__, args.model, "--text", args.text, "--steps",
@@ -111,12 +139,18 @@ def main():
             if out.returncode != 0:
                 sys.exit(f"finetune-torch: error: the {precision} run failed:\n{out.stderr[-2000:]}")
             r = json.loads(out.stdout.strip().splitlines()[-1]) | {"pair": pair}
+            runs = [("PyTorch", r)]
             rows.append(r)
-            print(f"pair {pair} {precision:>4}: {r['ms_per_step_median']:8.1f} ms/step, "
-                  f"peak RSS {r['peak_rss_mib']:7.0f} MiB", flush=True)
-            if args.out:
-                with open(args.out, "a") as f:
-                    print(json.dumps(r), file=f)
+            if args.ember:
+                e = run_ember(args, precision) | {"pair": pair}
+                ember_rows.append(e)
+                runs.append(("Ember", e))
+            for who, run in runs:
+                print(f"pair {pair} {who:>7} {precision:>4}: {run['ms_per_step_median']:8.1f} ms/step, "
+                      f"peak RSS {run['peak_rss_mib']:7.0f} MiB", flush=True)
+                if args.out:
+                    with open(args.out, "a") as f:
+                        print(json.dumps(run), file=f)
     by = {pr: [r for r in rows if r["precision"] == pr] for pr in ("f32", "bf16")}
     speed = [a["ms_per_step_median"] / b["ms_per_step_median"] for a, b in zip(by["f32"], by["bf16"])]
     rss = [b["peak_rss_mib"] / a["peak_rss_mib"] for a, b in zip(by["f32"], by["bf16"])]
@@ -125,6 +159,15 @@ def main():
               f"peak RSS {statistics.median(r['peak_rss_mib'] for r in by[pr]):.0f} MiB")
     print(f"f32 ms / bf16 ms: median {statistics.median(speed):.3f} ({min(speed):.3f}-{max(speed):.3f}); "
           f"bf16 / f32 peak RSS: median {statistics.median(rss):.3f} ({min(rss):.3f}-{max(rss):.3f})")
+    if ember_rows:
+        for pr in ("f32", "bf16"):
+            ember = [r for r in ember_rows if r["precision"] == pr]
+            speed = [t["ms_per_step_median"] / e["ms_per_step_median"] for t, e in zip(by[pr], ember)]
+            rss = [e["peak_rss_mib"] / t["peak_rss_mib"] for t, e in zip(by[pr], ember)]
+            print(f"Ember {pr:>4}: median {median_of(ember, 'ms_per_step_median'):.1f} ms/step, "
+                  f"peak RSS {median_of(ember, 'peak_rss_mib'):.0f} MiB; PyTorch ms / Ember ms: median "
+                  f"{statistics.median(speed):.3f} ({min(speed):.3f}-{max(speed):.3f}); Ember / PyTorch "
+                  f"peak RSS: median {statistics.median(rss):.3f} ({min(rss):.3f}-{max(rss):.3f})")
 
 
 if __name__ == "__main__":
