@@ -117,6 +117,43 @@ impl GeluSlope {
         y
     }
 
+    /// [`Self::forward_kept`] in bf16 of a rows × cols input made a block of rows at a time
+    /// by `make(rows, out)` (`out`: the block's values to write, row-major), GELU taken of each
+    /// block while it is in cache: the input never goes to memory whole, as the product
+    /// feeding GELU would send it ([`crate::gemm::RowsOfProduct`]). The same values as
+    /// [`Self::forward_kept`]'s of the whole input.
+    pub(crate) fn forward_kept_made(
+        &self,
+        (rows, cols): (usize, usize),
+        make: impl Fn(std::ops::Range<usize>, &mut [f32]) + Sync + Send,
+    ) -> Activation {
+        assert_eq!(
+            self.precision,
+            Precision::Bf16,
+            "GELU: blocks of its input are bf16's"
+        );
+        let slope = self.slot.is_some().then(|| PendingBits::new(rows * cols));
+        let y = Activation::rounded_with(rows, cols, |r, out| {
+            let e = r.start * cols..r.end * cols;
+            // Taken out, not borrowed, while `make` runs (it could run parallel tasks, and this
+            // thread another block meanwhile).
+            let mut input = MADE.with(|m| std::mem::take(&mut *m.borrow_mut()));
+            input.resize(input.len().max(e.len()), 0.0);
+            make(r, &mut input[..e.len()]);
+            match &slope {
+                // SAFETY: the rows `r` of the slope are this block's alone.
+                Some(slope) => gelu_fwd_keep_bf16(&input[..e.len()], out, unsafe { slope.piece(e) }),
+                None => gelu_fwd(&input[..e.len()], out),
+            }
+            MADE.with(|m| *m.borrow_mut() = input);
+        });
+        if let Some(slope) = slope {
+            // SAFETY: the blocks cover every row.
+            self.hold_slope(unsafe { slope.finish() });
+        }
+        y
+    }
+
     /// Keeps the derivative for the backward pass.
     fn hold_slope(&self, slope: Held<'static>) {
         if let Some(slot) = &self.slot {
@@ -193,6 +230,12 @@ impl GeluSlope {
             .as_ref()
             .and_then(|slot| slot.lock().unwrap_or_else(|e| e.into_inner()).take())
     }
+}
+
+thread_local! {
+    /// [`GeluSlope::forward_kept_made`]'s block of input, kept from block to block on this
+    /// thread.
+    static MADE: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 // The loops below write into the output's uninitialised elements instead of `map().collect()`

@@ -29,7 +29,7 @@ use crate::block::{
     branch_gradient, ActivationMemory, Between, BlockNorm, GradSink, Opening, ParamGrads, SubBlock,
 };
 use crate::dropout::{add_dropped, DropoutOp};
-use crate::gemm::{Activation, SharedB};
+use crate::gemm::{Activation, Mat, RowsOfProduct, SharedB};
 use crate::held::Held;
 use crate::host::{cpu_slice, cpu_tensor, is_host_f32, with_data};
 use crate::linear::{project_grads_kept, project_grads_of, project_grads_shared, project_kept};
@@ -220,11 +220,7 @@ impl MlpBlockOp {
             })
         };
         let (hidden, swiglu, relu_passes) = match (self.activation, &self.gate) {
-            (MlpActivation::Gelu, _) => (
-                gelu.forward_kept(&product(&self.up)?, (rows, ff)),
-                None,
-                Vec::new(),
-            ),
+            (MlpActivation::Gelu, _) => (self.up_gelu(&h, gelu, (rows, d, ff))?, None, Vec::new()),
             (MlpActivation::Relu, _) => {
                 let mut hidden = product(&self.up)?;
                 let passes = relu_in_place(&mut hidden, true).expect("asked for");
@@ -246,6 +242,37 @@ impl MlpBlockOp {
             swiglu,
             relu_passes,
             h: self.opening.kept(h),
+        })
+    }
+
+    /// GELU of the up projection of h (d = (rows, width, d_ff)). In bf16 on the CPU's kernel
+    /// the product is made a block of rows at a time and GELU taken of each block in cache
+    /// ([`GeluSlope::forward_kept_made`]): its f32 output (4·d_ff bytes a row) never goes to
+    /// memory and back. The same bits either way.
+    fn up_gelu(
+        &self,
+        h: &Activation,
+        gelu: &GeluSlope,
+        (rows, width, ff): (usize, usize, usize),
+    ) -> Result<Activation> {
+        let up = &self.up;
+        with_data([&up.weight], |[w]| {
+            let Some(product) = RowsOfProduct::new(h, width, ff, Mat::rows(w, width).t()) else {
+                return Ok(
+                    gelu.forward_kept(&projection(h, w, up.bias.as_ref(), (rows, width, ff)), (rows, ff))
+                );
+            };
+            Ok(gelu.forward_kept_made((rows, ff), |r, out| {
+                product.rows_into(r, out);
+                if let Some(bias) = &up.bias {
+                    // `add_to_rows`'s sums, a block at a time.
+                    for row in out.chunks_exact_mut(ff) {
+                        for (y, &b) in row.iter_mut().zip(&bias.values) {
+                            *y += b;
+                        }
+                    }
+                }
+            }))
         })
     }
 

@@ -426,6 +426,52 @@ impl<'a> SharedB<'a> {
     }
 }
 
+/// A product over blocks of the rows of an activation rounded for the CPU's bf16 kernel
+/// ([`Activation::Bf16`]), its B (an f32 view) packed once, each block on the calling thread
+/// ([`Self::rows_into`]): for an op that consumes the product a block of rows at a time while
+/// the block is in cache, so the product's f32 output never goes to memory whole.
+pub(crate) struct RowsOfProduct<'a> {
+    #[cfg(target_arch = "x86_64")]
+    a: &'a super::bf16::Rounded,
+    #[cfg(target_arch = "x86_64")]
+    b: super::bf16::PackedPairs,
+    #[cfg(not(target_arch = "x86_64"))]
+    _a: std::marker::PhantomData<&'a ()>,
+}
+
+impl<'a> RowsOfProduct<'a> {
+    /// A·B for A (m×k) kept as `a` and B (k×n) the view `b`; `None` unless `a` is rounded for
+    /// the CPU's bf16 kernel (an f32 or emulated activation multiplies whole).
+    pub fn new(a: &'a Activation, k: usize, n: usize, b: Mat<'_>) -> Option<Self> {
+        #[cfg(target_arch = "x86_64")]
+        if let Activation::Bf16(a) = a {
+            assert!(b.fits(k, n), "sgemm: operand out of bounds");
+            assert_eq!(a.dims().1, k, "bf16 product: A does not fit B");
+            // SAFETY: B's k×n view is in bounds (asserted); a rounded activation exists only
+            // where the CPU has AVX512_BF16.
+            let b = unsafe { super::bf16::pack_b(k, n, b.operand()) };
+            return Some(Self { a, b });
+        }
+        let _ = (a, k, n, b);
+        None
+    }
+
+    /// Rows `rows` of A·B into `out` (`rows.len()` × n, row-major), `rows.start` a multiple
+    /// of 32: the bits of the same rows of the whole product.
+    pub fn rows_into(&self, rows: std::ops::Range<usize>, out: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let n = self.b.dims().1;
+            assert!(out.len() >= rows.len() * n, "sgemm: output out of bounds");
+            // SAFETY: `out` holds the rows (asserted) and is exclusively borrowed; the rows'
+            // bounds are checked by `rows_of_product`; the CPU has AVX512_BF16 (as in `new`).
+            unsafe { super::bf16::rows_of_product(self.a, &self.b, rows, out.as_mut_ptr(), n) }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        unreachable!("off x86-64 `new` makes none ({rows:?}, {})", out.len())
+    }
+}
+
 /// `A·B` (m×k times k×n) into a new row-major m×n vector, for operands kept as
 /// [`Activation`]s: the precision is theirs (an f32 activation with an f32 B: [`product`]).
 pub(crate) fn product_from(m: usize, k: usize, n: usize, a: AFrom<'_>, b: BFrom<'_>) -> Vec<f32> {

@@ -60,7 +60,7 @@ pub use mixed::bf16_slowdown;
 use mixed::gemm_in;
 pub(crate) use mixed::{
     bf16_on_amx, bf16_supported, product_from, product_in, sgemm_in, AFrom, Activation, BFrom, PackedIn,
-    Part, PartsOf, SharedB,
+    Part, PartsOf, RowsOfProduct, SharedB,
 };
 
 use crate::Precision;

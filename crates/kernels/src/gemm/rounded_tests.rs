@@ -5,8 +5,8 @@
 //! pairs are zero.
 
 use super::bf16::{
-    gemm_packed_from, gemm_packed_parts, gemm_with, pack_b_for, pack_b_rounded_for, supported, AInput,
-    Kernel, Rounded,
+    gemm_packed_from, gemm_packed_parts, gemm_with, pack_b_for, pack_b_rounded_for, rows_of_product,
+    supported, AInput, Kernel, Rounded,
 };
 use super::bf16_tests::{round, same_bits};
 use super::tests::{operands, values};
@@ -213,6 +213,43 @@ fn parts_over_the_nonzero_pairs_are_the_whole_products_bits() {
                     }
                 }
             }
+        }
+    }
+}
+
+/// A product made a block of 32 rows at a time ([`rows_of_product`]) has the whole product's
+/// bits, with a long k in pieces and a last block of fewer rows, on `vdpbf16ps`, the emulated
+/// tiles and (where the CPU has them) AMX's.
+#[test]
+fn a_product_by_blocks_of_rows_is_the_whole_product() {
+    if !supported() {
+        return;
+    }
+    let mut kernels = vec![Kernel::Avx512, Kernel::AmxEmulated];
+    if super::bf16::amx::available() {
+        kernels.push(Kernel::Amx);
+    }
+    for kernel in kernels {
+        for (m, k, n) in [
+            (1usize, 3usize, 5usize),
+            (70, 50, 45),
+            (96, 600, 33),
+            (33, 64, 300),
+        ] {
+            let (a, b) = (values(m * k, (m + k) as u64), values(k * n, (k + n) as u64));
+            let a = Rounded::new(m, k, &a);
+            let (_, bo) = operands(&[], &b, (0, k, n), false, false);
+            let b = unsafe { pack_b_for(kernel, k, n, bo) };
+            let mut whole = vec![0f32; m * n];
+            // SAFETY: the operands and C hold these shapes.
+            unsafe { gemm_packed_from(m, AInput::Rows(&a), &b, 0.0, whole.as_mut_ptr(), n) };
+            let mut by_blocks = vec![f32::NAN; m * n];
+            for r0 in (0..m).step_by(32) {
+                let rows = r0..m.min(r0 + 32);
+                // SAFETY: the block's rows of C are in bounds.
+                unsafe { rows_of_product(&a, &b, rows, by_blocks[r0 * n..].as_mut_ptr(), n) };
+            }
+            assert!(same_bits(&by_blocks, &whole), "{kernel:?} {m}×{k}×{n}");
         }
     }
 }

@@ -271,6 +271,37 @@ pub(crate) unsafe fn gemm_packed_from(
     }
 }
 
+/// Rows `rows` of `C = A·B`, for an A rounded beforehand (read in place) and a B packed for it,
+/// into `c` (the first of those rows; rows `ldc` apart), on the calling thread: for an op that
+/// consumes a product a block of rows at a time while the block is in cache. Each element is
+/// the chain over k that a whole product gives it ([`gemm_packed_from`]), so the bits are the
+/// same.
+///
+/// # Safety
+/// `c` has room for `rows.len()` rows of `ldc` ≥ n floats that no one else touches meanwhile;
+/// the CPU has AVX512_BF16.
+pub(crate) unsafe fn rows_of_product(
+    a: &Rounded,
+    b: &PackedPairs,
+    rows: std::ops::Range<usize>,
+    c: *mut f32,
+    ldc: usize,
+) {
+    let (m, k) = a.dims();
+    assert!(
+        k == b.k && rows.end <= m && rows.start.is_multiple_of(b.kernel.rows_per_step()) && ldc >= b.n,
+        "bf16 product rows {rows:?} of {m}×{k} · {}×{} (row stride {ldc}) off the blocks",
+        b.k,
+        b.n
+    );
+    if rows.is_empty() || b.n == 0 {
+        return;
+    }
+    // `run` addresses C's rows from the product's first row.
+    let c = SharedMut(c.wrapping_sub(rows.start * ldc));
+    run(ASource::Rounded(a), b, rows, 0..b.n, b.pairs(), 0.0, c, ldc)
+}
+
 /// Parts of `C = A·B + beta·C` with B packed beforehand, on this thread: for each of `parts`,
 /// C's rows × columns over k's elements `ks` alone, for an f32 A (m×k, any strides) whose other
 /// columns are known to be zero in those rows — attention's causal blocks, where a block of
