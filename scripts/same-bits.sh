@@ -35,6 +35,10 @@ case "$1" in
   -h|--help) usage 0 ;;
   --compare)
     [[ $# -eq 3 ]] || usage 2
+    for dir in "$2" "$3"; do
+      [[ -d "$dir" ]] || die "$dir is not a directory"
+      [[ -n "$(hashes "$dir")" ]] || die "$dir holds no checkpoint files (no run finished there?)"
+    done
     if diff <(hashes "$2") <(hashes "$3"); then
       echo "same-bits: identical: $(hashes "$2" | wc -l) files"
     else

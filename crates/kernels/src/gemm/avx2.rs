@@ -84,7 +84,7 @@ pub(super) unsafe fn gemm(
 }
 
 /// matrixmultiply's C ← β·C where k is zero: zeros where β is zero (C never read then).
-unsafe fn scale(m: usize, n: usize, beta: f32, c: *mut f32, ldc: usize) {
+pub(super) unsafe fn scale(m: usize, n: usize, beta: f32, c: *mut f32, ldc: usize) {
     for i in 0..m {
         for j in 0..n {
             let x = c.add(i * ldc + j);

@@ -2,21 +2,8 @@
 //! every block (tile, packed panel, k's blocks of 256), at β zero, one and neither, and
 //! without reading C where β is zero.
 
-use super::tests::{operands, values};
+use super::tests::{by_matrixmultiply, on_threads_gives_matrixmultiplys_bits, operands, same_bits, values};
 use super::{avx2, Operand};
-
-/// C = A·B + β·C by matrixmultiply.
-fn by_matrixmultiply(
-    (m, k, n): (usize, usize, usize),
-    a: Operand,
-    b: Operand,
-    beta: f32,
-    c: &mut [f32],
-    ldc: usize,
-) {
-    // SAFETY: the callers' operands hold these shapes and C is exclusively borrowed.
-    unsafe { super::by_matrixmultiply(m, k, n, a, b, beta, c.as_mut_ptr(), ldc) }
-}
 
 /// Both products of (m, k, n) at every layout of A and B and every β, C inside a wider buffer
 /// (row stride n + 3) whose other elements must stay as they were: the same bits.
@@ -31,7 +18,7 @@ fn same_bits_as_matrixmultiply((m, k, n): (usize, usize, usize)) {
             by_matrixmultiply((m, k, n), ao, bo, beta, &mut want, ldc);
             // SAFETY: as above; the test runs only where the kernel is available.
             unsafe { avx2::gemm(m, k, n, ao, bo, beta, got.as_mut_ptr(), ldc) };
-            let same = want.iter().zip(&got).all(|(x, y)| x.to_bits() == y.to_bits());
+            let same = same_bits(&want, &got);
             assert!(
                 same,
                 "({m}, {k}, {n}), A transposed {a_t}, B transposed {b_t}, β {beta}"
@@ -94,7 +81,7 @@ fn strided_operands_give_matrixmultiplys_bits() {
     by_matrixmultiply((m, k, n), ao, bo, 0.5, &mut want, n);
     // SAFETY: every element of both views lies inside its buffer; C holds m × n.
     unsafe { avx2::gemm(m, k, n, ao, bo, 0.5, got.as_mut_ptr(), n) };
-    assert!(want.iter().zip(&got).all(|(x, y)| x.to_bits() == y.to_bits()));
+    assert!(same_bits(&want, &got));
 }
 
 #[test]
@@ -150,7 +137,7 @@ fn sums_of_negative_zero_as_matrixmultiplys_avx2_kernel() {
             if matrixmultiply_on_avx2 {
                 let mut want = vec![-0.0f32; m * n];
                 by_matrixmultiply((m, k, n), ao, bo, beta, &mut want, n);
-                let same = want.iter().zip(&got).all(|(x, y)| x.to_bits() == y.to_bits());
+                let same = same_bits(&want, &got);
                 assert!(same, "({m}, {k}, {n}), β {beta}: not matrixmultiply's bits");
             }
         }
@@ -165,23 +152,10 @@ fn products_on_several_threads_give_matrixmultiplys_bits() {
     if !available() {
         return;
     }
-    for (m, k, n, a_t) in [(300, 520, 70, true), (200, 90, 1500, false), (97, 700, 40, false)] {
-        let (a, b) = (values(m * k, 12), values(k * n, 13));
-        let ldc = n + 5;
-        let (ao, bo) = operands(&a, &b, (m, k, n), a_t, false);
-        let c0 = values(m * ldc, 14);
-        let mut want = c0.clone();
-        by_matrixmultiply((m, k, n), ao, bo, 1.0, &mut want, ldc);
-        for threads in [1, 2] {
-            crate::par::set_threads(threads).unwrap();
-            let mut got = c0.clone();
-            // SAFETY: the operands hold these shapes; C is exclusively borrowed.
-            unsafe { super::gemm_with(false, m, k, n, ao, bo, 1.0, got.as_mut_ptr(), ldc) };
-            crate::par::set_threads(1).unwrap();
-            let same = want.iter().zip(&got).all(|(x, y)| x.to_bits() == y.to_bits());
-            assert!(same, "({m}, {k}, {n}) on {threads} threads");
-        }
-    }
+    on_threads_gives_matrixmultiplys_bits(|(m, k, n), a, b, beta, c, ldc| {
+        // SAFETY: the operands hold these shapes; C is exclusively borrowed.
+        unsafe { super::gemm_with(false, m, k, n, a, b, beta, c.as_mut_ptr(), ldc) }
+    });
 }
 
 /// B packed once and shared by blocks of C's rows (as `gemm_with` does on several threads):
@@ -214,7 +188,7 @@ fn b_packed_once_for_row_blocks_gives_matrixmultiplys_bits() {
                     avx2::gemm_packed(rows, ao.skip_rows(start), &packed, 0.5, c, ldc);
                 }
             }
-            let same = want.iter().zip(&got).all(|(x, y)| x.to_bits() == y.to_bits());
+            let same = same_bits(&want, &got);
             assert!(same, "({m}, {k}, {n}), A transposed {a_t}, B transposed {b_t}");
         }
     }

@@ -17,9 +17,11 @@
 //! [`K_CHUNK`] tokens that run as tasks of their own and are summed in order ([`k_chunked`]):
 //! 1.03× per multi30k-tiny step against matrixmultiply, whose tasks each packed all of B. A large
 //! B (the output layer packs its W once, [`PackedB`]), a large C with a column-major A (the
-//! output layer's dWᵀ), or a CPU without AVX-512 go to a packed GEMM: on a CPU without AVX-512
-//! (or with it turned off), Ember's AVX2 kernel (the `avx2` module), which gives
-//! matrixmultiply's bits 1.07–1.11× faster; elsewhere matrixmultiply itself.
+//! output layer's dWᵀ), or a CPU without AVX-512 go to a packed GEMM with matrixmultiply's bits:
+//! with AVX-512, Ember's 12×32 tile (the `matrixmultiply_order` module), 1.06–1.13× faster
+//! than matrixmultiply's own (a B of up to 16 MiB; a larger one stays with matrixmultiply); on
+//! a CPU without AVX-512 (or with it turned off), Ember's AVX2 kernel (the `avx2` module),
+//! 1.07–1.11× faster; elsewhere matrixmultiply itself.
 //!
 //! The kernel sums over k in order, one fused multiply-add per term, so results are the same
 //! on every run; where k is cut into chunks, the cut depends on k alone.
@@ -42,6 +44,10 @@ mod blocks;
 mod emulated;
 #[cfg(all(test, target_arch = "x86_64"))]
 mod emulated_tests;
+#[cfg(target_arch = "x86_64")]
+mod matrixmultiply_order;
+#[cfg(all(test, target_arch = "x86_64"))]
+mod matrixmultiply_order_tests;
 mod mixed;
 #[cfg(all(test, target_arch = "x86_64"))]
 mod rounded_tests;
@@ -394,6 +400,11 @@ unsafe fn gemm_with(
         }
     }
     #[cfg(target_arch = "x86_64")]
+    if in_place && k * n <= matrixmultiply_order::MAX_B_FLOATS && crate::simd::avx512() {
+        // matrixmultiply's bits on the in-place kernel's tiles, B packed once for all tasks.
+        return matrixmultiply_order::gemm(m, k, n, a, b, beta, c, ldc);
+    }
+    #[cfg(target_arch = "x86_64")]
     let own_avx2 = f32_on_avx2();
     let packed = |m: usize, n: usize, a: Operand, b: Operand, c: *mut f32| {
         // matrixmultiply's bits either way (the `avx2` module's doc): Ember's AVX2 kernel where
@@ -538,14 +549,16 @@ const STRIPS_MIN_ROWS: usize = 128;
 /// `32s..32s + 32` (zero past n), k rows of 32 floats each, one strip after another.
 #[cfg(target_arch = "x86_64")]
 unsafe fn pack_strips(k: usize, n: usize, b: Operand) -> Strips {
+    let strips = Strips::zeroed(k, n);
+    pack_strips_into(k, n, b, strips.as_ptr().cast_mut());
+    strips
+}
+
+/// [`pack_strips`] into `out` (zeroed, room for all of n's strips, 64-byte aligned).
+#[cfg(target_arch = "x86_64")]
+unsafe fn pack_strips_into(k: usize, n: usize, b: Operand, out: *mut f32) {
     const S: usize = x86::avx512::STRIP;
     let strips = n.div_ceil(S);
-    let len = strips * k * S;
-    // 16 spare floats to start on a 64-byte boundary: a strip row is then one cache line pair
-    // and no vector load of B splits a line.
-    let mut buf = vec![0f32; len + 16];
-    let skip = buf.as_ptr().align_offset(64).min(16);
-    let out = buf.as_mut_ptr().add(skip);
     if b.col_stride == 1 {
         for p in 0..k {
             let row = b.ptr.add(p * b.row_stride);
@@ -554,19 +567,31 @@ unsafe fn pack_strips(k: usize, n: usize, b: Operand) -> Strips {
                 std::ptr::copy_nonoverlapping(row.add(s * S), out.add((s * k + p) * S), cols);
             }
         }
-    } else {
-        for s in 0..strips {
-            let cols = S.min(n - s * S);
-            for j in 0..cols {
-                let col = b.ptr.add((s * S + j) * b.col_stride);
-                let dst = out.add(s * k * S + j);
-                for p in 0..k {
-                    *dst.add(p * S) = *col.add(p * b.row_stride);
+        return;
+    }
+    for s in 0..strips {
+        let cols = S.min(n - s * S);
+        let (mut j, mut k8) = (0, 0);
+        if b.row_stride == 1 && std::is_x86_feature_detected!("avx") {
+            // B transposed (a weight in x·Wᵀ): its columns are rows, 8 × 8 blocks transposed.
+            k8 = k / 8 * 8;
+            while j + 8 <= cols {
+                for p in (0..k8).step_by(8) {
+                    let from = b.ptr.add((s * S + j) * b.col_stride + p);
+                    x86::avx::transpose8x8(from, b.col_stride, out.add(s * k * S + p * S + j), S);
                 }
+                j += 8;
+            }
+        }
+        for j in 0..cols {
+            let col = b.ptr.add((s * S + j) * b.col_stride);
+            let dst = out.add(s * k * S + j);
+            let done = if j < cols / 8 * 8 { k8 } else { 0 };
+            for p in done..k {
+                *dst.add(p * S) = *col.add(p * b.row_stride);
             }
         }
     }
-    Strips { buf, skip }
 }
 
 /// B packed by [`pack_strips`], starting `skip` floats into `buf`.
@@ -578,6 +603,15 @@ struct Strips {
 
 #[cfg(target_arch = "x86_64")]
 impl Strips {
+    /// Zeros for a k×n B's strips. 16 spare floats to start on a 64-byte boundary: a strip row
+    /// is then one cache line pair and no vector load of B splits a line.
+    fn zeroed(k: usize, n: usize) -> Self {
+        let len = n.div_ceil(x86::avx512::STRIP) * x86::avx512::STRIP * k;
+        let buf = vec![0f32; len + 16];
+        let skip = buf.as_ptr().align_offset(64).min(16);
+        Strips { buf, skip }
+    }
+
     fn as_ptr(&self) -> *const f32 {
         self.buf[self.skip..].as_ptr()
     }

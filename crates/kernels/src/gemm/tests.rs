@@ -36,6 +36,50 @@ pub(super) fn operands(
     (ao, bo)
 }
 
+/// C = A·B + β·C by matrixmultiply: the reference for the kernels that give its bits.
+#[cfg(target_arch = "x86_64")]
+pub(super) fn by_matrixmultiply(
+    (m, k, n): (usize, usize, usize),
+    a: Operand,
+    b: Operand,
+    beta: f32,
+    c: &mut [f32],
+    ldc: usize,
+) {
+    // SAFETY: the callers' operands hold these shapes and C is exclusively borrowed.
+    unsafe { super::by_matrixmultiply(m, k, n, a, b, beta, c.as_mut_ptr(), ldc) }
+}
+
+/// Whether two results are the same bits, element by element.
+#[cfg(target_arch = "x86_64")]
+pub(super) fn same_bits(x: &[f32], y: &[f32]) -> bool {
+    x.iter().zip(y).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// A product with matrixmultiply's bits, `(shape, A, B, β, C, ldc)`, on 1 and 2 threads at
+/// shapes the callers cut into tasks over C's rows or its columns, C inside a wider buffer:
+/// matrixmultiply's bits each time.
+#[cfg(target_arch = "x86_64")]
+pub(super) fn on_threads_gives_matrixmultiplys_bits(
+    product: impl Fn((usize, usize, usize), Operand, Operand, f32, &mut [f32], usize),
+) {
+    for (m, k, n, a_t) in [(300, 520, 70, true), (200, 90, 1500, false), (97, 700, 40, false)] {
+        let (a, b) = (values(m * k, 12), values(k * n, 13));
+        let ldc = n + 5;
+        let (ao, bo) = operands(&a, &b, (m, k, n), a_t, false);
+        let c0 = values(m * ldc, 14);
+        let mut want = c0.clone();
+        by_matrixmultiply((m, k, n), ao, bo, 1.0, &mut want, ldc);
+        for threads in [1, 2] {
+            crate::par::set_threads(threads).unwrap();
+            let mut got = c0.clone();
+            product((m, k, n), ao, bo, 1.0, &mut got, ldc);
+            crate::par::set_threads(1).unwrap();
+            assert!(same_bits(&want, &got), "({m}, {k}, {n}) on {threads} threads");
+        }
+    }
+}
+
 /// B (k×n) over `b` as a [`Mat`], stored transposed or not.
 pub(super) fn b_view(b: &[f32], (k, n): (usize, usize), b_t: bool) -> Mat<'_> {
     let (_, bo) = operands(&[], b, (0, k, n), false, b_t);

@@ -182,19 +182,56 @@ fn shape_sets() -> [(&'static str, Shapes); 2] {
 }
 
 /// Not a test: `cargo test --release -p ember-kernels --lib gemm::timing::avx2 -- --ignored
-/// --nocapture` times Ember's AVX2 kernel against matrixmultiply's, on one thread (its CPU
-/// time), packing included, at the products of a training step ([`shape_sets`], one share's
-/// rows). Alternating pairs
-/// (matrixmultiply then Ember, 9 pairs): the median of each, the median and range of the
-/// per-pair ratios (matrixmultiply's time ÷ Ember's), and a layer's products weighed by how
-/// often a layer runs each.
+/// --nocapture` times Ember's AVX2 kernel against matrixmultiply's (the same bits), on one
+/// thread, at the products of a training step ([`against_matrixmultiply`]).
 #[cfg(target_arch = "x86_64")]
 #[test]
 #[ignore]
 fn avx2_against_matrixmultiply_at_training_shapes() {
-    if !on_one_thread(super::avx2::available(), "AVX2 with FMA") {
-        return;
+    if on_one_thread(super::avx2::available(), "AVX2 with FMA") {
+        against_matrixmultiply(super::avx2::gemm);
     }
+}
+
+/// Not a test: `cargo test --release -p ember-kernels --lib gemm::timing::avx512_order --
+/// --ignored --nocapture` times the products in matrixmultiply's order on Ember's AVX-512
+/// kernel against matrixmultiply's own AVX-512 kernel (the same bits), on one thread, at the
+/// products of a training step ([`against_matrixmultiply`]).
+#[cfg(target_arch = "x86_64")]
+#[test]
+#[ignore]
+fn avx512_order_against_matrixmultiply_at_training_shapes() {
+    /// [`super::matrixmultiply_order::gemm`] with a plain pointer to C.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn in_its_order(
+        m: usize,
+        k: usize,
+        n: usize,
+        a: super::Operand,
+        b: super::Operand,
+        beta: f32,
+        c: *mut f32,
+        ldc: usize,
+    ) {
+        let c = crate::par::SharedMut(c);
+        super::matrixmultiply_order::gemm(m, k, n, a, b, beta, c, ldc)
+    }
+    if on_one_thread(crate::simd::avx512(), "AVX-512 unit in use") {
+        against_matrixmultiply(in_its_order);
+    }
+}
+
+/// A packed product with matrixmultiply's bits: `(m, k, n, A, B, β, C, ldc)`.
+#[cfg(target_arch = "x86_64")]
+type Product = unsafe fn(usize, usize, usize, super::Operand, super::Operand, f32, *mut f32, usize);
+
+/// `own` against matrixmultiply, on one thread (its CPU time), packing included, at the
+/// products of a training step ([`shape_sets`], one share's rows). Alternating pairs
+/// (matrixmultiply then Ember, 9 pairs): the median of each, the median and range of the
+/// per-pair ratios (matrixmultiply's time ÷ Ember's), and a layer's products weighed by how
+/// often a layer runs each.
+#[cfg(target_arch = "x86_64")]
+fn against_matrixmultiply(own: Product) {
     for (name, shapes) in shape_sets() {
         println!("{name}: matrixmultiply ms, Ember ms (medians), matrixmultiply ÷ Ember median (range)");
         let (mut total_mm, mut total_own) = (0.0, 0.0);
@@ -203,13 +240,13 @@ fn avx2_against_matrixmultiply_at_training_shapes() {
             let (ao, bo) = super::tests::operands(&a, &b, (m, k, n), a_t, b_t);
             let mut c = vec![0f32; m * n];
             let reps = (1e9 / (m * k * n) as f64).clamp(1.0, 500.0) as usize;
-            let time = |own: bool| {
+            let time = |ours: bool| {
                 let t = thread_cpu_secs();
                 for _ in 0..reps {
                     // SAFETY: the operands and C hold these shapes.
                     unsafe {
-                        if own {
-                            super::avx2::gemm(m, k, n, ao, bo, 0.0, c.as_mut_ptr(), n);
+                        if ours {
+                            own(m, k, n, ao, bo, 0.0, c.as_mut_ptr(), n);
                         } else {
                             super::by_matrixmultiply(m, k, n, ao, bo, 0.0, c.as_mut_ptr(), n);
                         }
