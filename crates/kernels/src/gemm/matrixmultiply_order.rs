@@ -9,7 +9,7 @@
 //! multiply-adds; each block of B's rows is packed once into 32-column strips (by all threads,
 //! a range of strips each) and shared by the tasks; and a row-major A is read where it lies
 //! ([`blocked`] says when A is packed). On one core of the AMX Xeon, at nanoGPT's standard
-//! shape, a layer's products ran 1.11× matrixmultiply's speed
+//! shape, a layer's products ran 1.12× matrixmultiply's speed
 //! (`gemm::timing::avx512_order_against_matrixmultiply_at_training_shapes`), and the f32
 //! training step 1.10× faster on 2 threads (docs/performance.md, thirty-sixth session).
 //! Hand-written because no crate gives matrixmultiply's bits faster (the gemm crate sums in
