@@ -36,11 +36,12 @@ fn gives_matrixmultiplys_bits_at_every_layout_edge_and_beta() {
     if !available() {
         return;
     }
-    // Tiles (8 × 32) whole and ragged, k's 256-blocks whole, ragged and several, a single row,
-    // column and step; the last three large enough to be cut into tasks, over rows or columns.
+    // Tiles (12 × 32) whole and ragged, blocks of 96 rows whole and ragged, k's 256-blocks
+    // whole, ragged and several, a single row, column and step; the last three large enough to be cut into tasks, over rows or columns.
     for (m, k, n) in [
         (1, 1, 1),
-        (8, 32, 32),
+        (12, 32, 32),
+        (96, 40, 64),
         (7, 5, 17),
         (5, 256, 15),
         (13, 257, 33),
