@@ -30,6 +30,7 @@
 
 use std::arch::x86_64::*;
 
+use super::packed::{scale, with_scratch};
 use super::x86::avx::{transpose8, transpose8x8};
 use super::Operand;
 
@@ -81,16 +82,6 @@ pub(super) unsafe fn gemm(
         let (packed_a, packed_b) = scratch.split_at_mut(a_len(k));
         blocked(m, k, n, a, Strips::PackHere(b, packed_b), packed_a, beta, c, ldc)
     });
-}
-
-/// matrixmultiply's C ← β·C where k is zero: zeros where β is zero (C never read then).
-pub(super) unsafe fn scale(m: usize, n: usize, beta: f32, c: *mut f32, ldc: usize) {
-    for i in 0..m {
-        for j in 0..n {
-            let x = c.add(i * ldc + j);
-            *x = if beta == 0.0 { 0.0 } else { *x * beta };
-        }
-    }
 }
 
 /// Floats of a packed block of A for a product over k.
@@ -158,20 +149,6 @@ pub(super) unsafe fn gemm_packed(m: usize, a: Operand, b: &PackedB, beta: f32, c
 enum Strips<'a> {
     Packed(&'a PackedB),
     PackHere(Operand, &'a mut [f32]),
-}
-
-/// `task` with this thread's scratch of at least `len` floats. Kept between products:
-/// allocating and zeroing a megabyte for each product showed in the profile.
-fn with_scratch<R>(len: usize, task: impl FnOnce(&mut [f32]) -> R) -> R {
-    thread_local! {
-        static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-    }
-    SCRATCH.with_borrow_mut(|scratch| {
-        if scratch.len() < len {
-            scratch.resize(len, 0.0);
-        }
-        task(&mut scratch[..len])
-    })
 }
 
 /// [`gemm`]'s loops around the tiles: B's blocks of [`NC`] columns, then k's blocks of [`KC`]

@@ -27,6 +27,7 @@
 
 use std::arch::x86_64::*;
 
+use super::packed::{scale, with_scratch};
 use super::x86::avx512;
 use super::{blocks_for, for_each_block, pack_strips_into, Operand, SharedMut, Strips};
 
@@ -63,7 +64,7 @@ pub(super) unsafe fn gemm(
     if beta != 0.0 && beta != 1.0 || k == 0 {
         // round(β·c) once (zeros where β is zero), then β = 1: matrixmultiply's first block
         // adds its sum to that, and where k is zero it is all of C.
-        super::avx2::scale(m, n, beta, c.at(0), ldc);
+        scale(m, n, beta, c.at(0), ldc);
         if k == 0 {
             return;
         }
@@ -107,7 +108,7 @@ pub(super) unsafe fn gemm(
 
 /// Rows of C per tile: twelve rows of two 16-lane vectors in 24 registers, so that each step's
 /// two loads of B feed 24 multiply-adds (matrixmultiply's 16×16 tile feeds 16 from one load
-/// and sixteen broadcasts, and measured 0.88–0.94× this tile's speed at training shapes).
+/// and sixteen broadcasts: this tile ran 1.05–1.17× its speed at training shapes).
 const MR: usize = 12;
 /// Columns of C per tile: a strip.
 const NR: usize = avx512::STRIP;
@@ -122,7 +123,7 @@ const MC: usize = 96;
 /// stream of whole cache lines. A column-major A (gᵀ in dW = gᵀ·x, k the tokens) would give
 /// twelve floats of a new line at every step, so its block is packed first into panels of
 /// [`MR`] rows, each step's twelve elements side by side (read in place it ran at 0.86–0.94×
-/// matrixmultiply's speed, packed at 1.01–1.07×).
+/// matrixmultiply's speed, packed at 1.05–1.17×).
 #[target_feature(enable = "avx512f")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn blocked(
@@ -136,32 +137,33 @@ unsafe fn blocked(
     ldc: usize,
 ) {
     let pack = a.row_stride == 1 && a.col_stride != 1;
-    let mut panels = if pack { vec![0f32; MC * KC] } else { Vec::new() };
-    for i0 in (0..m).step_by(MC) {
-        let mc = MC.min(m - i0);
-        let block = a.skip_rows(i0);
-        if pack {
-            pack_a(mc, kc, block, &mut panels);
-        }
-        for j0 in (0..n).step_by(NR) {
-            let cols = NR.min(n - j0);
-            let strip = strips.add((j0 / NR) * kc * NR);
-            for (q, i) in (0..mc).step_by(MR).enumerate() {
-                let rows = MR.min(mc - i);
-                let a = if pack {
-                    Operand {
-                        ptr: panels.as_ptr().add(q * MR * kc),
-                        row_stride: 1,
-                        col_stride: MR,
-                    }
-                } else {
-                    block.skip_rows(i)
-                };
-                let c = c.add((i0 + i) * ldc + j0);
-                tile(kc, a, strip, beta, Out { c, ldc, rows, cols });
+    with_scratch(if pack { MC * kc } else { 0 }, |panels| {
+        for i0 in (0..m).step_by(MC) {
+            let mc = MC.min(m - i0);
+            let block = a.skip_rows(i0);
+            if pack {
+                pack_a(mc, kc, block, panels);
+            }
+            for j0 in (0..n).step_by(NR) {
+                let cols = NR.min(n - j0);
+                let strip = strips.add((j0 / NR) * kc * NR);
+                for (q, i) in (0..mc).step_by(MR).enumerate() {
+                    let rows = MR.min(mc - i);
+                    let a = if pack {
+                        Operand {
+                            ptr: panels.as_ptr().add(q * MR * kc),
+                            row_stride: 1,
+                            col_stride: MR,
+                        }
+                    } else {
+                        block.skip_rows(i)
+                    };
+                    let c = c.add((i0 + i) * ldc + j0);
+                    tile(kc, a, strip, beta, Out { c, ldc, rows, cols });
+                }
             }
         }
-    }
+    })
 }
 
 /// A column-major A's `mc` × `kc` view as panels of [`MR`] rows, each `kc` steps of [`MR`]

@@ -37,7 +37,8 @@ fn gives_matrixmultiplys_bits_at_every_layout_edge_and_beta() {
         return;
     }
     // Tiles (12 × 32) whole and ragged, blocks of 96 rows whole and ragged, k's 256-blocks
-    // whole, ragged and several, a single row, column and step; the last three large enough to be cut into tasks, over rows or columns.
+    // whole, ragged and several, a single row, column and step; the last three large enough
+    // to be cut into tasks, over rows or columns.
     for (m, k, n) in [
         (1, 1, 1),
         (12, 32, 32),

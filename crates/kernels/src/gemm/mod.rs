@@ -49,6 +49,8 @@ mod matrixmultiply_order;
 #[cfg(all(test, target_arch = "x86_64"))]
 mod matrixmultiply_order_tests;
 mod mixed;
+#[cfg(target_arch = "x86_64")]
+mod packed;
 #[cfg(all(test, target_arch = "x86_64"))]
 mod rounded_tests;
 #[cfg(test)]
@@ -401,7 +403,7 @@ unsafe fn gemm_with(
     }
     #[cfg(target_arch = "x86_64")]
     if in_place && k * n <= matrixmultiply_order::MAX_B_FLOATS && crate::simd::avx512() {
-        // matrixmultiply's bits on the in-place kernel's tiles, B packed once for all tasks.
+        // matrixmultiply's bits on Ember's 12×32 tile, each block of B packed once for all tasks.
         return matrixmultiply_order::gemm(m, k, n, a, b, beta, c, ldc);
     }
     #[cfg(target_arch = "x86_64")]
@@ -569,10 +571,11 @@ unsafe fn pack_strips_into(k: usize, n: usize, b: Operand, out: *mut f32) {
         }
         return;
     }
+    let avx = std::is_x86_feature_detected!("avx");
     for s in 0..strips {
         let cols = S.min(n - s * S);
         let (mut j, mut k8) = (0, 0);
-        if b.row_stride == 1 && std::is_x86_feature_detected!("avx") {
+        if b.row_stride == 1 && avx {
             // B transposed (a weight in x·Wᵀ): its columns are rows, 8 × 8 blocks transposed.
             k8 = k / 8 * 8;
             while j + 8 <= cols {
