@@ -30,7 +30,7 @@
 
 use std::arch::x86_64::*;
 
-use super::packed::{scale, with_scratch};
+use super::packed::{copy_up_to, pack_column_major, scale, with_scratch};
 use super::x86::avx::{transpose8, transpose8x8};
 use super::Operand;
 
@@ -209,19 +209,14 @@ unsafe fn blocked(
 #[inline(never)]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn pack_a(mc: usize, kc: usize, a: Operand, out: &mut [f32]) {
+    if a.row_stride == 1 {
+        return pack_column_major::<MR>(mc, kc, a, out);
+    }
     for (q, i) in (0..mc).step_by(MR).enumerate() {
         let panel = &mut out[q * MR * kc..(q + 1) * MR * kc];
         let rows = MR.min(mc - i);
         if rows < MR {
             panel.fill(0.0);
-        }
-        if a.row_stride == 1 {
-            // A column-major (gᵀ in dW = gᵀ·x): a step's rows lie side by side.
-            for p in 0..kc {
-                let column = a.ptr.add(i + p * a.col_stride);
-                copy_up_to::<MR>(column, panel.as_mut_ptr().add(p * MR), rows);
-            }
-            continue;
         }
         // Each step's six elements from six rows at once: the panel is written in order.
         let row = |r: usize| a.ptr.add((i + r.min(rows - 1)) * a.row_stride);
@@ -248,18 +243,6 @@ unsafe fn pack_a(mc: usize, kc: usize, a: Operand, out: &mut [f32]) {
                 *step.add(r) = *at.add(p * a.col_stride);
             }
         }
-    }
-}
-
-/// `len` ≤ `N` floats from `src` to `dst`; a whole `N` as one fixed-size move (a call to
-/// `memmove` per step of k was 11% of a product with a column-major A).
-#[inline(always)]
-unsafe fn copy_up_to<const N: usize>(src: *const f32, dst: *mut f32, len: usize) {
-    if len == N {
-        dst.cast::<[f32; N]>()
-            .write_unaligned(src.cast::<[f32; N]>().read_unaligned());
-    } else {
-        std::ptr::copy_nonoverlapping(src, dst, len);
     }
 }
 

@@ -22,17 +22,20 @@
 //! then goes into C as `c = s + round(β·c)`, with β = 1 after the first block, and as `c = s`
 //! (C not read) where β is zero; its tiles cut by C's edges go through a buffer by the same
 //! rule. So [`tile`] does the same, with C scaled first where β is neither 0 nor 1 ([`gemm`]).
-//! The tests hold the two to the same bits at every layout, edge and β, sums of −0 included,
-//! and fail with any other block of k.
+//! The tests hold the two to the same bits at every layout, stride, edge and β, sums of −0
+//! included, and fail with any other block of k. One difference is left: where both a sum and
+//! C's value are NaN, matrixmultiply's edge tiles keep C's NaN (`c += s`) and its whole tiles
+//! the sum's, as this kernel does everywhere; a run with a NaN there has diverged already.
 
 use std::arch::x86_64::*;
 
-use super::packed::{scale, with_scratch};
+use super::packed::{pack_column_major, scale, with_scratch};
 use super::x86::avx512;
 use super::{blocks_for, for_each_block, pack_strips_into, Operand, SharedMut, Strips};
 
 /// matrixmultiply's block of k (`S_KC`): where its sums restart from zero, so the bits depend on
-/// it. Not a tuning knob.
+/// it. Not a tuning knob; and matrixmultiply must be built with its default (its build reads
+/// `MATMUL_SGEMM_KC` from the environment), which `(13, 257, 33)` in the tests would catch.
 const KC: usize = 256;
 
 /// Elements of B up to which a product runs here (16 MiB); a larger B (a wide vocabulary's
@@ -61,7 +64,7 @@ pub(super) unsafe fn gemm(
     if m == 0 || n == 0 {
         return;
     }
-    if beta != 0.0 && beta != 1.0 || k == 0 {
+    if (beta != 0.0 && beta != 1.0) || k == 0 {
         // round(β·c) once (zeros where β is zero), then β = 1: matrixmultiply's first block
         // adds its sum to that, and where k is zero it is all of C.
         scale(m, n, beta, c.at(0), ldc);
@@ -171,18 +174,7 @@ unsafe fn blocked(
 // Not inlined, so that a profile tells the packing from the products.
 #[inline(never)]
 unsafe fn pack_a(mc: usize, kc: usize, a: Operand, out: &mut [f32]) {
-    debug_assert_eq!(a.row_stride, 1);
-    for (q, i) in (0..mc).step_by(MR).enumerate() {
-        let panel = &mut out[q * MR * kc..(q + 1) * MR * kc];
-        let rows = MR.min(mc - i);
-        if rows < MR {
-            panel.fill(0.0);
-        }
-        for p in 0..kc {
-            let column = a.ptr.add(i + p * a.col_stride);
-            std::ptr::copy_nonoverlapping(column, panel.as_mut_ptr().add(p * MR), rows);
-        }
-    }
+    pack_column_major::<MR>(mc, kc, a, out)
 }
 
 /// Where a tile's sums go: the first `rows` × `cols` of a tile of C at `c` (row stride `ldc`).
@@ -222,14 +214,17 @@ unsafe fn tile(kc: usize, a: Operand, mut b: *const f32, beta: f32, out: Out) {
         avx512::lane_mask(cols.saturating_sub(16)),
     );
     for r in 0..rows {
-        let at = c.add(r * ldc);
+        // The high half's address may lie past C where the tile has 16 columns or fewer: its
+        // mask is empty then, so nothing there is read or written, and `wrapping_add` keeps
+        // forming the address defined.
+        let (at, at_hi) = (c.add(r * ldc), c.add(r * ldc).wrapping_add(16));
         let (mut s_lo, mut s_hi) = (lo[r], hi[r]);
         if beta != 0.0 {
             // matrixmultiply's sum + round(1·c): the sum first, as its epilogue adds.
             s_lo = _mm512_add_ps(s_lo, _mm512_maskz_loadu_ps(lo_mask, at));
-            s_hi = _mm512_add_ps(s_hi, _mm512_maskz_loadu_ps(hi_mask, at.add(16)));
+            s_hi = _mm512_add_ps(s_hi, _mm512_maskz_loadu_ps(hi_mask, at_hi));
         }
         _mm512_mask_storeu_ps(at, lo_mask, s_lo);
-        _mm512_mask_storeu_ps(at.add(16), hi_mask, s_hi);
+        _mm512_mask_storeu_ps(at_hi, hi_mask, s_hi);
     }
 }

@@ -556,7 +556,10 @@ unsafe fn pack_strips(k: usize, n: usize, b: Operand) -> Strips {
     strips
 }
 
-/// [`pack_strips`] into `out` (zeroed, room for all of n's strips, 64-byte aligned).
+/// [`pack_strips`] into `out` (room for all of n's strips, 64-byte aligned). The lanes past n
+/// in the last strip are left as they were: zeros in a zeroed buffer, as [`pack_strips`] gives
+/// it; a buffer packed again holds the last block's values there, which kernels compute and
+/// never store.
 #[cfg(target_arch = "x86_64")]
 unsafe fn pack_strips_into(k: usize, n: usize, b: Operand, out: *mut f32) {
     const S: usize = x86::avx512::STRIP;

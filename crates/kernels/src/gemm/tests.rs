@@ -63,19 +63,28 @@ pub(super) fn same_bits(x: &[f32], y: &[f32]) -> bool {
 pub(super) fn on_threads_gives_matrixmultiplys_bits(
     product: impl Fn((usize, usize, usize), Operand, Operand, f32, &mut [f32], usize),
 ) {
-    for (m, k, n, a_t) in [(300, 520, 70, true), (200, 90, 1500, false), (97, 700, 40, false)] {
+    // Cut into tasks over rows and over columns; B as it lies and transposed (packed through
+    // the transposes by both threads); β one, zero and neither.
+    for (m, k, n, a_t, b_t, beta) in [
+        (300, 520, 70, true, false, 1.0),
+        (200, 90, 1500, false, false, 1.0),
+        (97, 700, 40, false, false, 1.0),
+        (150, 300, 600, false, true, 0.5),
+        (260, 280, 50, true, true, 0.0),
+    ] {
         let (a, b) = (values(m * k, 12), values(k * n, 13));
         let ldc = n + 5;
-        let (ao, bo) = operands(&a, &b, (m, k, n), a_t, false);
+        let (ao, bo) = operands(&a, &b, (m, k, n), a_t, b_t);
         let c0 = values(m * ldc, 14);
         let mut want = c0.clone();
-        by_matrixmultiply((m, k, n), ao, bo, 1.0, &mut want, ldc);
+        by_matrixmultiply((m, k, n), ao, bo, beta, &mut want, ldc);
         for threads in [1, 2] {
             crate::par::set_threads(threads).unwrap();
             let mut got = c0.clone();
-            product((m, k, n), ao, bo, 1.0, &mut got, ldc);
+            product((m, k, n), ao, bo, beta, &mut got, ldc);
             crate::par::set_threads(1).unwrap();
-            assert!(same_bits(&want, &got), "({m}, {k}, {n}) on {threads} threads");
+            let what = format!("({m}, {k}, {n}), A transposed {a_t}, B transposed {b_t}, β {beta}");
+            assert!(same_bits(&want, &got), "{what} on {threads} threads");
         }
     }
 }
