@@ -10,8 +10,8 @@
 //! ([`Element::widen`]), so no f32 copy is made.
 //!
 //! The attention core reads q, k and v only through its products, which round them: held
-//! rounded and widened back for the backward pass ([`Held::to_f32`], one sub-block's at a time),
-//! they give the same bits as the f32 values did, for half their memory.
+//! rounded, and widened back in its backward pass a task's rows at a time
+//! ([`crate::attention`]), they give the same bits as the f32 values did, for half their memory.
 
 use std::borrow::Cow;
 use std::mem::MaybeUninit;
@@ -44,20 +44,6 @@ impl<'a> Held<'a> {
         match self {
             Held::F32(v) => v.len(),
             Held::Bf16(bits) => bits.len(),
-        }
-    }
-
-    /// The values as f32 (bf16's widened, exact), for kernels that read f32 and round their
-    /// operands as the products do: rounding a widened bf16 value again gives its own bits, so
-    /// they compute what they computed from the f32 values before these were held.
-    pub(crate) fn to_f32(&self) -> Cow<'_, [f32]> {
-        match self {
-            Held::F32(v) => Cow::Borrowed(v),
-            Held::Bf16(bits) => Cow::Owned(fill(bits.len(), ELEMENTS_PER_TASK, |r, out| {
-                for (o, &b) in out.iter_mut().zip(&bits[r]) {
-                    o.write(b.widen());
-                }
-            })),
         }
     }
 }
@@ -140,14 +126,11 @@ mod tests {
     fn bf16_values_widened_round_back_to_their_own_bits() {
         let mut x: Vec<f32> = (0..40_000).map(|i| (i as f32 * 0.61).cos() * 50.0).collect();
         x.extend([0.0, -0.0, 1e-40, -3e-39, f32::MAX, f32::INFINITY, -f32::INFINITY]);
-        let held = Held::new(&x[..], Precision::Bf16);
-        let widened = held.to_f32();
-        let Held::Bf16(bits) = &held else {
+        let Held::Bf16(bits) = Held::new(&x[..], Precision::Bf16) else {
             panic!("bf16 held as f32")
         };
-        for (i, (&w, &b)) in widened.iter().zip(bits).enumerate() {
-            assert_eq!(w.to_bits(), b.widen().to_bits(), "element {i}");
-            assert_eq!(to_bf16(w), b, "element {i} rounds again to other bits");
+        for (i, &b) in bits.iter().enumerate() {
+            assert_eq!(to_bf16(b.widen()), b, "element {i} rounds again to other bits");
         }
     }
 
@@ -157,6 +140,5 @@ mod tests {
         let held = Held::new(&x[..], Precision::F32);
         assert!(matches!(&held, Held::F32(Cow::Borrowed(v)) if v[..] == x[..]));
         assert_eq!(held.len(), 3);
-        assert!(matches!(held.to_f32(), Cow::Borrowed(v) if v[..] == x[..]));
     }
 }

@@ -26,6 +26,7 @@ use candle_core::{bail, CpuStorage, CustomOp3, DType, Device, Layout, Result, Sh
 
 use crate::dropout::DropoutOp;
 use crate::gemm::Blocks;
+use crate::held::Held;
 use crate::host::{cpu_storage, cpu_storage_as, cpu_tensor_as, cpu_values, is_host, is_host_f32, with_data};
 use crate::Precision;
 
@@ -368,6 +369,21 @@ impl AttnOp {
         o: &[f32],
         go: &[f32],
     ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
+        let [q, k, v] = [q, k, v].map(|x| Held::F32(x.into()));
+        self.backward_held(&q, &k, &v, o, go)
+    }
+
+    /// [`Self::backward_values`] for q, k and v as a sub-block holds them: each task widens
+    /// the rows it reads of bf16-held values itself ([`tasks`]), the same values the products
+    /// would round from a widened copy of the whole tensors, without that copy's trip to memory.
+    pub(crate) fn backward_held(
+        &self,
+        q: &Held<'_>,
+        k: &Held<'_>,
+        v: &Held<'_>,
+        o: &[f32],
+        go: &[f32],
+    ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
         let dims = self.dims;
         let kept = self.probs.as_ref().and_then(take);
         let (dq, dk, dv) = (Blocks::new(q.len()), Blocks::new(k.len()), Blocks::new(v.len()));
@@ -482,6 +498,8 @@ impl CustomOp3 for AttnOp {
 #[cfg(feature = "cuda")]
 mod cuda;
 
+#[cfg(test)]
+mod held_tests;
 #[cfg(test)]
 mod live_tests;
 #[cfg(test)]

@@ -6,7 +6,8 @@ use super::{AttnDims, MaskView};
 use std::cell::RefCell;
 
 use crate::dropout::DropoutOp;
-use crate::gemm::{Blocks, Mat, Part, PartsOf};
+use crate::gemm::{Blocks, Element, Mat, Part, PartsOf};
+use crate::held::Held;
 use crate::precision::Precision;
 use crate::simd::{dot, simd_dispatch};
 use crate::softmax::softmax_rows_in_place;
@@ -23,26 +24,55 @@ pub(super) struct Measured {
 /// A head's blocks of query rows, each with the end of its live columns.
 type RowBlocks = [(std::ops::Range<usize>, usize)];
 
-/// Head `hq`'s probabilities of batch `bi` in `p` (T×S, holding q·kᵀ in each block's live
-/// columns and zeros in the rest, as [`logits`] leaves it): adds the mask and takes the softmax
-/// of each row's live columns in place, measuring the logits first and the rows after when `measure` is given. The live
-/// columns end at a multiple of 32 (or S), so each row's sums run in the same lanes as over the
-/// whole row, the dead columns adding exact zeros there.
+/// How a head's probabilities lie in a buffer: `Whole`, T×S with rows S apart and zeros in each
+/// block's dead columns; or `Live`, each block's live columns alone, its rows `end` apart, the
+/// blocks one after the other (as [`Forward::kept`] keeps them). Where every block is whole the
+/// two are the same.
+#[derive(Clone, Copy)]
+enum Layout {
+    Whole,
+    Live,
+}
+
+/// Each block of `blocks` as it lies in `layout`: its rows, the end of its live columns, its
+/// first row's offset and the distance between its rows.
+fn placed(
+    blocks: &RowBlocks,
+    layout: Layout,
+    s: usize,
+) -> impl Iterator<Item = (std::ops::Range<usize>, usize, usize, usize)> + '_ {
+    let mut at = 0;
+    blocks.iter().map(move |(rows, end)| {
+        let placed = match layout {
+            Layout::Whole => (rows.clone(), *end, rows.start * s, s),
+            Layout::Live => (rows.clone(), *end, at, *end),
+        };
+        at += rows.len() * end;
+        placed
+    })
+}
+
+/// Head `hq`'s probabilities of batch `bi` in `p` (laid out as `layout`, holding q·kᵀ in each
+/// block's live columns, as [`logits`] leaves it): adds the mask and takes the softmax of each
+/// row's live columns in place, measuring the logits first and the rows after when `measure`
+/// is given. The live columns end at a multiple of 32 (or S), so each row's sums run in the same
+/// lanes as over the whole row, the dead columns adding exact zeros there.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn softmax_head(
     dims: AttnDims,
     p: &mut [f32],
+    layout: Layout,
     blocks: &RowBlocks,
     mask: MaskView<'_>,
     bi: usize,
     hq: usize,
     mut measure: Option<&mut Measured>,
 ) {
-    let s = dims.s;
-    for (rows, end) in blocks {
+    for (rows, end, first, stride) in placed(blocks, layout, dims.s) {
+        let row_at = |ti: usize| first + (ti - rows.start) * stride;
         for ti in rows.clone() {
-            let row = &mut p[ti * s..ti * s + end];
+            let row = &mut p[row_at(ti)..row_at(ti) + end];
             let mask_row = mask.map(|(m, st, off)| (m, st[3], off + bi * st[0] + hq * st[1] + ti * st[2]));
             if let Some(m) = measure.as_deref_mut() {
                 for (si, &x) in row.iter().enumerate() {
@@ -63,18 +93,19 @@ fn softmax_head(
                     }
                 }
             }
-            if *end < s {
-                softmax_rows_in_place(row, *end);
+            if stride != end {
+                softmax_rows_in_place(row, end);
             }
         }
-        if *end == s {
-            // Whole rows in one call: its exponentials run as one loop over the block, which
-            // rows of a dozen keys (the translation models') need to vectorise.
-            softmax_rows_in_place(&mut p[rows.start * s..rows.end * s], s);
+        if stride == end {
+            // The block's rows in one call, where they lie one after the other: its
+            // exponentials run as one loop over the block, which rows of a dozen keys (the
+            // translation models') need to vectorise.
+            softmax_rows_in_place(&mut p[first..first + rows.len() * end], end);
         }
         if let Some(m) = measure.as_deref_mut() {
             for ti in rows.clone() {
-                let h: f32 = p[ti * s..ti * s + end]
+                let h: f32 = p[row_at(ti)..row_at(ti) + end]
                     .iter()
                     .map(|&p| -p * p.max(1e-30).ln())
                     .sum();
@@ -85,10 +116,9 @@ fn softmax_head(
     }
 }
 
-/// The dropped-out probabilities of head `hq` of batch `bi` into `out`, in each block's live
-/// columns (zeros in the rest).
+/// The dropped-out probabilities of head `hq` of batch `bi` into `out`, both laid out as
+/// [`Layout::Live`].
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 fn drop_head(
     dims: AttnDims,
     drop: &DropoutOp,
@@ -99,13 +129,12 @@ fn drop_head(
     hq: usize,
 ) {
     let (first, s) = (dims.probs_block(bi, hq), dims.s);
-    for (rows, end) in blocks {
-        for ti in rows.clone() {
-            let (live, dead) = out[ti * s..(ti + 1) * s].split_at_mut(*end);
-            for (si, (o, &x)) in live.iter_mut().zip(&p[ti * s..]).enumerate() {
+    for (rows, end, at, _) in placed(blocks, Layout::Live, s) {
+        let (p, out) = (&p[at..at + rows.len() * end], &mut out[at..at + rows.len() * end]);
+        for (ti, (p, out)) in rows.zip(p.chunks_exact(end).zip(out.chunks_exact_mut(end))) {
+            for (si, (o, &x)) in out.iter_mut().zip(p).enumerate() {
                 *o = x * drop.factor(first + ti * s + si);
             }
-            dead.fill(0.0);
         }
     }
 }
@@ -128,42 +157,74 @@ fn kv_mat<'a>(dims: AttnDims, x: &'a [f32], bi: usize, kh: usize) -> Mat<'a> {
     }
 }
 
-/// q·kᵀ (T×S, rows S apart from `c`) in each block's live columns, zeros in the rest.
-///
-/// # Safety
-/// `c` has room for T×S floats that no one else touches meanwhile.
-unsafe fn logits(k_t: &PartsOf<'_>, q: Mat<'_>, blocks: &RowBlocks, dims: AttnDims, c: *mut f32) {
-    let (s, d) = (dims.s, dims.d);
-    let parts: Vec<Part> = blocks
-        .iter()
-        .map(|(rows, end)| (rows.clone(), 0..*end, 0..d))
-        .collect();
-    k_t.products(q, &parts, 0.0, c, s);
-    for (rows, end) in blocks {
-        for ti in rows.clone() {
-            std::ptr::write_bytes(c.add(ti * s + end), 0, s - end);
+/// `rows` rows of `d` values of held `x`, row r from `x[first + r·stride]`, as a matrix: f32
+/// values where they lie (as [`q_mat`] and [`kv_mat`] view them), bf16's widened into `scratch`
+/// (row-major). A task widens the rows it reads while they are in cache: a widened copy of the
+/// whole of q, k and v went to memory and came back to the packers (1.8% of the standard
+/// shape's bf16 step on AMX, docs/performance.md). The products round the widened values to
+/// their own bits, so they give what they gave from the f32 values before these were held.
+fn held_rows<'a>(
+    x: &'a Held<'_>,
+    (first, stride): (usize, usize),
+    (rows, d): (usize, usize),
+    scratch: &'a mut Vec<f32>,
+) -> Mat<'a> {
+    match x {
+        Held::F32(values) => Mat {
+            data: &values[first..],
+            row_stride: stride,
+            col_stride: 1,
+        },
+        Held::Bf16(bits) => {
+            scratch.resize(rows * d, 0.0);
+            for (r, out) in scratch.chunks_exact_mut(d).take(rows).enumerate() {
+                let at = first + r * stride;
+                for (o, &b) in out.iter_mut().zip(&bits[at..at + d]) {
+                    *o = b.widen();
+                }
+            }
+            Mat::rows(&scratch[..rows * d], d)
         }
     }
 }
 
-/// Keeps a head's probabilities `p` (T×S, rows S apart) in `all` from `at`: each block's rows,
-/// the live columns alone, one after the other.
+/// q·kᵀ in each block's live columns from `c`, laid out as `layout` (`Whole`: zeros in the
+/// dead columns).
 ///
 /// # Safety
-/// As [`Blocks::write_ld`]: the head's kept elements belong to this task alone.
-unsafe fn keep_live(all: &Blocks, at: usize, p: &[f32], blocks: &RowBlocks, s: usize) {
-    let len: usize = blocks.iter().map(|(rows, end)| rows.len() * end).sum();
-    all.write_ld(at, len, 1, len, |mut c| {
-        for (rows, end) in blocks {
-            for ti in rows.clone() {
-                std::ptr::copy_nonoverlapping(p[ti * s..ti * s + end].as_ptr(), c, *end);
-                c = c.add(*end);
+/// `c` has room for the layout's floats (T×S for `Whole`), which no one else touches meanwhile.
+unsafe fn logits(
+    k_t: &PartsOf<'_>,
+    q: Mat<'_>,
+    blocks: &RowBlocks,
+    dims: AttnDims,
+    layout: Layout,
+    c: *mut f32,
+) {
+    let (s, d) = (dims.s, dims.d);
+    match layout {
+        Layout::Whole => {
+            let parts: Vec<Part> = blocks
+                .iter()
+                .map(|(rows, end)| (rows.clone(), 0..*end, 0..d))
+                .collect();
+            k_t.products(q, &parts, 0.0, c, s);
+            for (rows, end) in blocks {
+                for ti in rows.clone() {
+                    std::ptr::write_bytes(c.add(ti * s + end), 0, s - end);
+                }
             }
         }
-    });
+        Layout::Live => {
+            for (rows, end, at, _) in placed(blocks, layout, s) {
+                let q = q.skip_rows(rows.start);
+                k_t.products(q, &[(0..rows.len(), 0..end, 0..d)], 0.0, c.add(at), end);
+            }
+        }
+    }
 }
 
-/// A head's probabilities as [`keep_live`] kept them (`kept`), unfolded into `p` (T×S, rows S
+/// A head's probabilities as the forward pass kept them (`kept`, [`Layout::Live`]), unfolded into `p` (T×S, rows S
 /// apart) as the forward pass had them, the dead columns exact zeros: dk's and dv's products
 /// over a block of keys read them where a later block of rows sees fewer keys than an earlier
 /// one (a mask whose live ends do not grow), while the buffer holds an earlier head's values.
@@ -209,12 +270,16 @@ simd_dispatch!(pub(super) forward_task => forward_task_generic(f: &Forward<'_>, 
 
 /// A task's T×S buffers: the probabilities (where they are not computed in, or read from, the
 /// kept ones in place), the dropped-out probabilities (under dropout) and, in the backward
-/// pass, dS.
+/// pass, dS; and there the rows of q, k and v it reads, widened where they are held in bf16
+/// ([`held_rows`]).
 #[derive(Default)]
 struct Buffers {
     probs: Vec<f32>,
     dropped: Vec<f32>,
     ds: Vec<f32>,
+    q_rows: Vec<f32>,
+    k_rows: Vec<f32>,
+    v_rows: Vec<f32>,
 }
 
 thread_local! {
@@ -263,8 +328,10 @@ fn forward_task_generic(f: &Forward<'_>, bi: usize, kh: usize) -> Measured {
         by_position: if f.measure { vec![0.0; t] } else { Vec::new() },
         ..Measured::default()
     };
-    let in_place = f.live.is_whole();
-    let mut buffers = TaskBuffers::take(t * s, !(f.kept.is_some() && in_place), f.dropout.is_some(), false);
+    // The probabilities are computed where the backward pass will read them, if it keeps
+    // them: the live blocks alone, one after the other (copied there from a T×S buffer before,
+    // 1.3% of the standard shape's bf16 step on AMX with the dead columns' zero fill).
+    let mut buffers = TaskBuffers::take(t * s, f.kept.is_none(), f.dropout.is_some(), false);
     let Buffers {
         probs: scratch,
         dropped,
@@ -280,32 +347,31 @@ fn forward_task_generic(f: &Forward<'_>, bi: usize, kh: usize) -> Measured {
         let blocks = f.live.row_blocks(bi, hq);
         let head = bi * dims.h + hq;
         let p: &mut [f32] = match f.kept {
-            // SAFETY: head hq's block of batch bi belongs to this task alone; `logits` writes
-            // all of it.
-            Some(all) if in_place => unsafe {
-                let at = f.kept_at[head];
-                all.write_ld(at, s, t, s, |c| logits(&k_t, q, &blocks, dims, c));
-                all.written(at, t * s)
+            // SAFETY: head hq's live blocks of batch bi belong to this task alone; `logits`
+            // writes all of them.
+            Some(all) => unsafe {
+                let (at, len) = (f.kept_at[head], f.kept_at[head + 1] - f.kept_at[head]);
+                all.write_ld(at, len, 1, len, |c| {
+                    logits(&k_t, q, &blocks, dims, Layout::Live, c)
+                });
+                all.written(at, len)
             },
-            _ => {
-                // SAFETY: the scratch holds T×S floats.
-                unsafe { logits(&k_t, q, &blocks, dims, scratch.as_mut_ptr()) };
+            None => {
+                // SAFETY: the scratch holds T×S floats, more than the live blocks.
+                unsafe { logits(&k_t, q, &blocks, dims, Layout::Live, scratch.as_mut_ptr()) };
                 &mut scratch[..]
             }
         };
         softmax_head(
             dims,
             p,
+            Layout::Live,
             &blocks,
             f.mask,
             bi,
             hq,
             f.measure.then_some(&mut measured),
         );
-        if let Some(all) = f.kept.filter(|_| !in_place) {
-            // SAFETY: head hq's live parts of batch bi belong to this task alone.
-            unsafe { keep_live(all, f.kept_at[head], p, &blocks, s) };
-        }
         let p: &[f32] = match &f.dropout {
             Some(drop) => {
                 drop_head(dims, drop, p, dropped, &blocks, bi, hq);
@@ -317,7 +383,11 @@ fn forward_task_generic(f: &Forward<'_>, bi: usize, kh: usize) -> Measured {
         // cover all T of them.
         unsafe {
             f.out.write_ld(dims.q_row(bi, 0, hq), dims.h * d, t, d, |c| {
-                v.products(Mat::rows(p, s), &by_queries(&blocks, d), 0.0, c, dims.h * d)
+                for (rows, end, at, _) in placed(&blocks, Layout::Live, s) {
+                    let block = Mat::rows(&p[at..at + rows.len() * end], end);
+                    let c = c.add(rows.start * dims.h * d);
+                    v.products(block, &[(0..rows.len(), 0..d, 0..end)], 0.0, c, dims.h * d);
+                }
             })
         };
     }
@@ -328,9 +398,9 @@ fn forward_task_generic(f: &Forward<'_>, bi: usize, kh: usize) -> Measured {
 pub(super) struct Backward<'a> {
     pub(super) dims: AttnDims,
     pub(super) precision: Precision,
-    pub(super) q: &'a [f32],
-    pub(super) k: &'a [f32],
-    pub(super) v: &'a [f32],
+    pub(super) q: &'a Held<'a>,
+    pub(super) k: &'a Held<'a>,
+    pub(super) v: &'a Held<'a>,
     pub(super) o: &'a [f32],
     pub(super) go: &'a [f32],
     pub(super) mask: MaskView<'a>,
@@ -362,8 +432,15 @@ fn backward_task_generic(f: &Backward<'_>, bi: usize, kh: usize) {
         probs: scratch,
         dropped,
         ds,
+        q_rows,
+        k_rows,
+        v_rows,
     } = &mut buffers.0;
-    let (k, v) = (kv_mat(dims, f.k, bi, kh), kv_mat(dims, f.v, bi, kh));
+    let kv_rows = ((dims.kv_row(bi, 0, kh), dims.hkv * d), (s, d));
+    let (k, v) = (
+        held_rows(f.k, kv_rows.0, kv_rows.1, k_rows),
+        held_rows(f.v, kv_rows.0, kv_rows.1, v_rows),
+    );
     let k_t = f.kept.is_none().then(|| PartsOf::new(f.precision, d, s, k.t()));
     let (v_t, k) = (
         PartsOf::new(f.precision, d, s, v.t()),
@@ -372,7 +449,8 @@ fn backward_task_generic(f: &Backward<'_>, bi: usize, kh: usize) {
     let kv_at = dims.kv_row(bi, 0, kh);
     let kv_ld = dims.hkv * d;
     for (gi, hq) in (kh * dims.group()..(kh + 1) * dims.group()).enumerate() {
-        let (q, go) = (q_mat(dims, f.q, bi, hq), q_mat(dims, f.go, bi, hq));
+        let q = held_rows(f.q, (dims.q_row(bi, 0, hq), dims.h * d), (t, d), q_rows);
+        let go = q_mat(dims, f.go, bi, hq);
         let blocks = f.live.row_blocks(bi, hq);
         let head = bi * dims.h + hq;
         let p: &[f32] = match f.kept {
@@ -386,13 +464,13 @@ fn backward_task_generic(f: &Backward<'_>, bi: usize, kh: usize) {
                     .as_ref()
                     .expect("kᵀ packed where the probabilities were not kept");
                 // SAFETY: the scratch holds T×S floats.
-                unsafe { logits(k_t, q, &blocks, dims, scratch.as_mut_ptr()) };
-                softmax_head(dims, scratch, &blocks, f.mask, bi, hq, None);
+                unsafe { logits(k_t, q, &blocks, dims, Layout::Whole, scratch.as_mut_ptr()) };
+                softmax_head(dims, scratch, Layout::Whole, &blocks, f.mask, bi, hq, None);
                 &scratch[..]
             }
         };
         // SAFETY: ds holds T×S floats, and `logits` writes all of them.
-        unsafe { logits(&v_t, go, &blocks, dims, ds.as_mut_ptr()) };
+        unsafe { logits(&v_t, go, &blocks, dims, Layout::Whole, ds.as_mut_ptr()) };
         let first = dims.probs_block(bi, hq);
         for (rows, end) in &blocks {
             for ti in rows.clone() {

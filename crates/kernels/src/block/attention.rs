@@ -443,10 +443,7 @@ impl<Q: Epilogue, K: Epilogue> CustomOp1 for AttentionBlockOp<Q, K> {
             let g_branch = branch_gradient(p.residual, gs);
             let o_bias_grads = bias_grad(p.proj.o_bias.as_ref(), &g_branch, d)?;
             let (d_o, d_wo) = project_grads(&o, wo, &g_branch, (rows, q_width, d), p.precision);
-            let (dq, dk, dv) = {
-                let [q, k, v] = [&q, &k, &v].map(Held::to_f32);
-                p.attn.backward_values(&q, &k, &v, &o, &d_o)?
-            };
+            let (dq, dk, dv) = p.attn.backward_held(&q, &k, &v, &o, &d_o)?;
             drop((o, d_o, v));
             let [q_bias, k_bias, v_bias] = p.proj.biases();
             // h is dW's B for all three projections: packed once in bf16.

@@ -255,7 +255,10 @@ impl CustomOp3 for CrossAttentionBlockOp {
             let g_branch = branch_gradient(self.residual, gs);
             let o_bias_grads = bias_grad(self.o_bias.as_ref(), &g_branch, d)?;
             let (d_o, d_wo) = project_grads(&o, wo, &g_branch, (rows, q_width, d), self.precision);
-            let (dq, dk, dv) = self.attn.backward_values(&q.to_f32(), ks, vs, &o, &d_o)?;
+            let (dq, dk, dv) = {
+                let [ks, vs] = [ks, vs].map(|x| Held::F32(x.into()));
+                self.attn.backward_held(&q, &ks, &vs, &o, &d_o)?
+            };
             drop((o, d_o, q));
             // The scale never recomputes its product.
             let recompute_q = || projection(&h, wq, self.q_bias.as_ref(), (rows, d, q_width));

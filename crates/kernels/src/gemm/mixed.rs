@@ -253,6 +253,7 @@ impl<'a> PartsOf<'a> {
     /// `C = A·B + beta·C` over parts of C, each its rows × columns over k's elements `ks`
     /// alone, for an A (m×k, any strides) whose columns outside a part's `ks` are zero in its
     /// rows: the bits of the whole product's rows and columns, without the work of the zeros.
+    /// A's columns past a part's `ks` are not read, so its view may end there.
     /// In bf16 a part's `ks` starts at a multiple of 32 and ends at one or at k, and its
     /// columns start at a multiple of 32; in f32 each part is one product.
     ///
@@ -268,7 +269,7 @@ impl<'a> PartsOf<'a> {
         };
         for (rows, cols, ks) in parts {
             assert!(
-                (rows.is_empty() || a.fits(rows.end, k))
+                (rows.is_empty() || a.fits(rows.end, ks.end))
                     && cols.start <= cols.end
                     && cols.end <= n
                     && cols.end <= ldc

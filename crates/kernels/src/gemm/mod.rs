@@ -103,6 +103,14 @@ impl<'a> Mat<'a> {
         }
     }
 
+    /// The view from row `r` on (empty past its data).
+    pub fn skip_rows(self, r: usize) -> Self {
+        Self {
+            data: &self.data[(r * self.row_stride).min(self.data.len())..],
+            ..self
+        }
+    }
+
     /// The raw operand of [`gemm`].
     fn operand(&self) -> Operand {
         Operand {
