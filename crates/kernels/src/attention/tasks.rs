@@ -416,6 +416,46 @@ pub(super) struct Backward<'a> {
 
 simd_dispatch!(pub(super) backward_task => backward_task_generic(f: &Backward<'_>, bi: usize, kh: usize) -> ());
 
+/// dS = P ⊙ (dP − δ) of head `hq` in batch `bi` in place of dP (`ds`, T×S), each block's live
+/// columns; under dropout dP is dO·vᵀ before the mask, and the dropped-out probabilities P̃
+/// go to `dropped` (zeros in the dead columns), one mask draw per element serving both.
+#[inline(always)]
+fn scores_gradient(
+    f: &Backward<'_>,
+    p: &[f32],
+    ds: &mut [f32],
+    dropped: &mut [f32],
+    blocks: &RowBlocks,
+    bi: usize,
+    hq: usize,
+) {
+    let (s, d) = (f.dims.s, f.dims.d);
+    let first = f.dims.probs_block(bi, hq);
+    for (rows, end) in blocks {
+        for ti in rows.clone() {
+            let row = f.dims.q_row(bi, ti, hq);
+            let delta = dot(&f.go[row..row + d], &f.o[row..row + d]);
+            let (pr, dr) = (&p[ti * s..ti * s + end], &mut ds[ti * s..ti * s + end]);
+            match &f.dropout {
+                Some(drop) => {
+                    let (dropped_row, dead) = dropped[ti * s..(ti + 1) * s].split_at_mut(*end);
+                    for (si, ((x, &pv), dp)) in dr.iter_mut().zip(pr).zip(dropped_row).enumerate() {
+                        let factor = drop.factor(first + ti * s + si);
+                        *dp = pv * factor;
+                        *x = pv * (*x * factor - delta);
+                    }
+                    dead.fill(0.0);
+                }
+                None => {
+                    for (x, &pv) in dr.iter_mut().zip(pr) {
+                        *x = pv * (*x - delta);
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// With P the probabilities, P̃ = P ⊙ M the dropped-out ones and δ_t = ⟨dO_t, O_t⟩:
 /// dP = (dO·vᵀ) ⊙ M, dS = P ⊙ (dP − δ), dq = dS·k, dk = Σ_heads dSᵀ·q, dv = Σ_heads P̃ᵀ·dO, the
 /// query heads of the group summed in order (the first writes, the others add), each over the
@@ -471,32 +511,7 @@ fn backward_task_generic(f: &Backward<'_>, bi: usize, kh: usize) {
         };
         // SAFETY: ds holds T×S floats, and `logits` writes all of them.
         unsafe { logits(&v_t, go, &blocks, dims, Layout::Whole, ds.as_mut_ptr()) };
-        let first = dims.probs_block(bi, hq);
-        for (rows, end) in &blocks {
-            for ti in rows.clone() {
-                let row = dims.q_row(bi, ti, hq);
-                let delta = dot(&f.go[row..row + d], &f.o[row..row + d]);
-                let (pr, dr) = (&p[ti * s..ti * s + end], &mut ds[ti * s..ti * s + end]);
-                match &f.dropout {
-                    Some(drop) => {
-                        // One mask draw per element serves both the dropped probabilities (for
-                        // dv) and dS.
-                        let (dropped_row, dead) = dropped[ti * s..(ti + 1) * s].split_at_mut(*end);
-                        for (si, ((x, &pv), dp)) in dr.iter_mut().zip(pr).zip(dropped_row).enumerate() {
-                            let factor = drop.factor(first + ti * s + si);
-                            *dp = pv * factor;
-                            *x = pv * (*x * factor - delta);
-                        }
-                        dead.fill(0.0);
-                    }
-                    None => {
-                        for (x, &pv) in dr.iter_mut().zip(pr) {
-                            *x = pv * (*x - delta);
-                        }
-                    }
-                }
-            }
-        }
+        scores_gradient(f, p, ds, dropped, &blocks, bi, hq);
         let p_used: &[f32] = if f.dropout.is_some() { dropped } else { p };
         let (q, go) = (
             PartsOf::new(f.precision, t, d, q),
