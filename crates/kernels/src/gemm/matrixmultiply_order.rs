@@ -73,6 +73,10 @@ pub(super) unsafe fn gemm(
         }
     }
     let beta = if beta == 0.0 { 0.0 } else { 1.0 };
+    if packs_all_of_b_first() {
+        all_of_b_first(m, k, n, a, b, beta, c, ldc);
+        return;
+    }
     // One block of k at a time, its B packed once for all the tasks: at most 256 × n floats
     // packed at once (the whole B, dW's activations, was 12 MiB at the standard shape, and
     // showed in the heap's peak where the activations are recomputed).
@@ -106,6 +110,74 @@ pub(super) unsafe fn gemm(
                 blocked(m, kc, r.len(), a, b, beta, c, ldc);
             });
         }
+    }
+}
+
+/// Whether a product packs all of B's blocks of k before any tile runs: where its tasks have the
+/// pool to themselves (it was called from outside the pool, as a step of one share calls it)
+/// and there is more than one thread. Packing a block at a time, the threads meet twice for
+/// every block of 256 rows of k (the strips packed by all, then the tiles), hundreds of
+/// products a step, and SmolLM2's f32 step at one share lost there what its products gain on
+/// one core; all of B first, they meet twice a product, and that step ran 1.028× and 1.068×
+/// faster in two sittings (docs/performance.md, thirty-seventh session). Inside a share's task, with another share
+/// running beside it, a block at a time keeps the packed block in L2 while its tiles run (all
+/// of B first was 0.971× at nanoGPT's standard shape, 2.3% more heap).
+fn packs_all_of_b_first() -> bool {
+    crate::par::threads() > 1 && rayon::current_thread_index().is_none()
+}
+
+/// [`gemm`]'s loops with all of B's blocks of k packed first (block p's strips from
+/// `p·KC·n_strips`), then each task running every block over its rows or columns in k's order.
+///
+/// # Safety
+/// As [`gemm`], with β already 0 or 1 and C prescaled (k > 0).
+#[allow(clippy::too_many_arguments)]
+unsafe fn all_of_b_first(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: Operand,
+    b: Operand,
+    beta: f32,
+    c: SharedMut<f32>,
+    ldc: usize,
+) {
+    let (strip, columns) = (avx512::STRIP, n.div_ceil(avx512::STRIP) * avx512::STRIP);
+    let buffer = Strips::zeroed(k, n);
+    let strips = SharedMut(buffer.as_ptr().cast_mut());
+    // Block p0's strips, and its β: matrixmultiply's first block adds to C by β, the rest by 1.
+    let block = |p0: usize| (KC.min(k - p0), p0 * columns, if p0 == 0 { beta } else { 1.0 });
+    for_each_block(n, blocks_for(m, k, n, n, strip), strip, |r| {
+        for p0 in (0..k).step_by(KC) {
+            let (kc, at, _) = block(p0);
+            // SAFETY: each task writes its own strips of each block (r.start is a multiple
+            // of 32), inside the buffer's k × n's strips.
+            pack_strips_into(
+                kc,
+                r.len(),
+                b.skip_rows(p0).skip_cols(r.start),
+                strips.at(at + r.start * kc),
+            );
+        }
+    });
+    if m >= n {
+        for_each_block(m, blocks_for(m, k, n, m, 8), 8, |r| {
+            for p0 in (0..k).step_by(KC) {
+                let (kc, at, beta) = block(p0);
+                // SAFETY: each task writes C's rows `r` only.
+                let (a, c) = (a.skip_cols(p0).skip_rows(r.start), c.at(r.start * ldc));
+                blocked(r.len(), kc, n, a, strips.at(at), beta, c, ldc);
+            }
+        });
+    } else {
+        for_each_block(n, blocks_for(m, k, n, n, strip), strip, |r| {
+            for p0 in (0..k).step_by(KC) {
+                let (kc, at, beta) = block(p0);
+                // SAFETY: each task writes C's columns `r` only, from its strips of the block.
+                let (b, c) = (strips.at(at + r.start * kc), c.at(r.start));
+                blocked(m, kc, r.len(), a.skip_cols(p0), b, beta, c, ldc);
+            }
+        });
     }
 }
 
