@@ -73,41 +73,49 @@ pub(super) unsafe fn gemm(
         }
     }
     let beta = if beta == 0.0 { 0.0 } else { 1.0 };
-    if packs_all_of_b_first() {
-        all_of_b_first(m, k, n, a, b, beta, c, ldc);
-        return;
-    }
-    // One block of k at a time, its B packed once for all the tasks: at most 256 × n floats
-    // packed at once (the whole B, dW's activations, was 12 MiB at the standard shape, and
-    // showed in the heap's peak where the activations are recomputed).
-    let buffer = Strips::zeroed(KC.min(k), n);
+    // B's blocks of k packed a round at a time, each round's by all the tasks, then its tiles:
+    // all of B in one round, or one block a round ([`packs_all_of_b_first`]), at most 256 × n
+    // floats packed at once then (the whole B, dW's activations, was 12 MiB at the standard
+    // shape, and showed in the heap's peak where the activations are recomputed).
+    let round = if packs_all_of_b_first() { k } else { KC.min(k) };
+    let (strip, columns) = (avx512::STRIP, n.div_ceil(avx512::STRIP) * avx512::STRIP);
+    let buffer = Strips::zeroed(round, n);
     let strips = SharedMut(buffer.as_ptr().cast_mut());
-    for p0 in (0..k).step_by(KC) {
-        let kc = KC.min(k - p0);
-        let beta = if p0 == 0 { beta } else { 1.0 };
+    for r0 in (0..k).step_by(round) {
+        // The round's blocks: (first row of k, rows, where its strips start in the buffer).
+        let blocks: Vec<(usize, usize, usize)> = (r0..k.min(r0 + round))
+            .step_by(KC)
+            .map(|p0| (p0, KC.min(k - p0), (p0 - r0) * columns))
+            .collect();
+        // matrixmultiply's first block adds its sum to C by β, the later ones by 1.
+        let beta = |p0: usize| if p0 == 0 { beta } else { 1.0 };
         // The strips packed in parallel, a range of them a task (packing on one thread left
         // the other idle). A shorter last block leaves an earlier block's values past n in
         // its last strip: lanes that the tiles compute but never store.
-        let b = b.skip_rows(p0);
-        for_each_block(n, blocks_for(m, k, n, n, avx512::STRIP), avx512::STRIP, |r| {
-            // SAFETY: each task writes its own strips (r.start is a multiple of 32), inside
-            // the buffer's KC × n's strips.
-            pack_strips_into(kc, r.len(), b.skip_cols(r.start), strips.at(r.start * kc));
+        for_each_block(n, blocks_for(m, k, n, n, strip), strip, |r| {
+            for &(p0, kc, at) in &blocks {
+                // SAFETY: each task writes its own strips of each block (r.start is a multiple
+                // of 32), inside the buffer's round × n's strips.
+                let b = b.skip_rows(p0).skip_cols(r.start);
+                pack_strips_into(kc, r.len(), b, strips.at(at + r.start * kc));
+            }
         });
-        let a = a.skip_cols(p0);
         if m >= n {
             for_each_block(m, blocks_for(m, k, n, m, 8), 8, |r| {
-                // SAFETY: each task writes C's rows `r` only.
-                let (a, c) = (a.skip_rows(r.start), c.at(r.start * ldc));
-                blocked(r.len(), kc, n, a, strips.at(0), beta, c, ldc);
+                for &(p0, kc, at) in &blocks {
+                    // SAFETY: each task writes C's rows `r` only.
+                    let (a, c) = (a.skip_cols(p0).skip_rows(r.start), c.at(r.start * ldc));
+                    blocked(r.len(), kc, n, a, strips.at(at), beta(p0), c, ldc);
+                }
             });
         } else {
-            let strip = avx512::STRIP;
             for_each_block(n, blocks_for(m, k, n, n, strip), strip, |r| {
-                // SAFETY: each task writes C's columns `r` only; its strips start at strip
-                // r.start / 32 (r.start is a multiple of 32), each kc × 32 floats.
-                let (b, c) = (strips.at(r.start * kc), c.at(r.start));
-                blocked(m, kc, r.len(), a, b, beta, c, ldc);
+                for &(p0, kc, at) in &blocks {
+                    // SAFETY: each task writes C's columns `r` only; its strips of a block start
+                    // at strip r.start / 32 (r.start is a multiple of 32), each kc × 32 floats.
+                    let (b, c) = (strips.at(at + r.start * kc), c.at(r.start));
+                    blocked(m, kc, r.len(), a.skip_cols(p0), b, beta(p0), c, ldc);
+                }
             });
         }
     }
@@ -119,66 +127,11 @@ pub(super) unsafe fn gemm(
 /// every block of 256 rows of k (the strips packed by all, then the tiles), hundreds of
 /// products a step, and SmolLM2's f32 step at one share lost there what its products gain on
 /// one core; all of B first, they meet twice a product, and that step ran 1.028× and 1.068×
-/// faster in two sittings (docs/performance.md, thirty-seventh session). Inside a share's task, with another share
-/// running beside it, a block at a time keeps the packed block in L2 while its tiles run (all
-/// of B first was 0.971× at nanoGPT's standard shape, 2.3% more heap).
+/// faster in two sittings (docs/performance.md, thirty-seventh session). Inside a share's
+/// task, with another share running beside it, a block at a time keeps the packed block in L2
+/// while its tiles run (all of B first was 0.971× at nanoGPT's standard shape, 2.3% more heap).
 fn packs_all_of_b_first() -> bool {
     crate::par::threads() > 1 && rayon::current_thread_index().is_none()
-}
-
-/// [`gemm`]'s loops with all of B's blocks of k packed first (block p's strips from
-/// `p·KC·n_strips`), then each task running every block over its rows or columns in k's order.
-///
-/// # Safety
-/// As [`gemm`], with β already 0 or 1 and C prescaled (k > 0).
-#[allow(clippy::too_many_arguments)]
-unsafe fn all_of_b_first(
-    m: usize,
-    k: usize,
-    n: usize,
-    a: Operand,
-    b: Operand,
-    beta: f32,
-    c: SharedMut<f32>,
-    ldc: usize,
-) {
-    let (strip, columns) = (avx512::STRIP, n.div_ceil(avx512::STRIP) * avx512::STRIP);
-    let buffer = Strips::zeroed(k, n);
-    let strips = SharedMut(buffer.as_ptr().cast_mut());
-    // Block p0's strips, and its β: matrixmultiply's first block adds to C by β, the rest by 1.
-    let block = |p0: usize| (KC.min(k - p0), p0 * columns, if p0 == 0 { beta } else { 1.0 });
-    for_each_block(n, blocks_for(m, k, n, n, strip), strip, |r| {
-        for p0 in (0..k).step_by(KC) {
-            let (kc, at, _) = block(p0);
-            // SAFETY: each task writes its own strips of each block (r.start is a multiple
-            // of 32), inside the buffer's k × n's strips.
-            pack_strips_into(
-                kc,
-                r.len(),
-                b.skip_rows(p0).skip_cols(r.start),
-                strips.at(at + r.start * kc),
-            );
-        }
-    });
-    if m >= n {
-        for_each_block(m, blocks_for(m, k, n, m, 8), 8, |r| {
-            for p0 in (0..k).step_by(KC) {
-                let (kc, at, beta) = block(p0);
-                // SAFETY: each task writes C's rows `r` only.
-                let (a, c) = (a.skip_cols(p0).skip_rows(r.start), c.at(r.start * ldc));
-                blocked(r.len(), kc, n, a, strips.at(at), beta, c, ldc);
-            }
-        });
-    } else {
-        for_each_block(n, blocks_for(m, k, n, n, strip), strip, |r| {
-            for p0 in (0..k).step_by(KC) {
-                let (kc, at, beta) = block(p0);
-                // SAFETY: each task writes C's columns `r` only, from its strips of the block.
-                let (b, c) = (strips.at(at + r.start * kc), c.at(r.start));
-                blocked(m, kc, r.len(), a.skip_cols(p0), b, beta, c, ldc);
-            }
-        });
-    }
 }
 
 /// Rows of C per tile: twelve rows of two 16-lane vectors in 24 registers, so that each step's
