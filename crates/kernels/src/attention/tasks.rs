@@ -159,10 +159,11 @@ fn kv_mat<'a>(dims: AttnDims, x: &'a [f32], bi: usize, kh: usize) -> Mat<'a> {
 
 /// `rows` rows of `d` values of held `x`, row r from `x[first + r·stride]`, as a matrix: f32
 /// values where they lie (as [`q_mat`] and [`kv_mat`] view them), bf16's widened into `scratch`
-/// (row-major). A task widens the rows it reads while they are in cache: a widened copy of the
-/// whole of q, k and v went to memory and came back to the packers (1.8% of the standard
-/// shape's bf16 step on AMX, docs/performance.md). The products round the widened values to
-/// their own bits, so they give what they gave from the f32 values before these were held.
+/// (row-major). The products round the widened values to their own bits, so they give what they
+/// gave from the f32 values before these were held. Widening a task's rows here measured as
+/// fast as widening the whole of q, k and v first (1.001×: the loads of the held rows are most
+/// of the time either way, docs/performance.md), and allocates no f32 copies of them; packers
+/// that read bf16 directly would take its place.
 fn held_rows<'a>(
     x: &'a Held<'_>,
     (first, stride): (usize, usize),
@@ -224,8 +225,8 @@ unsafe fn logits(
     }
 }
 
-/// A head's probabilities as the forward pass kept them (`kept`, [`Layout::Live`]), unfolded into `p` (T×S, rows S
-/// apart) as the forward pass had them, the dead columns exact zeros: dk's and dv's products
+/// A head's probabilities as the forward pass kept them (`kept`, [`Layout::Live`]), unfolded
+/// into `p` (T×S, rows S apart), the dead columns exact zeros: dk's and dv's products
 /// over a block of keys read them where a later block of rows sees fewer keys than an earlier
 /// one (a mask whose live ends do not grow), while the buffer holds an earlier head's values.
 fn unfold_live(kept: &[f32], p: &mut [f32], blocks: &RowBlocks, s: usize) {

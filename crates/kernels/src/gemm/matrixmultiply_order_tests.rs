@@ -3,7 +3,10 @@
 //! neither, at ragged edges of every block (tile, strip, k's blocks of 256), at β zero, one and
 //! neither, sums of −0 included, on one thread and two, and without reading C where β is zero.
 
-use super::tests::{by_matrixmultiply, on_threads_gives_matrixmultiplys_bits, operands, same_bits, values};
+use super::tests::{
+    at_strides_gives_matrixmultiplys_bits, by_matrixmultiply, on_threads_gives_matrixmultiplys_bits,
+    operands, same_bits, values,
+};
 use super::{matrixmultiply_order, Operand};
 use crate::par::SharedMut;
 
@@ -73,31 +76,8 @@ fn gives_matrixmultiplys_bits_at_every_layout_edge_and_beta() {
 
 #[test]
 fn strided_operands_give_matrixmultiplys_bits() {
-    if !available() {
-        return;
-    }
-    // A and B with neither stride one (every other element of a wider buffer): A read in place
-    // at a stride, B packed element by element; a tile, a strip and k's blocks ragged, and
-    // large enough to be cut into tasks.
-    for (m, k, n) in [(19, 300, 21), (140, 520, 75)] {
-        let (a, b) = (values(2 * m * k, 4), values(2 * k * n, 5));
-        let ao = Operand {
-            ptr: a.as_ptr(),
-            row_stride: 2 * k,
-            col_stride: 2,
-        };
-        let bo = Operand {
-            ptr: b.as_ptr(),
-            row_stride: 2,
-            col_stride: 2 * k,
-        };
-        for beta in [0.0, 1.0, 0.5] {
-            let c0 = values(m * n, 6);
-            let (mut want, mut got) = (c0.clone(), c0);
-            by_matrixmultiply((m, k, n), ao, bo, beta, &mut want, n);
-            in_its_order((m, k, n), ao, bo, beta, &mut got, n);
-            assert!(same_bits(&want, &got), "({m}, {k}, {n}), β {beta}");
-        }
+    if available() {
+        at_strides_gives_matrixmultiplys_bits(in_its_order);
     }
 }
 

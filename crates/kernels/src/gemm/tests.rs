@@ -56,6 +56,36 @@ pub(super) fn same_bits(x: &[f32], y: &[f32]) -> bool {
     x.iter().zip(y).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
+/// A product with matrixmultiply's bits, `(shape, A, B, β, C, ldc)`, for A and B with neither
+/// stride one (every other element of a wider buffer): A read at a stride, B gathered element
+/// by element; a tile, a strip and k's blocks ragged, at β zero, one and neither, and large
+/// enough to be cut into tasks.
+#[cfg(target_arch = "x86_64")]
+pub(super) fn at_strides_gives_matrixmultiplys_bits(
+    product: impl Fn((usize, usize, usize), Operand, Operand, f32, &mut [f32], usize),
+) {
+    for (m, k, n) in [(19, 300, 21), (140, 520, 75)] {
+        let (a, b) = (values(2 * m * k, 4), values(2 * k * n, 5));
+        let ao = Operand {
+            ptr: a.as_ptr(),
+            row_stride: 2 * k,
+            col_stride: 2,
+        };
+        let bo = Operand {
+            ptr: b.as_ptr(),
+            row_stride: 2,
+            col_stride: 2 * k,
+        };
+        for beta in [0.0, 1.0, 0.5] {
+            let c0 = values(m * n, 6);
+            let (mut want, mut got) = (c0.clone(), c0);
+            by_matrixmultiply((m, k, n), ao, bo, beta, &mut want, n);
+            product((m, k, n), ao, bo, beta, &mut got, n);
+            assert!(same_bits(&want, &got), "({m}, {k}, {n}), β {beta}");
+        }
+    }
+}
+
 /// A product with matrixmultiply's bits, `(shape, A, B, β, C, ldc)`, on 1 and 2 threads at
 /// shapes the callers cut into tasks over C's rows or its columns, C inside a wider buffer:
 /// matrixmultiply's bits each time.
