@@ -2,6 +2,8 @@
 //! module in [`cmd`]; [`exit`] turns the result into the exit status. No training logic lives
 //! here: the commands hand over to the trainer and experiment crates.
 
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+mod allocator;
 mod cmd;
 mod exit;
 
@@ -95,114 +97,13 @@ enum Command {
     Config(cmd::config::ConfigArgs),
 }
 
-/// The system allocator (glibc), with transparent huge pages asked for on every block of 4 MiB
-/// or more (`madvise(MADV_HUGEPAGE)` on its 2 MiB-aligned interior): a big activation then faults
-/// in 2 MiB at a time instead of 4 KiB, the first time; [`keep_freed_memory`] makes that the
-/// only time. glibc's own `glibc.malloc.hugetlb` tunable does this, but a
-/// tunable is read at process start, from the environment, so Ember cannot set it for itself.
-/// Every block's bytes are counted too ([`ember_trainer::heap`]: `ember bench` reports the peak).
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-mod huge_pages {
-    use std::alloc::{GlobalAlloc, Layout, System};
-
-    use ember_trainer::heap;
-
-    const HUGE_PAGE: usize = 2 << 20;
-    const MIN_BLOCK: usize = 4 << 20;
-
-    pub struct HugePages;
-
-    /// Asks for huge pages on the whole 2 MiB pages inside a block of `size` bytes at `p`.
-    fn advise(p: *mut u8, size: usize) {
-        if p.is_null() || size < MIN_BLOCK {
-            return;
-        }
-        let start = (p as usize).next_multiple_of(HUGE_PAGE);
-        let end = (p as usize + size) & !(HUGE_PAGE - 1);
-        if end > start {
-            // SAFETY: the range lies inside a block the allocator just handed out; MADV_HUGEPAGE
-            // changes how its pages are backed, never their contents. A failure (no THP) is
-            // harmless and ignored.
-            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
-        }
-    }
-
-    /// A block of `size` bytes at `p` handed out: huge pages asked for, its bytes counted.
-    fn handed_out(p: *mut u8, size: usize) {
-        if !p.is_null() {
-            advise(p, size);
-            heap::allocated(size);
-        }
-    }
-
-    // SAFETY: every call is System's own; `advise` only adds a paging hint, and the counts
-    // touch no memory of the blocks.
-    unsafe impl GlobalAlloc for HugePages {
-        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-            let p = unsafe { System.alloc(layout) };
-            handed_out(p, layout.size());
-            p
-        }
-        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-            let p = unsafe { System.alloc_zeroed(layout) };
-            handed_out(p, layout.size());
-            p
-        }
-        unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
-            unsafe { System.dealloc(p, layout) };
-            heap::freed(layout.size());
-        }
-        unsafe fn realloc(&self, p: *mut u8, layout: Layout, size: usize) -> *mut u8 {
-            let q = unsafe { System.realloc(p, layout, size) };
-            if !q.is_null() {
-                heap::freed(layout.size());
-                handed_out(q, size);
-            }
-            q
-        }
-    }
-}
-
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 #[global_allocator]
-static ALLOCATOR: huge_pages::HugePages = huge_pages::HugePages;
-
-/// Keeps freed memory in the heap instead of handing it back to the kernel. glibc serves blocks
-/// above its mmap threshold (at most 32 MiB) with fresh mappings and unmaps them on free, so
-/// every training step faulted its logits and activations in again page by page: 9% of a
-/// multi30k-tiny step went to page faults. Turning those mappings off left peak RSS where it
-/// was (the same bytes are live at the peak); they are simply reused.
-///
-/// The kernels' worker threads allocate from glibc's per-thread arenas, which grow in heaps of
-/// at most 64 MiB. When the last heap of an arena empties, glibc unmaps it whatever the trim
-/// threshold, unless the heap before it would then keep less than `M_TOP_PAD` free (glibc
-/// 2.36 `heap_trim`); the default pad is 128 KiB, so each step unmapped heaps and faulted them
-/// in again (16.7k page faults a step at nanoGPT's standard shape in bf16, 8 with a 64 MiB pad).
-/// The pad is address space, never touched until used. Memory kept this way serves only its own
-/// arena, so the process holds each arena's high-water mark: fine-tuning SmolLM2-135M's shape
-/// in bf16 peaked at 4,663–4,685 MiB against 4,242–4,556 before, for a 1.07× faster step.
-/// One arena per core instead of glibc's eight kept the peak where it was but cost the smallest
-/// models 7–20% a step (docs/performance.md), and they are what Ember is mostly used for.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn keep_freed_memory() {
-    // SAFETY: mallopt only adjusts allocator parameters; called before any other thread exists.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_MAX, 0);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
-        libc::mallopt(libc::M_TOP_PAD, ARENA_HEAP_MAX as i32);
-    }
-}
-
-/// The largest heap of a glibc per-thread arena on 64-bit Linux (`HEAP_MAX_SIZE`, twice the
-/// 32 MiB ceiling of the mmap threshold): a pad this large keeps every heap mapped.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-const ARENA_HEAP_MAX: usize = 64 << 20;
-
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn keep_freed_memory() {}
+static ALLOCATOR: allocator::LinedBlocks = allocator::LinedBlocks;
 
 fn main() -> ExitCode {
-    keep_freed_memory();
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    allocator::keep_freed_memory();
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     ember_trainer::heap::count_from_now();
     let cli = match Cli::try_parse() {

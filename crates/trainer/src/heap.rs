@@ -6,7 +6,7 @@
 //!
 //! The `ember` binary's global allocator reports its blocks here; `ember bench` reports the
 //! peak beside the peak RSS. The two differ by what the allocator keeps after it is freed
-//! (glibc's arenas hold their high-water marks: `keep_freed_memory` in src/main.rs), by memory
+//! (glibc's arenas hold their high-water marks: `keep_freed_memory` in src/allocator.rs), by memory
 //! not from the heap (the binary, thread stacks, mapped files) and by pages handed out but never
 //! touched. So a change that frees memory earlier shows in the live peak even where the
 //! allocator keeps RSS where it was. A process whose allocator reports nothing (a test, another
