@@ -28,9 +28,10 @@ const MIN_HUGE: usize = 4 << 20;
 ///
 /// Lined: a row of a product's output or of an activation then lies on whole lines, where from
 /// glibc's 16-byte alignment each 64-byte row of AMX's tile stores and each AVX-512 vector
-/// straddled two. On the AMX Xeon a product's tile steps with C 16 bytes past a line took 1.10–1.21× as long (`gemm::bf16::timing::amx_product_parts_at_the_standard_shape`); with
-/// big blocks lined nanoGPT's standard shape's bf16 step was 1.095× faster (1.069–1.177, 8
-/// pairs) at 0.981× the peak RSS, its f32 step 1.009× (docs/performance.md, 2026-12-04).
+/// straddled two. On the AMX Xeon a product's tile steps with C 16 bytes past a line took
+/// 1.04–1.21× as long (`gemm::bf16::timing::amx_product_parts_at_the_standard_shape`); with big
+/// blocks lined nanoGPT's standard shape's bf16 step was 1.095× faster (1.069–1.177, 8 pairs)
+/// at 0.981× the peak RSS, its f32 step 1.009× (docs/performance.md, 2026-12-04).
 /// A lined block is glibc's block of 64 bytes more, handed out from its first line boundary
 /// past 8 bytes, with glibc's own pointer kept in the 8 bytes before.
 ///
