@@ -10,7 +10,7 @@
 //! ([`Element::widen`]), so no f32 copy is made.
 //!
 //! The attention core reads q, k and v only through its products, which round them: held
-//! rounded, and widened back in its backward pass a task's rows at a time
+//! rounded, and packed for its backward pass's products from the bits themselves
 //! ([`crate::attention`]), they give the same bits as the f32 values did, for half their memory.
 
 use std::borrow::Cow;

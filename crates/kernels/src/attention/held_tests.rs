@@ -1,5 +1,5 @@
-//! The backward pass from q, k and v held in bf16's 16 bits, each task widening the rows it
-//! reads ([`AttnOp::backward_held`]), gives the bits of the same pass from the widened values
+//! The backward pass from q, k and v held in bf16's 16 bits, each task packing the rows it
+//! reads from their bits ([`AttnOp::backward_held`]), gives the bits of the same pass from the widened values
 //! as whole f32 tensors: with grouped-query heads, T not a multiple of the blocks, the
 //! probabilities kept or recomputed, and with and without dropout.
 

@@ -373,9 +373,9 @@ impl AttnOp {
         self.backward_held(&q, &k, &v, o, go)
     }
 
-    /// [`Self::backward_values`] for q, k and v as a sub-block holds them: each task widens
-    /// the rows it reads of bf16-held values itself ([`tasks`]), the same values the products
-    /// would round from a widened copy of the whole tensors, without that copy's trip to memory.
+    /// [`Self::backward_values`] for q, k and v as a sub-block holds them: each task packs the
+    /// rows it reads of bf16-held values for its products from their bits ([`tasks`]), the
+    /// pairs the products would round from a widened copy of the whole tensors, with no copy.
     pub(crate) fn backward_held(
         &self,
         q: &Held<'_>,

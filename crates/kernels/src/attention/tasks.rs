@@ -6,7 +6,7 @@ use super::{AttnDims, MaskView};
 use std::cell::RefCell;
 
 use crate::dropout::DropoutOp;
-use crate::gemm::{Blocks, Element, Mat, Part, PartsOf};
+use crate::gemm::{Bits, Blocks, Element, Mat, Part, PartsOf};
 use crate::held::Held;
 use crate::precision::Precision;
 use crate::simd::{dot, simd_dispatch};
@@ -159,11 +159,10 @@ fn kv_mat<'a>(dims: AttnDims, x: &'a [f32], bi: usize, kh: usize) -> Mat<'a> {
 
 /// `rows` rows of `d` values of held `x`, row r from `x[first + r·stride]`, as a matrix: f32
 /// values where they lie (as [`q_mat`] and [`kv_mat`] view them), bf16's widened into `scratch`
-/// (row-major). The products round the widened values to their own bits, so they give what they
-/// gave from the f32 values before these were held. Widening a task's rows here measured as
-/// fast as widening the whole of q, k and v first (1.001×: the loads of the held rows are most
-/// of the time either way, docs/performance.md), and allocates no f32 copies of them; packers
-/// that read bf16 directly would take its place.
+/// (row-major). For q as A of q·kᵀ where the backward pass computes the probabilities again
+/// (B operands are packed from the bits themselves: [`held_parts`]). The product rounds the
+/// widened values to their own bits, so it gives what it gave from the f32 values before these
+/// were held.
 fn held_rows<'a>(
     x: &'a Held<'_>,
     (first, stride): (usize, usize),
@@ -185,6 +184,39 @@ fn held_rows<'a>(
                 }
             }
             Mat::rows(&scratch[..rows * d], d)
+        }
+    }
+}
+
+/// Held `x`'s `rows` × `d` matrix from `first` (rows `stride` apart), or its transpose, as B
+/// of bf16 or f32 products in `precision`: f32 values viewed where they lie, bf16's bits packed
+/// as they are ([`PartsOf::of_bits`]: the pairs rounding their widened values would give, with
+/// no f32 copy made; widening them a task's rows at a time first was 2.1–2.4% of the standard
+/// shape's bf16 step on AMX).
+fn held_parts<'a>(
+    precision: Precision,
+    x: &'a Held<'_>,
+    (first, stride): (usize, usize),
+    (rows, d): (usize, usize),
+    transposed: bool,
+) -> PartsOf<'a> {
+    let (k, n) = if transposed { (d, rows) } else { (rows, d) };
+    match x {
+        Held::F32(values) => {
+            let m = Mat {
+                data: &values[first..],
+                row_stride: stride,
+                col_stride: 1,
+            };
+            PartsOf::new(precision, k, n, if transposed { m.t() } else { m })
+        }
+        Held::Bf16(bits) => {
+            let b = Bits {
+                data: &bits[first..],
+                row_stride: stride,
+                col_stride: 1,
+            };
+            PartsOf::of_bits(k, n, if transposed { b.t() } else { b })
         }
     }
 }
@@ -271,16 +303,14 @@ simd_dispatch!(pub(super) forward_task => forward_task_generic(f: &Forward<'_>, 
 
 /// A task's T×S buffers: the probabilities (where they are not computed in, or read from, the
 /// kept ones in place), the dropped-out probabilities (under dropout) and, in the backward
-/// pass, dS; and there the rows of q, k and v it reads, widened where they are held in bf16
-/// ([`held_rows`]).
+/// pass, dS; and there, where it computes the probabilities again, q's rows widened where they
+/// are held in bf16 ([`held_rows`]).
 #[derive(Default)]
 struct Buffers {
     probs: Vec<f32>,
     dropped: Vec<f32>,
     ds: Vec<f32>,
     q_rows: Vec<f32>,
-    k_rows: Vec<f32>,
-    v_rows: Vec<f32>,
 }
 
 thread_local! {
@@ -474,23 +504,17 @@ fn backward_task_generic(f: &Backward<'_>, bi: usize, kh: usize) {
         dropped,
         ds,
         q_rows,
-        k_rows,
-        v_rows,
     } = &mut buffers.0;
-    let kv_rows = ((dims.kv_row(bi, 0, kh), dims.hkv * d), (s, d));
-    let (k, v) = (
-        held_rows(f.k, kv_rows.0, kv_rows.1, k_rows),
-        held_rows(f.v, kv_rows.0, kv_rows.1, v_rows),
-    );
-    let k_t = f.kept.is_none().then(|| PartsOf::new(f.precision, d, s, k.t()));
-    let (v_t, k) = (
-        PartsOf::new(f.precision, d, s, v.t()),
-        PartsOf::new(f.precision, s, d, k),
-    );
     let kv_at = dims.kv_row(bi, 0, kh);
     let kv_ld = dims.hkv * d;
+    let kv_rows = ((kv_at, kv_ld), (s, d));
+    let k_t = (f.kept.is_none()).then(|| held_parts(f.precision, f.k, kv_rows.0, kv_rows.1, true));
+    let (v_t, k) = (
+        held_parts(f.precision, f.v, kv_rows.0, kv_rows.1, true),
+        held_parts(f.precision, f.k, kv_rows.0, kv_rows.1, false),
+    );
     for (gi, hq) in (kh * dims.group()..(kh + 1) * dims.group()).enumerate() {
-        let q = held_rows(f.q, (dims.q_row(bi, 0, hq), dims.h * d), (t, d), q_rows);
+        let q_rows_at = ((dims.q_row(bi, 0, hq), dims.h * d), (t, d));
         let go = q_mat(dims, f.go, bi, hq);
         let blocks = f.live.row_blocks(bi, hq);
         let head = bi * dims.h + hq;
@@ -504,6 +528,7 @@ fn backward_task_generic(f: &Backward<'_>, bi: usize, kh: usize) {
                 let k_t = k_t
                     .as_ref()
                     .expect("kᵀ packed where the probabilities were not kept");
+                let q = held_rows(f.q, q_rows_at.0, q_rows_at.1, q_rows);
                 // SAFETY: the scratch holds T×S floats.
                 unsafe { logits(k_t, q, &blocks, dims, Layout::Whole, scratch.as_mut_ptr()) };
                 softmax_head(dims, scratch, Layout::Whole, &blocks, f.mask, bi, hq, None);
@@ -515,7 +540,7 @@ fn backward_task_generic(f: &Backward<'_>, bi: usize, kh: usize) {
         scores_gradient(f, p, ds, dropped, &blocks, bi, hq);
         let p_used: &[f32] = if f.dropout.is_some() { dropped } else { p };
         let (q, go) = (
-            PartsOf::new(f.precision, t, d, q),
+            held_parts(f.precision, f.q, q_rows_at.0, q_rows_at.1, false),
             PartsOf::new(f.precision, t, d, go),
         );
         // dk and dv for each block of keys, over the query rows that see it (the rows before

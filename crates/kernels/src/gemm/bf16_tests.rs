@@ -5,10 +5,10 @@
 use std::arch::x86_64::*;
 
 use super::bf16::amx::{flushed as ftz, worst_error};
-use super::bf16::{gemm, gemm_with, pack_b_for, supported, to_bf16, Kernel};
+use super::bf16::{gemm, gemm_with, pack_b_bits_for, pack_b_for, supported, to_bf16, Kernel};
 use super::emulated::fma_flushed;
 use super::tests::{b_view, operands, values, LAYOUTS};
-use super::{Mat, Operand, PackedIn};
+use super::{Bits, Element, Mat, Operand, PackedIn};
 use crate::Precision;
 
 pub(super) use super::emulated::round;
@@ -381,6 +381,58 @@ fn packed_strips_hold_the_rounded_pairs() {
                         "k={k} n={n} b_t={b_t:?} s={s} q={q} j={jj}"
                     );
                 }
+            }
+        }
+    }
+}
+
+/// B held as bf16 bits packs into the strips its widened values pack into, for each kernel's
+/// padding of k: rows contiguous (a whole strip, and the partial one past it), columns
+/// contiguous (k in whole runs of 32 and not), and neither.
+#[test]
+fn bits_pack_as_their_widened_values_do() {
+    if !supported() {
+        return;
+    }
+    let kernels = [Kernel::Avx512, Kernel::AmxEmulated];
+    for (k, n) in [
+        (1usize, 1usize),
+        (5, 40),
+        (64, 17),
+        (33, 64),
+        (96, 70),
+        (150, 32),
+        (7, 37),
+    ] {
+        let len = 4 * k * n + 4 * (k + n) + 8;
+        let bits: Vec<u16> = values(len, 7).iter().map(|&x| to_bf16(x)).collect();
+        let widened: Vec<f32> = bits.iter().map(|b| b.widen()).collect();
+        // (row stride, column stride): rows of n + 3, columns of k + 1, and every third row
+        // of a column-major buffer.
+        for (rs, cs) in [(n + 3, 1), (1, k + 1), (3, 3 * k + 1)] {
+            let held = Bits {
+                data: &bits,
+                row_stride: rs,
+                col_stride: cs,
+            };
+            let values = Operand {
+                ptr: widened.as_ptr(),
+                row_stride: rs,
+                col_stride: cs,
+            };
+            for kernel in kernels {
+                // SAFETY: both views lie inside their buffers ((k-1)·rs + (n-1)·cs < len).
+                let (from_bits, from_values) = unsafe {
+                    (
+                        pack_b_bits_for(kernel, k, n, held),
+                        pack_b_for(kernel, k, n, values),
+                    )
+                };
+                let size = n.div_ceil(32) * kernel.kq_stride(k) * 32;
+                assert!(
+                    from_bits.as_slice(size) == from_values.as_slice(size),
+                    "k={k} n={n} strides ({rs}, {cs}) {kernel:?}"
+                );
             }
         }
     }

@@ -32,7 +32,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::OnceLock;
 
-use super::{Mat, Operand, Part};
+use super::{Bits, Mat, Operand, Part};
 
 mod rounded;
 use crate::par::{self, SharedMut};
@@ -329,6 +329,18 @@ impl Packed {
         assert!(b.fits(k, n), "sgemm: operand out of bounds");
         // SAFETY: B's k×n view is in bounds (asserted).
         unsafe { Self::new(k, n, b.operand().into()) }
+    }
+
+    /// B's k×n view of bf16 bits ([`Bits`]), which round to themselves.
+    pub(crate) fn of_bits(k: usize, n: usize, b: Bits<'_>) -> Self {
+        assert!(b.fits(k, n), "sgemm: operand out of bounds");
+        let lines = Lines {
+            ptr: b.data.as_ptr(),
+            row_stride: b.row_stride,
+            col_stride: b.col_stride,
+        };
+        // SAFETY: B's k×n view is in bounds (asserted).
+        unsafe { Self::new(k, n, lines) }
     }
 
     pub(crate) fn dims(&self) -> (usize, usize) {

@@ -4,7 +4,7 @@
 //! precision themselves.
 
 use super::emulated::{self, Packed as EmulatedB};
-use super::{product, sgemm, sgemm_packed, Mat, Operand, PackedB};
+use super::{product, sgemm, sgemm_packed, Bits, Mat, Operand, PackedB};
 use crate::Precision;
 
 /// Whether the CPU runs bf16 products itself ([`super::bf16::supported`]).
@@ -247,6 +247,18 @@ impl<'a> PartsOf<'a> {
                 // SAFETY: B's k×n view is in bounds (asserted) and the CPU has AVX512_BF16.
                 Bf16On::Cpu => PartsOf::Bf16(unsafe { super::bf16::pack_b(k, n, b.operand()) }),
             },
+        }
+    }
+
+    /// B (k×n) held as bf16 bits, for bf16 products: packed from the bits where the CPU
+    /// multiplies in bf16 (no f32 copy), rounded from them for the emulation.
+    pub fn of_bits(k: usize, n: usize, b: Bits<'_>) -> Self {
+        assert!(b.fits(k, n), "sgemm: operand out of bounds");
+        match bf16_on() {
+            Bf16On::Emulation => PartsOf::Emulated(EmulatedB::of_bits(k, n, b)),
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: B's k×n view is in bounds (asserted) and the CPU has AVX512_BF16.
+            Bf16On::Cpu => PartsOf::Bf16(unsafe { super::bf16::pack_b_bits(k, n, b) }),
         }
     }
 

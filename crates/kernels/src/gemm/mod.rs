@@ -126,6 +126,32 @@ impl<'a> Mat<'a> {
     }
 }
 
+/// A matrix of bf16 values held as their bits (as [`crate::held::Held`] holds them), viewed as
+/// [`Mat`] views f32: element (r, c) at `data[r·row_stride + c·col_stride]`. bf16 products take
+/// it as B where the f32 view would have been rounded to these same bits.
+#[derive(Clone, Copy)]
+pub(crate) struct Bits<'a> {
+    pub data: &'a [u16],
+    pub row_stride: usize,
+    pub col_stride: usize,
+}
+
+impl Bits<'_> {
+    /// The transpose: the same bits with the strides swapped.
+    pub fn t(self) -> Self {
+        Self {
+            row_stride: self.col_stride,
+            col_stride: self.row_stride,
+            ..self
+        }
+    }
+
+    /// Whether every element of an `r`×`c` view lies inside `data`.
+    fn fits(&self, r: usize, c: usize) -> bool {
+        r == 0 || c == 0 || (r - 1) * self.row_stride + (c - 1) * self.col_stride < self.data.len()
+    }
+}
+
 /// `C = A·B + beta·C` for A (m×k), B (k×n) and a row-major C (m×n), single-threaded.
 ///
 /// [`gemm`] multiplies small operands in place with an AVX-512 kernel and hands the rest

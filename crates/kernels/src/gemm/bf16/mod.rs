@@ -45,13 +45,15 @@ mod pack;
 mod rounded;
 #[cfg(test)]
 mod timing;
+#[cfg(test)]
+pub(super) use pack::pack_b_bits_for;
 pub(super) use pack::pack_b_for;
 #[cfg(test)]
 pub(super) use pack::transpose16;
 use pack::{convert_block, pack_a, ABlock, ASource, A_BLOCK};
 #[cfg(test)]
 pub(crate) use pack::{from_bf16, to_bf16};
-pub(crate) use pack::{pack_b, PackedPairs};
+pub(crate) use pack::{pack_b, pack_b_bits, PackedPairs};
 #[cfg(test)]
 pub(in crate::gemm) use rounded::pack_b_rounded as pack_b_rounded_for;
 pub(crate) use rounded::Rounded;
@@ -108,7 +110,7 @@ impl Kernel {
     }
     /// Pairs of k from one row (of A) or pair row (of B's strip) to the next: AMX's tiles span
     /// 16 pairs, so their operands are padded with zero pairs to a multiple of 16.
-    fn kq_stride(self, k: usize) -> usize {
+    pub(in crate::gemm) fn kq_stride(self, k: usize) -> usize {
         let kq = k.div_ceil(2);
         if self.tiles() {
             kq.next_multiple_of(amx::KQ_STEP)

@@ -8,7 +8,7 @@ use std::arch::x86_64::*;
 use super::amx;
 use super::{Kernel, MR, NR};
 use crate::gemm::x86::avx512::lane_mask as lanes;
-use crate::gemm::Operand;
+use crate::gemm::{Bits, Operand};
 use crate::par::SharedMut;
 
 pub(crate) use crate::gemm::emulated::to_bf16;
@@ -171,6 +171,44 @@ pub(crate) unsafe fn pack_b(k: usize, n: usize, b: Operand) -> PackedPairs {
 /// # Safety
 /// As [`pack_b`].
 pub(in crate::gemm) unsafe fn pack_b_for(kernel: Kernel, k: usize, n: usize, b: Operand) -> PackedPairs {
+    // SAFETY: `pack_strip` writes strip s's ⌈k/2⌉ pair rows from B's readable k×n view.
+    pack_strips_with(kernel, k, n, |s, strip| unsafe { pack_strip(k, n, b, s, strip) })
+}
+
+/// B (k×n) held as bf16 bits ([`Bits`]) packed as [`pack_b`] packs its values: the same pairs,
+/// since rounding the widened bits gives them back. Held activations (attention's q, k and v)
+/// are packed so without being widened first.
+///
+/// # Safety
+/// Every element of B's k×n view is inside its data; the CPU has AVX512_BF16.
+pub(crate) unsafe fn pack_b_bits(k: usize, n: usize, b: Bits<'_>) -> PackedPairs {
+    pack_b_bits_for(Kernel::detect(), k, n, b)
+}
+
+/// [`pack_b_bits`] for `kernel`'s steps.
+///
+/// # Safety
+/// As [`pack_b_bits`].
+pub(in crate::gemm) unsafe fn pack_b_bits_for(
+    kernel: Kernel,
+    k: usize,
+    n: usize,
+    b: Bits<'_>,
+) -> PackedPairs {
+    // SAFETY: `pack_strip_bits` writes strip s's ⌈k/2⌉ pair rows from B's k×n view.
+    pack_strips_with(kernel, k, n, |s, strip| unsafe {
+        pack_strip_bits(k, n, b, s, strip)
+    })
+}
+
+/// B's strips for `kernel`, each packed by `strip(s, out)` (its ⌈k/2⌉ pair rows of [`NR`] u32
+/// at `out`) in parallel tasks, the pair rows past k up to the kernel's stride zeroed.
+fn pack_strips_with(
+    kernel: Kernel,
+    k: usize,
+    n: usize,
+    strip: impl Fn(usize, *mut u32) + Sync + Send,
+) -> PackedPairs {
     let (kq, strips) = (kernel.kq_stride(k), n.div_ceil(NR));
     let mut data = Aligned::for_writing(strips * kq * NR);
     let out = SharedMut(data.ptr_mut());
@@ -178,14 +216,70 @@ pub(in crate::gemm) unsafe fn pack_b_for(kernel: Kernel, k: usize, n: usize, b: 
         for s in range {
             // SAFETY: strip s (NR·kq elements from its start) is this task's alone.
             unsafe {
-                let strip = out.at(s * kq * NR);
-                pack_strip(k, n, b, s, strip);
+                let at = out.at(s * kq * NR);
+                strip(s, at);
                 // The pair rows past k that AMX's tiles read.
-                std::ptr::write_bytes(strip.add(k.div_ceil(2) * NR), 0, (kq - k.div_ceil(2)) * NR);
+                std::ptr::write_bytes(at.add(k.div_ceil(2) * NR), 0, (kq - k.div_ceil(2)) * NR);
             }
         }
     });
     PackedPairs { data, k, n, kernel }
+}
+
+/// Strip `s` of [`pack_b_bits`] into `out`: the bits moved into pairs, nothing rounded. A
+/// whole strip of contiguous rows (k or q in attention's dq = dS·k and dk = dSᵀ·q) interleaves
+/// two rows' 32 columns; contiguous columns (kᵀ and vᵀ in dP = dO·vᵀ) are already pairs along k,
+/// 16 columns of 16 pairs transposed as [`pack_strip`] does; the rest goes element by element.
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn pack_strip_bits(k: usize, n: usize, b: Bits<'_>, s: usize, out: *mut u32) {
+    let (kq, rs, cs, j0) = (k.div_ceil(2), b.row_stride, b.col_stride, s * NR);
+    let at = b.data.as_ptr();
+    if cs == 1 && j0 + NR <= n {
+        let load = |row: *const u16| {
+            (
+                _mm512_cvtepu16_epi32(_mm256_loadu_si256(row.cast())),
+                _mm512_cvtepu16_epi32(_mm256_loadu_si256(row.add(16).cast())),
+            )
+        };
+        for q in 0..kq {
+            let first = load(at.add(2 * q * rs + j0));
+            let second = match 2 * q + 1 < k {
+                true => load(at.add((2 * q + 1) * rs + j0)),
+                false => (_mm512_setzero_si512(), _mm512_setzero_si512()),
+            };
+            let pairs = |lo: __m512i, hi: __m512i| _mm512_or_si512(lo, _mm512_slli_epi32::<16>(hi));
+            _mm512_store_si512(out.add(q * NR).cast(), pairs(first.0, second.0));
+            _mm512_store_si512(out.add(q * NR + 16).cast(), pairs(first.1, second.1));
+        }
+        return;
+    }
+    // Pair q of column j: rows 2q and 2q+1 (zero past k and past n).
+    let pair = |q: usize, j: usize| -> u32 {
+        let bits = |p: usize| match p < k && j < n {
+            true => *at.add(p * rs + j * cs) as u32,
+            false => 0,
+        };
+        bits(2 * q) | bits(2 * q + 1) << 16
+    };
+    for half in 0..2 {
+        let jh = j0 + half * 16;
+        for q0 in (0..kq).step_by(16) {
+            let mut block = [_mm512_setzero_si512(); 16];
+            for (c, v) in block.iter_mut().enumerate() {
+                *v = if rs == 1 && jh + c < n && 2 * q0 + 32 <= k {
+                    // Column jh + c's 16 pairs from q0 are its 32 bits in a row.
+                    _mm512_loadu_si512(at.add((jh + c) * cs + 2 * q0).cast())
+                } else {
+                    let lanes: [u32; 16] = std::array::from_fn(|t| pair(q0 + t, jh + c));
+                    _mm512_loadu_si512(lanes.as_ptr().cast())
+                };
+            }
+            let rows = transpose16(block);
+            for (t, row) in rows.iter().enumerate().take(16.min(kq - q0)) {
+                _mm512_store_si512(out.add((q0 + t) * NR + half * 16).cast(), *row);
+            }
+        }
+    }
 }
 
 /// Strip `s` of [`pack_b`] into `out`.
