@@ -1,7 +1,7 @@
 //! The process's allocator: glibc's, with what training's big blocks (tensors, gradients, the
 //! kernels' buffers) need added around it. Each big block starts on a cache line
-//! ([`LinedBlocks`]), asks for transparent huge pages, and is counted
-//! ([`ember_trainer::heap`]: `ember bench` reports the peak); and freed memory stays in the heap
+//! ([`LinedBlocks`]) and is counted ([`ember_trainer::heap`]: `ember bench` reports the peak),
+//! the biggest ask for transparent huge pages, and freed memory stays in the heap
 //! ([`keep_freed_memory`]).
 //!
 //! Hand-written because no allocator crate does the first: glibc aligns its blocks to 16 bytes,
@@ -63,7 +63,7 @@ unsafe fn line_up(p: *mut u8) -> *mut u8 {
     }
     // The first line boundary at least 8 bytes past p: at most LINE past it (p is 16-byte
     // aligned), so the block's bytes and the pointer before them lie inside glibc's block.
-    let skip = (p as usize + 8).next_multiple_of(LINE) - p as usize;
+    let skip = (p.addr() + 8).next_multiple_of(LINE) - p.addr();
     // SAFETY: within glibc's block (above); q - 8 lies at p or after, 8-byte aligned.
     unsafe {
         let q = p.add(skip);
@@ -86,13 +86,14 @@ fn advise(p: *mut u8, size: usize) {
     if p.is_null() || size < MIN_HUGE {
         return;
     }
-    let start = (p as usize).next_multiple_of(HUGE_PAGE);
-    let end = (p as usize + size) & !(HUGE_PAGE - 1);
+    let start = p.addr().next_multiple_of(HUGE_PAGE);
+    let end = (p.addr() + size) & !(HUGE_PAGE - 1);
     if end > start {
+        let at = p.wrapping_add(start - p.addr());
         // SAFETY: the range lies inside a block the allocator just handed out; MADV_HUGEPAGE
         // changes how its pages are backed, never their contents. A failure (no THP) is
         // harmless and ignored.
-        unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
+        unsafe { libc::madvise(at.cast(), end - start, libc::MADV_HUGEPAGE) };
     }
 }
 
@@ -105,6 +106,25 @@ fn handed_out(p: *mut u8, size: usize) -> *mut u8 {
     p
 }
 
+/// A block of `layout` from System's `take` (`alloc` or `alloc_zeroed`): its `outer` block lined
+/// up where [`lined`], else as asked; handed out.
+///
+/// # Safety
+/// `layout` has a non-zero size (GlobalAlloc's contract).
+#[inline(always)]
+unsafe fn taken(layout: Layout, take: unsafe fn(&System, Layout) -> *mut u8) -> *mut u8 {
+    let p = match lined(layout) {
+        true => match outer(layout.size()) {
+            // SAFETY: a non-zero size; glibc's block holds the lined one (`line_up`).
+            Some(o) => unsafe { line_up(take(&System, o)) },
+            None => std::ptr::null_mut(),
+        },
+        // SAFETY: the caller's layout, as System takes it.
+        false => unsafe { take(&System, layout) },
+    };
+    handed_out(p, layout.size())
+}
+
 // SAFETY: every block comes from System (glibc's malloc) and goes back to it with the layout it
 // was taken with: a lined block as its `outer` block, recognised by its layout, which the caller
 // passes back unchanged; a lined block is at least `layout.size()` bytes on a line boundary,
@@ -112,29 +132,13 @@ fn handed_out(p: *mut u8, size: usize) -> *mut u8 {
 // touch no memory of the blocks.
 unsafe impl GlobalAlloc for LinedBlocks {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let p = match lined(layout) {
-            true => match outer(layout.size()) {
-                // SAFETY: a non-zero size; glibc's block holds the lined one (`line_up`).
-                Some(o) => unsafe { line_up(System.alloc(o)) },
-                None => std::ptr::null_mut(),
-            },
-            // SAFETY: the caller's layout, as System takes it.
-            false => unsafe { System.alloc(layout) },
-        };
-        handed_out(p, layout.size())
+        // SAFETY: the caller's layout (non-zero size), as `alloc` takes it.
+        unsafe { taken(layout, <System as GlobalAlloc>::alloc) }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        let p = match lined(layout) {
-            true => match outer(layout.size()) {
-                // SAFETY: as in `alloc`; the lined bytes lie inside the zeroed block.
-                Some(o) => unsafe { line_up(System.alloc_zeroed(o)) },
-                None => std::ptr::null_mut(),
-            },
-            // SAFETY: the caller's layout, as System takes it.
-            false => unsafe { System.alloc_zeroed(layout) },
-        };
-        handed_out(p, layout.size())
+        // SAFETY: as in `alloc`; a lined block's bytes lie inside the zeroed outer block.
+        unsafe { taken(layout, <System as GlobalAlloc>::alloc_zeroed) }
     }
 
     unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
@@ -160,7 +164,8 @@ unsafe impl GlobalAlloc for LinedBlocks {
             }
             return q;
         }
-        // To or from a lined block: glibc's realloc would move it to a 16-byte boundary.
+        // To, from or between lined blocks: glibc's realloc would hand back a 16-byte boundary
+        // (so a lined block is copied even where glibc could have grown it in place).
         let q = unsafe { self.alloc(new) };
         if !q.is_null() {
             unsafe {
@@ -226,22 +231,24 @@ mod tests {
         let bigger = Layout::from_size_align(3 * MIN_LINED, 4).unwrap();
         unsafe {
             let p = a.alloc(small);
+            assert!(!p.is_null());
             for i in 0..small.size() {
                 *p.add(i) = i as u8;
             }
             // small → big → bigger → small, each keeping what fits.
             let p = a.realloc(p, small, big.size());
-            assert!(on_a_line(p));
+            assert!(!p.is_null() && on_a_line(p));
             for i in small.size()..big.size() {
                 *p.add(i) = (i * 7) as u8;
             }
             let p = a.realloc(p, big, bigger.size());
-            assert!(on_a_line(p));
+            assert!(!p.is_null() && on_a_line(p));
             for i in 0..big.size() {
                 let expected = if i < small.size() { i as u8 } else { (i * 7) as u8 };
                 assert_eq!(*p.add(i), expected, "byte {i}");
             }
             let p = a.realloc(p, bigger, small.size());
+            assert!(!p.is_null());
             for i in 0..small.size() {
                 assert_eq!(*p.add(i), i as u8, "byte {i}");
             }
@@ -252,16 +259,22 @@ mod tests {
     #[test]
     fn zeroed_big_blocks_are_zero_and_lined() {
         let a = LinedBlocks;
-        let layout = Layout::from_size_align(MIN_LINED * 2 + 12, 8).unwrap();
+        // Below glibc's mmap threshold (128 KiB), so that the block comes back from the heap.
+        let layout = Layout::from_size_align(MIN_LINED + 12, 8).unwrap();
         unsafe {
-            // A freed block of glibc's, dirtied first, so that zeros are not the fresh page's.
+            // A freed block of glibc's, dirtied first, so that zeros are not the fresh page's;
+            // a block after it keeps it from merging into the heap's top, which glibc may hand
+            // back to the kernel (and get fresh zeroed pages for).
             let dirty = a.alloc(layout);
+            let fence = a.alloc(layout);
+            assert!(!dirty.is_null() && !fence.is_null());
             std::ptr::write_bytes(dirty, 0xab, layout.size());
             a.dealloc(dirty, layout);
             let p = a.alloc_zeroed(layout);
-            assert!(on_a_line(p));
+            assert!(!p.is_null() && on_a_line(p));
             assert!((0..layout.size()).all(|i| *p.add(i) == 0));
             a.dealloc(p, layout);
+            a.dealloc(fence, layout);
         }
     }
 

@@ -211,6 +211,7 @@ fn held_parts<'a>(
             PartsOf::new(precision, k, n, if transposed { m.t() } else { m })
         }
         Held::Bf16(bits) => {
+            debug_assert_eq!(precision, Precision::Bf16, "values held in bf16 for f32 products");
             let b = Bits {
                 data: &bits[first..],
                 row_stride: stride,

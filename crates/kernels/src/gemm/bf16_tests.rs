@@ -410,8 +410,10 @@ fn bits_pack_as_their_widened_values_do() {
         // (row stride, column stride): rows of n + 3, columns of k + 1, and every third row
         // of a column-major buffer.
         for (rs, cs) in [(n + 3, 1), (1, k + 1), (3, 3 * k + 1)] {
+            // The views' data end at their last element.
+            let end = (k - 1) * rs + (n - 1) * cs + 1;
             let held = Bits {
-                data: &bits,
+                data: &bits[..end],
                 row_stride: rs,
                 col_stride: cs,
             };

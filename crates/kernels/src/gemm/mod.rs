@@ -128,7 +128,9 @@ impl<'a> Mat<'a> {
 
 /// A matrix of bf16 values held as their bits (as [`crate::held::Held`] holds them), viewed as
 /// [`Mat`] views f32: element (r, c) at `data[r·row_stride + c·col_stride]`. bf16 products take
-/// it as B where the f32 view would have been rounded to these same bits.
+/// it as B where the f32 view would have been rounded to these same bits. The bits are what
+/// [`to_bf16`] makes (no denormals, quiet NaNs), which round to themselves when widened: other
+/// bits would be packed as they are, where rounding their widened values changes them.
 #[derive(Clone, Copy)]
 pub(crate) struct Bits<'a> {
     pub data: &'a [u16],

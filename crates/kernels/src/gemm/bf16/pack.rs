@@ -172,7 +172,7 @@ pub(crate) unsafe fn pack_b(k: usize, n: usize, b: Operand) -> PackedPairs {
 /// As [`pack_b`].
 pub(in crate::gemm) unsafe fn pack_b_for(kernel: Kernel, k: usize, n: usize, b: Operand) -> PackedPairs {
     // SAFETY: `pack_strip` writes strip s's ⌈k/2⌉ pair rows from B's readable k×n view.
-    pack_strips_with(kernel, k, n, |s, strip| unsafe { pack_strip(k, n, b, s, strip) })
+    unsafe { pack_strips_with(kernel, k, n, |s, strip| pack_strip(k, n, b, s, strip)) }
 }
 
 /// B (k×n) held as bf16 bits ([`Bits`]) packed as [`pack_b`] packs its values: the same pairs,
@@ -196,14 +196,16 @@ pub(in crate::gemm) unsafe fn pack_b_bits_for(
     b: Bits<'_>,
 ) -> PackedPairs {
     // SAFETY: `pack_strip_bits` writes strip s's ⌈k/2⌉ pair rows from B's k×n view.
-    pack_strips_with(kernel, k, n, |s, strip| unsafe {
-        pack_strip_bits(k, n, b, s, strip)
-    })
+    unsafe { pack_strips_with(kernel, k, n, |s, strip| pack_strip_bits(k, n, b, s, strip)) }
 }
 
-/// B's strips for `kernel`, each packed by `strip(s, out)` (its ⌈k/2⌉ pair rows of [`NR`] u32
-/// at `out`) in parallel tasks, the pair rows past k up to the kernel's stride zeroed.
-fn pack_strips_with(
+/// B's strips for `kernel`, each packed by `strip(s, out)` in parallel tasks, the pair rows past
+/// k up to the kernel's stride zeroed.
+///
+/// # Safety
+/// `strip(s, out)` writes strip s's ⌈k/2⌉ pair rows of [`NR`] u32 at `out` (room for the
+/// kernel's stride of them) and nothing else.
+unsafe fn pack_strips_with(
     kernel: Kernel,
     k: usize,
     n: usize,
