@@ -509,7 +509,10 @@ fn backward_task_generic(f: &Backward<'_>, bi: usize, kh: usize) {
     let kv_at = dims.kv_row(bi, 0, kh);
     let kv_ld = dims.hkv * d;
     let kv_rows = ((kv_at, kv_ld), (s, d));
-    let k_t = (f.kept.is_none()).then(|| held_parts(f.precision, f.k, kv_rows.0, kv_rows.1, true));
+    let k_t = f
+        .kept
+        .is_none()
+        .then(|| held_parts(f.precision, f.k, kv_rows.0, kv_rows.1, true));
     let (v_t, k) = (
         held_parts(f.precision, f.v, kv_rows.0, kv_rows.1, true),
         held_parts(f.precision, f.k, kv_rows.0, kv_rows.1, false),
