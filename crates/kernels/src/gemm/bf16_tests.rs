@@ -247,16 +247,8 @@ fn operands_with_no_unit_stride_give_the_modelled_bits() {
     let (m, k, n) = (11, 13, 37);
     let raw_a = values(m * 2 * k, 1);
     let raw_b = values(n * 2 * k, 2);
-    let ao = Operand {
-        ptr: raw_a.as_ptr(),
-        row_stride: 2 * k,
-        col_stride: 2,
-    };
-    let bo = Operand {
-        ptr: raw_b.as_ptr(),
-        row_stride: 2,
-        col_stride: 2 * k,
-    };
+    let ao = Operand::strided(&raw_a, 2 * k, 2);
+    let bo = Operand::strided(&raw_b, 2, 2 * k);
     let mut c = vec![0f32; m * n];
     unsafe { gemm_with(Kernel::Avx512, m, k, n, ao, bo, 0.0, c.as_mut_ptr(), n) };
     let want = modelled(
@@ -353,11 +345,7 @@ fn packed_strips_hold_the_rounded_pairs() {
         (7, 37, None),
     ] {
         let b = values(2 * k * n, 3);
-        let strided = Operand {
-            ptr: b.as_ptr(),
-            row_stride: 2,
-            col_stride: 2 * k,
-        };
+        let strided = Operand::strided(&b, 2, 2 * k);
         let (bo, fb): (Operand, Box<dyn Fn(usize, usize) -> f32>) = match b_t {
             Some(b_t) => (
                 operands(&[], &b, (0, k, n), false, b_t).1,
@@ -417,11 +405,7 @@ fn bits_pack_as_their_widened_values_do() {
                 row_stride: rs,
                 col_stride: cs,
             };
-            let values = Operand {
-                ptr: widened.as_ptr(),
-                row_stride: rs,
-                col_stride: cs,
-            };
+            let values = Operand::strided(&widened, rs, cs);
             for kernel in kernels {
                 // SAFETY: both views lie inside their buffers ((k-1)·rs + (n-1)·cs < len).
                 let (from_bits, from_values) = unsafe {

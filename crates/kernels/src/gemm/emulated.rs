@@ -231,6 +231,16 @@ impl From<Operand> for Lines<f32> {
     }
 }
 
+impl From<Bits<'_>> for Lines<u16> {
+    fn from(b: Bits<'_>) -> Self {
+        Self {
+            ptr: b.data.as_ptr(),
+            row_stride: b.row_stride,
+            col_stride: b.col_stride,
+        }
+    }
+}
+
 /// Where the parts of a product may start and end ([`gemm_packed_parts`]): the hardware
 /// kernel's strips of 32 columns and steps of 16 pairs of k.
 const PART_ALIGN: usize = 32;
@@ -334,13 +344,8 @@ impl Packed {
     /// B's k×n view of bf16 bits ([`Bits`]), which round to themselves.
     pub(crate) fn of_bits(k: usize, n: usize, b: Bits<'_>) -> Self {
         assert!(b.fits(k, n), "sgemm: operand out of bounds");
-        let lines = Lines {
-            ptr: b.data.as_ptr(),
-            row_stride: b.row_stride,
-            col_stride: b.col_stride,
-        };
         // SAFETY: B's k×n view is in bounds (asserted).
-        unsafe { Self::new(k, n, lines) }
+        unsafe { Self::new(k, n, b.into()) }
     }
 
     pub(crate) fn dims(&self) -> (usize, usize) {

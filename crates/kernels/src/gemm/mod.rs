@@ -122,8 +122,14 @@ impl<'a> Mat<'a> {
 
     /// Whether every element of an `r`×`c` view lies inside `data`.
     fn fits(&self, r: usize, c: usize) -> bool {
-        r == 0 || c == 0 || (r - 1) * self.row_stride + (c - 1) * self.col_stride < self.data.len()
+        view_fits(self.data.len(), (self.row_stride, self.col_stride), r, c)
     }
+}
+
+/// Whether every element of an `r`×`c` view with `strides` (rows, columns) lies inside `len`
+/// elements.
+fn view_fits(len: usize, (row_stride, col_stride): (usize, usize), r: usize, c: usize) -> bool {
+    r == 0 || c == 0 || (r - 1) * row_stride + (c - 1) * col_stride < len
 }
 
 /// A matrix of bf16 values held as their bits (as [`crate::held::Held`] holds them), viewed as
@@ -150,7 +156,7 @@ impl Bits<'_> {
 
     /// Whether every element of an `r`×`c` view lies inside `data`.
     fn fits(&self, r: usize, c: usize) -> bool {
-        r == 0 || c == 0 || (r - 1) * self.row_stride + (c - 1) * self.col_stride < self.data.len()
+        view_fits(self.data.len(), (self.row_stride, self.col_stride), r, c)
     }
 }
 
@@ -289,21 +295,21 @@ impl Operand {
 
 #[cfg(test)]
 impl Operand {
-    /// Row-major data with `cols` columns.
-    fn rows(data: &[f32], cols: usize) -> Self {
+    /// `data` with the element strides of its rows and columns.
+    pub(super) fn strided(data: &[f32], row_stride: usize, col_stride: usize) -> Self {
         Self {
             ptr: data.as_ptr(),
-            row_stride: cols,
-            col_stride: 1,
+            row_stride,
+            col_stride,
         }
+    }
+    /// Row-major data with `cols` columns.
+    fn rows(data: &[f32], cols: usize) -> Self {
+        Self::strided(data, cols, 1)
     }
     /// The transpose of row-major data with `cols` columns.
     fn transposed(data: &[f32], cols: usize) -> Self {
-        Self {
-            ptr: data.as_ptr(),
-            row_stride: 1,
-            col_stride: cols,
-        }
+        Self::strided(data, 1, cols)
     }
 }
 

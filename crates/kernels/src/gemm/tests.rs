@@ -66,16 +66,8 @@ pub(super) fn at_strides_gives_matrixmultiplys_bits(
 ) {
     for (m, k, n) in [(19, 300, 21), (140, 520, 75)] {
         let (a, b) = (values(2 * m * k, 4), values(2 * k * n, 5));
-        let ao = Operand {
-            ptr: a.as_ptr(),
-            row_stride: 2 * k,
-            col_stride: 2,
-        };
-        let bo = Operand {
-            ptr: b.as_ptr(),
-            row_stride: 2,
-            col_stride: 2 * k,
-        };
+        let ao = Operand::strided(&a, 2 * k, 2);
+        let bo = Operand::strided(&b, 2, 2 * k);
         for beta in [0.0, 1.0, 0.5] {
             let c0 = values(m * n, 6);
             let (mut want, mut got) = (c0.clone(), c0);
@@ -202,11 +194,7 @@ fn a_b_with_no_unit_stride_is_copied_element_by_element_and_agrees() {
     let (m, k, n) = (9, 11, 13);
     let a = values(m * k, 7);
     let raw = values(n * 2 * k, 8);
-    let bo = Operand {
-        ptr: raw.as_ptr(),
-        row_stride: 2,
-        col_stride: 2 * k,
-    };
+    let bo = Operand::strided(&raw, 2, 2 * k);
     let ao = Operand::rows(&a, k);
     let mut c = vec![0f32; m * n];
     unsafe { gemm(m, k, n, ao, bo, 0.0, c.as_mut_ptr(), n) };
