@@ -293,26 +293,6 @@ impl Operand {
     }
 }
 
-#[cfg(test)]
-impl Operand {
-    /// `data` with the element strides of its rows and columns.
-    pub(super) fn strided(data: &[f32], row_stride: usize, col_stride: usize) -> Self {
-        Self {
-            ptr: data.as_ptr(),
-            row_stride,
-            col_stride,
-        }
-    }
-    /// Row-major data with `cols` columns.
-    fn rows(data: &[f32], cols: usize) -> Self {
-        Self::strided(data, cols, 1)
-    }
-    /// The transpose of row-major data with `cols` columns.
-    fn transposed(data: &[f32], cols: usize) -> Self {
-        Self::strided(data, 1, cols)
-    }
-}
-
 /// Floats of B the in-place kernel may stream from L2 per row tile (1 MiB: half of this
 /// machine's 2 MiB L2, leaving room for A's rows and C).
 const L2_FLOATS: usize = 1 << 18;

@@ -2,6 +2,26 @@
 
 use super::*;
 
+/// Operands over the tests' slices, which must outlive them.
+impl Operand {
+    /// `data` with the element strides of its rows and columns.
+    pub(super) fn strided(data: &[f32], row_stride: usize, col_stride: usize) -> Self {
+        Self {
+            ptr: data.as_ptr(),
+            row_stride,
+            col_stride,
+        }
+    }
+    /// Row-major data with `cols` columns.
+    pub(super) fn rows(data: &[f32], cols: usize) -> Self {
+        Self::strided(data, cols, 1)
+    }
+    /// The transpose of row-major data with `cols` columns.
+    pub(super) fn transposed(data: &[f32], cols: usize) -> Self {
+        Self::strided(data, 1, cols)
+    }
+}
+
 /// Deterministic values in [−1, 1).
 pub(super) fn values(n: usize, seed: u64) -> Vec<f32> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
