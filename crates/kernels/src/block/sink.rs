@@ -49,9 +49,90 @@ struct SinkState {
 enum Deposit {
     /// The gradient itself (a view, such as a transpose, is laid out at the merge).
     Whole(Tensor),
+    /// The gradient of a host f32 parameter, row-major in its shape, in a buffer the merge may
+    /// add a lookup's rows into in place (the output layer's, which a tied embedding shares).
+    Owned(Vec<f32>),
     /// The gradients `rows` (n × d) of the parameter's rows `ids` (n, u32), read by a lookup:
     /// added into the parameter's gradient, a row at a time, at the merge.
     Rows { ids: Tensor, rows: Tensor },
+}
+
+/// A parameter's gradient while the merge sums its deposits: a buffer of the merge's own, which
+/// a lookup's rows are added into in place, or a tensor.
+enum Sum {
+    Owned(Vec<f32>),
+    Tensor(Tensor),
+}
+
+impl Sum {
+    /// A parameter's first deposit, added to candle's gradient for it where there is one.
+    fn first(deposit: Deposit, param: &Tensor, candle: Option<Tensor>) -> Result<Sum> {
+        if let Some(earlier) = candle {
+            return Sum::Tensor(earlier).plus(deposit, param);
+        }
+        Ok(match deposit {
+            Deposit::Whole(grad) => Sum::Tensor(laid_out(grad)?),
+            Deposit::Owned(grad) => Sum::Owned(grad),
+            // As candle's backward pass adds an `index_select`'s gradient: into zeros.
+            rows @ Deposit::Rows { .. } => {
+                let zeros = match is_host_f32(param) {
+                    true => Sum::Owned(vec![0f32; param.elem_count()]),
+                    false => Sum::Tensor(param.zeros_like()?),
+                };
+                zeros.plus(rows, param)?
+            }
+        })
+    }
+
+    /// This sum plus a later deposit, as candle's backward pass adds them.
+    fn plus(self, deposit: Deposit, param: &Tensor) -> Result<Sum> {
+        Ok(match (deposit, self) {
+            (Deposit::Rows { ids, rows }, Sum::Owned(mut sum)) => {
+                add_rows(&mut sum, &ids, &rows)?;
+                Sum::Owned(sum)
+            }
+            (Deposit::Rows { ids, rows }, Sum::Tensor(sum)) => Sum::Tensor(sum.index_add(&ids, &rows, 0)?),
+            (Deposit::Whole(grad), sum) => Sum::Tensor((sum.into_tensor(param)? + laid_out(grad)?)?),
+            (Deposit::Owned(grad), sum) => {
+                Sum::Tensor((sum.into_tensor(param)? + cpu_tensor(grad, param.shape())?)?)
+            }
+        })
+    }
+
+    fn into_tensor(self, param: &Tensor) -> Result<Tensor> {
+        match self {
+            Sum::Owned(v) => cpu_tensor(v, param.shape()),
+            Sum::Tensor(t) => Ok(t),
+        }
+    }
+}
+
+/// `rows` (n × d) added into the rows `ids` of `sum` (a row-major V × d buffer) in place, in the
+/// order candle's CPU `index_add` adds them (row after row in the ids' order; an id of
+/// `u32::MAX` skipped, one past V an error that leaves `sum` as it was): its bits, without its
+/// copy of the whole V × d matrix (108 MiB for SmolLM2-135M's tied embedding).
+fn add_rows(sum: &mut [f32], ids: &Tensor, rows: &Tensor) -> Result<()> {
+    if !is_host_f32(rows) {
+        bail!("the gradient sink: a lookup's rows of a host f32 parameter must be host f32");
+    }
+    let ids = ids.to_vec1::<u32>()?;
+    let d = rows.dim(1)?;
+    let v = sum.len() / d.max(1);
+    if let Some(id) = ids.iter().find(|&&id| id != u32::MAX && id as usize >= v) {
+        bail!("the gradient sink: row {id} of a parameter of {v} rows");
+    }
+    with_data([rows], |[rows]| {
+        for (row, &id) in rows.chunks_exact(d).zip(&ids) {
+            if id == u32::MAX {
+                continue;
+            }
+            let at = id as usize * d;
+            for (s, &r) in sum[at..at + d].iter_mut().zip(row) {
+                *s += r;
+            }
+        }
+        Ok(())
+    })
 }
 
 impl GradSink {
@@ -84,6 +165,14 @@ impl GradSink {
         );
     }
 
+    /// The gradient of op `id`'s host f32 parameter `param`, row-major in its shape, from its
+    /// backward pass.
+    pub(crate) fn deposit_owned(&self, id: u64, param: Tensor, grad: Vec<f32>) {
+        let mut state = self.state();
+        state.owing.remove(&id);
+        state.grads.push((param, Deposit::Owned(grad)));
+    }
+
     /// The gradients `rows` of the rows `ids` of `param` that op `id`'s lookup read, from its
     /// backward pass.
     pub(crate) fn deposit_rows(&self, id: u64, param: Tensor, ids: Tensor, rows: Tensor) {
@@ -106,19 +195,23 @@ impl GradSink {
                  without a gradient sink"
             );
         }
+        // Each parameter's sum so far (a few hundred parameters at most: a linear search).
+        let mut sums: Vec<(Tensor, Sum)> = Vec::new();
         for (param, deposit) in std::mem::take(&mut state.grads) {
-            let grad = match (deposit, store.remove(&param)) {
-                (Deposit::Whole(grad), Some(earlier)) => (earlier + laid_out(grad)?)?,
-                (Deposit::Whole(grad), None) => laid_out(grad)?,
-                // As candle's backward pass adds an `index_select`'s gradient.
-                (Deposit::Rows { ids, rows }, earlier) => {
-                    let earlier = match earlier {
-                        Some(earlier) => earlier,
-                        None => param.zeros_like()?,
-                    };
-                    earlier.index_add(&ids, &rows, 0)?
+            match sums.iter().position(|(p, _)| p.id() == param.id()) {
+                Some(i) => {
+                    let (param, sum) = sums.swap_remove(i);
+                    let sum = sum.plus(deposit, &param)?;
+                    sums.push((param, sum));
                 }
-            };
+                None => {
+                    let sum = Sum::first(deposit, &param, store.remove(&param))?;
+                    sums.push((param, sum));
+                }
+            }
+        }
+        for (param, sum) in sums {
+            let grad = sum.into_tensor(&param)?;
             store.insert(&param, grad);
         }
         Ok(())
@@ -153,4 +246,59 @@ fn laid_out(grad: Tensor) -> Result<Tensor> {
         }
     }
     grad.contiguous()
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::Device;
+
+    use super::*;
+
+    /// A V × d sum and rows whose total depends on the order they are added in (row 0's first
+    /// element: (1 − 1) + 2⁻³⁰ is 2⁻³⁰, (1 + 2⁻³⁰) − 1 is 0), a -0, an id of `u32::MAX`
+    /// (skipped).
+    fn case() -> (Vec<f32>, Tensor, Tensor) {
+        let (v, d) = (4, 3);
+        let sum: Vec<f32> = (0..v * d).map(|i| 1.0 + i as f32).collect();
+        let tiny = 2f32.powi(-30);
+        let rows = [
+            [-1.0, -2.0, 0.5],
+            [7.0, 1e30, -0.0],
+            [tiny, 2.0, -0.5],
+            [9.0, 9.0, 9.0],
+        ];
+        let rows = Tensor::new(&rows, &Device::Cpu).unwrap();
+        let ids = Tensor::new(&[0u32, 3, 0, u32::MAX], &Device::Cpu).unwrap();
+        (sum, ids, rows)
+    }
+
+    #[test]
+    fn rows_add_in_place_with_index_adds_bits() {
+        let (mut sum, ids, rows) = case();
+        let want = cpu_tensor(sum.clone(), &(4, 3).into())
+            .unwrap()
+            .index_add(&ids, &rows, 0)
+            .unwrap();
+        add_rows(&mut sum, &ids, &rows).unwrap();
+        let want: Vec<u32> = want
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()
+            .iter()
+            .map(|x| x.to_bits())
+            .collect();
+        let got: Vec<u32> = sum.iter().map(|x| x.to_bits()).collect();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn a_row_past_the_parameter_is_an_error_that_adds_nothing() {
+        let (mut sum, _, rows) = case();
+        let before = sum.clone();
+        let ids = Tensor::new(&[0u32, 4, 1, 2], &Device::Cpu).unwrap();
+        let err = add_rows(&mut sum, &ids, &rows).unwrap_err().to_string();
+        assert!(err.contains("row 4 of a parameter of 4 rows"), "{err}");
+        assert_eq!(sum, before);
+    }
 }

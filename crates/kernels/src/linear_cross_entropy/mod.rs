@@ -22,16 +22,16 @@
 //! would zero-fill a V × d gradient for W, add this one into it and, where the embedding is
 //! tied, add the lookup's later: three vocabulary-wide matrices at once at the start of the
 //! backward pass, when every activation is still held. Fine-tuning SmolLM2-135M's shape peaked
-//! there (docs/performance.md, 2026-12-02). The sink's merge, after the backward pass, adds it to
-//! the lookup's. dW is summed as dWᵀ (below) and handed over as its transpose, a view: the copy
-//! that lays it out V × d is made at that merge too, not in the forward pass beside the others.
+//! there (docs/performance.md, 2026-12-02). The sink's merge, after the backward pass, adds the
+//! lookup's rows into it in place: dW is summed V × d as dlogitsᵀ·h, a product like every
+//! projection's dW, and handed over as the buffer it was summed in. (Summed as dWᵀ = hᵀ·dlogits,
+//! it took a transposed copy and candle's `index_add` another, two more vocabulary-wide
+//! matrices at the end of each step; docs/performance.md, 2026-12-04.)
 //!
 //! The weight is packed once per call for the in-place GEMM kernel, as Wᵀ for the logits and as
 //! W for dh, and every block reads it from there: matrixmultiply packed it again for each block
 //! and each product (1.03–1.05× per multi30k-tiny step). dW, a reduction over the block's rows,
-//! stays with matrixmultiply, summed as dWᵀ = hᵀ·dlogits and transposed once (see above for
-//! when): as dlogitsᵀ·h, matrixmultiply packed the block a column at a time, rows 40 KB apart
-//! (1.04× per step).
+//! goes to the products of every dW.
 //!
 //! In bf16 ([`linear_cross_entropy_in`]) the three products take bf16 operands with f32 sums
 //! (the weight packed once per call as pairs, dlogits rounded as the products read them); the
@@ -75,7 +75,7 @@ use candle_core::{bail, CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
 
 use crate::block::GradSink;
 use crate::cross_entropy::{cross_entropy_unfused, loss_output, LossRows};
-use crate::gemm::{sgemm_in, transposed, Mat, PackedIn};
+use crate::gemm::{sgemm_in, Mat, PackedIn};
 use crate::host::{cpu_slice, cpu_tensor, cpu_tensor_as, cpu_values, is_host, is_host_f32, with_data};
 use crate::linear::linear_unfused_in;
 use crate::simd::scale_in_place;
@@ -280,22 +280,22 @@ struct LinearCrossEntropyOp {
 struct Saved {
     /// (max, lse) of every row of the logits.
     stats: Vec<(f32, f32)>,
-    /// dh and dWᵀ (d × V) for an upstream gradient of 1 on every objective and 0 on every NLL.
+    /// dh and dW (V × d) for an upstream gradient of 1 on every objective and 0 on every NLL.
     unit: Option<(Vec<f32>, Vec<f32>)>,
 }
 
 /// Where the block loop puts a gradient: the upstream gradient (2N; `None`: the unit gradient,
-/// 1 on every objective and 0 on every NLL), dh (N × d), dWᵀ (d × V, made by the loop).
+/// 1 on every objective and 0 on every NLL), dh (N × d), dW (V × d, made by the loop).
 struct GradOut<'a> {
     g: Option<&'a [f32]>,
     dh: &'a mut [f32],
-    dwt: &'a mut Vec<f32>,
+    dw: &'a mut Vec<f32>,
 }
 
 impl LinearCrossEntropyOp {
     /// For each block of rows of h (n × d): its logits against w (v × d); with `losses`, each
     /// row's (objective, NLL, max, lse) into it (and `stats` from them); with `grad`, the block's
-    /// gradient under `grad.g` into dh and, summed over the blocks, into dWᵀ (zero for n = 0).
+    /// gradient under `grad.g` into dh and, summed over the blocks, into dW (zero for n = 0).
     /// The unit gradient is made with the losses, row by row, so it needs `losses`; any other
     /// needs the `stats` of an earlier pass.
     fn run_blocks(
@@ -321,10 +321,9 @@ impl LinearCrossEntropyOp {
         let w_packed = grad
             .as_ref()
             .map(|_| PackedIn::new(precision, v, d, Mat::rows(w, d)));
-        // dWᵀ (d × V), summed block by block as hᵀ·dlogits: matrixmultiply then packs the block
-        // in its own row order (dlogitsᵀ·h read it a column at a time, 40 KB apart).
-        if let Some(GradOut { dwt, .. }) = grad.as_mut() {
-            **dwt = vec![0f32; d * v];
+        // dW (V × d), summed block by block as dlogitsᵀ·h, the way every projection's dW is.
+        if let Some(GradOut { dw, .. }) = grad.as_mut() {
+            **dw = vec![0f32; v * d];
         }
         for (b, start) in (0..n).step_by(rows).enumerate() {
             let m = rows.min(n - start);
@@ -342,20 +341,20 @@ impl LinearCrossEntropyOp {
                     *s = (max, lse);
                 }
             }
-            if let Some(GradOut { g, dh, dwt }) = grad.as_mut() {
+            if let Some(GradOut { g, dh, dw }) = grad.as_mut() {
                 match (*g, losses.is_some()) {
                     (Some(g), _) => self.loss.gradient_in_place(block, g, v, start, stats),
                     (None, true) => {} // made with the losses above
                     (None, false) => unreachable!("the unit gradient is made with the losses"),
                 }
                 let block: &[f32] = block;
-                // dh of the block's rows = dlogits · W; dWᵀ (+)= h_blockᵀ · dlogits.
+                // dh of the block's rows = dlogits · W; dW (+)= dlogitsᵀ · h_block.
                 let dh_rows = &mut dh[start * d..(start + m) * d];
                 let w_packed = w_packed.as_ref().expect("packed with the gradient");
                 w_packed.product(m, Mat::rows(block, v), 0.0, dh_rows);
                 let beta = if b == 0 { 0.0 } else { 1.0 };
-                let (h_t, dlogits) = (Mat::rows(hb, d).t(), Mat::rows(block, v));
-                sgemm_in(precision, d, m, v, h_t, dlogits, beta, dwt);
+                let (dlogits_t, h_block) = (Mat::rows(block, v).t(), Mat::rows(hb, d));
+                sgemm_in(precision, v, m, d, dlogits_t, h_block, beta, dw);
             }
         }
         LOGITS.with(|l| *l.borrow_mut() = logits);
@@ -414,14 +413,14 @@ impl CustomOp2 for LinearCrossEntropyOp {
         let mut rows = vec![(0f32, 0f32, 0f32, 0f32); n];
         let mut stats = vec![(0f32, 0f32); n];
         let unit = if self.grads {
-            let (mut dh, mut dwt) = (vec![0f32; n * d], Vec::new());
+            let (mut dh, mut dw) = (vec![0f32; n * d], Vec::new());
             let grad = GradOut {
                 g: None,
                 dh: &mut dh,
-                dwt: &mut dwt,
+                dw: &mut dw,
             };
             self.run_blocks(h, w, (n, d, v), Some(&mut rows), &mut stats, Some(grad));
-            Some((dh, dwt))
+            Some((dh, dw))
         } else {
             self.run_blocks(h, w, (n, d, v), Some(&mut rows), &mut stats, None);
             None
@@ -443,13 +442,13 @@ impl CustomOp2 for LinearCrossEntropyOp {
         if saved().is_none_or(|s| s.stats.len() != n) {
             bail!("linear_cross_entropy: backward without the forward pass's row statistics");
         }
-        let (dh, dwt) = with_data([h, w, g], |[h, w, g]| {
+        let (dh, dw) = with_data([h, w, g], |[h, w, g]| {
             if let Some(c) = uniform_objective_gradient(g, &self.loss.mask) {
-                if let Some((mut dh, mut dwt)) = self.take_unit_gradient() {
+                if let Some((mut dh, mut dw)) = self.take_unit_gradient() {
                     // `x·c + 0`, as candle's `affine(c, 0)` scales the composition's gradient.
                     scale_in_place(&mut dh, c);
-                    scale_in_place(&mut dwt, c);
-                    return Ok((dh, dwt));
+                    scale_in_place(&mut dw, c);
+                    return Ok((dh, dw));
                 }
             }
             // Any other upstream gradient, or a second backward pass (whose bits are then
@@ -459,25 +458,24 @@ impl CustomOp2 for LinearCrossEntropyOp {
             let Some(saved) = saved() else {
                 bail!("linear_cross_entropy: backward without the forward pass's row statistics");
             };
-            let (mut dh, mut dwt) = (vec![0f32; n * d], Vec::new());
+            let (mut dh, mut dw) = (vec![0f32; n * d], Vec::new());
             let mut stats = saved.stats.clone();
             let grad = GradOut {
                 g: Some(g),
                 dh: &mut dh,
-                dwt: &mut dwt,
+                dw: &mut dw,
             };
             self.run_blocks(h, w, (n, d, v), None, &mut stats, Some(grad));
-            Ok((dh, dwt))
+            Ok((dh, dw))
         })?;
         let dh = cpu_tensor_as(dh, h.shape(), h.dtype())?;
         match &self.sink {
-            // The transpose as a view; the sink's merge lays it out (module docs).
+            // A buffer the sink's merge adds a tied embedding's rows into (module docs).
             Some((sink, id, w)) => {
-                let dw = cpu_tensor(dwt, &(d, v).into())?.t()?;
-                sink.deposit(*id, [(w.clone(), dw)]);
+                sink.deposit_owned(*id, w.clone(), dw);
                 Ok((Some(dh), None))
             }
-            None => Ok((Some(dh), Some(cpu_tensor(transposed(d, v, &dwt), w.shape())?))),
+            None => Ok((Some(dh), Some(cpu_tensor(dw, w.shape())?))),
         }
     }
 }
