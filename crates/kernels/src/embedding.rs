@@ -4,8 +4,8 @@
 //! candle's `index_select` has its backward pass zero-fill a vocabulary × d gradient and add the
 //! looked-up rows' gradients into it: with a tied embedding, on top of the output projection's
 //! gradient of the same weight. As one op whose backward pass deposits the rows and their
-//! gradients in the sink, that happens at the merge instead (`block/sink.rs`), with the same
-//! `index_add` in the same order: the same bits.
+//! gradients in the sink, that happens at the merge instead (`block/sink.rs`), in `index_add`'s
+//! order (in place where the merge holds the weight's gradient itself): the same bits.
 
 use candle_core::{bail, CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
 
@@ -43,7 +43,7 @@ pub fn embedding_to_sink(weight: &Tensor, ids: &Tensor, sink: &GradSink) -> Resu
 
 /// The op of [`embedding_to_sink`].
 struct EmbeddingOp {
-    /// The ids, as the forward pass reads them and as the merge's `index_add` takes them.
+    /// The ids, as the forward pass reads them and as the merge adds the rows' gradients.
     rows: Vec<u32>,
     ids: Tensor,
     sink: GradSink,

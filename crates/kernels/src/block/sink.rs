@@ -12,8 +12,9 @@
 //! that candle never holds a vocabulary-wide gradient while the activations are still held
 //! (its zero-filled buffer, the sum, and a tied embedding's second term). The lookup leaves the
 //! rows it read and their gradients; the merge adds them into the weight's gradient in the
-//! deposits' order, with candle's own `index_add`, so a tied weight's gradient is summed in the
-//! order candle's backward pass sums it: the same bits.
+//! deposits' order as candle's `index_add` adds them (in place into the output layer's dW, a
+//! buffer of the merge's own, on the CPU; with `index_add` itself elsewhere), so a tied weight's
+//! gradient is summed in the order candle's backward pass sums it: the same bits.
 //!
 //! The risk of a side channel is a gradient that never arrives. An op whose backward never ran
 //! (its input carried no gradient) is an error at [`GradSink::merge_into`], which names the op.
@@ -26,7 +27,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use candle_core::backprop::GradStore;
-use candle_core::{bail, Result, Tensor};
+use candle_core::{bail, DType, Result, Tensor};
 
 use crate::gemm::transposed;
 use crate::host::{cpu_tensor, is_host_f32, with_data};
@@ -87,11 +88,13 @@ impl Sum {
     /// This sum plus a later deposit, as candle's backward pass adds them.
     fn plus(self, deposit: Deposit, param: &Tensor) -> Result<Sum> {
         Ok(match (deposit, self) {
-            (Deposit::Rows { ids, rows }, Sum::Owned(mut sum)) => {
-                add_rows(&mut sum, &ids, &rows)?;
+            (Deposit::Rows { ids, rows }, Sum::Owned(mut sum)) if ids.dtype() == DType::U32 => {
+                add_rows(&mut sum, param, &ids, &rows)?;
                 Sum::Owned(sum)
             }
-            (Deposit::Rows { ids, rows }, Sum::Tensor(sum)) => Sum::Tensor(sum.index_add(&ids, &rows, 0)?),
+            (Deposit::Rows { ids, rows }, sum) => {
+                Sum::Tensor(sum.into_tensor(param)?.index_add(&ids, &rows, 0)?)
+            }
             (Deposit::Whole(grad), sum) => Sum::Tensor((sum.into_tensor(param)? + laid_out(grad)?)?),
             (Deposit::Owned(grad), sum) => {
                 Sum::Tensor((sum.into_tensor(param)? + cpu_tensor(grad, param.shape())?)?)
@@ -107,19 +110,27 @@ impl Sum {
     }
 }
 
-/// `rows` (n × d) added into the rows `ids` of `sum` (a row-major V × d buffer) in place, in the
-/// order candle's CPU `index_add` adds them (row after row in the ids' order; an id of
-/// `u32::MAX` skipped, one past V an error that leaves `sum` as it was): its bits, without its
-/// copy of the whole V × d matrix (108 MiB for SmolLM2-135M's tied embedding).
-fn add_rows(sum: &mut [f32], ids: &Tensor, rows: &Tensor) -> Result<()> {
-    if !is_host_f32(rows) {
-        bail!("the gradient sink: a lookup's rows of a host f32 parameter must be host f32");
-    }
+/// `rows` (n × d) added into the rows `ids` (n, u32) of `sum`, the gradient of `param` (V × d,
+/// row-major), in place, in the order candle's CPU `index_add` adds them (row after row in the
+/// ids' order; an id of `u32::MAX` skipped, one of V or more an error that leaves `sum` as it
+/// was): its bits, without its copy of the whole V × d matrix (108 MiB for SmolLM2-135M's tied
+/// embedding). The lookup ([`crate::embedding_to_sink`]) deposits exactly such rows and ids.
+fn add_rows(sum: &mut [f32], param: &Tensor, ids: &Tensor, rows: &Tensor) -> Result<()> {
+    let (v, d) = param.dims2()?;
     let ids = ids.to_vec1::<u32>()?;
-    let d = rows.dim(1)?;
-    let v = sum.len() / d.max(1);
+    if !is_host_f32(rows) || rows.dims2()? != (ids.len(), d) || sum.len() != v * d {
+        bail!(
+            "the gradient sink: a lookup's rows {:?} ({:?}) for {} ids of a {v} × {d} parameter",
+            rows.shape(),
+            rows.dtype(),
+            ids.len()
+        );
+    }
     if let Some(id) = ids.iter().find(|&&id| id != u32::MAX && id as usize >= v) {
         bail!("the gradient sink: row {id} of a parameter of {v} rows");
+    }
+    if d == 0 {
+        return Ok(());
     }
     with_data([rows], |[rows]| {
         for (row, &id) in rows.chunks_exact(d).zip(&ids) {
@@ -182,9 +193,8 @@ impl GradSink {
     }
 
     /// Moves every deposited gradient into `store`, laid out row-major (a gradient deposited as
-    /// a view, the output projection's transposed dW, is copied out here, after the backward
-    /// pass has let go of the activations), adding it to the gradient candle computed for the
-    /// same parameter where there is one. An error (naming the op) when an op made with
+    /// a view is copied out here, after the backward pass has let go of the activations),
+    /// adding it to the gradient candle computed for the same parameter where there is one. An error (naming the op) when an op made with
     /// this sink has not run its backward pass: its parameters would silently get no gradient.
     pub fn merge_into(&self, store: &mut GradStore) -> Result<()> {
         let mut state = self.state();
@@ -250,16 +260,18 @@ fn laid_out(grad: Tensor) -> Result<Tensor> {
 
 #[cfg(test)]
 mod tests {
-    use candle_core::Device;
+    use candle_core::{Device, Var};
 
     use super::*;
 
-    /// A V × d sum and rows whose total depends on the order they are added in (row 0's first
-    /// element: (1 − 1) + 2⁻³⁰ is 2⁻³⁰, (1 + 2⁻³⁰) − 1 is 0), a -0, an id of `u32::MAX`
+    const V: usize = 4;
+    const D: usize = 3;
+
+    /// A V × d gradient and rows whose total depends on the order they are added in (row 0's
+    /// first element: (1 − 1) + 2⁻³⁰ is 2⁻³⁰, (1 + 2⁻³⁰) − 1 is 0), a -0, an id of `u32::MAX`
     /// (skipped).
     fn case() -> (Vec<f32>, Tensor, Tensor) {
-        let (v, d) = (4, 3);
-        let sum: Vec<f32> = (0..v * d).map(|i| 1.0 + i as f32).collect();
+        let sum: Vec<f32> = (0..V * D).map(|i| 1.0 + i as f32).collect();
         let tiny = 2f32.powi(-30);
         let rows = [
             [-1.0, -2.0, 0.5],
@@ -272,24 +284,24 @@ mod tests {
         (sum, ids, rows)
     }
 
+    fn param() -> Var {
+        Var::zeros((V, D), DType::F32, &Device::Cpu).unwrap()
+    }
+
+    fn bits(t: &Tensor) -> Vec<u32> {
+        let v = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
     #[test]
     fn rows_add_in_place_with_index_adds_bits() {
         let (mut sum, ids, rows) = case();
-        let want = cpu_tensor(sum.clone(), &(4, 3).into())
+        let want = cpu_tensor(sum.clone(), &(V, D).into())
             .unwrap()
             .index_add(&ids, &rows, 0)
             .unwrap();
-        add_rows(&mut sum, &ids, &rows).unwrap();
-        let want: Vec<u32> = want
-            .flatten_all()
-            .unwrap()
-            .to_vec1::<f32>()
-            .unwrap()
-            .iter()
-            .map(|x| x.to_bits())
-            .collect();
-        let got: Vec<u32> = sum.iter().map(|x| x.to_bits()).collect();
-        assert_eq!(got, want);
+        add_rows(&mut sum, param().as_tensor(), &ids, &rows).unwrap();
+        assert_eq!(bits(&cpu_tensor(sum, &(V, D).into()).unwrap()), bits(&want));
     }
 
     #[test]
@@ -297,8 +309,70 @@ mod tests {
         let (mut sum, _, rows) = case();
         let before = sum.clone();
         let ids = Tensor::new(&[0u32, 4, 1, 2], &Device::Cpu).unwrap();
-        let err = add_rows(&mut sum, &ids, &rows).unwrap_err().to_string();
+        let err = add_rows(&mut sum, param().as_tensor(), &ids, &rows)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("row 4 of a parameter of 4 rows"), "{err}");
         assert_eq!(sum, before);
+    }
+
+    #[test]
+    fn rows_that_do_not_fit_the_parameter_are_an_error() {
+        let (mut sum, _, rows) = case();
+        let ids = Tensor::new(&[0u32, 1, 2], &Device::Cpu).unwrap();
+        let err = add_rows(&mut sum, param().as_tensor(), &ids, &rows)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("for 3 ids of a 4 × 3 parameter"), "{err}");
+    }
+
+    /// A weight's deposits — the output layer's gradient and a lookup's rows, in either order,
+    /// after candle's own gradient or not, or the rows alone (an untied embedding) — merge to
+    /// the bits of candle's additions.
+    #[test]
+    fn deposits_merge_as_candle_adds_them() {
+        let (dw, ids, rows) = case();
+        let w = param();
+        let dw_t = cpu_tensor(dw.clone(), &(V, D).into()).unwrap();
+        let ones = Tensor::ones((V, D), DType::F32, &Device::Cpu).unwrap();
+        let zeros = Tensor::zeros((V, D), DType::F32, &Device::Cpu).unwrap();
+        let rows_into = |t: &Tensor| t.index_add(&ids, &rows, 0).unwrap();
+        let cases = [
+            ("dW, then rows", false, "dw rows", rows_into(&dw_t)),
+            (
+                "candle's, dW, then rows",
+                true,
+                "dw rows",
+                rows_into(&(&ones + &dw_t).unwrap()),
+            ),
+            ("rows alone", false, "rows", rows_into(&zeros)),
+            (
+                "rows, then dW",
+                false,
+                "rows dw",
+                (rows_into(&zeros) + &dw_t).unwrap(),
+            ),
+        ];
+        for (what, candle, order, want) in cases {
+            let sink = GradSink::new();
+            for deposit in order.split(' ') {
+                let (id, param) = (sink.register(deposit), w.as_tensor().clone());
+                match deposit {
+                    "dw" => sink.deposit_owned(id, param, dw.clone()),
+                    _ => sink.deposit_rows(id, param, ids.clone(), rows.clone()),
+                }
+            }
+            // A store with candle's gradient of w (the sum's: ones), or without one.
+            let mut store = match candle {
+                true => w.as_tensor().sum_all().unwrap().backward().unwrap(),
+                false => {
+                    let other = Var::zeros(1, DType::F32, &Device::Cpu).unwrap();
+                    other.as_tensor().sum_all().unwrap().backward().unwrap()
+                }
+            };
+            sink.merge_into(&mut store).unwrap();
+            let got = store.get(w.as_tensor()).expect("merged");
+            assert_eq!(bits(got), bits(&want), "{what}");
+        }
     }
 }

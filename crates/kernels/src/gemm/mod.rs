@@ -17,7 +17,7 @@
 //! [`K_CHUNK`] tokens that run as tasks of their own and are summed in order ([`k_chunked`]):
 //! 1.03× per multi30k-tiny step against matrixmultiply, whose tasks each packed all of B. A large
 //! B (the output layer packs its W once, [`PackedB`]), a large C with a column-major A (the
-//! output layer's dWᵀ), or a CPU without AVX-512 go to a packed GEMM with matrixmultiply's bits:
+//! output layer's dW), or a CPU without AVX-512 go to a packed GEMM with matrixmultiply's bits:
 //! with AVX-512, Ember's 12×32 tile (the `matrixmultiply_order` module), 1.05–1.17× faster
 //! than matrixmultiply's own (a B of up to 16 MiB; a larger one stays with matrixmultiply); on
 //! a CPU without AVX-512 (or with it turned off), Ember's AVX2 kernel (the `avx2` module),

@@ -426,3 +426,32 @@ fn a_column_major_a_is_summed_in_chunks_of_k_independent_of_the_threads() {
         }
     }
 }
+
+/// The output layer's dW is summed as dlogitsᵀ·h (V × d) where it was summed as hᵀ·dlogits
+/// (d × V) and transposed: each element is the same sum over the tokens either way, so the two
+/// give the same bits, in each precision and block after block (β 0, then 1). Shapes: a wide
+/// vocabulary; a small one whose V × d is read in place in chunks of tokens; and V 256 at d 384
+/// over 10,968 rows, whose h is too large for Ember's packed kernel (matrixmultiply's own then).
+#[test]
+fn a_product_and_the_transpose_of_its_transposes_give_the_same_bits() {
+    // bf16 emulated where the CPU has no bf16 products (AVX512_BF16's bits).
+    crate::emulate_bf16_products();
+    for precision in [Precision::F32, Precision::Bf16] {
+        for (v, m, d) in [(300, 40, 72), (65, 200, 128), (256, 10_968, 384)] {
+            let blocks = [values(m * v, 7), values(m * v, 8)];
+            let hs = [values(m * d, 9), values(m * d, 10)];
+            let (mut dw, mut dwt) = (vec![0f32; v * d], vec![0f32; d * v]);
+            for (b, (dlogits, h)) in blocks.iter().zip(&hs).enumerate() {
+                let beta = if b == 0 { 0.0 } else { 1.0 };
+                let (dlogits, h) = (Mat::rows(dlogits, v), Mat::rows(h, d));
+                sgemm_in(precision, v, m, d, dlogits.t(), h, beta, &mut dw);
+                sgemm_in(precision, d, m, v, h.t(), dlogits, beta, &mut dwt);
+            }
+            let bits = |x: &[f32]| x.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert!(
+                bits(&dw) == bits(&transposed(d, v, &dwt)),
+                "{precision:?}, V {v}, {m} rows, d {d}: dW and (dWᵀ)ᵀ differ"
+            );
+        }
+    }
+}

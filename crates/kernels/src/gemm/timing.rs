@@ -168,7 +168,7 @@ fn training_shapes(m: usize, d: usize, d_ff: usize) -> Shapes {
         (d, m, d_ff, true, false, "dW gᵀ·x down", 1),
         (m, d, 65, false, true, "logits h·Wᵀ", 0),
         (m, 65, d, false, false, "dh dlogits·W", 0),
-        (d, m, 65, true, false, "dWᵀ hᵀ·dlogits", 0),
+        (65, m, d, true, false, "dW dlogitsᵀ·h", 0),
     ]
 }
 

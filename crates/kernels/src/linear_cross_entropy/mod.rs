@@ -31,7 +31,14 @@
 //! The weight is packed once per call for the in-place GEMM kernel, as Wᵀ for the logits and as
 //! W for dh, and every block reads it from there: matrixmultiply packed it again for each block
 //! and each product (1.03–1.05× per multi30k-tiny step). dW, a reduction over the block's rows,
-//! goes to the products of every dW.
+//! is dlogitsᵀ·h with dlogitsᵀ read column-major, as every projection's dW = gᵀ·x is: the
+//! kernel that reads such an A in place in chunks of tokens where V × d is small, else the
+//! packed GEMM with matrixmultiply's bits, whose own packer reads it a line at a time (under
+//! matrixmultiply's, which packed the block a column at a time, rows 40 KB apart, this product
+//! made a multi30k-tiny step 1.04× as long; now the step is 1.075× shorter than with dWᵀ and its
+//! copies: docs/performance.md, 2026-12-04). With AVX-512, a B (the block's h) of more than 4 Mi
+//! floats, which only a small vocabulary's block of over 10k rows reaches (V = 256 with d 384),
+//! goes to matrixmultiply's own, slower, kernel (the same bits).
 //!
 //! In bf16 ([`linear_cross_entropy_in`]) the three products take bf16 operands with f32 sums
 //! (the weight packed once per call as pairs, dlogits rounded as the products read them); the
