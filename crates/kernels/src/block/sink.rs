@@ -194,8 +194,9 @@ impl GradSink {
 
     /// Moves every deposited gradient into `store`, laid out row-major (a gradient deposited as
     /// a view is copied out here, after the backward pass has let go of the activations),
-    /// adding it to the gradient candle computed for the same parameter where there is one. An error (naming the op) when an op made with
-    /// this sink has not run its backward pass: its parameters would silently get no gradient.
+    /// adding it to the gradient candle computed for the same parameter where there is one. An
+    /// error (naming the op) when an op made with this sink has not run its backward pass: its
+    /// parameters would silently get no gradient.
     pub fn merge_into(&self, store: &mut GradStore) -> Result<()> {
         let mut state = self.state();
         if let Some(what) = state.owing.values().next() {
