@@ -29,7 +29,6 @@ use std::sync::{Arc, Mutex};
 use candle_core::backprop::GradStore;
 use candle_core::{bail, DType, Result, Tensor};
 
-use crate::gemm::transposed;
 use crate::host::{cpu_tensor, is_host_f32, with_data};
 
 /// The gradients a pass's fused block ops computed for their parameters, waiting to be merged
@@ -48,7 +47,7 @@ struct SinkState {
 
 /// A parameter's gradient as an op deposits it.
 enum Deposit {
-    /// The gradient itself (a view, such as a transpose, is laid out at the merge).
+    /// The gradient itself (a view is laid out row-major at the merge).
     Whole(Tensor),
     /// The gradient of a host f32 parameter, row-major in its shape, in a buffer the merge may
     /// add a lookup's rows into in place (the output layer's, which a tied embedding shares).
@@ -72,7 +71,7 @@ impl Sum {
             return Sum::Tensor(earlier).plus(deposit, param);
         }
         Ok(match deposit {
-            Deposit::Whole(grad) => Sum::Tensor(laid_out(grad)?),
+            Deposit::Whole(grad) => Sum::Tensor(grad.contiguous()?),
             Deposit::Owned(grad) => Sum::Owned(grad),
             // As candle's backward pass adds an `index_select`'s gradient: into zeros.
             rows @ Deposit::Rows { .. } => {
@@ -95,7 +94,7 @@ impl Sum {
             (Deposit::Rows { ids, rows }, sum) => {
                 Sum::Tensor(sum.into_tensor(param)?.index_add(&ids, &rows, 0)?)
             }
-            (Deposit::Whole(grad), sum) => Sum::Tensor((sum.into_tensor(param)? + laid_out(grad)?)?),
+            (Deposit::Whole(grad), sum) => Sum::Tensor((sum.into_tensor(param)? + grad.contiguous()?)?),
             (Deposit::Owned(grad), sum) => {
                 Sum::Tensor((sum.into_tensor(param)? + cpu_tensor(grad, param.shape())?)?)
             }
@@ -239,24 +238,6 @@ impl GradSink {
         let state = self.state();
         state.owing.is_empty() && state.grads.is_empty()
     }
-}
-
-/// `grad` row-major: a transposed view of a host f32 matrix through the blocked transpose
-/// ([`transposed`]; candle's copy of a strided view goes element by element), anything else as
-/// candle lays it out.
-fn laid_out(grad: Tensor) -> Result<Tensor> {
-    if grad.is_contiguous() {
-        return Ok(grad);
-    }
-    if let Ok((rows, cols)) = grad.dims2() {
-        let stored = grad.t()?;
-        if stored.is_contiguous() && is_host_f32(&stored) {
-            return with_data([&stored], |[x]| {
-                cpu_tensor(transposed(cols, rows, x), &(rows, cols).into())
-            });
-        }
-    }
-    grad.contiguous()
 }
 
 #[cfg(test)]

@@ -240,22 +240,6 @@ pub(crate) fn sgemm_packed(m: usize, a: Mat<'_>, b: &PackedB, beta: f32, c: &mut
     }
 }
 
-/// `x` (rows × cols, row-major) transposed: cols × rows, row-major; in 8×8 AVX blocks where the
-/// CPU has AVX.
-pub(crate) fn transposed(rows: usize, cols: usize, x: &[f32]) -> Vec<f32> {
-    // xᵀ: the cols × rows view of x, its strides swapped.
-    let view = Mat::rows(x, cols).t();
-    assert!(view.fits(cols, rows), "transpose: out of bounds");
-    #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx") {
-        // SAFETY: the view is in bounds (asserted) and the CPU has AVX.
-        return unsafe { transpose(cols, rows, view.operand()) };
-    }
-    (0..cols * rows)
-        .map(|i| x[(i % rows) * cols + i / rows])
-        .collect()
-}
-
 /// `A·B` for A (m×k) and B (k×n) into a new row-major (m×n) vector (no zero-fill first).
 pub(crate) fn product(m: usize, k: usize, n: usize, a: Mat<'_>, b: Mat<'_>) -> Vec<f32> {
     let c = Blocks::new(m * n);

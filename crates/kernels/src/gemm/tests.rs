@@ -22,6 +22,22 @@ impl Operand {
     }
 }
 
+/// `x` (rows × cols, row-major) transposed: cols × rows, row-major; through the GEMM's 8×8 AVX
+/// transpose where the CPU has AVX.
+pub(super) fn transposed(rows: usize, cols: usize, x: &[f32]) -> Vec<f32> {
+    // xᵀ: the cols × rows view of x, its strides swapped.
+    let view = Mat::rows(x, cols).t();
+    assert!(view.fits(cols, rows), "transpose: out of bounds");
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx") {
+        // SAFETY: the view is in bounds (asserted) and the CPU has AVX.
+        return unsafe { transpose(cols, rows, view.operand()) };
+    }
+    (0..cols * rows)
+        .map(|i| x[(i % rows) * cols + i / rows])
+        .collect()
+}
+
 /// Deterministic values in [−1, 1).
 pub(super) fn values(n: usize, seed: u64) -> Vec<f32> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
